@@ -1,0 +1,3 @@
+fn main() {
+    println!("nitsum-router {}", nitsum_scheduler::VERSION);
+}
