@@ -2,8 +2,10 @@
 //! goodput planner and cluster simulator. The same code runs in the `nitsum-router`
 //! binary and, with the `python` feature, inside the `nitsum._core` extension module.
 
+pub mod plan;
 #[cfg(feature = "python")]
 mod python;
+pub mod tiers;
 
 /// Crate version, also reported by `nitsum._core.version()`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

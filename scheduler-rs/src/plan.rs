@@ -1,0 +1,49 @@
+//! The plan: which device groups exist, at which TP level, in which role, for which tiers.
+//! Shared vocabulary of the planner (which makes plans), the dispatcher (which routes by
+//! them), the control loop (which applies them) and the simulator.
+
+use serde::{Deserialize, Serialize};
+
+/// What a group does with the requests routed to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Prefill only; the KV cache then moves to a decode group.
+    Prefill,
+    /// Decode only; receives KV from prefill groups.
+    Decode,
+    /// Prefill and decode on the same group (no disaggregation).
+    Mixed,
+}
+
+/// One TP group of devices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPlan {
+    /// Device (worker) ids, contiguous and aligned to `tp` (`members[0] % tp == 0`).
+    pub members: Vec<u32>,
+    /// Tensor-parallel degree; equals `members.len()`.
+    pub tp: u32,
+    pub role: Role,
+    /// Tiers this group is planned for (names from the tier config). Empty: best-effort only.
+    pub tiers: Vec<String>,
+    /// Whether background requests may be placed here.
+    pub accepts_background: bool,
+    /// Planned SLO-compliant throughput of this group in requests/s (0 when unknown); the
+    /// dispatcher's available bandwidth is this minus the group's assigned unfinished work.
+    pub max_rps: f64,
+}
+
+impl GroupPlan {
+    /// The group leader: the worker that receives `generate` for the group.
+    pub fn leader(&self) -> u32 {
+        self.members[0]
+    }
+}
+
+/// A whole-pool plan for one control epoch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Monotonic plan number; workers ack `reconfigure` with it.
+    pub epoch: u64,
+    pub groups: Vec<GroupPlan>,
+}
