@@ -2,6 +2,7 @@
 //! goodput planner and cluster simulator. The same code runs in the `nitsum-router`
 //! binary and, with the `python` feature, inside the `nitsum._core` extension module.
 
+pub mod dispatch;
 pub mod plan;
 #[cfg(feature = "python")]
 mod python;

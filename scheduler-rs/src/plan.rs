@@ -31,6 +31,11 @@ pub struct GroupPlan {
     /// Planned SLO-compliant throughput of this group in requests/s (0 when unknown); the
     /// dispatcher's available bandwidth is this minus the group's assigned unfinished work.
     pub max_rps: f64,
+    /// SLO-compliant number of unfinished requests the group can hold (Little's law on
+    /// `max_rps` and the tier's expected residence time). `f64::INFINITY` or 0 = unbounded
+    /// (a static plan without a profile): every request counts as feasible.
+    #[serde(default)]
+    pub max_inflight: f64,
 }
 
 impl GroupPlan {

@@ -1,0 +1,420 @@
+//! Global dispatch (Nitsum §3.3.2): label each request feasible / best-effort / background and
+//! pick its prefill group (and decode group when the prefill group does not decode).
+//!
+//! Pure and synchronous: the router calls it on the request path and the simulator calls the
+//! very same code, so both see identical routing decisions.
+
+use std::collections::HashMap;
+
+use crate::plan::{GroupPlan, Plan, Role};
+
+/// Marks a charge whose group no longer exists.
+const NO_GROUP: u32 = u32::MAX;
+
+/// How the worker's local scheduler should queue a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// Fits its tier's SLO-compliant bandwidth.
+    Feasible,
+    /// Over the tier's bandwidth: spilled round-robin, served with leftover capacity.
+    BestEffort,
+    /// Background tier: no SLO, lowest priority.
+    Background,
+}
+
+impl Class {
+    /// Wire name used in the `generate` message (docs/protocol.md).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Feasible => "feasible",
+            Class::BestEffort => "best_effort",
+            Class::Background => "background",
+        }
+    }
+}
+
+/// What the dispatcher needs to know about a request.
+#[derive(Debug, Clone)]
+pub struct DispatchRequest<'a> {
+    pub tier: &'a str,
+    pub background: bool,
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Leader of the group that prefills (and, for a mixed group, decodes).
+    pub prefill_leader: u32,
+    /// Leader of the decode group when the prefill group is prefill-only.
+    pub decode_leader: Option<u32>,
+    pub class: Class,
+}
+
+#[derive(Debug)]
+struct GroupLoad {
+    plan: GroupPlan,
+    /// Requests assigned and not yet finished.
+    assigned: u32,
+}
+
+impl GroupLoad {
+    fn capacity(&self) -> f64 {
+        if self.plan.max_inflight <= 0.0 {
+            f64::INFINITY
+        } else {
+            self.plan.max_inflight
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        f64::from(self.assigned) + 1.0 <= self.capacity()
+    }
+
+    /// Load as a fraction of capacity; raw count when the capacity is unbounded.
+    fn load(&self) -> f64 {
+        let cap = self.capacity();
+        if cap.is_finite() {
+            f64::from(self.assigned) / cap
+        } else {
+            f64::from(self.assigned)
+        }
+    }
+
+    fn prefills(&self) -> bool {
+        matches!(self.plan.role, Role::Prefill | Role::Mixed)
+    }
+
+    fn serves(&self, tier: &str) -> bool {
+        self.plan.tiers.iter().any(|t| t == tier)
+    }
+}
+
+/// Per-plan routing state with SLO-compliant bandwidth accounting.
+#[derive(Debug, Default)]
+pub struct Dispatcher {
+    /// Keyed by group leader; the order of `plan.groups` is kept in `order`.
+    groups: HashMap<u32, GroupLoad>,
+    order: Vec<u32>,
+    /// Unfinished request → the groups it was charged to.
+    charged: HashMap<u64, (u32, Option<u32>)>,
+    spill_cursor: usize,
+    background_cursor: usize,
+}
+
+impl Dispatcher {
+    pub fn new(plan: &Plan) -> Self {
+        let mut d = Dispatcher::default();
+        d.set_plan(plan);
+        d
+    }
+
+    /// Switch to a new plan. Groups that survive unchanged (same members) keep their
+    /// assigned-work count; requests charged to vanished groups are simply released when
+    /// they complete.
+    pub fn set_plan(&mut self, plan: &Plan) {
+        let mut old = std::mem::take(&mut self.groups);
+        self.order.clear();
+        let mut survived = std::collections::HashSet::new();
+        for g in &plan.groups {
+            let leader = g.leader();
+            let assigned = match old.remove(&leader) {
+                Some(prev) if prev.plan.members == g.members => {
+                    survived.insert(leader);
+                    prev.assigned
+                }
+                _ => 0,
+            };
+            self.order.push(leader);
+            self.groups.insert(
+                leader,
+                GroupLoad {
+                    plan: g.clone(),
+                    assigned,
+                },
+            );
+        }
+        // NOTE: charges against vanished or rebuilt groups are forgotten now (the new groups
+        // start at zero), so their later completions must not touch the new counts.
+        for (pre, dec) in self.charged.values_mut() {
+            if !survived.contains(pre) {
+                *pre = NO_GROUP;
+            }
+            if dec.is_some_and(|d| !survived.contains(&d)) {
+                *dec = None;
+            }
+        }
+        self.spill_cursor = 0;
+        self.background_cursor = 0;
+    }
+
+    /// Route a request and charge it to the chosen groups. `None` when no group can take it.
+    pub fn dispatch(&mut self, id: u64, req: &DispatchRequest<'_>) -> Option<Decision> {
+        let (prefill, class) = if req.background {
+            (self.next_background()?, Class::Background)
+        } else {
+            match self.least_loaded(|g| g.prefills() && g.serves(req.tier) && g.has_room()) {
+                Some(leader) => (leader, Class::Feasible),
+                None => (self.next_spill()?, Class::BestEffort),
+            }
+        };
+        let decode = if self.groups[&prefill].plan.role == Role::Prefill {
+            let tier_decode =
+                self.least_loaded(|g| g.plan.role == Role::Decode && g.serves(req.tier));
+            let fallback = || self.least_loaded(|g| g.plan.role == Role::Decode);
+            Some(tier_decode.or_else(fallback)?)
+        } else {
+            None
+        };
+        self.charge(id, prefill, decode);
+        Some(Decision {
+            prefill_leader: prefill,
+            decode_leader: decode,
+            class,
+        })
+    }
+
+    /// Release a finished (or failed) request's charge. Unknown ids are ignored.
+    pub fn complete(&mut self, id: u64) {
+        if let Some((pre, dec)) = self.charged.remove(&id) {
+            for leader in std::iter::once(pre).chain(dec) {
+                if let Some(g) = self.groups.get_mut(&leader) {
+                    g.assigned = g.assigned.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    /// Unfinished requests charged to the group led by `leader`.
+    pub fn assigned(&self, leader: u32) -> u32 {
+        self.groups.get(&leader).map_or(0, |g| g.assigned)
+    }
+
+    /// Remaining SLO-compliant bandwidth (requests) of the group led by `leader`.
+    pub fn available(&self, leader: u32) -> f64 {
+        self.groups
+            .get(&leader)
+            .map_or(0.0, |g| g.capacity() - f64::from(g.assigned))
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.charged.len()
+    }
+
+    fn charge(&mut self, id: u64, prefill: u32, decode: Option<u32>) {
+        for leader in std::iter::once(prefill).chain(decode) {
+            if let Some(g) = self.groups.get_mut(&leader) {
+                g.assigned += 1;
+            }
+        }
+        self.charged.insert(id, (prefill, decode));
+    }
+
+    /// The matching group with the lowest load; ties go to the earlier group in plan order.
+    fn least_loaded(&self, pred: impl Fn(&GroupLoad) -> bool) -> Option<u32> {
+        let mut best: Option<(f64, u32)> = None;
+        for leader in &self.order {
+            let g = &self.groups[leader];
+            if pred(g) && best.is_none_or(|(load, _)| g.load() < load) {
+                best = Some((g.load(), *leader));
+            }
+        }
+        best.map(|(_, leader)| leader)
+    }
+
+    fn next_spill(&mut self) -> Option<u32> {
+        Self::round_robin(
+            &self.order,
+            &self.groups,
+            &mut self.spill_cursor,
+            GroupLoad::prefills,
+        )
+    }
+
+    fn next_background(&mut self) -> Option<u32> {
+        Self::round_robin(
+            &self.order,
+            &self.groups,
+            &mut self.background_cursor,
+            |g| g.prefills() && g.plan.accepts_background,
+        )
+    }
+
+    fn round_robin(
+        order: &[u32],
+        groups: &HashMap<u32, GroupLoad>,
+        cursor: &mut usize,
+        pred: impl Fn(&GroupLoad) -> bool,
+    ) -> Option<u32> {
+        let n = order.len();
+        for step in 0..n {
+            let leader = order[(*cursor + step) % n];
+            if pred(&groups[&leader]) {
+                *cursor = (*cursor + step + 1) % n;
+                return Some(leader);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(members: &[u32], role: Role, tiers: &[&str], bg: bool, cap: f64) -> GroupPlan {
+        GroupPlan {
+            members: members.to_vec(),
+            tp: members.len() as u32,
+            role,
+            tiers: tiers.iter().map(|s| s.to_string()).collect(),
+            accepts_background: bg,
+            max_rps: 0.0,
+            max_inflight: cap,
+        }
+    }
+
+    fn req(tier: &str) -> DispatchRequest<'_> {
+        DispatchRequest {
+            tier,
+            background: false,
+        }
+    }
+
+    #[test]
+    fn feasible_goes_to_least_loaded_prefill_group_of_its_tier() {
+        let plan = Plan {
+            epoch: 1,
+            groups: vec![
+                group(&[0], Role::Mixed, &["strict"], false, 2.0),
+                group(&[1], Role::Mixed, &["strict"], false, 2.0),
+                group(&[2], Role::Mixed, &["relaxed"], true, 2.0),
+            ],
+        };
+        let mut d = Dispatcher::new(&plan);
+        let picks: Vec<_> = (0..4)
+            .map(|i| d.dispatch(i, &req("strict")).unwrap())
+            .collect();
+        assert_eq!(
+            picks.iter().map(|p| p.prefill_leader).collect::<Vec<_>>(),
+            [0, 1, 0, 1]
+        );
+        assert!(picks
+            .iter()
+            .all(|p| p.class == Class::Feasible && p.decode_leader.is_none()));
+        assert_eq!(d.available(0), 0.0);
+        // Both strict groups full: the fifth is infeasible and spills round-robin over all.
+        let spills: Vec<_> = (4..7)
+            .map(|i| d.dispatch(i, &req("strict")).unwrap())
+            .collect();
+        assert!(spills.iter().all(|p| p.class == Class::BestEffort));
+        assert_eq!(
+            spills.iter().map(|p| p.prefill_leader).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        // Spills overfill groups 0 and 1 (3 each): two completions on group 1 free one slot.
+        d.complete(1);
+        assert_eq!(
+            d.dispatch(8, &req("strict")).unwrap().class,
+            Class::BestEffort
+        );
+        d.complete(8);
+        d.complete(3);
+        let again = d.dispatch(7, &req("strict")).unwrap();
+        assert_eq!((again.prefill_leader, again.class), (1, Class::Feasible));
+    }
+
+    #[test]
+    fn background_round_robins_over_accepting_groups() {
+        let plan = Plan {
+            epoch: 1,
+            groups: vec![
+                group(&[0], Role::Mixed, &["strict"], true, 1.0),
+                group(&[1], Role::Mixed, &["strict"], false, 1.0),
+                group(&[2, 3], Role::Mixed, &[], true, 1.0),
+            ],
+        };
+        let mut d = Dispatcher::new(&plan);
+        let bg = DispatchRequest {
+            tier: "batch",
+            background: true,
+        };
+        let picks: Vec<_> = (0..4).map(|i| d.dispatch(i, &bg).unwrap()).collect();
+        assert_eq!(
+            picks.iter().map(|p| p.prefill_leader).collect::<Vec<_>>(),
+            [0, 2, 0, 2]
+        );
+        assert!(picks.iter().all(|p| p.class == Class::Background));
+    }
+
+    #[test]
+    fn prefill_group_pairs_with_least_loaded_decode_group_of_tier() {
+        let plan = Plan {
+            epoch: 1,
+            groups: vec![
+                group(&[0, 1], Role::Prefill, &["strict"], false, 4.0),
+                group(&[2], Role::Decode, &["strict"], false, 4.0),
+                group(&[3], Role::Decode, &["strict"], false, 4.0),
+            ],
+        };
+        let mut d = Dispatcher::new(&plan);
+        let a = d.dispatch(0, &req("strict")).unwrap();
+        let b = d.dispatch(1, &req("strict")).unwrap();
+        assert_eq!((a.prefill_leader, a.decode_leader), (0, Some(2)));
+        assert_eq!((b.prefill_leader, b.decode_leader), (0, Some(3)));
+        assert_eq!(d.assigned(0), 2);
+        d.complete(0);
+        assert_eq!((d.assigned(0), d.assigned(2), d.assigned(3)), (1, 0, 1));
+    }
+
+    #[test]
+    fn unbounded_capacity_and_no_groups() {
+        let plan = Plan {
+            epoch: 1,
+            groups: vec![group(&[0], Role::Mixed, &["t"], false, 0.0)],
+        };
+        let mut d = Dispatcher::new(&plan);
+        for i in 0..100 {
+            assert_eq!(d.dispatch(i, &req("t")).unwrap().class, Class::Feasible);
+        }
+        // Background with no accepting group, and an empty plan, cannot be placed.
+        assert!(d
+            .dispatch(
+                100,
+                &DispatchRequest {
+                    tier: "b",
+                    background: true
+                }
+            )
+            .is_none());
+        let mut empty = Dispatcher::new(&Plan::default());
+        assert!(empty.dispatch(0, &req("t")).is_none());
+    }
+
+    #[test]
+    fn surviving_groups_keep_their_load_across_plans() {
+        let g0 = group(&[0], Role::Mixed, &["t"], false, 10.0);
+        let g1 = group(&[1], Role::Mixed, &["t"], false, 10.0);
+        let mut d = Dispatcher::new(&Plan {
+            epoch: 1,
+            groups: vec![g0.clone(), g1],
+        });
+        for i in 0..4 {
+            d.dispatch(i, &req("t")).unwrap();
+        }
+        assert_eq!((d.assigned(0), d.assigned(1)), (2, 2));
+        // [0] and [1] merge into a new TP2 group led by 0: a rebuilt group starts empty.
+        let merged = group(&[0, 1], Role::Mixed, &["t"], false, 10.0);
+        d.set_plan(&Plan {
+            epoch: 2,
+            groups: vec![merged],
+        });
+        assert_eq!(d.assigned(0), 0);
+        // Old requests complete without underflow or touching the new group's count.
+        d.dispatch(10, &req("t")).unwrap();
+        for i in 0..4 {
+            d.complete(i);
+        }
+        assert_eq!(d.assigned(0), 1);
+        assert_eq!(d.inflight(), 1);
+    }
+}
