@@ -1,0 +1,106 @@
+"""Model configuration read from an HF `config.json` dict."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder. Nothing here depends on the TP degree."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope_scaling: dict[str, Any] | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
+        """Build from an HF config dict; raises ValueError for unsupported architectures."""
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        num_heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        # Qwen2 always has q/k/v bias; Llama/Mistral only when `attention_bias` says so.
+        bias = arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
+        # transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`.
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or hidden // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bias,
+            rope_scaling=scaling,
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+            extra=cfg,
+        )
+
+    @property
+    def num_kv_groups(self) -> int:
+        """Query heads per KV head (GQA group size)."""
+        return self.num_heads // self.num_kv_heads
+
+    def allowed_tp_levels(self, candidates: tuple[int, ...] = (1, 2, 4, 8)) -> tuple[int, ...]:
+        """TP levels whose shards are whole KV-head groups and whole MLP blocks.
+
+        NOTE: a level must divide the KV heads (so each rank owns whole GQA groups and the fused
+        qkv shard stays one contiguous slice) and the intermediate size. KV-head replication
+        for levels above the KV-head count is refused for now (DESIGN §3 allows either).
+        """
+        levels = [
+            p
+            for p in sorted(set(candidates) | {1})
+            if self.num_kv_heads % p == 0 and self.intermediate_size % p == 0
+        ]
+        return tuple(levels)
+
+    def check_tp_level(self, tp: int) -> None:
+        """Raise a clear ValueError when this model cannot run at TP `tp`."""
+        if tp < 1 or self.num_kv_heads % tp or self.num_heads % tp or self.intermediate_size % tp:
+            raise ValueError(
+                f"TP {tp} is not supported for this model: it must divide the KV heads "
+                f"({self.num_kv_heads}), query heads ({self.num_heads}) and intermediate size "
+                f"({self.intermediate_size}); KV-head replication is not implemented"
+            )
+
+
+def mlp_blocks(cfg: ModelConfig, levels: tuple[int, ...]) -> int:
+    """Number of gate/up interleave blocks so every level's shard is one contiguous slice."""
+    blocks = math.lcm(*levels)
+    if cfg.intermediate_size % blocks:
+        raise ValueError(f"intermediate size {cfg.intermediate_size} not divisible by {blocks}")
+    return blocks

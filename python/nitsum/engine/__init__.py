@@ -1,0 +1,1 @@
+"""Iteration-level engine: sequences, local scheduler, step inputs, runner."""

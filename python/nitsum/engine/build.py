@@ -1,0 +1,56 @@
+"""Assemble a single-device engine from a config and HF-named tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from nitsum.config import ModelConfig, mlp_blocks
+from nitsum.engine.engine import Engine
+from nitsum.engine.runner import ModelRunner
+from nitsum.engine.scheduler import Scheduler
+from nitsum.kv.pool import KVPool
+from nitsum.models.llama import LlamaModel
+from nitsum.models.weights import build_weights
+from nitsum.parallel.context import build_context
+
+
+@dataclass
+class EngineConfig:
+    """Engine knobs with sane CPU defaults."""
+
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    kv_cache_bytes: int = 512 << 20
+    page_tokens: int = 16
+    max_batch: int = 64
+    token_budget: int = 512
+    max_context: int | None = None
+    tp_levels: tuple[int, ...] = (1, 2, 4, 8)
+
+
+def build_model(
+    cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]], ecfg: EngineConfig
+) -> LlamaModel:
+    """Fuse the weights once, laid out for every TP level the model allows."""
+    blocks = mlp_blocks(cfg, cfg.allowed_tp_levels(ecfg.tp_levels))
+    return LlamaModel(cfg, build_weights(cfg, tensors, blocks, ecfg.dtype, ecfg.device))
+
+
+def build_engine(
+    cfg: ModelConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    ecfg: EngineConfig | None = None,
+    eos_token_ids: tuple[int, ...] | None = None,
+) -> Engine:
+    """A TP-1 engine on one device."""
+    ecfg = ecfg or EngineConfig()
+    model = build_model(cfg, tensors, ecfg)
+    pool = KVPool.for_bytes(
+        cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, dtype=ecfg.dtype, device=ecfg.device
+    )
+    runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0))
+    scheduler = Scheduler(pool, ecfg.max_batch, ecfg.token_budget)
+    return Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)

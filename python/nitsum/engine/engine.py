@@ -1,0 +1,133 @@
+"""The worker engine: add requests, step, stream outputs, abort."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nitsum.config import ModelConfig
+from nitsum.engine.runner import ModelRunner
+from nitsum.engine.scheduler import Scheduler
+from nitsum.engine.sequence import CLASSES, Sequence, Status
+from nitsum.errors import InvalidRequestError
+from nitsum.kv.pool import KVLayout
+from nitsum.sampling import SamplingParams, make_generator
+
+
+@dataclass
+class RequestOutput:
+    """Tokens a request produced in one step; `finish_reason` set on its last output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    """Continuous-batching engine over one TP group's runner (the leader drives it)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        max_context: int | None = None,
+        eos_token_ids: tuple[int, ...] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.runner = runner
+        self.scheduler = scheduler
+        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
+        self.seqs: dict[str, Sequence] = {}
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        klass: str = "feasible",
+        tier: str = "",
+    ) -> None:
+        """Validate and queue a request; raises InvalidRequestError and changes nothing else."""
+        if request_id in self.seqs:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        if klass not in CLASSES:
+            raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
+        self.validate(prompt_ids, sampling)
+        seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
+        seq.generator = make_generator(sampling)
+        seq.layout = KVLayout(self.runner.ctx.tp, self.runner.ctx.rank)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        sampling.validate()
+        if not prompt_ids:
+            raise InvalidRequestError("prompt", "must not be empty")
+        if len(prompt_ids) >= self.max_context:
+            raise InvalidRequestError(
+                "prompt",
+                f"has {len(prompt_ids)} tokens; the context window is {self.max_context} "
+                "and at least one token must be generated",
+            )
+        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise InvalidRequestError("prompt", f"token id {bad[0]} outside [0, {self.cfg.vocab_size})")
+        pool = self.scheduler.pool
+        need = pool.pages_for(len(prompt_ids) + 1, self.runner.ctx.tp)
+        if need > pool.num_pages:
+            raise InvalidRequestError(
+                "prompt", f"needs {need} KV pages but the whole pool has {pool.num_pages}"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its pages; False if it is unknown or already finished."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.remove(request_id)
+        seq.status, seq.finish_reason = Status.FINISHED, "abort"
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.seqs)
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns the new tokens of every sequence that sampled."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        tokens = self.runner.run(batch)
+        outputs = []
+        sampled = iter(tokens)
+        for item in batch:
+            seq = item.seq
+            seq.num_computed = item.start + item.q_len
+            if not item.sample:
+                continue
+            token = next(sampled)
+            seq.output_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+            outputs.append(RequestOutput(seq.request_id, [token], reason))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.sampling
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens or seq.total_len >= self.max_context:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.remove(seq.request_id)
+        self.seqs.pop(seq.request_id, None)
+        seq.status, seq.finish_reason = Status.FINISHED, reason

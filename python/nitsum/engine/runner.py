@@ -1,0 +1,43 @@
+"""Runs one step of the model under the active TP context and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.step_inputs import StepInputs, build_step_inputs
+from nitsum.kv.pool import KVPool
+from nitsum.models.llama import LlamaModel
+from nitsum.parallel.context import TPContext
+from nitsum.sampling import sample
+
+
+class ModelRunner:
+    """Executes scheduled batches. `ctx` is swapped on a TP switch; nothing else changes."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool, ctx: TPContext) -> None:
+        self.model = model
+        self.pool = pool
+        self.ctx = ctx
+
+    def prepare(self, batch: list[Scheduled]) -> StepInputs:
+        return build_step_inputs(batch, self.pool.tokens_per_page(self.ctx.tp))
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Float32 logits of the sampled rows (identical on every rank of the group)."""
+        device = self.model.weights.embed.device
+        hidden = self.model.forward(
+            self.ctx,
+            inputs.input_ids.to(device),
+            inputs.positions.to(device),
+            inputs.meta,
+            self.pool,
+        )
+        return self.model.logits(hidden[inputs.sample_rows])
+
+    def run(self, batch: list[Scheduled]) -> list[int]:
+        """Forward the batch and return one sampled token per sampling sequence."""
+        inputs = self.prepare(batch)
+        logits = self.forward(inputs)
+        sampled = [s.seq for s in batch if s.sample]
+        return sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])

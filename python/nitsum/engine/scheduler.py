@@ -1,0 +1,135 @@
+"""Local scheduler: continuous batching with chunked prefill under a token budget.
+
+Each step it (1) advances running sequences, decodes first, (2) admits waiting sequences
+class by class (feasible, then best-effort, then background, Nitsum §3.3.2) while the batch
+cap, token budget and free pages allow. When pages run out for a running sequence it preempts
+by recompute the lowest-priority, newest running sequence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from nitsum.engine.sequence import CLASSES, Sequence, Status
+from nitsum.kv.pool import KVPool
+
+
+@dataclass
+class Scheduled:
+    """One sequence's share of a step: `q_len` tokens from `start`; sample after if `sample`."""
+
+    seq: Sequence
+    start: int
+    q_len: int
+
+    @property
+    def sample(self) -> bool:
+        return self.start + self.q_len == self.seq.total_len
+
+
+class Scheduler:
+    """Decides each step's batch. Owns page allocation for its sequences."""
+
+    def __init__(self, pool: KVPool, max_batch: int = 64, token_budget: int = 512) -> None:
+        self.pool = pool
+        self.max_batch = max_batch
+        self.token_budget = token_budget
+        self.tp = 1
+        self.waiting: dict[str, deque[Sequence]] = {c: deque() for c in CLASSES}
+        self.running: list[Sequence] = []
+
+    # -- queue management ---------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting[seq.klass].append(seq)
+
+    def remove(self, request_id: str) -> Sequence | None:
+        """Take a sequence out of every queue and free its pages (abort / finish)."""
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self.running.remove(seq)
+                self._free(seq)
+                return seq
+        for queue in self.waiting.values():
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    self._free(seq)
+                    return seq
+        return None
+
+    def has_work(self) -> bool:
+        return bool(self.running) or any(self.waiting.values())
+
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    # -- the step -----------------------------------------------------------------------------
+    def schedule(self) -> list[Scheduled]:
+        """The next step's batch, decode-first; allocates the pages it needs."""
+        budget = self.token_budget
+        batch: list[Scheduled] = []
+        # Decodes first (cheap, latency-critical), then partially prefilled sequences.
+        for seq in sorted(self.running, key=lambda s: s.remaining > 1):
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted by an earlier iteration of this loop
+                continue
+            q_len = min(seq.remaining, budget)
+            if not self._reserve(seq, seq.num_computed + q_len, protected=batch):
+                continue
+            batch.append(Scheduled(seq, seq.num_computed, q_len))
+            budget -= q_len
+        for klass in CLASSES:
+            queue = self.waiting[klass]
+            while queue and budget > 0 and len(self.running) < self.max_batch:
+                seq = queue[0]
+                q_len = min(seq.remaining, budget)
+                if not self._reserve(seq, seq.num_computed + q_len, protected=None):
+                    return batch  # FIFO: nobody overtakes a sequence that does not fit yet
+                queue.popleft()
+                seq.status = Status.RUNNING
+                self.running.append(seq)
+                batch.append(Scheduled(seq, seq.num_computed, q_len))
+                budget -= q_len
+        return batch
+
+    def _reserve(self, seq: Sequence, tokens: int, protected: list[Scheduled] | None) -> bool:
+        """Make `seq` own pages for `tokens` tokens.
+
+        With `protected` given, running sequences outside it (and other than `seq`) may be
+        preempted to make room; with None nobody is.
+        """
+        need = self.pool.pages_for(tokens, self.tp) - len(seq.pages)
+        while need > self.pool.num_free:
+            if protected is None:
+                return False
+            keep = {id(s.seq) for s in protected} | {id(seq)}
+            victim = self._pick_victim(keep)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        if need > 0:
+            seq.pages.extend(self.pool.allocate(need))
+        return True
+
+    def _pick_victim(self, keep: set[int]) -> Sequence | None:
+        """Lowest class, newest arrival first."""
+        candidates = [s for s in self.running if id(s) not in keep]
+        if not candidates:
+            return None
+        rank = {c: i for i, c in enumerate(CLASSES)}
+        return max(candidates, key=lambda s: (rank[s.klass], s.arrival))
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: drop its KV; it re-prefills prompt + outputs later."""
+        self.running.remove(seq)
+        self._free(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        self.waiting[seq.klass].appendleft(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        self.pool.release(seq.pages)
+        seq.pages = []

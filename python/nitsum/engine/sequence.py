@@ -1,0 +1,60 @@
+"""A request's state inside a worker."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from nitsum.kv.pool import KVLayout
+from nitsum.sampling import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+# Local-scheduler classes, in the order the batch is filled (DESIGN §3, Nitsum §3.3.2).
+CLASSES = ("feasible", "best_effort", "background")
+
+
+@dataclass
+class Sequence:
+    """Token ids, KV pages and progress of one request.
+
+    NOTE: `num_computed` tokens of `all_ids` have their K/V in `pages` under `layout`;
+    the rest still need a forward pass. A decode step is just the case of one remaining token.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    klass: str = "feasible"
+    tier: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    layout: KVLayout = field(default_factory=KVLayout)
+    num_computed: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens whose K/V are not yet in the cache."""
+        return self.total_len - self.num_computed
+
+    def token_slice(self, start: int, n: int) -> list[int]:
+        p = len(self.prompt_ids)
+        if start + n <= p:
+            return self.prompt_ids[start : start + n]
+        return (self.prompt_ids + self.output_ids)[start : start + n]

@@ -1,0 +1,1 @@
+"""Llama-family decoders with TP-agnostic fused weights."""

@@ -1,0 +1,1 @@
+"""Tensor parallelism as runtime state: shard views, warm contexts, communicator pool."""

@@ -1,0 +1,62 @@
+"""A warm per-TP execution context: everything a rank needs to run one TP level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from nitsum.config import ModelConfig
+from nitsum.models.weights import ModelWeights
+from nitsum.parallel.shard import HeadRange, LayerShard, shard_views
+
+
+@dataclass
+class TPContext:
+    """One TP level as seen by one rank, built once at start-up and reused on every switch.
+
+    NOTE: activating a context only swaps a reference; its views, group and head ranges
+    already exist, so a switch allocates, loads and creates nothing.
+    """
+
+    heads: HeadRange
+    layers: list[LayerShard]
+    members: tuple[int, ...] = (0,)
+    group: dist.ProcessGroup | None = None
+    stats: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0})
+
+    @property
+    def tp(self) -> int:
+        return self.heads.tp
+
+    @property
+    def rank(self) -> int:
+        return self.heads.rank
+
+    @property
+    def leader(self) -> int:
+        return self.members[0]
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum partial results of a row-parallel layer across the group (in place)."""
+        if self.heads.tp > 1:
+            dist.all_reduce(x, group=self.group)
+            self.stats["all_reduce"] += 1
+        return x
+
+
+def build_context(
+    cfg: ModelConfig,
+    weights: ModelWeights,
+    tp: int,
+    rank: int,
+    members: tuple[int, ...] | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> TPContext:
+    """Build the warm context of (tp, rank); `members` are the group's device ids."""
+    heads = HeadRange.of(cfg, tp, rank)
+    if tp > 1 and group is None:
+        raise ValueError("a TP>1 context needs its process group")
+    members = members if members is not None else tuple(range(tp))
+    return TPContext(heads, shard_views(weights, tp, rank), members, group)

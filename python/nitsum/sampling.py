@@ -1,0 +1,70 @@
+"""Sampling parameters and the batched sampler."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nitsum.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. temperature 0 means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first bad field."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise InvalidRequestError("top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """A per-request RNG so seeded requests repeat exactly whatever else is batched."""
+    if params.greedy or params.seed is None:
+        return None
+    return torch.Generator().manual_seed(params.seed)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[int]:
+    """One token per row of float32 `logits` (rows, vocab)."""
+    out = logits.argmax(dim=-1).tolist()
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        row = logits[i] / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1:
+            sorted_p, idx = probs.sort(descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            drop = sorted_p.cumsum(0) - sorted_p >= p.top_p
+            sorted_p[drop] = 0
+            probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    return out
