@@ -1,0 +1,1 @@
+"""`nitsum bench`: trace-replay load generator and goodput reports."""
