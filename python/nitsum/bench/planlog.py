@@ -18,6 +18,7 @@ import httpx
 
 
 async def poll_plan(
+    client: httpx.AsyncClient,
     url: str,
     clock: Callable[[], float],
     interval_s: float,
@@ -26,21 +27,20 @@ async def poll_plan(
 ) -> None:
     """Append one entry to `out` every `interval_s` until `stop` is set.
 
-    NOTE: uses its own client so that a saturated request pool never delays the polls; a
-    failed poll is skipped (the timeline just has a gap), it never fails the run.
+    NOTE: pass a client of its own, so that a saturated request pool never delays the polls.
+    A failed poll is skipped (the timeline just has a gap); it never fails the run.
     """
-    async with httpx.AsyncClient(timeout=max(interval_s, 1.0)) as client:
-        while not stop.is_set():
-            t = clock()
-            try:
-                resp = await client.get(url)
-                if resp.status_code == 200:
-                    plan = resp.json()
-                    out.append({"t": t, "epoch": plan.get("epoch"), "groups": plan["groups"]})
-            except (httpx.HTTPError, ValueError, KeyError, AttributeError):
-                pass
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+    while not stop.is_set():
+        t = clock()
+        try:
+            resp = await client.get(url)
+            if resp.status_code == 200:
+                plan = resp.json()
+                out.append({"t": t, "epoch": plan.get("epoch"), "groups": plan["groups"]})
+        except (httpx.HTTPError, ValueError, KeyError, AttributeError):
+            pass
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
 
 def save_plan_log(path: str | Path, entries: list[dict[str, Any]]) -> None:

@@ -103,8 +103,8 @@ async def _stream_one(
     usage_tokens: int | None = None
     async with client.stream("POST", cfg.url, json=body, headers=headers) as resp:
         if resp.status_code != 200:
-            text = (await resp.aread())[:300].decode(errors="replace")
-            rec.error = f"HTTP {resp.status_code}: {text}"
+            text = " ".join((await resp.aread()).decode(errors="replace").split())
+            rec.error = f"HTTP {resp.status_code}: {text[:300]}"
             return
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
@@ -147,7 +147,7 @@ async def replay(
     deadline = cfg.deadline_s
     if deadline is None:
         deadline = last_arrival + cfg.request_timeout_s + 10.0
-    t0 = time.perf_counter()
+    t0 = 0.0  # set once the clients exist: creating one costs ~0.1 s (TLS context)
 
     def clock() -> float:
         return time.perf_counter() - t0
@@ -183,11 +183,17 @@ async def replay(
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with (
+        httpx.AsyncClient(limits=limits, timeout=timeout) as client,
+        httpx.AsyncClient(timeout=max(cfg.plan_interval_s, 1.0)) as plan_client,
+    ):
+        t0 = time.perf_counter()
         plan_task = None
         if cfg.plan_url:
             plan_task = asyncio.create_task(
-                poll_plan(cfg.plan_url, clock, cfg.plan_interval_s, stop_plan, plan_log)
+                poll_plan(
+                    plan_client, cfg.plan_url, clock, cfg.plan_interval_s, stop_plan, plan_log
+                )
             )
         try:
             async with asyncio.timeout(deadline):

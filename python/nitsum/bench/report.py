@@ -101,6 +101,7 @@ def summarize(
         "n_good": len(good),
         "duration_s": duration_s,
         "request_rate": len(records) / duration_s,
+        "slo_request_rate": len(slo_records) / duration_s,  # the goodput ceiling
         "goodput": len(good) / duration_s,
         "slo_attainment": len(good) / len(slo_records) if slo_records else None,
         "completion_rate": len(ok) / len(records) if records else None,
