@@ -181,3 +181,9 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["--trace", str(bad), "--dry-run"]) == 2
     assert "bad.jsonl:2: invalid JSON" in capsys.readouterr().err
     assert main(["--trace", "bursty", "--dry-run", "--rate-scale", "0"]) == 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    argv = ["--url", dead, "--trace", "bursty", "--max-requests", "2", "--no-progress"]
+    assert main(argv) == 1  # nothing succeeded: the server is not there
+    assert "errors 2" in capsys.readouterr().out

@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.url:
         print("nitsum bench: --url is required (or --dry-run)", file=sys.stderr)
         return 2
+    if args.plot_plan and not args.plan_url:
+        print("nitsum bench: --plot-plan needs --plan-url; no timeline", file=sys.stderr)
     model = args.model or discover_model(args.url, args.api_key)
     runs = []
     for k in args.rate_scale:

@@ -74,7 +74,9 @@ def make_prompt(index: int, length: int, seed: int, id_range: tuple[int, int]) -
     """Token ids for request `index`: deterministic in (seed, index), independent of timing."""
     rng = random.Random(seed * 1_000_003 + index)
     lo, hi = id_range
-    return [rng.randrange(lo, hi) for _ in range(length)]
+    # NOTE: `choices` is ~3x cheaper than a randrange loop; this runs on the event loop at send
+    # time, so its cost shows up as send lag at high rates.
+    return rng.choices(range(lo, hi), k=length)
 
 
 def build_request(
