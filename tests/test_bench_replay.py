@@ -59,21 +59,23 @@ def test_without_usage_counts_token_chunks() -> None:
 
 
 def test_errors_and_timeouts_fail_the_request_not_the_run() -> None:
-    reqs = [
-        TraceRequest(0.0, 3, 2, "ok"),
-        TraceRequest(0.0, 3, 2, "hang"),
-        TraceRequest(0, 3, 2, "bad"),
-    ]
+    reqs = [TraceRequest(0.0, 3, 2, t) for t in ("ok", "hang", "bad", "junk")]
     with FakeOpenAIServer(
-        ttft_s=0.01, tpot_s=0.01, hang_tiers=frozenset({"hang"}), fail_tiers=frozenset({"bad"})
+        ttft_s=0.01,
+        tpot_s=0.01,
+        hang_tiers=frozenset({"hang"}),
+        fail_tiers=frozenset({"bad"}),
+        garbage_tiers=frozenset({"junk"}),
     ) as srv:
         t = time.perf_counter()
         res = run_replay(reqs, ReplayConfig(completions_url(srv.url), request_timeout_s=0.5))
         wall = time.perf_counter() - t
-    ok, hang, bad = res.records
+    ok, hang, bad, junk = res.records
     assert ok.ok and ok.n_out == 2
     assert hang.error == "timeout after 0.5 s" and hang.ttft_s is None
     assert bad.error is not None and bad.error.startswith("HTTP 503")
+    assert junk.error is not None and junk.error.startswith("JSONDecodeError")
+    assert not junk.ok and junk.first_token_s is not None  # a token came, then garbage
     assert 0.5 <= wall < 3.0
 
 

@@ -18,7 +18,8 @@ class FakeOpenAIServer:
     """Use as a context manager: `with FakeOpenAIServer(ttft_s=0.05) as srv: srv.url`.
 
     Requests whose `x-nitsum-tier` is in `hang_tiers` never answer (until the server stops);
-    requests whose tier is in `fail_tiers` get HTTP 503.
+    requests whose tier is in `fail_tiers` get HTTP 503; those in `garbage_tiers` get one
+    token and then a chunk that is not JSON.
     """
 
     def __init__(
@@ -28,12 +29,14 @@ class FakeOpenAIServer:
         usage: bool = True,
         hang_tiers: frozenset[str] = frozenset(),
         fail_tiers: frozenset[str] = frozenset(),
+        garbage_tiers: frozenset[str] = frozenset(),
     ) -> None:
         self.ttft_s = ttft_s
         self.tpot_s = tpot_s
         self.usage = usage
         self.hang_tiers = hang_tiers
         self.fail_tiers = fail_tiers
+        self.garbage_tiers = garbage_tiers
         self.received: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -95,6 +98,9 @@ class FakeOpenAIServer:
             finish = "length" if k == n - 1 else None
             chunk = {"choices": [{"index": 0, "text": f"t{k}", "finish_reason": finish}]}
             handler.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if tier in self.garbage_tiers:
+                handler.wfile.write(b"data: {not json\n\n")
+                return
         if self.usage and (body.get("stream_options") or {}).get("include_usage"):
             prompt_len = len(body.get("prompt") or [])
             usage = {"prompt_tokens": prompt_len, "completion_tokens": n}

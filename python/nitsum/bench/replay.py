@@ -179,8 +179,9 @@ async def replay(
                     await _stream_one(client, cfg, reqs[i], rec, clock)
             except TimeoutError:
                 rec.error = f"timeout after {cfg.request_timeout_s:g} s"
-            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
-                # Transport failures and malformed chunks: the request fails, the run goes on.
+            except Exception as e:
+                # NOTE: deliberately broad: transport failures, malformed chunks or anything
+                # else fail this request only; one bad response must not end the whole run.
                 rec.error = f"{type(e).__name__}: {e}"[:300]
         if on_done is not None:
             on_done(rec)
