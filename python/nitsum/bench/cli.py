@@ -41,11 +41,28 @@ def _id_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends defaults only where there is one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nitsum bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="nitsum bench",
+        description=__doc__.split("\n")[0],
+        formatter_class=_HelpFormatter,
+    )
     p.add_argument("--url", help="server base URL (or the full /v1/completions URL)")
     p.add_argument("--model", help="model field; default: first id of GET /v1/models")
-    p.add_argument("--api-key", default=os.environ.get("NITSUM_API_KEY"), help="Bearer key")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("NITSUM_API_KEY"),
+        help="Bearer key (default: $NITSUM_API_KEY)",
+    )
     g = p.add_argument_group("trace")
     g.add_argument(
         "--trace", default="azure-conv", help="azure-code|azure-conv|PATH.csv|PATH.jsonl|bursty"
@@ -58,15 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-scale", type=float, default=1.0, help="multiply prompt lengths")
     g.add_argument("--output-scale", type=float, default=1.0, help="multiply output lengths")
     g.add_argument("--max-context", type=int, help="clamp input+output to this many tokens")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="bursty arrivals, tier mix, prompts")
     b = p.add_argument_group("bursty trace (--trace bursty)")
-    b.add_argument("--bursty-low-rate", type=float, default=3.0)
-    b.add_argument("--bursty-high-rate", type=float, default=20.0)
+    b.add_argument("--bursty-low-rate", type=float, default=3.0, help="req/s in low phases")
+    b.add_argument("--bursty-high-rate", type=float, default=20.0, help="req/s in bursts")
     b.add_argument("--bursty-period", type=float, default=20.0, help="seconds per low+high")
-    b.add_argument("--bursty-burst-fraction", type=float, default=0.5)
-    b.add_argument("--bursty-duration", type=float, default=120.0)
-    b.add_argument("--bursty-input", type=UniformLengths.parse, default=UniformLengths(128, 4000))
-    b.add_argument("--bursty-output", type=UniformLengths.parse, default=UniformLengths(64, 512))
+    b.add_argument("--bursty-burst-fraction", type=float, default=0.5, help="of each period")
+    b.add_argument("--bursty-duration", type=float, default=120.0, help="seconds")
+    lengths = UniformLengths.parse
+    b.add_argument("--bursty-input", type=lengths, default="128:4000", help="prompt LO:HI")
+    b.add_argument("--bursty-output", type=lengths, default="64:512", help="output LO:HI")
     t = p.add_argument_group("tiers")
     t.add_argument(
         "--tiers",
@@ -78,13 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tier-by-length", help="e.g. strict:512,relaxed:2048,background")
     t.add_argument("--default-tier", help="tier of requests without one")
     r = p.add_argument_group("replay")
-    r.add_argument("--token-ids", type=_id_range, default=(1000, 20000), help="prompt id LO:HI")
-    r.add_argument("--concurrency", type=int, default=256)
-    r.add_argument("--request-timeout", type=float, default=300.0)
-    r.add_argument("--timeout", type=float, help="global seconds per run (default: auto)")
+    r.add_argument("--token-ids", type=_id_range, default="1000:20000", help="prompt id LO:HI")
+    r.add_argument("--concurrency", type=int, default=256, help="cap on requests in flight")
+    r.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    r.add_argument(
+        "--timeout",
+        type=float,
+        help="global seconds per run (default: last arrival + request timeout + 10)",
+    )
     r.add_argument("--plan-url", help="poll this /admin/plan every 0.5 s during each run")
     r.add_argument("--dry-run", action="store_true", help="print the workload, send nothing")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, help="results JSON")
     o.add_argument("--label", help="name of this configuration in plots")
@@ -100,8 +122,12 @@ def resolve_tiers(args: list[str]) -> list[TierSpec]:
     """Tiers from files and inline specs, in order; the defaults when none are given."""
     out: list[TierSpec] = []
     for a in args:
-        is_file = Path(a).suffix in (".json", ".toml") and Path(a).exists()
-        out.extend(load_tiers_file(a) if is_file else [parse_tier_arg(a)])
+        if Path(a).suffix in (".json", ".toml"):
+            if not Path(a).exists():
+                raise ValueError(f"no such tiers file: {a}")
+            out.extend(load_tiers_file(a))
+        else:
+            out.append(parse_tier_arg(a))
     names = [t.name for t in out]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate tier names in {names}")
@@ -213,7 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot_plan and not args.plan_url:
         print("nitsum bench: --plot-plan needs --plan-url; no timeline", file=sys.stderr)
     model = args.model or discover_model(args.url, args.api_key)
-    runs = []
+    runs: list[dict[str, Any]] = []
+    results = {
+        "label": args.label or args.trace,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "model": model,
+        "tiers": [{k: (None if v == math.inf else v) for k, v in asdict(t).items()} for t in tiers],
+        "runs": runs,
+    }
     for k in args.rate_scale:
         cfg = ReplayConfig(
             url=completions_url(args.url),
@@ -227,16 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             plan_url=args.plan_url,
         )
         runs.append(_run_one(args, w, tiers, k, cfg))
-    results = {
-        "label": args.label or args.trace,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "model": model,
-        "tiers": [{k: (None if v == math.inf else v) for k, v in asdict(t).items()} for t in tiers],
-        "runs": runs,
-    }
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        if args.out:  # after every run, so an interrupted sweep keeps what it measured
+            args.out.write_text(json.dumps(results, indent=1))
     if args.plot:
         plot_goodput_vs_rate([results], args.plot)
     return 0 if any(r["summary"]["n_ok"] for r in runs) else 1
