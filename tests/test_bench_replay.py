@@ -11,6 +11,7 @@ import pytest
 
 from nitsum.bench.cli import main
 from nitsum.bench.fake_server import FakeOpenAIServer
+from nitsum.bench.planlog import load_plan_log
 from nitsum.bench.replay import (
     ReplayConfig,
     build_request,
@@ -169,7 +170,12 @@ def test_cli_sweep_writes_results_plan_and_plots(tmp_path: Path) -> None:
     assert s2["goodput"] == pytest.approx(2 / 0.15)
     assert len(res["runs"][0]["records"]) == 4
     assert Path(res["runs"][0]["plan_log"]).exists()
-    for png in ("g.png", "p-x1.png", "p-x2.png"):
+    # Plot-only modes reuse what the sweep saved.
+    plan_log = res["runs"][0]["plan_log"]
+    assert load_plan_log(plan_log)[0]["groups"][0]["members"] == [0]
+    assert main(["--compare", str(out), str(out), "--plot", str(tmp_path / "c.png")]) == 0
+    assert main(["--plan-log", plan_log, "--plot-plan", str(tmp_path / "t.png")]) == 0
+    for png in ("g.png", "p-x1.png", "p-x2.png", "c.png", "t.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
 
