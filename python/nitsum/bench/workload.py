@@ -1,0 +1,94 @@
+"""From a trace source to the requests of one run: load, window, lengths, tiers, rate, cap.
+
+The order matters and is fixed here: tiers are assigned before rate scaling so every run of
+a sweep replays the same requests with the same tiers, only faster or slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nitsum.bench.bursty import BurstySpec, generate_bursty
+from nitsum.bench.tiers import TierSpec, assign_by_length, assign_by_mix, fill_default_tier
+from nitsum.bench.traces import TraceRequest, load_trace_file
+from nitsum.bench.transform import limit, scale_lengths, scale_rate, slice_window
+
+
+@dataclass(slots=True)
+class WorkloadSpec:
+    """Everything that shapes the requests, independent of the server."""
+
+    trace: str  # azure-code | azure-conv | PATH.csv | PATH.jsonl | bursty
+    start_s: float = 0.0
+    duration_s: float | None = None
+    input_scale: float = 1.0
+    output_scale: float = 1.0
+    max_context: int | None = None
+    tier_mix: str | None = None
+    tier_by_length: str | None = None
+    default_tier: str | None = None
+    seed: int = 0
+    bursty: BurstySpec | None = None
+    trace_dir: Path | None = None
+
+
+@dataclass(slots=True)
+class Workload:
+    """Requests ready for rate scaling; `nominal_s` is the span they were cut from (window or
+    generator duration), None when it is just the loaded trace's last arrival."""
+
+    requests: list[TraceRequest]
+    nominal_s: float | None
+
+
+def build_workload(spec: WorkloadSpec, tiers: list[TierSpec]) -> Workload:
+    """Load and shape the trace; every request ends with a tier named in `tiers`.
+
+    Raises `TraceError` for a bad trace and `ValueError` for bad options or unknown tiers.
+    """
+    if spec.tier_mix and spec.tier_by_length:
+        raise ValueError("give either a tier mix or a length rule, not both")
+    if spec.trace == "bursty":
+        bspec = spec.bursty or BurstySpec(seed=spec.seed)
+        reqs, nominal = generate_bursty(bspec), bspec.duration_s
+    else:
+        reqs, nominal = load_trace_file(spec.trace, spec.trace_dir), None
+    if spec.start_s or spec.duration_s is not None:
+        reqs = slice_window(reqs, spec.start_s, spec.duration_s)
+        if spec.duration_s is not None:
+            nominal = spec.duration_s
+        elif nominal is not None:
+            nominal = max(nominal - spec.start_s, 0.0) or None
+    reqs = scale_lengths(reqs, spec.input_scale, spec.output_scale, spec.max_context)
+    if spec.tier_mix:
+        reqs = assign_by_mix(reqs, spec.tier_mix, spec.seed)
+    elif spec.tier_by_length:
+        reqs = assign_by_length(reqs, spec.tier_by_length)
+    names = [t.name for t in tiers]
+    default = spec.default_tier or next((t.name for t in tiers if not t.background), names[0])
+    reqs = fill_default_tier(reqs, default)
+    unknown = sorted({r.tier for r in reqs if r.tier not in names})  # type: ignore[type-var]
+    if unknown:
+        raise ValueError(f"requests have tier(s) {unknown} not in the tiers spec {names}")
+    return Workload(reqs, nominal)
+
+
+def run_requests(
+    w: Workload, rate_scale: float, max_requests: int | None
+) -> tuple[list[TraceRequest], float | None]:
+    """The requests of one run at `rate_scale` and the trace duration for its goodput.
+
+    Duration: when the cap cuts the trace, the arrival of the first request left out (the
+    kept requests came from that span); else the nominal span, else the last arrival; all
+    divided by the rate scale. None when that is 0 (e.g. a single request): use wall time.
+    """
+    scaled = scale_rate(w.requests, rate_scale)
+    kept = limit(scaled, max_requests)
+    if len(kept) < len(scaled):
+        duration = scaled[len(kept)].arrival_s
+    elif w.nominal_s is not None:
+        duration = w.nominal_s / rate_scale
+    else:
+        duration = max((r.arrival_s for r in kept), default=0.0)
+    return kept, (duration if duration > 0 else None)
