@@ -63,7 +63,7 @@ def test_concurrent_requests_equal_solo_runs_and_transformers(tiny):
     assert set(reasons.values()) == {"length"}
     assert all(len(v) == 12 for v in together.values())
     assert solo["r3"] == hf_greedy(hf, ps[3], 12)
-    assert e.scheduler.pool.num_free == e.scheduler.pool.num_pages
+    assert e.scheduler.pages.num_free == e.scheduler.pages.num_pages
 
 
 def test_preemption_under_page_pressure_keeps_outputs(tiny):
@@ -80,7 +80,7 @@ def test_preemption_under_page_pressure_keeps_outputs(tiny):
         tight.add_request(f"r{i}", p, GREEDY)
     got, _ = run_to_completion(tight)
     assert got == ref
-    assert tight.scheduler.pool.num_free == tight.scheduler.pool.num_pages
+    assert tight.scheduler.pages.num_free == tight.scheduler.pages.num_pages
 
 
 def test_abort_frees_pages_and_spares_others(tiny):
@@ -90,7 +90,7 @@ def test_abort_frees_pages_and_spares_others(tiny):
     for i, p in enumerate(ps):
         e.add_request(f"r{i}", p, GREEDY)
     early = [o for _ in range(2) for o in e.step()]
-    assert e.scheduler.pool.num_free < e.scheduler.pool.num_pages
+    assert e.scheduler.pages.num_free < e.scheduler.pages.num_pages
     assert e.abort("r1")
     assert not e.abort("r1")
     outs, _ = run_to_completion(e)
@@ -101,7 +101,7 @@ def test_abort_frees_pages_and_spares_others(tiny):
     solo = engine_for(tiny)
     solo.add_request("r2", ps[2], GREEDY)
     assert run_to_completion(solo)[0]["r2"] == outs["r2"]
-    assert e.scheduler.pool.num_free == e.scheduler.pool.num_pages
+    assert e.scheduler.pages.num_free == e.scheduler.pages.num_pages
 
 
 @pytest.mark.parametrize(

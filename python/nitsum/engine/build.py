@@ -11,6 +11,7 @@ from nitsum.config import ModelConfig, mlp_blocks
 from nitsum.engine.engine import Engine
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduler import Scheduler
+from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.models.weights import build_weights
@@ -48,9 +49,9 @@ def build_engine(
     """A TP-1 engine on one device."""
     ecfg = ecfg or EngineConfig()
     model = build_model(cfg, tensors, ecfg)
-    pool = KVPool.for_bytes(
-        cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, dtype=ecfg.dtype, device=ecfg.device
-    )
+    num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
+    pool = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
     runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0))
-    scheduler = Scheduler(pool, ecfg.max_batch, ecfg.token_budget)
+    pages = PageAllocator(1, num_pages, ecfg.page_tokens).group((0,))
+    scheduler = Scheduler(pages, ecfg.max_batch, ecfg.token_budget)
     return Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)

@@ -78,11 +78,11 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequestError("prompt", f"token id {bad[0]} outside [0, {self.cfg.vocab_size})")
-        pool = self.scheduler.pool
-        need = pool.pages_for(len(prompt_ids) + 1, self.runner.ctx.tp)
-        if need > pool.num_pages:
+        pages = self.scheduler.pages
+        need = pages.pages_for(len(prompt_ids) + 1)
+        if need > pages.num_pages:
             raise InvalidRequestError(
-                "prompt", f"needs {need} KV pages but the whole pool has {pool.num_pages}"
+                "prompt", f"needs {need} KV pages but the whole pool has {pages.num_pages}"
             )
 
     def abort(self, request_id: str) -> bool:

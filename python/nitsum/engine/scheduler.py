@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from nitsum.engine.sequence import CLASSES, Sequence, Status
-from nitsum.kv.pool import KVPool
+from nitsum.kv.pages import GroupPages
 
 
 @dataclass
@@ -31,11 +31,10 @@ class Scheduled:
 class Scheduler:
     """Decides each step's batch. Owns page allocation for its sequences."""
 
-    def __init__(self, pool: KVPool, max_batch: int = 64, token_budget: int = 512) -> None:
-        self.pool = pool
+    def __init__(self, pages: GroupPages, max_batch: int = 64, token_budget: int = 512) -> None:
+        self.pages = pages
         self.max_batch = max_batch
         self.token_budget = token_budget
-        self.tp = 1
         self.waiting: dict[str, deque[Sequence]] = {c: deque() for c in CLASSES}
         self.running: list[Sequence] = []
 
@@ -101,8 +100,8 @@ class Scheduler:
         With `protected` given, running sequences outside it (and other than `seq`) may be
         preempted to make room; with None nobody is.
         """
-        need = self.pool.pages_for(tokens, self.tp) - len(seq.pages)
-        while need > self.pool.num_free:
+        need = self.pages.pages_for(tokens) - len(seq.pages)
+        while need > self.pages.num_free:
             if protected is None:
                 return False
             keep = {id(s.seq) for s in protected} | {id(seq)}
@@ -111,7 +110,7 @@ class Scheduler:
                 return False
             self._preempt(victim)
         if need > 0:
-            seq.pages.extend(self.pool.allocate(need))
+            seq.pages.extend(self.pages.allocate(need))
         return True
 
     def _pick_victim(self, keep: set[int]) -> Sequence | None:
@@ -131,5 +130,5 @@ class Scheduler:
         self.waiting[seq.klass].appendleft(seq)
 
     def _free(self, seq: Sequence) -> None:
-        self.pool.release(seq.pages)
+        self.pages.release(seq.pages)
         seq.pages = []

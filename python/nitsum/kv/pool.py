@@ -22,12 +22,8 @@ class KVLayout:
     rank: int = 0
 
 
-class OutOfPages(RuntimeError):
-    """The pool cannot supply the pages asked for."""
-
-
 class KVPool:
-    """Pages of K/V for every layer, plus a free list.
+    """One device's K/V pages for every layer (storage only; see `pages.py` for allocation).
 
     NOTE: a page id names the same page in every layer and in both K and V, so one page
     list per request is enough.
@@ -50,18 +46,12 @@ class KVPool:
         self.storage = torch.zeros(
             cfg.num_layers, 2, num_pages, self.page_elems, dtype=dtype, device=device
         )
-        # Popping from the end hands out low page ids first, which keeps tests readable.
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))
 
-    @classmethod
-    def for_bytes(
-        cls, cfg: ModelConfig, nbytes: int, page_tokens: int = 16, **kw: object
-    ) -> KVPool:
-        """A pool of about `nbytes` bytes (all layers, K and V)."""
-        dtype = kw.get("dtype", torch.float32)
+    @staticmethod
+    def pages_in(cfg: ModelConfig, nbytes: int, page_tokens: int, dtype: torch.dtype) -> int:
+        """How many pages (all layers, K and V) fit in about `nbytes` bytes."""
         per_page = 2 * cfg.num_layers * page_tokens * cfg.num_kv_heads * cfg.head_dim
-        per_page *= torch.tensor([], dtype=dtype).element_size()  # type: ignore[arg-type]
-        return cls(cfg, max(1, nbytes // per_page), page_tokens, **kw)  # type: ignore[arg-type]
+        return max(1, nbytes // (per_page * dtype.itemsize))
 
     @property
     def page_bytes(self) -> int:
@@ -71,29 +61,7 @@ class KVPool:
     def tokens_per_page(self, tp: int) -> int:
         return self.base_page_tokens * tp
 
-    def pages_for(self, tokens: int, tp: int) -> int:
-        tpp = self.tokens_per_page(tp)
-        return (tokens + tpp - 1) // tpp
-
     def kv(self, layer: int, local_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat (slots, local_kv_heads, head_dim) views of one layer's K and V pages."""
         shape = (-1, local_kv_heads, self.cfg.head_dim)
         return self.storage[layer, 0].view(shape), self.storage[layer, 1].view(shape)
-
-    # -- allocation -------------------------------------------------------------------------
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise OutOfPages(f"asked for {n} pages, {len(self._free)} free")
-        pages = self._free[len(self._free) - n :][::-1]
-        del self._free[len(self._free) - n :]
-        return pages
-
-    def release(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
-
-    def free_page_ids(self) -> set[int]:
-        return set(self._free)

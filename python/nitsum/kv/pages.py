@@ -1,0 +1,73 @@
+"""Page bookkeeping for every device of a pool, kept where scheduling decisions are made.
+
+NOTE: the sequences of a TP group use the same page ids on every member device, so one
+page list per sequence describes its KV on all ranks and every rank runs identical step
+inputs. A group therefore allocates only ids that are free on all its members.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class OutOfPages(RuntimeError):
+    """The group cannot supply the pages asked for."""
+
+
+class PageAllocator:
+    """Free/used state of `num_pages` pages on each of `num_devices` devices."""
+
+    def __init__(self, num_devices: int, num_pages: int, base_page_tokens: int) -> None:
+        self.num_pages = num_pages
+        self.base_page_tokens = base_page_tokens
+        self.free = np.ones((num_devices, num_pages), dtype=bool)
+
+    def group(self, members: tuple[int, ...]) -> GroupPages:
+        return GroupPages(self, members)
+
+    def used(self, device: int) -> set[int]:
+        return set(np.flatnonzero(~self.free[device]).tolist())
+
+    def num_free(self, device: int) -> int:
+        return int(self.free[device].sum())
+
+
+class GroupPages:
+    """A TP group's view of the allocator: mirrored pages on all `members`."""
+
+    def __init__(self, alloc: PageAllocator, members: tuple[int, ...]) -> None:
+        self.alloc = alloc
+        self.members = list(members)
+        self.tp = len(members)
+
+    @property
+    def num_pages(self) -> int:
+        return self.alloc.num_pages
+
+    @property
+    def tokens_per_page(self) -> int:
+        """Tokens per page at this group's TP degree (pages hold fewer heads per token)."""
+        return self.alloc.base_page_tokens * self.tp
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.tokens_per_page)
+
+    def _free_mask(self) -> np.ndarray:
+        return self.alloc.free[self.members].all(axis=0)
+
+    @property
+    def num_free(self) -> int:
+        return int(self._free_mask().sum())
+
+    def allocate(self, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        ids = np.flatnonzero(self._free_mask())[:n]
+        if len(ids) < n:
+            raise OutOfPages(f"asked for {n} pages, {len(ids)} free on all of {self.members}")
+        self.alloc.free[np.ix_(self.members, ids)] = False
+        return ids.tolist()
+
+    def release(self, pages: list[int]) -> None:
+        if pages:
+            self.alloc.free[np.ix_(self.members, pages)] = True
