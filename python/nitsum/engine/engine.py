@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from nitsum.config import ModelConfig
 from nitsum.engine.runner import ModelRunner
-from nitsum.engine.scheduler import Scheduler
+from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pool import KVLayout
@@ -61,7 +61,7 @@ class Engine:
         self.validate(prompt_ids, sampling)
         seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
         seq.generator = make_generator(sampling)
-        seq.layout = KVLayout(self.runner.ctx.tp, self.runner.ctx.rank)
+        seq.layout = KVLayout(tuple(self.scheduler.pages.members))
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -103,7 +103,10 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        tokens = self.runner.run(batch)
+        return self.complete_step(batch, self.runner.run(batch))
+
+    def complete_step(self, batch: list[Scheduled], tokens: list[int]) -> list[RequestOutput]:
+        """Apply a step's sampled tokens (one per sampling entry of `batch`, in order)."""
         outputs = []
         sampled = iter(tokens)
         for item in batch:

@@ -58,6 +58,20 @@ class Scheduler:
                     return seq
         return None
 
+    def adopt(self, seq: Sequence) -> None:
+        """Take over a sequence from another group (after a reconfiguration commit)."""
+        if seq.status == Status.RUNNING:
+            self.running.append(seq)
+        else:
+            self.waiting[seq.klass].append(seq)
+
+    def release_all(self) -> list[Sequence]:
+        """Hand every sequence over (running first, in order); pages stay with them."""
+        seqs = self.running + [s for c in CLASSES for s in self.waiting[c]]
+        self.running = []
+        self.waiting = {c: deque() for c in CLASSES}
+        return seqs
+
     def has_work(self) -> bool:
         return bool(self.running) or any(self.waiting.values())
 

@@ -16,10 +16,14 @@ from nitsum.config import ModelConfig
 
 @dataclass(frozen=True)
 class KVLayout:
-    """The (TP degree, rank) a request's KV was written under."""
+    """The TP group a request's KV was written under: rank r of `members` holds KV heads
+    [r·H/tp, (r+1)·H/tp) of every token, in the same page ids on every member."""
 
-    tp: int = 1
-    rank: int = 0
+    members: tuple[int, ...] = (0,)
+
+    @property
+    def tp(self) -> int:
+        return len(self.members)
 
 
 class KVPool:

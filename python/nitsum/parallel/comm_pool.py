@@ -1,0 +1,67 @@
+"""Communicator pool: every aligned TP group is created once, collectively, at start-up.
+
+For N devices and levels P the groups are the aligned blocks [k·p, …, k·p+p-1]
+(O(N) groups, Flying Serving §4.3). Lookup by member tuple is O(1). After `freeze()` any
+attempt to create a process group anywhere in the process raises, which is how tests prove
+that switching never creates communicators.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+def aligned_groups(num_devices: int, levels: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """All aligned contiguous groups of each level > 1 that fit in the pool."""
+    groups = []
+    for p in sorted(set(levels)):
+        if p < 2 or p > num_devices:
+            continue
+        for start in range(0, num_devices - p + 1, p):
+            groups.append(tuple(range(start, start + p)))
+    return groups
+
+
+class GroupCreationForbidden(RuntimeError):
+    """A process group was requested after start-up."""
+
+
+class CommPool:
+    """Process groups by member tuple, created at construction on every rank."""
+
+    # Counted across the whole process (the guard wraps torch.distributed.new_group).
+    created = 0
+    _frozen = False
+    _original_new_group = None
+
+    def __init__(self, num_devices: int, levels: tuple[int, ...]) -> None:
+        self._install_guard()
+        self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        # NOTE: new_group is collective: every rank must create every group, in the same order.
+        for members in aligned_groups(num_devices, levels):
+            self.groups[members] = dist.new_group(list(members))
+        CommPool._frozen = True
+
+    def get(self, members: tuple[int, ...]) -> dist.ProcessGroup | None:
+        """The group of `members`; None for a single device (no communication needed)."""
+        if len(members) == 1:
+            return None
+        try:
+            return self.groups[members]
+        except KeyError:
+            raise KeyError(f"no communicator for {members}: groups must be aligned blocks") from None
+
+    @classmethod
+    def _install_guard(cls) -> None:
+        if cls._original_new_group is not None:
+            return
+        original = dist.new_group
+        cls._original_new_group = original
+
+        def guarded(*args: object, **kwargs: object) -> dist.ProcessGroup:
+            if cls._frozen:
+                raise GroupCreationForbidden("process groups are only created at start-up")
+            cls.created += 1
+            return original(*args, **kwargs)
+
+        dist.new_group = guarded  # type: ignore[assignment]

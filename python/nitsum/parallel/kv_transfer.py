@@ -1,0 +1,157 @@
+"""Executes migration pieces on one device: aggregated, double-buffered, pipelined.
+
+Every device gets the same ordered list of pieces and acts on those it sends or receives.
+NOTE: processing pieces in one global order makes blocking point-to-point transfers
+deadlock-free: the earliest unfinished piece always has both of its devices waiting on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
+from nitsum.parallel.migration_plan import Piece
+
+
+class TransferFailed(RuntimeError):
+    """A transfer broke before commit; the old layout stays valid."""
+
+
+@dataclass
+class TransferStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    bytes_copied_locally: int = 0
+    messages: int = 0
+    seconds: float = 0.0
+
+
+def _chunks(piece: Piece, tokens_per_chunk: int) -> list[slice]:
+    return [slice(i, min(i + tokens_per_chunk, piece.tokens)) for i in range(0, piece.tokens, tokens_per_chunk)]
+
+
+class KVTransfer:
+    """Moves KV between this device's pool storage and its peers."""
+
+    def __init__(self, storage: torch.Tensor, kv_heads: int, head_dim: int, device: int,
+                 chunk_bytes: int = 8 << 20) -> None:
+        self.storage = storage
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.device = device
+        self.chunk_bytes = chunk_bytes
+        # NOTE: staging buffers are allocated once here, never on the switch path.
+        elems = chunk_bytes // storage.element_size()
+        self.buffers = [torch.empty(elems, dtype=storage.dtype) for _ in range(2)]
+
+    def _view(self, tp: int) -> torch.Tensor:
+        return slot_view(self.storage, self.kv_heads // tp, self.head_dim)
+
+    def _tokens_per_chunk(self, heads: int) -> int:
+        per_token = self.storage.shape[0] * 2 * heads * self.head_dim * self.storage.element_size()
+        return max(1, self.chunk_bytes // per_token)
+
+    def run(
+        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+    ) -> TransferStats:
+        """Run every piece this device takes part in.
+
+        `fail = (piece_index, chunk)` injects a transfer failure: both ends of that piece stop
+        after `chunk` chunks, every other piece still completes (so no peer is left waiting),
+        and then TransferFailed is raised so the caller rolls back.
+        """
+        stats = TransferStats()
+        t0 = time.perf_counter()
+        failed = False
+        for index, piece in enumerate(pieces):
+            if self.device not in (piece.src, piece.dst):
+                continue
+            stop = fail[1] if fail is not None and fail[0] == index else None
+            if piece.src == piece.dst:
+                self._local(piece, stats)
+            elif mode == "per_page":
+                self._per_page(piece, stats)
+            else:
+                failed |= not self._pipelined(piece, stats, stop)
+        stats.seconds = time.perf_counter() - t0
+        if failed:
+            raise TransferFailed(f"transfer of piece {fail} failed before commit")
+        return stats
+
+    def _local(self, p: Piece, stats: TransferStats) -> None:
+        """Same device: a gather + scatter, never a send."""
+        src = self._view(p.src_tp)[:, :, :, p.src_head : p.src_head + p.heads]
+        block = src.index_select(2, p.src_slots)
+        unpack_ref(self._view(p.dst_tp), p.dst_slots, p.dst_head, p.heads, block)
+        stats.bytes_copied_locally += block.numel() * block.element_size()
+
+    def _pipelined(self, p: Piece, stats: TransferStats, stop: int | None) -> bool:
+        """Double-buffered: pack (or unpack) one chunk while the other is on the wire.
+
+        Returns False when stopped early by an injected failure.
+        """
+        chunks = _chunks(p, self._tokens_per_chunk(p.heads))
+        if stop is not None:
+            chunks = chunks[:stop]
+        sending = p.src == self.device
+        view = self._view(p.src_tp if sending else p.dst_tp)
+        layers = view.shape[0]
+
+        def elems(c: slice) -> int:
+            return layers * 2 * (c.stop - c.start) * p.heads * self.head_dim
+
+        pending: list[dist.Work | None] = [None, None]
+        if not sending and chunks:
+            pending[0] = dist.irecv(self.buffers[0][: elems(chunks[0])], p.src)
+        for i, c in enumerate(chunks):
+            buf = self.buffers[i % 2]
+            if sending:
+                if pending[i % 2] is not None:
+                    pending[i % 2].wait()  # the buffer is free again once its send is done
+                block = pack_ref(view, p.src_slots[c], p.src_head, p.heads, buf)
+                pending[i % 2] = dist.isend(buf[: block.numel()], p.dst)
+                stats.bytes_sent += block.numel() * block.element_size()
+            else:
+                pending[i % 2].wait()
+                if i + 1 < len(chunks):
+                    # Post the next receive before unpacking this one: transfer overlaps unpack.
+                    nxt = self.buffers[(i + 1) % 2][: elems(chunks[i + 1])]
+                    pending[(i + 1) % 2] = dist.irecv(nxt, p.src)
+                n = elems(c)
+                block = buf[:n].view(layers, 2, c.stop - c.start, p.heads, self.head_dim)
+                unpack_ref(view, p.dst_slots[c], p.dst_head, p.heads, block)
+                stats.bytes_received += n * buf.element_size()
+            stats.messages += 1
+        for w in pending:
+            if w is not None:
+                w.wait()
+        return stop is None
+
+    def _per_page(self, p: Piece, stats: TransferStats) -> None:
+        """Baseline: one message per (source page, layer, K/V) fragment, as pages lie in memory."""
+        sending = p.src == self.device
+        view = self._view(p.src_tp if sending else p.dst_tp)
+        slots = p.src_slots if sending else p.dst_slots
+        head = p.src_head if sending else p.dst_head
+        src_tokens_per_page = self.storage.shape[3] // (self.kv_heads // p.src_tp * self.head_dim)
+        src_pages = torch.div(p.src_slots, src_tokens_per_page, rounding_mode="floor")
+        cuts = (torch.nonzero(src_pages[1:] != src_pages[:-1]).flatten() + 1).tolist()
+        bounds = [0, *cuts, p.tokens]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            idx = slots[a:b]
+            for layer in range(view.shape[0]):
+                for kv in range(2):
+                    if sending:
+                        frag = view[layer, kv, idx, head : head + p.heads].contiguous()
+                        dist.send(frag, p.dst)
+                        stats.bytes_sent += frag.numel() * frag.element_size()
+                    else:
+                        frag = torch.empty(b - a, p.heads, self.head_dim, dtype=view.dtype)
+                        dist.recv(frag, p.src)
+                        view[layer, kv, :, head : head + p.heads].index_copy_(0, idx, frag)
+                        stats.bytes_received += frag.numel() * frag.element_size()
+                    stats.messages += 1
