@@ -50,8 +50,10 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_hf_tensors(vocab: int, tied: bool, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random tensors with HF Llama names and shapes (head_dim 16, GQA 4:2)."""
+def tiny_hf_tensors(
+    vocab: int, tied: bool, seed: int = 0, qkv_bias: bool = False
+) -> dict[str, np.ndarray]:
+    """Random tensors with HF Llama/Qwen2 names and shapes (head_dim 16, GQA 4:2)."""
     rng = np.random.default_rng(seed)
     head_dim = HIDDEN // N_HEAD
 
@@ -68,6 +70,10 @@ def tiny_hf_tensors(vocab: int, tied: bool, seed: int = 0) -> dict[str, np.ndarr
         t[p + "self_attn.q_proj.weight"] = r(N_HEAD * head_dim, HIDDEN)
         t[p + "self_attn.k_proj.weight"] = r(N_KV * head_dim, HIDDEN)
         t[p + "self_attn.v_proj.weight"] = r(N_KV * head_dim, HIDDEN)
+        if qkv_bias:
+            t[p + "self_attn.q_proj.bias"] = r(N_HEAD * head_dim)
+            t[p + "self_attn.k_proj.bias"] = r(N_KV * head_dim)
+            t[p + "self_attn.v_proj.bias"] = r(N_KV * head_dim)
         t[p + "self_attn.o_proj.weight"] = r(HIDDEN, HIDDEN)
         t[p + "mlp.gate_proj.weight"] = r(FFN, HIDDEN)
         t[p + "mlp.up_proj.weight"] = r(FFN, HIDDEN)
@@ -94,8 +100,8 @@ GGUF_NAMES = {
 def to_gguf_name(name: str) -> str:
     if name in GGUF_NAMES:
         return GGUF_NAMES[name]
-    _, _, layer, *mid, _ = name.split(".")
-    return f"blk.{layer}.{GGUF_NAMES['.'.join(mid)]}.weight"
+    _, _, layer, *mid, kind = name.split(".")
+    return f"blk.{layer}.{GGUF_NAMES['.'.join(mid)]}.{kind}"
 
 
 def write_tiny_gguf(
@@ -111,7 +117,7 @@ def write_tiny_gguf(
     Tensors named in ``q8`` are stored Q8_0; their expected value is then the Q8_0 round trip.
     """
     tokens, types = tiny_tokens()
-    hf = tiny_hf_tensors(len(tokens), tied)
+    hf = tiny_hf_tensors(len(tokens), tied, qkv_bias=arch == "qwen2")
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
@@ -135,9 +141,10 @@ def write_tiny_gguf(
     expected = {}
     for name, arr in hf.items():
         stored = arr
-        if ".q_proj." in name:
+        # llama.cpp permutes q/k (weights and biases) for the llama architecture only
+        if arch == "llama" and ".q_proj." in name:
             stored = llamacpp_permute(arr, N_HEAD)
-        elif ".k_proj." in name:
+        elif arch == "llama" and ".k_proj." in name:
             stored = llamacpp_permute(arr, N_KV)
         if name in q8:
             qtype = gguf.GGMLQuantizationType.Q8_0
@@ -195,6 +202,31 @@ def test_untied_gguf_has_lm_head(tmp_path: Path) -> None:
     m = load_gguf(tmp_path / "untied.gguf")
     assert m.config["tie_word_embeddings"] is False
     assert torch.equal(m.tensors["lm_head.weight"], torch.from_numpy(expected["lm_head.weight"]))
+
+
+def test_qwen2_gguf_is_not_permuted_and_keeps_biases(tmp_path: Path) -> None:
+    expected = write_tiny_gguf(tmp_path / "qwen.gguf", arch="qwen2", pre="qwen2")
+    m = load_gguf(tmp_path / "qwen.gguf")
+    assert m.config["architectures"] == ["Qwen2ForCausalLM"] and m.config["model_type"] == "qwen2"
+    assert "model.layers.1.self_attn.k_proj.bias" in m.tensors
+    assert sorted(m.tensors) == sorted(expected)
+    for name, want in expected.items():
+        assert torch.equal(m.tensors[name], torch.from_numpy(want)), name
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prepared_tiny_dir_loads_in_transformers(tmp_path: Path, arch: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    expected = write_tiny_gguf(tmp_path / "m.gguf", arch=arch, pre="gpt-2")
+    out = prepare_model(tmp_path / "m.gguf", tmp_path / "out")
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(model).__name__ == load_hf_config(out)["architectures"][0]
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    state = model.state_dict()
+    for name, want in expected.items():
+        assert torch.equal(state[name], torch.from_numpy(want)), name
+    assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])  # tied
 
 
 def test_load_gguf_errors(tmp_path: Path) -> None:

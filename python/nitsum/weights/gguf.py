@@ -1,9 +1,10 @@
-"""Load a llama-architecture GGUF file as HF-named float32 tensors plus an HF config and tokenizer.
+"""Load a Llama-family GGUF file as HF-named float32 tensors plus an HF config and tokenizer.
 
-llama.cpp's converter renames tensors (``blk.0.attn_q.weight``), quantizes them, and permutes the
-rows of the q/k projections so that its rotary kernel can rotate adjacent pairs; HF's Llama rotates
-the two halves of each head instead. We dequantize with the ``gguf`` package and undo both, so the
-result is exactly what the HF checkpoint would hold (up to quantization error of the file).
+llama.cpp's converter renames tensors (``blk.0.attn_q.weight``), quantizes them, and (for the
+``llama`` architecture only) permutes the rows of the q/k projections so that its rotary kernel
+can rotate adjacent pairs; HF's Llama rotates the two halves of each head instead. We dequantize
+with the ``gguf`` package and undo both, so the result is exactly what the HF checkpoint would hold
+(up to the quantization error of the file). ``qwen2`` GGUFs use HF's rotation and are not permuted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from gguf.quants import dequantize
 
 from nitsum.weights.gguf_tokenizer import build_tokenizer_json
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# GGUF architecture -> (HF architecture, HF model_type, q/k rows permuted by llama.cpp)
+_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama", True),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
+}
+SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -46,7 +52,7 @@ class GGUFModel:
     """A GGUF file converted to what an HF model directory would contain."""
 
     config: dict
-    """An HF ``config.json`` dict (``LlamaForCausalLM``)."""
+    """An HF ``config.json`` dict (``LlamaForCausalLM`` or ``Qwen2ForCausalLM``)."""
     tensors: dict[str, torch.Tensor]
     """HF names -> float32 tensors in HF layout. No ``lm_head.weight`` when embeddings are tied."""
     tokenizer_json: str
@@ -70,7 +76,7 @@ def hf_tensor_name(gguf_name: str) -> str:
     m = _BLOCK_RE.fullmatch(gguf_name)
     if m and m.group(2) in _BLOCK_NAMES:
         return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
-    raise ValueError(f"unsupported GGUF tensor {gguf_name!r} for a llama-architecture model")
+    raise ValueError(f"unsupported GGUF tensor {gguf_name!r} for a Llama-family model")
 
 
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -126,9 +132,10 @@ def _hf_config(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
         rope_scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     elif scaling != "none":
         raise ValueError(f"rope scaling {scaling!r} is not supported")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    hf_arch, model_type, _ = _ARCHITECTURES[arch]
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
         "hidden_size": hidden,
         "intermediate_size": int(key("feed_forward_length")),
         "num_hidden_layers": int(key("block_count")),
@@ -152,6 +159,11 @@ def _hf_config(meta: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
         "initializer_range": 0.02,
         "use_cache": True,
     }
+    if model_type == "qwen2":
+        # NOTE: HF Qwen2 always has q/k/v biases and no attention_bias / mlp_bias keys.
+        del config["attention_bias"], config["mlp_bias"]
+        config.update(use_sliding_window=False, sliding_window=None)
+    return config
 
 
 def _generation_config(meta: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +193,7 @@ def _special_tokens(meta: dict[str, Any]) -> dict[str, str]:
 
 
 def load_gguf(path: str | Path) -> GGUFModel:
-    """Read a llama-architecture GGUF into HF config, float32 HF tensors and tokenizer.
+    """Read a ``llama`` or ``qwen2`` GGUF into HF config, float32 HF tensors and tokenizer.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -198,6 +210,7 @@ def load_gguf(path: str | Path) -> GGUFModel:
         )
     names = {t.name: t for t in reader.tensors}
     config = _hf_config(meta, names)
+    permuted = _ARCHITECTURES[arch][2]
 
     tensors: dict[str, torch.Tensor] = {}
     for gname, t in names.items():
@@ -206,7 +219,9 @@ def load_gguf(path: str | Path) -> GGUFModel:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         w = torch.from_numpy(arr.copy())  # copy: the reader's data is a read-only memmap
-        if ".attn_q." in gname:
+        if not permuted:
+            pass
+        elif ".attn_q." in gname:
             w = unpermute_qk(w, config["num_attention_heads"])
         elif ".attn_k." in gname:
             w = unpermute_qk(w, config["num_key_value_heads"])
