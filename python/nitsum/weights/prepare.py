@@ -88,8 +88,8 @@ def prepare_model(gguf_path: str | Path, out_dir: str | Path) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     model = load_gguf(gguf_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # NOTE: build in a sibling temp dir and rename into place, so a crash or a concurrent reader
-    # never sees a half-written model directory.
+    # NOTE: build in a sibling temp dir and rename into place, so a crash of this process or a
+    # concurrent reader never sees a half-written model directory.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by the user's processes
@@ -108,17 +108,28 @@ def prepare_model(gguf_path: str | Path, out_dir: str | Path) -> Path:
         _write_json(tmp / MARKER_FILE, marker)
         for f in tmp.iterdir():
             f.chmod(0o644)
-        old = None
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _swap_into_place(tmp, out_dir)
     return out_dir
+
+
+def _swap_into_place(new: Path, out_dir: Path) -> None:
+    """Rename ``new`` to ``out_dir``, replacing (and then deleting) an existing ``out_dir``."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+        out_dir.rename(old)
+    try:
+        new.rename(out_dir)
+    except BaseException:
+        if old is not None:
+            old.rename(out_dir)  # put the previous model back
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
