@@ -29,6 +29,8 @@ _QWEN2_SPLIT = (
 # llama.cpp's llama-vocab.cpp. "smollm" & co: every digit is its own pre-token, then GPT-2's regex
 # (exactly the SmolLM2/StarCoder tokenizer.json: Digits(individual) + ByteLevel(use_regex)).
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+# NOTE: files older than `tokenizer.ggml.pre` say nothing ("default"); their models were almost
+# all GPT-2 style, so we split like GPT-2 (llama.cpp uses its own generic regex and warns).
 _GPT2 = {"gpt-2", "gpt2", "default"}
 _LLAMA3 = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3", "dbrx"}
 _QWEN2 = {"qwen2", "deepseek-r1-qwen"}
