@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from tiny import make_tiny
 
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
+from tiny import make_tiny
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -132,7 +132,9 @@ def test_bad_input_is_rejected_without_side_effects(tiny, prompt, params, field)
 def test_seeded_sampling_repeats_and_stop_tokens(tiny):
     hf, cfg = tiny
     p = prompts(cfg, 1)[0]
-    params = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, top_k=20, seed=7, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=10, temperature=0.8, top_p=0.9, top_k=20, seed=7, ignore_eos=True
+    )
     runs = []
     for _ in range(2):
         e = engine_for(tiny)

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from tiny import VARIANTS, make_tiny
 
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.sampling import SamplingParams
+from tiny import VARIANTS, make_tiny
 
 
 def all_logits(engine, seq: Sequence, start: int, q_len: int) -> torch.Tensor:

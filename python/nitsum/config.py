@@ -48,7 +48,9 @@ class ModelConfig:
         bias = arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
         # transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`.
         rope = cfg.get("rope_parameters") or {}
-        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        scaling = cfg.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],

@@ -25,7 +25,9 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+            raise InvalidRequestError(
+                "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}"
+            )
         if self.temperature < 0:
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -40,7 +40,9 @@ class Engine:
         self.cfg = cfg
         self.runner = runner
         self.scheduler = scheduler
-        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.max_context = min(
+            max_context or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
 
@@ -77,7 +79,9 @@ class Engine:
             )
         bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
-            raise InvalidRequestError("prompt", f"token id {bad[0]} outside [0, {self.cfg.vocab_size})")
+            raise InvalidRequestError(
+                "prompt", f"token id {bad[0]} outside [0, {self.cfg.vocab_size})"
+            )
         pages = self.scheduler.pages
         need = pages.pages_for(len(prompt_ids) + 1)
         if need > pages.num_pages:

@@ -37,7 +37,10 @@ class ModelRunner:
 
     def run(self, batch: list[Scheduled]) -> list[int]:
         """Forward the batch and return one sampled token per sampling sequence."""
-        inputs = self.prepare(batch)
-        logits = self.forward(inputs)
-        sampled = [s.seq for s in batch if s.sample]
-        return sample(logits, [s.sampling for s in sampled], [s.generator for s in sampled])
+        return sample_batch(self.forward(self.prepare(batch)), batch)
+
+
+def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
+    """Sample the rows of `logits` for the entries of `batch` that sample, in order."""
+    seqs = [s.seq for s in batch if s.sample]
+    return sample(logits, [s.sampling for s in seqs], [s.generator for s in seqs])

@@ -39,7 +39,9 @@ class Rotary:
     def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu") -> None:
         self.inv_freq = rope_inv_freq(cfg).to(device)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of shape (tokens, 1, head_dim), computed in float32 like HF."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)

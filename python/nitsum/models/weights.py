@@ -59,9 +59,7 @@ class ModelWeights:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
 
-def fuse_qkv(
-    cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> torch.Tensor:
+def fuse_qkv(cfg: ModelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Interleave q/k/v (weights or biases) per KV-head group; works on dim 0."""
     r, hd, kvh = cfg.num_kv_groups, cfg.head_dim, cfg.num_kv_heads
     rest = q.shape[1:]
@@ -105,17 +103,24 @@ def build_weights(
         a, m = p + "self_attn.", p + "mlp."
         bias = None
         if cfg.attention_bias:
-            bias = fuse_qkv(cfg, take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias"))
+            bias = fuse_qkv(
+                cfg, take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")
+            )
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
                 post_norm=take(p + "post_attention_layernorm.weight"),
                 qkv=fuse_qkv(
-                    cfg, take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")
+                    cfg,
+                    take(a + "q_proj.weight"),
+                    take(a + "k_proj.weight"),
+                    take(a + "v_proj.weight"),
                 ),
                 qkv_bias=bias,
                 o_t=take(a + "o_proj.weight").t().contiguous(),
-                gate_up=fuse_gate_up(take(m + "gate_proj.weight"), take(m + "up_proj.weight"), mlp_blocks),
+                gate_up=fuse_gate_up(
+                    take(m + "gate_proj.weight"), take(m + "up_proj.weight"), mlp_blocks
+                ),
                 down_t=take(m + "down_proj.weight").t().contiguous(),
             )
         )

@@ -49,7 +49,9 @@ class CommPool:
         try:
             return self.groups[members]
         except KeyError:
-            raise KeyError(f"no communicator for {members}: groups must be aligned blocks") from None
+            raise KeyError(
+                f"no communicator for {members}: groups must be aligned blocks"
+            ) from None
 
     @classmethod
     def _install_guard(cls) -> None:

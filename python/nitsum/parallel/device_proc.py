@@ -38,7 +38,9 @@ class ModelSource:
         if self.model_dir is not None:
             from nitsum.weights.hf import iter_hf_tensors, load_hf_config
 
-            return ModelConfig.from_hf(load_hf_config(self.model_dir)), iter_hf_tensors(self.model_dir)
+            return ModelConfig.from_hf(load_hf_config(self.model_dir)), iter_hf_tensors(
+                self.model_dir
+            )
         assert self.hf_config is not None and self.state_dict is not None
         return ModelConfig.from_hf(self.hf_config), self.state_dict.items()
 
@@ -64,20 +66,31 @@ class Device:
     def __init__(self, device: int, spec: DeviceSpec, source: ModelSource) -> None:
         self.device = device
         backend = "nccl" if spec.ecfg.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, init_method=spec.init_method, rank=device, world_size=spec.world)
+        dist.init_process_group(
+            backend, init_method=spec.init_method, rank=device, world_size=spec.world
+        )
         cfg, tensors = source.load()
         self.cfg = cfg
         levels = tuple(p for p in cfg.allowed_tp_levels(spec.levels) if p <= spec.world)
         self.comms = CommPool(spec.world, levels)
         self.model = build_model(cfg, tensors, spec.ecfg)
-        self.pool = KVPool(cfg, spec.num_pages, spec.ecfg.page_tokens, spec.ecfg.dtype, spec.ecfg.device)
+        self.pool = KVPool(
+            cfg, spec.num_pages, spec.ecfg.page_tokens, spec.ecfg.dtype, spec.ecfg.device
+        )
         # NOTE: every context this device can ever join is built here, before serving.
         self.contexts: dict[tuple[int, ...], TPContext] = {}
         for tp in levels:
             members = group_of(device, tp)
-            if members[-1] < spec.world and (tp == 1 or members in aligned_groups(spec.world, levels)):
+            if members[-1] < spec.world and (
+                tp == 1 or members in aligned_groups(spec.world, levels)
+            ):
                 self.contexts[members] = build_context(
-                    cfg, self.model.weights, tp, members.index(device), members, self.comms.get(members)
+                    cfg,
+                    self.model.weights,
+                    tp,
+                    members.index(device),
+                    members,
+                    self.comms.get(members),
                 )
         self.active = self.contexts[(device,)]
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
@@ -86,7 +99,9 @@ class Device:
         if cmd == "step":
             members, inputs = args
             ctx = self.contexts[members]
-            hidden = self.model.forward(ctx, inputs.input_ids, inputs.positions, inputs.meta, self.pool)
+            hidden = self.model.forward(
+                ctx, inputs.input_ids, inputs.positions, inputs.meta, self.pool
+            )
             return self.model.logits(hidden[inputs.sample_rows]) if ctx.rank == 0 else None
         if cmd == "activate":
             t0 = time.perf_counter()
@@ -97,16 +112,25 @@ class Device:
             return self.transfer.run(pieces, mode, fail)
         if cmd == "bulk":
             peer, nbytes, sending = args
-            buf = self.transfer.buffers[0] if nbytes <= self.transfer.chunk_bytes else torch.empty(
-                nbytes // self.pool.storage.element_size(), dtype=self.pool.storage.dtype)
+            buf = (
+                self.transfer.buffers[0]
+                if nbytes <= self.transfer.chunk_bytes
+                else torch.empty(
+                    nbytes // self.pool.storage.element_size(), dtype=self.pool.storage.dtype
+                )
+            )
             t0 = time.perf_counter()
             (dist.send if sending else dist.recv)(buf, peer)
             return time.perf_counter() - t0
         if cmd == "read_kv":
             members, slots = args
             ctx = self.contexts[members]
-            return torch.stack([torch.stack(self.pool.kv(layer, ctx.heads.kv_heads)) for layer in
-                                range(self.cfg.num_layers)])[:, :, slots].clone()
+            return torch.stack(
+                [
+                    torch.stack(self.pool.kv(layer, ctx.heads.kv_heads))
+                    for layer in range(self.cfg.num_layers)
+                ]
+            )[:, :, slots].clone()
         if cmd == "stats":
             return {
                 "groups_created": CommPool.created,

@@ -31,14 +31,23 @@ class TransferStats:
 
 
 def _chunks(piece: Piece, tokens_per_chunk: int) -> list[slice]:
-    return [slice(i, min(i + tokens_per_chunk, piece.tokens)) for i in range(0, piece.tokens, tokens_per_chunk)]
+    return [
+        slice(i, min(i + tokens_per_chunk, piece.tokens))
+        for i in range(0, piece.tokens, tokens_per_chunk)
+    ]
 
 
 class KVTransfer:
     """Moves KV between this device's pool storage and its peers."""
 
-    def __init__(self, storage: torch.Tensor, kv_heads: int, head_dim: int, device: int,
-                 chunk_bytes: int = 8 << 20) -> None:
+    def __init__(
+        self,
+        storage: torch.Tensor,
+        kv_heads: int,
+        head_dim: int,
+        device: int,
+        chunk_bytes: int = 8 << 20,
+    ) -> None:
         self.storage = storage
         self.kv_heads = kv_heads
         self.head_dim = head_dim
@@ -112,11 +121,13 @@ class KVTransfer:
             if sending:
                 if pending[i % 2] is not None:
                     pending[i % 2].wait()  # the buffer is free again once its send is done
+                    pending[i % 2] = None
                 block = pack_ref(view, p.src_slots[c], p.src_head, p.heads, buf)
                 pending[i % 2] = dist.isend(buf[: block.numel()], p.dst)
                 stats.bytes_sent += block.numel() * block.element_size()
             else:
                 pending[i % 2].wait()
+                pending[i % 2] = None  # NOTE: gloo work must be waited exactly once
                 if i + 1 < len(chunks):
                     # Post the next receive before unpacking this one: transfer overlaps unpack.
                     nxt = self.buffers[(i + 1) % 2][: elems(chunks[i + 1])]

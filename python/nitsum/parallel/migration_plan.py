@@ -46,7 +46,15 @@ class Piece:
     dst_slots: torch.Tensor
 
     def geometry(self) -> tuple[int, ...]:
-        return (self.src, self.dst, self.src_tp, self.src_head, self.dst_tp, self.dst_head, self.heads)
+        return (
+            self.src,
+            self.dst,
+            self.src_tp,
+            self.src_head,
+            self.dst_tp,
+            self.dst_head,
+            self.heads,
+        )
 
     @property
     def tokens(self) -> int:
@@ -67,8 +75,17 @@ def plan_pieces(
             hi = min((r_old + 1) * h_old, (r_new + 1) * h_new)
             if lo < hi:
                 pieces.append(
-                    Piece(src, dst, old.tp, lo - r_old * h_old, new.tp, lo - r_new * h_new,
-                          hi - lo, src_slots, dst_slots)
+                    Piece(
+                        src,
+                        dst,
+                        old.tp,
+                        lo - r_old * h_old,
+                        new.tp,
+                        lo - r_new * h_new,
+                        hi - lo,
+                        src_slots,
+                        dst_slots,
+                    )
                 )
     return pieces
 

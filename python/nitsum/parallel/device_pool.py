@@ -1,0 +1,141 @@
+"""Controller side of a pool of device processes (CPU processes in tests, GPUs in production)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import socket
+from typing import Any
+
+import torch
+
+from nitsum.engine.build import EngineConfig
+from nitsum.engine.step_inputs import StepInputs
+from nitsum.parallel.device_proc import DeviceSpec, ModelSource, device_main
+from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
+from nitsum.parallel.migration_plan import Piece
+
+
+class DeviceError(RuntimeError):
+    """A device process reported an error (its traceback is the message)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DevicePool:
+    """Starts one process per device and sends them commands.
+
+    NOTE: commands to one device are answered in order, so a caller may send to several
+    devices first and collect later; that is how groups run their steps concurrently.
+    """
+
+    def __init__(
+        self,
+        num_devices: int,
+        source: ModelSource,
+        ecfg: EngineConfig,
+        num_pages: int,
+        levels: tuple[int, ...] = (1, 2, 4, 8),
+        start_timeout: float = 300.0,
+    ) -> None:
+        self.num_devices = num_devices
+        threads = max(1, (os.cpu_count() or 1) // num_devices)
+        spec = DeviceSpec(
+            num_devices, levels, ecfg, num_pages, f"tcp://127.0.0.1:{_free_port()}", threads
+        )
+        ctx = mp.get_context("spawn")
+        self.conns = []
+        self.procs = []
+        for d in range(num_devices):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=device_main, args=(d, spec, source, child), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self.contexts: list[list[tuple[int, ...]]] = []
+        for d, conn in enumerate(self.conns):
+            if not conn.poll(start_timeout):
+                self.close()
+                raise DeviceError(f"device {d} did not start within {start_timeout:.0f}s")
+            self.contexts.append(self._reply(d))
+
+    # -- messaging ---------------------------------------------------------------------------
+    def send(self, device: int, cmd: str, *args: Any) -> None:
+        self.conns[device].send_bytes(pickle.dumps((cmd, args)))
+
+    def send_many(self, devices: tuple[int, ...] | list[int], cmd: str, *args: Any) -> None:
+        data = pickle.dumps((cmd, args))  # pickled once for the whole group
+        for d in devices:
+            self.conns[d].send_bytes(data)
+
+    def _reply(self, device: int) -> Any:
+        status, value = pickle.loads(self.conns[device].recv_bytes())
+        if status == "transfer_failed":
+            raise TransferFailed(value)
+        if status != "ok":
+            raise DeviceError(f"device {device}: {value}")
+        return value
+
+    def call(self, device: int, cmd: str, *args: Any) -> Any:
+        self.send(device, cmd, *args)
+        return self._reply(device)
+
+    # -- steps -------------------------------------------------------------------------------
+    def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
+        self.send_many(members, "step", members, inputs)
+
+    def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
+        """Logits from the group leader (every member must be drained)."""
+        replies = [self._reply(d) for d in members]
+        return replies[0]
+
+    # -- reconfiguration ---------------------------------------------------------------------
+    def activate(self, groups: list[tuple[int, ...]]) -> None:
+        """Make each group's context the active one on its members (no KV involved)."""
+        for members in groups:
+            self.send_many(members, "activate", members)
+        for members in groups:
+            for d in members:
+                self._reply(d)
+
+    def migrate(
+        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+    ) -> list[TransferStats]:
+        """Run a migration on every device involved; raise TransferFailed if any piece failed.
+
+        All replies are drained even on failure, so the pool stays usable for a rollback.
+        """
+        devices = sorted({p.src for p in pieces} | {p.dst for p in pieces})
+        self.send_many(devices, "migrate", pieces, mode, fail)
+        stats, failure = [], None
+        for d in devices:
+            try:
+                stats.append(self._reply(d))
+            except TransferFailed as e:
+                failure = e
+        if failure is not None:
+            raise failure
+        return stats
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            if proc.is_alive():
+                try:
+                    conn.send_bytes(pickle.dumps(("stop", ())))
+                except (BrokenPipeError, OSError):
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+    def __enter__(self) -> DevicePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,234 @@
+"""The engine of a whole device pool: one local scheduler per TP group, and TP switching.
+
+`reconfigure` is a transaction (ReMP §3.9): plan → allocate new pages → transfer →
+commit. Until commit every running request keeps its old pages, layout and group, so a
+failed transfer just releases the new pages and the pool carries on as before.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nitsum.config import ModelConfig
+from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.runner import sample_batch
+from nitsum.engine.scheduler import Scheduled, Scheduler
+from nitsum.engine.sequence import Sequence, Status
+from nitsum.engine.step_inputs import StepInputs, build_step_inputs
+from nitsum.kv.pages import GroupPages, OutOfPages, PageAllocator
+from nitsum.kv.pool import KVLayout
+from nitsum.parallel.device_pool import DevicePool
+from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
+from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
+from nitsum.sampling import SamplingParams
+
+
+class GroupRunner:
+    """Runs a group's steps on its member devices (all ranks get identical inputs)."""
+
+    def __init__(self, pool: DevicePool, members: tuple[int, ...], pages: GroupPages) -> None:
+        self.pool = pool
+        self.members = members
+        self.pages = pages
+
+    def prepare(self, batch: list[Scheduled]) -> StepInputs:
+        return build_step_inputs(batch, self.pages.tokens_per_page)
+
+    def run(self, batch: list[Scheduled]) -> list[int]:
+        self.pool.launch_step(self.members, self.prepare(batch))
+        return sample_batch(self.pool.collect_step(self.members), batch)
+
+
+@dataclass
+class ReconfigureReport:
+    """What a reconfiguration did and what it cost."""
+
+    ok: bool
+    groups: list[tuple[int, ...]]
+    moved_requests: int = 0
+    recomputed_requests: int = 0
+    bytes_moved: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def check_groups(groups: list[tuple[int, ...]], num_devices: int, allowed: tuple[int, ...]) -> None:
+    """Groups must be aligned contiguous blocks of allowed TP levels, disjoint, in the pool."""
+    seen: set[int] = set()
+    for g in groups:
+        tp = len(g)
+        if tp not in allowed:
+            raise ValueError(f"group {g}: TP {tp} not in the allowed levels {allowed}")
+        if g != tuple(range(g[0], g[0] + tp)) or g[0] % tp or g[-1] >= num_devices:
+            raise ValueError(f"group {g} is not an aligned block of the {num_devices}-device pool")
+        if seen & set(g):
+            raise ValueError(f"group {g} overlaps another group")
+        seen |= set(g)
+
+
+class PoolEngine:
+    """Serves requests on TP groups of a DevicePool and switches TP between steps."""
+
+    def __init__(
+        self,
+        pool: DevicePool,
+        cfg: ModelConfig,
+        ecfg: EngineConfig,
+        num_pages: int,
+        groups: list[tuple[int, ...]],
+        eos_token_ids: tuple[int, ...] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        self.ecfg = ecfg
+        self.eos = eos_token_ids
+        self.allowed = tuple(
+            p for p in cfg.allowed_tp_levels(ecfg.tp_levels) if p <= pool.num_devices
+        )
+        self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens)
+        check_groups(groups, pool.num_devices, self.allowed)
+        self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
+
+    def _engine(self, members: tuple[int, ...]) -> Engine:
+        pages = self.alloc.group(members)
+        scheduler = Scheduler(pages, self.ecfg.max_batch, self.ecfg.token_budget)
+        runner = GroupRunner(self.pool, members, pages)
+        return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)  # type: ignore[arg-type]
+
+    @property
+    def groups(self) -> list[tuple[int, ...]]:
+        return list(self.engines)
+
+    # -- requests ----------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        group: tuple[int, ...] | None = None,
+        klass: str = "feasible",
+    ) -> tuple[int, ...]:
+        """Queue on `group` (default: the group with the fewest requests); returns the group."""
+        if any(request_id in e.seqs for e in self.engines.values()):
+            raise ValueError(f"request {request_id!r} is already running")
+        if group is None:
+            group = min(self.engines, key=lambda g: len(self.engines[g].seqs))
+        self.engines[group].add_request(request_id, prompt_ids, sampling, klass)
+        return group
+
+    def abort(self, request_id: str) -> bool:
+        return any(e.abort(request_id) for e in self.engines.values())
+
+    def has_unfinished(self) -> bool:
+        return any(e.has_unfinished() for e in self.engines.values())
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration on every group; groups run concurrently on their devices."""
+        launched: list[tuple[Engine, list[Scheduled]]] = []
+        for members, engine in self.engines.items():
+            batch = engine.scheduler.schedule()
+            if batch:
+                self.pool.launch_step(members, engine.runner.prepare(batch))
+                launched.append((engine, batch))
+        outputs: list[RequestOutput] = []
+        for engine, batch in launched:
+            logits = self.pool.collect_step(engine.runner.members)
+            outputs += engine.complete_step(batch, sample_batch(logits, batch))
+        return outputs
+
+    # -- reconfiguration ---------------------------------------------------------------------
+    def reconfigure(
+        self,
+        groups: list[tuple[int, ...]],
+        mode: str = "pipelined",
+        fail: tuple[int, int] | None = None,
+    ) -> ReconfigureReport:
+        """Switch the pool to `groups` at this iteration boundary, migrating running KV."""
+        t0 = time.perf_counter()
+        check_groups(groups, self.pool.num_devices, self.allowed)
+        kept = {g: e for g, e in self.engines.items() if g in groups}
+        new = {g: kept.get(g) or self._engine(g) for g in groups}
+        # 1. Assign every sequence of a vanishing group to a new group that shares devices.
+        moves: list[tuple[Sequence, tuple[int, ...], Engine]] = []
+        load = {g: len(e.seqs) for g, e in new.items()}
+        for old_group, engine in self.engines.items():
+            if old_group in kept:
+                continue
+            for seq in engine.scheduler.running + [
+                s for q in engine.scheduler.waiting.values() for s in q
+            ]:
+                near = [g for g in groups if set(g) & set(old_group)] or list(groups)
+                target = min(near, key=lambda g: load[g])
+                load[target] += 1
+                moves.append((seq, target, engine))
+        # 2. Allocate new pages and plan pieces (old pages untouched until commit).
+        pieces: list[Piece] = []
+        new_pages: dict[str, list[int]] = {}
+        recompute: set[str] = set()
+        for seq, target, _ in moves:
+            if seq.num_computed == 0:
+                continue
+            pages = new[target].scheduler.pages
+            try:
+                new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))
+            except OutOfPages:
+                recompute.add(seq.request_id)  # soft preempt: drop KV, re-prefill later
+                continue
+            old = Placement(seq.layout.members, tuple(seq.pages))
+            placement = Placement(target, tuple(new_pages[seq.request_id]))
+            pieces += plan_pieces(
+                self.cfg.num_kv_heads, self.ecfg.page_tokens, seq.num_computed, old, placement
+            )
+        pieces = aggregate(pieces)
+        t_plan = time.perf_counter()
+        # 3. Transfer; on failure release the new pages and keep everything as it was.
+        try:
+            stats: list[TransferStats] = self.pool.migrate(pieces, mode, fail) if pieces else []
+        except TransferFailed as e:
+            for seq, target, _ in moves:
+                if seq.request_id in new_pages:
+                    new[target].scheduler.pages.release(new_pages[seq.request_id])
+            return ReconfigureReport(
+                False,
+                self.groups,
+                error=str(e),
+                timings_ms={"total": (time.perf_counter() - t0) * 1e3},
+            )
+        t_transfer = time.perf_counter()
+        # 4. Commit: new pages, layouts and groups become active together.
+        for seq, target, old_engine in moves:
+            old_engine.scheduler.pages.release(seq.pages)
+            seq.pages = new_pages.get(seq.request_id, [])
+            seq.layout = KVLayout(target)
+            if seq.request_id in recompute:
+                seq.num_computed, seq.status = 0, Status.WAITING
+            new[target].seqs[seq.request_id] = seq
+            new[target].scheduler.adopt(seq)
+        self.engines = new
+        self.pool.activate(groups)
+        t_end = time.perf_counter()
+        moved = sum(1 for s, _, _ in moves if s.request_id in new_pages)
+        return ReconfigureReport(
+            True,
+            groups,
+            moved_requests=moved,
+            recomputed_requests=len(recompute),
+            bytes_moved=sum(s.bytes_sent + s.bytes_copied_locally for s in stats),
+            timings_ms={
+                "plan": (t_plan - t0) * 1e3,
+                "transfer": (t_transfer - t_plan) * 1e3,
+                "commit_activate": (t_end - t_transfer) * 1e3,
+                "total": (t_end - t0) * 1e3,
+            },
+        )
+
+    def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
+        """Per device: (pages marked used, pages owned by live sequences). Must be equal."""
+        owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
+        for engine in self.engines.values():
+            for seq in engine.seqs.values():
+                for d in seq.layout.members:
+                    owned[d] |= set(seq.pages)
+        return {d: (self.alloc.used(d), owned[d]) for d in owned}
