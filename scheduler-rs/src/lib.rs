@@ -4,8 +4,11 @@
 
 pub mod dispatch;
 pub mod plan;
+pub mod planner;
+pub mod profile;
 #[cfg(feature = "python")]
 mod python;
+pub mod stats;
 pub mod tiers;
 
 /// Crate version, also reported by `nitsum._core.version()`.
