@@ -8,6 +8,7 @@ pub mod planner;
 pub mod profile;
 #[cfg(feature = "python")]
 mod python;
+pub mod sim;
 pub mod stats;
 pub mod tiers;
 

@@ -33,6 +33,9 @@ pub struct PlannerConfig {
     pub disaggregation: bool,
     /// Prefill token budget per iteration of a mixed group's local scheduler.
     pub chunk_tokens: f64,
+    /// Plan against `margin × SLO` (TTFT and TPOT): headroom for queueing jitter, KV
+    /// handoffs and length variance the mean-based estimates do not see.
+    pub slo_margin: f64,
 }
 
 impl Default for PlannerConfig {
@@ -43,6 +46,7 @@ impl Default for PlannerConfig {
             max_prefill_batch: 64,
             disaggregation: true,
             chunk_tokens: 512.0,
+            slo_margin: 1.0,
         }
     }
 }
@@ -97,7 +101,9 @@ pub fn plan(
         let (Some(d), false) = (d, tier.background) else {
             continue;
         };
-        let shape = TierShape::new(tier, d);
+        let mut shape = TierShape::new(tier, d);
+        shape.ttft_ms *= cfg.slo_margin;
+        shape.tpot_ms *= cfg.slo_margin;
         let mut pre: Vec<(u32, GroupEstimate)> = Vec::new();
         let mut dec: Vec<(u32, GroupEstimate)> = Vec::new();
         for &t in &levels {
