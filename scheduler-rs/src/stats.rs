@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-/// Mean and a few quantiles of a length distribution (tokens).
+/// Mean and a few quantiles of a length distribution (tokens). In JSON every field may be
+/// omitted (0); the planner reads `mean`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct LengthStats {
     pub count: u64,
     pub mean: f64,

@@ -19,8 +19,9 @@ use efficiency::{GroupEstimate, TierShape};
 use greedy::Unit;
 use placement::Wanted;
 
-/// Planner knobs.
-#[derive(Debug, Clone)]
+/// Planner knobs (JSON: any subset of the fields; the rest keep their defaults).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct PlannerConfig {
     /// TP levels allowed (by the model and the operator); `None`: all profiled levels.
     /// A single level is the "no dynamic TP" ablation.
@@ -196,6 +197,39 @@ pub fn plan(
         },
         batch_caps,
     }
+}
+
+/// JSON form of [`plan`] (docs/planner.md): profile file, tier list, demand list and an
+/// optional previous plan in; `{"epoch", "groups", "batch_caps"}` out.
+pub fn plan_json(
+    profile_json: &str,
+    tiers_json: &str,
+    demand_json: &str,
+    devices: u32,
+    previous_json: Option<&str>,
+    config_json: Option<&str>,
+) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let profile = Profile::from_json(profile_json)?;
+    let tiers: Vec<Tier> = serde_json::from_str(tiers_json).context("plan: invalid tiers JSON")?;
+    let demand: Vec<TierDemand> =
+        serde_json::from_str(demand_json).context("plan: invalid demand JSON")?;
+    let previous: Option<Plan> = previous_json
+        .map(serde_json::from_str)
+        .transpose()
+        .context("plan: invalid previous plan JSON")?;
+    let cfg: PlannerConfig = config_json
+        .map(serde_json::from_str)
+        .transpose()
+        .context("plan: invalid planner config JSON")?
+        .unwrap_or_default();
+    anyhow::ensure!(devices > 0, "plan: num_devices must be positive");
+    let out = plan(&profile, &tiers, &demand, devices, previous.as_ref(), &cfg);
+    Ok(serde_json::to_string(&serde_json::json!({
+        "epoch": out.plan.epoch,
+        "groups": out.plan.groups,
+        "batch_caps": out.batch_caps,
+    }))?)
 }
 
 #[cfg(test)]
