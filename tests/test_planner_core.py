@@ -27,7 +27,7 @@ LINEAR = {
 }
 TIERS = [{"name": "A", "ttft_ms": 200.0, "tpot_ms": 61.0}]
 DEMAND = [{"tier": "A", "rate_rps": 50.0, "prompt": {"mean": 100}, "output": {"mean": 11}}]
-MIXED_ONLY = json.dumps({"disaggregation": False})
+MIXED_ONLY = json.dumps({"disaggregation": False, "target_utilization": 1.0})
 
 
 def _plan(previous: str | None = None) -> dict:

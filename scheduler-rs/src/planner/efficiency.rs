@@ -5,8 +5,9 @@
 //! per request = max(mean output − 1, 1) and `ctx` = `L_in` + mean output / 2 (the mean
 //! context over a request's decode):
 //! - prefill group, TP `t`: the largest number `n` of prompts whose one batched forward
-//!   `prefill_ms(t, n·L_in)` fits `prefill_slack × TTFT` (a request may wait for one batch in
-//!   flight, then its own); `P = 1000·n / prefill_ms(t, n·L_in)` requests/s per group.
+//!   `prefill_ms(t, (n-1)·L_in + L_tail)` fits `prefill_slack × TTFT` (a request may wait for
+//!   one batch in flight, then its own; `L_tail` = p90 prompt, so long prompts fit too);
+//!   `P = 1000·n / prefill_ms(t, n·L_in)` requests/s per group.
 //! - decode group: the largest batch `b ≤ max profiled batch` with `decode_ms(t, b, ctx) ≤
 //!   TPOT`; `D = 1000·b / (decode_ms · S)` requests/s per group.
 //! - mixed group (chunked prefill inside decode iterations): the largest `b` whose mean
@@ -14,7 +15,7 @@
 //!   prefills, on average, the prompt share of the `b/S` requests finishing per iteration),
 //!   and whose TTFT estimate fits TTFT: a new prompt is prefilled in chunks of
 //!   `C = max(chunk budget, b·L_in/S)` tokens, so it waits one such iteration and then takes
-//!   `⌈L_in / C⌉` of them. `M = 1000·b / (iter_ms · S)`. Counting a separate prefill forward
+//!   `⌈L_tail / C⌉` of them. `M = 1000·b / (iter_ms · S)`. Counting a separate prefill forward
 //!   per iteration is deliberately conservative (its fixed overhead is paid twice).
 
 use crate::profile::Profile;
@@ -39,6 +40,9 @@ pub struct TierShape {
     pub ttft_ms: f64,
     pub tpot_ms: f64,
     pub prompt: f64,
+    /// p90 prompt tokens (at least the mean): TTFT checks use it so long prompts of a mixed
+    /// distribution still meet TTFT, while throughput uses the mean.
+    pub prompt_tail: f64,
     pub steps: f64,
     pub context: f64,
 }
@@ -51,6 +55,7 @@ impl TierShape {
             ttft_ms: tier.ttft_ms,
             tpot_ms: tier.tpot_ms,
             prompt,
+            prompt_tail: demand.prompt.p90.max(prompt),
             steps: (output - 1.0).max(1.0),
             context: prompt + output / 2.0,
         }
@@ -82,14 +87,15 @@ pub fn prefill(
     slack: f64,
     max_n: u32,
 ) -> Option<GroupEstimate> {
-    let lat = |n: f64| p.prefill_ms(tp, n * s.prompt);
+    // A batch of n prompts, one of them from the tail.
+    let lat = |n: f64| p.prefill_ms(tp, (n - 1.0) * s.prompt + s.prompt_tail);
     let n = match largest(max_n, |n| lat(n) <= slack * s.ttft_ms) {
         Some(n) => f64::from(n),
         // No batching headroom, but a lone prompt still meets TTFT on an idle group.
         None if lat(1.0) <= s.ttft_ms => 1.0,
         None => return None,
     };
-    let ms = lat(n);
+    let ms = p.prefill_ms(tp, n * s.prompt);
     let decode_guess = s.steps * s.tpot_ms;
     Some(GroupEstimate {
         rps: 1000.0 * n / ms,
@@ -118,7 +124,7 @@ pub fn mixed(p: &Profile, tp: u32, s: &TierShape, chunk_tokens: f64) -> Option<G
     let ms = iter(b);
     let chunk = chunk_tokens.max(b * s.prompt / s.steps);
     let burst = p.decode_ms(tp, b, s.context) + p.prefill_ms(tp, chunk);
-    let ttft = burst * (1.0 + (s.prompt / chunk).ceil());
+    let ttft = burst * (1.0 + (s.prompt_tail / chunk).ceil());
     if ttft > s.ttft_ms {
         return None;
     }
@@ -169,6 +175,17 @@ mod tests {
         assert!((e.rps - 1000.0 * 8.0 / 90.0).abs() < 1e-9, "{e:?}");
         // TTFT 15 ms: one prompt (20.1 ms) misses it entirely.
         assert!(prefill(&p, 1, &shape(15.0, 50.0, 100.0, 11.0), 0.5, 64).is_none());
+    }
+
+    #[test]
+    fn prefill_batch_leaves_room_for_a_tail_prompt() {
+        let p = linear_profile();
+        let mut s = shape(190.0, 50.0, 100.0, 11.0);
+        s.prompt_tail = 300.0;
+        // (n-1)·100 + 300 tokens: 10 + 0.1·(100n + 200) = 30 + 10n ≤ 95 → n = 6; the mean
+        // batch of 600 tokens takes 70 ms.
+        let e = prefill(&p, 1, &s, 0.5, 64).unwrap();
+        assert!((e.rps - 1000.0 * 6.0 / 70.0).abs() < 1e-9, "{e:?}");
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct PlannerConfig {
     /// Plan against `margin × SLO` (TTFT and TPOT): headroom for queueing jitter, KV
     /// handoffs and length variance the mean-based estimates do not see.
     pub slo_margin: f64,
+    /// Plan SLO groups for `demand / target_utilization`: groups sized at exactly 100% of
+    /// their SLO capacity queue (and miss TTFT) on every burst. 1.0 plans the bare demand.
+    pub target_utilization: f64,
 }
 
 impl Default for PlannerConfig {
@@ -48,6 +51,7 @@ impl Default for PlannerConfig {
             disaggregation: true,
             chunk_tokens: 512.0,
             slo_margin: 1.0,
+            target_utilization: 0.8,
         }
     }
 }
@@ -93,7 +97,9 @@ pub fn plan(
     for (i, tier) in tiers.iter().enumerate() {
         let d = by_name.get(tier.name.as_str());
         let rate = match d {
-            Some(d) if !tier.background => d.rate_rps.max(0.0),
+            Some(d) if !tier.background => {
+                d.rate_rps.max(0.0) / cfg.target_utilization.clamp(0.05, 1.0)
+            }
             _ => 0.0,
         };
         rates.push(rate);

@@ -40,6 +40,7 @@ fn demand(name: &str, rps: f64, prompt: f64, output: f64) -> TierDemand {
 fn mixed_only() -> PlannerConfig {
     PlannerConfig {
         disaggregation: false,
+        target_utilization: 1.0,
         ..PlannerConfig::default()
     }
 }
