@@ -120,6 +120,7 @@ def build_config(args: argparse.Namespace) -> dict:
         "requests": reqs,
         "window_s": args.window,
         "switch_ms": args.switch_ms,
+        "target_utilization": args.target_utilization,
         "records": args.records,
         "seed": args.seed,
     }
@@ -138,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mix", help="tier mix for untiered requests, e.g. strict=0.3,relaxed=0.7")
     p.add_argument("--window", type=float, default=1.0, help="control window, seconds")
     p.add_argument("--switch-ms", type=float, default=5.0, help="TP switch cost, ms")
+    p.add_argument(
+        "--target-utilization", type=float, default=0.5, help="planner headroom (1 = none)"
+    )
     p.add_argument("--records", action="store_true", help="include per-request records")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the result JSON here")

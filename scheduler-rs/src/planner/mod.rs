@@ -51,7 +51,7 @@ impl Default for PlannerConfig {
             disaggregation: true,
             chunk_tokens: 512.0,
             slo_margin: 1.0,
-            target_utilization: 0.8,
+            target_utilization: 0.5,
         }
     }
 }

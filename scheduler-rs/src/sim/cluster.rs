@@ -352,7 +352,6 @@ impl<'a> Cluster<'a> {
                 .is_some_and(|e| e.plan.members == g.members && e.plan.role == g.role);
             let engine = if keep {
                 let mut e = old.remove(&l).expect("checked");
-                changed |= e.plan != *g;
                 e.plan = g.clone();
                 e.batch_cap = cap as usize;
                 e

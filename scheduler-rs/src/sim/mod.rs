@@ -86,6 +86,9 @@ pub struct SimConfig {
     /// Planner SLO margin for live policies (PlannerConfig::slo_margin).
     #[serde(default = "defaults::slo_margin")]
     pub slo_margin: f64,
+    /// Planner target utilization for live policies (PlannerConfig::target_utilization).
+    #[serde(default = "defaults::target_utilization")]
+    pub target_utilization: f64,
     #[serde(default)]
     pub seed: u64,
 }
@@ -114,6 +117,9 @@ mod defaults {
     }
     pub fn slo_margin() -> f64 {
         0.9
+    }
+    pub fn target_utilization() -> f64 {
+        crate::planner::PlannerConfig::default().target_utilization
     }
     pub fn records() -> bool {
         true

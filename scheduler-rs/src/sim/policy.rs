@@ -18,6 +18,7 @@ pub fn planner_config(cfg: &SimConfig, profile: &Profile) -> Result<Option<Plann
     let base = PlannerConfig {
         chunk_tokens: f64::from(cfg.chunk_tokens),
         slo_margin: cfg.slo_margin,
+        target_utilization: cfg.target_utilization,
         ..PlannerConfig::default()
     };
     Ok(match &cfg.policy {

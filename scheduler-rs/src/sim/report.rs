@@ -60,7 +60,8 @@ pub struct SimResult {
     /// `met / duration_s`: requests/s meeting both TTFT and TPOT of their tier.
     pub goodput_rps: f64,
     pub attainment: f64,
-    /// Plan changes applied (control windows that changed any group).
+    /// Control windows that created or dissolved a group or changed a group's role (capacity
+    /// and tier relabels alone do not count: they move nothing).
     pub reconfigurations: u64,
     /// Devices whose group changed, summed over reconfigurations.
     pub devices_moved: u64,
