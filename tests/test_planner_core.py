@@ -14,7 +14,8 @@ if not hasattr(core, "plan"):
 ROOT = Path(__file__).resolve().parents[1]
 
 # Prefill 10 ms + 0.1 ms/token; decode step 10 ms + 1 ms per sequence. Tier A (TTFT 200,
-# TPOT 61, 100 in / 11 out) → mixed batch 20 at 60 ms/iteration = 33.33 rps per device.
+# TPOT 61, 100 in / 11 out): a mixed iteration pays the 10 ms once, 10 + 2b ≤ 61 → batch 25
+# at 60 ms/iteration = 41.67 rps per device; residence 172.4 + 600 ms.
 LINEAR = {
     "schema": "nitsum-profile/1",
     "device": "t",
@@ -41,9 +42,9 @@ def test_plan_one_tier_by_hand() -> None:
     plan = _plan()
     groups = plan["groups"]
     assert [g["tiers"] for g in groups] == [["A"], ["A"], [], []]
-    assert groups[0]["max_rps"] == pytest.approx(100 / 3)
-    assert groups[0]["max_inflight"] == pytest.approx(100 / 3 * 0.7824)
-    assert plan["batch_caps"] == [20.0, 20.0, 0.0, 0.0]
+    assert groups[0]["max_rps"] == pytest.approx(125 / 3)
+    assert groups[0]["max_inflight"] == pytest.approx(125 / 3 * 0.7724)
+    assert plan["batch_caps"] == [25.0, 25.0, 0.0, 0.0]
     assert [g["accepts_background"] for g in groups] == [False, False, True, True]
 
 
@@ -64,7 +65,7 @@ def test_plan_rejects_bad_input_clearly() -> None:
 def _sim_config(requests: list[dict]) -> dict:
     const = {
         **LINEAR,
-        "prefill": {"1": [{"tokens": 1, "ms": 10}, {"tokens": 1000, "ms": 10}]},
+        "prefill": {"1": [{"tokens": 10, "ms": 10}, {"tokens": 20, "ms": 20}]},
         "decode": {
             "1": [{"batch": 1, "context": 1, "ms": 5}, {"batch": 64, "context": 1, "ms": 5}]
         },

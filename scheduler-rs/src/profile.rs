@@ -140,6 +140,27 @@ impl Profile {
         interp(&self.levels[&tp].prefill, tokens)
     }
 
+    /// Fixed part of a prefill forward at TP `tp`: the curve extrapolated linearly to zero
+    /// tokens from its first two points, clamped to `[0, first point]`. On a GPU this is
+    /// mostly the weight read, which a mixed iteration pays once for decode and prefill.
+    pub fn prefill_fixed_ms(&self, tp: u32) -> f64 {
+        let pts = &self.levels[&tp].prefill;
+        let (x0, y0) = pts[0];
+        let Some(&(x1, y1)) = pts.get(1) else {
+            return y0;
+        };
+        (y0 - x0 * (y1 - y0) / (x1 - x0)).clamp(0.0, y0)
+    }
+
+    /// Extra latency (ms) of `tokens` prompt tokens riding in a decode iteration:
+    /// `prefill_ms − prefill_fixed_ms` (the decode step already pays the fixed part).
+    pub fn prefill_extra_ms(&self, tp: u32, tokens: f64) -> f64 {
+        if tokens <= 0.0 {
+            return 0.0;
+        }
+        (self.prefill_ms(tp, tokens) - self.prefill_fixed_ms(tp)).max(0.0)
+    }
+
     /// Latency (ms) of one decode step of `batch` sequences at `context` tokens at TP `tp`.
     pub fn decode_ms(&self, tp: u32, batch: f64, context: f64) -> f64 {
         let rows = &self.levels[&tp].decode;
@@ -257,6 +278,11 @@ mod tests {
         assert_eq!(p.prefill_ms(1, 50.0), 10.0);
         assert_eq!(p.prefill_ms(1, 500.0), 50.0);
         assert_eq!(p.prefill_ms(2, 1000.0), 6.0);
+        // (100, 10) and (300, 30) extrapolate to 0 ms at 0 tokens; one point: its value.
+        assert_eq!(p.prefill_fixed_ms(1), 0.0);
+        assert_eq!(p.prefill_extra_ms(1, 200.0), 20.0);
+        assert_eq!(p.prefill_fixed_ms(2), 6.0);
+        assert_eq!(p.prefill_extra_ms(2, 50.0), 0.0);
     }
 
     #[test]

@@ -11,12 +11,12 @@
 //! - decode group: the largest batch `b ≤ max profiled batch` with `decode_ms(t, b, ctx) ≤
 //!   TPOT`; `D = 1000·b / (decode_ms · S)` requests/s per group.
 //! - mixed group (chunked prefill inside decode iterations): the largest `b` whose mean
-//!   iteration `decode_ms(t, b, ctx) + prefill_ms(t, b·L_in/S)` fits TPOT (each iteration also
-//!   prefills, on average, the prompt share of the `b/S` requests finishing per iteration),
+//!   iteration `decode_ms(t, b, ctx) + prefill_extra_ms(t, b·L_in/S)` fits TPOT (each
+//!   iteration also prefills, on average, the prompt share of the `b/S` requests finishing per
+//!   iteration; `prefill_extra_ms` leaves out the forward's fixed part, paid by the decode),
 //!   and whose TTFT estimate fits TTFT: a new prompt is prefilled in chunks of
 //!   `C = max(chunk budget, b·L_in/S)` tokens, so it waits one such iteration and then takes
-//!   `⌈L_tail / C⌉` of them. `M = 1000·b / (iter_ms · S)`. Counting a separate prefill forward
-//!   per iteration is deliberately conservative (its fixed overhead is paid twice).
+//!   `⌈L_tail / C⌉` of them. `M = 1000·b / (iter_ms · S)`.
 
 use crate::profile::Profile;
 use crate::stats::TierDemand;
@@ -119,11 +119,12 @@ pub fn decode(p: &Profile, tp: u32, s: &TierShape) -> Option<GroupEstimate> {
 /// Mixed (prefill + decode) group of TP `tp`. `None` when no batch meets both SLOs.
 /// `chunk_tokens` is the local scheduler's prefill token budget per iteration.
 pub fn mixed(p: &Profile, tp: u32, s: &TierShape, chunk_tokens: f64) -> Option<GroupEstimate> {
-    let iter = |b: f64| p.decode_ms(tp, b, s.context) + p.prefill_ms(tp, b * s.prompt / s.steps);
+    let iter =
+        |b: f64| p.decode_ms(tp, b, s.context) + p.prefill_extra_ms(tp, b * s.prompt / s.steps);
     let b = f64::from(largest(p.max_batch(tp) as u32, |b| iter(b) <= s.tpot_ms)?);
     let ms = iter(b);
     let chunk = chunk_tokens.max(b * s.prompt / s.steps);
-    let burst = p.decode_ms(tp, b, s.context) + p.prefill_ms(tp, chunk);
+    let burst = p.decode_ms(tp, b, s.context) + p.prefill_extra_ms(tp, chunk);
     let ttft = burst * (1.0 + (s.prompt_tail / chunk).ceil());
     if ttft > s.ttft_ms {
         return None;
@@ -208,12 +209,13 @@ mod tests {
     #[test]
     fn mixed_pays_prefill_chunks_inside_tpot() {
         let p = linear_profile();
-        // iter(b) = (10 + b) + (10 + 0.1·b·100/10) = 20 + 2b ≤ 61 → b = 20, iter = 60 ms.
-        // A new prompt rides a 512-token chunk: (30 + 61.2) ms, twice (wait + own) = 182.4.
+        // The prefill's fixed 10 ms is paid by the decode step: extra = 0.1 ms/token.
+        // iter(b) = (10 + b) + 0.1·b·100/10 = 10 + 2b ≤ 61 → b = 25, iter = 60 ms.
+        // A new prompt rides a 512-token chunk: (35 + 51.2) ms, twice (wait + own) = 172.4.
         let e = mixed(&p, 1, &shape(200.0, 61.0, 100.0, 11.0), 512.0).unwrap();
-        assert_eq!(e.batch_cap, 20.0);
-        assert!((e.rps - 1000.0 * 20.0 / 600.0).abs() < 1e-9);
-        assert!((e.residence_s - (0.1824 + 0.6)).abs() < 1e-9, "{e:?}");
-        assert!(mixed(&p, 1, &shape(180.0, 61.0, 100.0, 11.0), 512.0).is_none());
+        assert_eq!(e.batch_cap, 25.0);
+        assert!((e.rps - 1000.0 * 25.0 / 600.0).abs() < 1e-9);
+        assert!((e.residence_s - (0.1724 + 0.6)).abs() < 1e-9, "{e:?}");
+        assert!(mixed(&p, 1, &shape(170.0, 61.0, 100.0, 11.0), 512.0).is_none());
     }
 }

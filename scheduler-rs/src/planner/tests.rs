@@ -4,11 +4,12 @@ use super::*;
 use crate::plan::GroupPlan;
 use crate::stats::LengthStats;
 
-/// TP1 only. Prefill 10 ms + 0.1 ms/token; decode step 10 ms + 1 ms per sequence.
-/// Tier "A" (TTFT 200, TPOT 61, 100 in / 11 out): mixed batch 20, iteration 60 ms →
-/// 20 / (0.06 s × 10 steps) = 33.33 rps per device; residence 182.4 + 600 ms (a new prompt
-/// rides a 512-token chunk: (30 + 61.2) ms, waiting one iteration and then its own).
-/// Tier "B" (TPOT 31): iteration 20 + 2b ≤ 31 → b = 5, 30 ms → 16.67 rps per device.
+/// TP1 only. Prefill 10 ms + 0.1 ms/token (the 10 ms is paid once per mixed iteration);
+/// decode step 10 ms + 1 ms per sequence.
+/// Tier "A" (TTFT 200, TPOT 61, 100 in / 11 out): mixed iteration 10 + 2b ≤ 61 → b = 25 at
+/// 60 ms → 25 / (0.06 s × 10 steps) = 41.67 rps per device; residence 172.4 + 600 ms (a new
+/// prompt rides a 512-token chunk: (35 + 51.2) ms, waiting one iteration and then its own).
+/// Tier "B" (TPOT 21): 10 + 2b ≤ 21 → b = 5 at 20 ms → 25 rps per device.
 fn linear() -> Profile {
     Profile::from_json(
         r#"{"schema": "nitsum-profile/1", "device": "t", "model": "m", "tp_levels": [1],
@@ -59,12 +60,12 @@ fn one_tier_takes_what_it_needs_and_leaves_the_rest_best_effort() {
         None,
         &mixed_only(),
     );
-    // 50 rps at 33.33 per device → 2 devices; 2 best-effort devices accept background.
+    // 50 rps at 41.67 per device → 2 devices; 2 best-effort devices accept background.
     let g = &out.plan.groups;
     assert_eq!(count(&out.plan, "A"), 2);
-    assert!((g[0].max_rps - 100.0 / 3.0).abs() < 1e-6);
-    assert!((g[0].max_inflight - 100.0 / 3.0 * 0.7824).abs() < 1e-6);
-    assert_eq!(out.batch_caps, vec![20.0, 20.0, 0.0, 0.0]);
+    assert!((g[0].max_rps - 125.0 / 3.0).abs() < 1e-6);
+    assert!((g[0].max_inflight - 125.0 / 3.0 * 0.7724).abs() < 1e-6);
+    assert_eq!(out.batch_caps, vec![25.0, 25.0, 0.0, 0.0]);
     assert!(g[2..]
         .iter()
         .all(|g| g.tiers.is_empty() && g.accepts_background));
@@ -73,18 +74,19 @@ fn one_tier_takes_what_it_needs_and_leaves_the_rest_best_effort() {
 
 #[test]
 fn two_tiers_compete_and_the_weight_prevents_starvation() {
-    let tiers = [tier("A", 200.0, 61.0), tier("B", 200.0, 31.0)];
+    let tiers = [tier("A", 200.0, 61.0), tier("B", 200.0, 21.0)];
     let dem = [
-        demand("A", 100.0, 100.0, 11.0),
-        demand("B", 90.0, 100.0, 11.0),
+        demand("A", 150.0, 100.0, 11.0),
+        demand("B", 175.0, 100.0, 11.0),
     ];
     let run = |n| plan(&linear(), &tiers, &dem, n, None, &mixed_only()).plan;
-    // Seeding gives A and B one device each; unmet (66.67, 73.33): A scores 33.33·66.67/140
-    // = 15.87 against B's 16.67·73.33/140 = 8.73, so A gets the third device.
+    // Seeding gives A and B one device each; unmet (108.33, 150): A scores
+    // 41.67·108.33/258.33 = 17.5 against B's 25·150/258.33 = 14.5, so A gets the third.
     let three = run(3);
     assert_eq!((count(&three, "A"), count(&three, "B")), (2, 1));
-    // Fourth device: unmet (33.33, 73.33) → A 10.42, B 11.46: the less efficient tier wins
-    // because its unmet share is larger (pure efficiency would give A a third device).
+    // Fourth device: unmet (66.67, 150) → A 41.67·66.67/216.67 = 12.8, B 25·150/216.67 = 17.3:
+    // the less efficient tier wins because its unmet share is larger, although A could still
+    // use a whole device (demand-capped efficiency alone would pick A: 41.67 vs 25).
     let four = run(4);
     assert_eq!((count(&four, "A"), count(&four, "B")), (2, 2));
     // No leftover: every SLO group also takes background work.

@@ -2,8 +2,9 @@
 //! prefill and the local scheduler's queues (feasible, then best-effort, then background).
 //!
 //! An iteration runs the whole decode batch for one step plus up to `budget` prompt tokens;
-//! its latency is `prefill_ms(tokens) + decode_ms(batch, mean context)` from the profile
-//! (the planner's mixed-group model), or either term alone.
+//! its latency is `decode_ms(batch, mean context) + prefill_extra_ms(tokens)` from the profile
+//! (the planner's mixed-group model: the forward's fixed part is paid once), or
+//! `prefill_ms(tokens)` when nothing decodes.
 
 use std::collections::VecDeque;
 
@@ -195,6 +196,15 @@ impl Engine {
             let ctx = it.decode.iter().map(|&r| reqs[r].context()).sum::<f64>() / b;
             profile.decode_ms(tp, b, ctx)
         };
+        // A mixed iteration pays the forward's fixed part once (profile.prefill_extra_ms).
+        let busy_decode = !it.decode.is_empty();
+        let iteration_ms = |tokens: f64| {
+            if busy_decode {
+                decode_ms + profile.prefill_extra_ms(tp, tokens)
+            } else {
+                profile.prefill_ms(tp, tokens)
+            }
+        };
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
         // group's TPOT while feasible requests are in it: they run on leftover capacity.
         let feasible_here = it
@@ -214,8 +224,7 @@ impl Engine {
             }
             let mut take = (reqs[r].input - reqs[r].prefilled).min(budget);
             if reqs[r].class != Class::Feasible && limit.is_finite() {
-                let fits =
-                    |t: u32| decode_ms + profile.prefill_ms(tp, f64::from(tokens + t)) <= limit;
+                let fits = |t: u32| iteration_ms(f64::from(tokens + t)) <= limit;
                 take = largest_fitting(take, fits);
             }
             if take == 0 {
@@ -225,10 +234,11 @@ impl Engine {
             tokens += take;
             it.prefill.push((r, take));
         }
-        let mut ms = decode_ms;
-        if tokens > 0 {
-            ms += profile.prefill_ms(tp, f64::from(tokens));
-        }
+        let ms = if tokens > 0 {
+            iteration_ms(f64::from(tokens))
+        } else {
+            decode_ms
+        };
         if it.prefill.is_empty() && it.decode.is_empty() {
             return None;
         }

@@ -2,11 +2,12 @@
 
 use super::*;
 
-/// Prefill always 10 ms, decode step always 5 ms (any batch, any context).
+/// Prefill 1 ms per token with no fixed part (10 ms for the 10-token prompts below, alone or
+/// riding a decode step); decode step always 5 ms (any batch, any context).
 fn constant_profile() -> ProfileFile {
     serde_json::from_str(
         r#"{"schema": "nitsum-profile/1", "device": "t", "model": "m", "tp_levels": [1],
-        "prefill": {"1": [{"tokens": 1, "ms": 10}, {"tokens": 1000, "ms": 10}]},
+        "prefill": {"1": [{"tokens": 10, "ms": 10}, {"tokens": 20, "ms": 20}]},
         "decode": {"1": [{"batch": 1, "context": 1, "ms": 5}, {"batch": 64, "context": 1, "ms": 5}]}}"#,
     )
     .unwrap()
