@@ -6,6 +6,7 @@
 
 pub mod efficiency;
 pub mod greedy;
+mod keep;
 pub mod placement;
 
 use std::collections::HashMap;
@@ -40,6 +41,9 @@ pub struct PlannerConfig {
     /// Plan SLO groups for `demand / target_utilization`: groups sized at exactly 100% of
     /// their SLO capacity queue (and miss TTFT) on every burst. 1.0 plans the bare demand.
     pub target_utilization: f64,
+    /// Hysteresis: keep the previous plan while every tier's rate is at most this fraction of
+    /// its capacity under it (re-estimated with the current lengths). 0 re-plans every window.
+    pub keep_utilization: f64,
 }
 
 impl Default for PlannerConfig {
@@ -52,6 +56,7 @@ impl Default for PlannerConfig {
             chunk_tokens: 512.0,
             slo_margin: 1.0,
             target_utilization: 0.5,
+            keep_utilization: 0.9,
         }
     }
 }
@@ -78,8 +83,17 @@ pub fn candidate_levels(profile: &Profile, cfg: &PlannerConfig, devices: u32) ->
     out
 }
 
+/// A tier's planning shape under `cfg` (SLOs scaled by `slo_margin`).
+fn shape(tier: &Tier, d: &TierDemand, cfg: &PlannerConfig) -> TierShape {
+    let mut s = TierShape::new(tier, d);
+    s.ttft_ms *= cfg.slo_margin;
+    s.tpot_ms *= cfg.slo_margin;
+    s
+}
+
 /// Plan `devices` devices for `tiers` under `demand` (matched by tier name; tiers without an
-/// entry have no demand). `previous` lets placement keep existing groups.
+/// entry have no demand). `previous` is kept outright while it still serves the demand
+/// (`keep_utilization`), and otherwise lets placement keep existing groups.
 pub fn plan(
     profile: &Profile,
     tiers: &[Tier],
@@ -90,6 +104,11 @@ pub fn plan(
 ) -> Planned {
     let levels = candidate_levels(profile, cfg, devices);
     let by_name: HashMap<&str, &TierDemand> = demand.iter().map(|d| (d.tier.as_str(), d)).collect();
+    if let Some(prev) = previous.filter(|_| cfg.keep_utilization > 0.0) {
+        if let Some(kept) = keep::reuse(profile, tiers, &by_name, devices, prev, cfg, &levels) {
+            return kept;
+        }
+    }
     let mut rates = Vec::with_capacity(tiers.len());
     let mut weights = Vec::with_capacity(tiers.len());
     let mut units: Vec<Unit> = Vec::new();
@@ -108,9 +127,7 @@ pub fn plan(
         let (Some(d), false) = (d, tier.background) else {
             continue;
         };
-        let mut shape = TierShape::new(tier, d);
-        shape.ttft_ms *= cfg.slo_margin;
-        shape.tpot_ms *= cfg.slo_margin;
+        let shape = shape(tier, d, cfg);
         let mut pre: Vec<(u32, GroupEstimate)> = Vec::new();
         let mut dec: Vec<(u32, GroupEstimate)> = Vec::new();
         for &t in &levels {

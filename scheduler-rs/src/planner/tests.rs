@@ -94,6 +94,31 @@ fn two_tiers_compete_and_the_weight_prevents_starvation() {
 }
 
 #[test]
+fn previous_plan_is_kept_while_it_serves_the_demand() {
+    let tiers = [tier("A", 200.0, 61.0)];
+    let cfg = mixed_only();
+    let at = |rps: f64, prev: Option<&Plan>| {
+        plan(
+            &linear(),
+            &tiers,
+            &[demand("A", rps, 100.0, 11.0)],
+            4,
+            prev,
+            &cfg,
+        )
+        .plan
+    };
+    let first = at(50.0, None);
+    assert_eq!(count(&first, "A"), 2);
+    // 2 × 41.67 = 83.33 rps of capacity; keep while demand ≤ 0.9 × 83.33 = 75.
+    let low = at(10.0, Some(&first));
+    assert_eq!((low.groups.clone(), low.epoch), (first.groups.clone(), 2));
+    assert_eq!(count(&at(10.0, None), "A"), 1);
+    // 100 rps no longer fits: re-plan to 3 devices.
+    assert_eq!(count(&at(100.0, Some(&first)), "A"), 3);
+}
+
+#[test]
 fn infeasible_tier_and_background_tier_get_no_reserved_groups() {
     let mut bg = tier("bg", 1.0, 1.0);
     bg.background = true;
