@@ -1,74 +1,40 @@
 //! The event loop: arrivals → Dispatcher → group engines; iteration completions; KV
 //! handoffs; and, for live policies, a control tick every window that re-plans (stats →
-//! planner → diff → reconfigure with switch and KV-migration pauses).
+//! planner → `reconfigure.rs`).
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use anyhow::{ensure, Context, Result};
 
 use crate::dispatch::{Class, DispatchRequest, Dispatcher};
-use crate::plan::{Plan, Role};
-use crate::planner::{self, Planned, PlannerConfig};
+use crate::plan::Plan;
+use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats};
 
 use super::engine::{Engine, Req};
+use super::events::{Event, Kind};
 use super::{policy, report, Policy, SimConfig, SimResult};
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
-    Arrival(usize),
-    IterDone(u32, u64),
-    Ready(u32, u64),
-    KvArrived(usize, u32),
-    Control,
-}
-
-#[derive(Debug)]
-struct Event {
-    t: f64,
-    seq: u64,
-    kind: Kind,
-}
-
-impl PartialEq for Event {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Event {
-    /// Reversed: `BinaryHeap` is a max-heap and we want the earliest (then first-pushed).
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
-    }
-}
 
 /// Simulation state.
 pub struct Cluster<'a> {
-    cfg: &'a SimConfig,
-    profile: Profile,
-    reqs: Vec<Req>,
-    groups: BTreeMap<u32, Engine>,
-    plan: Plan,
-    dispatcher: Dispatcher,
-    stats: WindowStats,
-    planner_cfg: Option<PlannerConfig>,
-    events: BinaryHeap<Event>,
-    seq: u64,
-    now: f64,
-    end: f64,
-    reconfigs: u64,
-    moved: u64,
+    pub(super) cfg: &'a SimConfig,
+    pub(super) profile: Profile,
+    pub(super) reqs: Vec<Req>,
+    pub(super) groups: BTreeMap<u32, Engine>,
+    pub(super) plan: Plan,
+    pub(super) dispatcher: Dispatcher,
+    pub(super) stats: WindowStats,
+    pub(super) planner_cfg: Option<PlannerConfig>,
+    pub(super) events: BinaryHeap<Event>,
+    pub(super) seq: u64,
+    pub(super) now: f64,
+    pub(super) end: f64,
+    pub(super) reconfigs: u64,
+    pub(super) moved: u64,
     /// Engine generations are unique across the run, so a dissolved group's late events
     /// never match the group that replaces it at the same leader.
-    next_gen: u64,
+    pub(super) next_gen: u64,
 }
 
 impl<'a> Cluster<'a> {
@@ -174,7 +140,7 @@ impl<'a> Cluster<'a> {
         ))
     }
 
-    fn push(&mut self, t: f64, kind: Kind) {
+    pub(super) fn push(&mut self, t: f64, kind: Kind) {
         self.seq += 1;
         self.events.push(Event {
             t,
@@ -246,18 +212,18 @@ impl<'a> Cluster<'a> {
             .on_completion(self.now, tier, self.reqs[r].output);
     }
 
-    fn drop_request(&mut self, r: usize) {
+    pub(super) fn drop_request(&mut self, r: usize) {
         self.reqs[r].dropped = true;
         self.dispatcher.complete(r as u64);
     }
 
-    fn transfer_s(&self, bytes: f64) -> f64 {
+    pub(super) fn transfer_s(&self, bytes: f64) -> f64 {
         bytes / (self.cfg.kv_bandwidth_gbps * 1e9)
     }
 
     /// A decoding group: `want` if it still decodes, else the group holding device `near`,
     /// else the least-loaded decoding group.
-    fn decode_target(&self, want: Option<u32>, near: Option<u32>) -> Option<u32> {
+    pub(super) fn decode_target(&self, want: Option<u32>, near: Option<u32>) -> Option<u32> {
         let decodes = |l: &u32| self.groups.get(l).is_some_and(Engine::decodes);
         if let Some(l) = want.filter(decodes) {
             return Some(l);
@@ -279,7 +245,7 @@ impl<'a> Cluster<'a> {
     }
 
     /// Hand a prefilled request to a decode group (`extra_pause_s` for migrated KV).
-    fn hand_to_decoder(&mut self, r: usize, want: Option<u32>, extra_pause_s: f64) {
+    pub(super) fn hand_to_decoder(&mut self, r: usize, want: Option<u32>, extra_pause_s: f64) {
         let Some(l) = self.decode_target(want, want) else {
             self.drop_request(r);
             return;
@@ -291,7 +257,7 @@ impl<'a> Cluster<'a> {
         self.kick(l);
     }
 
-    fn kick(&mut self, leader: u32) {
+    pub(super) fn kick(&mut self, leader: u32) {
         let Some(g) = self.groups.get_mut(&leader) else {
             return;
         };
@@ -327,119 +293,6 @@ impl<'a> Cluster<'a> {
         let pending = self.reqs.iter().any(|r| r.finish.is_none() && !r.dropped);
         if pending && self.now + self.cfg.window_s <= self.end {
             self.push(self.now + self.cfg.window_s, Kind::Control);
-        }
-    }
-
-    /// Switch to a new plan: keep unchanged groups, dissolve the rest, re-home their requests.
-    fn apply(&mut self, planned: Planned, pay: bool) {
-        let mut old = std::mem::take(&mut self.groups);
-        let mut orphans_pre = Vec::new();
-        let mut orphans_dec = Vec::new();
-        let mut changed = false;
-        for (g, cap) in planned.plan.groups.iter().zip(&planned.batch_caps) {
-            let l = g.leader();
-            let cap = if *cap > 0.0 {
-                *cap
-            } else {
-                self.profile.max_batch(g.tp)
-            };
-            let budget = match g.role {
-                Role::Prefill => self.cfg.prefill_budget_tokens,
-                _ => self.cfg.chunk_tokens,
-            };
-            let keep = old
-                .get(&l)
-                .is_some_and(|e| e.plan.members == g.members && e.plan.role == g.role);
-            let engine = if keep {
-                let mut e = old.remove(&l).expect("checked");
-                e.plan = g.clone();
-                e.batch_cap = cap as usize;
-                e
-            } else {
-                changed = true;
-                let same_devices = old.get(&l).is_some_and(|e| e.plan.members == g.members);
-                let pause = if pay && !same_devices {
-                    self.moved += u64::from(g.tp);
-                    self.cfg.switch_ms / 1000.0
-                } else {
-                    0.0
-                };
-                self.next_gen += 1;
-                Engine::new(
-                    g.clone(),
-                    cap as usize,
-                    budget,
-                    self.now + pause,
-                    self.next_gen,
-                )
-            };
-            let mut engine = engine;
-            // SLO groups keep lower-class work within their tier's iteration target: TPOT for
-            // decoding groups, the planner's prefill batch bound for prefill-only groups.
-            let slo_group = g.max_inflight > 0.0 && g.max_inflight.is_finite();
-            let mine = self.cfg.tiers.iter().filter(|t| g.tiers.contains(&t.name));
-            engine.iter_limit_ms = match (slo_group, g.role) {
-                (false, _) => f64::INFINITY,
-                (true, Role::Prefill) => mine
-                    .map(|t| t.ttft_ms * PlannerConfig::default().prefill_slack)
-                    .fold(f64::INFINITY, f64::min),
-                (true, _) => mine.map(|t| t.tpot_ms).fold(f64::INFINITY, f64::min),
-            };
-            self.groups.insert(l, engine);
-        }
-        for (l, mut e) in old {
-            let (pre, dec) = e.drain();
-            orphans_pre.extend(pre);
-            orphans_dec.extend(dec.into_iter().map(|r| (r, l)));
-        }
-        self.plan = planned.plan;
-        self.dispatcher.set_plan(&self.plan);
-        if changed && pay {
-            self.reconfigs += 1;
-        }
-        // Waiting requests move as metadata; partially prefilled KV moves with them.
-        for r in orphans_pre {
-            let tier = &self.cfg.tiers[self.reqs[r].tier];
-            let req = DispatchRequest {
-                tier: &tier.name,
-                background: tier.background,
-            };
-            match self.dispatcher.dispatch(r as u64, &req) {
-                Some(d) => {
-                    if d.class != Class::Feasible {
-                        self.dispatcher.complete(r as u64);
-                    }
-                    self.reqs[r].class = d.class;
-                    self.reqs[r].decode_leader = d.decode_leader;
-                    let g = self.groups.get_mut(&d.prefill_leader).expect("planned");
-                    g.push_prefill(r, d.class);
-                }
-                None => self.drop_request(r),
-            }
-        }
-        // Decoding requests migrate their KV (stop-and-migrate): each target pauses for the
-        // switch plus all the bytes it receives (one aggregated, pipelined transfer).
-        let mut inbound: BTreeMap<u32, (f64, Vec<usize>)> = BTreeMap::new();
-        for (r, from) in orphans_dec {
-            match self.decode_target(Some(from), Some(from)) {
-                Some(l) => {
-                    let ctx = f64::from(self.reqs[r].input + self.reqs[r].generated);
-                    let e = inbound.entry(l).or_default();
-                    e.0 += ctx * self.cfg.kv_bytes_per_token;
-                    e.1.push(r);
-                }
-                None => self.drop_request(r),
-            }
-        }
-        for (l, (bytes, rs)) in inbound {
-            let pause = self.transfer_s(bytes) + self.cfg.switch_ms / 1000.0;
-            for r in rs {
-                self.hand_to_decoder(r, Some(l), pause);
-            }
-        }
-        let leaders: Vec<u32> = self.groups.keys().copied().collect();
-        for l in leaders {
-            self.kick(l);
         }
     }
 }

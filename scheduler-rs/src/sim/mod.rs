@@ -8,7 +8,9 @@
 
 mod cluster;
 mod engine;
+mod events;
 mod policy;
+mod reconfigure;
 mod report;
 #[cfg(test)]
 mod tests;
