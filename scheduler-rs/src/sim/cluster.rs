@@ -303,5 +303,6 @@ fn policy_name(p: &Policy) -> String {
         Policy::NitsumFixedTp { tp } => format!("nitsum-fixed-tp{tp}"),
         Policy::StaticTp { tp } => format!("static-tp{tp}"),
         Policy::Split { .. } => "split".into(),
+        Policy::FixedPlan { .. } => "fixed-plan".into(),
     }
 }

@@ -50,6 +50,13 @@ pub enum Policy {
         #[serde(default)]
         tp: std::collections::BTreeMap<String, u32>,
     },
+    /// A given plan for the whole trace (e.g. SGLang-PD-like static disaggregation, or any
+    /// layout to test). `batch_caps` per group; missing or 0: the profile's max batch.
+    FixedPlan {
+        plan: crate::plan::Plan,
+        #[serde(default)]
+        batch_caps: Vec<f64>,
+    },
 }
 
 /// Everything one simulation needs.

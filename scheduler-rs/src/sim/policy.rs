@@ -30,7 +30,7 @@ pub fn planner_config(cfg: &SimConfig, profile: &Profile) -> Result<Option<Plann
                 ..base
             })
         }
-        Policy::StaticTp { .. } | Policy::Split { .. } => None,
+        Policy::StaticTp { .. } | Policy::Split { .. } | Policy::FixedPlan { .. } => None,
     })
 }
 
@@ -64,6 +64,27 @@ pub fn static_plan(cfg: &SimConfig, profile: &Profile) -> Result<Planned> {
             Ok(finish(placement::place(wanted, cfg.devices, None)))
         }
         Policy::Split { tp } => split(cfg, profile, tp),
+        Policy::FixedPlan { plan, batch_caps } => {
+            let mut used = vec![false; cfg.devices as usize];
+            for g in &plan.groups {
+                check_tp(profile, g.tp, cfg.devices)?;
+                let ok = g.members.len() == g.tp as usize
+                    && g.members.iter().all(|&m| {
+                        m < cfg.devices && !std::mem::replace(&mut used[m as usize], true)
+                    });
+                ensure!(
+                    ok,
+                    "fixed plan: group {:?} is malformed or overlaps",
+                    g.members
+                );
+            }
+            let mut caps = batch_caps.clone();
+            caps.resize(plan.groups.len(), 0.0);
+            Ok(Planned {
+                plan: plan.clone(),
+                batch_caps: caps,
+            })
+        }
         _ => unreachable!("live policies are planned every window"),
     }
 }

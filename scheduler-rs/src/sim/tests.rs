@@ -78,6 +78,35 @@ fn overlapping_arrivals_match_the_hand_computed_schedule() {
     assert_eq!(out.goodput_rps, 0.5);
 }
 
+#[test]
+fn disaggregated_handoff_pays_the_kv_transfer() {
+    let plan: crate::plan::Plan = serde_json::from_str(
+        r#"{"epoch": 1, "groups": [
+            {"members": [0], "tp": 1, "role": "prefill", "tiers": ["t"], "accepts_background": false, "max_rps": 0},
+            {"members": [1], "tp": 1, "role": "decode", "tiers": ["t"], "accepts_background": false, "max_rps": 0}]}"#,
+    )
+    .unwrap();
+    let mut cfg = config(
+        Policy::FixedPlan {
+            plan,
+            batch_caps: vec![],
+        },
+        2,
+        vec![req(0.0, 10, 3, "t")],
+    );
+    cfg.kv_bytes_per_token = 1e6;
+    cfg.kv_bandwidth_gbps = 1.0;
+    let out = simulate(&cfg).unwrap();
+    let r = &out.records[0];
+    // Prefill 10 ms (first token); 10 tokens × 1 MB at 1 GB/s = 10 ms of KV transfer; then two
+    // 5 ms decode steps on the decode group: done at 30 ms, TPOT (30 − 10) / 2 = 10 ms.
+    assert!(
+        close(r.ttft_ms, 10.0) && close(r.e2e_ms, 30.0) && close(r.tpot_ms, 10.0),
+        "{r:?}"
+    );
+    assert_eq!(out.policy, "fixed-plan");
+}
+
 fn two_tier_trace() -> Vec<TraceRequest> {
     // Deterministic bursty mix: tier "fast" every 10 ms for 3 s, "slow" every 25 ms.
     let mut v: Vec<TraceRequest> = (0..300)
