@@ -36,6 +36,7 @@ pub fn reuse(
     let mut used = vec![false; devices as usize];
     let mut groups = prev.groups.clone();
     let mut batch_caps = Vec::with_capacity(groups.len());
+    let mut memo: HashMap<(usize, u32, Role), Option<efficiency::GroupEstimate>> = HashMap::new();
     for g in &mut groups {
         let ok = g.tp as usize == g.members.len()
             && levels.contains(&g.tp)
@@ -60,14 +61,19 @@ pub fn reuse(
         if tiers[i].background {
             return None;
         }
-        let s = shape(&tiers[i], d, cfg);
-        let est = match g.role {
-            Role::Mixed => efficiency::mixed(profile, g.tp, &s, cfg.chunk_tokens)?,
-            Role::Prefill => {
-                efficiency::prefill(profile, g.tp, &s, cfg.prefill_slack, cfg.max_prefill_batch)?
+        // NOTE: groups share few distinct (tier, TP, role) shapes; estimating each once keeps
+        // a failed reuse cheap at 1024 devices.
+        let est = *memo.entry((i, g.tp, g.role)).or_insert_with(|| {
+            let s = shape(&tiers[i], d, cfg);
+            match g.role {
+                Role::Mixed => efficiency::mixed(profile, g.tp, &s, cfg.chunk_tokens),
+                Role::Prefill => {
+                    efficiency::prefill(profile, g.tp, &s, cfg.prefill_slack, cfg.max_prefill_batch)
+                }
+                Role::Decode => efficiency::decode(profile, g.tp, &s),
             }
-            Role::Decode => efficiency::decode(profile, g.tp, &s)?,
-        };
+        });
+        let est = est?;
         match g.role {
             Role::Mixed => cap[i].0 += est.rps,
             Role::Prefill => cap[i].1 += est.rps,
