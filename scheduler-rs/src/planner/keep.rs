@@ -34,10 +34,11 @@ pub fn reuse(
     // (mixed, prefill, decode) SLO throughput per tier.
     let mut cap = vec![(0.0, 0.0, 0.0); tiers.len()];
     let mut used = vec![false; devices as usize];
-    let mut groups = prev.groups.clone();
-    let mut batch_caps = Vec::with_capacity(groups.len());
+    // (max_rps, max_inflight) refreshed per group; cloned into a plan only on success.
+    let mut fresh = Vec::with_capacity(prev.groups.len());
+    let mut batch_caps = Vec::with_capacity(prev.groups.len());
     let mut memo: HashMap<(usize, u32, Role), Option<efficiency::GroupEstimate>> = HashMap::new();
-    for g in &mut groups {
+    for g in &prev.groups {
         let ok = g.tp as usize == g.members.len()
             && levels.contains(&g.tp)
             && g.leader() % g.tp == 0
@@ -50,6 +51,7 @@ pub fn reuse(
             return None;
         }
         if g.tiers.is_empty() {
+            fresh.push((g.max_rps, g.max_inflight));
             batch_caps.push(0.0);
             continue;
         }
@@ -79,8 +81,7 @@ pub fn reuse(
             Role::Prefill => cap[i].1 += est.rps,
             Role::Decode => cap[i].2 += est.rps,
         }
-        g.max_rps = est.rps;
-        g.max_inflight = est.rps * est.residence_s;
+        fresh.push((est.rps, est.rps * est.residence_s));
         batch_caps.push(est.batch_cap);
     }
     for (i, t) in tiers.iter().enumerate() {
@@ -89,6 +90,11 @@ pub fn reuse(
         if !t.background && rate > 0.0 && rate > (m + p.min(d)) * cfg.keep_utilization {
             return None;
         }
+    }
+    let mut groups = prev.groups.clone();
+    for (g, (rps, inflight)) in groups.iter_mut().zip(fresh) {
+        g.max_rps = rps;
+        g.max_inflight = inflight;
     }
     Some(Planned {
         plan: Plan {
