@@ -4,8 +4,12 @@
 
 pub mod dispatch;
 pub mod plan;
+pub mod planner;
+pub mod profile;
 #[cfg(feature = "python")]
 mod python;
+pub mod sim;
+pub mod stats;
 pub mod tiers;
 
 /// Crate version, also reported by `nitsum._core.version()`.

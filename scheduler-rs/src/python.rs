@@ -14,9 +14,51 @@ fn health() -> &'static str {
     crate::health()
 }
 
+fn value_error(e: anyhow::Error) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(format!("{e:#}"))
+}
+
+/// One planner decision (docs/planner.md): profile JSON, tiers JSON (list of tiers), demand
+/// JSON (list of `{tier, rate_rps, prompt: {mean,..}, output: {mean,..}}`), device count and
+/// optionally the previous plan JSON and a planner config JSON. Returns the plan JSON with
+/// `batch_caps`. Raises `ValueError` on invalid input.
+#[pyfunction]
+#[pyo3(signature = (profile_json, tiers_json, demand_json, num_devices, previous_plan_json=None, config_json=None))]
+fn plan(
+    py: Python<'_>,
+    profile_json: &str,
+    tiers_json: &str,
+    demand_json: &str,
+    num_devices: u32,
+    previous_plan_json: Option<&str>,
+    config_json: Option<&str>,
+) -> PyResult<String> {
+    py.detach(|| {
+        crate::planner::plan_json(
+            profile_json,
+            tiers_json,
+            demand_json,
+            num_devices,
+            previous_plan_json,
+            config_json,
+        )
+    })
+    .map_err(value_error)
+}
+
+/// Run the cluster simulator on a config JSON (docs/planner.md); returns the result JSON.
+/// Releases the GIL while it runs. Raises `ValueError` on invalid input.
+#[pyfunction]
+fn simulate(py: Python<'_>, config_json: &str) -> PyResult<String> {
+    py.detach(|| crate::sim::simulate_json(config_json))
+        .map_err(value_error)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(health, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
     Ok(())
 }

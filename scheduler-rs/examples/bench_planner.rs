@@ -1,0 +1,132 @@
+//! Planner decision time (DESIGN §8: 128 devices × 4 tiers ≤ 0.25 ms, 1024 × 8 ≤ 5 ms; Nitsum
+//! reports 2.49 ms). Each iteration plans a fresh random demand on top of the previous plan,
+//! exactly as the control loop does every window.
+//!
+//! `cargo run --release --example bench_planner [-- PROFILE.json]`
+
+use std::time::Instant;
+
+use nitsum_scheduler::planner::{plan, PlannerConfig};
+use nitsum_scheduler::profile::Profile;
+use nitsum_scheduler::stats::{LengthStats, TierDemand};
+use nitsum_scheduler::tiers::Tier;
+
+/// Nitsum's reported decision time at 128 GPUs × 4 tiers (§4.2), milliseconds.
+const NITSUM_MS: f64 = 2.49;
+
+/// A synthetic 4-level profile (prefill ~1/t, decode cheaper per sequence at higher t).
+fn synthetic() -> Profile {
+    let level = |t: f64| {
+        (
+            format!(
+                r#""{t}": [{{"tokens": 1, "ms": {}}}, {{"tokens": 8192, "ms": {}}}]"#,
+                5.0 + t,
+                5.0 + t + 400.0 / t
+            ),
+            format!(
+                r#""{t}": [{{"batch": 1, "context": 128, "ms": {}}}, {{"batch": 256, "context": 128, "ms": {}}},
+                {{"batch": 1, "context": 4096, "ms": {}}}, {{"batch": 256, "context": 4096, "ms": {}}}]"#,
+                8.0 / t + 0.5 * t,
+                40.0 / t + 0.5 * t,
+                9.0 / t + 0.5 * t,
+                120.0 / t + 0.5 * t
+            ),
+        )
+    };
+    let (p, d): (Vec<_>, Vec<_>) = [1.0, 2.0, 4.0, 8.0].map(level).into_iter().unzip();
+    Profile::from_json(&format!(
+        r#"{{"schema": "nitsum-profile/1", "device": "synthetic", "model": "m",
+        "tp_levels": [1, 2, 4, 8], "prefill": {{{}}}, "decode": {{{}}}}}"#,
+        p.join(","),
+        d.join(",")
+    ))
+    .expect("synthetic profile")
+}
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn unit(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// CPU time of this thread, milliseconds (immune to other processes' time slices).
+fn thread_cpu_ms() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec and the clock id is a constant.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 * 1e-6
+}
+
+/// p50 and p99 of `times` (sorts it).
+fn p50_p99(times: &mut [f64]) -> (f64, f64) {
+    times.sort_by(f64::total_cmp);
+    (percentile(times, 0.5), percentile(times, 0.99))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+/// ((wall p50, p99), (thread-CPU p50, p99)) in milliseconds.
+type Timings = ((f64, f64), (f64, f64));
+
+fn bench(profile: &Profile, devices: u32, tiers: usize, iters: usize) -> Timings {
+    let mut rng = Lcg(42);
+    let tiers: Vec<Tier> = (0..tiers)
+        .map(|i| Tier {
+            name: format!("tier{i}"),
+            ttft_ms: 300.0 + 700.0 * i as f64,
+            tpot_ms: 40.0 + 40.0 * i as f64,
+            weight: 1.0,
+            background: false,
+        })
+        .collect();
+    let cfg = PlannerConfig::default();
+    let mut prev = None;
+    let mut wall = Vec::with_capacity(iters);
+    let mut cpu = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let demand: Vec<TierDemand> = tiers
+            .iter()
+            .map(|t| TierDemand {
+                tier: t.name.clone(),
+                rate_rps: rng.unit() * 20.0 * f64::from(devices) / tiers.len() as f64,
+                prompt: LengthStats::constant(64.0 + rng.unit() * 2000.0),
+                output: LengthStats::constant(32.0 + rng.unit() * 500.0),
+            })
+            .collect();
+        let (t0, c0) = (Instant::now(), thread_cpu_ms());
+        let out = plan(profile, &tiers, &demand, devices, prev.as_ref(), &cfg);
+        cpu.push(thread_cpu_ms() - c0);
+        wall.push(t0.elapsed().as_secs_f64() * 1e3);
+        prev = Some(out.plan);
+    }
+    (p50_p99(&mut wall), p50_p99(&mut cpu))
+}
+
+fn main() {
+    let profile = match std::env::args().nth(1) {
+        Some(path) => Profile::load(std::path::Path::new(&path)).expect("profile"),
+        None => synthetic(),
+    };
+    println!("profile: {} / {}", profile.device, profile.model);
+    for (devices, tiers, iters, target) in [(128, 4, 5000, 0.25), (1024, 8, 1000, 5.0)] {
+        let ((p50, p99), (c50, c99)) = bench(&profile, devices, tiers, iters);
+        println!(
+            "{devices:>5} devices x {tiers} tiers ({iters} plans): wall p50 {p50:.4} ms p99 \
+             {p99:.4} ms | thread CPU p50 {c50:.4} ms p99 {c99:.4} ms | vs Nitsum 2.49 ms: \
+             {:.1}x (p50 wall) | target <= {target} ms at p99 CPU: {}",
+            NITSUM_MS / p50,
+            if c99 <= target { "met" } else { "MISSED" }
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! Offline performance profile (`docs/profile-schema.md`, schema `nitsum-profile/1`): loading,
+//! validation and latency interpolation per TP level.
+//!
+//! Interpolation: prefill latency is piecewise linear in prompt tokens; decode step latency is
+//! piecewise linear in batch within each profiled context row and linear between rows
+//! (bilinear on the grid). Past the last point both extrapolate linearly from the last
+//! segment; below the first point they hold the first value (a forward never gets cheaper
+//! than its fixed overhead).
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Schema tag every profile must carry.
+pub const SCHEMA: &str = "nitsum-profile/1";
+
+/// One prefill measurement: a forward over `tokens` prompt tokens took `ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PrefillPoint {
+    pub tokens: f64,
+    pub ms: f64,
+}
+
+/// One decode measurement: a step of `batch` sequences at `context` tokens each took `ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DecodePoint {
+    pub batch: f64,
+    pub context: f64,
+    pub ms: f64,
+}
+
+/// The profile file as written by `nitsum profile` (unknown fields are ignored).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProfileFile {
+    pub schema: String,
+    pub device: String,
+    pub model: String,
+    #[serde(default)]
+    pub dtype: String,
+    #[serde(default)]
+    pub analytic: bool,
+    #[serde(default)]
+    pub date: String,
+    #[serde(default)]
+    pub max_context: Option<f64>,
+    pub tp_levels: Vec<u32>,
+    pub prefill: BTreeMap<String, Vec<PrefillPoint>>,
+    pub decode: BTreeMap<String, Vec<DecodePoint>>,
+}
+
+/// Decode points of one context value, sorted by batch.
+#[derive(Debug, Clone)]
+struct DecodeRow {
+    context: f64,
+    /// (batch, ms) sorted by batch.
+    points: Vec<(f64, f64)>,
+}
+
+/// Validated curves of one TP level.
+#[derive(Debug, Clone)]
+struct Curves {
+    /// (tokens, ms) sorted by tokens.
+    prefill: Vec<(f64, f64)>,
+    /// Rows sorted by context.
+    decode: Vec<DecodeRow>,
+}
+
+/// A validated profile, ready to interpolate.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub device: String,
+    pub model: String,
+    pub analytic: bool,
+    pub max_context: Option<f64>,
+    levels: BTreeMap<u32, Curves>,
+}
+
+impl Profile {
+    /// Parse and validate profile JSON text.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let file: ProfileFile = serde_json::from_str(text).context("profile: invalid JSON")?;
+        Self::from_file(file)
+    }
+
+    /// Load and validate a profile from a path.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("profile: cannot read {}", path.display()))?;
+        Self::from_json(&text).with_context(|| format!("profile {}", path.display()))
+    }
+
+    /// Validate a parsed profile file.
+    pub fn from_file(file: ProfileFile) -> Result<Self> {
+        ensure!(
+            file.schema == SCHEMA,
+            "profile: schema is {:?}, expected {SCHEMA:?}",
+            file.schema
+        );
+        ensure!(!file.tp_levels.is_empty(), "profile: tp_levels is empty");
+        let mut levels = BTreeMap::new();
+        for &tp in &file.tp_levels {
+            ensure!(tp > 0, "profile: tp level 0 is not allowed");
+            let key = tp.to_string();
+            let prefill = file
+                .prefill
+                .get(&key)
+                .with_context(|| format!("profile: no prefill points for tp {tp}"))?;
+            let decode = file
+                .decode
+                .get(&key)
+                .with_context(|| format!("profile: no decode points for tp {tp}"))?;
+            let curves = Curves {
+                prefill: prefill_curve(prefill).with_context(|| format!("prefill tp {tp}"))?,
+                decode: decode_rows(decode).with_context(|| format!("decode tp {tp}"))?,
+            };
+            levels.insert(tp, curves);
+        }
+        Ok(Profile {
+            device: file.device,
+            model: file.model,
+            analytic: file.analytic,
+            max_context: file.max_context,
+            levels,
+        })
+    }
+
+    /// TP levels the profile covers, ascending.
+    pub fn tp_levels(&self) -> Vec<u32> {
+        self.levels.keys().copied().collect()
+    }
+
+    pub fn has_tp(&self, tp: u32) -> bool {
+        self.levels.contains_key(&tp)
+    }
+
+    /// Latency (ms) of one prefill forward over `tokens` prompt tokens at TP `tp`.
+    /// Panics if `tp` is not in the profile (callers pick from `tp_levels`).
+    pub fn prefill_ms(&self, tp: u32, tokens: f64) -> f64 {
+        interp(&self.levels[&tp].prefill, tokens)
+    }
+
+    /// Fixed part of a prefill forward at TP `tp`: the curve extrapolated linearly to zero
+    /// tokens from its first two points, clamped to `[0, first point]`. On a GPU this is
+    /// mostly the weight read, which a mixed iteration pays once for decode and prefill.
+    pub fn prefill_fixed_ms(&self, tp: u32) -> f64 {
+        let pts = &self.levels[&tp].prefill;
+        let (x0, y0) = pts[0];
+        let Some(&(x1, y1)) = pts.get(1) else {
+            return y0;
+        };
+        (y0 - x0 * (y1 - y0) / (x1 - x0)).clamp(0.0, y0)
+    }
+
+    /// Extra latency (ms) of `tokens` prompt tokens riding in a decode iteration:
+    /// `prefill_ms − prefill_fixed_ms` (the decode step already pays the fixed part).
+    pub fn prefill_extra_ms(&self, tp: u32, tokens: f64) -> f64 {
+        if tokens <= 0.0 {
+            return 0.0;
+        }
+        (self.prefill_ms(tp, tokens) - self.prefill_fixed_ms(tp)).max(0.0)
+    }
+
+    /// Latency (ms) of one decode step of `batch` sequences at `context` tokens at TP `tp`.
+    pub fn decode_ms(&self, tp: u32, batch: f64, context: f64) -> f64 {
+        let rows = &self.levels[&tp].decode;
+        let at = |r: &DecodeRow| interp(&r.points, batch);
+        let i = rows.partition_point(|r| r.context <= context);
+        if rows.len() == 1 || i == 0 {
+            return at(&rows[0]);
+        }
+        // Segment [lo, hi] around `context`; past the last row, extrapolate from the last two.
+        let (lo, hi) = if i == rows.len() {
+            (&rows[i - 2], &rows[i - 1])
+        } else {
+            (&rows[i - 1], &rows[i])
+        };
+        let (a, b) = (at(lo), at(hi));
+        let w = (context - lo.context) / (hi.context - lo.context);
+        (a + w * (b - a)).max(a.min(b))
+    }
+
+    /// Largest profiled decode batch at TP `tp`: the planner does not extrapolate past it.
+    pub fn max_batch(&self, tp: u32) -> f64 {
+        self.levels[&tp]
+            .decode
+            .iter()
+            .flat_map(|r| r.points.iter().map(|p| p.0))
+            .fold(1.0, f64::max)
+    }
+}
+
+fn check_point(x: f64, ms: f64, what: &str) -> Result<()> {
+    if !(x.is_finite() && x > 0.0) {
+        bail!("{what} must be positive and finite, got {x}");
+    }
+    if !(ms.is_finite() && ms > 0.0) {
+        bail!("ms must be positive and finite, got {ms}");
+    }
+    Ok(())
+}
+
+fn prefill_curve(points: &[PrefillPoint]) -> Result<Vec<(f64, f64)>> {
+    ensure!(!points.is_empty(), "no points");
+    let mut out = Vec::with_capacity(points.len());
+    for p in points {
+        check_point(p.tokens, p.ms, "tokens")?;
+        out.push((p.tokens, p.ms));
+    }
+    sorted_unique(out)
+}
+
+fn decode_rows(points: &[DecodePoint]) -> Result<Vec<DecodeRow>> {
+    ensure!(!points.is_empty(), "no points");
+    let mut by_ctx: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+    for p in points {
+        check_point(p.batch, p.ms, "batch")?;
+        check_point(p.context, p.ms, "context")?;
+        // NOTE: f64 keys via their bits are exact here: contexts are integers in practice
+        // and positive finite floats order the same as their bit patterns.
+        by_ctx
+            .entry(p.context.to_bits())
+            .or_default()
+            .push((p.batch, p.ms));
+    }
+    by_ctx
+        .into_iter()
+        .map(|(bits, pts)| {
+            let context = f64::from_bits(bits);
+            let points = sorted_unique(pts).with_context(|| format!("context {context}"))?;
+            Ok(DecodeRow { context, points })
+        })
+        .collect()
+}
+
+fn sorted_unique(mut pts: Vec<(f64, f64)>) -> Result<Vec<(f64, f64)>> {
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in pts.windows(2) {
+        ensure!(w[0].0 != w[1].0, "duplicate point at {}", w[0].0);
+    }
+    Ok(pts)
+}
+
+/// Piecewise-linear interpolation over sorted `(x, y)`; holds the first value below the
+/// first point, extrapolates the last segment past the last point (never below its start).
+fn interp(pts: &[(f64, f64)], x: f64) -> f64 {
+    let i = pts.partition_point(|p| p.0 <= x);
+    if i == 0 || pts.len() == 1 {
+        return pts[0].1;
+    }
+    let (a, b) = if i == pts.len() {
+        (pts[i - 2], pts[i - 1])
+    } else {
+        (pts[i - 1], pts[i])
+    };
+    let y = a.1 + (x - a.0) * (b.1 - a.1) / (b.0 - a.0);
+    y.max(a.1.min(b.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const SAMPLE: &str = r#"{
+      "schema": "nitsum-profile/1", "device": "test", "model": "m", "tp_levels": [1, 2],
+      "prefill": {"1": [{"tokens": 100, "ms": 10}, {"tokens": 300, "ms": 30}],
+                  "2": [{"tokens": 100, "ms": 6}]},
+      "decode": {"1": [{"batch": 1, "context": 100, "ms": 5}, {"batch": 11, "context": 100, "ms": 15},
+                       {"batch": 1, "context": 300, "ms": 7}, {"batch": 11, "context": 300, "ms": 27}],
+                 "2": [{"batch": 1, "context": 100, "ms": 3}]}
+    }"#;
+
+    #[test]
+    fn prefill_interpolates_holds_and_extrapolates() {
+        let p = Profile::from_json(SAMPLE).unwrap();
+        assert_eq!(p.tp_levels(), vec![1, 2]);
+        assert_eq!(p.prefill_ms(1, 200.0), 20.0);
+        assert_eq!(p.prefill_ms(1, 50.0), 10.0);
+        assert_eq!(p.prefill_ms(1, 500.0), 50.0);
+        assert_eq!(p.prefill_ms(2, 1000.0), 6.0);
+        // (100, 10) and (300, 30) extrapolate to 0 ms at 0 tokens; one point: its value.
+        assert_eq!(p.prefill_fixed_ms(1), 0.0);
+        assert_eq!(p.prefill_extra_ms(1, 200.0), 20.0);
+        assert_eq!(p.prefill_fixed_ms(2), 6.0);
+        assert_eq!(p.prefill_extra_ms(2, 50.0), 0.0);
+    }
+
+    #[test]
+    fn decode_is_bilinear() {
+        let p = Profile::from_json(SAMPLE).unwrap();
+        assert_eq!(p.decode_ms(1, 6.0, 100.0), 10.0);
+        assert_eq!(p.decode_ms(1, 6.0, 300.0), 17.0);
+        assert_eq!(p.decode_ms(1, 6.0, 200.0), 13.5);
+        // Past the last context row: extrapolate from the last two rows (10 → 17 per 200).
+        assert_eq!(p.decode_ms(1, 6.0, 500.0), 24.0);
+        assert_eq!(p.decode_ms(1, 21.0, 100.0), 25.0);
+        assert_eq!(p.max_batch(1), 11.0);
+    }
+
+    #[test]
+    fn validation_errors_are_clear() {
+        let bad_schema = SAMPLE.replace("nitsum-profile/1", "v0");
+        let e = format!("{:#}", Profile::from_json(&bad_schema).unwrap_err());
+        assert!(e.contains("schema"), "{e}");
+        let missing = SAMPLE.replace("\"tp_levels\": [1, 2]", "\"tp_levels\": [1, 4]");
+        let e = format!("{:#}", Profile::from_json(&missing).unwrap_err());
+        assert!(e.contains("no prefill points for tp 4"), "{e}");
+        let negative = SAMPLE.replace("\"ms\": 6}", "\"ms\": -6}");
+        let e = format!("{:#}", Profile::from_json(&negative).unwrap_err());
+        assert!(e.contains("prefill tp 2") && e.contains("positive"), "{e}");
+        let dup = SAMPLE.replace("\"tokens\": 300", "\"tokens\": 100");
+        assert!(format!("{:#}", Profile::from_json(&dup).unwrap_err()).contains("duplicate"));
+    }
+}

@@ -1,0 +1,308 @@
+//! The event loop: arrivals → Dispatcher → group engines; iteration completions; KV
+//! handoffs; and, for live policies, a control tick every window that re-plans (stats →
+//! planner → `reconfigure.rs`).
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use anyhow::{ensure, Context, Result};
+
+use crate::dispatch::{Class, DispatchRequest, Dispatcher};
+use crate::plan::Plan;
+use crate::planner::{self, PlannerConfig};
+use crate::profile::Profile;
+use crate::stats::{StatsConfig, WindowStats};
+
+use super::engine::{Engine, Req};
+use super::events::{Event, Kind};
+use super::{policy, report, Policy, SimConfig, SimResult};
+
+/// Simulation state.
+pub struct Cluster<'a> {
+    pub(super) cfg: &'a SimConfig,
+    pub(super) profile: Profile,
+    pub(super) reqs: Vec<Req>,
+    pub(super) groups: BTreeMap<u32, Engine>,
+    pub(super) plan: Plan,
+    pub(super) dispatcher: Dispatcher,
+    pub(super) stats: WindowStats,
+    pub(super) planner_cfg: Option<PlannerConfig>,
+    pub(super) events: BinaryHeap<Event>,
+    pub(super) seq: u64,
+    pub(super) now: f64,
+    pub(super) end: f64,
+    pub(super) reconfigs: u64,
+    pub(super) moved: u64,
+    /// Engine generations are unique across the run, so a dissolved group's late events
+    /// never match the group that replaces it at the same leader.
+    pub(super) next_gen: u64,
+}
+
+impl<'a> Cluster<'a> {
+    pub fn new(cfg: &'a SimConfig) -> Result<Self> {
+        let profile = Profile::from_file(cfg.profile.clone()).context("simulate")?;
+        ensure!(cfg.devices > 0, "simulate: devices must be positive");
+        ensure!(cfg.window_s > 0.0, "simulate: window_s must be positive");
+        let index: HashMap<&str, usize> = cfg
+            .tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        let mut reqs = Vec::with_capacity(cfg.requests.len());
+        for (i, r) in cfg.requests.iter().enumerate() {
+            let tier = *index
+                .get(r.tier.as_str())
+                .with_context(|| format!("simulate: request {i} has unknown tier {:?}", r.tier))?;
+            ensure!(
+                r.input_len > 0 && r.output_len > 0,
+                "simulate: request {i} has a zero length"
+            );
+            reqs.push(Req {
+                arrival: r.arrival_s,
+                input: r.input_len,
+                output: r.output_len,
+                tier,
+                class: Class::Feasible,
+                prefilled: 0,
+                generated: 0,
+                first_token: None,
+                finish: None,
+                decode_leader: None,
+                dropped: false,
+            });
+        }
+        let planner_cfg = policy::planner_config(cfg, &profile)?;
+        let initial = match &planner_cfg {
+            Some(pc) => planner::plan(&profile, &cfg.tiers, &[], cfg.devices, None, pc),
+            None => policy::static_plan(cfg, &profile)?,
+        };
+        let last = reqs.iter().map(|r| r.arrival).fold(0.0, f64::max);
+        let mut c = Cluster {
+            cfg,
+            profile,
+            reqs,
+            groups: BTreeMap::new(),
+            plan: Plan::default(),
+            dispatcher: Dispatcher::default(),
+            stats: WindowStats::new(StatsConfig {
+                rate_window_s: cfg.window_s,
+                ..StatsConfig::default()
+            }),
+            planner_cfg,
+            events: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            end: last + cfg.drain_s,
+            reconfigs: 0,
+            moved: 0,
+            next_gen: 0,
+        };
+        c.apply(initial, false);
+        for i in 0..c.reqs.len() {
+            c.push(c.reqs[i].arrival, Kind::Arrival(i));
+        }
+        if c.planner_cfg.is_some() {
+            c.push(cfg.window_s, Kind::Control);
+        }
+        Ok(c)
+    }
+
+    /// Run to completion (or `drain_s` after the last arrival) and summarize.
+    pub fn run(mut self) -> Result<SimResult> {
+        while let Some(ev) = self.events.pop() {
+            if ev.t > self.end {
+                break;
+            }
+            self.now = ev.t;
+            match ev.kind {
+                Kind::Arrival(r) => self.on_arrival(r),
+                Kind::IterDone(l, gen) => self.on_iteration(l, gen),
+                Kind::Ready(l, gen) => {
+                    if self.groups.get(&l).is_some_and(|g| g.generation == gen) {
+                        self.kick(l);
+                    }
+                }
+                Kind::KvArrived(r, l) => self.hand_to_decoder(r, Some(l), 0.0),
+                Kind::Control => self.on_control(),
+            }
+        }
+        let records = (0..self.reqs.len())
+            .map(|i| report::record(i, &self.reqs[i], &self.cfg.tiers))
+            .collect();
+        Ok(report::summarize(
+            policy_name(&self.cfg.policy),
+            self.cfg.devices,
+            policy::trace_span(self.cfg),
+            &self.cfg.tiers,
+            records,
+            (self.reconfigs, self.moved),
+            self.cfg.records,
+        ))
+    }
+
+    pub(super) fn push(&mut self, t: f64, kind: Kind) {
+        self.seq += 1;
+        self.events.push(Event {
+            t,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn on_arrival(&mut self, r: usize) {
+        let tier = &self.cfg.tiers[self.reqs[r].tier];
+        self.stats
+            .on_arrival(self.now, &tier.name, self.reqs[r].input);
+        let req = DispatchRequest {
+            tier: &tier.name,
+            background: tier.background,
+        };
+        let Some(d) = self.dispatcher.dispatch(r as u64, &req) else {
+            self.reqs[r].dropped = true;
+            return;
+        };
+        self.reqs[r].class = d.class;
+        // Split rejects what its tier's partition cannot serve within SLO.
+        if matches!(self.cfg.policy, Policy::Split { .. }) && d.class == Class::BestEffort {
+            self.reqs[r].dropped = true;
+            self.dispatcher.complete(r as u64);
+            return;
+        }
+        // NOTE: only feasible work is charged against a group's SLO bandwidth: best-effort
+        // and background requests run on leftover capacity (the local scheduler serves them
+        // last and preempts them), so charging them would let a spill backlog mark every
+        // later request infeasible. The router should do the same (docs/planner.md).
+        if d.class != Class::Feasible {
+            self.dispatcher.complete(r as u64);
+        }
+        self.reqs[r].decode_leader = d.decode_leader;
+        self.groups
+            .get_mut(&d.prefill_leader)
+            .expect("dispatcher routes to planned groups")
+            .push_prefill(r, d.class);
+        self.kick(d.prefill_leader);
+    }
+
+    fn on_iteration(&mut self, leader: u32, gen: u64) {
+        let Some(g) = self.groups.get_mut(&leader) else {
+            return;
+        };
+        if g.generation != gen || !g.busy() {
+            return;
+        }
+        let out = g.finish(&mut self.reqs, self.now);
+        for r in out.finished {
+            self.done(r);
+        }
+        for r in out.handoff {
+            let bytes = f64::from(self.reqs[r].input) * self.cfg.kv_bytes_per_token;
+            let target = self.decode_target(self.reqs[r].decode_leader, None);
+            match target {
+                Some(l) => self.push(self.now + self.transfer_s(bytes), Kind::KvArrived(r, l)),
+                None => self.drop_request(r),
+            }
+        }
+        self.kick(leader);
+    }
+
+    fn done(&mut self, r: usize) {
+        self.dispatcher.complete(r as u64);
+        let tier = &self.cfg.tiers[self.reqs[r].tier].name;
+        self.stats
+            .on_completion(self.now, tier, self.reqs[r].output);
+    }
+
+    pub(super) fn drop_request(&mut self, r: usize) {
+        self.reqs[r].dropped = true;
+        self.dispatcher.complete(r as u64);
+    }
+
+    pub(super) fn transfer_s(&self, bytes: f64) -> f64 {
+        bytes / (self.cfg.kv_bandwidth_gbps * 1e9)
+    }
+
+    /// A decoding group: `want` if it still decodes, else the group holding device `near`,
+    /// else the least-loaded decoding group.
+    pub(super) fn decode_target(&self, want: Option<u32>, near: Option<u32>) -> Option<u32> {
+        let decodes = |l: &u32| self.groups.get(l).is_some_and(Engine::decodes);
+        if let Some(l) = want.filter(decodes) {
+            return Some(l);
+        }
+        if let Some(d) = near {
+            let holder = self
+                .groups
+                .iter()
+                .find(|(_, g)| g.plan.members.contains(&d));
+            if let Some((&l, _)) = holder.filter(|(_, g)| g.decodes()) {
+                return Some(l);
+            }
+        }
+        self.groups
+            .iter()
+            .filter(|(_, g)| g.decodes())
+            .min_by_key(|(_, g)| g.load())
+            .map(|(&l, _)| l)
+    }
+
+    /// Hand a prefilled request to a decode group (`extra_pause_s` for migrated KV).
+    pub(super) fn hand_to_decoder(&mut self, r: usize, want: Option<u32>, extra_pause_s: f64) {
+        let Some(l) = self.decode_target(want, want) else {
+            self.drop_request(r);
+            return;
+        };
+        let class = self.reqs[r].class;
+        let g = self.groups.get_mut(&l).expect("target exists");
+        g.ready_at = g.ready_at.max(self.now + extra_pause_s);
+        g.push_decode(r, class);
+        self.kick(l);
+    }
+
+    pub(super) fn kick(&mut self, leader: u32) {
+        let Some(g) = self.groups.get_mut(&leader) else {
+            return;
+        };
+        if g.busy() {
+            return;
+        }
+        let gen = g.generation;
+        if self.now < g.ready_at {
+            let at = g.ready_at;
+            self.push(at, Kind::Ready(leader, gen));
+            return;
+        }
+        if let Some(lat) = g.start(&self.reqs, &self.profile) {
+            self.push(self.now + lat, Kind::IterDone(leader, gen));
+        }
+    }
+
+    fn on_control(&mut self) {
+        let pc = self
+            .planner_cfg
+            .clone()
+            .expect("control ticks only for live policies");
+        let demand = self.stats.snapshot(self.now);
+        let planned = planner::plan(
+            &self.profile,
+            &self.cfg.tiers,
+            &demand,
+            self.cfg.devices,
+            Some(&self.plan),
+            &pc,
+        );
+        self.apply(planned, true);
+        let pending = self.reqs.iter().any(|r| r.finish.is_none() && !r.dropped);
+        if pending && self.now + self.cfg.window_s <= self.end {
+            self.push(self.now + self.cfg.window_s, Kind::Control);
+        }
+    }
+}
+
+fn policy_name(p: &Policy) -> String {
+    match p {
+        Policy::Nitsum => "nitsum".into(),
+        Policy::NitsumFixedTp { tp } => format!("nitsum-fixed-tp{tp}"),
+        Policy::StaticTp { tp } => format!("static-tp{tp}"),
+        Policy::Split { .. } => "split".into(),
+        Policy::FixedPlan { .. } => "fixed-plan".into(),
+    }
+}

@@ -1,0 +1,335 @@
+//! One simulated TP group: an iteration-level engine with continuous batching, chunked
+//! prefill and the local scheduler's queues (feasible, then best-effort, then background).
+//!
+//! An iteration runs the whole decode batch for one step plus up to `budget` prompt tokens;
+//! its latency is `decode_ms(batch, mean context) + prefill_extra_ms(tokens)` from the profile
+//! (the planner's mixed-group model: the forward's fixed part is paid once), or
+//! `prefill_ms(tokens)` when nothing decodes.
+
+use std::collections::VecDeque;
+
+use crate::dispatch::Class;
+use crate::plan::{GroupPlan, Role};
+use crate::profile::Profile;
+
+/// Simulated state of one request.
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub arrival: f64,
+    pub input: u32,
+    pub output: u32,
+    pub tier: usize,
+    pub class: Class,
+    /// Prompt tokens already prefilled.
+    pub prefilled: u32,
+    /// Output tokens generated (the first comes with the end of prefill).
+    pub generated: u32,
+    pub first_token: Option<f64>,
+    pub finish: Option<f64>,
+    /// Decode group chosen at dispatch when the prefill group does not decode.
+    pub decode_leader: Option<u32>,
+    pub dropped: bool,
+}
+
+impl Req {
+    fn context(&self) -> f64 {
+        f64::from(self.input + self.generated)
+    }
+}
+
+fn queue_of(class: Class) -> usize {
+    match class {
+        Class::Feasible => 0,
+        Class::BestEffort => 1,
+        Class::Background => 2,
+    }
+}
+
+/// Largest `t ≤ hi` with `fits(t)` (0 when none), for `fits` true then false.
+fn largest_fitting(hi: u32, fits: impl Fn(u32) -> bool) -> u32 {
+    let (mut lo, mut hi) = (0u32, hi);
+    if fits(hi) {
+        return hi;
+    }
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    if lo > 0 || fits(0) {
+        lo
+    } else {
+        0
+    }
+}
+
+/// What an iteration processed.
+#[derive(Debug, Default)]
+struct Iteration {
+    prefill: Vec<(usize, u32)>,
+    decode: Vec<usize>,
+}
+
+/// Requests an iteration moved on.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Finished (last token generated).
+    pub finished: Vec<usize>,
+    /// Prefilled on a prefill-only group: their KV must go to a decode group.
+    pub handoff: Vec<usize>,
+}
+
+/// One group's engine.
+#[derive(Debug)]
+pub struct Engine {
+    pub plan: GroupPlan,
+    /// Decode batch cap (running + admitted prefills on a mixed group).
+    pub batch_cap: usize,
+    /// Prefill tokens per iteration.
+    pub budget: u32,
+    /// Iteration latency (ms) that lower-class prefills must not push past while feasible
+    /// requests share the iteration: the group's TPOT target; infinite for non-SLO groups.
+    pub iter_limit_ms: f64,
+    /// Not yet admitted for prefill, per class.
+    waiting: [VecDeque<usize>; 3],
+    /// Admitted for prefill (holding a batch slot on a mixed group), FCFS.
+    prefilling: VecDeque<usize>,
+    /// Prefilled elsewhere, waiting for a decode slot, per class.
+    pending: [VecDeque<usize>; 3],
+    running: Vec<usize>,
+    current: Option<Iteration>,
+    /// Unique per engine: events carry it so a dissolved engine's events are ignored.
+    pub generation: u64,
+    /// Not before this time (switching TP / migrating KV).
+    pub ready_at: f64,
+}
+
+impl Engine {
+    pub fn new(
+        plan: GroupPlan,
+        batch_cap: usize,
+        budget: u32,
+        ready_at: f64,
+        generation: u64,
+    ) -> Self {
+        Engine {
+            plan,
+            batch_cap: batch_cap.max(1),
+            budget: budget.max(1),
+            iter_limit_ms: f64::INFINITY,
+            waiting: Default::default(),
+            prefilling: VecDeque::new(),
+            pending: Default::default(),
+            running: Vec::new(),
+            current: None,
+            generation,
+            ready_at,
+        }
+    }
+
+    pub fn busy(&self) -> bool {
+        self.current.is_some()
+    }
+
+    pub fn decodes(&self) -> bool {
+        self.plan.role != Role::Prefill
+    }
+
+    /// A request to prefill here.
+    pub fn push_prefill(&mut self, rid: usize, class: Class) {
+        self.waiting[queue_of(class)].push_back(rid);
+    }
+
+    /// A prefilled request (KV arrived) to decode here.
+    pub fn push_decode(&mut self, rid: usize, class: Class) {
+        self.pending[queue_of(class)].push_back(rid);
+    }
+
+    /// Requests held here (queued or running), for load-based choices.
+    pub fn load(&self) -> usize {
+        self.waiting.iter().map(VecDeque::len).sum::<usize>()
+            + self.pending.iter().map(VecDeque::len).sum::<usize>()
+            + self.prefilling.len()
+            + self.running.len()
+    }
+
+    /// Start an iteration at `now` if there is work; returns its latency in seconds.
+    pub fn start(&mut self, reqs: &[Req], profile: &Profile) -> Option<f64> {
+        debug_assert!(self.current.is_none());
+        let slots = |e: &Engine| {
+            e.batch_cap
+                .saturating_sub(e.running.len() + e.prefilling.len())
+        };
+        // Decode admission: prefilled requests first (they already hold KV).
+        for q in 0..3 {
+            while slots(self) > 0 && self.decodes() {
+                match self.pending[q].pop_front() {
+                    Some(r) => self.running.push(r),
+                    None => break,
+                }
+            }
+        }
+        // Prefill admission, in class order; prefill-only groups have no decode slots to keep.
+        for q in 0..3 {
+            while self.plan.role == Role::Prefill || slots(self) > 0 {
+                match self.waiting[q].pop_front() {
+                    Some(r) => self.prefilling.push_back(r),
+                    None => break,
+                }
+            }
+        }
+        self.preempt_for_higher_classes(reqs);
+        let mut it = Iteration::default();
+        let mut budget = self.budget;
+        // Prompt tokens go to the highest class first (stable: FCFS within a class).
+        let mut order: Vec<usize> = self.prefilling.iter().copied().collect();
+        order.sort_by_key(|&r| queue_of(reqs[r].class));
+        it.decode = self.running.clone();
+        let tp = self.plan.tp;
+        let decode_ms = if it.decode.is_empty() {
+            0.0
+        } else {
+            let b = it.decode.len() as f64;
+            let ctx = it.decode.iter().map(|&r| reqs[r].context()).sum::<f64>() / b;
+            profile.decode_ms(tp, b, ctx)
+        };
+        // A mixed iteration pays the forward's fixed part once (profile.prefill_extra_ms).
+        let busy_decode = !it.decode.is_empty();
+        let iteration_ms = |tokens: f64| {
+            if busy_decode {
+                decode_ms + profile.prefill_extra_ms(tp, tokens)
+            } else {
+                profile.prefill_ms(tp, tokens)
+            }
+        };
+        // NOTE: lower classes only get prompt tokens that keep the iteration within the
+        // group's TPOT while feasible requests are in it: they run on leftover capacity.
+        let feasible_here = it
+            .decode
+            .iter()
+            .chain(&order)
+            .any(|&r| reqs[r].class == Class::Feasible);
+        let limit = if feasible_here {
+            self.iter_limit_ms
+        } else {
+            f64::INFINITY
+        };
+        let mut tokens = 0u32;
+        for &r in &order {
+            if budget == 0 {
+                break;
+            }
+            let mut take = (reqs[r].input - reqs[r].prefilled).min(budget);
+            if reqs[r].class != Class::Feasible && limit.is_finite() {
+                let fits = |t: u32| iteration_ms(f64::from(tokens + t)) <= limit;
+                take = largest_fitting(take, fits);
+            }
+            if take == 0 {
+                continue;
+            }
+            budget -= take;
+            tokens += take;
+            it.prefill.push((r, take));
+        }
+        let ms = if tokens > 0 {
+            iteration_ms(f64::from(tokens))
+        } else {
+            decode_ms
+        };
+        if it.prefill.is_empty() && it.decode.is_empty() {
+            return None;
+        }
+        self.current = Some(it);
+        Some(ms / 1000.0)
+    }
+
+    /// Local-scheduler priority (DESIGN §3): while a feasible (then best-effort) request waits
+    /// for a batch slot held by a lower class, pause the newest lowest-class holder: a running
+    /// one keeps its KV and waits in `pending`, a prefilling one keeps its prefilled tokens.
+    fn preempt_for_higher_classes(&mut self, reqs: &[Req]) {
+        if self.plan.role == Role::Prefill {
+            return;
+        }
+        for q in 0..2 {
+            loop {
+                let waiting = !self.pending[q].is_empty() || !self.waiting[q].is_empty();
+                let free = self.running.len() + self.prefilling.len() < self.batch_cap;
+                if !waiting || free {
+                    break;
+                }
+                let lowest = |v: &mut dyn Iterator<Item = (usize, usize)>| {
+                    v.filter(|&(_, r)| queue_of(reqs[r].class) > q)
+                        .max_by_key(|&(i, r)| (queue_of(reqs[r].class), i))
+                };
+                let run = lowest(&mut self.running.iter().copied().enumerate());
+                let pre = lowest(&mut self.prefilling.iter().copied().enumerate());
+                let victim_class =
+                    |x: Option<(usize, usize)>| x.map(|(_, r)| queue_of(reqs[r].class));
+                if run.is_none() && pre.is_none() {
+                    break;
+                }
+                // Prefer evicting a prefilling request (cheaper to pause) of the lowest class.
+                if victim_class(pre) >= victim_class(run) {
+                    let (i, r) = pre.expect("some victim");
+                    self.prefilling.remove(i);
+                    self.waiting[queue_of(reqs[r].class)].push_front(r);
+                } else {
+                    let (i, r) = run.expect("some victim");
+                    self.running.remove(i);
+                    self.pending[queue_of(reqs[r].class)].push_front(r);
+                }
+                if let Some(r) = self.pending[q].pop_front() {
+                    self.running.push(r);
+                } else if let Some(r) = self.waiting[q].pop_front() {
+                    self.prefilling.push_back(r);
+                }
+            }
+        }
+    }
+
+    /// Finish the iteration in flight at `now`.
+    pub fn finish(&mut self, reqs: &mut [Req], now: f64) -> Outcome {
+        let it = self.current.take().expect("finish without an iteration");
+        let mut out = Outcome::default();
+        for &r in &it.decode {
+            reqs[r].generated += 1;
+            if reqs[r].generated >= reqs[r].output {
+                reqs[r].finish = Some(now);
+                out.finished.push(r);
+            }
+        }
+        self.running.retain(|&r| reqs[r].finish.is_none());
+        for &(r, take) in &it.prefill {
+            let q = &mut reqs[r];
+            q.prefilled += take;
+            if q.prefilled < q.input {
+                continue;
+            }
+            q.first_token = Some(now);
+            q.generated = 1;
+            self.prefilling.retain(|&x| x != r);
+            if q.output <= 1 {
+                q.finish = Some(now);
+                out.finished.push(r);
+            } else if self.decodes() {
+                self.running.push(r);
+            } else {
+                out.handoff.push(r);
+            }
+        }
+        out
+    }
+
+    /// Dissolve: drop the in-flight iteration; return (not yet prefilled, decoding) requests.
+    pub fn drain(&mut self) -> (Vec<usize>, Vec<usize>) {
+        self.current = None;
+        let mut pre: Vec<usize> = self.prefilling.drain(..).collect();
+        pre.extend(self.waiting.iter_mut().flat_map(|q| q.drain(..)));
+        let mut dec: Vec<usize> = std::mem::take(&mut self.running);
+        dec.extend(self.pending.iter_mut().flat_map(|q| q.drain(..)));
+        (pre, dec)
+    }
+}

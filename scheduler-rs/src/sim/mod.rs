@@ -1,0 +1,148 @@
+//! Discrete-event cluster simulator (Nitsum §4 method): N devices driven by a profile, a
+//! request trace, and one of the paper's policies. It routes with the router's own
+//! [`Dispatcher`](crate::dispatch::Dispatcher) and plans with the router's own
+//! [`planner`](crate::planner), so a simulated Nitsum run exercises the production decisions.
+//!
+//! Deterministic: no randomness anywhere (ties break by order), so equal configs give equal
+//! results; `seed` is carried for trace generators upstream.
+
+mod cluster;
+mod engine;
+mod events;
+mod policy;
+mod reconfigure;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::ProfileFile;
+use crate::tiers::Tier;
+
+pub use report::{RequestRecord, SimResult, TierResult};
+
+/// One request of the trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceRequest {
+    pub arrival_s: f64,
+    pub input_len: u32,
+    pub output_len: u32,
+    pub tier: String,
+}
+
+/// How the cluster is configured and requests are routed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Policy {
+    /// The planner every control window (all profiled TP levels) + the Dispatcher.
+    Nitsum,
+    /// Ablation (Nitsum §4.2.1): the same planner restricted to one TP level.
+    NitsumFixedTp { tp: u32 },
+    /// SLO-agnostic static TP-`tp` (SGLang-like): all groups mixed, every request FCFS on the
+    /// least-loaded group, no tiers, batch capped only by the profile.
+    StaticTp { tp: u32 },
+    /// Per-tier split with rejection (the paper's "Split"): devices divided among tiers by
+    /// their share of the trace's requests, each tier on its best static TP level (by the
+    /// planner's estimate over the whole trace, unless `tp` names it); requests over a
+    /// partition's SLO bandwidth are rejected.
+    Split {
+        #[serde(default)]
+        tp: std::collections::BTreeMap<String, u32>,
+    },
+    /// A given plan for the whole trace (e.g. SGLang-PD-like static disaggregation, or any
+    /// layout to test). `batch_caps` per group; missing or 0: the profile's max batch.
+    FixedPlan {
+        plan: crate::plan::Plan,
+        #[serde(default)]
+        batch_caps: Vec<f64>,
+    },
+}
+
+/// Everything one simulation needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SimConfig {
+    pub profile: ProfileFile,
+    pub tiers: Vec<Tier>,
+    pub devices: u32,
+    pub policy: Policy,
+    pub requests: Vec<TraceRequest>,
+    /// Control window (planner period), seconds.
+    #[serde(default = "defaults::window_s")]
+    pub window_s: f64,
+    /// Fixed cost of activating a new TP group (context switch), milliseconds.
+    #[serde(default = "defaults::switch_ms")]
+    pub switch_ms: f64,
+    /// KV cache bytes per token per request (whole model, all layers), for migration and
+    /// prefill→decode transfer times.
+    #[serde(default = "defaults::kv_bytes_per_token")]
+    pub kv_bytes_per_token: f64,
+    /// Device-to-device bandwidth for KV moves, GB/s.
+    #[serde(default = "defaults::kv_bandwidth_gbps")]
+    pub kv_bandwidth_gbps: f64,
+    /// Prefill token budget per iteration of a mixed group (chunked prefill).
+    #[serde(default = "defaults::chunk_tokens")]
+    pub chunk_tokens: u32,
+    /// Prefill token budget per iteration of a prefill-only group.
+    #[serde(default = "defaults::prefill_budget_tokens")]
+    pub prefill_budget_tokens: u32,
+    /// Requests still unfinished this long after the last arrival count as missed.
+    #[serde(default = "defaults::drain_s")]
+    pub drain_s: f64,
+    /// Include per-request records in the result.
+    #[serde(default = "defaults::records")]
+    pub records: bool,
+    /// Planner SLO margin for live policies (PlannerConfig::slo_margin).
+    #[serde(default = "defaults::slo_margin")]
+    pub slo_margin: f64,
+    /// Planner target utilization for live policies (PlannerConfig::target_utilization).
+    #[serde(default = "defaults::target_utilization")]
+    pub target_utilization: f64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+mod defaults {
+    pub fn window_s() -> f64 {
+        1.0
+    }
+    pub fn switch_ms() -> f64 {
+        5.0
+    }
+    pub fn kv_bytes_per_token() -> f64 {
+        131_072.0 // Llama-3-8B fp16: 32 layers × 8 KV heads × 128 dims × 2 (K, V) × 2 bytes
+    }
+    pub fn kv_bandwidth_gbps() -> f64 {
+        100.0
+    }
+    pub fn chunk_tokens() -> u32 {
+        512
+    }
+    pub fn prefill_budget_tokens() -> u32 {
+        8192
+    }
+    pub fn drain_s() -> f64 {
+        60.0
+    }
+    pub fn slo_margin() -> f64 {
+        0.9
+    }
+    pub fn target_utilization() -> f64 {
+        crate::planner::PlannerConfig::default().target_utilization
+    }
+    pub fn records() -> bool {
+        true
+    }
+}
+
+/// Run a simulation. Errors on an invalid profile, unknown tiers or TP levels.
+pub fn simulate(cfg: &SimConfig) -> anyhow::Result<SimResult> {
+    cluster::Cluster::new(cfg)?.run()
+}
+
+/// JSON in, JSON out (the pyo3 `simulate` and the CLI use this).
+pub fn simulate_json(config_json: &str) -> anyhow::Result<String> {
+    let cfg: SimConfig = serde_json::from_str(config_json)
+        .map_err(|e| anyhow::anyhow!("simulate: invalid config JSON: {e}"))?;
+    Ok(serde_json::to_string(&simulate(&cfg)?)?)
+}

@@ -1,0 +1,208 @@
+//! Per-tier sliding-window workload statistics (DESIGN §4 "Stats"): arrival rate over the
+//! control window, prompt and output length distributions over a (longer) profile window.
+//!
+//! Pure: every call takes `now` (seconds on any monotonic clock), so the router feeds it
+//! wall time and the simulator feeds simulated time.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+/// Mean and a few quantiles of a length distribution (tokens). In JSON every field may be
+/// omitted (0); the planner reads `mean`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LengthStats {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl LengthStats {
+    /// Statistics of `values` (nearest-rank quantiles). All zero when empty.
+    pub fn of(values: &mut [f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let q = |p: f64| values[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+        LengthStats {
+            count: n as u64,
+            mean: values.iter().sum::<f64>() / n as f64,
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+        }
+    }
+
+    /// A point distribution (every request has length `len`); handy for tests and traces.
+    pub fn constant(len: f64) -> Self {
+        LengthStats {
+            count: 1,
+            mean: len,
+            p50: len,
+            p90: len,
+            p99: len,
+        }
+    }
+}
+
+/// What the planner needs to know about one tier's current demand.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TierDemand {
+    pub tier: String,
+    /// Arrivals per second over the control window.
+    pub rate_rps: f64,
+    pub prompt: LengthStats,
+    pub output: LengthStats,
+}
+
+/// Window lengths.
+#[derive(Debug, Clone, Copy)]
+pub struct StatsConfig {
+    /// Arrival-rate window (the control window), seconds.
+    pub rate_window_s: f64,
+    /// Length-distribution window, seconds (longer: lengths are noisier than rates).
+    pub length_window_s: f64,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        StatsConfig {
+            rate_window_s: 1.0,
+            length_window_s: 30.0,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct TierWindow {
+    arrivals: VecDeque<f64>,
+    /// (time, prompt tokens) of arrivals.
+    prompts: VecDeque<(f64, f64)>,
+    /// (time, output tokens) of completions.
+    outputs: VecDeque<(f64, f64)>,
+    /// Last non-empty length stats: kept when a window empties so a quiet tier's next burst
+    /// is planned with its last known shape rather than zero lengths.
+    last_prompt: LengthStats,
+    last_output: LengthStats,
+}
+
+/// Sliding-window statistics for all tiers.
+#[derive(Debug, Default)]
+pub struct WindowStats {
+    cfg: StatsConfig,
+    tiers: BTreeMap<String, TierWindow>,
+}
+
+impl WindowStats {
+    pub fn new(cfg: StatsConfig) -> Self {
+        WindowStats {
+            cfg,
+            tiers: BTreeMap::new(),
+        }
+    }
+
+    /// A request of `tier` with `prompt_tokens` arrived at `now`.
+    pub fn on_arrival(&mut self, now: f64, tier: &str, prompt_tokens: u32) {
+        let w = self.window(tier);
+        w.arrivals.push_back(now);
+        w.prompts.push_back((now, f64::from(prompt_tokens)));
+    }
+
+    /// A request of `tier` finished at `now` having generated `output_tokens`.
+    pub fn on_completion(&mut self, now: f64, tier: &str, output_tokens: u32) {
+        self.window(tier)
+            .outputs
+            .push_back((now, f64::from(output_tokens)));
+    }
+
+    /// Current demand of every tier seen so far, ordered by tier name. Drops expired samples.
+    /// NOTE: `now` must not go backwards between calls (samples older than the window are
+    /// discarded for good).
+    pub fn snapshot(&mut self, now: f64) -> Vec<TierDemand> {
+        let cfg = self.cfg;
+        self.tiers
+            .iter_mut()
+            .map(|(name, w)| {
+                let rate_cut = now - cfg.rate_window_s;
+                let len_cut = now - cfg.length_window_s;
+                while w.arrivals.front().is_some_and(|&t| t <= rate_cut) {
+                    w.arrivals.pop_front();
+                }
+                while w.prompts.front().is_some_and(|&(t, _)| t <= len_cut) {
+                    w.prompts.pop_front();
+                }
+                while w.outputs.front().is_some_and(|&(t, _)| t <= len_cut) {
+                    w.outputs.pop_front();
+                }
+                let mut p: Vec<f64> = w.prompts.iter().map(|x| x.1).collect();
+                let mut o: Vec<f64> = w.outputs.iter().map(|x| x.1).collect();
+                if !p.is_empty() {
+                    w.last_prompt = LengthStats::of(&mut p);
+                }
+                if !o.is_empty() {
+                    w.last_output = LengthStats::of(&mut o);
+                }
+                TierDemand {
+                    tier: name.clone(),
+                    rate_rps: w.arrivals.len() as f64 / cfg.rate_window_s,
+                    prompt: w.last_prompt,
+                    output: w.last_output,
+                }
+            })
+            .collect()
+    }
+
+    fn window(&mut self, tier: &str) -> &mut TierWindow {
+        if !self.tiers.contains_key(tier) {
+            self.tiers.insert(tier.to_string(), TierWindow::default());
+        }
+        self.tiers.get_mut(tier).expect("inserted above")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let s = LengthStats::of(&mut v);
+        assert_eq!(
+            (s.count, s.mean, s.p50, s.p90, s.p99),
+            (100, 50.5, 50.0, 90.0, 99.0)
+        );
+        assert_eq!(LengthStats::of(&mut []), LengthStats::default());
+    }
+
+    #[test]
+    fn rate_and_lengths_slide_with_time() {
+        let mut st = WindowStats::new(StatsConfig {
+            rate_window_s: 1.0,
+            length_window_s: 2.0,
+        });
+        for (t, len) in [(0.1, 10), (0.5, 20), (1.2, 30), (1.4, 40)] {
+            st.on_arrival(t, "a", len);
+        }
+        st.on_completion(1.0, "a", 7);
+        st.on_arrival(1.0, "b", 5);
+        let snap = st.snapshot(1.5);
+        assert_eq!(snap.len(), 2);
+        // Window (0.5, 1.5]: arrivals at 1.2 and 1.4 (0.5 sits on the cut and is excluded).
+        assert_eq!(snap[0].tier, "a");
+        assert_eq!(snap[0].rate_rps, 2.0);
+        assert_eq!(snap[0].prompt.mean, 25.0);
+        assert_eq!(snap[0].output.mean, 7.0);
+        assert_eq!(snap[1].rate_rps, 1.0);
+        // Everything expires: the rate drops to 0 but the last length shape is kept.
+        let later = st.snapshot(10.0);
+        assert_eq!(later[0].rate_rps, 0.0);
+        assert_eq!(later[0].prompt.mean, 25.0);
+        assert_eq!(later[0].output.p99, 7.0);
+    }
+}
