@@ -123,8 +123,10 @@ def launch(tmp_path):
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
-    for f in tmp_path.glob("*.pid"):
-        pid = int(f.read_text())
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    if (tmp_path / "router.json").exists():
+        pids.append(json.loads((tmp_path / "router.json").read_text())["pid"])
+    for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
