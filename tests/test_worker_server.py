@@ -23,11 +23,11 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 class FakeRouter:
     """The router's side of the socket; keeps every message it received, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, addr: str = "tcp://127.0.0.1:*") -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind("tcp://127.0.0.1:*")
+        self.sock.bind(addr)
         self.addr = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.seen: list[tuple[float, dict[str, Any]]] = []
 
@@ -278,3 +278,21 @@ def test_shutdown_exits_and_ends_live_requests(worker):
     assert not thread.is_alive()
     final = router.collect({"s"})["s"][-1]
     assert (final["finish_reason"], final["error"]) == ("error", "worker shut down")
+
+
+def test_a_restarted_router_gets_a_new_register(worker):
+    router, server, _ = registered(worker)  # register_every_s is 5 s: only a reconnect is quick
+    addr = router.addr
+    router.sock.close()  # the router "dies"; the fixture closes it again harmlessly
+    deadline = time.monotonic() + TIMEOUT_S
+    while server.registered and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not server.registered
+    again = FakeRouter(addr)
+    try:
+        again.expect("register", timeout=3.0)
+        again.send(proto.registered(0, epoch=2))
+        again.expect("heartbeat", epoch=2)
+        assert server.registered
+    finally:
+        again.close()
