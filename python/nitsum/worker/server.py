@@ -143,10 +143,17 @@ class WorkerServer:
             handler(msg)
         except ProtocolError as e:
             log.error("dropped message: %s", e)
+        except Exception:  # a bug in one handler must not take the worker down
+            log.exception("failed to handle a message")
 
     def _send(self, msg: dict[str, Any]) -> None:
         assert self._sock is not None
-        self._sock.send(proto.encode(msg))
+        try:
+            # NOTE: never block: with the router gone for long, the queue fills (SNDHWM) and a
+            # blocking send would hang the loop, deaf to `stop()` and to signals.
+            self._sock.send(proto.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("router not reachable: dropped a %s message", msg["type"])
 
     # -- messages ---------------------------------------------------------------------------------
     def _register_msg(self) -> dict[str, Any]:
@@ -195,7 +202,7 @@ class WorkerServer:
         rid = proto.request_id_of(msg)
         if rid not in self.live:
             return  # unknown or already finished: races with completion are normal
-        self.engine.abort(rid)
+        self._drop(rid)
         self._final(rid, [], "abort", None)
 
     def _on_reconfigure(self, msg: dict[str, Any]) -> None:
@@ -256,13 +263,17 @@ class WorkerServer:
             else:
                 self._send(proto.tokens(self.worker_id, rid, ids, self.live[rid]))
 
-    def _fail(self, rid: str, error: str) -> None:
-        """End one request with an error, freeing its pages even if the engine is upset."""
+    def _drop(self, rid: str) -> None:
+        """Take a request out of the engine (freeing its pages), even if the engine is upset."""
         try:
             self.engine.abort(rid)
         except Exception:
-            log.exception("abort(%r) failed while failing it", rid)
+            log.exception("abort(%r) failed", rid)
             self.engine.seqs.pop(rid, None)
+
+    def _fail(self, rid: str, error: str) -> None:
+        """End one request with an error."""
+        self._drop(rid)
         if rid in self.live:
             self._final(rid, [], "error", error)
 
