@@ -282,6 +282,7 @@ def test_shutdown_exits_and_ends_live_requests(worker):
 
 def test_a_restarted_router_gets_a_new_register(worker):
     router, server, _ = registered(worker)  # register_every_s is 5 s: only a reconnect is quick
+    assert [m["type"] for _, m in router.seen].count("register") == 1  # not one per connect
     addr = router.addr
     router.sock.close()  # the router "dies"; the fixture closes it again harmlessly
     deadline = time.monotonic() + TIMEOUT_S

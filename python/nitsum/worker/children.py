@@ -70,12 +70,15 @@ class Children:
                     p.send_signal(signum)
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
-        """Stop in reverse start order (workers before the router), then kill what is left."""
-        deadline = time.monotonic() + self.grace_s
-        for name, p in reversed(self.procs):
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.send_signal(signum)
+        """Stop the later children together, then the first (workers before the router, so
+        their last messages still reach it); kill whoever outlasts the grace period."""
+        for wave in (self.procs[1:], self.procs[:1]):
+            deadline = time.monotonic() + self.grace_s
+            for _, p in wave:
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.send_signal(signum)
+            for name, p in wave:
                 try:
                     p.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:

@@ -66,6 +66,7 @@ class WorkerServer:
         self.live: dict[str, int] = {}  # accepted request id -> prompt tokens
         self._stop = threading.Event()
         self._sock: zmq.Socket | None = None
+        self._lost = False  # the connection dropped and has not come back yet
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             "registered": self._on_registered,
             "generate": self._on_generate,
@@ -123,7 +124,11 @@ class WorkerServer:
         if event == zmq.EVENT_DISCONNECTED:
             log.warning("worker %d lost the router; will re-register", self.worker_id)
             self.registered = False
-        return event == zmq.EVENT_CONNECTED and not self.registered
+            self._lost = True
+        elif event == zmq.EVENT_CONNECTED and self._lost:
+            self._lost = False
+            return True
+        return False  # the first connect: the register queued before it goes out by itself
 
     def _drain(self, sock: zmq.Socket) -> None:
         while True:
