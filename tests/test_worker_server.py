@@ -263,6 +263,11 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     assert not ack["ok"] and "groups[0].role" in ack["error"]
     router.expect("heartbeat", epoch=5)
     assert server.role == "decode"
+    other = {**group, "members": [1]}  # left out of the plan: idle, nothing to switch
+    router.send(proto.reconfigure(8, [other]))
+    ack = router.expect("reconfigured")
+    assert (ack["epoch"], ack["ok"]) == (8, True)
+    assert server.role is None and server.engine.scheduler.max_batch == 64
 
 
 def test_shutdown_exits_and_ends_live_requests(worker):
