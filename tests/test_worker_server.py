@@ -13,7 +13,8 @@ import zmq
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
-from nitsum.worker.server import TP_NOT_WIRED, WorkerServer
+from nitsum.worker.assignment import TP_NOT_WIRED, Assignment
+from nitsum.worker.server import WorkerServer
 from tiny import make_tiny
 
 TIMEOUT_S = 10.0
@@ -253,7 +254,7 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     assert ack["timings_ms"]["total"] >= 0
     router.expect("heartbeat", epoch=5)
     assert server.engine.scheduler.max_batch == 3
-    assert (server.role, server.tiers, server.accepts_background) == ("decode", ["gold"], False)
+    assert server.assignment == Assignment("decode", ["gold"], False, 3)
     tp2 = {"members": [0, 1], "tp": 2, "role": "mixed", "tiers": [], "accepts_background": True}
     router.send(proto.reconfigure(6, [tp2]))
     ack = router.expect("reconfigured")
@@ -262,12 +263,12 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     ack = router.expect("reconfigured")
     assert not ack["ok"] and "groups[0].role" in ack["error"]
     router.expect("heartbeat", epoch=5)
-    assert server.role == "decode"
+    assert server.assignment.role == "decode"
     other = {**group, "members": [1]}  # left out of the plan: idle, nothing to switch
     router.send(proto.reconfigure(8, [other]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (8, True)
-    assert server.role is None and server.engine.scheduler.max_batch == 64
+    assert server.assignment == Assignment() and server.engine.scheduler.max_batch == 64
 
 
 def test_shutdown_exits_and_ends_live_requests(worker):

@@ -19,11 +19,10 @@ from zmq.utils.monitor import recv_monitor_message
 from nitsum.engine.engine import Engine
 from nitsum.errors import InvalidRequestError
 from nitsum.worker import protocol as proto
+from nitsum.worker.assignment import Assignment, PlanRefused, assignment_for
 from nitsum.worker.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
-
-TP_NOT_WIRED = "TP switching not wired in this worker yet"
 
 
 class WorkerServer:
@@ -60,9 +59,7 @@ class WorkerServer:
         self.max_batch = engine.scheduler.max_batch
         self.registered = False
         self.epoch = 0
-        self.role: str | None = None
-        self.tiers: list[str] = []
-        self.accepts_background = True
+        self.assignment = Assignment()  # this worker's part of the plan at `epoch`
         self.live: dict[str, int] = {}  # accepted request id -> prompt tokens
         self._stop = threading.Event()
         self._sock: zmq.Socket | None = None
@@ -215,32 +212,15 @@ class WorkerServer:
         epoch = msg.get("epoch") if isinstance(msg.get("epoch"), int) else -1
         try:
             epoch, groups = proto.parse_reconfigure(msg)
-            error = self._apply_plan(groups)
-        except ProtocolError as e:
+            self.assignment = assignment_for(self.worker_id, groups)
+            cap = self.assignment.max_batch or self.max_batch
+            self.engine.scheduler.max_batch = min(self.max_batch, cap)
+            self.epoch, error = epoch, None
+        except (ProtocolError, PlanRefused) as e:
             error = str(e)
-        if error is None:
-            self.epoch = epoch
-        else:
             log.warning("reconfigure to epoch %d refused: %s", epoch, error)
         ms = (time.perf_counter() - t0) * 1e3
         self._send(proto.reconfigured(self.worker_id, epoch, error is None, error, {"total": ms}))
-
-    def _apply_plan(self, groups: list[proto.Group]) -> str | None:
-        """Adopt this worker's part of a plan; an error string if it cannot (nothing changes)."""
-        mine = [g for g in groups if self.worker_id in g.members]
-        if len(mine) > 1:
-            return f"worker {self.worker_id} is in {len(mine)} groups of the plan"
-        if not mine:  # idle in this plan: keeps finishing what it has
-            self.role, self.tiers, self.accepts_background = None, [], True
-            self.engine.scheduler.max_batch = self.max_batch
-            return None
-        g = mine[0]
-        # TODO(lead): TP > 1 activates another context of the multi-device pool here.
-        if g.tp != 1 or g.members != [self.worker_id]:
-            return TP_NOT_WIRED
-        self.role, self.tiers, self.accepts_background = g.role, g.tiers, g.accepts_background
-        self.engine.scheduler.max_batch = min(self.max_batch, g.max_batch or self.max_batch)
-        return None
 
     # -- engine -----------------------------------------------------------------------------------
     def _step(self) -> None:
