@@ -112,7 +112,9 @@ def launch(tmp_path):
         argv += ["--router-bin", str(router), "--stop-timeout", "1", *extra]
         env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT / "python")}
         cmd = [sys.executable, "-c", WRAPPER, str(worker), str(tmp_path), modes, *argv]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        err = (tmp_path / "serve.err").open("w")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        err.close()
         procs.append(proc)
         return proc, port
 
@@ -181,6 +183,8 @@ def test_a_worker_dying_at_startup_fails_serve_cleanly(launch, tmp_path):
     assert read_ready_line(proc) == ""  # EOF, no URL
     assert proc.wait(15) == 1
     assert wait_dead(child_pids(tmp_path, 2), timeout=2.0) == []
+    err = (tmp_path / "serve.err").read_text()
+    assert "worker1 exited with code 3 while waiting for 2 workers to register" in err
 
 
 def test_router_resolution_and_command(tmp_path, monkeypatch):
@@ -217,3 +221,25 @@ def test_workers_ready_reads_the_health_body():
     assert not serve.workers_ready((200, {"workers": 1}), 2)
     assert serve.workers_ready((200, {"workers": 2}), 2)
     assert serve.workers_ready((200, {}), 2)  # a router without the count: 200 is all we get
+
+
+def test_a_router_that_dies_at_startup_fails_serve(launch, tmp_path):
+    dying = tmp_path / "fake-router"
+    dying.write_text("#!/bin/sh\necho bad flag >&2\nexit 2\n")
+    proc, _ = launch("ok")
+    assert read_ready_line(proc) == ""
+    assert proc.wait(15) == 1
+    assert not list(tmp_path.glob("worker*.pid"))  # no worker was started
+    err = (tmp_path / "serve.err").read_text()
+    assert "bad flag" in err  # the router's own stderr is not swallowed
+    assert "router exited with code 2 while waiting for the router's /health" in err
+
+
+def test_a_busy_port_is_refused_before_starting_anything():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(serve.ServeError, match=f"127.0.0.1:{port}.*--port"):
+            serve.check_port_free("127.0.0.1", port)
+    serve.check_port_free("127.0.0.1", port)  # free again

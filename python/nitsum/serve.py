@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -101,6 +102,16 @@ def worker_command(
     return cmd
 
 
+def check_port_free(host: str, port: int) -> None:
+    """ServeError when something already listens on host:port: its /health would fool us."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ServeError(f"cannot use {host}:{port} ({e.strerror}); pick another --port") from e
+
+
 def get_health(base_url: str, timeout: float = 2.0) -> tuple[int, dict] | None:
     """(status, JSON body) of GET /health; None while nothing answers."""
     try:
@@ -175,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = resolve_model_dir(args.model)
         prefix = resolve_router(args.router_bin)
+        check_port_free(args.host, args.port)
     except (ServeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"nitsum serve: {e}", file=sys.stderr)
         return 2
