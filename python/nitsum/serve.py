@@ -1,0 +1,243 @@
+"""`nitsum serve`: start the router and N device workers, wait until they are ready, serve.
+
+Startup: resolve the model directory (converting the embedded GGUF on first use), start the
+router, wait for its `/health` to answer at all (503 "no_workers" counts: the HTTP server is
+up), start the workers, then poll `/health` until its JSON reports `workers >= N`. Ctrl-C or
+SIGTERM is forwarded to every child; no child outlives this process (see worker/children.py).
+See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from nitsum.worker.children import Children
+
+log = logging.getLogger("nitsum.serve")
+
+ROUTER_EXE = "nitsum-router"
+DEFAULT_WORKER_ADDR = "tcp://127.0.0.1:5557"
+
+
+class ServeError(RuntimeError):
+    """Startup failed; the message says what to do."""
+
+
+def resolve_router(router_bin: str | None = None) -> list[str]:
+    """The command prefix that runs the router: `--router-bin`, `nitsum-router` on PATH or next
+    to the Python executable, else `nitsum._core.router_main` in a Python subprocess."""
+    if router_bin:
+        path = Path(router_bin).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ServeError(f"--router-bin {router_bin}: not an executable file")
+        return [str(path)]
+    found = shutil.which(ROUTER_EXE)
+    if found:
+        return [found]
+    beside = Path(sys.executable).parent / ROUTER_EXE
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    if importlib.util.find_spec("nitsum._core") is not None:
+        import nitsum._core as core  # the maturin-built native module
+
+        if hasattr(core, "router_main"):
+            # NOTE: assumes router_main(argv with the program name) -> exit code, like cli_main.
+            code = (
+                "import sys, nitsum._core as c; "
+                "sys.exit(c.router_main(['nitsum-router', *sys.argv[1:]]))"
+            )
+            return [sys.executable, "-c", code]
+    raise ServeError(
+        f"cannot find the router: no {ROUTER_EXE!r} on PATH or in {beside.parent}, and no "
+        "nitsum._core.router_main; build it (`cargo build --release -p nitsum-scheduler` or "
+        "`maturin develop`) or pass --router-bin PATH"
+    )
+
+
+def router_command(
+    prefix: list[str],
+    host: str,
+    port: int,
+    worker_addr: str,
+    model_dir: Path,
+    served_model_name: str,
+    config: str | None = None,
+) -> list[str]:
+    """The router's command line. NOTE: the one place that knows the router's flags."""
+    cmd = [*prefix, "--host", host, "--port", str(port), "--worker-addr", worker_addr]
+    cmd += ["--model-dir", str(model_dir), "--served-model-name", served_model_name]
+    if config:
+        cmd += ["--config", config]
+    return cmd
+
+
+def worker_command(
+    worker_id: int,
+    model_dir: Path,
+    worker_addr: str,
+    served_model_name: str,
+    args: argparse.Namespace,
+) -> list[str]:
+    """One device worker's command line (`python -m nitsum.worker`)."""
+    device = f"cuda:{worker_id}" if args.device == "cuda" else args.device
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
+    cmd += ["--worker-id", str(worker_id), "--router", worker_addr, "--device", device]
+    cmd += ["--served-model-name", served_model_name, "--threads", str(threads)]
+    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
+    return cmd
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ServeError when something already listens on host:port: its /health would fool us."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ServeError(f"cannot use {host}:{port} ({e.strerror}); pick another --port") from e
+
+
+def get_health(base_url: str, timeout: float = 2.0) -> tuple[int, dict] | None:
+    """(status, JSON body) of GET /health; None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:  # 503 "no_workers" is an answer too
+        status, body = e.code, e.read()
+    except (urllib.error.URLError, OSError):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = {}
+    return status, data if isinstance(data, dict) else {}
+
+
+def workers_ready(health: tuple[int, dict] | None, n: int) -> bool:
+    """Whether /health reports `n` workers (a body without `workers`: 200 means ready)."""
+    if health is None:
+        return False
+    status, data = health
+    if isinstance(data.get("workers"), int):
+        return data["workers"] >= n
+    return status == 200
+
+
+class _Stop(Exception):
+    """Raised in the main thread by the signal handler."""
+
+
+def _wait(what: str, children: Children, timeout: float, ready: Callable[[], object]) -> None:
+    """Poll `ready` every 200 ms; fail early when a child exits."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        dead = children.exited()
+        if dead:
+            name, code = dead[0]
+            raise ServeError(f"{name} exited with code {code} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise ServeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nitsum serve", description="Serve a model (router + workers)")
+    p.add_argument("--model", default="default", help="'default', an HF dir or a .gguf file")
+    p.add_argument("--workers", type=int, default=2, help="device worker processes")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--config", default=None, help="router config (tiers, API keys)")
+    p.add_argument("--router-bin", default=None, help="router executable")
+    p.add_argument("--worker-addr", default=DEFAULT_WORKER_ADDR, help="router's ZMQ address")
+    p.add_argument("--served-model-name", default=None, help="default: the model dir's name")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (worker i gets cuda:i)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
+    p.add_argument("--kv-cache-mb", type=int, default=512)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
+    p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run until SIGINT/SIGTERM or the router exits; 0 on a clean stop, 1 or 2 on failure."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
+    if args.workers < 1:
+        print("nitsum serve: --workers must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        from nitsum.worker.loader import resolve_model_dir
+
+        model_dir = resolve_model_dir(args.model)
+        prefix = resolve_router(args.router_bin)
+        check_port_free(args.host, args.port)
+    except (ServeError, ValueError, FileNotFoundError, ImportError) as e:
+        print(f"nitsum serve: {e}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or model_dir.name
+    url = f"http://{args.host}:{args.port}"
+    children = Children(grace_s=args.stop_timeout)
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        raise _Stop
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rcmd = router_command(
+            prefix, args.host, args.port, args.worker_addr, model_dir, name, args.config
+        )
+        children.spawn("router", rcmd)
+        _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
+        for i in range(args.workers):
+            children.spawn(f"worker{i}", worker_command(i, model_dir, args.worker_addr, name, args))
+        _wait(
+            f"{args.workers} workers to register",
+            children,
+            args.startup_timeout,
+            lambda: workers_ready(get_health(url), args.workers),
+        )
+        print(f"nitsum serve: {name} ready at {url}/v1 ({args.workers} workers)", flush=True)
+        reported: set[str] = set()
+        while True:
+            for who, code in children.exited():
+                if who == "router":
+                    raise ServeError(f"the router exited with code {code}")
+                if who not in reported:  # the router retries its requests (docs/protocol.md)
+                    log.error("%s exited with code %s; serving with the others", who, code)
+                    reported.add(who)
+            time.sleep(0.5)
+    except _Stop:
+        log.info("signal %d: stopping", received[0])
+        return 0
+    except ServeError as e:
+        print(f"nitsum serve: {e}", file=sys.stderr)
+        return 1
+    finally:
+        # stop() must not be interrupted; it is bounded (grace period, then SIGKILL).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        children.stop(received[0] if received else signal.SIGTERM)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`nitsum worker`: one device worker process serving one engine to the router."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nitsum worker", description=__doc__)
+    p.add_argument("--model", default="default", help="'default', an HF dir or a .gguf file")
+    p.add_argument("--worker-id", type=int, required=True, help="also the ZMQ identity")
+    p.add_argument("--router", default=DEFAULT_ROUTER, help="the router's worker address")
+    p.add_argument("--served-model-name", default=None, help="model name sent in register")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda:0, ...)")
+    p.add_argument("--kv-cache-mb", type=int, default=512, help="KV pool size in MiB")
+    p.add_argument("--page-tokens", type=int, default=16, help="tokens per KV page at TP 1")
+    p.add_argument("--max-batch", type=int, default=64, help="running sequences cap")
+    p.add_argument("--token-budget", type=int, default=512, help="tokens per step")
+    p.add_argument("--max-context", type=int, default=None, help="cap the context window")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, load the model, serve until `shutdown`, SIGTERM or SIGINT."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s worker{args.worker_id} %(levelname)s %(name)s: %(message)s",
+    )
+    import torch
+
+    from nitsum.engine.build import EngineConfig
+    from nitsum.worker.loader import load_engine, resolve_model_dir
+    from nitsum.worker.server import WorkerServer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ecfg = EngineConfig(
+        device=args.device,
+        kv_cache_bytes=args.kv_cache_mb << 20,
+        page_tokens=args.page_tokens,
+        max_batch=args.max_batch,
+        token_budget=args.token_budget,
+        max_context=args.max_context,
+    )
+    try:
+        model_dir = resolve_model_dir(args.model)
+        engine = load_engine(model_dir, ecfg)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"nitsum worker: cannot load model {args.model!r}: {e}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or model_dir.name
+    server = WorkerServer(engine, args.worker_id, args.router, name, device=args.device)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("signal %d: stopping", signum)
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

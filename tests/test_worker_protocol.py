@@ -1,0 +1,117 @@
+"""The v1 message codec: framing, builders and validation of router → worker messages."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from nitsum.errors import InvalidRequestError
+from nitsum.sampling import SamplingParams
+from nitsum.worker import protocol as proto
+from nitsum.worker.protocol import ProtocolError
+
+
+def roundtrip(msg):
+    return proto.decode(proto.encode(msg))
+
+
+def test_decode_refuses_what_it_cannot_act_on():
+    with pytest.raises(ProtocolError, match="not msgpack"):
+        proto.decode(b"\xc1")
+    with pytest.raises(ProtocolError, match="expected a map, got list"):
+        proto.decode(msgpack.packb([1, "generate"]))
+    with pytest.raises(ProtocolError, match="version 2 refused"):
+        proto.decode(msgpack.packb({"v": 2, "type": "generate"}))
+    with pytest.raises(ProtocolError, match="'type'"):
+        proto.decode(msgpack.packb({"v": 1}))
+    # Unknown keys are kept (and ignored by the worker): forward compatible.
+    assert roundtrip({"v": 1, "type": "abort", "request_id": "a", "new": {"x": 1}})["new"] == {
+        "x": 1
+    }
+
+
+def test_worker_messages_carry_the_documented_fields():
+    t = roundtrip(proto.tokens(3, "r", [5, 6], prompt_tokens=4))
+    assert t == {
+        "v": 1,
+        "type": "tokens",
+        "worker_id": 3,
+        "request_id": "r",
+        "token_ids": [5, 6],
+        "finish_reason": None,
+        "error": None,
+        "prompt_tokens": 4,
+    }
+    hb = roundtrip(proto.heartbeat(1, running=2, waiting=3, free_pages=4, epoch=5))
+    assert [hb[k] for k in ("running", "waiting", "free_pages", "epoch")] == [2, 3, 4, 5]
+    reg = roundtrip(proto.register(0, "cpu", "m", [1], 640, 2048, [2]))
+    assert set(reg) == {
+        "v", "type", "worker_id", "device", "model", "tp_levels", "kv_capacity_tokens",
+        "max_context", "eos_token_ids",
+    }  # fmt: skip
+    with pytest.raises(AssertionError):
+        proto.tokens(0, "r", [], 1, finish_reason="done")
+
+
+def test_parse_generate_round_trips_sampling():
+    params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, seed=11,
+                            stop_token_ids=(3, 4), ignore_eos=True)  # fmt: skip
+    msg = roundtrip(proto.generate("r1", [1, 2], params, tier="gold", klass="background"))
+    req = proto.parse_generate(msg)
+    assert (req.request_id, req.input_ids, req.tier, req.klass) == (
+        "r1",
+        [1, 2],
+        "gold",
+        "background",
+    )
+    assert req.sampling == params and req.decode_target is None
+    # Integer temperature from a loose encoder is accepted as a float.
+    loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
+    assert proto.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"input_ids": "1 2"}, "input_ids"),
+        ({"input_ids": [1, True]}, "input_ids"),
+        ({"sampling": None}, "sampling"),
+        ({"sampling": {"max_tokens": "3"}}, "max_tokens"),
+        ({"sampling": {"temperature": None}}, "temperature"),
+        ({"sampling": {"seed": 1.5}}, "seed"),
+        ({"sampling": {"stop_token_ids": [1, "x"]}}, "stop_token_ids"),
+        ({"sampling": {"ignore_eos": 1}}, "ignore_eos"),
+        ({"class": "vip"}, "class"),
+        ({"tier": 3}, "tier"),
+        ({"decode_target": "2"}, "decode_target"),
+    ],
+)
+def test_parse_generate_names_the_bad_field(change, field):
+    msg = {**proto.generate("r", [1], SamplingParams()), **change}
+    with pytest.raises(InvalidRequestError) as e:
+        proto.parse_generate(msg)
+    assert e.value.field == field and str(e.value).startswith(f"{field}: ")
+
+
+def test_generate_without_request_id_cannot_be_answered():
+    msg = proto.generate("", [1], SamplingParams())
+    with pytest.raises(ProtocolError, match="request_id"):
+        proto.parse_generate(msg)
+
+
+def test_parse_reconfigure():
+    g = {"members": [0, 1], "tp": 2, "role": "prefill", "tiers": ["a"], "accepts_background": False}
+    epoch, groups = proto.parse_reconfigure(roundtrip(proto.reconfigure(4, [g])))
+    assert epoch == 4
+    assert groups == [proto.Group([0, 1], 2, "prefill", ["a"], False, None)]
+    for bad, where in [
+        ({**g, "members": []}, "groups[0].members"),
+        ({**g, "tp": 0}, "groups[0].tp"),
+        ({**g, "role": "boss"}, "groups[0].role"),
+        ({**g, "tiers": "a"}, "groups[0].tiers"),
+        ({**g, "max_batch": 0}, "groups[0].max_batch"),
+    ]:
+        with pytest.raises(ProtocolError, match=where.replace("[", r"\[").replace("]", r"\]")):
+            proto.parse_reconfigure(proto.reconfigure(1, [bad]))
+    with pytest.raises(ProtocolError, match="epoch"):
+        proto.parse_reconfigure({"v": 1, "type": "reconfigure", "groups": []})

@@ -1,0 +1,245 @@
+"""`nitsum serve` orchestration with a fake router executable and fake workers (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nitsum import serve
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_ROUTER = """
+import argparse, json, os, sys, threading, zmq
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import msgpack
+p = argparse.ArgumentParser()
+for f in ("--host", "--port", "--worker-addr", "--model-dir", "--served-model-name", "--config"):
+    p.add_argument(f)
+a = p.parse_args()
+out = os.environ["FAKE_OUT"]
+json.dump({"argv": sys.argv[1:], "pid": os.getpid()}, open(f"{out}/router.json", "w"))
+workers = set()
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "ok" if workers else "no_workers", "workers": len(workers)})
+        self.send_response(200 if workers else 503); self.end_headers()
+        self.wfile.write(body.encode())
+    def log_message(self, *args): pass
+threading.Thread(target=ThreadingHTTPServer((a.host, int(a.port)), H).serve_forever,
+                 daemon=True).start()
+sock = zmq.Context().socket(zmq.ROUTER); sock.bind(a.worker_addr)
+while True:
+    ident, frame = sock.recv_multipart()
+    msg = msgpack.unpackb(frame)
+    if msg["type"] == "register":
+        workers.add(msg["worker_id"])
+        sock.send_multipart([ident, msgpack.packb({"v": 1, "type": "registered",
+                                                   "worker_id": msg["worker_id"], "epoch": 0})])
+"""
+
+# argv: worker id, router address, out dir, behaviour ("ok" | "stubborn" | "crash")
+FAKE_WORKER = """
+import os, signal, sys, time, zmq, msgpack
+wid, addr, out, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+open(f"{out}/worker{wid}.pid", "w").write(str(os.getpid()))
+if mode == "crash":
+    sys.exit(3)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+s = zmq.Context().socket(zmq.DEALER); s.setsockopt(zmq.IDENTITY, str(wid).encode())
+s.connect(addr)
+s.send(msgpack.packb({"v": 1, "type": "register", "worker_id": wid}))
+while True:
+    time.sleep(0.1)
+"""
+
+WRAPPER = """
+import sys, nitsum.serve as s
+fake, out, modes = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+s.worker_command = lambda i, d, addr, n, args: [sys.executable, fake, str(i), addr, out, modes[i]]
+sys.exit(s.main(sys.argv[4:]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_dead(pids: list[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """Start `nitsum serve` (fake router, fake workers); kill everything left at teardown."""
+    procs: list[subprocess.Popen] = []
+    router = tmp_path / "fake-router"
+    router.write_text(f"#!{sys.executable}\n{FAKE_ROUTER}")
+    router.chmod(0o755)
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_WORKER)
+    model = tmp_path / "tiny-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    port = free_port()
+
+    def start(modes: str, *extra: str) -> tuple[subprocess.Popen, int]:
+        argv = ["--model", str(model), "--workers", str(len(modes.split(",")))]
+        argv += ["--port", str(port), "--worker-addr", f"tcp://127.0.0.1:{free_port()}"]
+        argv += ["--router-bin", str(router), "--stop-timeout", "1", *extra]
+        env = {**os.environ, "FAKE_OUT": str(tmp_path), "PYTHONPATH": str(ROOT / "python")}
+        cmd = [sys.executable, "-c", WRAPPER, str(worker), str(tmp_path), modes, *argv]
+        err = (tmp_path / "serve.err").open("w")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        err.close()
+        procs.append(proc)
+        return proc, port
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    if (tmp_path / "router.json").exists():
+        pids.append(json.loads((tmp_path / "router.json").read_text())["pid"])
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def read_ready_line(proc: subprocess.Popen, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if "ready at" in line or not line:
+                return line
+    raise TimeoutError("nitsum serve did not print its URL in time")
+
+
+def child_pids(tmp: Path, n: int) -> list[int]:
+    router = json.loads((tmp / "router.json").read_text())["pid"]
+    return [router] + [int((tmp / f"worker{i}.pid").read_text()) for i in range(n)]
+
+
+def test_serve_starts_router_then_workers_and_sigterm_leaves_no_orphans(launch, tmp_path):
+    proc, port = launch("ok,stubborn", "--config", "tiers.toml")
+    line = read_ready_line(proc)
+    assert (
+        line.strip() == f"nitsum serve: tiny-model ready at http://127.0.0.1:{port}/v1 (2 workers)"
+    )
+    status, health = serve.get_health(f"http://127.0.0.1:{port}")
+    assert (status, health["workers"]) == (200, 2)
+    argv = json.loads((tmp_path / "router.json").read_text())["argv"]
+    assert argv[:4] == ["--host", "127.0.0.1", "--port", str(port)]
+    assert argv[argv.index("--model-dir") + 1] == str(tmp_path / "tiny-model")
+    assert argv[argv.index("--served-model-name") + 1] == "tiny-model"
+    assert argv[-2:] == ["--config", "tiers.toml"]
+    pids = child_pids(tmp_path, 2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    # worker1 ignores SIGTERM: it is killed after --stop-timeout.
+    assert wait_dead(pids, timeout=2.0) == []
+
+
+def test_serve_killed_by_sigkill_still_takes_its_children(launch, tmp_path):
+    proc, _ = launch("ok,ok")
+    assert "ready at" in read_ready_line(proc)
+    pids = child_pids(tmp_path, 2)
+    proc.kill()
+    proc.wait(10)
+    assert wait_dead(pids) == []
+
+
+def test_a_worker_dying_at_startup_fails_serve_cleanly(launch, tmp_path):
+    proc, _ = launch("ok,crash", "--startup-timeout", "20")
+    assert read_ready_line(proc) == ""  # EOF, no URL
+    assert proc.wait(15) == 1
+    assert wait_dead(child_pids(tmp_path, 2), timeout=2.0) == []
+    err = (tmp_path / "serve.err").read_text()
+    assert "worker1 exited with code 3 while waiting for 2 workers to register" in err
+
+
+def test_router_resolution_and_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(serve.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(serve.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(serve.importlib.util, "find_spec", lambda _name: None)
+    with pytest.raises(serve.ServeError, match="cannot find the router.*--router-bin"):
+        serve.resolve_router(None)
+    with pytest.raises(serve.ServeError, match="not an executable file"):
+        serve.resolve_router(str(tmp_path / "nope"))
+    beside = tmp_path / "nitsum-router"
+    beside.write_text("#!/bin/sh\n")
+    beside.chmod(0o755)
+    assert serve.resolve_router(None) == [str(beside)]
+    cmd = serve.router_command(["r"], "0.0.0.0", 9, "tcp://x:1", Path("/m"), "m", None)
+    assert cmd == [
+        "r",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9",
+        "--worker-addr",
+        "tcp://x:1",
+        "--model-dir",
+        "/m",
+        "--served-model-name",
+        "m",
+    ]
+
+
+def test_workers_ready_reads_the_health_body():
+    assert not serve.workers_ready(None, 1)
+    assert not serve.workers_ready((503, {"status": "no_workers", "workers": 0}), 1)
+    assert not serve.workers_ready((200, {"workers": 1}), 2)
+    assert serve.workers_ready((200, {"workers": 2}), 2)
+    assert serve.workers_ready((200, {}), 2)  # a router without the count: 200 is all we get
+
+
+def test_a_router_that_dies_at_startup_fails_serve(launch, tmp_path):
+    dying = tmp_path / "fake-router"
+    dying.write_text("#!/bin/sh\necho bad flag >&2\nexit 2\n")
+    proc, _ = launch("ok")
+    assert read_ready_line(proc) == ""
+    assert proc.wait(15) == 1
+    assert not list(tmp_path.glob("worker*.pid"))  # no worker was started
+    err = (tmp_path / "serve.err").read_text()
+    assert "bad flag" in err  # the router's own stderr is not swallowed
+    assert "router exited with code 2 while waiting for the router's /health" in err
+
+
+def test_a_busy_port_is_refused_before_starting_anything():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(serve.ServeError, match=f"127.0.0.1:{port}.*--port"):
+            serve.check_port_free("127.0.0.1", port)
+    serve.check_port_free("127.0.0.1", port)  # free again

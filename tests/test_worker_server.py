@@ -1,0 +1,305 @@
+"""WorkerServer against a fake router (a ZMQ ROUTER socket in the test) on a tiny random model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+import zmq
+
+from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.sampling import SamplingParams
+from nitsum.worker import protocol as proto
+from nitsum.worker.assignment import TP_NOT_WIRED, Assignment
+from nitsum.worker.server import WorkerServer
+from tiny import make_tiny
+
+TIMEOUT_S = 10.0
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+class FakeRouter:
+    """The router's side of the socket; keeps every message it received, in order."""
+
+    def __init__(self, addr: str = "tcp://127.0.0.1:*") -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(addr)
+        self.addr = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.seen: list[tuple[float, dict[str, Any]]] = []
+
+    def send(self, msg: dict[str, Any], identity: bytes = b"0") -> None:
+        self.sock.send_multipart([identity, proto.encode(msg)])
+
+    def _recv(self, deadline: float) -> dict[str, Any]:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0 or not self.sock.poll(left_ms):
+            raise TimeoutError("no message from the worker in time")
+        identity, frame = self.sock.recv_multipart()
+        assert identity == b"0"
+        msg = proto.decode(frame)
+        self.seen.append((time.monotonic(), msg))
+        return msg
+
+    def expect(self, type_: str, timeout: float = TIMEOUT_S, **match: Any) -> dict[str, Any]:
+        """The next message of `type_` whose fields equal `match` (others are kept in `seen`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self._recv(deadline)
+            if msg["type"] == type_ and all(msg.get(k) == v for k, v in match.items()):
+                return msg
+
+    def collect(self, rids: set[str], timeout: float = TIMEOUT_S) -> dict[str, list[dict]]:
+        """Every `tokens` message of `rids` until each has had its final one."""
+        out: dict[str, list[dict]] = {r: [] for r in rids}
+        deadline = time.monotonic() + timeout
+        while not all(m and m[-1]["finish_reason"] for m in out.values()):
+            msg = self._recv(deadline)
+            if msg["type"] == "tokens" and msg["request_id"] in out:
+                out[msg["request_id"]].append(msg)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny("llama-gqa")
+
+
+def make_engine(tiny, **kw):
+    hf, cfg = tiny
+    ecfg = EngineConfig(kv_cache_bytes=1 << 20, page_tokens=4, **kw)
+    return build_engine(cfg, hf.state_dict().items(), ecfg)
+
+
+def solo(tiny, ids, params=GREEDY):
+    engine = make_engine(tiny)
+    engine.add_request("solo", ids, params)
+    out = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            out.extend(o.new_token_ids)
+    return out
+
+
+def prompt(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 128, (n,), generator=g).tolist()
+
+
+@pytest.fixture
+def worker(tiny):
+    """Start a worker thread against a fake router; yields (router, server, thread)."""
+    started = []
+
+    def start(**kw):
+        router = FakeRouter()
+        server = WorkerServer(
+            make_engine(tiny), 0, router.addr, "tiny", heartbeat_every_s=0.2, **kw
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        started.append((router, server, thread))
+        return router, server, thread
+
+    yield start
+    for router, server, thread in started:
+        server.stop()
+        thread.join(TIMEOUT_S)
+        router.close()
+        assert not thread.is_alive(), "worker thread did not stop"
+
+
+def registered(start, **kw):
+    router, server, thread = start(**kw)
+    router.expect("register")
+    router.send(proto.registered(0, epoch=1))
+    router.expect("heartbeat", epoch=1)
+    return router, server, thread
+
+
+def test_register_is_resent_until_registered(worker, tiny):
+    router, server, _ = worker(register_every_s=0.2)
+    first = router.expect("register")
+    pool = server.engine.scheduler.pool
+    assert first["worker_id"] == 0 and first["model"] == "tiny" and first["device"] == "cpu"
+    assert first["tp_levels"] == [1]
+    assert first["kv_capacity_tokens"] == pool.num_pages * 4
+    assert first["max_context"] == 256
+    assert first["eos_token_ids"] == sorted(tiny[1].eos_token_ids)
+    router.expect("register", timeout=1.0)  # no answer yet: it comes again
+    router.send(proto.registered(0, epoch=7))
+    router.expect("heartbeat", epoch=7)
+    n = sum(m["type"] == "register" for _, m in router.seen)
+    deadline = time.monotonic() + 0.8
+    while time.monotonic() < deadline:
+        router.expect("heartbeat", timeout=1.0)
+    assert sum(m["type"] == "register" for _, m in router.seen) == n
+
+
+def test_heartbeats_are_periodic_and_report_the_pool(worker):
+    router, server, _ = registered(worker)
+    beats = [router.expect("heartbeat") for _ in range(4)]
+    times = [t for t, m in router.seen if m["type"] == "heartbeat"][-4:]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert all(0.1 < g < 1.0 for g in gaps), gaps
+    pool = server.engine.scheduler.pool
+    for b in beats:
+        assert (b["running"], b["waiting"], b["free_pages"]) == (0, 0, pool.num_pages)
+
+
+def test_two_generates_stream_the_solo_greedy_tokens(worker, tiny):
+    router, server, _ = registered(worker)
+    a, b = prompt(9, seed=1), prompt(21, seed=2)
+    router.send(proto.generate("a", a, GREEDY, tier="gold"))
+    router.send(
+        proto.generate("b", b, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    )
+    got = router.collect({"a", "b"})
+    assert [t for m in got["a"] for t in m["token_ids"]] == solo(tiny, a)
+    assert [t for m in got["b"] for t in m["token_ids"]] == solo(
+        tiny, b, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    )
+    for rid, ids in (("a", a), ("b", b)):
+        msgs = got[rid]
+        assert [m["finish_reason"] for m in msgs] == [None] * (len(msgs) - 1) + ["length"]
+        assert all(m["prompt_tokens"] == len(ids) and m["error"] is None for m in msgs)
+        assert all(m["token_ids"] for m in msgs)  # no empty messages
+    router.expect("heartbeat", free_pages=server.engine.scheduler.pool.num_pages, running=0)
+
+
+def test_abort_mid_generation_frees_pages(worker):
+    router, server, _ = registered(worker)
+    long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    router.send(proto.generate("long", prompt(30), long))
+    first = router.expect("tokens", request_id="long")
+    assert first["finish_reason"] is None
+    router.send(proto.abort("long"))
+    router.send(proto.abort("never-seen"))  # unknown id: a no-op
+    got = router.collect({"long"})["long"]
+    assert got[-1]["finish_reason"] == "abort" and got[-1]["token_ids"] == []
+    n = len([t for m in [first, *got] for t in m["token_ids"]])
+    assert 1 <= n < 200
+    pool = server.engine.scheduler.pool
+    router.expect("heartbeat", free_pages=pool.num_pages, running=0, waiting=0)
+    assert not server.live and not server.engine.has_unfinished()
+    assert not [m for _, m in router.seen if m.get("request_id") == "never-seen"]
+    assert sum(m.get("finish_reason") is not None for _, m in router.seen) == 1
+
+
+def test_bad_requests_fail_alone_naming_the_field(worker, tiny):
+    router, server, _ = registered(worker)
+    good = prompt(12, seed=5)
+    router.send(proto.generate("good", good, GREEDY))
+    router.send(proto.generate("zero", prompt(4), {**_wire(GREEDY), "max_tokens": 0}))
+    router.send(proto.generate("empty", [], GREEDY))
+    router.send(proto.generate("typed", [1, "x"], GREEDY))
+    router.send(proto.generate("klass", [1, 2], GREEDY, klass="vip"))
+    router.send({"v": 2, "type": "generate", "request_id": "v2"})  # refused, not answered
+    router.send({"v": 1, "type": "gossip"})  # unknown type: logged and dropped
+    got = router.collect({"good", "zero", "empty", "typed", "klass"})
+    errors = {rid: got[rid][-1]["error"] for rid in ("zero", "empty", "typed", "klass")}
+    assert errors["zero"].startswith("max_tokens:")
+    assert errors["empty"].startswith("prompt:")
+    assert errors["typed"].startswith("input_ids:")
+    assert errors["klass"].startswith("class:")
+    for rid in errors:
+        assert [(m["finish_reason"], m["token_ids"]) for m in got[rid]] == [("error", [])]
+    assert [t for m in got["good"] for t in m["token_ids"]] == solo(tiny, good)
+    assert got["good"][-1]["finish_reason"] == "length"
+    assert not [m for _, m in router.seen if m.get("request_id") == "v2"]
+
+
+def _wire(p: SamplingParams) -> dict[str, Any]:
+    return proto.generate("x", [1], p)["sampling"]
+
+
+def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
+    router, server, _ = registered(worker)
+    real = server.engine.runner.run
+    calls = {"n": 0}
+
+    def flaky(batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real(batch)
+
+    server.engine.runner.run = flaky
+    router.send(proto.generate("x", prompt(6), GREEDY))
+    got = router.collect({"x"})["x"]
+    assert got[-1]["finish_reason"] == "error"
+    assert got[-1]["error"] == "engine step failed: RuntimeError: boom"
+    assert [t for m in got for t in m["token_ids"]] == solo(tiny, prompt(6))[:1]
+    after = prompt(7, seed=9)
+    router.send(proto.generate("y", after, GREEDY))
+    got = router.collect({"y"})["y"]
+    assert [t for m in got for t in m["token_ids"]] == solo(tiny, after)
+    assert server.engine.scheduler.pool.num_free == server.engine.scheduler.pool.num_pages
+
+
+def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
+    router, server, _ = registered(worker)
+    group = {"members": [0], "tp": 1, "role": "decode", "tiers": ["gold"]}
+    router.send(proto.reconfigure(5, [{**group, "accepts_background": False, "max_batch": 3}]))
+    ack = router.expect("reconfigured")
+    assert (ack["epoch"], ack["ok"], ack["error"], ack["worker_id"]) == (5, True, None, 0)
+    assert ack["timings_ms"]["total"] >= 0
+    router.expect("heartbeat", epoch=5)
+    assert server.engine.scheduler.max_batch == 3
+    assert server.assignment == Assignment("decode", ["gold"], False, 3)
+    tp2 = {"members": [0, 1], "tp": 2, "role": "mixed", "tiers": [], "accepts_background": True}
+    router.send(proto.reconfigure(6, [tp2]))
+    ack = router.expect("reconfigured")
+    assert (ack["epoch"], ack["ok"], ack["error"]) == (6, False, TP_NOT_WIRED)
+    router.send(proto.reconfigure(7, [{**group, "role": "chef"}]))
+    ack = router.expect("reconfigured")
+    assert not ack["ok"] and "groups[0].role" in ack["error"]
+    router.expect("heartbeat", epoch=5)
+    assert server.assignment.role == "decode"
+    other = {**group, "members": [1]}  # left out of the plan: idle, nothing to switch
+    router.send(proto.reconfigure(8, [other]))
+    ack = router.expect("reconfigured")
+    assert (ack["epoch"], ack["ok"]) == (8, True)
+    assert server.assignment == Assignment() and server.engine.scheduler.max_batch == 64
+
+
+def test_shutdown_exits_and_ends_live_requests(worker):
+    router, server, thread = registered(worker)
+    router.send(
+        proto.generate(
+            "s", prompt(8), SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True)
+        )
+    )
+    router.expect("tokens", request_id="s")
+    router.send(proto.shutdown())
+    thread.join(TIMEOUT_S)
+    assert not thread.is_alive()
+    final = router.collect({"s"})["s"][-1]
+    assert (final["finish_reason"], final["error"]) == ("error", "worker shut down")
+
+
+def test_a_restarted_router_gets_a_new_register(worker):
+    router, server, _ = registered(worker)  # register_every_s is 5 s: only a reconnect is quick
+    assert [m["type"] for _, m in router.seen].count("register") == 1  # not one per connect
+    addr = router.addr
+    router.sock.close()  # the router "dies"; the fixture closes it again harmlessly
+    deadline = time.monotonic() + TIMEOUT_S
+    while server.registered and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not server.registered
+    again = FakeRouter(addr)
+    try:
+        again.expect("register", timeout=3.0)
+        again.send(proto.registered(0, epoch=2))
+        again.expect("heartbeat", epoch=2)
+        assert server.registered
+    finally:
+        again.close()
