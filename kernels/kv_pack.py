@@ -24,7 +24,7 @@ def packed_shape(storage: torch.Tensor, tokens: int, heads: int, head_dim: int) 
 def pack_ref(
     view: torch.Tensor, slots: torch.Tensor, head: int, heads: int, out: torch.Tensor
 ) -> torch.Tensor:
-    """Gather view[:, :, slots, head:head+heads] into `out` (flat, contiguous); returns it shaped."""
+    """Gather view[:, :, slots, head:head+heads] into flat `out`; returns that part, shaped."""
     shaped = out[: view.shape[0] * 2 * len(slots) * heads * view.shape[-1]].view(
         view.shape[0], 2, len(slots), heads, view.shape[-1]
     )

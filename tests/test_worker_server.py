@@ -128,7 +128,7 @@ def registered(start, **kw):
 def test_register_is_resent_until_registered(worker, tiny):
     router, server, _ = worker(register_every_s=0.2)
     first = router.expect("register")
-    pool = server.engine.scheduler.pool
+    pool = server.engine.scheduler.pages
     assert first["worker_id"] == 0 and first["model"] == "tiny" and first["device"] == "cpu"
     assert first["tp_levels"] == [1]
     assert first["kv_capacity_tokens"] == pool.num_pages * 4
@@ -150,7 +150,7 @@ def test_heartbeats_are_periodic_and_report_the_pool(worker):
     times = [t for t, m in router.seen if m["type"] == "heartbeat"][-4:]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert all(0.1 < g < 1.0 for g in gaps), gaps
-    pool = server.engine.scheduler.pool
+    pool = server.engine.scheduler.pages
     for b in beats:
         assert (b["running"], b["waiting"], b["free_pages"]) == (0, 0, pool.num_pages)
 
@@ -172,7 +172,7 @@ def test_two_generates_stream_the_solo_greedy_tokens(worker, tiny):
         assert [m["finish_reason"] for m in msgs] == [None] * (len(msgs) - 1) + ["length"]
         assert all(m["prompt_tokens"] == len(ids) and m["error"] is None for m in msgs)
         assert all(m["token_ids"] for m in msgs)  # no empty messages
-    router.expect("heartbeat", free_pages=server.engine.scheduler.pool.num_pages, running=0)
+    router.expect("heartbeat", free_pages=server.engine.scheduler.pages.num_pages, running=0)
 
 
 def test_abort_mid_generation_frees_pages(worker):
@@ -187,7 +187,7 @@ def test_abort_mid_generation_frees_pages(worker):
     assert got[-1]["finish_reason"] == "abort" and got[-1]["token_ids"] == []
     n = len([t for m in [first, *got] for t in m["token_ids"]])
     assert 1 <= n < 200
-    pool = server.engine.scheduler.pool
+    pool = server.engine.scheduler.pages
     router.expect("heartbeat", free_pages=pool.num_pages, running=0, waiting=0)
     assert not server.live and not server.engine.has_unfinished()
     assert not [m for _, m in router.seen if m.get("request_id") == "never-seen"]
@@ -242,7 +242,7 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
     router.send(proto.generate("y", after, GREEDY))
     got = router.collect({"y"})["y"]
     assert [t for m in got for t in m["token_ids"]] == solo(tiny, after)
-    assert server.engine.scheduler.pool.num_free == server.engine.scheduler.pool.num_pages
+    assert server.engine.scheduler.pages.num_free == server.engine.scheduler.pages.num_pages
 
 
 def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):

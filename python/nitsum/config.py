@@ -37,9 +37,8 @@ class ModelConfig:
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+            supported = ", ".join(SUPPORTED_ARCHITECTURES)
+            raise ValueError(f"unsupported architecture {arch!r}; supported: {supported}")
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         eos = cfg.get("eos_token_id")

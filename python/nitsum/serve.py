@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print("nitsum serve: --workers must be >= 1", file=sys.stderr)
         return 2
     try:
-        from nitsum.worker.loader import resolve_model_dir
+        from nitsum.engine.load import resolve_model_dir
 
         model_dir = resolve_model_dir(args.model)
         prefix = resolve_router(args.router_bin)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -125,10 +126,8 @@ class DevicePool:
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
-                try:
+                with contextlib.suppress(BrokenPipeError, OSError):
                     conn.send_bytes(pickle.dumps(("stop", ())))
-                except (BrokenPipeError, OSError):
-                    pass
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():

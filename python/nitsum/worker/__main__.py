@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from nitsum.engine.build import EngineConfig
-    from nitsum.worker.loader import load_engine, resolve_model_dir
+    from nitsum.engine.load import load_engine, resolve_model_dir
     from nitsum.worker.server import WorkerServer
 
     if args.threads:

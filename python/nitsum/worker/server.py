@@ -159,13 +159,13 @@ class WorkerServer:
 
     # -- messages ---------------------------------------------------------------------------------
     def _register_msg(self) -> dict[str, Any]:
-        pool = self.engine.scheduler.pool
+        pool = self.engine.scheduler.pages
         return proto.register(
             self.worker_id,
             self.device,
             self.model_name,
             list(self.tp_levels),
-            pool.num_pages * pool.tokens_per_page(1),
+            pool.num_pages * pool.alloc.base_page_tokens,
             self.engine.max_context,
             sorted(self.engine.eos_token_ids),
         )
@@ -173,7 +173,7 @@ class WorkerServer:
     def _heartbeat_msg(self) -> dict[str, Any]:
         sched = self.engine.scheduler
         running, waiting = len(sched.running), sched.num_waiting()
-        return proto.heartbeat(self.worker_id, running, waiting, sched.pool.num_free, self.epoch)
+        return proto.heartbeat(self.worker_id, running, waiting, sched.pages.num_free, self.epoch)
 
     def _on_registered(self, msg: dict[str, Any]) -> None:
         epoch = msg.get("epoch", 0)

@@ -1,4 +1,4 @@
-"""Build a TP-1 engine from a model name or HF model directory on disk."""
+"""Build a TP-1 engine from a model name or HF model directory on disk (worker and LLM API)."""
 
 from __future__ import annotations
 

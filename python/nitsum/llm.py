@@ -1,0 +1,95 @@
+"""The offline Python API: `LLM(model).generate(prompts, sampling)` and `LLM.chat(...)`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nitsum.engine.build import EngineConfig
+from nitsum.engine.load import load_engine, resolve_model_dir
+from nitsum.sampling import SamplingParams
+from nitsum.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+Message = dict[str, str]
+
+
+@dataclass
+class Completion:
+    """One finished request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_token_ids: list[int]
+
+
+class LLM:
+    """A single-device engine over a model name ("default" = the embedded SmolLM2), an HF
+    directory or a GGUF file."""
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "float32",
+        kv_cache_mb: int = 512,
+        max_batch: int = 64,
+        token_budget: int = 512,
+        max_context: int | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.model_dir = resolve_model_dir(model)
+        ecfg = EngineConfig(
+            dtype=getattr(torch, dtype),
+            device=device,
+            kv_cache_bytes=kv_cache_mb << 20,
+            max_batch=max_batch,
+            token_budget=token_budget,
+            max_context=max_context,
+        )
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.engine = load_engine(self.model_dir, ecfg)
+        self._next_id = 0
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Run every prompt (text or token ids) to completion, batched continuously."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError("need one SamplingParams per prompt")
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        request_ids = []
+        for prompt_ids, p in zip(ids, params, strict=True):
+            request_ids.append(f"llm-{self._next_id}")
+            self._next_id += 1
+            self.engine.add_request(request_ids[-1], prompt_ids, p)
+        tokens: dict[str, list[int]] = {r: [] for r in request_ids}
+        reasons: dict[str, str] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+                if out.finish_reason is not None:
+                    reasons[out.request_id] = out.finish_reason
+        return [
+            Completion(self.tokenizer.decode(tokens[r]), tokens[r], reasons[r], prompt_ids)
+            for r, prompt_ids in zip(request_ids, ids, strict=True)
+        ]
+
+    def chat(
+        self,
+        conversations: list[Message] | list[list[Message]],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Apply the model's chat template to each conversation and generate the reply."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        texts = [self.tokenizer.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        return self.generate(texts, sampling)
