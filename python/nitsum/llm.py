@@ -62,7 +62,11 @@ class LLM:
         """Run every prompt (text or token ids) to completion, batched continuously."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        params = (
+            sampling
+            if isinstance(sampling, list)
+            else [sampling or SamplingParams()] * len(prompts)
+        )
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt")
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]

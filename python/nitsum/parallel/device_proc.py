@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
+from nitsum.kernels.kv_pack import slot_view
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.comm_pool import CommPool, aligned_groups
 from nitsum.parallel.context import TPContext, build_context
@@ -95,6 +96,10 @@ class Device:
         self.active = self.contexts[(device,)]
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
 
+    def _pattern(self, seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(self.pool.storage.shape, generator=g, dtype=self.pool.storage.dtype)
+
     def handle(self, cmd: str, args: tuple) -> Any:
         if cmd == "step":
             members, inputs = args
@@ -131,6 +136,16 @@ class Device:
                     for layer in range(self.cfg.num_layers)
                 ]
             )[:, :, slots].clone()
+        if cmd == "fill_kv":
+            # Benchmarks/tests: deterministic random KV, reproducible on another device.
+            self.pool.storage.copy_(self._pattern(args[0] if args else 0))
+            return None
+        if cmd == "kv_equal":
+            # Do our dst slots hold what a device filled with `seed` holds at src slots (TP 1)?
+            seed, src, dst = args
+            ref = slot_view(self._pattern(seed), self.cfg.num_kv_heads, self.cfg.head_dim)
+            mine = slot_view(self.pool.storage, self.cfg.num_kv_heads, self.cfg.head_dim)
+            return bool(torch.equal(mine[:, :, dst], ref[:, :, src]))
         if cmd == "stats":
             return {
                 "groups_created": CommPool.created,

