@@ -22,9 +22,9 @@ def test_paris_and_first_20_ids_equal_transformers(llm, smollm2_dir):
     assert "Paris" in out.text
     hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        ref = hf.generate(
-            torch.tensor([out.prompt_token_ids]), max_new_tokens=20, do_sample=False
-        )[0, len(out.prompt_token_ids) :].tolist()
+        ref = hf.generate(torch.tensor([out.prompt_token_ids]), max_new_tokens=20, do_sample=False)[
+            0, len(out.prompt_token_ids) :
+        ].tolist()
     assert out.token_ids == ref[: len(out.token_ids)]
     assert len(out.token_ids) == 20 or out.finish_reason == "stop"
 
