@@ -29,7 +29,7 @@ class EngineConfig:
     max_batch: int = 64
     token_budget: int = 512
     max_context: int | None = None
-    tp_levels: tuple[int, ...] = (1, 2, 4, 8)
+    tp_levels: tuple[int, ...] = (1, 2, 3, 4, 8)
 
 
 def build_model(

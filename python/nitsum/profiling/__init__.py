@@ -1,0 +1,1 @@
+"""Offline performance profiles: measured (`nitsum profile`) and analytic (roofline)."""
