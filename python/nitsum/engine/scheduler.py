@@ -65,6 +65,13 @@ class Scheduler:
         else:
             self.waiting[seq.klass].append(seq)
 
+    def detach(self, seq: Sequence) -> None:
+        """Forget a sequence without touching its pages (it moves to another group)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting[seq.klass]:
+            self.waiting[seq.klass].remove(seq)
+
     def release_all(self) -> list[Sequence]:
         """Hand every sequence over (running first, in order); pages stay with them."""
         seqs = self.running + [s for c in CLASSES for s in self.waiting[c]]

@@ -25,6 +25,10 @@ from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pie
 from nitsum.sampling import SamplingParams
 
 
+# A sequence, the group it moves to, and the engine it leaves.
+Move = tuple[Sequence, tuple[int, ...], Engine]
+
+
 class GroupRunner:
     """Runs a group's steps on its member devices (all ranks get identical inputs)."""
 
@@ -90,6 +94,8 @@ class PoolEngine:
         self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens)
         check_groups(groups, pool.num_devices, self.allowed)
         self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
+        self.decode_targets: dict[str, tuple[int, ...]] = {}
+        self.handoff_bytes = 0
 
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
@@ -109,16 +115,26 @@ class PoolEngine:
         sampling: SamplingParams,
         group: tuple[int, ...] | None = None,
         klass: str = "feasible",
+        decode_group: tuple[int, ...] | None = None,
     ) -> tuple[int, ...]:
-        """Queue on `group` (default: the group with the fewest requests); returns the group."""
+        """Queue on `group` (default: the group with the fewest requests); returns the group.
+
+        With `decode_group`, `group` only prefills: once the prompt is done and the first token
+        sampled, the request's KV moves to `decode_group`, which decodes the rest.
+        """
+        if decode_group is not None and decode_group not in self.engines:
+            raise ValueError(f"decode group {decode_group} is not a current group")
         if any(request_id in e.seqs for e in self.engines.values()):
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].seqs))
         self.engines[group].add_request(request_id, prompt_ids, sampling, klass)
+        if decode_group is not None:
+            self.decode_targets[request_id] = decode_group
         return group
 
     def abort(self, request_id: str) -> bool:
+        self.decode_targets.pop(request_id, None)
         return any(e.abort(request_id) for e in self.engines.values())
 
     def has_unfinished(self) -> bool:
@@ -136,6 +152,7 @@ class PoolEngine:
         for engine, batch in launched:
             logits = self.pool.collect_step(engine.runner.members)
             outputs += engine.complete_step(batch, sample_batch(logits, batch))
+        self._hand_off_prefilled()
         return outputs
 
     # -- reconfiguration ---------------------------------------------------------------------
@@ -151,7 +168,7 @@ class PoolEngine:
         kept = {g: e for g, e in self.engines.items() if g in groups}
         new = {g: kept.get(g) or self._engine(g) for g in groups}
         # 1. Assign every sequence of a vanishing group to a new group that shares devices.
-        moves: list[tuple[Sequence, tuple[int, ...], Engine]] = []
+        moves: list[Move] = []
         load = {g: len(e.seqs) for g, e in new.items()}
         for old_group, engine in self.engines.items():
             if old_group in kept:
@@ -163,14 +180,56 @@ class PoolEngine:
                 target = min(near, key=lambda g: load[g])
                 load[target] += 1
                 moves.append((seq, target, engine))
-        # 2. Allocate new pages and plan pieces (old pages untouched until commit).
+        # 2-3. Allocate, plan and transfer; on failure everything stays as it was.
+        try:
+            new_pages, recompute, stats, t_plan = self._transfer(moves, new, mode, fail)
+        except TransferFailed as e:
+            return ReconfigureReport(
+                False,
+                self.groups,
+                error=str(e),
+                timings_ms={"total": (time.perf_counter() - t0) * 1e3},
+            )
+        t_transfer = time.perf_counter()
+        # 4. Commit: new pages, layouts and groups become active together.
+        self._commit(moves, new, new_pages, recompute)
+        self.engines = new
+        self.pool.activate(groups)
+        t_end = time.perf_counter()
+        return ReconfigureReport(
+            True,
+            groups,
+            moved_requests=len(new_pages),
+            recomputed_requests=len(recompute),
+            bytes_moved=sum(s.bytes_sent + s.bytes_copied_locally for s in stats),
+            timings_ms={
+                "plan": (t_plan - t0) * 1e3,
+                "transfer": (t_transfer - t_plan) * 1e3,
+                "commit_activate": (t_end - t_transfer) * 1e3,
+                "total": (t_end - t0) * 1e3,
+            },
+        )
+
+    def _transfer(
+        self,
+        moves: list[Move],
+        engines: dict[tuple[int, ...], Engine],
+        mode: str = "pipelined",
+        fail: tuple[int, int] | None = None,
+    ) -> tuple[dict[str, list[int]], set[str], list[TransferStats], float]:
+        """Allocate target pages, plan pieces and move the KV of `moves`.
+
+        Returns (new pages by request, requests to recompute, transfer stats, plan end time).
+        NOTE: source pages are only read; on TransferFailed the new pages are released and
+        every sequence still owns its old, intact KV.
+        """
         pieces: list[Piece] = []
         new_pages: dict[str, list[int]] = {}
         recompute: set[str] = set()
         for seq, target, _ in moves:
             if seq.num_computed == 0:
                 continue
-            pages = new[target].scheduler.pages
+            pages = engines[target].scheduler.pages
             try:
                 new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))
             except OutOfPages:
@@ -183,46 +242,52 @@ class PoolEngine:
             )
         pieces = aggregate(pieces)
         t_plan = time.perf_counter()
-        # 3. Transfer; on failure release the new pages and keep everything as it was.
         try:
-            stats: list[TransferStats] = self.pool.migrate(pieces, mode, fail) if pieces else []
-        except TransferFailed as e:
+            stats = self.pool.migrate(pieces, mode, fail) if pieces else []
+        except TransferFailed:
             for seq, target, _ in moves:
                 if seq.request_id in new_pages:
-                    new[target].scheduler.pages.release(new_pages[seq.request_id])
-            return ReconfigureReport(
-                False,
-                self.groups,
-                error=str(e),
-                timings_ms={"total": (time.perf_counter() - t0) * 1e3},
-            )
-        t_transfer = time.perf_counter()
-        # 4. Commit: new pages, layouts and groups become active together.
-        for seq, target, old_engine in moves:
-            old_engine.scheduler.pages.release(seq.pages)
+                    engines[target].scheduler.pages.release(new_pages[seq.request_id])
+            raise
+        return new_pages, recompute, stats, t_plan
+
+    @staticmethod
+    def _commit(
+        moves: list[Move],
+        engines: dict[tuple[int, ...], Engine],
+        new_pages: dict[str, list[int]],
+        recompute: set[str],
+    ) -> None:
+        for seq, target, source in moves:
+            source.scheduler.detach(seq)
+            source.seqs.pop(seq.request_id, None)
+            source.scheduler.pages.release(seq.pages)
             seq.pages = new_pages.get(seq.request_id, [])
             seq.layout = KVLayout(target)
             if seq.request_id in recompute:
                 seq.num_computed, seq.status = 0, Status.WAITING
-            new[target].seqs[seq.request_id] = seq
-            new[target].scheduler.adopt(seq)
-        self.engines = new
-        self.pool.activate(groups)
-        t_end = time.perf_counter()
-        moved = sum(1 for s, _, _ in moves if s.request_id in new_pages)
-        return ReconfigureReport(
-            True,
-            groups,
-            moved_requests=moved,
-            recomputed_requests=len(recompute),
-            bytes_moved=sum(s.bytes_sent + s.bytes_copied_locally for s in stats),
-            timings_ms={
-                "plan": (t_plan - t0) * 1e3,
-                "transfer": (t_transfer - t_plan) * 1e3,
-                "commit_activate": (t_end - t_transfer) * 1e3,
-                "total": (t_end - t0) * 1e3,
-            },
-        )
+            engines[target].seqs[seq.request_id] = seq
+            engines[target].scheduler.adopt(seq)
+
+    # -- prefill/decode disaggregation -------------------------------------------------------
+    def _hand_off_prefilled(self) -> None:
+        """Move requests whose prefill finished on a prefill group to their decode group,
+        with the same pack / pipelined transfer / unpack path as a TP migration."""
+        moves: list[Move] = []
+        for group, engine in self.engines.items():
+            for seq in engine.scheduler.running:
+                target = self.decode_targets.get(seq.request_id)
+                if target is None or target == group or target not in self.engines:
+                    continue
+                if seq.num_computed >= len(seq.prompt_ids) and seq.remaining == 1:
+                    moves.append((seq, target, engine))
+        if not moves:
+            return
+        new_pages, recompute, stats, _ = self._transfer(moves, self.engines)
+        self._commit(moves, self.engines, new_pages, recompute)
+        for seq, _, _ in moves:
+            del self.decode_targets[seq.request_id]
+        self.handoff_bytes += sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
 
     def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
         """Per device: (pages marked used, pages owned by live sequences). Must be equal."""
