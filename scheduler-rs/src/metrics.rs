@@ -75,6 +75,9 @@ pub struct TierMetrics {
     pub tokens: AtomicU64,
 }
 
+/// Picks one counter of a tier.
+type CounterOf = fn(&TierMetrics) -> &AtomicU64;
+
 /// All request metrics, indexed like the config's tiers.
 #[derive(Debug)]
 pub struct Metrics {
@@ -143,7 +146,7 @@ impl Metrics {
                 h.render(out, name, tier);
             }
         }
-        let counters: [(&str, &str, fn(&TierMetrics) -> &AtomicU64); 8] = [
+        let counters: [(&str, &str, CounterOf); 8] = [
             (
                 "nitsum_requests_finished_total",
                 "Requests completed.",

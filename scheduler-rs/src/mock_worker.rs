@@ -194,7 +194,7 @@ async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<Mock
                     "running": 0, "waiting": 0, "free_pages": 1000, "epoch": 0});
                 let _ = sock.send(encode(&hb)).await;
                 // Re-register until acknowledged (the router may have started after us).
-                if !registered && ticks % 4 == 0 {
+                if !registered && ticks.is_multiple_of(4) {
                     let _ = sock.send(encode(&register)).await;
                 }
             }

@@ -117,11 +117,11 @@ pub fn build(
     };
     let defaults = model.map(|m| m.defaults.clone()).unwrap_or_default();
     let temperature = s.temperature.or(defaults.temperature).unwrap_or(1.0);
-    if !(temperature >= 0.0) {
+    if temperature.is_nan() || temperature < 0.0 {
         return Err(ApiError::invalid("temperature", "temperature must be >= 0"));
     }
     let top_p = s.top_p.or(defaults.top_p).unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
+    if top_p.is_nan() || top_p <= 0.0 || top_p > 1.0 {
         return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
     }
     let top_k = match s.top_k.or(defaults.top_k).unwrap_or(-1) {
