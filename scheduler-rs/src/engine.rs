@@ -6,7 +6,6 @@
 //! exactly when that event is sent (or when the client goes away), and the dispatcher charge
 //! is released at the same point, so accounting and delivery cannot diverge.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -16,6 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::config::RouterConfig;
 use crate::dispatch::{Class, DispatchRequest, Dispatcher};
+use crate::fasthash::IntMap;
 use crate::metrics::{Completion, Metrics};
 use crate::plan::{GroupPlan, Plan, Role};
 use crate::protocols::worker::{self as wire, Incoming, Sampling, PROTOCOL_VERSION};
@@ -93,7 +93,7 @@ struct State {
     /// Groups set by the control loop (`set_plan`); `None` = static plan or default plan.
     planned: Option<Vec<GroupPlan>>,
     dispatcher: Dispatcher,
-    inflight: HashMap<u64, Inflight>,
+    inflight: IntMap<u64, Inflight>,
 }
 
 /// Per-group numbers for `/metrics`.

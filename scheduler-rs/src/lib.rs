@@ -8,6 +8,7 @@ pub mod config;
 pub mod dispatch;
 pub mod engine;
 pub mod errors;
+pub mod fasthash;
 pub mod metrics;
 pub mod mock_worker;
 pub mod plan;
