@@ -14,12 +14,18 @@ fn health() -> &'static str {
     crate::health()
 }
 
-/// Run the `nitsum-router` entry point with `argv` (program name first, like `sys.argv`),
-/// blocking until the router exits; returns the exit code. The GIL is released meanwhile so
-/// Python threads keep running. Used by the `nitsum-router` console script.
+/// Run the `nitsum-router` entry point with `argv` (program name first, like `sys.argv`;
+/// default: `sys.argv`), blocking until the router exits; returns the exit code. The GIL is
+/// released meanwhile. A console script can point straight at it:
+/// `nitsum-router = "nitsum._core:router_main"`.
 #[pyfunction]
-fn router_main(py: Python<'_>, argv: Vec<String>) -> i32 {
-    py.detach(move || crate::server::cli_main(argv))
+#[pyo3(signature = (argv=None))]
+fn router_main(py: Python<'_>, argv: Option<Vec<String>>) -> PyResult<i32> {
+    let argv = match argv {
+        Some(a) => a,
+        None => py.import("sys")?.getattr("argv")?.extract()?,
+    };
+    Ok(py.detach(move || crate::server::cli_main(argv)))
 }
 
 #[pymodule]
