@@ -49,26 +49,55 @@ def write_tiny_model(d: Path) -> None:
     vocab["ll"] = 256
 
     def special(i: int, s: str) -> dict:
-        return {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                "normalized": False, "special": True}
+        return {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
 
     tok = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [special(257, "<|endoftext|>"), special(258, "<|im_start|>"),
-                         special(EOS, "<|im_end|>")],
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            special(257, "<|endoftext|>"),
+            special(258, "<|im_start|>"),
+            special(EOS, "<|im_end|>"),
+        ],
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": True},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": ["l l"]},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": vocab,
+            "merges": ["l l"],
+        },
     }
     (d / "tokenizer.json").write_text(json.dumps(tok))
     (d / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "chat_template": CHATML}))
+        json.dumps({"eos_token": "<|im_end|>", "chat_template": CHATML})
+    )
     (d / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))
 
@@ -96,8 +125,15 @@ class PyWorker(threading.Thread):
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, str(self.worker_id).encode())
         sock.connect(self.addr)
-        register = dict(type="register", device="cpu", model="tiny", tp_levels=[1],
-                        kv_capacity_tokens=4096, max_context=256, eos_token_ids=[EOS])
+        register = dict(
+            type="register",
+            device="cpu",
+            model="tiny",
+            tp_levels=[1],
+            kv_capacity_tokens=4096,
+            max_context=256,
+            eos_token_ids=[EOS],
+        )
         self.send(sock, **register)
         registered, last_beat = False, 0.0
         while not self.stop.is_set():
@@ -114,8 +150,14 @@ class PyWorker(threading.Thread):
             if msg["type"] == "registered":
                 registered = True
             elif msg["type"] == "reconfigure":
-                self.send(sock, type="reconfigured", epoch=msg["epoch"], ok=True, error=None,
-                          timings_ms={"total": 0.1})
+                self.send(
+                    sock,
+                    type="reconfigured",
+                    epoch=msg["epoch"],
+                    ok=True,
+                    error=None,
+                    timings_ms={"total": 0.1},
+                )
             elif msg["type"] == "generate":
                 ids, s = msg["input_ids"], msg["sampling"]
                 out = []
@@ -123,11 +165,18 @@ class PyWorker(threading.Thread):
                     out.append(ids[i % len(ids)])
                     if out[-1] in s["stop_token_ids"] and not s["ignore_eos"]:
                         break
+                end = "stop" if out[-1] in s["stop_token_ids"] else "length"
                 for i, t in enumerate(out):
-                    last = i == len(out) - 1
-                    reason = ("stop" if out[-1] in s["stop_token_ids"] else "length") if last else None
-                    self.send(sock, type="tokens", request_id=msg["request_id"], token_ids=[t],
-                              finish_reason=reason, error=None, prompt_tokens=len(ids))
+                    reason = end if i == len(out) - 1 else None
+                    self.send(
+                        sock,
+                        type="tokens",
+                        request_id=msg["request_id"],
+                        token_ids=[t],
+                        finish_reason=reason,
+                        error=None,
+                        prompt_tokens=len(ids),
+                    )
         sock.close(0)
 
 
@@ -137,8 +186,20 @@ def router(tmp_path):
     http, zport = free_port(), free_port()
     worker_addr = f"tcp://127.0.0.1:{zport}"
     proc = subprocess.Popen(
-        [str(BIN), "--listen", f"127.0.0.1:{http}", "--worker-addr", worker_addr,
-         "--model-dir", str(tmp_path), "--served-model-name", "tiny", "--log-level", "warn"])
+        [
+            str(BIN),
+            "--listen",
+            f"127.0.0.1:{http}",
+            "--worker-addr",
+            worker_addr,
+            "--model-dir",
+            str(tmp_path),
+            "--served-model-name",
+            "tiny",
+            "--log-level",
+            "warn",
+        ]
+    )
     worker = PyWorker(worker_addr)
     worker.start()
     import httpx
@@ -168,21 +229,44 @@ def test_openai_client_through_python_worker(router):
     assert r.choices[0].finish_reason == "stop"
     # <|im_start|> u s e r \n é(2 byte tokens) ! <|im_end|>
     assert r.usage.completion_tokens == 10
-    stream = client.completions.create(model="tiny", prompt="hello world", max_tokens=8,
-                                       stream=True, stop=["wo"])
+    stream = client.completions.create(
+        model="tiny", prompt="hello world", max_tokens=8, stream=True, stop=["wo"]
+    )
     text = "".join(c.choices[0].text for c in stream)
     assert text == "hello "
 
     gen = next(m for m in worker.received if m["type"] == "generate")
-    assert set(gen) >= {"v", "type", "request_id", "input_ids", "sampling", "tier", "class",
-                        "decode_target"}
+    assert set(gen) >= {
+        "v",
+        "type",
+        "request_id",
+        "input_ids",
+        "sampling",
+        "tier",
+        "class",
+        "decode_target",
+    }
     assert isinstance(gen["request_id"], str) and gen["class"] == "feasible"
     assert gen["tier"] == "strict" and gen["decode_target"] is None
-    assert set(gen["sampling"]) == {"max_tokens", "temperature", "top_p", "top_k", "seed",
-                                    "stop_token_ids", "ignore_eos"}
+    assert set(gen["sampling"]) == {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop_token_ids",
+        "ignore_eos",
+    }
     assert gen["sampling"]["stop_token_ids"] == [EOS] and gen["sampling"]["top_k"] == -1
     reg = next(m for m in worker.received if m["type"] == "registered")
     assert reg["worker_id"] == 0 and reg["epoch"] >= 1
     reconf = next(m for m in worker.received if m["type"] == "reconfigure")
-    assert reconf["groups"] == [{"members": [0], "tp": 1, "role": "mixed",
-                                 "tiers": ["strict", "relaxed"], "accepts_background": True}]
+    assert reconf["groups"] == [
+        {
+            "members": [0],
+            "tp": 1,
+            "role": "mixed",
+            "tiers": ["strict", "relaxed"],
+            "accepts_background": True,
+        }
+    ]
