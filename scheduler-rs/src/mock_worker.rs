@@ -49,6 +49,8 @@ pub struct MockStats {
     pub aborts: AtomicU64,
     pub reconfigures: AtomicU64,
     pub registered: AtomicU64,
+    /// (tier, class, decode_target) of the last `generate`.
+    pub last_generate: Mutex<Option<(String, String, Option<u32>)>>,
 }
 
 /// A running mock worker.
@@ -81,6 +83,9 @@ struct RouterMsg {
     input_ids: Vec<u32>,
     sampling: Option<Sampling>,
     epoch: u64,
+    tier: String,
+    class: String,
+    decode_target: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -162,6 +167,8 @@ async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<Mock
                     }
                     "generate" => {
                         stats.generates.fetch_add(1, Ordering::Relaxed);
+                        *stats.last_generate.lock().unwrap() =
+                            Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
                         let sampling = m.sampling.take().unwrap_or_default();
                         let (out, finish) = plan_output(&m.input_ids, &sampling);
                         if opts.step_delay.is_zero() {

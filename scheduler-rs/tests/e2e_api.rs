@@ -354,3 +354,44 @@ async fn no_worker_is_503() {
     assert_eq!(call(&r, "GET", "/health", &[], "").await.status, 503);
     let _ = EOS_ID;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_plan_groups_need_all_members_and_set_decode_target() {
+    use nitsum_scheduler::plan::{GroupPlan, Role};
+    let group = |members: &[u32], role| GroupPlan {
+        members: members.to_vec(),
+        tp: members.len() as u32,
+        role,
+        tiers: vec!["strict".into()],
+        accepts_background: false,
+        max_rps: 0.0,
+        max_inflight: 0.0,
+    };
+    let mut cfg = config();
+    // Workers 0+1 prefill at TP 2 and hand off to worker 2, which decodes.
+    cfg.static_plan = Some(vec![
+        group(&[0, 1], Role::Prefill),
+        group(&[2], Role::Decode),
+    ]);
+    let r = start(cfg, &[MockOptions::default(), MockOptions::default()]).await;
+    // Worker 2 is missing: the decode group is not routable, so nothing can be placed.
+    assert_eq!(r.run.engine.plan().groups.len(), 1);
+    let body = json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": 2}});
+    assert_eq!(post(&r, "/generate", body.clone()).await.status, 503);
+    let late =
+        nitsum_scheduler::mock_worker::spawn(&r.run.worker_endpoint, 2, MockOptions::default())
+            .await
+            .unwrap();
+    wait_until(|| r.run.engine.plan().groups.len() == 2).await;
+    let v = post(&r, "/generate", body).await.json();
+    assert_eq!(v["output_ids"], json!([104, 105]));
+    let last = r.mocks[0].stats.last_generate.lock().unwrap().clone();
+    assert_eq!(last, Some(("strict".into(), "feasible".into(), Some(2))));
+    // Background work has no accepting group in this plan.
+    let bg = json!({"input_ids": [104], "tier": "background"});
+    assert_eq!(post(&r, "/generate", bg).await.status, 503);
+    let plan = call(&r, "GET", "/admin/plan", &[], "").await.json();
+    assert_eq!(plan["groups"][0]["tp"], 2);
+    assert_eq!(plan["groups"][0]["role"], "prefill");
+    drop(late);
+}
