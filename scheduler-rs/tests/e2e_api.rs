@@ -94,7 +94,8 @@ async fn chat_stream_splits_multibyte_safely_and_ends_with_done() {
 async fn completions_stop_string_truncates_and_aborts_worker() {
     let slow = MockOptions {
         tokens_per_message: 1,
-        step_delay: Duration::from_millis(2),
+        // Slow enough that the stop string is always seen before the worker finishes.
+        step_delay: Duration::from_millis(20),
         ..MockOptions::default()
     };
     let r = start(config(), &[slow]).await;

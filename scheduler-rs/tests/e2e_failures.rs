@@ -56,11 +56,12 @@ async fn request_streaming_when_its_worker_dies_ends_with_an_error() {
     let r = start(config(), &[paced(20), paced(20)]).await;
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
                       "max_tokens": 40, "ignore_eos": true, "stream": true});
-    let s = send(&r, "POST", "/v1/chat/completions", &[], &body.to_string()).await;
-    wait_until(|| r.mocks[0].stats.generates.load(Ordering::Relaxed) == 1).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut s = send(&r, "POST", "/v1/chat/completions", &[], &body.to_string()).await;
+    // Kill the worker once some content has streamed (the echo starts with "user").
+    let head = read_until(&mut s, "\"content\":\"s").await;
+    assert_eq!(r.mocks[0].stats.generates.load(Ordering::Relaxed), 1);
     r.mocks[0].kill();
-    let resp = read_response(s).await;
+    let resp = read_response_after(s, head).await;
     let data = resp.sse();
     assert_eq!(data.last().unwrap(), "[DONE]");
     let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();

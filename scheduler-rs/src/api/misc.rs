@@ -128,7 +128,16 @@ fn render_gauges(state: &AppState, out: &mut String) {
         );
         for (w, k, v) in stats {
             // NOTE: names come from workers; keep the exposition parseable.
-            let k: String = k.chars().map(|c| if c == '"' || c == '\\' || c == '\n' { '_' } else { c }).collect();
+            let k: String = k
+                .chars()
+                .map(|c| {
+                    if c == '"' || c == '\\' || c == '\n' {
+                        '_'
+                    } else {
+                        c
+                    }
+                })
+                .collect();
             let _ = writeln!(out, "nitsum_worker_stat{{worker=\"{w}\",name=\"{k}\"}} {v}");
         }
     }

@@ -124,9 +124,28 @@ pub async fn send(
     s
 }
 
-/// Read a whole response from `s`.
-pub async fn read_response(mut s: TcpStream) -> Resp {
+/// Read from `s` until `needle` has arrived; returns the bytes read so far.
+pub async fn read_until(s: &mut TcpStream, needle: &str) -> Vec<u8> {
     let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw).contains(needle) {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("data within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed before {needle:?} arrived");
+        raw.extend_from_slice(&buf[..n]);
+    }
+    raw
+}
+
+/// Read a whole response from `s`.
+pub async fn read_response(s: TcpStream) -> Resp {
+    read_response_after(s, Vec::new()).await
+}
+
+/// Read the rest of a response whose first bytes (`raw`) were already read.
+pub async fn read_response_after(mut s: TcpStream, mut raw: Vec<u8>) -> Resp {
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
         .await
         .expect("response within 10 s")
