@@ -189,4 +189,37 @@ mod tests {
             crate::testutil::IM_START_ID
         );
     }
+
+    /// The real SmolLM2 tokenizer, when `nitsum model prepare` has put it in the cache
+    /// (skipped otherwise). Ids were produced by the Python `tokenizers` package.
+    #[test]
+    fn real_smollm2_matches_python_tokenizers_if_present() {
+        let Some(home) = std::env::var_os("HOME") else {
+            return;
+        };
+        let dir = std::path::Path::new(&home).join(".cache/nitsum/models/SmolLM2-135M-Instruct");
+        if !dir.join("tokenizer.json").exists() {
+            return;
+        }
+        let m = ModelFiles::load(&dir).unwrap();
+        assert_eq!(m.max_context, 8192);
+        assert!(m.eos_token_ids.contains(&2));
+        let msgs = [serde_json::json!({"role": "user", "content": "Héllo 😀 wörld"})];
+        let text = m.template.as_ref().unwrap().render(&msgs, true).unwrap();
+        assert!(text.starts_with("<|im_start|>system\n"));
+        let user = "<|im_start|>user\nHéllo 😀 wörld<|im_end|>\n<|im_start|>assistant\n";
+        assert!(text.ends_with(user), "{text}");
+        let ids = m.encode(user, false).unwrap();
+        assert_eq!(
+            ids,
+            [
+                1, 4093, 198, 56, 2756, 31394, 40303, 218, 267, 29989, 400, 2, 198, 1, 520, 9531,
+                198
+            ]
+        );
+        let mut d = IncrementalDetokenizer::new();
+        let streamed: String = ids.iter().map(|&i| d.push(&m, &[i])).collect();
+        assert!(!streamed.contains('\u{FFFD}'));
+        assert_eq!(streamed, "user\nHéllo 😀 wörld\nassistant\n");
+    }
 }
