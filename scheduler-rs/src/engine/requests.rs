@@ -92,14 +92,15 @@ impl Engine {
     }
 
     /// A `tokens` message from a worker.
-    pub(super) fn on_tokens(&self, worker: u32, m: Incoming) {
+    pub(super) fn on_tokens(&self, worker: u32, m: Incoming, now: Instant) {
         let Some(id) = m.request_id.as_deref().and_then(|s| s.parse::<u64>().ok()) else {
             tracing::warn!(worker, "tokens message without a valid request_id");
             return;
         };
         let ids = m.token_ids.unwrap_or_default();
-        let now = Instant::now();
         let mut st = self.lock();
+        // Any message proves liveness; one lock for both.
+        st.registry.touch(worker, now);
         let Some(e) = st.inflight.get_mut(&id) else {
             return; // finished, cancelled or retried elsewhere: a normal race
         };

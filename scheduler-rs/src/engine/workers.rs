@@ -26,10 +26,7 @@ impl Engine {
         };
         let now = Instant::now();
         match m.ty.as_str() {
-            "tokens" => {
-                self.lock().registry.touch(worker, now);
-                self.on_tokens(worker, m);
-            }
+            "tokens" => self.on_tokens(worker, m, now),
             "heartbeat" => {
                 let mut st = self.lock();
                 // NOTE: an unknown worker's heartbeat gets no answer; it re-registers.
