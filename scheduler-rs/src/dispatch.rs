@@ -4,8 +4,7 @@
 //! Pure and synchronous: the router calls it on the request path and the simulator calls the
 //! very same code, so both see identical routing decisions.
 
-use std::collections::HashMap;
-
+use crate::fasthash::IntMap;
 use crate::plan::{GroupPlan, Plan, Role};
 
 /// Marks a charge whose group no longer exists.
@@ -93,10 +92,10 @@ impl GroupLoad {
 #[derive(Debug, Default)]
 pub struct Dispatcher {
     /// Keyed by group leader; the order of `plan.groups` is kept in `order`.
-    groups: HashMap<u32, GroupLoad>,
+    groups: IntMap<u32, GroupLoad>,
     order: Vec<u32>,
     /// Unfinished request → the groups it was charged to.
-    charged: HashMap<u64, (u32, Option<u32>)>,
+    charged: IntMap<u64, (u32, Option<u32>)>,
     spill_cursor: usize,
     background_cursor: usize,
 }
@@ -241,7 +240,7 @@ impl Dispatcher {
 
     fn round_robin(
         order: &[u32],
-        groups: &HashMap<u32, GroupLoad>,
+        groups: &IntMap<u32, GroupLoad>,
         cursor: &mut usize,
         pred: impl Fn(&GroupLoad) -> bool,
     ) -> Option<u32> {

@@ -2,15 +2,30 @@
 //! goodput planner and cluster simulator. The same code runs in the `nitsum-router`
 //! binary and, with the `python` feature, inside the `nitsum._core` extension module.
 
+pub mod api;
+pub mod auth;
+pub mod config;
 pub mod dispatch;
+pub mod engine;
+pub mod errors;
+pub mod fasthash;
+pub mod metrics;
+pub mod mock_worker;
 pub mod plan;
 pub mod planner;
 pub mod profile;
+pub mod protocols;
 #[cfg(feature = "python")]
 mod python;
+pub mod registry;
+pub mod server;
 pub mod sim;
 pub mod stats;
+#[doc(hidden)]
+pub mod testutil;
 pub mod tiers;
+pub mod tokenize;
+pub mod transport;
 
 /// Crate version, also reported by `nitsum._core.version()`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,3 +1,5 @@
+//! `nitsum-router`: the OpenAI-compatible Nitsum router (see docs/router.md).
+
 fn main() {
-    println!("nitsum-router {}", nitsum_scheduler::VERSION);
+    std::process::exit(nitsum_scheduler::server::cli_main(std::env::args_os()));
 }

@@ -1,0 +1,174 @@
+//! `POST /v1/chat/completions`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::output::{Piece, TextStream};
+use super::prepare::{self, SamplingInput};
+use super::sse::{self, ChunkFormat};
+use super::{unix_now, AppState};
+use crate::errors::ApiError;
+use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
+
+/// Message content as plain text: a string, or the concatenated `text` parts.
+fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
+    let field = || format!("messages[{i}].content");
+    match &m.content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut out = String::new();
+            for p in parts {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &field(),
+                            "only text content parts are supported",
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        Some(_) => Err(ApiError::invalid(
+            &field(),
+            "content must be a string or a list of parts",
+        )),
+    }
+}
+
+/// Render the conversation with the model's chat template.
+fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let template = state
+        .model
+        .as_deref()
+        .and_then(|m| m.template.as_ref())
+        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    let mut msgs = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let mut obj = m.extra.clone();
+        obj.insert("role".into(), Value::String(m.role.clone()));
+        obj.insert("content".into(), Value::String(content_text(m, i)?));
+        msgs.push(Value::Object(obj));
+    }
+    template
+        .render(&msgs, true)
+        .map_err(|e| ApiError::invalid("messages", format!("chat template error: {e}")))
+}
+
+struct ChatChunks {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+               "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+    }
+}
+
+impl ChunkFormat for ChatChunks {
+    fn start(&mut self, _ts: &TextStream) -> Vec<Value> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    }
+
+    fn piece(&mut self, _ts: &TextStream, p: &Piece) -> Vec<Value> {
+        let mut out = Vec::new();
+        if !p.text.is_empty() {
+            out.push(self.chunk(json!({"content": p.text}), None));
+        }
+        if let Some(f) = p.finish {
+            out.push(self.chunk(json!({}), Some(f)));
+        }
+        out
+    }
+
+    fn end(&mut self, ts: &TextStream) -> Vec<Value> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        vec![
+            json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.model, "choices": [], "usage": ts.usage()}),
+        ]
+    }
+}
+
+/// Handler.
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match run(state, headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(&body)?;
+    let tier = prepare::tier(&state, &headers, req.common.tier.as_deref())?;
+    prepare::check_model(&state, req.common.model.as_deref())?;
+    prepare::check_n(req.common.n)?;
+    let messages = req
+        .messages
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
+    let prompt = render(&state, messages)?;
+    // NOTE: the template already inserts BOS where the model wants it.
+    let ids = prepare::encode(&state, &prompt, false, "messages")?;
+    let prompt_tokens = ids.len();
+    let submit = prepare::build(
+        &state,
+        tier,
+        ids,
+        "messages",
+        &SamplingInput::from_common(&req.common),
+    )?;
+    let handle = state.engine.submit(submit).map_err(ApiError::unavailable)?;
+    let stops = req
+        .common
+        .stop
+        .clone()
+        .map(|s| s.into_vec())
+        .unwrap_or_default();
+    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens);
+    let fmt = ChatChunks {
+        id: format!("chatcmpl-{}", ts.id),
+        model: state.served_model().to_string(),
+        created: unix_now(),
+        include_usage: req
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    };
+    if req.common.stream {
+        return Ok(sse::respond(ts, fmt));
+    }
+    let (text, _ids, finish) = ts.collect().await?;
+    Ok(axum::Json(json!({
+        "id": fmt.id, "object": "chat.completion", "created": fmt.created, "model": fmt.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": null, "finish_reason": finish}],
+        "usage": ts.usage(),
+    }))
+    .into_response())
+}

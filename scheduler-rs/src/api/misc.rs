@@ -1,0 +1,144 @@
+//! `/v1/models`, `/health`, `/metrics` (Prometheus text) and `/admin/plan`.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::{unix_now, AppState};
+
+/// `GET /v1/models`: the one served model.
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [{
+        "id": state.served_model(), "object": "model", "created": unix_now(),
+        "owned_by": "nitsum",
+        "max_model_len": state.model.as_ref().map(|m| m.max_context),
+    }]}))
+    .into_response()
+}
+
+/// `GET /health`: 200 when at least one worker is registered, else 503.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let workers = state.engine.workers().len();
+    let epoch = state.engine.plan().epoch;
+    let status = if workers > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let word = if workers > 0 {
+        crate::health()
+    } else {
+        "no_workers"
+    };
+    (
+        status,
+        axum::Json(json!({"status": word, "workers": workers, "plan_epoch": epoch})),
+    )
+        .into_response()
+}
+
+/// `GET /admin/plan`: the current plan as JSON (read-only).
+pub async fn admin_plan(State(state): State<Arc<AppState>>) -> Response {
+    let plan = state.engine.plan();
+    let workers: Vec<_> = state
+        .engine
+        .workers()
+        .into_iter()
+        .map(|(id, w)| json!({"id": id, "device": w.device, "model": w.model, "tp_levels": w.tp_levels}))
+        .collect();
+    axum::Json(json!({"epoch": plan.epoch, "groups": plan.groups, "workers": workers}))
+        .into_response()
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut out = String::with_capacity(16 * 1024);
+    state.engine.metrics.render(&mut out);
+    render_gauges(&state, &mut out);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+fn gauge(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+}
+
+fn render_gauges(state: &AppState, out: &mut String) {
+    let e = &state.engine;
+    gauge(out, "nitsum_plan_epoch", "Epoch of the current plan.");
+    let _ = writeln!(out, "nitsum_plan_epoch {}", e.plan().epoch);
+    gauge(
+        out,
+        "nitsum_workers_alive",
+        "Registered workers with recent heartbeats.",
+    );
+    let _ = writeln!(out, "nitsum_workers_alive {}", e.workers().len());
+    gauge(
+        out,
+        "nitsum_requests_inflight",
+        "Requests dispatched and not finished.",
+    );
+    let _ = writeln!(out, "nitsum_requests_inflight {}", e.inflight());
+    let groups = e.groups();
+    let series: [(&str, &str); 4] = [
+        (
+            "nitsum_group_tp",
+            "TP level of each group (labelled by leader and role).",
+        ),
+        (
+            "nitsum_group_assigned",
+            "Unfinished requests the dispatcher charged to each group.",
+        ),
+        (
+            "nitsum_group_running",
+            "Running requests reported by the group's workers.",
+        ),
+        (
+            "nitsum_group_waiting",
+            "Queued requests reported by the group's workers.",
+        ),
+    ];
+    for (i, (name, help)) in series.iter().enumerate() {
+        gauge(out, name, help);
+        for g in &groups {
+            let v = [
+                u64::from(g.group.tp),
+                u64::from(g.assigned),
+                g.running,
+                g.waiting,
+            ][i];
+            let role = serde_json::to_value(g.group.role).unwrap_or_default();
+            let role = role.as_str().unwrap_or("");
+            let _ = writeln!(
+                out,
+                "{name}{{group=\"{}\",role=\"{role}\"}} {v}",
+                g.group.leader()
+            );
+        }
+    }
+    let stats = e.worker_stats();
+    if !stats.is_empty() {
+        gauge(
+            out,
+            "nitsum_worker_stat",
+            "Numeric fields of the workers' `stats` messages.",
+        );
+        for (w, k, v) in stats {
+            // NOTE: names come from workers; keep the exposition parseable.
+            let k: String = k
+                .chars()
+                .map(|c| {
+                    if c == '"' || c == '\\' || c == '\n' {
+                        '_'
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            let _ = writeln!(out, "nitsum_worker_stat{{worker=\"{w}\",name=\"{k}\"}} {v}");
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! `POST /generate`, SGLang-style: `{"input_ids": [...] | "text": "...", "sampling_params":
+//! {...}}` → `{"text", "output_ids", "meta_info"}`. With `"stream": true`, SSE chunks carry
+//! the new text and ids of each step; the last one has `meta_info.finish_reason`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::output::{Piece, TextStream};
+use super::prepare::{self, SamplingInput};
+use super::sse::{self, ChunkFormat};
+use super::AppState;
+use crate::errors::ApiError;
+use crate::protocols::openai::{parse_body, NativeGenerateRequest};
+
+/// SGLang's default `max_new_tokens`.
+const DEFAULT_MAX_NEW_TOKENS: u32 = 128;
+
+struct Meta {
+    tier: String,
+    start: Instant,
+}
+
+impl Meta {
+    fn info(&self, ts: &TextStream, finish: Option<&str>) -> Value {
+        json!({
+            "id": ts.id.to_string(),
+            "prompt_tokens": ts.prompt_tokens,
+            "completion_tokens": ts.completion_tokens,
+            "finish_reason": finish.map(|f| json!({"type": f})),
+            "e2e_latency": self.start.elapsed().as_secs_f64(),
+            "tier": self.tier,
+            "class": ts.class.as_str(),
+        })
+    }
+}
+
+impl ChunkFormat for Meta {
+    fn piece(&mut self, ts: &TextStream, p: &Piece) -> Vec<Value> {
+        vec![json!({"text": p.text, "output_ids": p.ids, "meta_info": self.info(ts, p.finish)})]
+    }
+}
+
+/// Handler.
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match run(state, headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    let start = Instant::now();
+    let req: NativeGenerateRequest = parse_body(&body)?;
+    let tier = prepare::tier(&state, &headers, req.tier.as_deref())?;
+    let (ids, field) = match (req.input_ids, req.text.as_deref()) {
+        (Some(ids), _) => (ids, "input_ids"),
+        (None, Some(t)) => (prepare::encode(&state, t, true, "text")?, "text"),
+        (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
+    };
+    let sp = &req.sampling_params;
+    let sampling = SamplingInput {
+        max_tokens: sp.max_new_tokens,
+        max_tokens_field: "max_new_tokens",
+        default_max_tokens: Some(DEFAULT_MAX_NEW_TOKENS),
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        top_k: sp.top_k,
+        seed: sp.seed,
+        stop_token_ids: sp.stop_token_ids.clone(),
+        ignore_eos: sp.ignore_eos,
+    };
+    let prompt_tokens = ids.len();
+    let submit = prepare::build(&state, tier, ids, field, &sampling)?;
+    let handle = state.engine.submit(submit).map_err(ApiError::unavailable)?;
+    let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
+    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens);
+    let meta = Meta {
+        tier: state.engine.cfg.tiers[tier].name.clone(),
+        start,
+    };
+    if req.stream {
+        return Ok(sse::respond(ts, meta));
+    }
+    let (text, output_ids, finish) = ts.collect().await?;
+    Ok(axum::Json(json!({
+        "text": text,
+        "output_ids": output_ids,
+        "meta_info": meta.info(&ts, Some(finish)),
+    }))
+    .into_response())
+}

@@ -1,0 +1,128 @@
+//! From engine events to client text: incremental detokenization, then stop strings.
+
+use std::sync::Arc;
+
+use crate::engine::{Event, RequestHandle};
+use crate::errors::ApiError;
+use crate::tokenize::{IncrementalDetokenizer, ModelFiles, StopMatcher};
+
+/// One step of output.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Piece {
+    /// New text (may be empty while a character or a possible stop string is incomplete).
+    pub text: String,
+    /// New token ids.
+    pub ids: Vec<u32>,
+    /// Set on the last piece: `"stop"` or `"length"`.
+    pub finish: Option<&'static str>,
+}
+
+/// Output state of one request. Dropping it before the end aborts the request.
+pub struct TextStream {
+    handle: Option<RequestHandle>,
+    model: Option<Arc<ModelFiles>>,
+    detok: IncrementalDetokenizer,
+    stop: StopMatcher,
+    /// Completion tokens received.
+    pub completion_tokens: usize,
+    pub prompt_tokens: usize,
+    /// Router request id.
+    pub id: u64,
+    pub class: crate::dispatch::Class,
+}
+
+impl TextStream {
+    pub fn new(
+        handle: RequestHandle,
+        model: Option<Arc<ModelFiles>>,
+        stops: Vec<String>,
+        prompt_tokens: usize,
+    ) -> Self {
+        TextStream {
+            id: handle.id(),
+            class: handle.class(),
+            handle: Some(handle),
+            model,
+            detok: IncrementalDetokenizer::new(),
+            stop: StopMatcher::new(stops),
+            completion_tokens: 0,
+            prompt_tokens,
+        }
+    }
+
+    /// Next piece; `None` once the final piece (or an error) was returned.
+    pub async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
+        let handle = self.handle.as_mut()?;
+        let ev = handle.recv().await?;
+        let (ids, finish) = match ev {
+            Event::Error(msg) => {
+                self.handle = None;
+                return Some(Err(ApiError::internal(msg)));
+            }
+            Event::Tokens { ids, finish } => (ids, finish),
+        };
+        self.completion_tokens += ids.len();
+        let mut text = match &self.model {
+            Some(m) => self.detok.push(m.as_ref(), &ids),
+            None => String::new(),
+        };
+        if finish.is_some() {
+            if let Some(m) = &self.model {
+                text.push_str(&self.detok.flush(m.as_ref()));
+            }
+        }
+        let step = self.stop.push(&text);
+        if step.stopped {
+            // NOTE: the stop string ends the request here; nothing after it is streamed and
+            // the worker is told to abort (unless it already finished).
+            let handle = self.handle.take().expect("checked above");
+            if finish.is_none() {
+                handle.stop();
+            }
+            return Some(Ok(Piece {
+                text: step.emit,
+                ids,
+                finish: Some("stop"),
+            }));
+        }
+        let mut out = step.emit;
+        if let Some(f) = finish {
+            out.push_str(&self.stop.flush());
+            self.handle = None;
+            return Some(Ok(Piece {
+                text: out,
+                ids,
+                finish: Some(f.as_str()),
+            }));
+        }
+        Some(Ok(Piece {
+            text: out,
+            ids,
+            finish: None,
+        }))
+    }
+
+    /// Drain the whole output (non-streaming responses): text, ids and finish reason.
+    pub async fn collect(&mut self) -> Result<(String, Vec<u32>, &'static str), ApiError> {
+        let mut text = String::new();
+        let mut ids = Vec::new();
+        while let Some(p) = self.next().await {
+            let p = p?;
+            text.push_str(&p.text);
+            ids.extend_from_slice(&p.ids);
+            if let Some(f) = p.finish {
+                return Ok((text, ids, f));
+            }
+        }
+        Err(ApiError::internal("the request ended without a result"))
+    }
+
+    /// `usage` object.
+    pub fn usage(&self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+}

@@ -1,0 +1,169 @@
+//! Request validation shared by every generation endpoint: model name, tier, prompt length
+//! against the context window, and sampling parameters.
+
+use axum::http::HeaderMap;
+
+use super::AppState;
+use crate::engine::Submit;
+use crate::errors::ApiError;
+use crate::protocols::openai::CommonParams;
+use crate::protocols::worker::Sampling;
+
+/// Sampling fields as the client sent them, with the name of the max-tokens field used.
+#[derive(Debug, Clone, Default)]
+pub struct SamplingInput {
+    pub max_tokens: Option<i64>,
+    /// `max_tokens`, `max_completion_tokens` or `max_new_tokens`, for error messages.
+    pub max_tokens_field: &'static str,
+    /// Used when `max_tokens` is absent (capped by the context window).
+    pub default_max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+impl SamplingInput {
+    /// From the OpenAI fields (`max_completion_tokens` wins over `max_tokens`).
+    pub fn from_common(c: &CommonParams) -> Self {
+        let (max_tokens, field) = match (c.max_completion_tokens, c.max_tokens) {
+            (Some(m), _) => (Some(m), "max_completion_tokens"),
+            (None, m) => (m, "max_tokens"),
+        };
+        SamplingInput {
+            max_tokens,
+            max_tokens_field: field,
+            default_max_tokens: None,
+            temperature: c.temperature,
+            top_p: c.top_p,
+            top_k: c.top_k,
+            seed: c.seed,
+            stop_token_ids: c.stop_token_ids.clone(),
+            ignore_eos: c.ignore_eos,
+        }
+    }
+}
+
+/// 404 unless `model` is absent or the served model name.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != state.served_model() => Err(ApiError::model_not_found(m)),
+        _ => Ok(()),
+    }
+}
+
+/// 400 for `n` other than 1.
+pub fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(ApiError::invalid("n", "only n = 1 is supported")),
+    }
+}
+
+/// Resolve the tier (auth included). Called before any expensive work.
+pub fn tier(
+    state: &AppState,
+    headers: &HeaderMap,
+    body_tier: Option<&str>,
+) -> Result<usize, ApiError> {
+    state.auth.resolve_tier(headers, body_tier)
+}
+
+/// Validate the prompt and sampling and build the engine request.
+pub fn build(
+    state: &AppState,
+    tier: usize,
+    input_ids: Vec<u32>,
+    prompt_field: &str,
+    s: &SamplingInput,
+) -> Result<Submit, ApiError> {
+    let model = state.model.as_deref();
+    if input_ids.is_empty() {
+        return Err(ApiError::invalid(prompt_field, "the prompt is empty"));
+    }
+    if let Some(m) = model {
+        let vocab = m.vocab_size() as u32;
+        if let Some(bad) = input_ids.iter().find(|&&t| t >= vocab) {
+            return Err(ApiError::invalid(
+                prompt_field,
+                format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            ));
+        }
+    }
+    let max_context = model.map_or(usize::MAX, |m| m.max_context);
+    let prompt = input_ids.len();
+    if prompt >= max_context {
+        return Err(ApiError::invalid(
+            prompt_field,
+            format!(
+                "This model's maximum context length is {max_context} tokens, but the prompt \
+                 ({prompt_field}) has {prompt} tokens; at least one token must remain for the output."
+            ),
+        ));
+    }
+    let room = (max_context - prompt).min(u32::MAX as usize) as u32;
+    let max_tokens = match s.max_tokens {
+        Some(m) if m < 1 => {
+            return Err(ApiError::invalid(
+                s.max_tokens_field,
+                format!("{} must be at least 1, got {m}", s.max_tokens_field),
+            ))
+        }
+        // NOTE: a request asking for more than the window allows is capped, not refused.
+        Some(m) => (m.min(i64::from(u32::MAX)) as u32).min(room),
+        None => s.default_max_tokens.unwrap_or(room).min(room),
+    };
+    let defaults = model.map(|m| m.defaults.clone()).unwrap_or_default();
+    let temperature = s.temperature.or(defaults.temperature).unwrap_or(1.0);
+    if temperature.is_nan() || temperature < 0.0 {
+        return Err(ApiError::invalid("temperature", "temperature must be >= 0"));
+    }
+    let top_p = s.top_p.or(defaults.top_p).unwrap_or(1.0);
+    if top_p.is_nan() || top_p <= 0.0 || top_p > 1.0 {
+        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
+    }
+    let top_k = match s.top_k.or(defaults.top_k).unwrap_or(-1) {
+        -1 | 0 => -1,
+        k if k > 0 => k.min(i64::from(i32::MAX)) as i32,
+        _ => return Err(ApiError::invalid("top_k", "top_k must be -1 (off) or >= 1")),
+    };
+    let mut stop_token_ids = s.stop_token_ids.clone();
+    if !s.ignore_eos {
+        for id in model.map_or(&[][..], |m| &m.eos_token_ids) {
+            if !stop_token_ids.contains(id) {
+                stop_token_ids.push(*id);
+            }
+        }
+    }
+    Ok(Submit {
+        input_ids,
+        sampling: Sampling {
+            max_tokens,
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            seed: s.seed,
+            stop_token_ids,
+            ignore_eos: s.ignore_eos,
+        },
+        tier,
+    })
+}
+
+/// Tokenize `text` (503-free: a missing tokenizer is the client's 400).
+pub fn encode(
+    state: &AppState,
+    text: &str,
+    special: bool,
+    field: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let model = state
+        .model
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid(field, "this router has no tokenizer; send token ids"))?;
+    model
+        .encode(text, special)
+        .map_err(|e| ApiError::invalid(field, e.to_string()))
+}

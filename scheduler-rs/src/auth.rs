@@ -1,0 +1,175 @@
+//! API keys and the tier of a request.
+//!
+//! Rules (docs/router.md): with no keys configured there is no auth. Otherwise a request needs
+//! `Authorization: Bearer <key>` with a configured key (401 if missing or wrong). The tier is
+//! the `x-nitsum-tier` header, else the body field `tier`, else the key's default tier, else
+//! the config's first non-background tier. An unknown tier is a 400; a tier the key may not
+//! use is a 403.
+
+use axum::http::HeaderMap;
+
+use crate::config::ApiKey;
+use crate::errors::ApiError;
+use crate::tiers::Tier;
+
+/// Header naming the request's tier.
+pub const TIER_HEADER: &str = "x-nitsum-tier";
+
+/// Key table and tier list, built once from the config.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    keys: Vec<ApiKey>,
+    tiers: Vec<Tier>,
+}
+
+impl Auth {
+    pub fn new(keys: Vec<ApiKey>, tiers: Vec<Tier>) -> Self {
+        Auth { keys, tiers }
+    }
+
+    /// Resolve the tier index of a request from its headers and optional body `tier`.
+    pub fn resolve_tier(
+        &self,
+        headers: &HeaderMap,
+        body_tier: Option<&str>,
+    ) -> Result<usize, ApiError> {
+        let key = self.authenticate(headers)?;
+        let header_tier = headers.get(TIER_HEADER).map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("tier", "x-nitsum-tier is not valid UTF-8"))
+        });
+        let requested = match header_tier {
+            Some(t) => Some(t?),
+            None => body_tier,
+        };
+        let name = match (requested, key) {
+            (Some(t), _) => t,
+            (None, Some(k)) => match (&k.default_tier, k.tiers.first()) {
+                (Some(d), _) => d.as_str(),
+                (None, Some(first)) => first.as_str(),
+                (None, None) => self.first_foreground(),
+            },
+            (None, None) => self.first_foreground(),
+        };
+        let idx = self
+            .tiers
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| ApiError::invalid("tier", format!("unknown tier `{name}`")))?;
+        if let Some(k) = key {
+            if !k.tiers.is_empty() && !k.tiers.iter().any(|t| t == name) {
+                return Err(ApiError::forbidden(format!(
+                    "this API key may not use tier `{name}`"
+                )));
+            }
+        }
+        Ok(idx)
+    }
+
+    /// The matching key; `None` when auth is off. 401 when a key is needed and not valid.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Option<&ApiKey>, ApiError> {
+        if self.keys.is_empty() {
+            return Ok(None);
+        }
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or_else(|| ApiError::unauthorized("missing API key (Authorization: Bearer ...)"))?;
+        self.keys
+            .iter()
+            .find(|k| k.key == given)
+            .map(Some)
+            .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    }
+
+    fn first_foreground(&self) -> &str {
+        // NOTE: config validation guarantees a non-background tier exists.
+        self.tiers
+            .iter()
+            .find(|t| !t.background)
+            .map_or("", |t| t.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::default_tiers;
+    use axum::http::StatusCode;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    fn key(key: &str, tiers: &[&str], default: Option<&str>) -> ApiKey {
+        ApiKey {
+            key: key.into(),
+            tiers: tiers.iter().map(|s| s.to_string()).collect(),
+            default_tier: default.map(String::from),
+        }
+    }
+
+    #[test]
+    fn no_keys_means_no_auth_and_first_foreground_default() {
+        let auth = Auth::new(vec![], default_tiers());
+        assert_eq!(auth.resolve_tier(&HeaderMap::new(), None), Ok(0));
+        assert_eq!(auth.resolve_tier(&HeaderMap::new(), Some("relaxed")), Ok(1));
+        // The header wins over the body field.
+        let h = headers(&[(TIER_HEADER, "background")]);
+        assert_eq!(auth.resolve_tier(&h, Some("relaxed")), Ok(2));
+        let err = auth
+            .resolve_tier(&HeaderMap::new(), Some("gold"))
+            .unwrap_err();
+        assert_eq!(
+            (err.status, err.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("tier"))
+        );
+    }
+
+    #[test]
+    fn keys_gate_tiers() {
+        let auth = Auth::new(
+            vec![
+                key("sk-gold", &["strict", "relaxed"], Some("relaxed")),
+                key("sk-bg", &["background"], None),
+                key("sk-all", &[], None),
+            ],
+            default_tiers(),
+        );
+        let none = auth.resolve_tier(&HeaderMap::new(), None).unwrap_err();
+        assert_eq!(none.status, StatusCode::UNAUTHORIZED);
+        let wrong = headers(&[("authorization", "Bearer nope")]);
+        assert_eq!(
+            auth.resolve_tier(&wrong, None).unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+
+        let gold = headers(&[("authorization", "Bearer sk-gold")]);
+        assert_eq!(auth.resolve_tier(&gold, None), Ok(1));
+        assert_eq!(auth.resolve_tier(&gold, Some("strict")), Ok(0));
+        let forbidden = auth.resolve_tier(&gold, Some("background")).unwrap_err();
+        assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
+
+        let bg = headers(&[("authorization", "Bearer sk-bg")]);
+        assert_eq!(auth.resolve_tier(&bg, None), Ok(2));
+        let mut bg_strict = bg.clone();
+        bg_strict.insert(TIER_HEADER, "strict".parse().unwrap());
+        assert_eq!(
+            auth.resolve_tier(&bg_strict, None).unwrap_err().status,
+            StatusCode::FORBIDDEN
+        );
+
+        let all = headers(&[("authorization", "Bearer sk-all")]);
+        assert_eq!(auth.resolve_tier(&all, Some("background")), Ok(2));
+        assert_eq!(auth.resolve_tier(&all, None), Ok(0));
+    }
+}

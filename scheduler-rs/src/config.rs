@@ -1,0 +1,337 @@
+//! Router configuration: a JSON config file (all fields optional) overridden by CLI flags.
+//!
+//! See `docs/router.md` for the file format.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde::Deserialize;
+
+use crate::plan::{GroupPlan, Role};
+use crate::tiers::Tier;
+
+/// `nitsum-router` command line. Flags override the config file.
+#[derive(Debug, Parser, Default)]
+#[command(
+    name = "nitsum-router",
+    version,
+    about = "Nitsum OpenAI-compatible router"
+)]
+pub struct Cli {
+    /// JSON config file (tiers, API keys, static plan, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// ZeroMQ ROUTER bind address for device workers.
+    #[arg(long)]
+    pub worker_addr: Option<String>,
+    /// HF-format model directory (tokenizer.json, tokenizer_config.json, config.json, ...).
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// Model name served on /v1/models and accepted in `model`.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// A worker silent for this long is dead.
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// Control window length.
+    #[arg(long)]
+    pub control_window_ms: Option<u64>,
+    /// Start N in-process mock workers (instant echo replies) for development and benchmarks.
+    #[arg(long, default_value_t = 0)]
+    pub mock_workers: u32,
+    /// Send `shutdown` to every registered worker when the router exits.
+    #[arg(long)]
+    pub shutdown_workers_on_exit: bool,
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+/// An API key and the tiers it may use.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub key: String,
+    /// Tiers this key may request; empty = all tiers.
+    #[serde(default)]
+    pub tiers: Vec<String>,
+    /// Tier used when the request names none; default: the key's first allowed tier.
+    #[serde(default)]
+    pub default_tier: Option<String>,
+}
+
+/// One group of the static plan as written in the config (`tp` is `members.len()`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StaticGroup {
+    pub members: Vec<u32>,
+    #[serde(default = "default_role")]
+    pub role: Role,
+    /// Empty: every non-background tier.
+    #[serde(default)]
+    pub tiers: Vec<String>,
+    #[serde(default = "yes")]
+    pub accepts_background: bool,
+    #[serde(default)]
+    pub max_rps: f64,
+    /// 0 = unbounded (every request feasible).
+    #[serde(default)]
+    pub max_inflight: f64,
+}
+
+fn default_role() -> Role {
+    Role::Mixed
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The config file. Every field is optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub worker_addr: Option<String>,
+    pub model_dir: Option<PathBuf>,
+    pub served_model_name: Option<String>,
+    pub tiers: Option<Vec<Tier>>,
+    #[serde(default)]
+    pub api_keys: Vec<ApiKey>,
+    /// Static plan groups; absent = one TP-1 mixed group per registered worker.
+    pub plan: Option<Vec<StaticGroup>>,
+    pub heartbeat_timeout_ms: Option<u64>,
+    pub control_window_ms: Option<u64>,
+    pub max_retries: Option<u32>,
+}
+
+/// The resolved router configuration.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub listen: String,
+    pub worker_addr: String,
+    pub model_dir: Option<PathBuf>,
+    pub served_model_name: String,
+    /// NOTE: non-empty, names unique, at least one non-background tier (checked by `validate`).
+    pub tiers: Vec<Tier>,
+    pub api_keys: Vec<ApiKey>,
+    pub static_plan: Option<Vec<GroupPlan>>,
+    pub heartbeat_timeout_ms: u64,
+    pub control_window_ms: u64,
+    /// How often a request that streamed nothing is re-dispatched after its worker died.
+    pub max_retries: u32,
+    pub mock_workers: u32,
+    pub shutdown_workers_on_exit: bool,
+}
+
+/// Default tiers: strict 250/25 ms, relaxed 2000/100 ms, background.
+pub fn default_tiers() -> Vec<Tier> {
+    let tier = |name: &str, ttft_ms, tpot_ms, background| Tier {
+        name: name.into(),
+        ttft_ms,
+        tpot_ms,
+        weight: 1.0,
+        background,
+    };
+    vec![
+        tier("strict", 250.0, 25.0, false),
+        tier("relaxed", 2000.0, 100.0, false),
+        tier("background", f64::INFINITY, f64::INFINITY, true),
+    ]
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            listen: "127.0.0.1:8000".into(),
+            worker_addr: "tcp://127.0.0.1:5557".into(),
+            model_dir: None,
+            served_model_name: "nitsum".into(),
+            tiers: default_tiers(),
+            api_keys: Vec::new(),
+            static_plan: None,
+            heartbeat_timeout_ms: 3000,
+            control_window_ms: 1000,
+            max_retries: 3,
+            mock_workers: 0,
+            shutdown_workers_on_exit: false,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Merge the config file (if any) and the CLI flags over the defaults, then validate.
+    pub fn from_cli(cli: &Cli) -> Result<Self> {
+        let file = match &cli.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let mut cfg = RouterConfig::from_file(file)?;
+        let or = |flag: &Option<String>, val: &mut String| {
+            if let Some(f) = flag {
+                *val = f.clone();
+            }
+        };
+        or(&cli.listen, &mut cfg.listen);
+        or(&cli.worker_addr, &mut cfg.worker_addr);
+        or(&cli.served_model_name, &mut cfg.served_model_name);
+        if let Some(dir) = &cli.model_dir {
+            cfg.model_dir = Some(dir.clone());
+            if cli.served_model_name.is_none() {
+                cfg.served_model_name = model_name_of(dir);
+            }
+        }
+        cfg.heartbeat_timeout_ms = cli.heartbeat_timeout_ms.unwrap_or(cfg.heartbeat_timeout_ms);
+        cfg.control_window_ms = cli.control_window_ms.unwrap_or(cfg.control_window_ms);
+        cfg.mock_workers = cli.mock_workers;
+        cfg.shutdown_workers_on_exit = cli.shutdown_workers_on_exit;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Apply a parsed config file over the defaults (no CLI).
+    pub fn from_file(file: FileConfig) -> Result<Self> {
+        let d = RouterConfig::default();
+        let tiers = file.tiers.unwrap_or(d.tiers);
+        let default_tiers: Vec<String> = tiers
+            .iter()
+            .filter(|t| !t.background)
+            .map(|t| t.name.clone())
+            .collect();
+        let static_plan = file.plan.map(|groups| {
+            groups
+                .into_iter()
+                .map(|g| GroupPlan {
+                    tp: g.members.len() as u32,
+                    members: g.members,
+                    role: g.role,
+                    tiers: if g.tiers.is_empty() {
+                        default_tiers.clone()
+                    } else {
+                        g.tiers
+                    },
+                    accepts_background: g.accepts_background,
+                    max_rps: g.max_rps,
+                    max_inflight: g.max_inflight,
+                })
+                .collect()
+        });
+        let served_model_name = match (&file.served_model_name, &file.model_dir) {
+            (Some(n), _) => n.clone(),
+            (None, Some(dir)) => model_name_of(dir),
+            (None, None) => d.served_model_name,
+        };
+        let cfg = RouterConfig {
+            listen: file.listen.unwrap_or(d.listen),
+            worker_addr: file.worker_addr.unwrap_or(d.worker_addr),
+            model_dir: file.model_dir,
+            served_model_name,
+            tiers,
+            api_keys: file.api_keys,
+            static_plan,
+            heartbeat_timeout_ms: file.heartbeat_timeout_ms.unwrap_or(d.heartbeat_timeout_ms),
+            control_window_ms: file.control_window_ms.unwrap_or(d.control_window_ms),
+            max_retries: file.max_retries.unwrap_or(d.max_retries),
+            ..d
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reject configs the router cannot serve with.
+    pub fn validate(&self) -> Result<()> {
+        if self.tiers.is_empty() || self.tiers.iter().all(|t| t.background) {
+            bail!("config: at least one non-background tier is required");
+        }
+        for (i, t) in self.tiers.iter().enumerate() {
+            if self.tiers[..i].iter().any(|o| o.name == t.name) {
+                bail!("config: duplicate tier {:?}", t.name);
+            }
+        }
+        let known = |name: &str| self.tiers.iter().any(|t| t.name == name);
+        for k in &self.api_keys {
+            for t in k.tiers.iter().chain(&k.default_tier) {
+                if !known(t) {
+                    bail!("config: API key uses unknown tier {t:?}");
+                }
+            }
+            if let Some(d) = &k.default_tier {
+                if !k.tiers.is_empty() && !k.tiers.contains(d) {
+                    bail!("config: API key default tier {d:?} is not among its tiers");
+                }
+            }
+        }
+        for g in self.static_plan.iter().flatten() {
+            if g.members.is_empty() {
+                bail!("config: plan group without members");
+            }
+            if let Some(t) = g.tiers.iter().find(|t| !known(t)) {
+                bail!("config: plan group {:?} uses unknown tier {t:?}", g.members);
+            }
+        }
+        if self.heartbeat_timeout_ms == 0 || self.control_window_ms == 0 {
+            bail!("config: heartbeat_timeout_ms and control_window_ms must be > 0");
+        }
+        Ok(())
+    }
+
+    /// Index of the tier named `name`.
+    pub fn tier_index(&self, name: &str) -> Option<usize> {
+        self.tiers.iter().position(|t| t.name == name)
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+fn model_name_of(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "nitsum".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_config_merges_over_defaults_and_validates() {
+        let file: FileConfig = serde_json::from_str(
+            r#"{"tiers": [{"name": "gold", "ttft_ms": 100, "tpot_ms": 10},
+                          {"name": "bg", "ttft_ms": 0, "tpot_ms": 0, "background": true}],
+                "api_keys": [{"key": "k1", "tiers": ["gold"], "default_tier": "gold"}],
+                "plan": [{"members": [0, 1], "role": "prefill"}],
+                "model_dir": "/models/tiny-llama"}"#,
+        )
+        .unwrap();
+        let cfg = RouterConfig::from_file(file).unwrap();
+        assert_eq!(cfg.served_model_name, "tiny-llama");
+        assert_eq!(cfg.tier_index("bg"), Some(1));
+        let plan = cfg.static_plan.unwrap();
+        assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
+        assert_eq!(plan[0].tiers, ["gold"]);
+        assert_eq!(cfg.heartbeat_timeout_ms, 3000);
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        for bad in [
+            r#"{"tiers": []}"#,
+            r#"{"tiers": [{"name": "b", "ttft_ms": 1, "tpot_ms": 1, "background": true}]}"#,
+            r#"{"api_keys": [{"key": "k", "tiers": ["nope"]}]}"#,
+            r#"{"api_keys": [{"key": "k", "tiers": ["strict"], "default_tier": "relaxed"}]}"#,
+            r#"{"plan": [{"members": [0], "tiers": ["gold"]}]}"#,
+        ] {
+            let file: FileConfig = serde_json::from_str(bad).unwrap();
+            assert!(RouterConfig::from_file(file).is_err(), "{bad}");
+        }
+        assert!(serde_json::from_str::<FileConfig>(r#"{"listn": "x"}"#).is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! The request engine: worker registry, current plan, dispatcher and the table of in-flight
+//! requests. Transport and HTTP handlers call into it; it never awaits.
+//!
+//! NOTE (DESIGN §7): every accepted request ends in exactly one final event on its channel:
+//! `Event::Tokens` with a finish reason, or `Event::Error`. The entry leaves `inflight`
+//! exactly when that event is sent (or when the client goes away), and the dispatcher charge
+//! is released at the same point, so accounting and delivery cannot diverge.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use crate::config::RouterConfig;
+use crate::dispatch::Dispatcher;
+use crate::fasthash::IntMap;
+use crate::metrics::Metrics;
+use crate::plan::{GroupPlan, Plan, Role};
+use crate::protocols::worker::Sampling;
+use crate::registry::{Registry, WorkerInfo};
+
+/// A message for the transport to send to one worker.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    pub identity: Bytes,
+    pub payload: Bytes,
+}
+
+/// Why generation finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What a request's receiver gets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New token ids; the last event of a request carries a finish reason.
+    Tokens {
+        ids: Vec<u32>,
+        finish: Option<FinishReason>,
+    },
+    /// The request failed; nothing follows.
+    Error(String),
+}
+
+/// A request ready for dispatch (already tokenized and validated).
+#[derive(Debug, Clone)]
+pub struct Submit {
+    pub input_ids: Vec<u32>,
+    pub sampling: Sampling,
+    /// Index into the config's tiers.
+    pub tier: usize,
+}
+
+/// Why a request left before its worker finished it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlyEnd {
+    /// The router matched a stop string: a normal completion.
+    StopString,
+    /// The client disconnected.
+    Cancelled,
+}
+
+struct Inflight {
+    tx: mpsc::UnboundedSender<Event>,
+    req: Arc<Submit>,
+    leader: u32,
+    decode: Option<u32>,
+    streamed: bool,
+    retries: u32,
+    start: Instant,
+    first: Option<Instant>,
+    tokens: u64,
+}
+
+#[derive(Default)]
+struct State {
+    registry: Registry,
+    plan: Plan,
+    /// Groups set by the control loop (`set_plan`); `None` = static plan or default plan.
+    planned: Option<Vec<GroupPlan>>,
+    dispatcher: Dispatcher,
+    inflight: IntMap<u64, Inflight>,
+}
+
+/// Per-group numbers for `/metrics`.
+#[derive(Debug, Clone)]
+pub struct GroupSnapshot {
+    pub group: GroupPlan,
+    pub assigned: u32,
+    pub running: u64,
+    pub waiting: u64,
+}
+
+/// Router state shared by the transport, the HTTP handlers and the heartbeat monitor.
+pub struct Engine {
+    pub cfg: Arc<RouterConfig>,
+    pub metrics: Metrics,
+    state: Mutex<State>,
+    out: mpsc::UnboundedSender<Outbound>,
+    next_id: AtomicU64,
+}
+
+mod handle;
+mod requests;
+#[cfg(test)]
+mod tests;
+mod workers;
+pub use handle::RequestHandle;
+
+impl Engine {
+    /// A new engine and the receiver of its outbound messages (for the transport).
+    pub fn new(cfg: Arc<RouterConfig>) -> (Arc<Self>, mpsc::UnboundedReceiver<Outbound>) {
+        let (out, rx) = mpsc::unbounded_channel();
+        let engine = Engine {
+            metrics: Metrics::new(&cfg.tiers),
+            cfg,
+            state: Mutex::new(State::default()),
+            out,
+            next_id: AtomicU64::new(1),
+        };
+        (Arc::new(engine), rx)
+    }
+}
+
+impl Engine {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // NOTE: nothing panics while holding the lock except a bug; keep serving anyway.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, identity: Bytes, payload: Vec<u8>) {
+        // The receiver lives as long as the transport; a send after shutdown is moot.
+        let _ = self.out.send(Outbound {
+            identity,
+            payload: Bytes::from(payload),
+        });
+    }
+
+    /// The current plan.
+    pub fn plan(&self) -> Plan {
+        self.lock().plan.clone()
+    }
+
+    /// Requests in flight.
+    pub fn inflight(&self) -> usize {
+        self.lock().inflight.len()
+    }
+
+    /// Live workers: (id, info).
+    pub fn workers(&self) -> Vec<(u32, WorkerInfo)> {
+        self.lock()
+            .registry
+            .iter()
+            .map(|(id, w)| (*id, w.info.clone()))
+            .collect()
+    }
+
+    /// Per-group load for `/metrics`.
+    pub fn groups(&self) -> Vec<GroupSnapshot> {
+        let st = self.lock();
+        st.plan
+            .groups
+            .iter()
+            .map(|g| {
+                let (running, waiting) = g
+                    .members
+                    .iter()
+                    .filter_map(|m| st.registry.get(*m))
+                    .fold((0, 0), |(r, w), e| (r + e.running, w + e.waiting));
+                GroupSnapshot {
+                    group: g.clone(),
+                    assigned: st.dispatcher.assigned(g.leader()),
+                    running,
+                    waiting,
+                }
+            })
+            .collect()
+    }
+
+    /// Worker-reported `stats` fields: (worker, name, value).
+    pub fn worker_stats(&self) -> Vec<(u32, String, f64)> {
+        let st = self.lock();
+        st.registry
+            .iter()
+            .flat_map(|(id, w)| w.stats.iter().map(move |(k, v)| (*id, k.clone(), *v)))
+            .collect()
+    }
+
+    /// Heartbeat timeout from the config.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.heartbeat_timeout_ms)
+    }
+
+    /// Default groups when no plan is configured: each live worker is a TP-1 mixed group
+    /// serving every non-background tier and accepting background work.
+    fn default_group(&self, worker: u32) -> GroupPlan {
+        GroupPlan {
+            members: vec![worker],
+            tp: 1,
+            role: Role::Mixed,
+            tiers: self
+                .cfg
+                .tiers
+                .iter()
+                .filter(|t| !t.background)
+                .map(|t| t.name.clone())
+                .collect(),
+            accepts_background: true,
+            max_rps: 0.0,
+            max_inflight: 0.0,
+        }
+    }
+}

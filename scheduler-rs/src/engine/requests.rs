@@ -1,0 +1,192 @@
+//! The request path: submit (dispatch + `generate`), `tokens` from workers, early end.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::{EarlyEnd, Engine, Event, FinishReason, Inflight, RequestHandle, State, Submit};
+use crate::dispatch::{Class, Decision, DispatchRequest};
+use crate::metrics::Completion;
+use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
+
+impl Engine {
+    /// Dispatch a request. `Err` when no group can take it (the caller answers 503).
+    pub fn submit(self: &Arc<Self>, req: Submit) -> Result<RequestHandle, String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let req = Arc::new(req);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let tier = &self.cfg.tiers[req.tier];
+        let tm = self.metrics.tier(req.tier);
+        let placed = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let placed = Self::place(st, id, &tier.name, tier.background);
+            if let Some((_, d)) = &placed {
+                st.inflight.insert(
+                    id,
+                    Inflight {
+                        tx,
+                        req: req.clone(),
+                        leader: d.prefill_leader,
+                        decode: d.decode_leader,
+                        streamed: false,
+                        retries: 0,
+                        start: Instant::now(),
+                        first: None,
+                        tokens: 0,
+                    },
+                );
+            }
+            placed
+        };
+        let Some((identity, decision)) = placed else {
+            tm.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err("no worker available for this request".into());
+        };
+        match decision.class {
+            Class::Feasible => &tm.feasible,
+            Class::BestEffort => &tm.best_effort,
+            Class::Background => &tm.background,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        self.send_generate(id, &req, identity, decision);
+        Ok(RequestHandle::new(id, decision.class, rx, self.clone()))
+    }
+
+    /// Ask the dispatcher for a group and resolve its leader's identity.
+    pub(super) fn place(
+        st: &mut State,
+        id: u64,
+        tier: &str,
+        background: bool,
+    ) -> Option<(Bytes, Decision)> {
+        let d = st
+            .dispatcher
+            .dispatch(id, &DispatchRequest { tier, background })?;
+        match st.registry.get(d.prefill_leader) {
+            Some(w) => Some((w.identity.clone(), d)),
+            None => {
+                // NOTE: plans only hold live workers; this is a race with a reap.
+                st.dispatcher.complete(id);
+                None
+            }
+        }
+    }
+
+    pub(super) fn send_generate(&self, id: u64, req: &Submit, identity: Bytes, d: Decision) {
+        let rid = id.to_string();
+        let payload = wire::encode_generate(&wire::Generate {
+            v: PROTOCOL_VERSION,
+            ty: "generate",
+            request_id: &rid,
+            input_ids: &req.input_ids,
+            sampling: &req.sampling,
+            tier: &self.cfg.tiers[req.tier].name,
+            class: d.class.as_str(),
+            decode_target: d.decode_leader,
+        });
+        self.send(identity, payload);
+    }
+
+    /// A `tokens` message from a worker.
+    pub(super) fn on_tokens(&self, worker: u32, m: Incoming, now: Instant) {
+        let Some(id) = m.request_id.as_deref().and_then(|s| s.parse::<u64>().ok()) else {
+            tracing::warn!(worker, "tokens message without a valid request_id");
+            return;
+        };
+        let ids = m.token_ids.unwrap_or_default();
+        let mut st = self.lock();
+        // Any message proves liveness; one lock for both.
+        st.registry.touch(worker, now);
+        let Some(e) = st.inflight.get_mut(&id) else {
+            return; // finished, cancelled or retried elsewhere: a normal race
+        };
+        if worker != e.leader && Some(worker) != e.decode {
+            // NOTE: never mix outputs: only the worker currently serving the request counts.
+            return;
+        }
+        if !ids.is_empty() {
+            e.streamed = true;
+            e.first.get_or_insert(now);
+            e.tokens += ids.len() as u64;
+        }
+        let event = match m.finish_reason.as_deref() {
+            None => {
+                let _ = e.tx.send(Event::Tokens { ids, finish: None });
+                return;
+            }
+            Some("stop") => Event::Tokens {
+                ids,
+                finish: Some(FinishReason::Stop),
+            },
+            Some("length") => Event::Tokens {
+                ids,
+                finish: Some(FinishReason::Length),
+            },
+            Some(other) => {
+                let why = m
+                    .error
+                    .unwrap_or_else(|| format!("worker ended the request ({other})"));
+                Event::Error(why)
+            }
+        };
+        let e = st.inflight.remove(&id).expect("entry present");
+        st.dispatcher.complete(id);
+        drop(st);
+        self.finish(e, event, now);
+    }
+
+    /// Deliver the final event of a request that already left `inflight` and record it.
+    pub(super) fn finish(&self, e: Inflight, event: Event, now: Instant) {
+        match &event {
+            Event::Tokens { .. } => self.record(e.req.tier, &e, now),
+            Event::Error(_) => {
+                self.metrics
+                    .tier(e.req.tier)
+                    .errors
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = e.tx.send(event);
+    }
+
+    pub(super) fn record(&self, tier: usize, e: &Inflight, now: Instant) {
+        let c = Completion {
+            ttft_s: e.first.map(|f| (f - e.start).as_secs_f64()),
+            e2e_s: (now - e.start).as_secs_f64(),
+            tokens: e.tokens,
+        };
+        self.metrics
+            .record_completion(tier, &self.cfg.tiers[tier], c);
+    }
+
+    /// The client side ended a request before the worker did: abort it on the worker.
+    pub(crate) fn end_early(&self, id: u64, why: EarlyEnd) {
+        let mut st = self.lock();
+        let Some(e) = st.inflight.remove(&id) else {
+            return;
+        };
+        st.dispatcher.complete(id);
+        let identity = st.registry.get(e.leader).map(|w| w.identity.clone());
+        let decode = e
+            .decode
+            .and_then(|d| st.registry.get(d).map(|w| w.identity.clone()));
+        drop(st);
+        let payload = wire::encode_abort(&id.to_string());
+        for ident in identity.into_iter().chain(decode) {
+            self.send(ident, payload.clone());
+        }
+        match why {
+            EarlyEnd::StopString => self.record(e.req.tier, &e, Instant::now()),
+            EarlyEnd::Cancelled => {
+                self.metrics
+                    .tier(e.req.tier)
+                    .cancelled
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}

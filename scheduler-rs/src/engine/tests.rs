@@ -1,0 +1,192 @@
+//! Engine invariants without a network: routing, never mixing outputs between workers,
+//! retry vs. explicit error when a worker dies, and charge release.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::json;
+
+use super::{Engine, Event, FinishReason, Outbound, Submit};
+use crate::config::RouterConfig;
+use crate::protocols::worker::{decode_incoming, Sampling};
+
+fn msg(engine: &Engine, worker: u32, v: serde_json::Value) {
+    let bytes = rmp_serde::to_vec_named(&v).unwrap();
+    let m = decode_incoming(&bytes).unwrap();
+    engine.on_message(Bytes::from(worker.to_string()), m, &bytes);
+}
+
+fn register(engine: &Engine, worker: u32) {
+    msg(
+        engine,
+        worker,
+        json!({"v": 1, "type": "register", "worker_id": worker, "device": "cpu"}),
+    );
+}
+
+fn tokens(engine: &Engine, worker: u32, id: u64, ids: &[u32], finish: Option<&str>) {
+    msg(
+        engine,
+        worker,
+        json!({"v": 1, "type": "tokens", "worker_id": worker,
+        "request_id": id.to_string(), "token_ids": ids, "finish_reason": finish}),
+    );
+}
+
+/// (identity, type, request_id) of every queued outbound message.
+fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Outbound>) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        let v: serde_json::Value = rmp_serde::from_slice(&o.payload).unwrap();
+        let rid = v["request_id"].as_str().unwrap_or("").to_string();
+        out.push((
+            String::from_utf8(o.identity.to_vec()).unwrap(),
+            v["type"].as_str().unwrap().into(),
+            rid,
+        ));
+    }
+    out
+}
+
+fn submit() -> Submit {
+    Submit {
+        input_ids: vec![1, 2],
+        sampling: Sampling::default(),
+        tier: 0,
+    }
+}
+
+#[tokio::test]
+async fn tokens_only_count_from_the_serving_worker() {
+    let (engine, mut rx) = Engine::new(Arc::new(RouterConfig::default()));
+    register(&engine, 0);
+    register(&engine, 1);
+    let sent = drain(&mut rx);
+    assert_eq!(sent.iter().filter(|m| m.1 == "registered").count(), 2);
+    // Worker 0 registered alone first (1 reconfigure), then both got the 2-group plan.
+    assert_eq!(sent.iter().filter(|m| m.1 == "reconfigure").count(), 3);
+    assert_eq!(engine.plan().epoch, 2);
+
+    let mut h = engine.submit(submit()).unwrap();
+    let id = h.id();
+    assert_eq!(
+        drain(&mut rx),
+        [("0".into(), "generate".into(), id.to_string())]
+    );
+    tokens(&engine, 1, id, &[9], Some("length")); // not its worker: ignored
+    tokens(&engine, 0, id, &[5], None);
+    tokens(&engine, 0, id, &[6], Some("stop"));
+    tokens(&engine, 0, id, &[7], Some("stop")); // after the end: ignored
+    assert_eq!(
+        h.recv().await,
+        Some(Event::Tokens {
+            ids: vec![5],
+            finish: None
+        })
+    );
+    assert_eq!(
+        h.recv().await,
+        Some(Event::Tokens {
+            ids: vec![6],
+            finish: Some(FinishReason::Stop)
+        })
+    );
+    assert_eq!(h.recv().await, None);
+    assert_eq!(engine.inflight(), 0);
+    assert!(engine.groups().iter().all(|g| g.assigned == 0));
+    assert_eq!(
+        engine
+            .metrics
+            .tier(0)
+            .finished
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn dead_worker_requests_are_retried_or_failed() {
+    let cfg = RouterConfig {
+        heartbeat_timeout_ms: 100,
+        ..RouterConfig::default()
+    };
+    let (engine, mut rx) = Engine::new(Arc::new(cfg));
+    register(&engine, 0);
+    let mut streamed = engine.submit(submit()).unwrap();
+    let mut waiting = engine.submit(submit()).unwrap();
+    tokens(&engine, 0, streamed.id(), &[3], None);
+    register(&engine, 1);
+    drain(&mut rx);
+    // Worker 1 keeps beating; worker 0 falls silent.
+    let later = Instant::now() + Duration::from_millis(150);
+    msg(
+        &engine,
+        1,
+        json!({"v": 1, "type": "heartbeat", "worker_id": 1, "running": 0}),
+    );
+    assert!(engine.reap_dead(Instant::now()).is_empty());
+    // Make worker 1 look fresh at `later` by beating just before reaping.
+    std::thread::sleep(Duration::from_millis(120));
+    msg(
+        &engine,
+        1,
+        json!({"v": 1, "type": "heartbeat", "worker_id": 1}),
+    );
+    assert_eq!(engine.reap_dead(later), [0]);
+    // The unstreamed request went to worker 1; the streaming one failed explicitly.
+    let sent = drain(&mut rx);
+    assert!(
+        sent.contains(&("1".into(), "generate".into(), waiting.id().to_string())),
+        "{sent:?}"
+    );
+    assert_eq!(
+        streamed.recv().await,
+        Some(Event::Tokens {
+            ids: vec![3],
+            finish: None
+        })
+    );
+    match streamed.recv().await {
+        Some(Event::Error(e)) => assert!(e.contains("died while streaming"), "{e}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    tokens(&engine, 1, waiting.id(), &[4], Some("length"));
+    assert_eq!(
+        waiting.recv().await,
+        Some(Event::Tokens {
+            ids: vec![4],
+            finish: Some(FinishReason::Length)
+        })
+    );
+    assert_eq!(engine.inflight(), 0);
+    assert_eq!(engine.plan().groups.len(), 1);
+}
+
+#[tokio::test]
+async fn dropping_a_handle_aborts_and_releases() {
+    let (engine, mut rx) = Engine::new(Arc::new(RouterConfig::default()));
+    register(&engine, 0);
+    let h = engine.submit(submit()).unwrap();
+    let id = h.id().to_string();
+    drop(h);
+    let sent = drain(&mut rx);
+    assert_eq!(
+        sent.last().unwrap(),
+        &("0".to_string(), "abort".to_string(), id)
+    );
+    assert_eq!(engine.inflight(), 0);
+    assert_eq!(engine.groups()[0].assigned, 0);
+    // A version-2 message is refused; an unknown worker's heartbeat changes nothing.
+    msg(
+        &engine,
+        5,
+        json!({"v": 2, "type": "register", "worker_id": 5}),
+    );
+    msg(
+        &engine,
+        6,
+        json!({"v": 1, "type": "heartbeat", "worker_id": 6}),
+    );
+    assert_eq!(engine.workers().len(), 1);
+}

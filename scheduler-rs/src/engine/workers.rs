@@ -1,0 +1,220 @@
+//! Worker-side events: registration, heartbeats, acks, death, and plan changes.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::{Engine, Event, Inflight, State};
+use crate::plan::{GroupPlan, Plan};
+use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
+use crate::registry::WorkerInfo;
+
+impl Engine {
+    /// Handle one decoded worker message; `raw` is its msgpack body (for `stats`).
+    pub fn on_message(&self, identity: Bytes, m: Incoming, raw: &[u8]) {
+        if m.v != PROTOCOL_VERSION {
+            tracing::error!(
+                v = m.v,
+                "refusing a worker message with another protocol version"
+            );
+            return;
+        }
+        let Some(worker) = m.worker_id.or_else(|| identity_id(&identity)) else {
+            tracing::warn!(ty = %m.ty, "worker message without worker_id");
+            return;
+        };
+        let now = Instant::now();
+        match m.ty.as_str() {
+            "tokens" => self.on_tokens(worker, m, now),
+            "heartbeat" => {
+                let mut st = self.lock();
+                // NOTE: an unknown worker's heartbeat gets no answer; it re-registers.
+                if let Some(w) = st.registry.get_mut(worker) {
+                    w.last_seen = now;
+                    w.running = m.running.unwrap_or(0);
+                    w.waiting = m.waiting.unwrap_or(0);
+                    w.free_pages = m.free_pages.unwrap_or(0);
+                    w.epoch = m.epoch.unwrap_or(w.epoch);
+                }
+            }
+            "register" => self.on_register(worker, identity, WorkerInfo::from_register(&m), now),
+            "reconfigured" => {
+                let mut st = self.lock();
+                if let Some(w) = st.registry.get_mut(worker) {
+                    w.last_seen = now;
+                    if m.ok == Some(true) {
+                        w.epoch = m.epoch.unwrap_or(w.epoch);
+                    }
+                }
+                if m.ok != Some(true) {
+                    tracing::error!(worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
+                }
+            }
+            "stats" => {
+                let stats = wire::decode_stats(raw);
+                if let Some(w) = self.lock().registry.get_mut(worker) {
+                    w.last_seen = now;
+                    w.stats = stats;
+                }
+            }
+            other => tracing::warn!(worker, ty = other, "dropping a message of unknown type"),
+        }
+    }
+
+    fn on_register(&self, worker: u32, identity: Bytes, info: WorkerInfo, now: Instant) {
+        tracing::info!(worker, device = %info.device, model = %info.model, "worker registered");
+        let mut st = self.lock();
+        let restarted = st.registry.register(worker, identity.clone(), info, now);
+        let mut actions = Vec::new();
+        if restarted {
+            // NOTE: a worker that registers again has lost its requests.
+            self.orphan(&mut st, &[worker], &mut actions);
+        }
+        let plan = self.rebuild_plan(&mut st);
+        let epoch = plan.epoch;
+        drop(st);
+        self.send(identity, wire::encode_registered(worker, epoch));
+        self.broadcast_plan(&plan);
+        self.run_actions(actions);
+    }
+
+    /// Reap workers silent for longer than the heartbeat timeout; retry or fail their
+    /// requests. Called periodically by the server. Returns the dead worker ids.
+    pub fn reap_dead(&self, now: Instant) -> Vec<u32> {
+        let mut st = self.lock();
+        let dead = st.registry.reap(now, self.heartbeat_timeout());
+        if dead.is_empty() {
+            return dead;
+        }
+        tracing::warn!(?dead, "workers missed their heartbeats");
+        // Rebuild first so retries cannot land on a dead worker.
+        let plan = self.rebuild_plan(&mut st);
+        let mut actions = Vec::new();
+        self.orphan(&mut st, &dead, &mut actions);
+        drop(st);
+        self.broadcast_plan(&plan);
+        self.run_actions(actions);
+        dead
+    }
+
+    /// Requests served by `dead` workers: re-dispatch those that streamed nothing (up to
+    /// `max_retries`), end the others with an explicit error.
+    fn orphan(&self, st: &mut State, dead: &[u32], actions: &mut Vec<Action>) {
+        let hit: Vec<u64> = st
+            .inflight
+            .iter()
+            .filter(|(_, e)| {
+                dead.contains(&e.leader) || e.decode.is_some_and(|d| dead.contains(&d))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in hit {
+            st.dispatcher.complete(id);
+            let e = st.inflight.get_mut(&id).expect("listed above");
+            if !e.streamed && e.retries < self.cfg.max_retries {
+                let tier = &self.cfg.tiers[e.req.tier];
+                if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background) {
+                    let e = st.inflight.get_mut(&id).expect("listed above");
+                    e.retries += 1;
+                    e.leader = d.prefill_leader;
+                    e.decode = d.decode_leader;
+                    self.metrics
+                        .tier(e.req.tier)
+                        .retries
+                        .fetch_add(1, Ordering::Relaxed);
+                    actions.push(Action::Resend(id, e.req.clone(), identity, d));
+                    continue;
+                }
+            }
+            let e = st.inflight.remove(&id).expect("listed above");
+            let why = if e.streamed {
+                format!("worker {} died while streaming this request", e.leader)
+            } else {
+                format!(
+                    "worker {} died and no other worker could take this request",
+                    e.leader
+                )
+            };
+            actions.push(Action::Fail(e, why));
+        }
+    }
+
+    fn run_actions(&self, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Resend(id, req, identity, d) => self.send_generate(id, &req, identity, d),
+                Action::Fail(e, why) => self.finish(e, Event::Error(why), Instant::now()),
+            }
+        }
+    }
+
+    /// Replace the plan (the control loop's entry point). Groups with a member that is not
+    /// registered are left out until it is. The epoch is the router's own (monotonic).
+    pub fn set_plan(&self, groups: Vec<GroupPlan>) -> Plan {
+        let mut st = self.lock();
+        st.planned = Some(groups);
+        let plan = self.rebuild_plan(&mut st);
+        drop(st);
+        self.broadcast_plan(&plan);
+        plan
+    }
+
+    /// Recompute the plan over live workers, bump the epoch, switch the dispatcher.
+    fn rebuild_plan(&self, st: &mut State) -> Plan {
+        let alive = |g: &GroupPlan| g.members.iter().all(|m| st.registry.contains(*m));
+        let groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref()) {
+            Some(groups) => groups.iter().filter(|g| alive(g)).cloned().collect(),
+            None => st.registry.ids().map(|w| self.default_group(w)).collect(),
+        };
+        st.plan = Plan {
+            epoch: st.plan.epoch + 1,
+            groups,
+        };
+        st.dispatcher.set_plan(&st.plan);
+        st.plan.clone()
+    }
+
+    /// Send `reconfigure` with the whole plan to every live worker.
+    fn broadcast_plan(&self, plan: &Plan) {
+        let payload = wire::encode_reconfigure(plan);
+        let idents: Vec<Bytes> = self
+            .lock()
+            .registry
+            .iter()
+            .map(|(_, w)| w.identity.clone())
+            .collect();
+        for ident in idents {
+            self.send(ident, payload.clone());
+        }
+    }
+
+    /// Send `shutdown` to every live worker.
+    pub fn shutdown_workers(&self) {
+        let idents: Vec<Bytes> = self
+            .lock()
+            .registry
+            .iter()
+            .map(|(_, w)| w.identity.clone())
+            .collect();
+        for ident in idents {
+            self.send(ident, wire::encode_shutdown());
+        }
+    }
+}
+
+/// Work decided under the lock and carried out after it is released.
+pub(super) enum Action {
+    Resend(
+        u64,
+        std::sync::Arc<super::Submit>,
+        Bytes,
+        crate::dispatch::Decision,
+    ),
+    Fail(Inflight, String),
+}
+
+/// A worker's identity is its id as UTF-8 (docs/protocol.md).
+fn identity_id(identity: &[u8]) -> Option<u32> {
+    std::str::from_utf8(identity).ok()?.parse().ok()
+}

@@ -1,0 +1,304 @@
+//! A mock device worker speaking the real protocol (docs/protocol.md) over a ZeroMQ DEALER
+//! socket. It answers `generate` by echoing the prompt's token ids cyclically (output token
+//! `i` is `input_ids[i % len]`), instantly or at a fixed pace. Used by the integration tests,
+//! the benchmark and `nitsum-router --mock-workers N`.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use zeromq::util::PeerIdentity;
+use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
+
+/// How a mock worker behaves.
+#[derive(Debug, Clone)]
+pub struct MockOptions {
+    /// Tokens per `tokens` message (0 = all in one message).
+    pub tokens_per_message: usize,
+    /// Delay before each `tokens` message (0 = reply inline, instantly).
+    pub step_delay: Duration,
+    pub heartbeat: Duration,
+    pub max_context: u64,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Default for MockOptions {
+    fn default() -> Self {
+        MockOptions {
+            tokens_per_message: 0,
+            step_delay: Duration::ZERO,
+            heartbeat: Duration::from_millis(500),
+            max_context: 4096,
+            eos_token_ids: Vec::new(),
+        }
+    }
+}
+
+/// Counters a test can assert on.
+#[derive(Debug, Default)]
+pub struct MockStats {
+    pub generates: AtomicU64,
+    pub aborts: AtomicU64,
+    pub reconfigures: AtomicU64,
+    pub registered: AtomicU64,
+    /// (tier, class, decode_target) of the last `generate`.
+    pub last_generate: Mutex<Option<(String, String, Option<u32>)>>,
+}
+
+/// A running mock worker.
+pub struct MockWorker {
+    pub id: u32,
+    pub stats: Arc<MockStats>,
+    task: JoinHandle<()>,
+}
+
+impl MockWorker {
+    /// Stop it abruptly: no more replies, no more heartbeats (simulates a crash).
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for MockWorker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Router → worker message, decoded flat (fields of all types optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RouterMsg {
+    #[serde(rename = "type")]
+    ty: String,
+    request_id: String,
+    input_ids: Vec<u32>,
+    sampling: Option<Sampling>,
+    epoch: u64,
+    tier: String,
+    class: String,
+    decode_target: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Tokens<'a> {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    worker_id: u32,
+    request_id: &'a str,
+    token_ids: &'a [u32],
+    finish_reason: Option<&'a str>,
+    error: Option<&'a str>,
+    prompt_tokens: usize,
+}
+
+fn encode<T: Serialize>(v: &T) -> ZmqMessage {
+    ZmqMessage::from(rmp_serde::to_vec_named(v).expect("msgpack encode"))
+}
+
+/// The mock's full output for a request and whether it ended on a stop token.
+fn plan_output(input: &[u32], s: &Sampling) -> (Vec<u32>, &'static str) {
+    let mut out = Vec::with_capacity(s.max_tokens as usize);
+    for i in 0..s.max_tokens as usize {
+        let tok = if input.is_empty() {
+            i as u32
+        } else {
+            input[i % input.len()]
+        };
+        out.push(tok);
+        if !s.ignore_eos && s.stop_token_ids.contains(&tok) {
+            return (out, "stop");
+        }
+    }
+    (out, "length")
+}
+
+/// Connect a mock worker with id `id` to the router at `addr`.
+pub async fn spawn(addr: &str, id: u32, opts: MockOptions) -> Result<MockWorker> {
+    let mut so = SocketOptions::default();
+    so.peer_identity(PeerIdentity::try_from(Bytes::from(id.to_string()))?);
+    let mut sock = DealerSocket::with_options(so);
+    sock.connect(addr)
+        .await
+        .with_context(|| format!("mock worker {id} connecting to {addr}"))?;
+    let stats = Arc::new(MockStats::default());
+    let task = tokio::spawn(run(sock, id, opts, stats.clone()));
+    Ok(MockWorker { id, stats, task })
+}
+
+/// Spawn `n` mock workers with ids `0..n`.
+pub async fn spawn_many(addr: &str, n: u32, opts: &MockOptions) -> Result<Vec<MockWorker>> {
+    let mut v = Vec::with_capacity(n as usize);
+    for id in 0..n {
+        v.push(spawn(addr, id, opts.clone()).await?);
+    }
+    Ok(v)
+}
+
+async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<MockStats>) {
+    let register = serde_json::json!({"v": PROTOCOL_VERSION, "type": "register", "worker_id": id,
+        "device": "mock", "model": "mock", "tp_levels": [1], "kv_capacity_tokens": 1u64 << 20,
+        "max_context": opts.max_context, "eos_token_ids": opts.eos_token_ids});
+    let _ = sock.send(encode(&register)).await;
+    let mut beat = tokio::time::interval(opts.heartbeat);
+    let mut registered = false;
+    let mut ticks = 0u64;
+    let aborted: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let (paced_tx, mut paced_rx) = mpsc::unbounded_channel::<ZmqMessage>();
+    loop {
+        tokio::select! {
+            msg = sock.recv() => {
+                let Ok(msg) = msg else { continue };
+                let Some(body) = msg.into_vec().pop() else { continue };
+                let Ok(mut m) = rmp_serde::from_slice::<RouterMsg>(&body) else { continue };
+                match m.ty.as_str() {
+                    "registered" => {
+                        registered = true;
+                        stats.registered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    "generate" => {
+                        stats.generates.fetch_add(1, Ordering::Relaxed);
+                        *stats.last_generate.lock().unwrap() =
+                            Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
+                        let sampling = m.sampling.take().unwrap_or_default();
+                        let (out, finish) = plan_output(&m.input_ids, &sampling);
+                        if opts.step_delay.is_zero() {
+                            for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), opts.tokens_per_message) {
+                                let _ = sock.send(msg).await;
+                            }
+                        } else {
+                            tokio::spawn(paced(id, m, out, finish, opts.clone(), aborted.clone(), paced_tx.clone()));
+                        }
+                    }
+                    "abort" => {
+                        stats.aborts.fetch_add(1, Ordering::Relaxed);
+                        aborted.lock().unwrap().insert(m.request_id);
+                    }
+                    "reconfigure" => {
+                        stats.reconfigures.fetch_add(1, Ordering::Relaxed);
+                        let ack = serde_json::json!({"v": PROTOCOL_VERSION, "type": "reconfigured",
+                            "worker_id": id, "epoch": m.epoch, "ok": true, "error": null,
+                            "timings_ms": {"total": 0.0}});
+                        let _ = sock.send(encode(&ack)).await;
+                    }
+                    "shutdown" => return,
+                    _ => {}
+                }
+            }
+            Some(msg) = paced_rx.recv() => { let _ = sock.send(msg).await; }
+            _ = beat.tick() => {
+                ticks += 1;
+                let hb = serde_json::json!({"v": PROTOCOL_VERSION, "type": "heartbeat", "worker_id": id,
+                    "running": 0, "waiting": 0, "free_pages": 1000, "epoch": 0});
+                let _ = sock.send(encode(&hb)).await;
+                // Re-register until acknowledged (the router may have started after us).
+                if !registered && ticks.is_multiple_of(4) {
+                    let _ = sock.send(encode(&register)).await;
+                }
+            }
+        }
+    }
+}
+
+fn chunks(
+    id: u32,
+    rid: &str,
+    out: &[u32],
+    finish: &str,
+    prompt: usize,
+    per: usize,
+) -> Vec<ZmqMessage> {
+    let per = if per == 0 { out.len().max(1) } else { per };
+    let parts: Vec<&[u32]> = if out.is_empty() {
+        vec![&[][..]]
+    } else {
+        out.chunks(per).collect()
+    };
+    let n = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, ids)| {
+            encode(&Tokens {
+                v: PROTOCOL_VERSION,
+                ty: "tokens",
+                worker_id: id,
+                request_id: rid,
+                token_ids: ids,
+                finish_reason: (i + 1 == n).then_some(finish),
+                error: None,
+                prompt_tokens: prompt,
+            })
+        })
+        .collect()
+}
+
+async fn paced(
+    id: u32,
+    m: RouterMsg,
+    out: Vec<u32>,
+    finish: &'static str,
+    opts: MockOptions,
+    aborted: Arc<Mutex<HashSet<String>>>,
+    tx: mpsc::UnboundedSender<ZmqMessage>,
+) {
+    for msg in chunks(
+        id,
+        &m.request_id,
+        &out,
+        finish,
+        m.input_ids.len(),
+        opts.tokens_per_message,
+    ) {
+        tokio::time::sleep(opts.step_delay).await;
+        if aborted.lock().unwrap().remove(&m.request_id) {
+            let ack = Tokens {
+                v: PROTOCOL_VERSION,
+                ty: "tokens",
+                worker_id: id,
+                request_id: &m.request_id,
+                token_ids: &[],
+                finish_reason: Some("abort"),
+                error: None,
+                prompt_tokens: m.input_ids.len(),
+            };
+            let _ = tx.send(encode(&ack));
+            return;
+        }
+        let _ = tx.send(msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_echoes_prompt_and_stops_on_stop_token() {
+        let s = Sampling {
+            max_tokens: 5,
+            ..Sampling::default()
+        };
+        assert_eq!(plan_output(&[7, 8], &s), (vec![7, 8, 7, 8, 7], "length"));
+        let s = Sampling {
+            max_tokens: 5,
+            stop_token_ids: vec![8],
+            ..Sampling::default()
+        };
+        assert_eq!(plan_output(&[7, 8], &s), (vec![7, 8], "stop"));
+        let s = Sampling {
+            ignore_eos: true,
+            ..s
+        };
+        assert_eq!(plan_output(&[7, 8], &s).1, "length");
+    }
+}

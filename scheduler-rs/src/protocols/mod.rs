@@ -1,0 +1,4 @@
+//! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
+
+pub mod openai;
+pub mod worker;

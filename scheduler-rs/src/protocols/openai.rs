@@ -1,0 +1,156 @@
+//! OpenAI-compatible request types (`/v1/chat/completions`, `/v1/completions`) and the
+//! SGLang-style native `/generate` request. Unknown fields are ignored, like OpenAI does.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A string or a list of strings (`stop`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StringOrList {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StringOrList::One(s) => vec![s],
+            StringOrList::Many(v) => v,
+        }
+    }
+}
+
+/// `prompt` of `/v1/completions`: text or token ids (a batch of one is accepted).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdBatch(Vec<Vec<u32>>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by chat and text completions (and Nitsum extensions).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<StringOrList>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    /// Extension: do not stop at EOS.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// Extension: extra token ids that end generation.
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
+    /// Extension: the SLO tier (the `x-nitsum-tier` header wins).
+    pub tier: Option<String>,
+}
+
+/// A chat message; `content` is a string or a list of `{"type": "text", "text": ...}` parts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Value>,
+    /// Any other fields (name, tool_calls, ...) are passed to the chat template as they are.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ChatCompletionRequest {
+    /// NOTE: optional here so that a missing field is our own 400 naming `messages`.
+    pub messages: Option<Vec<ChatMessage>>,
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct CompletionRequest {
+    pub prompt: Option<Prompt>,
+    /// Echo the prompt text before the completion.
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub common: CommonParams,
+}
+
+/// `sampling_params` of the native `/generate`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct NativeSampling {
+    pub max_new_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<StringOrList>,
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct NativeGenerateRequest {
+    pub input_ids: Option<Vec<u32>>,
+    pub text: Option<String>,
+    #[serde(default)]
+    pub sampling_params: NativeSampling,
+    #[serde(default)]
+    pub stream: bool,
+    pub tier: Option<String>,
+}
+
+/// Parse a JSON body into `T`, mapping failures to the OpenAI error shape.
+pub fn parse_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, crate::errors::ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        crate::errors::ApiError::bad_json(format!("could not parse the JSON body: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_and_stop_accept_both_shapes() {
+        let r: CompletionRequest =
+            serde_json::from_str(r#"{"prompt": [1, 2], "stop": "x", "tier": "strict"}"#).unwrap();
+        assert_eq!(r.prompt, Some(Prompt::Ids(vec![1, 2])));
+        assert_eq!(r.common.stop.unwrap().into_vec(), ["x"]);
+        assert_eq!(r.common.tier.as_deref(), Some("strict"));
+        let r: CompletionRequest =
+            serde_json::from_str(r#"{"prompt": "hi", "stop": ["a", "b"], "foo": 1}"#).unwrap();
+        assert_eq!(r.prompt, Some(Prompt::Text("hi".into())));
+        assert_eq!(r.common.stop.unwrap().into_vec(), ["a", "b"]);
+        let chat: ChatCompletionRequest = serde_json::from_str(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi", "name": "x"}]}"#,
+        )
+        .unwrap();
+        let msgs = chat.messages.unwrap();
+        assert_eq!(msgs[0].extra["name"], "x");
+        assert!(serde_json::from_str::<CompletionRequest>(r#"{"temperature": "hot"}"#).is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! Router ↔ worker messages (docs/protocol.md, v1): one msgpack map per ZeroMQ frame with
+//! keys `v` and `type`. Encoded with named fields (`rmp_serde::to_vec_named`).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::{Plan, Role};
+
+/// Protocol version carried in every message as `v`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Sampling parameters of a `generate` message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// -1 = off.
+    pub top_k: i32,
+    pub seed: Option<u64>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            max_tokens: 16,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            seed: None,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// `generate` (router → group leader).
+#[derive(Debug, Serialize)]
+pub struct Generate<'a> {
+    pub v: u32,
+    #[serde(rename = "type")]
+    pub ty: &'a str,
+    pub request_id: &'a str,
+    pub input_ids: &'a [u32],
+    pub sampling: &'a Sampling,
+    pub tier: &'a str,
+    pub class: &'a str,
+    pub decode_target: Option<u32>,
+}
+
+/// One group of a `reconfigure` message.
+#[derive(Debug, Serialize)]
+pub struct WireGroup<'a> {
+    pub members: &'a [u32],
+    pub tp: u32,
+    pub role: Role,
+    pub tiers: &'a [String],
+    pub accepts_background: bool,
+}
+
+/// `reconfigure` (router → every worker): the whole new plan.
+#[derive(Debug, Serialize)]
+pub struct Reconfigure<'a> {
+    pub v: u32,
+    #[serde(rename = "type")]
+    pub ty: &'a str,
+    pub epoch: u64,
+    pub groups: Vec<WireGroup<'a>>,
+}
+
+#[derive(Serialize)]
+struct Registered {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    worker_id: u32,
+    epoch: u64,
+}
+
+#[derive(Serialize)]
+struct Abort<'a> {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    request_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct Bare {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    // NOTE: serializing these plain structs into a Vec cannot fail.
+    rmp_serde::to_vec_named(msg).expect("msgpack encode")
+}
+
+/// Encode `generate`.
+pub fn encode_generate(msg: &Generate<'_>) -> Vec<u8> {
+    encode(msg)
+}
+
+/// Encode `registered`.
+pub fn encode_registered(worker_id: u32, epoch: u64) -> Vec<u8> {
+    encode(&Registered {
+        v: PROTOCOL_VERSION,
+        ty: "registered",
+        worker_id,
+        epoch,
+    })
+}
+
+/// Encode `abort`.
+pub fn encode_abort(request_id: &str) -> Vec<u8> {
+    encode(&Abort {
+        v: PROTOCOL_VERSION,
+        ty: "abort",
+        request_id,
+    })
+}
+
+/// Encode `shutdown`.
+pub fn encode_shutdown() -> Vec<u8> {
+    encode(&Bare {
+        v: PROTOCOL_VERSION,
+        ty: "shutdown",
+    })
+}
+
+/// Encode `reconfigure` for a whole plan.
+pub fn encode_reconfigure(plan: &Plan) -> Vec<u8> {
+    encode(&Reconfigure {
+        v: PROTOCOL_VERSION,
+        ty: "reconfigure",
+        epoch: plan.epoch,
+        groups: plan
+            .groups
+            .iter()
+            .map(|g| WireGroup {
+                members: &g.members,
+                tp: g.tp,
+                role: g.role,
+                tiers: &g.tiers,
+                accepts_background: g.accepts_background,
+            })
+            .collect(),
+    })
+}
+
+/// Any worker → router message. Flat: the fields of every type are optional so one decode
+/// handles all of them; unknown keys are ignored (forward compatible).
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Incoming {
+    pub v: u32,
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub worker_id: Option<u32>,
+    // register
+    pub device: Option<String>,
+    pub model: Option<String>,
+    pub tp_levels: Option<Vec<u32>>,
+    pub kv_capacity_tokens: Option<u64>,
+    pub max_context: Option<u64>,
+    pub eos_token_ids: Option<Vec<u32>>,
+    // heartbeat
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+    pub free_pages: Option<u64>,
+    pub epoch: Option<u64>,
+    // tokens
+    pub request_id: Option<String>,
+    pub token_ids: Option<Vec<u32>>,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+    pub prompt_tokens: Option<u32>,
+    // reconfigured
+    pub ok: Option<bool>,
+    pub timings_ms: Option<HashMap<String, f64>>,
+}
+
+/// Decode a worker message. `stats` messages keep only their numeric fields.
+pub fn decode_incoming(bytes: &[u8]) -> Result<Incoming, rmp_serde::decode::Error> {
+    rmp_serde::from_slice(bytes)
+}
+
+/// Numeric fields of a `stats` message (other keys dropped).
+pub fn decode_stats(bytes: &[u8]) -> HashMap<String, f64> {
+    let map: HashMap<String, serde_json::Value> = rmp_serde::from_slice(bytes).unwrap_or_default();
+    map.into_iter()
+        .filter(|(k, _)| k != "v" && k != "worker_id")
+        .filter_map(|(k, v)| v.as_f64().map(|f| (k, f)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generate_is_a_named_map_and_round_trips() {
+        let sampling = Sampling {
+            max_tokens: 4,
+            seed: Some(7),
+            ..Sampling::default()
+        };
+        let bytes = encode_generate(&Generate {
+            v: 1,
+            ty: "generate",
+            request_id: "42",
+            input_ids: &[1, 2, 3],
+            sampling: &sampling,
+            tier: "strict",
+            class: "feasible",
+            decode_target: None,
+        });
+        // Generic decode: keys are strings (a map, not an array).
+        let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(v["type"], "generate");
+        assert_eq!(v["sampling"]["top_k"], -1);
+        assert_eq!(v["sampling"]["seed"], 7);
+        assert!(v["decode_target"].is_null());
+        assert_eq!(v["input_ids"], serde_json::json!([1, 2, 3]));
+    }
+
+    #[test]
+    fn incoming_ignores_unknown_keys_and_reads_stats() {
+        let tokens = serde_json::json!({"v": 1, "type": "tokens", "worker_id": 3,
+            "request_id": "9", "token_ids": [5, 6], "finish_reason": null, "error": null,
+            "prompt_tokens": 2, "future_field": {"x": 1}});
+        let bytes = rmp_serde::to_vec_named(&tokens).unwrap();
+        let m = decode_incoming(&bytes).unwrap();
+        assert_eq!((m.ty.as_str(), m.worker_id), ("tokens", Some(3)));
+        assert_eq!(m.token_ids, Some(vec![5, 6]));
+        assert_eq!(m.finish_reason, None);
+        let stats = serde_json::json!({"v": 1, "type": "stats", "worker_id": 3, "util": 0.5});
+        let s = decode_stats(&rmp_serde::to_vec_named(&stats).unwrap());
+        assert_eq!(s.get("util"), Some(&0.5));
+        assert!(!s.contains_key("type"));
+    }
+}

@@ -1,0 +1,154 @@
+//! Wiring: config → model files → engine → transport → heartbeat reaper → HTTP server.
+//! `main` (the binary) and `nitsum._core.router_main` (Python) both call [`cli_main`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppState};
+use crate::config::{Cli, RouterConfig};
+use crate::engine::Engine;
+use crate::mock_worker::{self, MockOptions, MockWorker};
+use crate::tokenize::ModelFiles;
+use crate::transport::{self, Transport};
+
+/// A router running inside the current tokio runtime.
+pub struct Running {
+    /// Bound HTTP address.
+    pub http_addr: SocketAddr,
+    /// Bound worker endpoint (e.g. `tcp://127.0.0.1:5557`).
+    pub worker_endpoint: String,
+    pub engine: Arc<Engine>,
+    pub transport: Transport,
+    pub http: JoinHandle<()>,
+    pub reaper: JoinHandle<()>,
+    pub mocks: Vec<MockWorker>,
+}
+
+impl Running {
+    /// Stop every task of this router.
+    pub fn stop(&self) {
+        self.http.abort();
+        self.reaper.abort();
+        self.transport.abort();
+        for m in &self.mocks {
+            m.kill();
+        }
+    }
+}
+
+/// Load the model directory named by the config, if any.
+pub fn load_model(cfg: &RouterConfig) -> Result<Option<Arc<ModelFiles>>> {
+    cfg.model_dir
+        .as_deref()
+        .map(|d| ModelFiles::load(d).map(Arc::new))
+        .transpose()
+}
+
+/// Start transport, reaper, optional mock workers and the HTTP server.
+pub async fn start(cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<Running> {
+    let cfg = Arc::new(cfg);
+    let (engine, outbound) = Engine::new(cfg.clone());
+    let transport = transport::start(&cfg.worker_addr, engine.clone(), outbound).await?;
+    let worker_endpoint = transport.endpoint.clone();
+    let reaper = {
+        let engine = engine.clone();
+        // Check four times per timeout so a dead worker is noticed within 1.25 timeouts.
+        let period = (engine.heartbeat_timeout() / 4).max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                engine.reap_dead(Instant::now());
+            }
+        })
+    };
+    let mut mocks = Vec::new();
+    if cfg.mock_workers > 0 {
+        let opts = MockOptions {
+            eos_token_ids: model
+                .as_ref()
+                .map(|m| m.eos_token_ids.clone())
+                .unwrap_or_default(),
+            ..MockOptions::default()
+        };
+        mocks = mock_worker::spawn_many(&worker_endpoint, cfg.mock_workers, &opts).await?;
+    }
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .with_context(|| format!("binding HTTP at {}", cfg.listen))?;
+    let http_addr = listener.local_addr()?;
+    let app = api::router(AppState::new(engine.clone(), model));
+    let http = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("HTTP server failed: {e}");
+        }
+    });
+    tracing::info!(%http_addr, worker_endpoint = %worker_endpoint, "nitsum-router listening");
+    Ok(Running {
+        http_addr,
+        worker_endpoint,
+        engine,
+        transport,
+        http,
+        reaper,
+        mocks,
+    })
+}
+
+/// Run until Ctrl-C.
+pub async fn serve(cfg: RouterConfig) -> Result<()> {
+    let model = load_model(&cfg)?;
+    let shutdown_workers = cfg.shutdown_workers_on_exit;
+    let running = start(cfg, model).await?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    tracing::info!("shutting down");
+    if shutdown_workers {
+        running.engine.shutdown_workers();
+        // Give the send loop a moment to flush.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    running.stop();
+    Ok(())
+}
+
+/// The `nitsum-router` entry point: parse `args` (argv including the program name), run,
+/// return the process exit code.
+pub fn cli_main<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let level = cli.log_level.parse().unwrap_or(tracing::Level::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_target(false)
+        .try_init();
+    let result = RouterConfig::from_cli(&cli).and_then(|cfg| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")?
+            .block_on(serve(cfg))
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("nitsum-router: {e:#}");
+            1
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Tokenization: the HF `tokenizer.json`, the chat template and the model's limits, loaded
+//! from an HF-format model directory; incremental detokenization; stop strings.
+
+pub mod detok;
+pub mod stop;
+pub mod template;
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use serde_json::Value;
+
+pub use detok::{Decode, IncrementalDetokenizer};
+pub use stop::StopMatcher;
+pub use template::ChatTemplate;
+
+/// Default sampling values from `generation_config.json`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationDefaults {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+}
+
+/// Everything the router needs from the model directory.
+#[derive(Debug)]
+pub struct ModelFiles {
+    pub tokenizer: tokenizers::Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// `max_position_embeddings` of `config.json`.
+    pub max_context: usize,
+    /// EOS ids from `generation_config.json` and `tokenizer_config.json`.
+    pub eos_token_ids: Vec<u32>,
+    pub defaults: GenerationDefaults,
+}
+
+impl Decode for tokenizers::Tokenizer {
+    fn decode(&self, ids: &[u32]) -> String {
+        // NOTE: a decode error (an id out of the vocabulary) yields no text rather than a
+        // failure: the worker produced the id, the client still gets its token count.
+        (**self).decode(ids, true).unwrap_or_default()
+    }
+}
+
+impl Decode for ModelFiles {
+    fn decode(&self, ids: &[u32]) -> String {
+        Decode::decode(&self.tokenizer, ids)
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// A special token in tokenizer_config.json: a string or an AddedToken dict.
+fn token_str(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(String::from),
+        _ => None,
+    }
+}
+
+/// The chat template: `chat_template.jinja` if present, else `chat_template` of
+/// tokenizer_config.json (a string, or a list of `{name, template}` where `default` wins).
+fn template_source(dir: &Path, tok_cfg: &Value) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        return Ok(Some(std::fs::read_to_string(jinja)?));
+    }
+    Ok(match tok_cfg.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t["name"] == "default")
+            .or_else(|| list.first())
+            .and_then(|t| t["template"].as_str().map(String::from)),
+        _ => None,
+    })
+}
+
+impl ModelFiles {
+    /// Load from an HF model directory. `tokenizer.json` is required; the other files are
+    /// optional (no template: chat requests are refused; no config: context 4096).
+    pub fn load(dir: &Path) -> Result<Self> {
+        let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| anyhow!("loading {}/tokenizer.json: {e}", dir.display()))?;
+        let opt = |name: &str| -> Result<Value> {
+            let p = dir.join(name);
+            if p.exists() {
+                read_json(&p)
+            } else {
+                Ok(Value::Null)
+            }
+        };
+        let tok_cfg = opt("tokenizer_config.json")?;
+        let config = opt("config.json")?;
+        let gen = opt("generation_config.json")?;
+
+        let bos = token_str(tok_cfg.get("bos_token")).unwrap_or_default();
+        let eos = token_str(tok_cfg.get("eos_token")).unwrap_or_default();
+        let template = template_source(dir, &tok_cfg)?
+            .map(|src| ChatTemplate::new(&src, &bos, &eos))
+            .transpose()
+            .map_err(|e| anyhow!("compiling the chat template: {e}"))?;
+
+        let mut eos_token_ids: Vec<u32> = match gen.get("eos_token_id") {
+            Some(Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|n| n.as_u64())
+                .map(|n| n as u32)
+                .collect(),
+            _ => Vec::new(),
+        };
+        if let Some(id) = tokenizer.token_to_id(&eos) {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+        let max_context = config
+            .get("max_position_embeddings")
+            .and_then(Value::as_u64)
+            .unwrap_or(4096) as usize;
+        let defaults = GenerationDefaults {
+            temperature: gen.get("temperature").and_then(Value::as_f64),
+            top_p: gen.get("top_p").and_then(Value::as_f64),
+            top_k: gen.get("top_k").and_then(Value::as_i64),
+        };
+        Ok(ModelFiles {
+            tokenizer,
+            template,
+            max_context,
+            eos_token_ids,
+            defaults,
+        })
+    }
+
+    /// Token ids of `text`; `special` adds BOS etc. through the post-processor.
+    pub fn encode(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .tokenizer
+            .encode_fast(text, special)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_byte_level_model_dir_loads_and_round_trips() {
+        let dir = crate::testutil::tiny_model_dir();
+        let m = ModelFiles::load(dir.path()).unwrap();
+        assert_eq!(m.max_context, 64);
+        assert_eq!(m.eos_token_ids, vec![crate::testutil::EOS_ID]);
+        assert_eq!(m.defaults.temperature, Some(0.7));
+        let ids = m.encode("héllo 😀", false).unwrap();
+        // Byte-level, no merges except "l"+"l": é is 2 tokens, the emoji 4.
+        assert_eq!(ids.len(), "héllo 😀".len() - 1);
+        assert_eq!(Decode::decode(&m, &ids), "héllo 😀");
+        // Streaming through the real tokenizer never yields a broken character.
+        let mut d = IncrementalDetokenizer::new();
+        let pieces: Vec<String> = ids.iter().map(|&i| d.push(&m, &[i])).collect();
+        assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
+        assert_eq!(pieces.concat(), "héllo 😀");
+        assert!(pieces.iter().any(|p| p == "😀"));
+        // Special tokens are skipped in output text.
+        let eos = crate::testutil::EOS_ID;
+        assert_eq!(Decode::decode(&m, &[ids[0], eos]), "h");
+        let chat = m.template.as_ref().unwrap();
+        let text = chat
+            .render(
+                &[serde_json::json!({"role": "user", "content": "hi"})],
+                true,
+            )
+            .unwrap();
+        assert_eq!(
+            m.encode(&text, false).unwrap()[0],
+            crate::testutil::IM_START_ID
+        );
+    }
+
+    /// The real SmolLM2 tokenizer, when `nitsum model prepare` has put it in the cache
+    /// (skipped otherwise). Ids were produced by the Python `tokenizers` package.
+    #[test]
+    fn real_smollm2_matches_python_tokenizers_if_present() {
+        let Some(home) = std::env::var_os("HOME") else {
+            return;
+        };
+        let dir = std::path::Path::new(&home).join(".cache/nitsum/models/SmolLM2-135M-Instruct");
+        if !dir.join("tokenizer.json").exists() {
+            return;
+        }
+        let m = ModelFiles::load(&dir).unwrap();
+        assert_eq!(m.max_context, 8192);
+        assert!(m.eos_token_ids.contains(&2));
+        let msgs = [serde_json::json!({"role": "user", "content": "Héllo 😀 wörld"})];
+        let text = m.template.as_ref().unwrap().render(&msgs, true).unwrap();
+        assert!(text.starts_with("<|im_start|>system\n"));
+        let user = "<|im_start|>user\nHéllo 😀 wörld<|im_end|>\n<|im_start|>assistant\n";
+        assert!(text.ends_with(user), "{text}");
+        let ids = m.encode(user, false).unwrap();
+        assert_eq!(
+            ids,
+            [
+                1, 4093, 198, 56, 2756, 31394, 40303, 218, 267, 29989, 400, 2, 198, 1, 520, 9531,
+                198
+            ]
+        );
+        let mut d = IncrementalDetokenizer::new();
+        let streamed: String = ids.iter().map(|&i| d.push(&m, &[i])).collect();
+        assert!(!streamed.contains('\u{FFFD}'));
+        assert_eq!(streamed, "user\nHéllo 😀 wörld\nassistant\n");
+    }
+}

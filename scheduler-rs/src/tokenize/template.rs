@@ -1,0 +1,112 @@
+//! HF chat templates rendered with minijinja (Jinja2 semantics as `transformers` sets them
+//! up: `trim_blocks`, `lstrip_blocks`, Python string methods via `pycompat`, and the
+//! `raise_exception` helper).
+
+use minijinja::{Environment, Error, ErrorKind};
+use serde_json::{json, Value};
+
+/// Name of the only template in the environment.
+const NAME: &str = "chat";
+
+/// A compiled chat template with its special tokens.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+fn raise_exception(msg: String) -> Result<String, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Compile `source`. Fails on a syntax error.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, Error> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(NAME, source.to_string())?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// Render a conversation. `messages` are JSON objects with at least `role` and `content`.
+    pub fn render(&self, messages: &[Value], add_generation_prompt: bool) -> Result<String, Error> {
+        let tmpl = self.env.get_template(NAME)?;
+        let ctx = json!({
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        });
+        tmpl.render(minijinja::Value::from(minijinja::value::Serde(&ctx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ChatML template used by SmolLM2 / Qwen-style models.
+    pub(crate) const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn chatml_renders_with_generation_prompt() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let msgs = [json!({"role": "user", "content": "Hi"})];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(!t.render(&msgs, false).unwrap().ends_with("assistant\n"));
+    }
+
+    #[test]
+    fn llama_style_template_with_strip_bos_and_raise_exception() {
+        let src = "{{ bos_token }}{% for m in messages %}\
+            {% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}\
+            {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\
+            {% endif %}\
+            {% if m['role'] == 'user' %}{{ '[INST] ' + m['content'].strip() + ' [/INST]' }}\
+            {% else %}{{ ' ' + m['content'].strip() + eos_token }}{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let ok = [
+            json!({"role": "user", "content": "  a "}),
+            json!({"role": "assistant", "content": "b"}),
+        ];
+        assert_eq!(t.render(&ok, false).unwrap(), "<s>[INST] a [/INST] b</s>");
+        let bad = [json!({"role": "assistant", "content": "b"})];
+        let err = t.render(&bad, false).unwrap_err();
+        assert!(err.to_string().contains("must alternate"), "{err}");
+        assert!(ChatTemplate::new("{% if %}", "", "").is_err());
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks_like_transformers() {
+        let src = "{% for m in messages %}\n    {{ m.content }}\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let msgs = [
+            json!({"role": "user", "content": "x"}),
+            json!({"role": "user", "content": "y"}),
+        ];
+        assert_eq!(t.render(&msgs, false).unwrap(), "    x\n    y\n");
+    }
+}

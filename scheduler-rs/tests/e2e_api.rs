@@ -1,0 +1,398 @@
+//! HTTP → router → mock worker (real ZeroMQ protocol) → HTTP.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use nitsum_scheduler::config::ApiKey;
+use nitsum_scheduler::mock_worker::MockOptions;
+use nitsum_scheduler::testutil::{EOS_ID, IM_START_ID};
+use serde_json::{json, Value};
+
+fn streaming() -> MockOptions {
+    MockOptions {
+        tokens_per_message: 1,
+        ..MockOptions::default()
+    }
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": content}]});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_non_stream_echoes_and_stops_on_eos() {
+    let r = start(config(), &[MockOptions::default(), MockOptions::default()]).await;
+    // The mock echoes the prompt: <|im_start|>user\nhé<|im_end|> ... so 5 tokens read "user".
+    let resp = post(
+        &r,
+        "/v1/chat/completions",
+        chat("hé", json!({"max_tokens": 5})),
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let v = resp.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "user");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt > 10);
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["usage"]["total_tokens"], prompt + 5);
+    // Without a limit the echo reaches <|im_end|> (an EOS id sent in stop_token_ids).
+    let v = post(&r, "/v1/chat/completions", chat("hé", json!({})))
+        .await
+        .json();
+    assert_eq!(v["choices"][0]["message"]["content"], "user\nhé");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_stream_splits_multibyte_safely_and_ends_with_done() {
+    let r = start(config(), &[streaming()]).await;
+    let body = chat(
+        "é😀",
+        json!({"stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let resp = post(&r, "/v1/chat/completions", body).await;
+    assert_eq!(resp.status, 200);
+    assert!(resp.headers.contains("text/event-stream"));
+    let data = resp.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let deltas: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str())
+        .collect();
+    // One token per message: é is 2 tokens and 😀 is 4, yet every delta is whole text.
+    assert!(deltas.iter().all(|d| !d.contains('\u{FFFD}')));
+    assert!(deltas.contains(&"😀"));
+    assert_eq!(deltas.concat(), "user\né😀");
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, [&json!("stop")]);
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 13);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_stop_string_truncates_and_aborts_worker() {
+    let slow = MockOptions {
+        tokens_per_message: 1,
+        // Slow enough that the stop string is always seen before the worker finishes.
+        step_delay: Duration::from_millis(20),
+        ..MockOptions::default()
+    };
+    let r = start(config(), &[slow]).await;
+    // Prompt ids are echoed: "abcabc..." — stop at "ca" across token boundaries.
+    let body = json!({"prompt": "abcabcabc", "max_tokens": 30, "stop": ["ca"], "stream": true});
+    let resp = post(&r, "/v1/completions", body).await;
+    let data = resp.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "ab");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+    wait_until(|| r.mocks[0].stats.aborts.load(Ordering::Relaxed) == 1).await;
+    assert_eq!(r.run.engine.inflight(), 0);
+
+    // Non-stream, token-id prompt, list stop, echo.
+    let body = json!({"prompt": [104, 105, 33], "max_tokens": 7, "stop": "!h", "echo": true});
+    let v = post(&r, "/v1/completions", body).await.json();
+    assert_eq!(v["choices"][0]["text"], "hi!hi");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_generate_and_info_endpoints() {
+    let r = start(config(), &[MockOptions::default(), MockOptions::default()]).await;
+    let body =
+        json!({"input_ids": [IM_START_ID, 104, 105], "sampling_params": {"max_new_tokens": 4}});
+    let v = post(&r, "/generate", body).await.json();
+    assert_eq!(v["output_ids"], json!([IM_START_ID, 104, 105, IM_START_ID]));
+    assert_eq!(v["text"], "hi");
+    assert_eq!(v["meta_info"]["finish_reason"]["type"], "length");
+    assert_eq!(v["meta_info"]["completion_tokens"], 4);
+    assert_eq!(v["meta_info"]["class"], "feasible");
+    let v = post(
+        &r,
+        "/generate",
+        json!({"text": "ab", "sampling_params": {"max_new_tokens": 3}}),
+    )
+    .await
+    .json();
+    assert_eq!(v["text"], "aba");
+
+    let models = call(&r, "GET", "/v1/models", &[], "").await.json();
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(call(&r, "GET", "/health", &[], "").await.status, 200);
+    let plan = call(&r, "GET", "/admin/plan", &[], "").await.json();
+    assert_eq!(plan["groups"].as_array().unwrap().len(), 2);
+    assert_eq!(plan["groups"][0]["tp"], 1);
+    assert_eq!(plan["groups"][0]["tiers"], json!(["strict", "relaxed"]));
+    let metrics = call(&r, "GET", "/metrics", &[], "").await.body;
+    for name in [
+        "nitsum_ttft_seconds_bucket{tier=\"strict\",le=\"+Inf\"} 2",
+        "nitsum_requests_finished_total{tier=\"strict\"} 2",
+        "nitsum_requests_dispatched_total{tier=\"strict\",class=\"feasible\"} 2",
+        "nitsum_group_tp{group=\"0\",role=\"mixed\"} 1",
+        "nitsum_plan_epoch ",
+        "nitsum_slo_attainment{tier=\"strict\"}",
+        "nitsum_e2e_seconds_count{tier=\"relaxed\"} 0",
+    ] {
+        assert!(metrics.contains(name), "missing {name} in\n{metrics}");
+    }
+    // Both mocks got a reconfigure with the whole plan.
+    assert!(r
+        .mocks
+        .iter()
+        .all(|m| m.stats.reconfigures.load(Ordering::Relaxed) >= 1));
+}
+
+fn err(resp: &Resp) -> (u16, Value) {
+    let v = resp.json();
+    for k in ["message", "type", "param", "code"] {
+        assert!(v["error"].get(k).is_some(), "missing error.{k} in {v}");
+    }
+    (resp.status, v["error"]["param"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    let bad_json = call(&r, "POST", "/v1/chat/completions", &[], "{not json").await;
+    assert_eq!(err(&bad_json).0, 400);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "tiny"}),
+            400,
+            json!("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"model": "gpt-9"})),
+            404,
+            json!("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"max_tokens": 0})),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"max_completion_tokens": -1})),
+            400,
+            json!("max_completion_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"temperature": -0.5})),
+            400,
+            json!("temperature"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"top_p": 0})),
+            400,
+            json!("top_p"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"n": 2})),
+            400,
+            json!("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"tier": "gold"})),
+            400,
+            json!("tier"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(&"x".repeat(80), json!({})),
+            400,
+            json!("messages"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "y".repeat(64)}),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 99999]}),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "/v1/completions",
+            json!({"max_tokens": 3}),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "/generate",
+            json!({"sampling_params": {}}),
+            400,
+            json!("input_ids"),
+        ),
+    ];
+    for (path, body, status, param) in cases {
+        let resp = post(&r, path, body.clone()).await;
+        assert_eq!(err(&resp), (status, param), "{path} {body}");
+    }
+    // Nothing was dispatched by any of these.
+    assert_eq!(r.mocks[0].stats.generates.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_and_tiers() {
+    let mut cfg = config();
+    cfg.api_keys = vec![
+        ApiKey {
+            key: "sk-a".into(),
+            tiers: vec!["strict".into(), "relaxed".into()],
+            default_tier: Some("relaxed".into()),
+        },
+        ApiKey {
+            key: "sk-bg".into(),
+            tiers: vec!["background".into()],
+            default_tier: None,
+        },
+    ];
+    let r = start(cfg, &[MockOptions::default()]).await;
+    let body = json!({"input_ids": [104], "sampling_params": {"max_new_tokens": 1}}).to_string();
+    let no_key = call(&r, "POST", "/generate", &[], &body).await;
+    assert_eq!(err(&no_key).0, 401);
+    let wrong = call(
+        &r,
+        "POST",
+        "/generate",
+        &[("Authorization", "Bearer nope")],
+        &body,
+    )
+    .await;
+    assert_eq!(err(&wrong).0, 401);
+    let a = call(
+        &r,
+        "POST",
+        "/generate",
+        &[("Authorization", "Bearer sk-a")],
+        &body,
+    )
+    .await
+    .json();
+    assert_eq!(a["meta_info"]["tier"], "relaxed");
+    let hdr = [
+        ("Authorization", "Bearer sk-a"),
+        ("x-nitsum-tier", "strict"),
+    ];
+    assert_eq!(
+        call(&r, "POST", "/generate", &hdr, &body).await.json()["meta_info"]["tier"],
+        "strict"
+    );
+    let forbidden = [
+        ("Authorization", "Bearer sk-a"),
+        ("x-nitsum-tier", "background"),
+    ];
+    assert_eq!(
+        err(&call(&r, "POST", "/generate", &forbidden, &body).await).0,
+        403
+    );
+    let bg = call(
+        &r,
+        "POST",
+        "/generate",
+        &[("Authorization", "Bearer sk-bg")],
+        &body,
+    )
+    .await
+    .json();
+    assert_eq!(
+        (
+            bg["meta_info"]["tier"].as_str(),
+            bg["meta_info"]["class"].as_str()
+        ),
+        (Some("background"), Some("background"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_is_503() {
+    let r = start(config(), &[]).await;
+    let resp = post(&r, "/v1/completions", json!({"prompt": "hi"})).await;
+    assert_eq!(err(&resp).0, 503);
+    assert_eq!(call(&r, "GET", "/health", &[], "").await.status, 503);
+    let _ = EOS_ID;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_plan_groups_need_all_members_and_set_decode_target() {
+    use nitsum_scheduler::plan::{GroupPlan, Role};
+    let group = |members: &[u32], role| GroupPlan {
+        members: members.to_vec(),
+        tp: members.len() as u32,
+        role,
+        tiers: vec!["strict".into()],
+        accepts_background: false,
+        max_rps: 0.0,
+        max_inflight: 0.0,
+    };
+    let mut cfg = config();
+    // Workers 0+1 prefill at TP 2 and hand off to worker 2, which decodes.
+    cfg.static_plan = Some(vec![
+        group(&[0, 1], Role::Prefill),
+        group(&[2], Role::Decode),
+    ]);
+    let r = start(cfg, &[MockOptions::default(), MockOptions::default()]).await;
+    // Worker 2 is missing: the decode group is not routable, so nothing can be placed.
+    assert_eq!(r.run.engine.plan().groups.len(), 1);
+    let body = json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": 2}});
+    assert_eq!(post(&r, "/generate", body.clone()).await.status, 503);
+    let late =
+        nitsum_scheduler::mock_worker::spawn(&r.run.worker_endpoint, 2, MockOptions::default())
+            .await
+            .unwrap();
+    wait_until(|| r.run.engine.plan().groups.len() == 2).await;
+    let v = post(&r, "/generate", body).await.json();
+    assert_eq!(v["output_ids"], json!([104, 105]));
+    let last = r.mocks[0].stats.last_generate.lock().unwrap().clone();
+    assert_eq!(last, Some(("strict".into(), "feasible".into(), Some(2))));
+    // Background work has no accepting group in this plan.
+    let bg = json!({"input_ids": [104], "tier": "background"});
+    assert_eq!(post(&r, "/generate", bg).await.status, 503);
+    let plan = call(&r, "GET", "/admin/plan", &[], "").await.json();
+    assert_eq!(plan["groups"][0]["tp"], 2);
+    assert_eq!(plan["groups"][0]["role"], "prefill");
+    drop(late);
+}

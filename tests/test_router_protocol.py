@@ -1,0 +1,272 @@
+"""Interop test: the Rust `nitsum-router` binary with a Python worker speaking
+docs/protocol.md over pyzmq + msgpack, driven by the official `openai` client.
+
+Needs the binary (`cargo build --release`); skipped when it is missing. Set
+NITSUM_ROUTER_BIN to use another build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(os.environ.get("NITSUM_ROUTER_BIN", ROOT / "target" / "release" / "nitsum-router"))
+EOS = 259
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def write_tiny_model(d: Path) -> None:
+    """Same byte-level BPE as scheduler-rs/src/testutil.rs (id = byte value)."""
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    vocab["ll"] = 256
+
+    def special(i: int, s: str) -> dict:
+        return {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+
+    tok = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            special(257, "<|endoftext|>"),
+            special(258, "<|im_start|>"),
+            special(EOS, "<|im_end|>"),
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "post_processor": None,
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "vocab": vocab,
+            "merges": ["l l"],
+        },
+    }
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|im_end|>", "chat_template": CHATML})
+    )
+    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PyWorker(threading.Thread):
+    """A minimal Python worker: registers, heartbeats, echoes the prompt one token per message."""
+
+    def __init__(self, addr: str, worker_id: int = 0):
+        super().__init__(daemon=True)
+        self.addr, self.worker_id = addr, worker_id
+        self.received: list[dict] = []
+        self.stop = threading.Event()
+
+    def send(self, sock: zmq.Socket, **msg) -> None:
+        sock.send(msgpack.packb({"v": 1, "worker_id": self.worker_id, **msg}))
+
+    def run(self) -> None:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, str(self.worker_id).encode())
+        sock.connect(self.addr)
+        register = dict(
+            type="register",
+            device="cpu",
+            model="tiny",
+            tp_levels=[1],
+            kv_capacity_tokens=4096,
+            max_context=256,
+            eos_token_ids=[EOS],
+        )
+        self.send(sock, **register)
+        registered, last_beat = False, 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now - last_beat > 0.1:
+                self.send(sock, type="heartbeat", running=0, waiting=0, free_pages=10, epoch=0)
+                if not registered:
+                    self.send(sock, **register)
+                last_beat = now
+            if not sock.poll(20):
+                continue
+            msg = msgpack.unpackb(sock.recv(), raw=False)
+            self.received.append(msg)
+            if msg["type"] == "registered":
+                registered = True
+            elif msg["type"] == "reconfigure":
+                self.send(
+                    sock,
+                    type="reconfigured",
+                    epoch=msg["epoch"],
+                    ok=True,
+                    error=None,
+                    timings_ms={"total": 0.1},
+                )
+            elif msg["type"] == "generate":
+                ids, s = msg["input_ids"], msg["sampling"]
+                out = []
+                for i in range(s["max_tokens"]):
+                    out.append(ids[i % len(ids)])
+                    if out[-1] in s["stop_token_ids"] and not s["ignore_eos"]:
+                        break
+                end = "stop" if out[-1] in s["stop_token_ids"] else "length"
+                for i, t in enumerate(out):
+                    reason = end if i == len(out) - 1 else None
+                    self.send(
+                        sock,
+                        type="tokens",
+                        request_id=msg["request_id"],
+                        token_ids=[t],
+                        finish_reason=reason,
+                        error=None,
+                        prompt_tokens=len(ids),
+                    )
+        sock.close(0)
+
+
+@pytest.fixture()
+def router(tmp_path):
+    write_tiny_model(tmp_path)
+    http, zport = free_port(), free_port()
+    worker_addr = f"tcp://127.0.0.1:{zport}"
+    proc = subprocess.Popen(
+        [
+            str(BIN),
+            "--listen",
+            f"127.0.0.1:{http}",
+            "--worker-addr",
+            worker_addr,
+            "--model-dir",
+            str(tmp_path),
+            "--served-model-name",
+            "tiny",
+            "--log-level",
+            "warn",
+        ]
+    )
+    worker = PyWorker(worker_addr)
+    worker.start()
+    import httpx
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{http}/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "router did not become healthy"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{http}", worker
+    worker.stop.set()
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_openai_client_through_python_worker(router):
+    import openai
+
+    base, worker = router
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "é!"}])
+    assert r.choices[0].message.content == "user\né!"
+    assert r.choices[0].finish_reason == "stop"
+    # <|im_start|> u s e r \n é(2 byte tokens) ! <|im_end|>
+    assert r.usage.completion_tokens == 10
+    stream = client.completions.create(
+        model="tiny", prompt="hello world", max_tokens=8, stream=True, stop=["wo"]
+    )
+    text = "".join(c.choices[0].text for c in stream)
+    assert text == "hello "
+
+    gen = next(m for m in worker.received if m["type"] == "generate")
+    assert set(gen) >= {
+        "v",
+        "type",
+        "request_id",
+        "input_ids",
+        "sampling",
+        "tier",
+        "class",
+        "decode_target",
+    }
+    assert isinstance(gen["request_id"], str) and gen["class"] == "feasible"
+    assert gen["tier"] == "strict" and gen["decode_target"] is None
+    assert set(gen["sampling"]) == {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop_token_ids",
+        "ignore_eos",
+    }
+    assert gen["sampling"]["stop_token_ids"] == [EOS] and gen["sampling"]["top_k"] == -1
+    reg = next(m for m in worker.received if m["type"] == "registered")
+    assert reg["worker_id"] == 0 and reg["epoch"] >= 1
+    reconf = next(m for m in worker.received if m["type"] == "reconfigure")
+    assert reconf["groups"] == [
+        {
+            "members": [0],
+            "tp": 1,
+            "role": "mixed",
+            "tiers": ["strict", "relaxed"],
+            "accepts_background": True,
+        }
+    ]
