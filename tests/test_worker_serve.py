@@ -23,9 +23,10 @@ import argparse, json, os, sys, threading, zmq
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import msgpack
 p = argparse.ArgumentParser()
-for f in ("--host", "--port", "--worker-addr", "--model-dir", "--served-model-name", "--config"):
+for f in ("--listen", "--worker-addr", "--model-dir", "--served-model-name", "--config"):
     p.add_argument(f)
 a = p.parse_args()
+a.host, a.port = a.listen.rsplit(":", 1)
 out = os.environ["FAKE_OUT"]
 json.dump({"argv": sys.argv[1:], "pid": os.getpid()}, open(f"{out}/router.json", "w"))
 workers = set()
@@ -158,7 +159,7 @@ def test_serve_starts_router_then_workers_and_sigterm_leaves_no_orphans(launch, 
     status, health = serve.get_health(f"http://127.0.0.1:{port}")
     assert (status, health["workers"]) == (200, 2)
     argv = json.loads((tmp_path / "router.json").read_text())["argv"]
-    assert argv[:4] == ["--host", "127.0.0.1", "--port", str(port)]
+    assert argv[:2] == ["--listen", f"127.0.0.1:{port}"]
     assert argv[argv.index("--model-dir") + 1] == str(tmp_path / "tiny-model")
     assert argv[argv.index("--served-model-name") + 1] == "tiny-model"
     assert argv[-2:] == ["--config", "tiers.toml"]
@@ -202,10 +203,8 @@ def test_router_resolution_and_command(tmp_path, monkeypatch):
     cmd = serve.router_command(["r"], "0.0.0.0", 9, "tcp://x:1", Path("/m"), "m", None)
     assert cmd == [
         "r",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "9",
+        "--listen",
+        "0.0.0.0:9",
         "--worker-addr",
         "tcp://x:1",
         "--model-dir",

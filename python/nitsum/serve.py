@@ -78,7 +78,7 @@ def router_command(
     config: str | None = None,
 ) -> list[str]:
     """The router's command line. NOTE: the one place that knows the router's flags."""
-    cmd = [*prefix, "--host", host, "--port", str(port), "--worker-addr", worker_addr]
+    cmd = [*prefix, "--listen", f"{host}:{port}", "--worker-addr", worker_addr]
     cmd += ["--model-dir", str(model_dir), "--served-model-name", served_model_name]
     if config:
         cmd += ["--config", config]
