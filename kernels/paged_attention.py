@@ -33,6 +33,27 @@ class AttentionMetadata:
     decode_mask: torch.Tensor  # (n_decode, 1, 1, max_ctx) bool: True = attend
     prefills: list[PrefillSegment]
 
+    def to(self, device: torch.device | str) -> AttentionMetadata:
+        """The same plan with every tensor on `device` (a no-op on CPU)."""
+        if torch.device(device).type == "cpu":
+            return self
+        segs = [
+            PrefillSegment(
+                s.row_start,
+                s.q_len,
+                s.context_slots.to(device),
+                None if s.causal_mask is None else s.causal_mask.to(device),
+            )
+            for s in self.prefills
+        ]
+        return AttentionMetadata(
+            self.slot_mapping.to(device),
+            self.n_decode,
+            self.decode_slots.to(device),
+            self.decode_mask.to(device),
+            segs,
+        )
+
 
 def paged_attention_ref(
     q: torch.Tensor,

@@ -131,3 +131,23 @@ def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
     drain(pe, out)
     assert out == {k: ref[k] for k in out}
     assert set(out) == set(ref)
+
+
+def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
+    """Disaggregation: TP-2 prefill group, two TP-1 decode groups; same greedy tokens."""
+    hf, cfg = tiny
+    ps = prompts(cfg, 4)
+    ref = reference_tokens(tiny, ps)
+    pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, [(0, 1), (2,), (3,)])
+    for i, p in enumerate(ps):
+        pe.add_request(f"r{i}", p, GREEDY, group=(0, 1), decode_group=(2 + i % 2,))
+    out = drain(pe, steps=6)
+    # Every prompt fits the budget, so all prefills are done and handed off by now.
+    assert not pe.engines[(0, 1)].seqs
+    assert {r for e in (pe.engines[(2,)], pe.engines[(3,)]) for r in e.seqs} == set(ref)
+    assert pe.handoff_bytes > 0
+    assert_pages_consistent(pe)
+    drain(pe, out)
+    assert out == ref
+    for device in range(4):
+        assert pe.alloc.num_free(device) == NUM_PAGES

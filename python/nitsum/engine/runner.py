@@ -30,7 +30,7 @@ class ModelRunner:
             self.ctx,
             inputs.input_ids.to(device),
             inputs.positions.to(device),
-            inputs.meta,
+            inputs.meta.to(device),
             self.pool,
         )
         return self.model.logits(hidden[inputs.sample_rows])

@@ -104,10 +104,10 @@ class Device:
         if cmd == "step":
             members, inputs = args
             ctx = self.contexts[members]
-            hidden = self.model.forward(
-                ctx, inputs.input_ids, inputs.positions, inputs.meta, self.pool
-            )
-            return self.model.logits(hidden[inputs.sample_rows]) if ctx.rank == 0 else None
+            dev = self.model.weights.embed.device
+            ids, pos = inputs.input_ids.to(dev), inputs.positions.to(dev)
+            hidden = self.model.forward(ctx, ids, pos, inputs.meta.to(dev), self.pool)
+            return self.model.logits(hidden[inputs.sample_rows]).cpu() if ctx.rank == 0 else None
         if cmd == "activate":
             t0 = time.perf_counter()
             self.active = self.contexts[args[0]]

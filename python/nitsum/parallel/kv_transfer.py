@@ -8,7 +8,7 @@ deadlock-free: the earliest unfinished piece always has both of its devices wait
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,9 @@ class KVTransfer:
         self.chunk_bytes = chunk_bytes
         # NOTE: staging buffers are allocated once here, never on the switch path.
         elems = chunk_bytes // storage.element_size()
-        self.buffers = [torch.empty(elems, dtype=storage.dtype) for _ in range(2)]
+        self.buffers = [
+            torch.empty(elems, dtype=storage.dtype, device=storage.device) for _ in range(2)
+        ]
 
     def _view(self, tp: int) -> torch.Tensor:
         return slot_view(self.storage, self.kv_heads // tp, self.head_dim)
@@ -80,6 +82,12 @@ class KVTransfer:
             if self.device not in (piece.src, piece.dst):
                 continue
             stop = fail[1] if fail is not None and fail[0] == index else None
+            if piece.src_slots.device != self.storage.device:
+                piece = replace(
+                    piece,
+                    src_slots=piece.src_slots.to(self.storage.device),
+                    dst_slots=piece.dst_slots.to(self.storage.device),
+                )
             if piece.src == piece.dst:
                 self._local(piece, stats)
             elif mode == "per_page":
@@ -161,7 +169,9 @@ class KVTransfer:
                         dist.send(frag, p.dst)
                         stats.bytes_sent += frag.numel() * frag.element_size()
                     else:
-                        frag = torch.empty(b - a, p.heads, self.head_dim, dtype=view.dtype)
+                        frag = torch.empty(
+                            b - a, p.heads, self.head_dim, dtype=view.dtype, device=view.device
+                        )
                         dist.recv(frag, p.src)
                         view[layer, kv, :, head : head + p.heads].index_copy_(0, idx, frag)
                         stats.bytes_received += frag.numel() * frag.element_size()

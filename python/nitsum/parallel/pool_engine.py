@@ -24,7 +24,6 @@ from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
 from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
 from nitsum.sampling import SamplingParams
 
-
 # A sequence, the group it moves to, and the engine it leaves.
 Move = tuple[Sequence, tuple[int, ...], Engine]
 
