@@ -109,13 +109,14 @@ class PoolEngine:
         sampling: SamplingParams,
         group: tuple[int, ...] | None = None,
         klass: str = "feasible",
+        tier: str = "",
     ) -> tuple[int, ...]:
         """Queue on `group` (default: the group with the fewest requests); returns the group."""
         if any(request_id in e.seqs for e in self.engines.values()):
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].seqs))
-        self.engines[group].add_request(request_id, prompt_ids, sampling, klass)
+        self.engines[group].add_request(request_id, prompt_ids, sampling, klass, tier)
         return group
 
     def abort(self, request_id: str) -> bool:
