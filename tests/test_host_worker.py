@@ -3,9 +3,14 @@ one socket per device, `reconfigure` switching TP mid-stream on a tiny random mo
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +31,7 @@ N = 4
 ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2, 4))
 NUM_PAGES = 256
 TIMEOUT_S = 60.0
-IDS = [str(d).encode() for d in range(N)]
+
 TP1, TP2, TP4 = [[0], [1], [2], [3]], [[0, 1], [2, 3]], [[0, 1, 2, 3]]
 
 
@@ -41,8 +46,9 @@ def plan(groups: list[list[int]], **extra: Any) -> list[dict[str, Any]]:
 class HostRouter(FakeRouter):
     """A fake router that talks to several worker ids and sorts what it receives."""
 
-    def __init__(self) -> None:
+    def __init__(self, n: int = N) -> None:
         super().__init__()
+        self.ids = [str(d).encode() for d in range(n)]
         self.tokens: dict[str, list[int]] = {}
         self.finals: dict[str, dict[str, Any]] = {}
         self.came_on: dict[str, set[str]] = {}  # request id -> identities its tokens came on
@@ -74,10 +80,10 @@ class HostRouter(FakeRouter):
             self._recv(deadline)
 
     def reconfigure(self, epoch: int, groups: list[dict[str, Any]]) -> dict[str, dict]:
-        """Send the plan to every device, as the router does; returns the 4 acks."""
-        for identity in IDS:
+        """Send the plan to every device, as the router does; returns their acks."""
+        for identity in self.ids:
             self.send(proto.reconfigure(epoch, groups), identity)
-        self.pump(lambda: len(self.acks.get(epoch, {})) == N)
+        self.pump(lambda: len(self.acks.get(epoch, {})) == len(self.ids))
         return self.acks[epoch]
 
 
@@ -108,7 +114,7 @@ def host(pool, tiny):
             return {m["_from"]: m for _, m in router.seen if m["type"] == "register"}
 
         router.pump(lambda: len(regs()) == N, timeout=10)
-        for identity in IDS:
+        for identity in router.ids:
             router.send(proto.registered(int(identity), epoch=1), identity)
         router.pump(lambda: server.registered, timeout=10)
         yield router, server, pe, regs()
@@ -161,7 +167,7 @@ def test_reconfigure_switches_tp_mid_stream_and_keeps_greedy_tokens(host, tiny):
     reqs = {f"r{i}": (prompt(5 + 7 * i, seed=i), greedy(48 + 8 * i)) for i in range(8)}
     late = {"late1": (prompt(9, seed=20), greedy(12)), "late3": (prompt(13, seed=21), greedy(12))}
     ref = reference(tiny, reqs | late)
-    sent_to = {rid: IDS[i % N] for i, rid in enumerate(reqs)}  # two per leader
+    sent_to = {rid: router.ids[i % N] for i, rid in enumerate(reqs)}  # two per leader
     for rid, (ids, params) in reqs.items():
         router.send(proto.generate(rid, ids, params, klass="feasible"), sent_to[rid])
 
@@ -236,3 +242,50 @@ def test_an_illegal_plan_is_refused_and_serving_goes_on(host, tiny, groups, erro
     router.pump(lambda: "x" in router.finals)
     assert router.tokens == ref and router.came_on["x"] == {"2"}
     heartbeats_settle(router, free_pages=NUM_PAGES, running=0, epoch=2)
+
+
+def test_nitsum_worker_devices_2_process_switches_tp_and_stops_its_devices(tiny, tmp_path):
+    pytest.importorskip("nitsum.weights.hf")
+    hf, _ = tiny
+    hf.save_pretrained(tmp_path / "tiny", safe_serialization=True)
+    router = HostRouter(2)
+    cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(tmp_path / "tiny")]
+    cmd += ["--devices", "2", "--worker-id", "0", "--router", router.addr]
+    cmd += ["--kv-cache-mb", "1", "--page-tokens", "4", "--log-level", "WARNING"]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(cmd, env=env, cwd=root)
+    try:
+        router.pump(
+            lambda: {m["_from"] for _, m in router.seen if m["type"] == "register"} == {"0", "1"},
+            timeout=120,
+        )
+        regs = [m for _, m in router.seen if m["type"] == "register"]
+        assert all(m["tp_levels"] == [1, 2] and m["model"] == "tiny" for m in regs)
+        for identity in router.ids:
+            router.send(proto.registered(int(identity), epoch=1), identity)
+        reqs = {"a": (prompt(9, seed=1), greedy(24)), "b": (prompt(14, seed=2), greedy(24))}
+        ref = reference(tiny, reqs)
+        for (rid, (ids, params)), identity in zip(reqs.items(), router.ids, strict=True):
+            router.send(proto.generate(rid, ids, params), identity)
+        router.pump(lambda: all(len(router.tokens.get(r, [])) >= 2 for r in reqs))
+        assert not router.finals  # the switch moves running requests
+        acks = router.reconfigure(2, plan([[0, 1]]))
+        assert all(a["ok"] for a in acks.values()), acks
+        router.pump(lambda: set(router.finals) == set(reqs))
+        assert router.tokens == ref
+        assert router.came_on == {"a": {"0"}, "b": {"1"}}
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        devices = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(devices) == 2  # the device processes (not multiprocessing's resource tracker)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{d}").exists() for d in devices) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(Path(f"/proc/{d}").exists() for d in devices), "device processes left"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        router.close()
