@@ -274,6 +274,14 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (8, True)
     assert server.assignment == Assignment() and server.backend.engine.scheduler.max_batch == 64
+    router.send(proto.reconfigure(3, [group]))  # older than the active plan
+    ack = router.expect("reconfigured")
+    assert (ack["epoch"], ack["ok"]) == (3, False) and "older than the active epoch 8" in ack[
+        "error"
+    ]
+    router.send(proto.reconfigure(8, [group]))  # another copy of epoch 8: the same answer
+    ack = router.expect("reconfigured")
+    assert (ack["epoch"], ack["ok"]) == (8, True) and server.assignment == Assignment()
 
 
 def test_shutdown_exits_and_ends_live_requests(worker):

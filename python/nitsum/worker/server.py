@@ -159,6 +159,9 @@ class WorkerServer:
         self.epoch = epoch if isinstance(epoch, int) else self.epoch
         if not self.links[device].registered:
             log.info("worker %d registered (epoch %d)", device, self.epoch)
+            # Maybe a restarted router, whose epochs may repeat the old one's: forget the
+            # answers kept for the old router's plans.
+            self._acks.clear()
         self.links[device].registered = True
 
     def _on_generate(self, device: int, msg: dict[str, Any]) -> None:
@@ -214,6 +217,9 @@ class WorkerServer:
         except PlanRefused as e:
             log.warning("reconfigure to epoch %d refused: %s", epoch, e)
             ack = (False, str(e), {})
+        except Exception as e:  # e.g. a device process failed: answer anyway, never hang
+            log.exception("reconfigure to epoch %d failed", epoch)
+            ack = (False, f"internal error: {type(e).__name__}: {e}", {})
         ack[2]["total"] = (time.perf_counter() - t0) * 1e3
         self._acks[epoch] = ack
         while len(self._acks) > KEPT_ACKS:
