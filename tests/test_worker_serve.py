@@ -48,7 +48,8 @@ while True:
                                                    "worker_id": msg["worker_id"], "epoch": 0})])
 """
 
-# argv: worker id, router address, out dir, behaviour ("ok" | "stubborn" | "crash")
+# argv: worker id, router address, out dir, behaviour ("ok" | "stubborn" | "crash" | "hostN":
+# a host worker registering ids wid..wid+N-1, one socket each)
 FAKE_WORKER = """
 import os, signal, sys, time, zmq, msgpack
 wid, addr, out, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -57,9 +58,13 @@ if mode == "crash":
     sys.exit(3)
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-s = zmq.Context().socket(zmq.DEALER); s.setsockopt(zmq.IDENTITY, str(wid).encode())
-s.connect(addr)
-s.send(msgpack.packb({"v": 1, "type": "register", "worker_id": wid}))
+ids = range(wid, wid + int(mode[4:])) if mode.startswith("host") else [wid]
+socks = []
+for i in ids:
+    s = zmq.Context.instance().socket(zmq.DEALER); s.setsockopt(zmq.IDENTITY, str(i).encode())
+    s.connect(addr)
+    s.send(msgpack.packb({"v": 1, "type": "register", "worker_id": i}))
+    socks.append(s)
 while True:
     time.sleep(0.1)
 """
@@ -68,6 +73,8 @@ WRAPPER = """
 import sys, nitsum.serve as s
 fake, out, modes = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 s.worker_command = lambda i, d, addr, n, args: [sys.executable, fake, str(i), addr, out, modes[i]]
+s.host_worker_command = lambda d, addr, n, args: [
+    sys.executable, fake, "0", addr, out, f"host{args.workers}"]
 sys.exit(s.main(sys.argv[4:]))
 """
 
@@ -186,6 +193,36 @@ def test_a_worker_dying_at_startup_fails_serve_cleanly(launch, tmp_path):
     assert wait_dead(child_pids(tmp_path, 2), timeout=2.0) == []
     err = (tmp_path / "serve.err").read_text()
     assert "worker1 exited with code 3 while waiting for 2 workers to register" in err
+
+
+def test_tp_switching_starts_one_host_worker_for_all_devices(launch, tmp_path):
+    proc, port = launch("ok,ok,ok", "--tp-switching")
+    line = read_ready_line(proc)
+    assert line.strip().endswith("(3 workers)")
+    _, health = serve.get_health(f"http://127.0.0.1:{port}")
+    assert health["workers"] == 3  # three worker ids registered ...
+    assert [p.name for p in tmp_path.glob("worker*.pid")] == ["worker0.pid"]  # ... by one process
+    pids = child_pids(tmp_path, 1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert wait_dead(pids, timeout=2.0) == []
+
+
+def test_host_worker_command():
+    args = serve.build_parser().parse_args(["--workers", "4", "--tp-switching"])
+    cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+    assert cmd[1:3] == ["-m", "nitsum.worker"]
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert flags == {
+        "--model": "/m",
+        "--worker-id": "0",
+        "--devices": "4",
+        "--router": "tcp://x:1",
+        "--device": "cpu",
+        "--served-model-name": "m",
+        "--kv-cache-mb": "512",
+        "--max-batch": "64",
+    }
 
 
 def test_router_resolution_and_command(tmp_path, monkeypatch):

@@ -1,5 +1,9 @@
 """`nitsum serve`: start the router and N device workers, wait until they are ready, serve.
 
+With `--tp-switching` the N devices are served by ONE host worker process (`nitsum worker
+--devices N`) that can switch TP levels when the router sends `reconfigure`; without it, N
+single-device TP-1 worker processes.
+
 Startup: resolve the model directory (converting the embedded GGUF on first use), start the
 router, wait for its `/health` to answer at all (503 "no_workers" counts: the HTTP server is
 up), start the workers, then poll `/health` until its JSON reports `workers >= N`. Ctrl-C or
@@ -102,6 +106,20 @@ def worker_command(
     return cmd
 
 
+def host_worker_command(
+    model_dir: Path, worker_addr: str, served_model_name: str, args: argparse.Namespace
+) -> list[str]:
+    """The host worker's command line: devices (worker ids) 0..N-1 in one process.
+
+    Its device processes split the CPU cores between them (DevicePool), so no --threads.
+    """
+    cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
+    cmd += ["--worker-id", "0", "--devices", str(args.workers), "--router", worker_addr]
+    cmd += ["--device", args.device, "--served-model-name", served_model_name]
+    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
+    return cmd
+
+
 def check_port_free(host: str, port: int) -> None:
     """ServeError when something already listens on host:port: its /health would fool us."""
     with socket.socket() as s:
@@ -158,7 +176,12 @@ def _wait(what: str, children: Children, timeout: float, ready: Callable[[], obj
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nitsum serve", description="Serve a model (router + workers)")
     p.add_argument("--model", default="default", help="'default', an HF dir or a .gguf file")
-    p.add_argument("--workers", type=int, default=2, help="device worker processes")
+    p.add_argument("--workers", type=int, default=2, help="devices (worker ids 0..N-1)")
+    p.add_argument(
+        "--tp-switching",
+        action="store_true",
+        help="serve the N devices from one host worker that switches TP on `reconfigure`",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--config", default=None, help="router config (tiers, API keys)")
@@ -206,8 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         children.spawn("router", rcmd)
         _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
-        for i in range(args.workers):
-            children.spawn(f"worker{i}", worker_command(i, model_dir, args.worker_addr, name, args))
+        if args.tp_switching:
+            cmd = host_worker_command(model_dir, args.worker_addr, name, args)
+            children.spawn("host-worker", cmd)
+        else:
+            for i in range(args.workers):
+                cmd = worker_command(i, model_dir, args.worker_addr, name, args)
+                children.spawn(f"worker{i}", cmd)
         _wait(
             f"{args.workers} workers to register",
             children,

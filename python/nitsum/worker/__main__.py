@@ -1,4 +1,6 @@
-"""`nitsum worker`: one device worker process serving one engine to the router."""
+"""`nitsum worker`: a worker process serving one device (TP 1), or with `--devices N` a host
+worker serving N local devices with runtime TP switching; either way one router worker per
+device id."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nitsum worker", description=__doc__)
     p.add_argument("--model", default="default", help="'default', an HF dir or a .gguf file")
-    p.add_argument("--worker-id", type=int, required=True, help="also the ZMQ identity")
+    p.add_argument(
+        "--worker-id", type=int, required=True, help="ZMQ identity; with --devices N: of device 0"
+    )
+    p.add_argument(
+        "--devices", type=int, default=1, help="N > 1: a host worker over N local devices"
+    )
     p.add_argument("--router", default=DEFAULT_ROUTER, help="the router's worker address")
     p.add_argument("--served-model-name", default=None, help="model name sent in register")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda:0, ...)")
@@ -23,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64, help="running sequences cap")
     p.add_argument("--token-budget", type=int, default=512, help="tokens per step")
     p.add_argument("--max-context", type=int, default=None, help="cap the context window")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (--devices 1)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -39,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from nitsum.engine.build import EngineConfig
     from nitsum.engine.load import load_engine, resolve_model_dir
+    from nitsum.parallel.device_pool import DeviceError
+    from nitsum.worker.backend import Backend, EngineBackend, PoolBackend
+    from nitsum.worker.host import open_pool_backend
     from nitsum.worker.server import WorkerServer
 
+    if args.devices < 1:
+        print("nitsum worker: --devices must be >= 1", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     ecfg = EngineConfig(
@@ -51,14 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         token_budget=args.token_budget,
         max_context=args.max_context,
     )
+    backend: Backend
     try:
         model_dir = resolve_model_dir(args.model)
-        engine = load_engine(model_dir, ecfg)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+        if args.devices == 1:
+            backend = EngineBackend(load_engine(model_dir, ecfg), args.worker_id)
+        else:
+            backend = open_pool_backend(model_dir, ecfg, args.devices, args.worker_id)
+    except (ValueError, FileNotFoundError, ImportError, DeviceError) as e:
         print(f"nitsum worker: cannot load model {args.model!r}: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or model_dir.name
-    server = WorkerServer(engine, args.worker_id, args.router, name, device=args.device)
+    server = WorkerServer(backend, args.router, name, device=args.device)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger(__name__).info("signal %d: stopping", signum)
@@ -66,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if isinstance(backend, PoolBackend):
+            backend.pe.pool.close()  # stops the device processes
     return 0
 
 

@@ -1,4 +1,4 @@
-"""This worker's part of a plan (`reconfigure`), for a worker that runs TP 1 only."""
+"""The part of a plan (`reconfigure`) that falls on the devices one worker process serves."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ from dataclasses import dataclass, field
 
 from nitsum.worker.protocol import Group
 
-TP_NOT_WIRED = "TP switching not wired in this worker yet"
+# Kept under its old name: tests and callers match on it.
+TP_NOT_WIRED = (
+    "TP > 1 needs all of the group's devices in one worker process: "
+    "run `nitsum worker --devices N` (a host worker)"
+)
 
 
 class PlanRefused(ValueError):
@@ -15,7 +19,7 @@ class PlanRefused(ValueError):
 
 @dataclass(frozen=True)
 class Assignment:
-    """Role, tiers and batch cap of this worker's group; role None: in no group (idle)."""
+    """Role, tiers and batch cap of a device's group; role None: in no group (idle)."""
 
     role: str | None = None
     tiers: list[str] = field(default_factory=list)
@@ -23,18 +27,47 @@ class Assignment:
     max_batch: int | None = None
 
 
-def assignment_for(worker_id: int, groups: list[Group]) -> Assignment:
-    """The worker's assignment under `groups`; PlanRefused when it cannot follow it.
+@dataclass
+class LocalPlan:
+    """A plan restricted to this process's devices, in worker ids.
 
-    NOTE: only a one-member TP-1 group (or no group) is accepted until the multi-device pool
-    lands; the leader of a TP > 1 group will activate another warm context here instead.
+    NOTE: every local device is in exactly one of `groups`: devices the plan leaves out become
+    TP-1 groups of their own (idle for the router, but their requests are never lost).
     """
-    mine = [g for g in groups if worker_id in g.members]
-    if len(mine) > 1:
-        raise PlanRefused(f"worker {worker_id} is in {len(mine)} groups of the plan")
-    if not mine:
-        return Assignment()
-    g = mine[0]
-    if g.tp != 1 or g.members != [worker_id]:
-        raise PlanRefused(TP_NOT_WIRED)
-    return Assignment(g.role, list(g.tiers), g.accepts_background, g.max_batch)
+
+    groups: list[tuple[int, ...]]
+    assignments: dict[int, Assignment]
+
+    def max_batch(self, group: tuple[int, ...]) -> int | None:
+        """The plan's batch cap of `group` (held by its leader's assignment)."""
+        return self.assignments[group[0]].max_batch
+
+
+def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
+    """The groups of `groups` that contain one of `device_ids`; PlanRefused when the plan
+    puts a device in two groups, a group's `tp` disagrees with its members, or a group mixes
+    these devices with devices of another process."""
+    mine = set(device_ids)
+    out: list[tuple[int, ...]] = []
+    assignments: dict[int, Assignment] = {}
+    for g in groups:
+        members = tuple(sorted(g.members))
+        if not mine & set(members):
+            continue
+        if len(set(members)) != len(members) or g.tp != len(members):
+            raise PlanRefused(f"group {list(g.members)}: tp {g.tp} != its {len(members)} members")
+        if not set(members) <= mine:
+            raise PlanRefused(
+                f"group {list(members)} spans devices of another worker process "
+                f"(this one serves {sorted(mine)}); {TP_NOT_WIRED}"
+            )
+        for d in members:
+            if d in assignments:
+                raise PlanRefused(f"worker {d} is in more than one group of the plan")
+            assignments[d] = Assignment(g.role, list(g.tiers), g.accepts_background, g.max_batch)
+        out.append(members)
+    for d in device_ids:
+        if d not in assignments:
+            assignments[d] = Assignment()
+            out.append((d,))
+    return LocalPlan(sorted(out), assignments)

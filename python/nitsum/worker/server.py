@@ -1,8 +1,11 @@
-"""The device-worker server: one DEALER socket to the router around one engine (TP 1).
+"""The worker server: one DEALER socket per served device id, around one backend.
 
-One thread does everything: poll the socket, handle messages, run `engine.step()` while there
-is work, stream `tokens`, and send `register` / `heartbeat` on their timers. See
-docs/protocol.md for the messages and docs/serving.md for how it is launched.
+A single-device worker (`EngineBackend`) is the N=1 case of a host worker (`PoolBackend`, N
+devices with TP switching): towards the router both look like one worker per device id
+(docs/protocol.md). One thread does everything: poll the sockets, handle messages, run
+`backend.step()` while there is work, stream `tokens`, and send `register` / `heartbeat` on
+each link's timers. Messages are handled between steps, so a `reconfigure` is always applied
+at an iteration boundary. See docs/serving.md for how it is launched.
 """
 
 from __future__ import annotations
@@ -10,67 +13,77 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from nitsum.engine.engine import Engine
 from nitsum.errors import InvalidRequestError
 from nitsum.worker import protocol as proto
-from nitsum.worker.assignment import Assignment, PlanRefused, assignment_for
+from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
+from nitsum.worker.backend import Backend
+from nitsum.worker.link import RouterLink
 from nitsum.worker.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
 
+Ack = tuple[bool, str | None, dict[str, float]]
+KEPT_ACKS = 16  # answers of recent epochs, for the copies of a plan still on their way
+
 
 class WorkerServer:
-    """Serves `engine` to the router at `router_addr` as worker `worker_id`.
+    """Serves `backend` to the router at `router_addr`, as one worker per device id.
 
-    NOTE: every accepted `generate` ends in exactly one `tokens` message with a finish reason:
-    `self.live` holds the accepted ids, and `_final` is the only place that removes one.
+    NOTE: every accepted `generate` ends in exactly one `tokens` message with a finish reason,
+    sent on the socket the `generate` arrived on (also after a TP switch moved the request to
+    another group): `self.live` holds the accepted ids, and `_final` is the only place that
+    removes one.
     """
 
     def __init__(
         self,
-        engine: Engine,
-        worker_id: int,
+        backend: Backend,
         router_addr: str,
         model_name: str,
         device: str = "cpu",
-        tp_levels: tuple[int, ...] = (1,),
         register_every_s: float = 5.0,
         heartbeat_every_s: float = 0.5,
         idle_poll_ms: int = 50,
         context: zmq.Context | None = None,
     ) -> None:
-        self.engine = engine
-        self.worker_id = worker_id
+        self.backend = backend
         self.router_addr = router_addr
         self.model_name = model_name
         self.device = device
-        self.tp_levels = tp_levels
         self.register_every_s = register_every_s
         self.heartbeat_every_s = heartbeat_every_s
         self.idle_poll_ms = idle_poll_ms
         self.ctx = context or zmq.Context.instance()
-        # The configured batch cap; a plan's `max_batch` may only lower it.
-        self.max_batch = engine.scheduler.max_batch
-        self.registered = False
         self.epoch = 0
-        self.assignment = Assignment()  # this worker's part of the plan at `epoch`
-        self.live: dict[str, int] = {}  # accepted request id -> prompt tokens
+        # Each device's part of the plan at `epoch`.
+        self.assignments: dict[int, Assignment] = {d: Assignment() for d in backend.device_ids}
+        self.live: dict[str, tuple[int, int]] = {}  # request id -> (device it came on, prompt)
+        self.links: dict[int, RouterLink] = {}
+        self._acks: OrderedDict[int, Ack] = OrderedDict()  # epoch -> its answer
         self._stop = threading.Event()
-        self._sock: zmq.Socket | None = None
-        self._lost = False  # the connection dropped and has not come back yet
-        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+        self._handlers: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "registered": self._on_registered,
             "generate": self._on_generate,
             "abort": self._on_abort,
             "reconfigure": self._on_reconfigure,
-            "shutdown": lambda _msg: self._stop.set(),
+            "shutdown": lambda _d, _msg: self._stop.set(),
         }
+
+    @property
+    def assignment(self) -> Assignment:
+        """The first device's assignment (the whole story for a single-device worker)."""
+        return self.assignments[self.backend.device_ids[0]]
+
+    @property
+    def registered(self) -> bool:
+        """Whether the router has acknowledged every device's `register`."""
+        return bool(self.links) and all(link.registered for link in self.links.values())
 
     def stop(self) -> None:
         """Ask the loop to exit (thread-safe); `run` returns within one poll interval."""
@@ -78,160 +91,150 @@ class WorkerServer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
-        """Serve until `shutdown` or `stop()`; closes the socket on the way out."""
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, str(self.worker_id).encode())
-        sock.setsockopt(zmq.LINGER, 1000)  # flush the last tokens on exit, but never hang
-        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sock.connect(self.router_addr)
-        self._sock = sock
+        """Serve until `shutdown` or `stop()`; closes the sockets on the way out."""
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        next_register = next_heartbeat = time.monotonic()
-        log.info("worker %d connecting to %s", self.worker_id, self.router_addr)
+        owners: dict[zmq.Socket, tuple[RouterLink, bool]] = {}  # socket -> (link, is monitor)
+        for d in self.backend.device_ids:
+            link = RouterLink(
+                self.ctx, d, self.router_addr, self.register_every_s, self.heartbeat_every_s
+            )
+            self.links[d] = link
+            for sock, is_monitor in ((link.sock, False), (link.monitor, True)):
+                poller.register(sock, zmq.POLLIN)
+                owners[sock] = (link, is_monitor)
+        log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addr)
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                if not self.registered and now >= next_register:
-                    self._send(self._register_msg())
-                    next_register = now + self.register_every_s
-                if now >= next_heartbeat:
-                    self._send(self._heartbeat_msg())
-                    next_heartbeat = now + self.heartbeat_every_s
-                timeout = 0 if self.engine.has_unfinished() else self.idle_poll_ms
-                events = dict(poller.poll(timeout))
-                if monitor in events and self._on_monitor(monitor):
-                    next_register = time.monotonic()
-                if sock in events:
-                    self._drain(sock)
-                if self.engine.has_unfinished() and not self._stop.is_set():
+                for d, link in self.links.items():
+                    register, heartbeat = link.due(now)
+                    if register:
+                        link.send(self._register_msg(d))
+                    if heartbeat:
+                        link.send(self._heartbeat_msg(d))
+                busy = self.backend.has_unfinished()
+                for sock, _ in poller.poll(0 if busy else self.idle_poll_ms):
+                    link, is_monitor = owners[sock]
+                    if is_monitor:
+                        link.on_monitor()
+                        continue
+                    for frame in link.recv_all():
+                        self._handle(link.worker_id, frame)
+                if self.backend.has_unfinished() and not self._stop.is_set():
                     self._step()
             self._fail_all("worker shut down")
         finally:
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            sock.close()
-            self._sock = None
-            log.info("worker %d stopped", self.worker_id)
+            for link in self.links.values():
+                link.close()
+            self.links = {}
+            log.info("worker %s stopped", self.backend.device_ids)
 
-    def _on_monitor(self, monitor: zmq.Socket) -> bool:
-        """Track the connection; True when it came back (a restarted router: re-register)."""
-        event = recv_monitor_message(monitor)["event"]
-        if event == zmq.EVENT_DISCONNECTED:
-            log.warning("worker %d lost the router; will re-register", self.worker_id)
-            self.registered = False
-            self._lost = True
-        elif event == zmq.EVENT_CONNECTED and self._lost:
-            self._lost = False
-            return True
-        return False  # the first connect: the register queued before it goes out by itself
-
-    def _drain(self, sock: zmq.Socket) -> None:
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._handle(frame)
-
-    def _handle(self, frame: bytes) -> None:
+    def _handle(self, device: int, frame: bytes) -> None:
         try:
             msg = proto.decode(frame)
             handler = self._handlers.get(msg["type"])
             if handler is None:
                 log.warning("dropped message of unknown type %r", msg["type"])
                 return
-            handler(msg)
+            handler(device, msg)
         except ProtocolError as e:
             log.error("dropped message: %s", e)
         except Exception:  # a bug in one handler must not take the worker down
             log.exception("failed to handle a message")
 
-    def _send(self, msg: dict[str, Any]) -> None:
-        assert self._sock is not None
-        try:
-            # NOTE: never block: with the router gone for long, the queue fills (SNDHWM) and a
-            # blocking send would hang the loop, deaf to `stop()` and to signals.
-            self._sock.send(proto.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("router not reachable: dropped a %s message", msg["type"])
-
     # -- messages ---------------------------------------------------------------------------------
-    def _register_msg(self) -> dict[str, Any]:
-        pool = self.engine.scheduler.pages
+    def _register_msg(self, device: int) -> dict[str, Any]:
+        kv_tokens, max_context, eos = self.backend.capacity()
+        levels = list(self.backend.tp_levels)
         return proto.register(
-            self.worker_id,
-            self.device,
-            self.model_name,
-            list(self.tp_levels),
-            pool.num_pages * pool.alloc.base_page_tokens,
-            self.engine.max_context,
-            sorted(self.engine.eos_token_ids),
+            device, self.device, self.model_name, levels, kv_tokens, max_context, eos
         )
 
-    def _heartbeat_msg(self) -> dict[str, Any]:
-        sched = self.engine.scheduler
-        running, waiting = len(sched.running), sched.num_waiting()
-        return proto.heartbeat(self.worker_id, running, waiting, sched.pages.num_free, self.epoch)
+    def _heartbeat_msg(self, device: int) -> dict[str, Any]:
+        running, waiting, free_pages = self.backend.load(device)
+        return proto.heartbeat(device, running, waiting, free_pages, self.epoch)
 
-    def _on_registered(self, msg: dict[str, Any]) -> None:
+    def _on_registered(self, device: int, msg: dict[str, Any]) -> None:
         epoch = msg.get("epoch", 0)
         self.epoch = epoch if isinstance(epoch, int) else self.epoch
-        if not self.registered:
-            log.info("worker %d registered (epoch %d)", self.worker_id, self.epoch)
-        self.registered = True
+        if not self.links[device].registered:
+            log.info("worker %d registered (epoch %d)", device, self.epoch)
+            # Maybe a restarted router, whose epochs may repeat the old one's: forget the
+            # answers kept for the old router's plans.
+            self._acks.clear()
+        self.links[device].registered = True
 
-    def _on_generate(self, msg: dict[str, Any]) -> None:
+    def _on_generate(self, device: int, msg: dict[str, Any]) -> None:
         rid = proto.request_id_of(msg)
         if rid in self.live:
             # Answering would end the running request's stream twice; the router owns ids.
             log.error("dropped generate for %r: that request is already running", rid)
             return
         ids = msg.get("input_ids")
-        prompt_tokens = len(ids) if isinstance(ids, list) else 0
-        self.live[rid] = prompt_tokens
+        self.live[rid] = (device, len(ids) if isinstance(ids, list) else 0)
         try:
-            req = proto.parse_generate(msg)
-            self.engine.add_request(rid, req.input_ids, req.sampling, req.klass, req.tier)
+            self.backend.add(device, proto.parse_generate(msg))
         except InvalidRequestError as e:
             self._final(rid, [], "error", str(e))
         except Exception as e:  # a bug must cost one request, not the worker
-            log.exception("add_request(%r) failed", rid)
+            log.exception("add(%r) failed", rid)
             self._final(rid, [], "error", f"internal error: {type(e).__name__}: {e}")
 
-    def _on_abort(self, msg: dict[str, Any]) -> None:
+    def _on_abort(self, device: int, msg: dict[str, Any]) -> None:
         rid = proto.request_id_of(msg)
         if rid not in self.live:
             return  # unknown or already finished: races with completion are normal
-        self._drop(rid)
+        self.backend.abort(rid)
         self._final(rid, [], "abort", None)
 
-    def _on_reconfigure(self, msg: dict[str, Any]) -> None:
+    def _on_reconfigure(self, device: int, msg: dict[str, Any]) -> None:
+        """Apply a plan once per epoch; every copy (one per member device) gets one answer.
+
+        NOTE: the first copy to arrive applies the plan; copies of the same epoch on the other
+        devices' sockets are answered from `_acks` without touching the engines again.
+        """
         t0 = time.perf_counter()
         epoch = msg.get("epoch") if isinstance(msg.get("epoch"), int) else -1
+        ack = self._acks.get(epoch)
+        if ack is None:
+            ack = self._apply(msg, t0)
+        ok, error, timings = ack
+        self.links[device].send(proto.reconfigured(device, epoch, ok, error, timings))
+
+    def _apply(self, msg: dict[str, Any], t0: float) -> Ack:
         try:
             epoch, groups = proto.parse_reconfigure(msg)
-            self.assignment = assignment_for(self.worker_id, groups)
-            cap = self.assignment.max_batch or self.max_batch
-            self.engine.scheduler.max_batch = min(self.max_batch, cap)
-            self.epoch, error = epoch, None
-        except (ProtocolError, PlanRefused) as e:
-            error = str(e)
-            log.warning("reconfigure to epoch %d refused: %s", epoch, error)
-        ms = (time.perf_counter() - t0) * 1e3
-        self._send(proto.reconfigured(self.worker_id, epoch, error is None, error, {"total": ms}))
+        except ProtocolError as e:
+            log.warning("reconfigure refused: %s", e)
+            return False, str(e), {"total": (time.perf_counter() - t0) * 1e3}
+        try:
+            if epoch < self.epoch:
+                raise PlanRefused(f"epoch {epoch} is older than the active epoch {self.epoch}")
+            plan = local_plan(self.backend.device_ids, groups)
+            timings = self.backend.reconfigure(plan)
+            self.epoch, self.assignments = epoch, plan.assignments
+            ack: Ack = (True, None, timings)
+        except PlanRefused as e:
+            log.warning("reconfigure to epoch %d refused: %s", epoch, e)
+            ack = (False, str(e), {})
+        except Exception as e:  # e.g. a device process failed: answer anyway, never hang
+            log.exception("reconfigure to epoch %d failed", epoch)
+            ack = (False, f"internal error: {type(e).__name__}: {e}", {})
+        ack[2]["total"] = (time.perf_counter() - t0) * 1e3
+        self._acks[epoch] = ack
+        while len(self._acks) > KEPT_ACKS:
+            self._acks.popitem(last=False)
+        return ack
 
     # -- engine -----------------------------------------------------------------------------------
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            outputs = self.backend.step()
         except Exception as e:
             log.exception("engine step failed")
             # The sequences of the failed batch are the running ones; if none is running the
             # failure came before admission, so fail everyone rather than loop on it forever.
-            running = [s.request_id for s in self.engine.scheduler.running]
-            for rid in running or list(self.engine.seqs):
+            for rid in self.backend.running() or self.backend.requests():
                 self._fail(rid, f"engine step failed: {type(e).__name__}: {e}")
             return
         new: dict[str, list[int]] = {}
@@ -246,19 +249,12 @@ class WorkerServer:
             elif rid in reasons:
                 self._final(rid, ids, reasons[rid], None)
             else:
-                self._send(proto.tokens(self.worker_id, rid, ids, self.live[rid]))
-
-    def _drop(self, rid: str) -> None:
-        """Take a request out of the engine (freeing its pages), even if the engine is upset."""
-        try:
-            self.engine.abort(rid)
-        except Exception:
-            log.exception("abort(%r) failed", rid)
-            self.engine.seqs.pop(rid, None)
+                device, prompt_tokens = self.live[rid]
+                self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens))
 
     def _fail(self, rid: str, error: str) -> None:
         """End one request with an error."""
-        self._drop(rid)
+        self.backend.abort(rid)
         if rid in self.live:
             self._final(rid, [], "error", error)
 
@@ -267,5 +263,5 @@ class WorkerServer:
             self._fail(rid, error)
 
     def _final(self, rid: str, ids: list[int], reason: str, error: str | None) -> None:
-        prompt_tokens = self.live.pop(rid)
-        self._send(proto.tokens(self.worker_id, rid, ids, prompt_tokens, reason, error))
+        device, prompt_tokens = self.live.pop(rid)
+        self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens, reason, error))

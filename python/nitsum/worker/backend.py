@@ -1,0 +1,181 @@
+"""What a worker process serves: one engine on one device, or a pool of devices with TP switching.
+
+The server (server.py) speaks the protocol for every device id a backend serves; the backend
+owns the engines. Device ids here are the router's worker ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.worker.assignment import TP_NOT_WIRED, LocalPlan, PlanRefused
+from nitsum.worker.protocol import GenerateRequest
+
+if TYPE_CHECKING:  # the single-device worker does not need the pool's modules
+    from nitsum.parallel.pool_engine import PoolEngine
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """The engine side of a worker process."""
+
+    device_ids: list[int]  # the worker ids served, ascending
+    tp_levels: tuple[int, ...]
+    max_batch: int  # the configured batch cap; a plan's `max_batch` may only lower it
+
+    def capacity(self) -> tuple[int, int, list[int]]:
+        """(KV tokens of one device at TP 1, max context, EOS ids) for `register`."""
+        ...
+
+    def load(self, device: int) -> tuple[int, int, int]:
+        """(running, waiting, free KV pages) of `device` for its heartbeat."""
+        ...
+
+    def add(self, device: int, req: GenerateRequest) -> None:
+        """Queue `req` on the group that holds `device`; InvalidRequestError if it is bad."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Take a request out (freeing its pages), even if the engine is upset."""
+        ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def running(self) -> list[str]:
+        """Ids of the requests in the batch a failed `step` was running."""
+        ...
+
+    def requests(self) -> list[str]:
+        """Ids of every request the engines hold."""
+        ...
+
+    def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
+        """Switch to `plan` at this iteration boundary; returns timings in ms.
+
+        Raises PlanRefused (with nothing changed) when the plan cannot be followed.
+        """
+        ...
+
+
+class EngineBackend:
+    """One engine on one device: TP 1 only."""
+
+    def __init__(self, engine: Engine, worker_id: int) -> None:
+        self.engine = engine
+        self.device_ids = [worker_id]
+        self.tp_levels = (1,)
+        self.max_batch = engine.scheduler.max_batch
+
+    def capacity(self) -> tuple[int, int, list[int]]:
+        pages = self.engine.scheduler.pages
+        tokens = pages.num_pages * pages.alloc.base_page_tokens
+        return tokens, self.engine.max_context, sorted(self.engine.eos_token_ids)
+
+    def load(self, device: int) -> tuple[int, int, int]:
+        sched = self.engine.scheduler
+        return len(sched.running), sched.num_waiting(), sched.pages.num_free
+
+    def add(self, device: int, req: GenerateRequest) -> None:
+        self.engine.add_request(req.request_id, req.input_ids, req.sampling, req.klass, req.tier)
+
+    def abort(self, request_id: str) -> None:
+        _abort(self.engine, request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        return self.engine.step()
+
+    def running(self) -> list[str]:
+        return [s.request_id for s in self.engine.scheduler.running]
+
+    def requests(self) -> list[str]:
+        return list(self.engine.seqs)
+
+    def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
+        if plan.groups != [tuple(self.device_ids)]:  # local_plan would have refused more
+            raise PlanRefused(TP_NOT_WIRED)
+        cap = plan.max_batch(plan.groups[0]) or self.max_batch
+        self.engine.scheduler.max_batch = min(self.max_batch, cap)
+        return {}
+
+
+class PoolBackend:
+    """A PoolEngine over the devices `first_id ..`: one engine per TP group, TP switching.
+
+    NOTE: a generate arriving on a device that is not a leader (a router that has not switched
+    its tables yet) joins the group that holds the device now, so it is never lost.
+    """
+
+    def __init__(self, pe: PoolEngine, first_id: int = 0, mode: str = "pipelined") -> None:
+        self.pe = pe
+        self.first_id = first_id
+        self.mode = mode
+        self.device_ids = [first_id + d for d in range(pe.pool.num_devices)]
+        self.tp_levels = pe.allowed
+        self.max_batch = pe.ecfg.max_batch
+
+    def _group(self, device: int) -> tuple[int, ...]:
+        local = device - self.first_id
+        return next(g for g in self.pe.engines if local in g)
+
+    def capacity(self) -> tuple[int, int, list[int]]:
+        engine = next(iter(self.pe.engines.values()))
+        tokens = self.pe.alloc.num_pages * self.pe.alloc.base_page_tokens
+        return tokens, engine.max_context, sorted(engine.eos_token_ids)
+
+    def load(self, device: int) -> tuple[int, int, int]:
+        group = self._group(device)
+        free = self.pe.alloc.num_free(device - self.first_id)
+        if group[0] != device - self.first_id:
+            return 0, 0, free  # requests are counted on their group's leader only
+        sched = self.pe.engines[group].scheduler
+        return len(sched.running), sched.num_waiting(), free
+
+    def add(self, device: int, req: GenerateRequest) -> None:
+        self.pe.add_request(
+            req.request_id, req.input_ids, req.sampling, self._group(device), req.klass, req.tier
+        )
+
+    def abort(self, request_id: str) -> None:
+        for engine in self.pe.engines.values():
+            _abort(engine, request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.pe.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        return self.pe.step()
+
+    def running(self) -> list[str]:
+        return [s.request_id for e in self.pe.engines.values() for s in e.scheduler.running]
+
+    def requests(self) -> list[str]:
+        return [rid for e in self.pe.engines.values() for rid in e.seqs]
+
+    def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
+        groups = [tuple(d - self.first_id for d in g) for g in plan.groups]
+        try:
+            report = self.pe.reconfigure(groups, self.mode)
+        except ValueError as e:  # check_groups: unaligned, overlapping or unsupported TP
+            raise PlanRefused(str(e)) from e
+        if not report.ok:  # the transfer failed and was rolled back
+            raise PlanRefused(f"KV migration failed, plan rolled back: {report.error}")
+        for local, g in zip(groups, plan.groups, strict=True):
+            cap = plan.max_batch(g) or self.max_batch
+            self.pe.engines[local].scheduler.max_batch = min(self.max_batch, cap)
+        return dict(report.timings_ms)
+
+
+def _abort(engine: Engine, request_id: str) -> None:
+    try:
+        engine.abort(request_id)
+    except Exception:
+        log.exception("abort(%r) failed", request_id)
+        engine.seqs.pop(request_id, None)  # never step it again, whatever its pages say

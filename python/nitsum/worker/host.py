@@ -1,0 +1,51 @@
+"""Build a host worker's backend: a DevicePool of N local devices and its PoolEngine."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from nitsum.config import ModelConfig
+from nitsum.engine.build import EngineConfig
+from nitsum.kv.pool import KVPool
+from nitsum.parallel.device_pool import DevicePool
+from nitsum.parallel.device_proc import ModelSource
+from nitsum.parallel.pool_engine import PoolEngine
+from nitsum.worker.backend import PoolBackend
+
+log = logging.getLogger(__name__)
+
+
+def eos_ids(model_dir: Path) -> tuple[int, ...] | None:
+    """EOS ids from the tokenizer files (they often name more than config.json), else None."""
+    try:
+        from nitsum.tokenizer import Tokenizer
+
+        return tuple(Tokenizer.from_dir(model_dir).eos_token_ids) or None
+    except Exception as e:  # no tokenizer files is fine for a worker: ids in, ids out
+        log.warning("no tokenizer EOS ids from %s (%s); using config.json", model_dir, e)
+        return None
+
+
+def open_pool_backend(
+    model_dir: str | Path, ecfg: EngineConfig, num_devices: int, first_id: int = 0
+) -> PoolBackend:
+    """Start `num_devices` device processes on the model in `model_dir` (each loads the full
+    weights and warms every TP context it can join); every device starts as its own TP-1 group.
+
+    The caller owns the pool: `backend.pe.pool.close()` stops the device processes.
+    """
+    from nitsum.weights.hf import load_hf_config  # NOTE: late, like engine/load.py
+
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.from_hf(load_hf_config(model_dir))
+    num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
+    source = ModelSource(model_dir=str(model_dir))
+    pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
+    try:
+        groups = [(d,) for d in range(num_devices)]
+        pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, eos_ids(model_dir))
+    except BaseException:
+        pool.close()
+        raise
+    return PoolBackend(pe, first_id)
