@@ -92,7 +92,14 @@ class DevicePool:
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
         """Logits from the group leader (every member must be drained)."""
-        replies = [self._reply(d) for d in members]
+        replies, error = [], None
+        for d in members:  # NOTE: drain every member even after an error, or pipes desync
+            try:
+                replies.append(self._reply(d))
+            except DeviceError as e:
+                error = error or e
+        if error is not None:
+            raise error
         return replies[0]
 
     # -- reconfiguration ---------------------------------------------------------------------

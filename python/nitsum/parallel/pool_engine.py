@@ -7,6 +7,7 @@ failed transfer just releases the new pages and the pool carries on as before.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -19,10 +20,12 @@ from nitsum.engine.sequence import Sequence, Status
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.pages import GroupPages, OutOfPages, PageAllocator
 from nitsum.kv.pool import KVLayout
-from nitsum.parallel.device_pool import DevicePool
+from nitsum.parallel.device_pool import DeviceError, DevicePool
 from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
 from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
 from nitsum.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 # A sequence, the group it moves to, and the engine it leaves.
 Move = tuple[Sequence, tuple[int, ...], Engine]
@@ -150,7 +153,15 @@ class PoolEngine:
                 launched.append((engine, batch))
         outputs: list[RequestOutput] = []
         for engine, batch in launched:
-            logits = self.pool.collect_step(engine.runner.members)
+            try:
+                logits = self.pool.collect_step(engine.runner.members)
+            except DeviceError as e:
+                # A failing group fails only its own requests; the other groups carry on.
+                log.error("group %s failed a step: %s", engine.runner.members, e)
+                for item in batch:
+                    if engine.abort(item.seq.request_id):
+                        outputs.append(RequestOutput(item.seq.request_id, [], "error"))
+                continue
             outputs += engine.complete_step(batch, sample_batch(logits, batch))
         self._hand_off_prefilled()
         return outputs
