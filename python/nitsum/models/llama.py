@@ -14,9 +14,8 @@ from nitsum.config import ModelConfig
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.kv.pool import KVPool
 from nitsum.models.rope import Rotary
-from nitsum.models.weights import ModelWeights
+from nitsum.models.weights import LayerWeights, ModelWeights
 from nitsum.parallel.context import TPContext
-from nitsum.parallel.shard import LayerShard
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,7 +66,7 @@ class LlamaModel:
     def _attention(
         self,
         ctx: TPContext,
-        layer: LayerShard,
+        layer: LayerWeights,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -84,7 +83,7 @@ class LlamaModel:
         o = paged_attention_ref(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
         return ctx.all_reduce(o.view(o.shape[0], -1) @ layer.o_t)
 
-    def _mlp(self, ctx: TPContext, layer: LayerShard, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, ctx: TPContext, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         block = self.cfg.intermediate_size // self.weights.mlp_blocks
         gu = F.linear(x, layer.gate_up).view(x.shape[0], -1, 2, block)
         act = (F.silu(gu[:, :, 0]) * gu[:, :, 1]).reshape(x.shape[0], -1)

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import ModelConfig
-from nitsum.models.weights import ModelWeights
-from nitsum.parallel.shard import HeadRange, LayerShard, shard_views
+from nitsum.models.weights import LayerWeights, ModelWeights
+from nitsum.parallel.shard import HeadRange, shard_views
 
 
 @dataclass
@@ -21,7 +21,7 @@ class TPContext:
     """
 
     heads: HeadRange
-    layers: list[LayerShard]
+    layers: list[LayerWeights]
     members: tuple[int, ...] = (0,)
     group: dist.ProcessGroup | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0})

@@ -29,28 +29,18 @@ class HeadRange:
         return cls(tp, rank, rank * kv, kv, kv * cfg.num_kv_groups)
 
 
-@dataclass
-class LayerShard:
-    """Views of one layer's fused weights for one (TP, rank)."""
-
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o_t: torch.Tensor
-    gate_up: torch.Tensor
-    down_t: torch.Tensor
-
-
 def _rows(t: torch.Tensor, part: int, parts: int) -> torch.Tensor:
     """Rows [part/parts, (part+1)/parts) of t as a view (narrow never copies)."""
     n = t.shape[0] // parts
     return t.narrow(0, part * n, n)
 
 
-def layer_shard(layer: LayerWeights, tp: int, rank: int) -> LayerShard:
-    """NOTE: every tensor returned shares storage with `layer`; nothing is copied."""
-    return LayerShard(
+def layer_shard(layer: LayerWeights, tp: int, rank: int) -> LayerWeights:
+    """One rank's shard of a layer, as views.
+
+    NOTE: every tensor returned shares storage with `layer`; nothing is copied.
+    """
+    return LayerWeights(
         input_norm=layer.input_norm,
         post_norm=layer.post_norm,
         qkv=_rows(layer.qkv, rank, tp),
@@ -61,7 +51,7 @@ def layer_shard(layer: LayerWeights, tp: int, rank: int) -> LayerShard:
     )
 
 
-def shard_views(weights: ModelWeights, tp: int, rank: int) -> list[LayerShard]:
+def shard_views(weights: ModelWeights, tp: int, rank: int) -> list[LayerWeights]:
     """Per-layer shard views for (tp, rank). Requires tp to divide weights.mlp_blocks."""
     if weights.mlp_blocks % tp:
         raise ValueError(
