@@ -139,8 +139,18 @@ class PoolBackend:
         return len(sched.running), sched.num_waiting(), free
 
     def add(self, device: int, req: GenerateRequest) -> None:
+        group = self._group(device)
+        decode = None
+        if req.decode_target is not None and req.decode_target in self.device_ids:
+            decode = self._group(req.decode_target)  # P/D: KV moves there after prefill
         self.pe.add_request(
-            req.request_id, req.input_ids, req.sampling, self._group(device), req.klass, req.tier
+            req.request_id,
+            req.input_ids,
+            req.sampling,
+            group,
+            req.klass,
+            req.tier,
+            decode_group=None if decode == group else decode,
         )
 
     def abort(self, request_id: str) -> None:
