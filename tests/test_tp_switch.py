@@ -151,3 +151,12 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     assert out == ref
     for device in range(4):
         assert pe.alloc.num_free(device) == NUM_PAGES
+
+
+def test_tp_above_kv_heads_is_refused_clearly(tiny):
+    from nitsum.parallel.shard import HeadRange
+
+    _, cfg = tiny
+    assert cfg.allowed_tp_levels((1, 2, 4, 8)) == (1, 2, 4)
+    with pytest.raises(ValueError, match="KV heads \\(4\\).*replication is not implemented"):
+        HeadRange.of(cfg, 8, 0)
