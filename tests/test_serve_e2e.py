@@ -7,8 +7,9 @@ It runs with a router config that sets API keys, so authentication (401) and tie
 
 Order matters: the last two tests damage the server and must stay last, in this order:
 `test_kill_worker_during_concurrent_requests` kills worker 1, then `test_stalled_worker_rejoins`
-SIGSTOPs worker 0 past the heartbeat timeout (xfail: main never takes a stalled worker back).
-The router config sets `heartbeat_timeout_ms` to 10 s (default 3 s, see the note there).
+SIGSTOPs worker 0 past the heartbeat timeout; the router answers its next heartbeat with
+`reregister` and it rejoins.
+The router config sets `heartbeat_timeout_ms` to 10 s (the default).
 Every HTTP call and every wait is bounded; the server is always torn down (SIGTERM to
 `nitsum serve`, then SIGKILL to its process groups and to the children it had).
 """
@@ -1031,11 +1032,6 @@ def test_kill_worker_during_concurrent_requests(
 # -- 5. a worker that stalls past the heartbeat timeout comes back (LAST: uses worker 0) -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="main bug: a live worker declared dead is never taken back (the router ignores an "
-    "unknown worker's heartbeats; the worker re-registers only when its connection drops)",
-)
 def test_stalled_worker_rejoins(server: Server, http: httpx.Client) -> None:
     """A worker silent for longer than the heartbeat timeout (here SIGSTOP, in real life one
     long engine step on a busy CPU) is declared dead; once it runs again it must rejoin."""

@@ -154,7 +154,7 @@ impl Default for RouterConfig {
             tiers: default_tiers(),
             api_keys: Vec::new(),
             static_plan: None,
-            heartbeat_timeout_ms: 3000,
+            heartbeat_timeout_ms: 10_000,
             control_window_ms: 1000,
             max_retries: 3,
             mock_workers: 0,
@@ -317,7 +317,7 @@ mod tests {
         let plan = cfg.static_plan.unwrap();
         assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
         assert_eq!(plan[0].tiers, ["gold"]);
-        assert_eq!(cfg.heartbeat_timeout_ms, 3000);
+        assert_eq!(cfg.heartbeat_timeout_ms, 10_000);
     }
 
     #[test]

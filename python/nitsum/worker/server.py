@@ -69,6 +69,7 @@ class WorkerServer:
         self._stop = threading.Event()
         self._handlers: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "registered": self._on_registered,
+            "reregister": self._on_reregister,
             "generate": self._on_generate,
             "abort": self._on_abort,
             "reconfigure": self._on_reconfigure,
@@ -163,6 +164,18 @@ class WorkerServer:
             # answers kept for the old router's plans.
             self._acks.clear()
         self.links[device].registered = True
+
+    def _on_reregister(self, device: int, msg: dict[str, Any]) -> None:
+        """The router declared this device dead (e.g. a step outlasted the heartbeat timeout)
+        and already ended its requests: drop them here too and register again at once."""
+        for rid, (arrived_on, _) in list(self.live.items()):
+            if arrived_on == device:
+                self.backend.abort(rid)
+                del self.live[rid]
+        log.warning("router asked worker %d to register again", device)
+        link = self.links[device]
+        link.registered = False
+        link.next_register = time.monotonic()
 
     def _on_generate(self, device: int, msg: dict[str, Any]) -> None:
         rid = proto.request_id_of(msg)

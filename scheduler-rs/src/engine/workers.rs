@@ -29,13 +29,17 @@ impl Engine {
             "tokens" => self.on_tokens(worker, m, now),
             "heartbeat" => {
                 let mut st = self.lock();
-                // NOTE: an unknown worker's heartbeat gets no answer; it re-registers.
                 if let Some(w) = st.registry.get_mut(worker) {
                     w.last_seen = now;
                     w.running = m.running.unwrap_or(0);
                     w.waiting = m.waiting.unwrap_or(0);
                     w.free_pages = m.free_pages.unwrap_or(0);
                     w.epoch = m.epoch.unwrap_or(w.epoch);
+                } else {
+                    // NOTE: a live worker we declared dead (a long step outlasted the
+                    // heartbeat timeout) must come back: ask it to register again.
+                    drop(st);
+                    self.send(identity, wire::encode_reregister());
                 }
             }
             "register" => self.on_register(worker, identity, WorkerInfo::from_register(&m), now),

@@ -132,6 +132,15 @@ pub fn encode_shutdown() -> Vec<u8> {
     })
 }
 
+/// Encode `reregister`: the answer to a heartbeat from a worker the router does not know
+/// (declared dead, or registered with a previous router process).
+pub fn encode_reregister() -> Vec<u8> {
+    encode(&Bare {
+        v: PROTOCOL_VERSION,
+        ty: "reregister",
+    })
+}
+
 /// Encode `reconfigure` for a whole plan.
 pub fn encode_reconfigure(plan: &Plan) -> Vec<u8> {
     encode(&Reconfigure {
