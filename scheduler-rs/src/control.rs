@@ -8,20 +8,38 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use crate::engine::{Engine, PlanRecord, RoundOutcome};
+use crate::engine::{Engine, PlanRecord, PlanResult, RoundOutcome};
 use crate::planner;
 use crate::profile::Profile;
 
-/// Run [`step`] every `control_window_ms` until aborted.
+/// Most windows skipped after consecutive failed rounds.
+pub const MAX_BACKOFF_WINDOWS: u32 = 32;
+
+/// Run [`step`] every `control_window_ms` until aborted. After a refused or timed-out round
+/// the loop backs off (1, 2, 4, ... up to [`MAX_BACKOFF_WINDOWS`] windows without planning;
+/// reset by an applied round) so a worker that cannot take the plan is not asked again every
+/// window. Window statistics keep accumulating meanwhile.
 pub fn spawn(engine: Arc<Engine>, profile: Arc<Profile>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let window = Duration::from_millis(engine.cfg.control_window_ms);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
         // NOTE: a round may wait for acks longer than a window; skip the windows it covered.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut backoff, mut skip) = (0u32, 0u32);
         loop {
             tick.tick().await;
-            step(&engine, &profile).await;
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            match step(&engine, &profile).await.map(|r| r.result) {
+                Some(PlanResult::Applied) => backoff = 0,
+                Some(_) => {
+                    backoff = (backoff * 2).clamp(1, MAX_BACKOFF_WINDOWS);
+                    skip = backoff;
+                }
+                None => {}
+            }
         }
     })
 }

@@ -130,6 +130,8 @@ pub struct Engine {
 }
 
 mod control;
+#[cfg(test)]
+mod control_tests;
 mod handle;
 mod requests;
 #[cfg(test)]
