@@ -363,4 +363,28 @@ mod tests {
         }
         assert!(serde_json::from_str::<FileConfig>(r#"{"listn": "x"}"#).is_err());
     }
+
+    #[test]
+    fn control_loop_settings() {
+        let d = RouterConfig::default();
+        assert_eq!(
+            (d.profile.is_none(), d.reconfigure_timeout_ms),
+            (true, 5000)
+        );
+        let file: FileConfig = serde_json::from_str(
+            r#"{"profile": "p.json", "planner": {"tp_levels": [1, 2]},
+                "reconfigure_timeout_ms": 700}"#,
+        )
+        .unwrap();
+        let cfg = RouterConfig::from_file(file).unwrap();
+        assert_eq!(cfg.profile.as_deref(), Some(Path::new("p.json")));
+        assert_eq!(cfg.planner.tp_levels, Some(vec![1, 2]));
+        assert_eq!(cfg.planner.keep_utilization, 0.9);
+        assert_eq!(cfg.reconfigure_timeout_ms, 700);
+        let cli = Cli::try_parse_from(["r", "--profile", "q.json"]).unwrap();
+        let cfg = RouterConfig::from_cli(&cli).unwrap();
+        assert_eq!(cfg.profile.as_deref(), Some(Path::new("q.json")));
+        let file: FileConfig = serde_json::from_str(r#"{"reconfigure_timeout_ms": 0}"#).unwrap();
+        assert!(RouterConfig::from_file(file).is_err());
+    }
 }
