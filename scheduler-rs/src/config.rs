@@ -9,6 +9,7 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::plan::{GroupPlan, Role};
+use crate::planner::PlannerConfig;
 use crate::tiers::Tier;
 
 /// `nitsum-router` command line. Flags override the config file.
@@ -40,6 +41,10 @@ pub struct Cli {
     /// Control window length.
     #[arg(long)]
     pub control_window_ms: Option<u64>,
+    /// Offline profile JSON (docs/profile-schema.md): enables the control loop (planner every
+    /// control window). Without it the plan is static.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
     /// Start N in-process mock workers (instant echo replies) for development and benchmarks.
     #[arg(long, default_value_t = 0)]
     pub mock_workers: u32,
@@ -107,6 +112,12 @@ pub struct FileConfig {
     pub heartbeat_timeout_ms: Option<u64>,
     pub control_window_ms: Option<u64>,
     pub max_retries: Option<u32>,
+    /// Profile file: enables the control loop.
+    pub profile: Option<PathBuf>,
+    /// Planner knobs (docs/planner.md); any subset.
+    pub planner: Option<PlannerConfig>,
+    /// How long the control loop waits for `reconfigured` acks.
+    pub reconfigure_timeout_ms: Option<u64>,
 }
 
 /// The resolved router configuration.
@@ -124,6 +135,10 @@ pub struct RouterConfig {
     pub control_window_ms: u64,
     /// How often a request that streamed nothing is re-dispatched after its worker died.
     pub max_retries: u32,
+    /// Offline profile; `Some` enables the control loop.
+    pub profile: Option<PathBuf>,
+    pub planner: PlannerConfig,
+    pub reconfigure_timeout_ms: u64,
     pub mock_workers: u32,
     pub shutdown_workers_on_exit: bool,
 }
@@ -157,6 +172,9 @@ impl Default for RouterConfig {
             heartbeat_timeout_ms: 10_000,
             control_window_ms: 1000,
             max_retries: 3,
+            profile: None,
+            planner: PlannerConfig::default(),
+            reconfigure_timeout_ms: 5000,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
         }
@@ -187,6 +205,9 @@ impl RouterConfig {
         }
         cfg.heartbeat_timeout_ms = cli.heartbeat_timeout_ms.unwrap_or(cfg.heartbeat_timeout_ms);
         cfg.control_window_ms = cli.control_window_ms.unwrap_or(cfg.control_window_ms);
+        if cli.profile.is_some() {
+            cfg.profile = cli.profile.clone();
+        }
         cfg.mock_workers = cli.mock_workers;
         cfg.shutdown_workers_on_exit = cli.shutdown_workers_on_exit;
         cfg.validate()?;
@@ -236,6 +257,11 @@ impl RouterConfig {
             heartbeat_timeout_ms: file.heartbeat_timeout_ms.unwrap_or(d.heartbeat_timeout_ms),
             control_window_ms: file.control_window_ms.unwrap_or(d.control_window_ms),
             max_retries: file.max_retries.unwrap_or(d.max_retries),
+            profile: file.profile,
+            planner: file.planner.unwrap_or_default(),
+            reconfigure_timeout_ms: file
+                .reconfigure_timeout_ms
+                .unwrap_or(d.reconfigure_timeout_ms),
             ..d
         };
         cfg.validate()?;
@@ -273,8 +299,11 @@ impl RouterConfig {
                 bail!("config: plan group {:?} uses unknown tier {t:?}", g.members);
             }
         }
-        if self.heartbeat_timeout_ms == 0 || self.control_window_ms == 0 {
-            bail!("config: heartbeat_timeout_ms and control_window_ms must be > 0");
+        if self.heartbeat_timeout_ms == 0
+            || self.control_window_ms == 0
+            || self.reconfigure_timeout_ms == 0
+        {
+            bail!("config: heartbeat_timeout_ms, control_window_ms and reconfigure_timeout_ms must be > 0");
         }
         Ok(())
     }
@@ -333,5 +362,29 @@ mod tests {
             assert!(RouterConfig::from_file(file).is_err(), "{bad}");
         }
         assert!(serde_json::from_str::<FileConfig>(r#"{"listn": "x"}"#).is_err());
+    }
+
+    #[test]
+    fn control_loop_settings() {
+        let d = RouterConfig::default();
+        assert_eq!(
+            (d.profile.is_none(), d.reconfigure_timeout_ms),
+            (true, 5000)
+        );
+        let file: FileConfig = serde_json::from_str(
+            r#"{"profile": "p.json", "planner": {"tp_levels": [1, 2]},
+                "reconfigure_timeout_ms": 700}"#,
+        )
+        .unwrap();
+        let cfg = RouterConfig::from_file(file).unwrap();
+        assert_eq!(cfg.profile.as_deref(), Some(Path::new("p.json")));
+        assert_eq!(cfg.planner.tp_levels, Some(vec![1, 2]));
+        assert_eq!(cfg.planner.keep_utilization, 0.9);
+        assert_eq!(cfg.reconfigure_timeout_ms, 700);
+        let cli = Cli::try_parse_from(["r", "--profile", "q.json"]).unwrap();
+        let cfg = RouterConfig::from_cli(&cli).unwrap();
+        assert_eq!(cfg.profile.as_deref(), Some(Path::new("q.json")));
+        let file: FileConfig = serde_json::from_str(r#"{"reconfigure_timeout_ms": 0}"#).unwrap();
+        assert!(RouterConfig::from_file(file).is_err());
     }
 }

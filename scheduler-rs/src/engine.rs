@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::plan::{GroupPlan, Plan, Role};
 use crate::protocols::worker::Sampling;
 use crate::registry::{Registry, WorkerInfo};
+use crate::stats::{StatsConfig, WindowStats};
 
 /// A message for the transport to send to one worker.
 #[derive(Debug, Clone)]
@@ -94,6 +95,16 @@ struct State {
     planned: Option<Vec<GroupPlan>>,
     dispatcher: Dispatcher,
     inflight: IntMap<u64, Inflight>,
+    /// Highest epoch ever issued (plans and control rounds share the sequence).
+    last_epoch: u64,
+    /// Planner batch caps of the control loop's groups, by members (`max_batch` on the wire).
+    max_batch: std::collections::HashMap<Vec<u32>, u32>,
+    /// Window statistics fed by the request path (only with the control loop).
+    stats: WindowStats,
+    /// The control round waiting for `reconfigured` acks.
+    pending: Option<control::Round>,
+    /// Recent control decisions, oldest first (bounded).
+    history: std::collections::VecDeque<control::PlanRecord>,
 }
 
 /// Per-group numbers for `/metrics`.
@@ -112,25 +123,42 @@ pub struct Engine {
     state: Mutex<State>,
     out: mpsc::UnboundedSender<Outbound>,
     next_id: AtomicU64,
+    /// Time origin of the window statistics.
+    clock: Instant,
+    /// Whether the control loop runs (a profile is configured): the request path feeds stats.
+    control: bool,
 }
 
+mod control;
+#[cfg(test)]
+mod control_tests;
 mod handle;
 mod requests;
 #[cfg(test)]
 mod tests;
 mod workers;
+pub use control::{PlanRecord, PlanResult, Refusal, RoundOutcome};
 pub use handle::RequestHandle;
 
 impl Engine {
     /// A new engine and the receiver of its outbound messages (for the transport).
     pub fn new(cfg: Arc<RouterConfig>) -> (Arc<Self>, mpsc::UnboundedReceiver<Outbound>) {
         let (out, rx) = mpsc::unbounded_channel();
+        let stats = WindowStats::new(StatsConfig {
+            rate_window_s: cfg.control_window_ms as f64 / 1000.0,
+            ..StatsConfig::default()
+        });
         let engine = Engine {
             metrics: Metrics::new(&cfg.tiers),
+            control: cfg.profile.is_some(),
             cfg,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                stats,
+                ..State::default()
+            }),
             out,
             next_id: AtomicU64::new(1),
+            clock: Instant::now(),
         };
         (Arc::new(engine), rx)
     }

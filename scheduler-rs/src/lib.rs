@@ -5,6 +5,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod engine;
 pub mod errors;

@@ -82,6 +82,10 @@ type CounterOf = fn(&TierMetrics) -> &AtomicU64;
 #[derive(Debug)]
 pub struct Metrics {
     pub tiers: Vec<(String, TierMetrics)>,
+    /// Control rounds by result (`nitsum_plan_changes_total{result}`).
+    pub plan_applied: AtomicU64,
+    pub plan_refused: AtomicU64,
+    pub plan_timeout: AtomicU64,
 }
 
 /// How one finished request went, for the histograms.
@@ -99,6 +103,9 @@ impl Metrics {
                 .iter()
                 .map(|t| (t.name.clone(), TierMetrics::default()))
                 .collect(),
+            plan_applied: AtomicU64::new(0),
+            plan_refused: AtomicU64::new(0),
+            plan_timeout: AtomicU64::new(0),
         }
     }
 
@@ -215,6 +222,22 @@ impl Metrics {
                     c.load(Ordering::Relaxed)
                 );
             }
+        }
+        let name = "nitsum_plan_changes_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Control-loop plan changes, by result.\n# TYPE {name} counter"
+        );
+        for (result, c) in [
+            ("applied", &self.plan_applied),
+            ("refused", &self.plan_refused),
+            ("timeout", &self.plan_timeout),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{result=\"{result}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
         }
         let name = "nitsum_slo_attainment";
         let _ = writeln!(

@@ -1,6 +1,7 @@
 //! A mock device worker speaking the real protocol (docs/protocol.md) over a ZeroMQ DEALER
 //! socket. It answers `generate` by echoing the prompt's token ids cyclically (output token
-//! `i` is `input_ids[i % len]`), instantly or at a fixed pace. Used by the integration tests,
+//! `i` is `input_ids[i % len]`), instantly or at a fixed pace. It acknowledges `reconfigure`
+//! (or refuses it, or stays silent, for tests of the control loop). Used by the integration tests,
 //! the benchmark and `nitsum-router --mock-workers N`.
 
 use std::collections::HashSet;
@@ -28,6 +29,13 @@ pub struct MockOptions {
     pub heartbeat: Duration,
     pub max_context: u64,
     pub eos_token_ids: Vec<u32>,
+    /// TP levels sent in `register`.
+    pub tp_levels: Vec<u32>,
+    /// Answer `reconfigure` with `ok: false` when this worker's group has a TP level above
+    /// this (a single-device worker cannot join a TP group: `Some(1)`).
+    pub refuse_tp_above: Option<u32>,
+    /// Never answer `reconfigure` (a hung worker).
+    pub ignore_reconfigure: bool,
 }
 
 impl Default for MockOptions {
@@ -38,6 +46,9 @@ impl Default for MockOptions {
             heartbeat: Duration::from_millis(500),
             max_context: 4096,
             eos_token_ids: Vec::new(),
+            tp_levels: vec![1],
+            refuse_tp_above: None,
+            ignore_reconfigure: false,
         }
     }
 }
@@ -49,6 +60,10 @@ pub struct MockStats {
     pub aborts: AtomicU64,
     pub reconfigures: AtomicU64,
     pub registered: AtomicU64,
+    /// Refused `reconfigure`s.
+    pub refused: AtomicU64,
+    /// (epoch, this worker's group: tp and max_batch) of the last `reconfigure`.
+    pub last_reconfigure: Mutex<Option<(u64, u32, Option<u32>)>>,
     /// (tier, class, decode_target) of the last `generate`.
     pub last_generate: Mutex<Option<(String, String, Option<u32>)>>,
 }
@@ -86,6 +101,16 @@ struct RouterMsg {
     tier: String,
     class: String,
     decode_target: Option<u32>,
+    groups: Vec<MockGroup>,
+}
+
+/// A `reconfigure` group as the mock reads it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MockGroup {
+    members: Vec<u32>,
+    tp: u32,
+    max_batch: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -146,7 +171,7 @@ pub async fn spawn_many(addr: &str, n: u32, opts: &MockOptions) -> Result<Vec<Mo
 
 async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<MockStats>) {
     let register = serde_json::json!({"v": PROTOCOL_VERSION, "type": "register", "worker_id": id,
-        "device": "mock", "model": "mock", "tp_levels": [1], "kv_capacity_tokens": 1u64 << 20,
+        "device": "mock", "model": "mock", "tp_levels": opts.tp_levels, "kv_capacity_tokens": 1u64 << 20,
         "max_context": opts.max_context, "eos_token_ids": opts.eos_token_ids});
     let _ = sock.send(encode(&register)).await;
     let mut beat = tokio::time::interval(opts.heartbeat);
@@ -185,8 +210,20 @@ async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<Mock
                     }
                     "reconfigure" => {
                         stats.reconfigures.fetch_add(1, Ordering::Relaxed);
+                        let mine = m.groups.iter().find(|g| g.members.contains(&id));
+                        let tp = mine.map_or(0, |g| g.tp);
+                        *stats.last_reconfigure.lock().unwrap() =
+                            Some((m.epoch, tp, mine.and_then(|g| g.max_batch)));
+                        if opts.ignore_reconfigure {
+                            continue;
+                        }
+                        let refuse = opts.refuse_tp_above.is_some_and(|max| tp > max);
+                        let error = refuse.then(|| format!("mock worker {id} cannot run TP {tp}"));
+                        if refuse {
+                            stats.refused.fetch_add(1, Ordering::Relaxed);
+                        }
                         let ack = serde_json::json!({"v": PROTOCOL_VERSION, "type": "reconfigured",
-                            "worker_id": id, "epoch": m.epoch, "ok": true, "error": null,
+                            "worker_id": id, "epoch": m.epoch, "ok": !refuse, "error": error,
                             "timings_ms": {"total": 0.0}});
                         let _ = sock.send(encode(&ack)).await;
                     }

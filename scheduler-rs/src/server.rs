@@ -1,4 +1,5 @@
-//! Wiring: config → model files → engine → transport → heartbeat reaper → HTTP server.
+//! Wiring: config → model files → engine → transport → heartbeat reaper → control loop (with
+//! a profile) → HTTP server.
 //! `main` (the binary) and `nitsum._core.router_main` (Python) both call [`cli_main`].
 
 use std::net::SocketAddr;
@@ -26,6 +27,8 @@ pub struct Running {
     pub transport: Transport,
     pub http: JoinHandle<()>,
     pub reaper: JoinHandle<()>,
+    /// The control loop (with `--profile`).
+    pub control: Option<JoinHandle<()>>,
     pub mocks: Vec<MockWorker>,
 }
 
@@ -34,6 +37,9 @@ impl Running {
     pub fn stop(&self) {
         self.http.abort();
         self.reaper.abort();
+        if let Some(c) = &self.control {
+            c.abort();
+        }
         self.transport.abort();
         for m in &self.mocks {
             m.kill();
@@ -51,6 +57,7 @@ pub fn load_model(cfg: &RouterConfig) -> Result<Option<Arc<ModelFiles>>> {
 
 /// Start transport, reaper, optional mock workers and the HTTP server.
 pub async fn start(cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<Running> {
+    let profile = crate::control::load_profile(&cfg)?;
     let cfg = Arc::new(cfg);
     let (engine, outbound) = Engine::new(cfg.clone());
     let transport = transport::start(&cfg.worker_addr, engine.clone(), outbound).await?;
@@ -67,6 +74,15 @@ pub async fn start(cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<
             }
         })
     };
+    let control = profile.map(|p| {
+        tracing::info!(
+            window_ms = cfg.control_window_ms,
+            device = %p.device,
+            model = %p.model,
+            "control loop on"
+        );
+        crate::control::spawn(engine.clone(), p)
+    });
     let mut mocks = Vec::new();
     if cfg.mock_workers > 0 {
         let opts = MockOptions {
@@ -96,6 +112,7 @@ pub async fn start(cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<
         transport,
         http,
         reaper,
+        control,
         mocks,
     })
 }

@@ -41,7 +41,8 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-/// `GET /admin/plan`: the current plan as JSON (read-only).
+/// `GET /admin/plan`: the current plan as JSON (read-only), the control loop's recent
+/// decisions in `history` (oldest first) and whether a round is waiting for acks.
 pub async fn admin_plan(State(state): State<Arc<AppState>>) -> Response {
     let plan = state.engine.plan();
     let workers: Vec<_> = state
@@ -50,8 +51,13 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>) -> Response {
         .into_iter()
         .map(|(id, w)| json!({"id": id, "device": w.device, "model": w.model, "tp_levels": w.tp_levels}))
         .collect();
-    axum::Json(json!({"epoch": plan.epoch, "groups": plan.groups, "workers": workers}))
-        .into_response()
+    axum::Json(
+        json!({"epoch": plan.epoch, "groups": plan.groups, "workers": workers,
+        "control": state.engine.cfg.profile.is_some(),
+        "pending": state.engine.round_pending(),
+        "history": state.engine.plan_history()}),
+    )
+    .into_response()
 }
 
 /// `GET /metrics`: Prometheus text exposition.

@@ -23,6 +23,7 @@ impl Engine {
         let placed = {
             let mut guard = self.lock();
             let st = &mut *guard;
+            self.stats_arrival(st, req.tier, req.input_ids.len());
             let placed = Self::place(st, id, &tier.name, tier.background);
             if let Some((_, d)) = &placed {
                 st.inflight.insert(
@@ -66,6 +67,12 @@ impl Engine {
         let d = st
             .dispatcher
             .dispatch(id, &DispatchRequest { tier, background })?;
+        // NOTE: only feasible work is charged against a group's SLO bandwidth, as in the
+        // simulator: best-effort and background requests run on leftover capacity, and
+        // charging them would let a spill backlog mark every later request infeasible.
+        if d.class != Class::Feasible {
+            st.dispatcher.complete(id);
+        }
         match st.registry.get(d.prefill_leader) {
             Some(w) => Some((w.identity.clone(), d)),
             None => {
@@ -101,13 +108,37 @@ impl Engine {
         let mut st = self.lock();
         // Any message proves liveness; one lock for both.
         st.registry.touch(worker, now);
-        let Some(e) = st.inflight.get_mut(&id) else {
+        let Some(e) = st.inflight.get(&id) else {
             return; // finished, cancelled or retried elsewhere: a normal race
         };
-        if worker != e.leader && Some(worker) != e.decode {
+        let (leader, decode) = (e.leader, e.decode);
+        if worker != leader && Some(worker) != decode {
             // NOTE: never mix outputs: only the worker currently serving the request counts.
-            return;
+            // After a plan change the request's worker may have joined a group led by another
+            // worker, which then streams the request: accept its leader and follow it.
+            let holder = |w: u32| {
+                st.plan
+                    .groups
+                    .iter()
+                    .find(|g| g.members.contains(&w))
+                    .map(|g| g.leader())
+            };
+            let moved = [Some(leader), decode]
+                .into_iter()
+                .flatten()
+                .any(|w| holder(w) == Some(worker));
+            if !moved {
+                return;
+            }
+            let lead = holder(leader) == Some(worker);
+            let e = st.inflight.get_mut(&id).expect("entry present");
+            if lead {
+                e.leader = worker;
+            } else {
+                e.decode = Some(worker);
+            }
         }
+        let e = st.inflight.get_mut(&id).expect("entry present");
         if !ids.is_empty() {
             e.streamed = true;
             e.first.get_or_insert(now);
@@ -135,6 +166,9 @@ impl Engine {
         };
         let e = st.inflight.remove(&id).expect("entry present");
         st.dispatcher.complete(id);
+        if matches!(event, Event::Tokens { .. }) {
+            self.stats_completion(&mut st, e.req.tier, e.tokens);
+        }
         drop(st);
         self.finish(e, event, now);
     }
@@ -174,11 +208,14 @@ impl Engine {
         let decode = e
             .decode
             .and_then(|d| st.registry.get(d).map(|w| w.identity.clone()));
-        drop(st);
         let payload = wire::encode_abort(&id.to_string());
         for ident in identity.into_iter().chain(decode) {
             self.send(ident, payload.clone());
         }
+        if why == EarlyEnd::StopString {
+            self.stats_completion(&mut st, e.req.tier, e.tokens);
+        }
+        drop(st);
         match why {
             EarlyEnd::StopString => self.record(e.req.tier, &e, Instant::now()),
             EarlyEnd::Cancelled => {

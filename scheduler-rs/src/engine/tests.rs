@@ -11,13 +11,13 @@ use super::{Engine, Event, FinishReason, Outbound, Submit};
 use crate::config::RouterConfig;
 use crate::protocols::worker::{decode_incoming, Sampling};
 
-fn msg(engine: &Engine, worker: u32, v: serde_json::Value) {
+pub(super) fn msg(engine: &Engine, worker: u32, v: serde_json::Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
     let m = decode_incoming(&bytes).unwrap();
     engine.on_message(Bytes::from(worker.to_string()), m, &bytes);
 }
 
-fn register(engine: &Engine, worker: u32) {
+pub(super) fn register(engine: &Engine, worker: u32) {
     msg(
         engine,
         worker,
@@ -25,13 +25,25 @@ fn register(engine: &Engine, worker: u32) {
     );
 }
 
-fn tokens(engine: &Engine, worker: u32, id: u64, ids: &[u32], finish: Option<&str>) {
+pub(super) fn tokens(engine: &Engine, worker: u32, id: u64, ids: &[u32], finish: Option<&str>) {
     msg(
         engine,
         worker,
         json!({"v": 1, "type": "tokens", "worker_id": worker,
         "request_id": id.to_string(), "token_ids": ids, "finish_reason": finish}),
     );
+}
+
+/// (identity, decoded message) of every queued outbound message.
+pub(super) fn drain_raw(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Outbound>,
+) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        let v: serde_json::Value = rmp_serde::from_slice(&o.payload).unwrap();
+        out.push((String::from_utf8(o.identity.to_vec()).unwrap(), v));
+    }
+    out
 }
 
 /// (identity, type, request_id) of every queued outbound message.
@@ -49,7 +61,7 @@ fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Outbound>) -> Vec<(String
     out
 }
 
-fn submit() -> Submit {
+pub(super) fn submit() -> Submit {
     Submit {
         input_ids: vec![1, 2],
         sampling: Sampling::default(),

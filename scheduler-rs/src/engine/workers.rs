@@ -43,18 +43,7 @@ impl Engine {
                 }
             }
             "register" => self.on_register(worker, identity, WorkerInfo::from_register(&m), now),
-            "reconfigured" => {
-                let mut st = self.lock();
-                if let Some(w) = st.registry.get_mut(worker) {
-                    w.last_seen = now;
-                    if m.ok == Some(true) {
-                        w.epoch = m.epoch.unwrap_or(w.epoch);
-                    }
-                }
-                if m.ok != Some(true) {
-                    tracing::error!(worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
-                }
-            }
+            "reconfigured" => self.on_reconfigured(worker, &m, now),
             "stats" => {
                 let stats = wire::decode_stats(raw);
                 if let Some(w) = self.lock().registry.get_mut(worker) {
@@ -153,11 +142,13 @@ impl Engine {
         }
     }
 
-    /// Replace the plan (the control loop's entry point). Groups with a member that is not
-    /// registered are left out until it is. The epoch is the router's own (monotonic).
+    /// Replace the plan at once, without a control round (no acks awaited; the control loop
+    /// uses `begin_round` / `end_round`). Groups with a member that is not registered are
+    /// left out until it is. The epoch is the router's own (monotonic).
     pub fn set_plan(&self, groups: Vec<GroupPlan>) -> Plan {
         let mut st = self.lock();
         st.planned = Some(groups);
+        st.max_batch.clear();
         let plan = self.rebuild_plan(&mut st);
         drop(st);
         self.broadcast_plan(&plan);
@@ -165,29 +156,40 @@ impl Engine {
     }
 
     /// Recompute the plan over live workers, bump the epoch, switch the dispatcher.
-    fn rebuild_plan(&self, st: &mut State) -> Plan {
+    pub(super) fn rebuild_plan(&self, st: &mut State) -> Plan {
+        self.rebuild_plan_with(st, None)
+    }
+
+    /// [`Self::rebuild_plan`] under `epoch` (a control round's, not yet superseded) or, with
+    /// `None`, a fresh one.
+    pub(super) fn rebuild_plan_with(&self, st: &mut State, epoch: Option<u64>) -> Plan {
         let alive = |g: &GroupPlan| g.members.iter().all(|m| st.registry.contains(*m));
         let groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref()) {
             Some(groups) => groups.iter().filter(|g| alive(g)).cloned().collect(),
             None => st.registry.ids().map(|w| self.default_group(w)).collect(),
         };
-        st.plan = Plan {
-            epoch: st.plan.epoch + 1,
-            groups,
+        let epoch = match epoch {
+            Some(e) => e,
+            None => {
+                st.last_epoch += 1;
+                st.last_epoch
+            }
         };
+        st.plan = Plan { epoch, groups };
         st.dispatcher.set_plan(&st.plan);
         st.plan.clone()
     }
 
     /// Send `reconfigure` with the whole plan to every live worker.
-    fn broadcast_plan(&self, plan: &Plan) {
-        let payload = wire::encode_reconfigure(plan);
-        let idents: Vec<Bytes> = self
-            .lock()
+    pub(super) fn broadcast_plan(&self, plan: &Plan) {
+        let st = self.lock();
+        let payload = wire::encode_reconfigure(plan, |g| Self::max_batch_of(&st, g));
+        let idents: Vec<Bytes> = st
             .registry
             .iter()
             .map(|(_, w)| w.identity.clone())
             .collect();
+        drop(st);
         for ident in idents {
             self.send(ident, payload.clone());
         }

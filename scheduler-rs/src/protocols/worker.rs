@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Plan, Role};
+use crate::plan::{GroupPlan, Plan, Role};
 
 /// Protocol version carried in every message as `v`.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -59,6 +59,9 @@ pub struct WireGroup<'a> {
     pub role: Role,
     pub tiers: &'a [String],
     pub accepts_background: bool,
+    /// Local batch cap from the planner (TPOT bound); absent = the worker's own limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<u32>,
 }
 
 /// `reconfigure` (router → every worker): the whole new plan.
@@ -141,8 +144,8 @@ pub fn encode_reregister() -> Vec<u8> {
     })
 }
 
-/// Encode `reconfigure` for a whole plan.
-pub fn encode_reconfigure(plan: &Plan) -> Vec<u8> {
+/// Encode `reconfigure` for a whole plan; `max_batch` gives each group's optional batch cap.
+pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<u32>) -> Vec<u8> {
     encode(&Reconfigure {
         v: PROTOCOL_VERSION,
         ty: "reconfigure",
@@ -156,6 +159,7 @@ pub fn encode_reconfigure(plan: &Plan) -> Vec<u8> {
                 role: g.role,
                 tiers: &g.tiers,
                 accepts_background: g.accepts_background,
+                max_batch: max_batch(g),
             })
             .collect(),
     })

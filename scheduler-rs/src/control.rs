@@ -1,0 +1,96 @@
+//! The router's control loop (DESIGN §4 "Control loop"): every control window, window stats →
+//! planner (with the previous plan) → diff → `reconfigure` to the workers → acks (bounded
+//! wait) → routing switches to the new epoch only for an acknowledged plan. The engine side
+//! (stats, rounds, history, metrics) is in `engine/control.rs`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::engine::{Engine, PlanRecord, PlanResult, RoundOutcome};
+use crate::planner;
+use crate::profile::Profile;
+
+/// Most windows skipped after consecutive failed rounds.
+pub const MAX_BACKOFF_WINDOWS: u32 = 32;
+
+/// Run [`step`] every `control_window_ms` until aborted. After a refused or timed-out round
+/// the loop backs off (1, 2, 4, ... up to [`MAX_BACKOFF_WINDOWS`] windows without planning;
+/// reset by an applied round) so a worker that cannot take the plan is not asked again every
+/// window. Window statistics keep accumulating meanwhile.
+pub fn spawn(engine: Arc<Engine>, profile: Arc<Profile>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let window = Duration::from_millis(engine.cfg.control_window_ms);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
+        // NOTE: a round may wait for acks longer than a window; skip the windows it covered.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut backoff, mut skip) = (0u32, 0u32);
+        loop {
+            tick.tick().await;
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            match step(&engine, &profile).await.map(|r| r.result) {
+                Some(PlanResult::Applied) => backoff = 0,
+                Some(_) => {
+                    backoff = (backoff * 2).clamp(1, MAX_BACKOFF_WINDOWS);
+                    skip = backoff;
+                }
+                None => {}
+            }
+        }
+    })
+}
+
+/// One control window: plan, and when the plan differs from the current one, run a
+/// reconfigure round and wait for its acks (at most `reconfigure_timeout_ms`). Returns the
+/// round's record, or `None` when there was nothing to change (or no workers).
+pub async fn step(engine: &Engine, profile: &Profile) -> Option<PlanRecord> {
+    let view = engine.planning_view();
+    if view.devices == 0 {
+        return None;
+    }
+    let demand = engine.demand_snapshot();
+    let mut cfg = engine.cfg.planner.clone();
+    // TP levels: those every worker registered, within the operator's allowed set.
+    cfg.tp_levels = Some(match cfg.tp_levels.take() {
+        Some(allowed) => view
+            .tp_levels
+            .iter()
+            .copied()
+            .filter(|t| allowed.contains(t))
+            .collect(),
+        None => view.tp_levels.clone(),
+    });
+    let t0 = Instant::now();
+    let planned = planner::plan(
+        profile,
+        &engine.cfg.tiers,
+        &demand,
+        view.devices,
+        Some(&view.current),
+        &cfg,
+    );
+    let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if planned.plan.groups.is_empty() || planned.plan.groups == view.current.groups {
+        return None;
+    }
+    let (epoch, acks) =
+        engine.begin_round(planned.plan.groups, planned.batch_caps, demand, plan_ms);
+    let wait = Duration::from_millis(engine.cfg.reconfigure_timeout_ms);
+    let outcome = match tokio::time::timeout(wait, acks).await {
+        Ok(Ok(())) => RoundOutcome::Answered,
+        Ok(Err(_)) | Err(_) => RoundOutcome::TimedOut,
+    };
+    engine.end_round(epoch, outcome)
+}
+
+/// Load the profile named by the config, if any (validated).
+pub fn load_profile(cfg: &crate::config::RouterConfig) -> anyhow::Result<Option<Arc<Profile>>> {
+    cfg.profile
+        .as_deref()
+        .map(|p| Profile::load(p).map(Arc::new))
+        .transpose()
+}

@@ -1,0 +1,378 @@
+//! The engine side of the control loop (DESIGN §4 "Control loop"): window statistics from the
+//! request path, control rounds (send `reconfigure`, collect `reconfigured` acks) and the
+//! switch of the routing tables to an acknowledged plan. The timing (windows, ack timeout)
+//! lives in `crate::control`.
+//!
+//! NOTE: a round is all-or-nothing. The proposed plan becomes the routing plan only when every
+//! live worker acknowledged it with `ok: true`; on a refusal or a timeout the router keeps the
+//! old plan and re-broadcasts it under a fresh epoch so workers that already switched go back.
+//! Partial application could leave a device in two groups (a refused group's members are
+//! usually re-used by the accepted ones), so it is not attempted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use super::{Engine, State};
+use crate::plan::{GroupPlan, Plan};
+use crate::protocols::worker::{self as wire, Incoming};
+use crate::stats::TierDemand;
+
+/// Control decisions kept for `/admin/plan`.
+pub const HISTORY_LEN: usize = 64;
+
+/// How a control round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlanResult {
+    /// Every worker acknowledged: routing switched to the new epoch.
+    Applied,
+    /// A worker answered `ok: false`: the old plan stays.
+    Refused,
+    /// Not every worker answered in time: the old plan stays.
+    Timeout,
+}
+
+impl PlanResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanResult::Applied => "applied",
+            PlanResult::Refused => "refused",
+            PlanResult::Timeout => "timeout",
+        }
+    }
+}
+
+/// A worker's `ok: false` answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Refusal {
+    pub worker: u32,
+    pub error: Option<String>,
+}
+
+/// One control decision, as logged and shown in `/admin/plan` history.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanRecord {
+    /// Epoch the plan was proposed under (the `reconfigure` epoch).
+    pub epoch: u64,
+    /// Epoch routing runs under after the round (the new plan's, or the old plan's
+    /// re-broadcast).
+    pub routing_epoch: u64,
+    pub result: PlanResult,
+    pub unix_ms: u64,
+    /// The proposed groups and their planner batch caps (0 = none).
+    pub groups: Vec<GroupPlan>,
+    pub batch_caps: Vec<f64>,
+    /// The groups routing ran on before the round.
+    pub previous: Vec<GroupPlan>,
+    /// The demand the planner saw.
+    pub demand: Vec<TierDemand>,
+    pub refused: Vec<Refusal>,
+    /// Workers that had not answered when the round ended.
+    pub missing: Vec<u32>,
+    /// Planner decision time and round time (send → last ack or timeout).
+    pub plan_ms: f64,
+    pub round_ms: f64,
+}
+
+/// A control round waiting for acks.
+pub(crate) struct Round {
+    epoch: u64,
+    groups: Vec<GroupPlan>,
+    batch_caps: Vec<f64>,
+    demand: Vec<TierDemand>,
+    plan_ms: f64,
+    waiting: HashSet<u32>,
+    refused: Vec<Refusal>,
+    started: Instant,
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl Round {
+    fn finish(&mut self) {
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// What the planner needs from the engine for one window.
+#[derive(Debug, Clone)]
+pub struct PlanningView {
+    /// Devices the planner may use: workers `0..devices` are all registered.
+    pub devices: u32,
+    /// TP levels every one of those workers registered (`[1]` for a worker that sent none).
+    pub tp_levels: Vec<u32>,
+    /// The plan routing runs on now.
+    pub current: Plan,
+}
+
+/// Result of waiting for a round's acks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundOutcome {
+    /// Every ack arrived or a refusal came in.
+    Answered,
+    TimedOut,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Planner batch cap → wire `max_batch` (None when the planner sets no cap).
+fn cap(c: f64) -> Option<u32> {
+    (c.is_finite() && c >= 1.0).then(|| c.floor() as u32)
+}
+
+impl Engine {
+    fn now_s(&self) -> f64 {
+        self.clock.elapsed().as_secs_f64()
+    }
+
+    /// Request path: an arrival (only recorded with the control loop on).
+    pub(super) fn stats_arrival(&self, st: &mut State, tier: usize, prompt_tokens: usize) {
+        if self.control {
+            let now = self.now_s();
+            let name = &self.cfg.tiers[tier].name;
+            st.stats
+                .on_arrival(now, name, u32::try_from(prompt_tokens).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// Request path: a completion with `output_tokens` generated.
+    pub(super) fn stats_completion(&self, st: &mut State, tier: usize, output_tokens: u64) {
+        if self.control {
+            let now = self.now_s();
+            let name = &self.cfg.tiers[tier].name;
+            st.stats
+                .on_completion(now, name, u32::try_from(output_tokens).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// Current demand of every tier (drops expired samples).
+    pub fn demand_snapshot(&self) -> Vec<TierDemand> {
+        let now = self.now_s();
+        self.lock().stats.snapshot(now)
+    }
+
+    /// Devices, TP levels and the current plan for the planner.
+    pub fn planning_view(&self) -> PlanningView {
+        let st = self.lock();
+        let mut devices = 0u32;
+        let mut levels: Option<Vec<u32>> = None;
+        while let Some(w) = st.registry.get(devices) {
+            let mine: &[u32] = if w.info.tp_levels.is_empty() {
+                &[1]
+            } else {
+                &w.info.tp_levels
+            };
+            levels = Some(match levels {
+                None => mine.to_vec(),
+                Some(l) => l.into_iter().filter(|t| mine.contains(t)).collect(),
+            });
+            devices += 1;
+        }
+        let mut tp_levels = levels.unwrap_or_default();
+        tp_levels.sort_unstable();
+        PlanningView {
+            devices,
+            tp_levels,
+            current: st.plan.clone(),
+        }
+    }
+
+    /// Whether a control round is waiting for acks.
+    pub fn round_pending(&self) -> bool {
+        self.lock().pending.is_some()
+    }
+
+    /// Start a control round: send `reconfigure` with `groups` (and their batch caps) under a
+    /// fresh epoch to every live worker. Routing stays on the current plan. Returns the epoch
+    /// and a receiver that fires once every worker acknowledged or one refused.
+    pub fn begin_round(
+        &self,
+        groups: Vec<GroupPlan>,
+        batch_caps: Vec<f64>,
+        demand: Vec<TierDemand>,
+        plan_ms: f64,
+    ) -> (u64, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let mut st = self.lock();
+        st.last_epoch += 1;
+        let epoch = st.last_epoch;
+        let plan = Plan {
+            epoch,
+            groups: groups.clone(),
+        };
+        let caps: HashMap<&[u32], Option<u32>> = groups
+            .iter()
+            .zip(batch_caps.iter().copied().chain(std::iter::repeat(0.0)))
+            .map(|(g, c)| (g.members.as_slice(), cap(c)))
+            .collect();
+        let payload =
+            wire::encode_reconfigure(&plan, |g| caps.get(g.members.as_slice()).copied().flatten());
+        let targets: Vec<(u32, bytes::Bytes)> = st
+            .registry
+            .iter()
+            .map(|(id, w)| (*id, w.identity.clone()))
+            .collect();
+        let mut round = Round {
+            epoch,
+            groups,
+            batch_caps,
+            demand,
+            plan_ms,
+            waiting: targets.iter().map(|t| t.0).collect(),
+            refused: Vec::new(),
+            started: Instant::now(),
+            done: Some(tx),
+        };
+        if round.waiting.is_empty() {
+            round.finish();
+        }
+        if let Some(mut old) = st.pending.replace(round) {
+            // NOTE: the control loop ends every round before starting another; a leftover
+            // round is abandoned (its waiter sees the channel close).
+            old.done.take();
+        }
+        drop(st);
+        tracing::info!(
+            epoch,
+            workers = targets.len(),
+            "control: sending reconfigure"
+        );
+        for (_, ident) in targets {
+            self.send(ident, payload.clone());
+        }
+        (epoch, rx)
+    }
+
+    /// A `reconfigured` ack from `worker`.
+    pub(super) fn on_reconfigured(&self, worker: u32, m: &Incoming, now: Instant) {
+        let mut st = self.lock();
+        let ok = m.ok == Some(true);
+        if let Some(w) = st.registry.get_mut(worker) {
+            w.last_seen = now;
+            if ok {
+                w.epoch = m.epoch.unwrap_or(w.epoch);
+            }
+        }
+        if !ok {
+            tracing::error!(worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
+        }
+        let Some(round) = st.pending.as_mut() else {
+            return;
+        };
+        if m.epoch != Some(round.epoch) || !round.waiting.remove(&worker) {
+            return; // an ack of an earlier epoch (or a duplicate)
+        }
+        if !ok {
+            round.refused.push(Refusal {
+                worker,
+                error: m.error.clone(),
+            });
+            round.finish(); // one refusal decides the round
+        } else if round.waiting.is_empty() {
+            round.finish();
+        }
+    }
+
+    /// End the round of `epoch`: switch routing to its plan if every worker acknowledged,
+    /// otherwise keep the old plan and re-broadcast it under a fresh epoch. Logs the decision,
+    /// counts it in the metrics and keeps it in the history. `None` when no such round.
+    pub fn end_round(&self, epoch: u64, outcome: RoundOutcome) -> Option<PlanRecord> {
+        let mut st = self.lock();
+        if st.pending.as_ref().is_none_or(|r| r.epoch != epoch) {
+            return None;
+        }
+        let round = st.pending.take().expect("checked");
+        let result = if !round.refused.is_empty() {
+            PlanResult::Refused
+        } else if round.waiting.is_empty() && outcome == RoundOutcome::Answered {
+            PlanResult::Applied
+        } else {
+            PlanResult::Timeout
+        };
+        let previous = st.plan.groups.clone();
+        let mut rebroadcast = true;
+        if result == PlanResult::Applied {
+            st.max_batch = round
+                .groups
+                .iter()
+                .zip(&round.batch_caps)
+                .filter_map(|(g, c)| cap(*c).map(|c| (g.members.clone(), c)))
+                .collect();
+            st.planned = Some(round.groups.clone());
+            let fresh = st.last_epoch == round.epoch;
+            self.rebuild_plan_with(&mut st, fresh.then_some(round.epoch));
+            // The workers already have this plan under this epoch unless a registration or a
+            // death since then changed either.
+            rebroadcast = !(fresh && st.plan.groups == round.groups);
+        } else {
+            self.rebuild_plan(&mut st);
+        }
+        let plan = st.plan.clone();
+        let record = PlanRecord {
+            epoch: round.epoch,
+            routing_epoch: plan.epoch,
+            result,
+            unix_ms: unix_ms(),
+            groups: round.groups,
+            batch_caps: round.batch_caps,
+            previous,
+            demand: round.demand,
+            refused: round.refused,
+            missing: {
+                let mut m: Vec<u32> = round.waiting.into_iter().collect();
+                m.sort_unstable();
+                m
+            },
+            plan_ms: round.plan_ms,
+            round_ms: round.started.elapsed().as_secs_f64() * 1e3,
+        };
+        if st.history.len() >= HISTORY_LEN {
+            st.history.pop_front();
+        }
+        st.history.push_back(record.clone());
+        drop(st);
+        match result {
+            PlanResult::Applied => &self.metrics.plan_applied,
+            PlanResult::Refused => &self.metrics.plan_refused,
+            PlanResult::Timeout => &self.metrics.plan_timeout,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        let tps: Vec<u32> = record.groups.iter().map(|g| g.tp).collect();
+        if result == PlanResult::Applied {
+            tracing::info!(
+                epoch = plan.epoch,
+                groups = record.groups.len(),
+                ?tps,
+                round_ms = record.round_ms,
+                "control: plan applied"
+            );
+        } else {
+            tracing::warn!(epoch = record.epoch, result = result.as_str(), refused = ?record.refused,
+                missing = ?record.missing, routing_epoch = plan.epoch,
+                "control: plan not applied, keeping the old plan");
+        }
+        if rebroadcast {
+            self.broadcast_plan(&plan);
+        }
+        Some(record)
+    }
+
+    /// Recent control decisions, oldest first.
+    pub fn plan_history(&self) -> Vec<PlanRecord> {
+        self.lock().history.iter().cloned().collect()
+    }
+
+    /// The wire `max_batch` of a group of the current plan.
+    pub(super) fn max_batch_of(st: &State, g: &GroupPlan) -> Option<u32> {
+        st.max_batch.get(&g.members).copied()
+    }
+}
