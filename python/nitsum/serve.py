@@ -80,12 +80,15 @@ def router_command(
     model_dir: Path,
     served_model_name: str,
     config: str | None = None,
+    profile: str | None = None,
 ) -> list[str]:
     """The router's command line. NOTE: the one place that knows the router's flags."""
     cmd = [*prefix, "--listen", f"{host}:{port}", "--worker-addr", worker_addr]
     cmd += ["--model-dir", str(model_dir), "--served-model-name", served_model_name]
     if config:
         cmd += ["--config", config]
+    if profile:
+        cmd += ["--profile", profile]
     return cmd
 
 
@@ -185,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--config", default=None, help="router config (tiers, API keys)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="performance profile: turns on the router's control loop (planner every window)",
+    )
     p.add_argument("--router-bin", default=None, help="router executable")
     p.add_argument("--worker-addr", default=DEFAULT_WORKER_ADDR, help="router's ZMQ address")
     p.add_argument("--served-model-name", default=None, help="default: the model dir's name")
@@ -225,7 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         rcmd = router_command(
-            prefix, args.host, args.port, args.worker_addr, model_dir, name, args.config
+            prefix,
+            args.host,
+            args.port,
+            args.worker_addr,
+            model_dir,
+            name,
+            args.config,
+            args.profile,
         )
         children.spawn("router", rcmd)
         _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
