@@ -41,11 +41,12 @@ class DevicePool:
         source: ModelSource,
         ecfg: EngineConfig,
         num_pages: int,
-        levels: tuple[int, ...] = (1, 2, 4, 8),
+        levels: tuple[int, ...] | None = None,
         start_timeout: float = 300.0,
     ) -> None:
         self.num_devices = num_devices
         threads = max(1, (os.cpu_count() or 1) // num_devices)
+        levels = levels or ecfg.tp_levels  # the same candidates the PoolEngine checks against
         spec = DeviceSpec(
             num_devices, levels, ecfg, num_pages, f"tcp://127.0.0.1:{_free_port()}", threads
         )
