@@ -69,14 +69,17 @@ def paged_attention_ref(
     q: (tokens, q_heads, hd); k, v: (tokens, kv_heads, hd); caches: (slots, kv_heads, hd).
     Returns (tokens, q_heads, hd).
     """
-    k_cache[meta.slot_mapping] = k
-    v_cache[meta.slot_mapping] = v
+    # index_copy_/index_select are much faster than advanced indexing on CPU.
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
     gqa = q.shape[1] != k.shape[1]
     if meta.n_decode:
         nd = meta.n_decode
-        kd = k_cache[meta.decode_slots].transpose(1, 2)  # (nd, kv_heads, ctx, hd)
-        vd = v_cache[meta.decode_slots].transpose(1, 2)
+        flat = meta.decode_slots.flatten()
+        shape = (nd, meta.decode_slots.shape[1], *k_cache.shape[1:])
+        kd = k_cache.index_select(0, flat).view(shape).transpose(1, 2)  # (nd, kv, ctx, hd)
+        vd = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
         qd = q[:nd].unsqueeze(2)  # (nd, q_heads, 1, hd)
         od = F.scaled_dot_product_attention(
             qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=gqa
@@ -89,7 +92,8 @@ def paged_attention_ref(
             # Whole context is this chunk: no need to read back what we just wrote.
             kp, vp = k[rows], v[rows]
         else:
-            kp, vp = k_cache[seg.context_slots], v_cache[seg.context_slots]
+            kp = k_cache.index_select(0, seg.context_slots)
+            vp = v_cache.index_select(0, seg.context_slots)
         kp = kp.transpose(0, 1).unsqueeze(0)
         vp = vp.transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(
