@@ -116,17 +116,12 @@ pub async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match run(state, headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+    prepare::respond(run(state, headers, body).await)
 }
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
-    let tier = prepare::tier(&state, &headers, req.common.tier.as_deref())?;
-    prepare::check_model(&state, req.common.model.as_deref())?;
-    prepare::check_n(req.common.n)?;
+    let tier = prepare::openai_common(&state, &headers, &req.common)?;
     let messages = req
         .messages
         .as_deref()

@@ -52,10 +52,7 @@ pub async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match run(state, headers, body).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+    prepare::respond(run(state, headers, body).await)
 }
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {

@@ -71,6 +71,25 @@ pub fn tier(
     state.auth.resolve_tier(headers, body_tier)
 }
 
+/// The checks every OpenAI endpoint makes first: tier and auth, model name, `n`.
+/// Returns the tier.
+pub fn openai_common(
+    state: &AppState,
+    headers: &HeaderMap,
+    common: &CommonParams,
+) -> Result<usize, ApiError> {
+    let tier = tier(state, headers, common.tier.as_deref())?;
+    check_model(state, common.model.as_deref())?;
+    check_n(common.n)?;
+    Ok(tier)
+}
+
+/// A handler's result as an HTTP response (errors in the OpenAI shape).
+pub fn respond(result: Result<axum::response::Response, ApiError>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    result.unwrap_or_else(|e| e.into_response())
+}
+
 /// Validate the prompt and sampling and build the engine request.
 pub fn build(
     state: &AppState,
