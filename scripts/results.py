@@ -261,6 +261,8 @@ def sweep(
         },
         "tiers": tiers,
         "tiers_source": args.tiers or "derived (slo_method)",
+        "label": args.label,
+        "core": _core.__file__,
         "sim_defaults": {"window_s": 1, "switch_ms": 5, "slo_margin": 0.9, "target_util": 0.5},
         "equivalent_cli": cmd,
         "points": points,
@@ -300,7 +302,9 @@ def plot(results: list[dict], path: Path, ncols: int) -> None:
             ax.plot(x, series(res, key), marker=marker, ms=4, color=color, label=label)
         t = {t["name"]: t for t in res["tiers"]}
         ax.set_title(
-            f"{res['trace']}, {res['devices']}x H100 (analytic), Llama-3.1-8B\n"
+            f"{res['trace']}, {res['devices']}x H100 (analytic), Llama-3.1-8B"
+            + (f" [{res['label']}]" if res.get("label") else "")
+            + "\n"
             f"strict {t['strict']['ttft_ms']:.0f}/{t['strict']['tpot_ms']:.1f} ms, "
             f"relaxed {t['relaxed']['ttft_ms']:.0f}/{t['relaxed']['tpot_ms']:.1f} ms",
             fontsize=8,
@@ -321,7 +325,7 @@ def table(res: dict) -> str:
     t = {t["name"]: t for t in res["tiers"]}
     lines = [
         f"### {res['trace']}, {res['devices']} devices (H100 analytic profile, "
-        f"{res['profile_model']})",
+        f"{res['profile_model']})" + (f" [{res['label']}]" if res.get("label") else ""),
         "",
         f"{res['requests']} requests, mix {res['mix']} (seed {res['seed']}); tiers TTFT/TPOT: "
         f"strict {t['strict']['ttft_ms']:.1f}/{t['strict']['tpot_ms']:.2f} ms, "
@@ -359,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     ap.add_argument("--ttft-factor", type=float, default=3.0)
     ap.add_argument("--tpot-factor", type=float, default=1.5)
+    ap.add_argument("--label", help="a note for titles and tables (e.g. a patched core)")
     ap.add_argument("--tiers", help="JSON tiers file instead of the derived tiers")
     ap.add_argument("--mix", default="strict=0.5,relaxed=0.5")
     ap.add_argument("--seed", type=int, default=0)

@@ -85,6 +85,24 @@ def wait_ready(url: str, workers: int, proc: subprocess.Popen, timeout_s: float)
     raise RuntimeError(f"server not ready after {timeout_s:.0f} s")
 
 
+def warm_up(url: str, n: int) -> None:
+    """`n` short concurrent requests (not measured): first forwards on a fresh worker pay
+    one-time allocation costs that the profile's warm-up also leaves out."""
+    if n <= 0:
+        return
+
+    def one(i: int) -> None:
+        body = {"prompt": [1000 + i] * 64, "max_tokens": 8, "ignore_eos": True}
+        httpx.post(url + "/v1/completions", json=body, timeout=120.0).raise_for_status()
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(n) as ex:
+        list(ex.map(one, range(n)))
+    print(f"warm-up: {n} requests in {time.monotonic() - t0:.1f} s", flush=True)
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM the launcher (it forwards to its workers and router), then SIGKILL the
     process group we created for it if anything is left."""
@@ -113,6 +131,7 @@ def real_run(args: argparse.Namespace, out: Path, tiers_file: Path, jsonl: Path)
     proc = subprocess.Popen(serve_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(url, args.workers, proc, args.startup_timeout)
+        warm_up(url, args.warmup)
         last = max(json.loads(line)["timestamp"] for line in jsonl.read_text().splitlines())
         bench_cmd = [
             PY, "-m", "nitsum.cli", "bench", "--url", url, "--trace", str(jsonl),
@@ -264,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=4, help="unmeasured requests first")
     ap.add_argument("--startup-timeout", type=float, default=300.0)
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "validate")
