@@ -287,13 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-timeout", type=float, default=300.0)
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "validate")
+    ap.add_argument(
+        "--reuse-bench", action="store_true", help="simulate OUT/bench.json again, no server"
+    )
     ap.add_argument("--dry-run", action="store_true", help="write the requests, run nothing")
     args = ap.parse_args(argv)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     profile = json.loads(Path(args.profile).read_text())
 
-    reqs = build_requests(args)
+    if args.reuse_bench:
+        reqs = json.loads((out / "requests.json").read_text())
+    else:
+        reqs = build_requests(args)
     if not reqs:
         print("no requests in the window", file=sys.stderr)
         return 2
@@ -316,10 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     mean_in = statistics.fmean(r["input_len"] for r in reqs)
     mean_out = statistics.fmean(r["output_len"] for r in reqs)
     tiers, base = derive_tiers(profile, mean_in, mean_out, args.ttft_factor, args.tpot_factor)
+    tiers_file = out / "tiers.json"
     if args.tiers:
         tiers = json.loads(Path(args.tiers).read_text())
-    tiers_file = out / "tiers.json"
-    tiers_file.write_text(json.dumps(tiers, indent=1) + "\n")
+    if args.reuse_bench:
+        tiers = json.loads(tiers_file.read_text())  # the tiers that run was measured with
+    else:
+        tiers_file.write_text(json.dumps(tiers, indent=1) + "\n")
     span = reqs[-1]["arrival_s"] - reqs[0]["arrival_s"]
     meta = {
         "requests": len(reqs),
@@ -338,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    bench = real_run(args, out, tiers_file, jsonl)
+    if args.reuse_bench:  # re-simulate an earlier real run (same requests and tiers)
+        bench = json.loads((out / "bench.json").read_text())
+    else:
+        bench = real_run(args, out, tiers_file, jsonl)
     sim_cmd = [
         PY, "-m", "nitsum.cli", "simulate", "--profile", str(args.profile),
         "--trace", str(out / "requests.json"), "--tiers", str(tiers_file),
