@@ -213,6 +213,67 @@ def compare(reqs: list[dict], tiers: list[dict], bench: dict, sim: dict) -> dict
     return rows
 
 
+def slowdown_sweep(profile: dict, tiers: list[dict], reqs: list[dict], workers: int) -> list:
+    """Re-simulate with every profile latency × f: which uniform slowdown of the measured
+    profile reproduces the real run (a CPU shared with other work runs every forward slower)."""
+    from nitsum import _core
+
+    out = []
+    for f in (1.0, 1.5, 2.0, 2.5, 3.0):
+        p = json.loads(json.dumps(profile))
+        for table in (p["prefill"], p["decode"]):
+            for points in table.values():
+                for x in points:
+                    x["ms"] *= f
+        cfg = {
+            "profile": p,
+            "tiers": tiers,
+            "devices": workers,
+            "policy": {"kind": "static_tp", "tp": 1},
+            "requests": reqs,
+            "records": True,
+        }
+        r = json.loads(_core.simulate(json.dumps(cfg)))
+        recs = [x for x in r["records"] if x.get("ttft_ms") is not None]
+        out.append(
+            {
+                "factor": f,
+                "goodput_rps": r["goodput_rps"],
+                "met": r["met"],
+                "ttft_p50_ms": pct([x["ttft_ms"] for x in recs], 50),
+                "tpot_p50_ms": pct([x["tpot_ms"] for x in recs], 50),
+            }
+        )
+    return out
+
+
+def alone_requests(reqs: list[dict], bench: dict, sim: dict) -> list[dict]:
+    """Requests whose real [send, done] overlapped no other request: batch-1 service, the
+    case the profile measures directly."""
+    recs = bench["runs"][0]["records"]
+    spans = [(r["send_s"], r["done_s"]) for r in recs if r.get("done_s") is not None]
+    by_id = {r["id"]: r for r in sim["records"]}
+    out = []
+    for i, r in enumerate(recs):
+        if r.get("done_s") is None:
+            continue
+        n = sum(1 for a, d in spans if a < r["done_s"] and d > r["send_s"]) - 1
+        if n == 0:
+            s = by_id[i]
+            out.append(
+                {
+                    "id": i,
+                    "input_len": r["input_len"],
+                    "output_len": r["output_len"],
+                    "real_ttft_ms": r["ttft_s"] * 1e3,
+                    "sim_ttft_ms": s["ttft_ms"],
+                    "real_tpot_ms": r["tpot_s"] * 1e3,
+                    "sim_tpot_ms": s["tpot_ms"],
+                }
+            )
+    return out
+
+
 def plot_cdf(cmp: dict, path: Path) -> None:
     import matplotlib
 
@@ -364,9 +425,30 @@ def main(argv: list[str] | None = None) -> int:
     cmp = compare(reqs, tiers, bench, sim)
     plot_cdf(cmp, out / "validate-cdf.png")
     series = cmp.pop("_series")
-    res = {"meta": meta, "comparison": cmp}
+    res = {
+        "meta": meta,
+        "comparison": cmp,
+        "alone": alone_requests(reqs, bench, sim),
+        "slowdown_sweep": slowdown_sweep(profile, tiers, reqs, args.workers),
+    }
     (out / "validate.json").write_text(json.dumps(res, indent=1) + "\n")
     md = report_md(cmp, meta)
+    md += "\nRequests served alone (no other request in flight), real vs simulated:\n\n"
+    md += "| id | input | output | TTFT real / sim (ms) | TPOT real / sim (ms) |\n"
+    md += "|---|---|---|---|---|\n"
+    for a in res["alone"]:
+        md += (
+            f"| {a['id']} | {a['input_len']} | {a['output_len']} | "
+            f"{a['real_ttft_ms']:.0f} / {a['sim_ttft_ms']:.0f} | "
+            f"{a['real_tpot_ms']:.0f} / {a['sim_tpot_ms']:.0f} |\n"
+        )
+    md += "\nSimulated with every profile latency × f:\n\n"
+    md += "| f | goodput (req/s) | met | TTFT p50 (ms) | TPOT p50 (ms) |\n|---|---|---|---|---|\n"
+    for x in res["slowdown_sweep"]:
+        md += (
+            f"| {x['factor']:g} | {x['goodput_rps']:.3f} | {x['met']} | "
+            f"{x['ttft_p50_ms']:.0f} | {x['tpot_p50_ms']:.0f} |\n"
+        )
     (out / "validate.md").write_text(md)
     print(md)
     del series
