@@ -16,7 +16,10 @@
 //!   iteration; `prefill_extra_ms` leaves out the forward's fixed part, paid by the decode),
 //!   and whose TTFT estimate fits TTFT: a new prompt is prefilled in chunks of
 //!   `C = max(chunk budget, b·L_in/S)` tokens, so it waits one such iteration and then takes
-//!   `⌈L_tail / C⌉` of them. `M = 1000·b / (iter_ms · S)`.
+//!   `⌈L_tail / C⌉` of them. `M = 1000·b / (iter_ms · S)`. The mean prompt load per
+//!   iteration `b·L_in/S` must also fit the chunk budget: the local scheduler (simulated and
+//!   real) prefills at most that many prompt tokens per iteration, so a larger `b` plans a
+//!   prompt rate the group can never prefill and its queue (TTFT) grows without bound.
 
 use crate::profile::Profile;
 use crate::stats::TierDemand;
@@ -121,7 +124,8 @@ pub fn decode(p: &Profile, tp: u32, s: &TierShape) -> Option<GroupEstimate> {
 pub fn mixed(p: &Profile, tp: u32, s: &TierShape, chunk_tokens: f64) -> Option<GroupEstimate> {
     let iter =
         |b: f64| p.decode_ms(tp, b, s.context) + p.prefill_extra_ms(tp, b * s.prompt / s.steps);
-    let b = f64::from(largest(p.max_batch(tp) as u32, |b| iter(b) <= s.tpot_ms)?);
+    let fits = |b: f64| iter(b) <= s.tpot_ms && b * s.prompt / s.steps <= chunk_tokens;
+    let b = f64::from(largest(p.max_batch(tp) as u32, fits)?);
     let ms = iter(b);
     let chunk = chunk_tokens.max(b * s.prompt / s.steps);
     let burst = p.decode_ms(tp, b, s.context) + p.prefill_extra_ms(tp, chunk);
@@ -217,5 +221,14 @@ mod tests {
         assert!((e.rps - 1000.0 * 25.0 / 600.0).abs() < 1e-9);
         assert!((e.residence_s - (0.1724 + 0.6)).abs() < 1e-9, "{e:?}");
         assert!(mixed(&p, 1, &shape(170.0, 61.0, 100.0, 11.0), 512.0).is_none());
+    }
+
+    #[test]
+    fn mixed_prompt_load_fits_the_chunk_budget() {
+        let p = linear_profile();
+        // TPOT alone allows b = 25 (250 prompt tokens per iteration); a 100-token budget
+        // allows b·100/10 ≤ 100 → b = 10.
+        let e = mixed(&p, 1, &shape(1e6, 61.0, 100.0, 11.0), 100.0).unwrap();
+        assert_eq!(e.batch_cap, 10.0);
     }
 }
