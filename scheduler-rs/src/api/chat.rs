@@ -100,13 +100,15 @@ impl ChunkFormat for ChatChunks {
     }
 
     fn end(&mut self, ts: &TextStream) -> Vec<Value> {
-        if !self.include_usage {
-            return Vec::new();
-        }
-        vec![
-            json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.model, "choices": [], "usage": ts.usage()}),
-        ]
+        let (id, model) = (&self.id, &self.model);
+        sse::usage_chunk(
+            self.include_usage,
+            id,
+            "chat.completion.chunk",
+            self.created,
+            model,
+            ts,
+        )
     }
 }
 

@@ -74,13 +74,15 @@ impl ChunkFormat for CompletionChunks {
     }
 
     fn end(&mut self, ts: &TextStream) -> Vec<Value> {
-        if !self.include_usage {
-            return Vec::new();
-        }
-        vec![
-            json!({"id": self.id, "object": "text_completion", "created": self.created,
-                    "model": self.model, "choices": [], "usage": ts.usage()}),
-        ]
+        let (id, model) = (&self.id, &self.model);
+        sse::usage_chunk(
+            self.include_usage,
+            id,
+            "text_completion",
+            self.created,
+            model,
+            ts,
+        )
     }
 }
 

@@ -15,6 +15,25 @@ use serde_json::Value;
 use super::output::{Piece, TextStream};
 
 /// Endpoint-specific chunk formatting.
+/// The final `stream_options.include_usage` chunk of an OpenAI stream (no choices, usage only);
+/// empty when the client did not ask for it.
+pub fn usage_chunk(
+    include_usage: bool,
+    id: &str,
+    object: &str,
+    created: u64,
+    model: &str,
+    ts: &TextStream,
+) -> Vec<Value> {
+    if !include_usage {
+        return Vec::new();
+    }
+    vec![
+        serde_json::json!({"id": id, "object": object, "created": created, "model": model,
+                             "choices": [], "usage": ts.usage()}),
+    ]
+}
+
 pub trait ChunkFormat: Send + 'static {
     /// Chunks sent before any output (e.g. the assistant role).
     fn start(&mut self, _ts: &TextStream) -> Vec<Value> {
