@@ -47,33 +47,38 @@ impl Unit {
     }
 
     /// The most device-efficient balanced bundle of prefill groups (TP `tp_p`, estimate `p`)
-    /// and decode groups (TP `tp_d`, estimate `d`).
+    /// and decode groups (TP `tp_d`, estimate `d`) on at most `max_devices` devices; `None`
+    /// when not even one group of each fits.
     pub fn disaggregated(
         tier: usize,
         (tp_p, p): (u32, GroupEstimate),
         (tp_d, d): (u32, GroupEstimate),
-    ) -> Self {
-        let mut best = (0.0, 1, 1);
+        max_devices: u32,
+    ) -> Option<Self> {
+        let mut best: Option<(f64, u32, u32)> = None;
         for np in 1..=MAX_PAIR {
             for nd in 1..=MAX_PAIR {
+                if np * tp_p + nd * tp_d > max_devices {
+                    continue;
+                }
                 let rps = (f64::from(np) * p.rps).min(f64::from(nd) * d.rps);
                 let eff = rps / f64::from(np * tp_p + nd * tp_d);
-                if eff > best.0 * (1.0 + 1e-12) {
-                    best = (eff, np, nd);
+                if best.is_none_or(|(b, _, _)| eff > b * (1.0 + 1e-12)) {
+                    best = Some((eff, np, nd));
                 }
             }
         }
-        let (_, np, nd) = best;
+        let (_, np, nd) = best?;
         let mut groups = Vec::with_capacity((np + nd) as usize);
         let stage = |tp, role, est| UnitGroup { tp, role, est };
         groups.extend((0..np).map(|_| stage(tp_p, Role::Prefill, p)));
         groups.extend((0..nd).map(|_| stage(tp_d, Role::Decode, d)));
-        Unit {
+        Some(Unit {
             tier,
             groups,
             devices: np * tp_p + nd * tp_d,
             rps: (f64::from(np) * p.rps).min(f64::from(nd) * d.rps),
-        }
+        })
     }
 
     /// Requests/s per device.
@@ -89,10 +94,12 @@ const EPS: f64 = 1e-9;
 /// the best `min(rps, unmet_i)/devices × unmet_i/Σunmet × weight_i` to its tier. Returns the
 /// chosen unit indices (into `units`) in pick order and the devices left over.
 ///
-/// Before the greedy, a seeding round gives every tier with demand its smallest unit (most
-/// efficient among equals), most weighted demand first, while devices last: a tier with
-/// demand is never left without a group when there are at least as many devices as tiers
-/// (DESIGN's fairness goal; the weights alone only slow starvation down).
+/// Before the greedy, a seeding round visits every tier with demand, most weighted demand
+/// first, and gives it the unit with the best greedy score among those that still leave room
+/// for the smallest unit of every tier after it: a tier with demand is never left without a
+/// group when there are at least as many devices as tiers (DESIGN's fairness goal; the
+/// weights alone only slow starvation down), and a busy tier is not locked into a small,
+/// inefficient unit just because it was the smallest.
 ///
 /// `demand[i]` is tier i's arrival rate (0 for background tiers); `weight[i]` its tier weight.
 pub fn assign(units: &[Unit], demand: &[f64], weight: &[f64], devices: u32) -> (Vec<usize>, u32) {
@@ -101,19 +108,38 @@ pub fn assign(units: &[Unit], demand: &[f64], weight: &[f64], devices: u32) -> (
     let mut picks = Vec::new();
     let mut order: Vec<usize> = (0..demand.len()).filter(|&i| demand[i] > EPS).collect();
     order.sort_by(|&a, &b| (demand[b] * weight[b]).total_cmp(&(demand[a] * weight[a])));
-    for i in order {
-        let smallest = units
+    let smallest = |i: usize| {
+        units
             .iter()
-            .enumerate()
-            .filter(|(_, u)| u.tier == i && u.devices <= free)
-            .min_by(|(_, a), (_, b)| {
-                a.devices
-                    .cmp(&b.devices)
-                    .then(b.efficiency().total_cmp(&a.efficiency()))
+            .filter(|u| u.tier == i)
+            .map(|u| u.devices)
+            .min()
+    };
+    let mut reserve: u32 = order.iter().filter_map(|&i| smallest(i)).sum();
+    for i in order {
+        reserve -= smallest(i).unwrap_or(0);
+        // Within the budget when the later tiers' reserve fits, else anything that fits.
+        let budget = if free >= reserve {
+            free - reserve
+        } else {
+            free
+        };
+        let mut best: Option<(f64, u32, usize)> = None;
+        for (k, u) in units.iter().enumerate() {
+            if u.tier != i || u.devices > budget {
+                continue;
+            }
+            let score = u.rps.min(unmet[i]) / f64::from(u.devices);
+            let better = best.is_none_or(|(s, d, _)| {
+                score > s * (1.0 + 1e-12) || (score >= s * (1.0 - 1e-12) && u.devices < d)
             });
-        if let Some((k, u)) = smallest {
-            free -= u.devices;
-            unmet[i] = (unmet[i] - u.rps).max(0.0);
+            if better {
+                best = Some((score, u.devices, k));
+            }
+        }
+        if let Some((_, d, k)) = best {
+            free -= d;
+            unmet[i] = (unmet[i] - units[k].rps).max(0.0);
             picks.push(k);
         }
     }
@@ -163,11 +189,40 @@ mod tests {
     fn bundle_balances_stages() {
         // P = 30 rps per TP1 prefill group, D = 10 per TP1 decode group: 1 prefill + 3 decode
         // serve 30 rps on 4 devices (7.5 per device), better than any other split ≤ 4×4.
-        let u = Unit::disaggregated(0, (1, est(30.0)), (1, est(10.0)));
+        let u = Unit::disaggregated(0, (1, est(30.0)), (1, est(10.0)), 64).unwrap();
         assert_eq!((u.devices, u.rps), (4, 30.0));
         assert_eq!(
             u.groups.iter().filter(|g| g.role == Role::Decode).count(),
             3
+        );
+        // On 3 devices the best that fits is 1 + 2 (20 rps, 6.7 per device).
+        let u = Unit::disaggregated(0, (1, est(30.0)), (1, est(10.0)), 3).unwrap();
+        assert_eq!((u.devices, u.rps), (3, 20.0));
+        assert!(Unit::disaggregated(0, (2, est(30.0)), (2, est(10.0)), 3).is_none());
+    }
+
+    #[test]
+    fn seeding_takes_the_best_unit_that_leaves_room_for_later_tiers() {
+        // Tier 0: TP1 at 10 rps or TP2 at 30 rps (15 per device); tier 1: TP1 at 5 rps.
+        let units = [
+            Unit::mixed(0, 1, est(10.0)),
+            Unit::mixed(0, 2, est(30.0)),
+            Unit::mixed(1, 1, est(5.0)),
+        ];
+        // Alone on 4 devices: two TP2 groups (60 rps), not TP1 + TP2 + TP1 (50 rps).
+        assert_eq!(
+            assign(&units, &[100.0, 0.0], &[1.0, 1.0], 4),
+            (vec![1, 1], 0)
+        );
+        // With tier 1 waiting on 3 devices, tier 0 is seeded with TP2 within 3 − 1 devices.
+        assert_eq!(
+            assign(&units, &[100.0, 5.0], &[1.0, 1.0], 3),
+            (vec![1, 2], 0)
+        );
+        // On 2 devices the reserve leaves tier 0 one device: both tiers get a group.
+        assert_eq!(
+            assign(&units, &[100.0, 5.0], &[1.0, 1.0], 2),
+            (vec![0, 2], 0)
         );
     }
 

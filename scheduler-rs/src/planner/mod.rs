@@ -83,6 +83,45 @@ pub fn candidate_levels(profile: &Profile, cfg: &PlannerConfig, devices: u32) ->
     out
 }
 
+/// Disaggregated candidates of tier `i` that fit `devices`: the most device-efficient bundle
+/// over all (prefill, decode) level pairs, and the smallest one (fewest devices, then most
+/// efficient) so a small pool or the seeding round still finds a bundle that fits. More would
+/// only slow the greedy down.
+fn bundles(
+    i: usize,
+    pre: &[(u32, GroupEstimate)],
+    dec: &[(u32, GroupEstimate)],
+    devices: u32,
+) -> Vec<Unit> {
+    let (mut best, mut smallest): (Option<Unit>, Option<Unit>) = (None, None);
+    for &p in pre {
+        for &d in dec {
+            let Some(u) = Unit::disaggregated(i, p, d, devices) else {
+                continue;
+            };
+            if best
+                .as_ref()
+                .is_none_or(|b| u.efficiency() > b.efficiency())
+            {
+                best = Some(u.clone());
+            }
+            // The fewest devices any bundle of this pair can use: one group of each.
+            let Some(one) = Unit::disaggregated(i, p, d, p.0 + d.0) else {
+                continue;
+            };
+            let better = smallest
+                .as_ref()
+                .is_none_or(|s| (one.devices, -one.efficiency()) < (s.devices, -s.efficiency()));
+            if better {
+                smallest = Some(one);
+            }
+        }
+    }
+    let mut out: Vec<Unit> = best.into_iter().collect();
+    out.extend(smallest.filter(|s| out.first() != Some(s)));
+    out
+}
+
 /// A tier's planning shape under `cfg` (SLOs scaled by `slo_margin`).
 fn shape(tier: &Tier, d: &TierDemand, cfg: &PlannerConfig) -> TierShape {
     let mut s = TierShape::new(tier, d);
@@ -147,18 +186,7 @@ pub fn plan(
                 dec.extend(efficiency::decode(profile, t, &shape).map(|e| (t, e)));
             }
         }
-        // Only the most device-efficient bundle per tier: more would just slow the greedy.
-        let bundle = pre
-            .iter()
-            .flat_map(|&p| dec.iter().map(move |&d| Unit::disaggregated(i, p, d)))
-            .reduce(|a, b| {
-                if b.efficiency() > a.efficiency() {
-                    b
-                } else {
-                    a
-                }
-            });
-        units.extend(bundle);
+        units.extend(bundles(i, &pre, &dec, devices));
     }
     let (picks, mut free) = greedy::assign(&units, &rates, &weights, devices);
 

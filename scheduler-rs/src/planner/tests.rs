@@ -283,3 +283,53 @@ fn restricting_to_one_level_is_the_static_tp_ablation() {
     assert!(out.plan.groups.iter().all(|g: &GroupPlan| g.tp == 2));
     assert_eq!(out.plan.groups.len(), 8);
 }
+
+#[test]
+fn tier_only_disaggregation_serves_gets_a_bundle_that_fits() {
+    // Prefill is costly per token, so a mixed iteration carrying a 512-token chunk misses
+    // the strict TTFT at both levels; 40-token prompts still prefill alone well within it.
+    // The most efficient bundle over all level pairs needs more than 4 devices: the planner
+    // must still find one that fits instead of leaving the tier without a group.
+    let profile = Profile::from_json(
+        r#"{"schema": "nitsum-profile/1", "device": "t", "model": "m", "tp_levels": [1, 2],
+        "prefill": {"1": [{"tokens": 1, "ms": 10.3}, {"tokens": 1001, "ms": 310.3}],
+                    "2": [{"tokens": 1, "ms": 6.25}, {"tokens": 1001, "ms": 256.25}]},
+        "decode": {"1": [{"batch": 1, "context": 64, "ms": 20}, {"batch": 128, "context": 64, "ms": 147}],
+                   "2": [{"batch": 1, "context": 64, "ms": 12}, {"batch": 128, "context": 64, "ms": 88.2}]}}"#,
+    )
+    .unwrap();
+    let tiers = [tier("strict", 250.0, 25.0)];
+    let cfg = PlannerConfig {
+        keep_utilization: 0.0,
+        ..PlannerConfig::default()
+    };
+    assert!(efficiency::mixed(&profile, 1, &shape_of(&tiers[0], 40.0, 8.0), 512.0).is_none());
+    assert!(efficiency::mixed(&profile, 2, &shape_of(&tiers[0], 40.0, 8.0), 512.0).is_none());
+    for rate in [1.0, 20.0, 300.0] {
+        let out = plan(
+            &profile,
+            &tiers,
+            &[demand("strict", rate, 40.0, 8.0)],
+            4,
+            None,
+            &cfg,
+        );
+        check_well_formed(&out.plan, 4);
+        let roles: Vec<Role> = out
+            .plan
+            .groups
+            .iter()
+            .filter(|g| g.tiers == ["strict"])
+            .map(|g| g.role)
+            .collect();
+        assert!(
+            roles.contains(&Role::Prefill) && roles.contains(&Role::Decode),
+            "rate {rate}: {:?}",
+            out.plan.groups
+        );
+    }
+}
+
+fn shape_of(t: &Tier, prompt: f64, output: f64) -> efficiency::TierShape {
+    efficiency::TierShape::new(t, &demand(&t.name, 1.0, prompt, output))
+}
