@@ -1,10 +1,12 @@
 """Control loop end to end: `nitsum serve --tp-switching --profile` with 4 CPU devices.
 
 A tiny random Llama (8 heads, 4 KV heads: TP 1/2/4) with the embedded model's tokenizer runs
-behind the real router. The profile is synthetic (TP 2 decodes faster per step), so a strict
-(tight TPOT) load gets a TP-2 group and a relaxed-heavy load gets TP-1 groups back. The real
-host worker migrates running KV on each switch: every response must still equal the greedy
-output of a single-device engine.
+behind the real router. The profile is synthetic: prefill is costly per token, so a mixed
+iteration carrying a prefill chunk misses the strict TTFT, and only TP 2 decodes within the
+strict TPOT. A strict load therefore gets a prefill/decode split with a TP-2 decode group; a
+relaxed-heavy load gets mixed TP-1 groups back. The real host worker hands prefilled KV to the
+decode group and migrates running KV on each switch: every response must still equal the
+greedy output of a single-device engine.
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ PROFILE = {
     "model": "synthetic",
     "analytic": True,
     "tp_levels": [1, 2],
+    # TP 1: 10 ms + 0.3 ms/token; TP 2: 6 ms + 0.25 ms/token.
     "prefill": {
-        "1": [{"tokens": 1, "ms": 10}, {"tokens": 1000, "ms": 110}],
-        "2": [{"tokens": 1, "ms": 6}, {"tokens": 1000, "ms": 60}],
+        "1": [{"tokens": 1, "ms": 10.3}, {"tokens": 1001, "ms": 310.3}],
+        "2": [{"tokens": 1, "ms": 6.25}, {"tokens": 1001, "ms": 256.25}],
     },
+    # TP 1: 30 ms + 0.3 ms/sequence (misses the strict 25 ms TPOT); TP 2: 10 + 0.2.
     "decode": {
-        "1": [{"batch": 1, "context": 64, "ms": 20}, {"batch": 128, "context": 64, "ms": 147}],
-        "2": [{"batch": 1, "context": 64, "ms": 12}, {"batch": 128, "context": 64, "ms": 88}],
+        "1": [{"batch": 1, "context": 64, "ms": 30.3}, {"batch": 128, "context": 64, "ms": 68.4}],
+        "2": [{"batch": 1, "context": 64, "ms": 10.2}, {"batch": 128, "context": 64, "ms": 35.6}],
     },
 }
 PROMPT = list(range(1000, 1040))
@@ -166,30 +170,49 @@ def plan(url: str) -> dict:
     return httpx.get(f"{url}/admin/plan", timeout=10).json()
 
 
-def strict_on_tp2(p: dict) -> bool:
-    return any(g["tp"] == 2 and "strict" in g["tiers"] for g in p["groups"])
+def strict_split_with_tp2(p: dict) -> bool:
+    """Strict has prefill and decode groups, and a TP-2 decode group."""
+    strict = [g for g in p["groups"] if "strict" in g["tiers"]]
+    roles = {g["role"] for g in strict}
+    return {"prefill", "decode"} <= roles and any(
+        g["role"] == "decode" and g["tp"] == 2 for g in strict
+    )
 
 
-def relaxed_on_tp1_only(p: dict) -> bool:
-    groups = [g for g in p["groups"] if "relaxed" in g["tiers"]]
-    return bool(groups) and all(g["tp"] == 1 for g in groups)
+def all_mixed_tp1(p: dict) -> bool:
+    return bool(p["groups"]) and all(g["role"] == "mixed" and g["tp"] == 1 for g in p["groups"])
 
 
-def test_tier_mix_shift_changes_tp_and_keeps_outputs(server: str, tiny_dir: Path) -> None:
+def worker_stat(url: str, name: str) -> float:
+    """Sum of `nitsum_worker_stat{name=...}` over the workers in `/metrics`."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("nitsum_worker_stat{") and f'name="{name}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path) -> None:
     expected = reference_ids(tiny_dir)
     results: list = []
-    seen_tp2 = seen_back = False
     client = httpx.Client(base_url=server)
-    for _ in range(10):  # strict-only load until the planner merges a TP-2 strict group
+    seen_split = seen_back = False
+    for _ in range(10):  # strict-only load until the planner splits strict P/D with TP 2
         offer(client, "strict", 40, results)
-        if strict_on_tp2(plan(server)):
-            seen_tp2 = True
+        if strict_split_with_tp2(plan(server)):
+            seen_split = True
             break
-    assert seen_tp2, plan(server)
-    for _ in range(10):  # relaxed-heavy load: relaxed groups go back to TP 1
-        offer(client, "relaxed", 60, results)
-        offer(client, "strict", 5, results)
-        if relaxed_on_tp1_only(plan(server)) and not strict_on_tp2(plan(server)):
+    assert seen_split, plan(server)
+    offer(client, "strict", 24, results)  # served by the split: prefill, then KV handoff
+    deadline = time.monotonic() + 10  # the counters ride on heartbeats
+    while worker_stat(server, "kv_handoffs") == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_stat(server, "kv_handoffs") > 0
+    assert worker_stat(server, "kv_handoff_bytes") > 0
+    for _ in range(10):  # relaxed-heavy load: mixed TP-1 groups only
+        offer(client, "relaxed", 60, results, concurrency=4)
+        offer(client, "background", 5, results)
+        if all_mixed_tp1(plan(server)):
             seen_back = True
             break
     assert seen_back, plan(server)
@@ -198,6 +221,7 @@ def test_tier_mix_shift_changes_tp_and_keeps_outputs(server: str, tiny_dir: Path
     outputs = [r[1]["output_ids"] for r in results]
     assert all(o == expected for o in outputs), (expected, outputs[:3])
     history = plan(server)["history"]
-    applied = [h for h in history if h["result"] == "applied"]
-    tps = [sorted(g["tp"] for g in h["groups"]) for h in applied]
-    assert any(2 in t for t in tps) and any(t and max(t) == 1 for t in tps), tps
+    applied = [h["groups"] for h in history if h["result"] == "applied"]
+    assert any(strict_split_with_tp2({"groups": g}) for g in applied), applied
+    assert any(all_mixed_tp1({"groups": g}) for g in applied), applied
+    assert worker_stat(server, "reconfigurations") >= len(applied) >= 2

@@ -204,6 +204,30 @@ def test_reconfigure_switches_tp_mid_stream_and_keeps_greedy_tokens(host, tiny):
         assert used == owned == set(), device
 
 
+def test_prefill_group_hands_kv_to_the_decode_target_and_reports_it(host, tiny):
+    router, server, pe, _ = host
+    layout = plan([[0]], role="prefill") + plan([[1]]) + plan([[2, 3]], role="decode")
+    assert all(a["ok"] for a in router.reconfigure(2, layout).values())
+    reqs = {f"pd{i}": (prompt(6 + 5 * i, seed=40 + i), greedy(10)) for i in range(4)}
+    ref = reference(tiny, reqs)
+    for rid, (ids, params) in reqs.items():
+        router.send(proto.generate(rid, ids, params, klass="feasible", decode_target=2), b"0")
+    router.pump(lambda: set(router.finals) == set(reqs))
+    assert router.tokens == ref
+    for rid in reqs:  # one process serves both groups: it streams on the socket sent to
+        assert router.came_on[rid] == {"0"}, rid
+
+    def handoffs() -> dict[str, Any] | None:
+        reports = [m for t, m in router.seen if m["type"] == "stats"]
+        return reports[-1] if reports and reports[-1]["kv_handoffs"] == len(reqs) else None
+
+    router.pump(lambda: handoffs() is not None, timeout=10)
+    report = handoffs()
+    assert report is not None and report["_from"] == "0"
+    assert report["kv_handoff_bytes"] > 0 and report["reconfigurations"] == 1
+    heartbeats_settle(router, free_pages=NUM_PAGES, running=0, waiting=0, epoch=2)
+
+
 def test_abort_reaches_a_request_that_moved_groups(host):
     router, server, pe, _ = host
     router.send(proto.generate("long", prompt(10, seed=3), greedy(10_000)), b"3")

@@ -145,7 +145,7 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     # Every prompt fits the budget, so all prefills are done and handed off by now.
     assert not pe.engines[(0, 1)].seqs
     assert {r for e in (pe.engines[(2,)], pe.engines[(3,)]) for r in e.seqs} == set(ref)
-    assert pe.handoff_bytes > 0
+    assert pe.counters["kv_handoff_bytes"] > 0
     assert_pages_consistent(pe)
     drain(pe, out)
     assert out == ref

@@ -43,6 +43,22 @@ impl GroupPlan {
     pub fn leader(&self) -> u32 {
         self.members[0]
     }
+
+    /// Short form for logs: role initial, TP, `@` leader, `:` tiers (`-`: best-effort only),
+    /// e.g. `P1@0:strict`, `D2@2:strict`, `M1@1:-`.
+    pub fn summary(&self) -> String {
+        let role = match self.role {
+            Role::Prefill => 'P',
+            Role::Decode => 'D',
+            Role::Mixed => 'M',
+        };
+        let tiers = if self.tiers.is_empty() {
+            "-".to_string()
+        } else {
+            self.tiers.join("+")
+        };
+        format!("{role}{}@{}:{tiers}", self.tp, self.leader())
+    }
 }
 
 /// A whole-pool plan for one control epoch.

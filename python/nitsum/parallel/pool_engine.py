@@ -97,7 +97,10 @@ class PoolEngine:
         check_groups(groups, pool.num_devices, self.allowed)
         self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
         self.decode_targets: dict[str, tuple[int, ...]] = {}
-        self.handoff_bytes = 0
+        # Cumulative counters, reported to the router in `stats` messages (`/metrics`).
+        self.counters: dict[str, int] = dict.fromkeys(
+            ("kv_handoffs", "kv_handoff_bytes", "reconfigurations", "kv_migrated_bytes"), 0
+        )
 
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
@@ -163,6 +166,9 @@ class PoolEngine:
                         outputs.append(RequestOutput(item.seq.request_id, [], "error"))
                 continue
             outputs += engine.complete_step(batch, sample_batch(logits, batch))
+        for out in outputs:
+            if out.finish_reason is not None:
+                self.decode_targets.pop(out.request_id, None)
         self._hand_off_prefilled()
         return outputs
 
@@ -207,12 +213,15 @@ class PoolEngine:
         self.engines = new
         self.pool.activate(groups)
         t_end = time.perf_counter()
+        moved = sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
+        self.counters["reconfigurations"] += 1
+        self.counters["kv_migrated_bytes"] += moved
         return ReconfigureReport(
             True,
             groups,
             moved_requests=len(new_pages),
             recomputed_requests=len(recompute),
-            bytes_moved=sum(s.bytes_sent + s.bytes_copied_locally for s in stats),
+            bytes_moved=moved,
             timings_ms={
                 "plan": (t_plan - t0) * 1e3,
                 "transfer": (t_transfer - t_plan) * 1e3,
@@ -288,7 +297,12 @@ class PoolEngine:
         for group, engine in self.engines.items():
             for seq in engine.scheduler.running:
                 target = self.decode_targets.get(seq.request_id)
-                if target is None or target == group or target not in self.engines:
+                if target is not None and target not in self.engines:
+                    # NOTE: the decode group dissolved in a reconfiguration; the request
+                    # decodes where it is (a prefill group can decode, only less efficiently).
+                    del self.decode_targets[seq.request_id]
+                    continue
+                if target is None or target == group:
                     continue
                 if seq.num_computed >= len(seq.prompt_ids) and seq.remaining == 1:
                     moves.append((seq, target, engine))
@@ -298,7 +312,10 @@ class PoolEngine:
         self._commit(moves, self.engines, new_pages, recompute)
         for seq, _, _ in moves:
             del self.decode_targets[seq.request_id]
-        self.handoff_bytes += sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
+        self.counters["kv_handoffs"] += len(moves)
+        self.counters["kv_handoff_bytes"] += sum(
+            s.bytes_sent + s.bytes_copied_locally for s in stats
+        )
 
     def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
         """Per device: (pages marked used, pages owned by live sequences). Must be equal."""

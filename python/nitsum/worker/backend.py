@@ -61,6 +61,10 @@ class Backend(Protocol):
         """
         ...
 
+    def counters(self) -> dict[str, int]:
+        """Cumulative counters of the whole backend for the `stats` message ({}: none)."""
+        ...
+
 
 class EngineBackend:
     """One engine on one device: TP 1 only."""
@@ -103,6 +107,9 @@ class EngineBackend:
             raise PlanRefused(TP_NOT_WIRED)
         cap = plan.max_batch(plan.groups[0]) or self.max_batch
         self.engine.scheduler.max_batch = min(self.max_batch, cap)
+        return {}
+
+    def counters(self) -> dict[str, int]:
         return {}
 
 
@@ -181,6 +188,9 @@ class PoolBackend:
             cap = plan.max_batch(g) or self.max_batch
             self.pe.engines[local].scheduler.max_batch = min(self.max_batch, cap)
         return dict(report.timings_ms)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.pe.counters)
 
 
 def _abort(engine: Engine, request_id: str) -> None:

@@ -84,6 +84,11 @@ def heartbeat(
     )
 
 
+def stats(worker_id: int, values: dict[str, int | float]) -> dict[str, Any]:
+    """Numeric counters the router exports as `nitsum_worker_stat` in `/metrics`."""
+    return _msg("stats", worker_id=worker_id, **values)
+
+
 def tokens(
     worker_id: int,
     request_id: str,

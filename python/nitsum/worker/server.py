@@ -113,6 +113,10 @@ class WorkerServer:
                         link.send(self._register_msg(d))
                     if heartbeat:
                         link.send(self._heartbeat_msg(d))
+                        counters = self.backend.counters()
+                        # One report per backend: the counters cover all its devices.
+                        if counters and d == self.backend.device_ids[0]:
+                            link.send(proto.stats(d, counters))
                 busy = self.backend.has_unfinished()
                 for sock, _ in poller.poll(0 if busy else self.idle_poll_ms):
                     link, is_monitor = owners[sock]

@@ -346,12 +346,11 @@ impl Engine {
             PlanResult::Timeout => &self.metrics.plan_timeout,
         }
         .fetch_add(1, Ordering::Relaxed);
-        let tps: Vec<u32> = record.groups.iter().map(|g| g.tp).collect();
         if result == PlanResult::Applied {
+            let layout: Vec<String> = record.groups.iter().map(GroupPlan::summary).collect();
             tracing::info!(
                 epoch = plan.epoch,
-                groups = record.groups.len(),
-                ?tps,
+                layout = layout.join(" "),
                 round_ms = record.round_ms,
                 "control: plan applied"
             );
