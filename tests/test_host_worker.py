@@ -164,6 +164,7 @@ def test_reconfigure_switches_tp_mid_stream_and_keeps_greedy_tokens(host, tiny):
     assert sorted(regs) == ["0", "1", "2", "3"]
     for r in regs.values():
         assert r["tp_levels"] == [1, 2, 4] and r["kv_capacity_tokens"] == NUM_PAGES * 4
+        assert r["domain"] == 0  # one process: one domain for all its devices
     reqs = {f"r{i}": (prompt(5 + 7 * i, seed=i), greedy(48 + 8 * i)) for i in range(8)}
     late = {"late1": (prompt(9, seed=20), greedy(12)), "late3": (prompt(13, seed=21), greedy(12))}
     ref = reference(tiny, reqs | late)

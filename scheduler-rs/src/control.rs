@@ -12,6 +12,9 @@ use crate::engine::{Engine, PlanRecord, PlanResult, RoundOutcome};
 use crate::planner;
 use crate::profile::Profile;
 
+/// Whether the "disaggregation off across domains" warning was logged.
+static WARNED_DOMAINS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Most windows skipped after consecutive failed rounds.
 pub const MAX_BACKOFF_WINDOWS: u32 = 32;
 
@@ -64,6 +67,17 @@ pub async fn step(engine: &Engine, profile: &Profile) -> Option<PlanRecord> {
             .collect(),
         None => view.tp_levels.clone(),
     });
+    if !view.single_domain && cfg.disaggregation {
+        // NOTE: KV moves only inside one host worker process; a prefill group in one and its
+        // decode group in another would decode the request itself, off the plan.
+        cfg.disaggregation = false;
+        if !WARNED_DOMAINS.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "control: workers span several host worker processes; prefill/decode \
+                 disaggregation is off (no KV transport between processes yet)"
+            );
+        }
+    }
     let t0 = Instant::now();
     let planned = planner::plan(
         profile,

@@ -13,6 +13,10 @@ pub struct WorkerInfo {
     pub device: String,
     pub model: String,
     pub tp_levels: Vec<u32>,
+    /// KV/communication domain: workers of one domain (one host worker process) can form TP
+    /// groups together and hand KV to each other. `None`: a worker that did not say (mock
+    /// workers) shares the one default domain.
+    pub domain: Option<u32>,
     pub kv_capacity_tokens: u64,
     pub max_context: u64,
     pub eos_token_ids: Vec<u32>,
@@ -24,6 +28,7 @@ impl WorkerInfo {
             device: m.device.clone().unwrap_or_default(),
             model: m.model.clone().unwrap_or_default(),
             tp_levels: m.tp_levels.clone().unwrap_or_default(),
+            domain: m.domain,
             kv_capacity_tokens: m.kv_capacity_tokens.unwrap_or(0),
             max_context: m.max_context.unwrap_or(0),
             eos_token_ids: m.eos_token_ids.clone().unwrap_or_default(),
@@ -124,9 +129,98 @@ impl Registry {
     }
 }
 
+/// What the planner may use of workers `0..n` (every one registered).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolShape {
+    pub devices: u32,
+    /// TP levels every worker registered (`[1]` for one that sent none) whose aligned blocks
+    /// never cross a domain boundary, ascending.
+    pub tp_levels: Vec<u32>,
+    /// Whether all workers share one domain: only then can a prefill group hand KV to any
+    /// decode group (there is no KV transport between host worker processes yet).
+    pub single_domain: bool,
+}
+
+impl Registry {
+    /// The planner's view of the contiguous workers `0..n`: see [`PoolShape`].
+    pub fn pool_shape(&self) -> PoolShape {
+        let mut devices = 0u32;
+        let mut levels: Option<Vec<u32>> = None;
+        let mut domains: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
+        while let Some(w) = self.get(devices) {
+            let mine: &[u32] = if w.info.tp_levels.is_empty() {
+                &[1]
+            } else {
+                &w.info.tp_levels
+            };
+            levels = Some(match levels {
+                None => mine.to_vec(),
+                Some(l) => l.into_iter().filter(|t| mine.contains(t)).collect(),
+            });
+            domains.entry(w.info.domain).or_default().push(devices);
+            devices += 1;
+        }
+        // NOTE: aligned TP-t blocks stay inside a domain iff every domain is a contiguous run
+        // of ids that starts at a multiple of t and has a multiple of t members.
+        let fits = |t: u32| {
+            domains.values().all(|ids| {
+                let contiguous = ids.windows(2).all(|w| w[1] == w[0] + 1);
+                t == 1 || (contiguous && ids[0] % t == 0 && ids.len() as u32 % t == 0)
+            })
+        };
+        let mut tp_levels: Vec<u32> = levels.unwrap_or_default();
+        tp_levels.retain(|&t| fits(t));
+        tp_levels.sort_unstable();
+        PoolShape {
+            devices,
+            tp_levels,
+            single_domain: domains.len() <= 1,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_domains(domains: &[Option<u32>], levels: &[u32]) -> Registry {
+        let mut r = Registry::default();
+        for (id, &domain) in domains.iter().enumerate() {
+            let info = WorkerInfo {
+                tp_levels: levels.to_vec(),
+                domain,
+                ..WorkerInfo::default()
+            };
+            r.register(id as u32, Bytes::new(), info, Instant::now());
+        }
+        r
+    }
+
+    #[test]
+    fn pool_shape_keeps_tp_groups_and_kv_handoffs_inside_domains() {
+        // One host worker with 4 devices: every level, P/D possible.
+        let one = with_domains(&[Some(0); 4], &[1, 2, 4]);
+        let shape = one.pool_shape();
+        assert_eq!(
+            (shape.devices, shape.tp_levels.clone(), shape.single_domain),
+            (4, vec![1, 2, 4], true)
+        );
+        // Two host workers of 2 devices: TP 4 would span both; no P/D across them.
+        let two = with_domains(&[Some(0), Some(0), Some(2), Some(2)], &[1, 2, 4]);
+        assert_eq!(two.pool_shape().tp_levels, [1, 2]);
+        assert!(!two.pool_shape().single_domain);
+        // Domains of 3 and 1 devices: TP 2 would straddle ids 2-3.
+        let odd = with_domains(&[Some(0), Some(0), Some(0), Some(3)], &[1, 2]);
+        assert_eq!(odd.pool_shape().tp_levels, [1]);
+        // Workers that name no domain (mock workers) share one.
+        assert_eq!(
+            with_domains(&[None; 4], &[1, 2, 4]).pool_shape().tp_levels,
+            [1, 2, 4]
+        );
+        // Separate single-device workers (`nitsum serve` without --tp-switching).
+        let solo = with_domains(&[Some(0), Some(1)], &[1]).pool_shape();
+        assert_eq!((solo.tp_levels, solo.single_domain), (vec![1], false));
+    }
 
     #[test]
     fn silent_workers_are_reaped() {

@@ -58,13 +58,16 @@ def register(
     kv_capacity_tokens: int,
     max_context: int,
     eos_token_ids: list[int],
+    domain: int | None = None,
 ) -> dict[str, Any]:
+    """`domain`: the worker ids that can form TP groups and hand KV to each other share it."""
     return _msg(
         "register",
         worker_id=worker_id,
         device=device,
         model=model,
         tp_levels=list(tp_levels),
+        domain=worker_id if domain is None else domain,
         kv_capacity_tokens=kv_capacity_tokens,
         max_context=max_context,
         eos_token_ids=list(eos_token_ids),

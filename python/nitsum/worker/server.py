@@ -152,7 +152,14 @@ class WorkerServer:
         kv_tokens, max_context, eos = self.backend.capacity()
         levels = list(self.backend.tp_levels)
         return proto.register(
-            device, self.device, self.model_name, levels, kv_tokens, max_context, eos
+            device,
+            self.device,
+            self.model_name,
+            levels,
+            kv_tokens,
+            max_context,
+            eos,
+            domain=self.backend.device_ids[0],  # one process = one domain
         )
 
     def _heartbeat_msg(self, device: int) -> dict[str, Any]:

@@ -104,8 +104,11 @@ impl Round {
 pub struct PlanningView {
     /// Devices the planner may use: workers `0..devices` are all registered.
     pub devices: u32,
-    /// TP levels every one of those workers registered (`[1]` for a worker that sent none).
+    /// TP levels every one of those workers registered (`[1]` for a worker that sent none)
+    /// whose groups cannot cross a worker process (domain) boundary.
     pub tp_levels: Vec<u32>,
+    /// Whether one domain holds all workers (P/D handoffs need one; see `PoolShape`).
+    pub single_domain: bool,
     /// The plan routing runs on now.
     pub current: Plan,
 }
@@ -160,28 +163,14 @@ impl Engine {
         self.lock().stats.snapshot(now)
     }
 
-    /// Devices, TP levels and the current plan for the planner.
+    /// Devices, TP levels, domains and the current plan for the planner.
     pub fn planning_view(&self) -> PlanningView {
         let st = self.lock();
-        let mut devices = 0u32;
-        let mut levels: Option<Vec<u32>> = None;
-        while let Some(w) = st.registry.get(devices) {
-            let mine: &[u32] = if w.info.tp_levels.is_empty() {
-                &[1]
-            } else {
-                &w.info.tp_levels
-            };
-            levels = Some(match levels {
-                None => mine.to_vec(),
-                Some(l) => l.into_iter().filter(|t| mine.contains(t)).collect(),
-            });
-            devices += 1;
-        }
-        let mut tp_levels = levels.unwrap_or_default();
-        tp_levels.sort_unstable();
+        let shape = st.registry.pool_shape();
         PlanningView {
-            devices,
-            tp_levels,
+            devices: shape.devices,
+            tp_levels: shape.tp_levels,
+            single_domain: shape.single_domain,
             current: st.plan.clone(),
         }
     }

@@ -178,6 +178,7 @@ pub struct Incoming {
     pub device: Option<String>,
     pub model: Option<String>,
     pub tp_levels: Option<Vec<u32>>,
+    pub domain: Option<u32>,
     pub kv_capacity_tokens: Option<u64>,
     pub max_context: Option<u64>,
     pub eos_token_ids: Option<Vec<u32>>,
