@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use crate::plan::{Plan, Role};
 use crate::profile::Profile;
-use crate::stats::TierDemand;
+use crate::stats::{LengthStats, TierDemand};
 use crate::tiers::Tier;
 
 use efficiency::{GroupEstimate, TierShape};
@@ -44,6 +44,10 @@ pub struct PlannerConfig {
     /// Hysteresis: keep the previous plan while every tier's rate is at most this fraction of
     /// its capacity under it (re-estimated with the current lengths). 0 re-plans every window.
     pub keep_utilization: f64,
+    /// Request shape (mean prompt, mean output tokens) assumed where none was observed yet: a
+    /// tier's output lengths before its first completion, and the TP level of the best-effort
+    /// groups that serve the first window.
+    pub prior_lengths: (f64, f64),
 }
 
 impl Default for PlannerConfig {
@@ -57,6 +61,7 @@ impl Default for PlannerConfig {
             slo_margin: 1.0,
             target_utilization: 0.5,
             keep_utilization: 0.9,
+            prior_lengths: (1024.0, 256.0),
         }
     }
 }
@@ -122,9 +127,52 @@ fn bundles(
     out
 }
 
-/// A tier's planning shape under `cfg` (SLOs scaled by `slo_margin`).
+/// TP level for groups planned without any demand: the most device-efficient mixed level for
+/// the tier with the tightest TPOT under `cfg.prior_lengths`, or the smallest level that
+/// meets its SLOs at all; `None` when no level does (or no tier has an SLO).
+fn idle_level(
+    profile: &Profile,
+    tiers: &[Tier],
+    levels: &[u32],
+    cfg: &PlannerConfig,
+) -> Option<u32> {
+    let tightest = tiers
+        .iter()
+        .filter(|t| !t.background)
+        .min_by(|a, b| a.tpot_ms.total_cmp(&b.tpot_ms))?;
+    let (prompt, output) = cfg.prior_lengths;
+    let prior = TierDemand {
+        tier: tightest.name.clone(),
+        rate_rps: 0.0,
+        prompt: LengthStats::constant(prompt),
+        output: LengthStats::constant(output),
+    };
+    let shape = shape(tightest, &prior, cfg);
+    levels
+        .iter()
+        .filter_map(|&t| {
+            efficiency::mixed(profile, t, &shape, cfg.chunk_tokens)
+                .map(|e| (t, e.rps / f64::from(t)))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|(t, _)| t)
+}
+
+/// A tier's planning shape under `cfg` (SLOs scaled by `slo_margin`). Lengths not observed
+/// yet take `cfg.prior_lengths`.
+/// NOTE: output lengths come from completions, so a tier's first window has arrivals but no
+/// outputs: planning that as 1-token outputs makes decode look free and sizes every group for
+/// prefill alone (the simulator's Azure conv runs collapsed into TP-1 groups that way).
 fn shape(tier: &Tier, d: &TierDemand, cfg: &PlannerConfig) -> TierShape {
-    let mut s = TierShape::new(tier, d);
+    let unknown = |l: &LengthStats| l.count == 0 && l.mean <= 0.0;
+    let mut d = d.clone();
+    if unknown(&d.prompt) {
+        d.prompt = LengthStats::constant(cfg.prior_lengths.0);
+    }
+    if unknown(&d.output) {
+        d.output = LengthStats::constant(cfg.prior_lengths.1);
+    }
+    let mut s = TierShape::new(tier, &d);
     s.ttft_ms *= cfg.slo_margin;
     s.tpot_ms *= cfg.slo_margin;
     s
@@ -206,13 +254,18 @@ pub fn plan(
         }
     }
     // Leftover devices: best-effort/background groups at the level that is most efficient for
-    // the busiest tier (largest first when that level no longer fits).
+    // the busiest tier (largest first when that level no longer fits). With no demand at all
+    // (start-up, idle), for the tightest tier under the prior request shape: the first window
+    // of a burst lands on these groups, and TP 1 groups under a strict TPOT can sink it.
     let busiest = (0..tiers.len())
         .filter(|&i| best_mixed[i].is_some())
         .max_by(|&a, &b| rates[a].total_cmp(&rates[b]).then(b.cmp(&a)));
-    let leftover_tp = busiest
-        .and_then(|i| best_mixed[i].map(|(t, _)| t))
-        .or(levels.first().copied());
+    let leftover_tp = match busiest {
+        Some(i) => best_mixed[i].map(|(t, _)| t),
+        None if rates.iter().all(|&r| r <= 0.0) => idle_level(profile, tiers, &levels, cfg),
+        None => None,
+    }
+    .or(levels.first().copied());
     let mut any_leftover = false;
     for &t in levels.iter().rev() {
         if leftover_tp.is_some_and(|l| t > l) {

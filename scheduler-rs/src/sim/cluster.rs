@@ -31,6 +31,8 @@ pub struct Cluster<'a> {
     pub(super) now: f64,
     pub(super) end: f64,
     pub(super) reconfigs: u64,
+    /// (time, layout) of every plan switched to; see `SimResult::timeline`.
+    pub(super) timeline: Vec<(f64, String)>,
     pub(super) moved: u64,
     /// Engine generations are unique across the run, so a dissolved group's late events
     /// never match the group that replaces it at the same leader.
@@ -94,6 +96,7 @@ impl<'a> Cluster<'a> {
             now: 0.0,
             end: last + cfg.drain_s,
             reconfigs: 0,
+            timeline: Vec::new(),
             moved: 0,
             next_gen: 0,
         };
@@ -129,7 +132,7 @@ impl<'a> Cluster<'a> {
         let records = (0..self.reqs.len())
             .map(|i| report::record(i, &self.reqs[i], &self.cfg.tiers))
             .collect();
-        Ok(report::summarize(
+        let mut result = report::summarize(
             policy_name(&self.cfg.policy),
             self.cfg.devices,
             policy::trace_span(self.cfg),
@@ -137,7 +140,9 @@ impl<'a> Cluster<'a> {
             records,
             (self.reconfigs, self.moved),
             self.cfg.records,
-        ))
+        );
+        result.timeline = self.timeline;
+        Ok(result)
     }
 
     pub(super) fn push(&mut self, t: f64, kind: Kind) {

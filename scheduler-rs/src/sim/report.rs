@@ -67,6 +67,9 @@ pub struct SimResult {
     pub devices_moved: u64,
     pub per_tier: BTreeMap<String, TierResult>,
     pub records: Vec<RequestRecord>,
+    /// Every plan the run switched to (the initial one first): time (s) and the groups in
+    /// `GroupPlan::summary` form, e.g. `[0.0, "M2@0:strict P1@2:relaxed D1@3:relaxed"]`.
+    pub timeline: Vec<(f64, String)>,
 }
 
 /// The record of request `id` under `tiers`.
@@ -155,6 +158,7 @@ pub fn summarize(
         reconfigurations,
         devices_moved,
         per_tier,
+        timeline: Vec::new(),
         records: if keep_records { records } else { Vec::new() },
     }
 }
