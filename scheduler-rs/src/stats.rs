@@ -121,9 +121,16 @@ impl WindowStats {
     }
 
     /// Current demand of every tier seen so far, ordered by tier name. Drops expired samples.
+    /// `running` lists (tier, tokens generated so far) of the requests still in flight.
+    ///
+    /// Output lengths are censored: completions in a window are biased towards short requests
+    /// (long ones are still running), most of all in a burst's first windows and under
+    /// overload. A running request is therefore counted too, as at least `max(generated,
+    /// completed mean)` tokens: a lower bound of its final length. Only once some completion
+    /// gave the tier a mean; before that its output stays unknown (the planner's prior).
     /// NOTE: `now` must not go backwards between calls (samples older than the window are
     /// discarded for good).
-    pub fn snapshot(&mut self, now: f64) -> Vec<TierDemand> {
+    pub fn snapshot(&mut self, now: f64, running: &[(&str, f64)]) -> Vec<TierDemand> {
         let cfg = self.cfg;
         self.tiers
             .iter_mut()
@@ -143,6 +150,19 @@ impl WindowStats {
                 let mut o: Vec<f64> = w.outputs.iter().map(|x| x.1).collect();
                 if !p.is_empty() {
                     w.last_prompt = LengthStats::of(&mut p);
+                }
+                let completed_mean = if o.is_empty() {
+                    w.last_output.mean
+                } else {
+                    o.iter().sum::<f64>() / o.len() as f64
+                };
+                if completed_mean > 0.0 {
+                    o.extend(
+                        running
+                            .iter()
+                            .filter(|(t, _)| t == name)
+                            .map(|&(_, generated)| generated.max(completed_mean)),
+                    );
                 }
                 if !o.is_empty() {
                     w.last_output = LengthStats::of(&mut o);
@@ -191,7 +211,7 @@ mod tests {
         }
         st.on_completion(1.0, "a", 7);
         st.on_arrival(1.0, "b", 5);
-        let snap = st.snapshot(1.5);
+        let snap = st.snapshot(1.5, &[]);
         assert_eq!(snap.len(), 2);
         // Window (0.5, 1.5]: arrivals at 1.2 and 1.4 (0.5 sits on the cut and is excluded).
         assert_eq!(snap[0].tier, "a");
@@ -200,9 +220,26 @@ mod tests {
         assert_eq!(snap[0].output.mean, 7.0);
         assert_eq!(snap[1].rate_rps, 1.0);
         // Everything expires: the rate drops to 0 but the last length shape is kept.
-        let later = st.snapshot(10.0);
+        let later = st.snapshot(10.0, &[]);
         assert_eq!(later[0].rate_rps, 0.0);
         assert_eq!(later[0].prompt.mean, 25.0);
         assert_eq!(later[0].output.p99, 7.0);
+    }
+
+    #[test]
+    fn running_requests_count_as_censored_output_samples() {
+        let mut st = WindowStats::new(StatsConfig::default());
+        st.on_arrival(0.0, "a", 10);
+        // No completion yet: running requests say nothing (the planner's prior applies).
+        let first = st.snapshot(0.5, &[("a", 3.0)]);
+        assert_eq!((first[0].output.count, first[0].output.mean), (0, 0.0));
+        // Two short completions (mean 10); still running: one at 40 tokens, one at 2 (it
+        // counts as at least the completed mean), and one of another tier (ignored).
+        st.on_completion(0.8, "a", 8);
+        st.on_completion(0.9, "a", 12);
+        let snap = st.snapshot(1.0, &[("a", 40.0), ("a", 2.0), ("b", 500.0)]);
+        assert_eq!(snap[0].output.count, 4);
+        assert_eq!(snap[0].output.mean, (8.0 + 12.0 + 40.0 + 10.0) / 4.0);
+        assert_eq!(snap[0].output.p99, 40.0);
     }
 }

@@ -160,7 +160,14 @@ impl Engine {
     /// Current demand of every tier (drops expired samples).
     pub fn demand_snapshot(&self) -> Vec<TierDemand> {
         let now = self.now_s();
-        self.lock().stats.snapshot(now)
+        let mut st = self.lock();
+        let names: Vec<&str> = self.cfg.tiers.iter().map(|t| t.name.as_str()).collect();
+        let running: Vec<(&str, f64)> = st
+            .inflight
+            .values()
+            .map(|e| (names[e.req.tier], e.tokens as f64))
+            .collect();
+        st.stats.snapshot(now, &running)
     }
 
     /// Devices, TP levels, domains and the current plan for the planner.

@@ -285,7 +285,14 @@ impl<'a> Cluster<'a> {
             .planner_cfg
             .clone()
             .expect("control ticks only for live policies");
-        let demand = self.stats.snapshot(self.now);
+        let now = self.now;
+        let running: Vec<(&str, f64)> = self
+            .reqs
+            .iter()
+            .filter(|r| r.arrival <= now && r.finish.is_none() && !r.dropped)
+            .map(|r| (self.cfg.tiers[r.tier].name.as_str(), f64::from(r.generated)))
+            .collect();
+        let demand = self.stats.snapshot(now, &running);
         let planned = planner::plan(
             &self.profile,
             &self.cfg.tiers,
