@@ -165,7 +165,10 @@ impl Registry {
         let fits = |t: u32| {
             domains.values().all(|ids| {
                 let contiguous = ids.windows(2).all(|w| w[1] == w[0] + 1);
-                t == 1 || (contiguous && ids[0] % t == 0 && ids.len() as u32 % t == 0)
+                t == 1
+                    || (contiguous
+                        && ids[0].is_multiple_of(t)
+                        && (ids.len() as u32).is_multiple_of(t))
             })
         };
         let mut tp_levels: Vec<u32> = levels.unwrap_or_default();
