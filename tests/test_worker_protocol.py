@@ -47,8 +47,13 @@ def test_worker_messages_carry_the_documented_fields():
     reg = roundtrip(proto.register(0, "cpu", "m", [1], 640, 2048, [2]))
     assert set(reg) == {
         "v", "type", "worker_id", "device", "model", "tp_levels", "kv_capacity_tokens",
-        "max_context", "eos_token_ids",
+        "max_context", "eos_token_ids", "domain",
     }  # fmt: skip
+    assert reg["domain"] == 0  # by default each worker is its own domain
+    assert roundtrip(proto.register(5, "cpu", "m", [1], 1, 1, [2], domain=4))["domain"] == 4
+    stats = roundtrip(proto.stats(3, {"kv_handoffs": 2, "kv_handoff_bytes": 4096}))
+    assert stats == {"v": proto.PROTOCOL_VERSION, "type": "stats", "worker_id": 3,
+                     "kv_handoffs": 2, "kv_handoff_bytes": 4096}  # fmt: skip
     with pytest.raises(AssertionError):
         proto.tokens(0, "r", [], 1, finish_reason="done")
 

@@ -146,6 +146,7 @@ impl Engine {
         let (out, rx) = mpsc::unbounded_channel();
         let stats = WindowStats::new(StatsConfig {
             rate_window_s: cfg.control_window_ms as f64 / 1000.0,
+            prior_output_tokens: cfg.planner.prior_lengths.1,
             ..StatsConfig::default()
         });
         let engine = Engine {

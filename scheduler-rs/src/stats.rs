@@ -67,6 +67,9 @@ pub struct StatsConfig {
     pub rate_window_s: f64,
     /// Length-distribution window, seconds (longer: lengths are noisier than rates).
     pub length_window_s: f64,
+    /// Expected output tokens beyond the longest sample while requests are still running
+    /// (the planner's prior output length).
+    pub prior_output_tokens: f64,
 }
 
 impl Default for StatsConfig {
@@ -74,6 +77,7 @@ impl Default for StatsConfig {
         StatsConfig {
             rate_window_s: 1.0,
             length_window_s: 30.0,
+            prior_output_tokens: 256.0,
         }
     }
 }
@@ -89,6 +93,30 @@ struct TierWindow {
     /// is planned with its last known shape rather than zero lengths.
     last_prompt: LengthStats,
     last_output: LengthStats,
+}
+
+/// Kaplan-Meier mean of lengths of which `done` are final and `running` only lower bounds
+/// (right-censored), with `tail` expected tokens beyond the longest sample for the mass that
+/// is still running there (memoryless tail). With nothing running it is the plain mean.
+pub fn censored_mean(done: &[f64], running: &[f64], tail: f64) -> f64 {
+    let mut samples: Vec<(f64, bool)> = done.iter().map(|&x| (x, true)).collect();
+    samples.extend(running.iter().map(|&x| (x, false)));
+    if samples.is_empty() {
+        return 0.0;
+    }
+    // NOTE: at equal lengths, completions come first: a request running at x may go beyond.
+    samples.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    let (mut survival, mut mean, mut prev) = (1.0, 0.0, 0.0);
+    let mut at_risk = samples.len() as f64;
+    for (x, finished) in samples {
+        mean += survival * (x - prev);
+        prev = x;
+        if finished {
+            survival *= 1.0 - 1.0 / at_risk;
+        }
+        at_risk -= 1.0;
+    }
+    mean + survival * tail
 }
 
 /// Sliding-window statistics for all tiers.
@@ -125,9 +153,9 @@ impl WindowStats {
     ///
     /// Output lengths are censored: completions in a window are biased towards short requests
     /// (long ones are still running), most of all in a burst's first windows and under
-    /// overload. A running request is therefore counted too, as at least `max(generated,
-    /// completed mean)` tokens: a lower bound of its final length. Only once some completion
-    /// gave the tier a mean; before that its output stays unknown (the planner's prior).
+    /// overload. The output mean is therefore [`censored_mean`] over completions and running
+    /// requests, in windows with a completion (before the first its output stays unknown:
+    /// the planner's prior; a window without any keeps the last shape); quantiles treat running requests as their length so far.
     /// NOTE: `now` must not go backwards between calls (samples older than the window are
     /// discarded for good).
     pub fn snapshot(&mut self, now: f64, running: &[(&str, f64)]) -> Vec<TierDemand> {
@@ -151,21 +179,18 @@ impl WindowStats {
                 if !p.is_empty() {
                     w.last_prompt = LengthStats::of(&mut p);
                 }
-                let completed_mean = if o.is_empty() {
-                    w.last_output.mean
-                } else {
-                    o.iter().sum::<f64>() / o.len() as f64
-                };
-                if completed_mean > 0.0 {
-                    o.extend(
-                        running
-                            .iter()
-                            .filter(|(t, _)| t == name)
-                            .map(|&(_, generated)| generated.max(completed_mean)),
-                    );
-                }
+                let mine: Vec<f64> = running
+                    .iter()
+                    .filter(|(t, _)| t == name)
+                    .map(|&(_, generated)| generated)
+                    .collect();
+                // NOTE: a window without completions keeps the last shape: running requests
+                // alone carry no event, only lower bounds.
                 if !o.is_empty() {
+                    let mean = censored_mean(&o, &mine, cfg.prior_output_tokens);
+                    o.extend(mine);
                     w.last_output = LengthStats::of(&mut o);
+                    w.last_output.mean = mean;
                 }
                 TierDemand {
                     tier: name.clone(),
@@ -233,13 +258,31 @@ mod tests {
         // No completion yet: running requests say nothing (the planner's prior applies).
         let first = st.snapshot(0.5, &[("a", 3.0)]);
         assert_eq!((first[0].output.count, first[0].output.mean), (0, 0.0));
-        // Two short completions (mean 10); still running: one at 40 tokens, one at 2 (it
-        // counts as at least the completed mean), and one of another tier (ignored).
         st.on_completion(0.8, "a", 8);
         st.on_completion(0.9, "a", 12);
         let snap = st.snapshot(1.0, &[("a", 40.0), ("a", 2.0), ("b", 500.0)]);
         assert_eq!(snap[0].output.count, 4);
-        assert_eq!(snap[0].output.mean, (8.0 + 12.0 + 40.0 + 10.0) / 4.0);
+        assert_eq!(
+            snap[0].output.mean,
+            censored_mean(&[8.0, 12.0], &[40.0, 2.0], 256.0)
+        );
         assert_eq!(snap[0].output.p99, 40.0);
+    }
+
+    #[test]
+    fn censored_mean_is_kaplan_meier_with_a_tail() {
+        // Nothing running: the plain mean.
+        assert_eq!(censored_mean(&[8.0, 12.0], &[], 256.0), 10.0);
+        // Sorted: 2 (running), 8 (done), 12 (done), 40 (running). S = 1 up to 8 (the run at 2
+        // only leaves the risk set), then 2/3 up to 12, then 1/3 up to 40 where the last one
+        // is still running: 8 + 4·2/3 + 28·1/3 + 1/3·256 = 105.33.
+        let m = censored_mean(&[8.0, 12.0], &[40.0, 2.0], 256.0);
+        assert!(
+            (m - (8.0 + 4.0 * 2.0 / 3.0 + 28.0 / 3.0 + 256.0 / 3.0)).abs() < 1e-9,
+            "{m}"
+        );
+        // Running requests at most as long as the completed ones barely move it.
+        let short = censored_mean(&[100.0; 9], &[1.0], 256.0);
+        assert!((short - 100.0).abs() < 1e-9, "{short}");
     }
 }

@@ -92,16 +92,23 @@ pub fn prefill(
 ) -> Option<GroupEstimate> {
     // A batch of n prompts, one of them from the tail.
     let lat = |n: f64| p.prefill_ms(tp, (n - 1.0) * s.prompt + s.prompt_tail);
-    let n = match largest(max_n, |n| lat(n) <= slack * s.ttft_ms) {
-        Some(n) => f64::from(n),
-        // No batching headroom, but a lone prompt still meets TTFT on an idle group.
-        None if lat(1.0) <= s.ttft_ms => 1.0,
+    let (n, utilization) = match largest(max_n, |n| lat(n) <= slack * s.ttft_ms) {
+        Some(n) => (f64::from(n), 1.0),
+        // No batching headroom, but a lone prompt still meets TTFT on an idle group: prompts
+        // are served one by one, and the queue in front of a tail prompt may only take the
+        // TTFT it leaves, `h`. With the M/D/1 mean wait ρ·s / (2(1 − ρ)) for a mean prefill
+        // of `s` ms, that allows ρ ≤ 2h / (s + 2h); planning such a group at 100% (1/s) had
+        // its TTFT queue grow without bound in simulation.
+        None if lat(1.0) <= s.ttft_ms => {
+            let (h, mean) = (s.ttft_ms - lat(1.0), p.prefill_ms(tp, s.prompt));
+            (1.0, 2.0 * h / (mean + 2.0 * h))
+        }
         None => return None,
     };
     let ms = p.prefill_ms(tp, n * s.prompt);
     let decode_guess = s.steps * s.tpot_ms;
     Some(GroupEstimate {
-        rps: 1000.0 * n / ms,
+        rps: utilization * 1000.0 * n / ms,
         residence_s: (1.5 * ms + decode_guess) / 1000.0,
         batch_cap: 0.0,
     })

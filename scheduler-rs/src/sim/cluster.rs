@@ -79,6 +79,11 @@ impl<'a> Cluster<'a> {
             None => policy::static_plan(cfg, &profile)?,
         };
         let last = reqs.iter().map(|r| r.arrival).fold(0.0, f64::max);
+        let prior_output = planner_cfg
+            .as_ref()
+            .map_or(PlannerConfig::default().prior_lengths.1, |pc| {
+                pc.prior_lengths.1
+            });
         let mut c = Cluster {
             cfg,
             profile,
@@ -88,6 +93,7 @@ impl<'a> Cluster<'a> {
             dispatcher: Dispatcher::default(),
             stats: WindowStats::new(StatsConfig {
                 rate_window_s: cfg.window_s,
+                prior_output_tokens: prior_output,
                 ..StatsConfig::default()
             }),
             planner_cfg,

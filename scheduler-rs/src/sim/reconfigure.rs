@@ -79,9 +79,10 @@ impl Cluster<'_> {
         if changed && pay {
             self.reconfigs += 1;
         }
-        if changed || self.timeline.is_empty() {
-            let layout: Vec<String> = self.plan.groups.iter().map(|g| g.summary()).collect();
-            self.timeline.push((self.now, layout.join(" ")));
+        let layout: Vec<String> = self.plan.groups.iter().map(|g| g.summary()).collect();
+        let layout = layout.join(" ");
+        if self.timeline.last().is_none_or(|(_, last)| *last != layout) {
+            self.timeline.push((self.now, layout));
         }
         // Waiting requests move as metadata; partially prefilled KV moves with them.
         for r in orphans_pre {
