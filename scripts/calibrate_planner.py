@@ -1,0 +1,78 @@
+"""Planner estimate vs simulated engine, one layout at a time.
+
+Plans a trace with its whole-trace demand (each TP level alone, then all levels), replays
+that plan as a `fixed_plan` simulation and prints, per tier, the planned SLO throughput
+(`max_rps` of its prefill-capable groups) next to the goodput the simulated engine delivers.
+A layout whose realized goodput is far below its estimate is one the planner over-rates.
+
+    .venv/bin/python scripts/calibrate_planner.py --tiers TIERS.json --rate-scale 240
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import Counter
+
+from nitsum import _core
+from nitsum.simulate import build_config, parser
+
+
+def length_stats(values: list[int]) -> dict[str, float]:
+    x = sorted(values)
+    n = len(x)
+    return {"count": n, "mean": statistics.mean(x), "p50": x[n // 2], "p90": x[int(n * 0.9)],
+            "p99": x[int(n * 0.99)]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="profiles/h100-llama3-8b-analytic.json")
+    ap.add_argument("--trace", default="../shared/traces/AzureLLMInferenceTrace_conv.csv")
+    ap.add_argument("--tiers", required=True, help="JSON list of tiers {name, ttft_ms, tpot_ms}")
+    ap.add_argument("--rate-scale", type=float, default=1.0)
+    ap.add_argument("--devices", type=int, default=64)
+    ap.add_argument("--mix", default="strict=0.5,relaxed=0.5")
+    ap.add_argument("--levels", default="1,2,4,8", help="TP levels to try alone")
+    a = ap.parse_args()
+    cfg = build_config(parser().parse_args([
+        "--profile", a.profile, "--tiers", a.tiers, "--trace", a.trace, "--mix", a.mix,
+        "--rate-scale", str(a.rate_scale), "--devices", str(a.devices),
+    ]))  # fmt: skip
+    reqs = cfg["requests"]
+    span = max(r["arrival_s"] for r in reqs) - min(r["arrival_s"] for r in reqs)
+    demand = []
+    for t in cfg["tiers"]:
+        mine = [r for r in reqs if r["tier"] == t["name"]]
+        demand.append({"tier": t["name"], "rate_rps": len(mine) / span,
+                       "prompt": length_stats([r["input_len"] for r in mine]),
+                       "output": length_stats([r["output_len"] for r in mine])})  # fmt: skip
+    tiers = [{"weight": 1, "background": False} | t for t in cfg["tiers"]]
+    profile = json.dumps(cfg["profile"])
+    # The simulator's planner settings (docs/results.md), without hysteresis: one decision.
+    base = {"slo_margin": 0.9, "target_utilization": 0.5, "keep_utilization": 0}
+    choices = [[int(t) for t in a.levels.split(",")][i : i + 1] for i in range(4)] + [None]
+    print(f"{len(reqs)} requests over {span:.1f} s, {a.devices} devices")
+    for levels in [c for c in choices if c != []]:
+        pc = base | ({"tp_levels": levels} if levels else {})
+        out = json.loads(_core.plan(profile, json.dumps(tiers), json.dumps(demand), a.devices,
+                                    None, json.dumps(pc)))  # fmt: skip
+        layout = Counter(f"{g['role'][0].upper()}{g['tp']}:{','.join(g['tiers']) or '-'}"
+                         for g in out["groups"])  # fmt: skip
+        planned: Counter[str] = Counter()
+        for g in out["groups"]:
+            for t in g["tiers"] if g["role"] != "decode" else []:
+                planned[t] += g["max_rps"]
+        policy = {"kind": "fixed_plan", "plan": {"epoch": 1, "groups": out["groups"]},
+                  "batch_caps": out["batch_caps"]}  # fmt: skip
+        res = json.loads(_core.simulate(json.dumps(cfg | {"policy": policy})))
+        real = {k: round(v["goodput_rps"], 1) for k, v in res["per_tier"].items()}
+        name = f"TP {levels[0]}" if levels else "all levels"
+        print(f"{name:>10}: {dict(layout)}")
+        print(f"{'':>10}  planned {dict((k, round(v, 1)) for k, v in planned.items())}"
+              f"  delivered {real}  total {res['goodput_rps']:.1f} req/s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
