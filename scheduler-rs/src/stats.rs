@@ -230,6 +230,7 @@ mod tests {
         let mut st = WindowStats::new(StatsConfig {
             rate_window_s: 1.0,
             length_window_s: 2.0,
+            ..StatsConfig::default()
         });
         for (t, len) in [(0.1, 10), (0.5, 20), (1.2, 30), (1.4, 40)] {
             st.on_arrival(t, "a", len);
