@@ -1,4 +1,5 @@
-//! Hysteresis: keep the previous plan while it still serves every tier's current demand.
+//! Hysteresis: keep the previous plan while it still serves every tier's current demand, or
+//! while a new plan would not serve clearly more of it (`switch_gain`).
 //!
 //! Window-to-window noise in arrival counts and lengths would otherwise re-shape groups every
 //! window, and each reshape costs a TP switch, KV migration and lost iterations. The previous
@@ -16,8 +17,45 @@ use crate::tiers::Tier;
 use super::efficiency;
 use super::{shape, Planned, PlannerConfig};
 
-/// The previous plan with refreshed capacities, or `None` when it must be re-planned.
-pub fn reuse(
+/// The previous plan re-estimated under the current demand.
+pub struct Reevaluated {
+    /// The previous groups with refreshed `max_rps`, `max_inflight` and batch caps.
+    pub planned: Planned,
+    /// Per tier (planner order): SLO throughput under it, mixed + min(prefill, decode).
+    pub capacity: Vec<f64>,
+}
+
+impl Reevaluated {
+    /// Whether every tier's rate is within `keep_utilization` of its capacity.
+    pub fn serves(&self, tiers: &[Tier], demand: &HashMap<&str, &TierDemand>, keep: f64) -> bool {
+        tiers.iter().zip(&self.capacity).all(|(t, &cap)| {
+            let rate = demand.get(t.name.as_str()).map_or(0.0, |d| d.rate_rps);
+            t.background || rate <= 0.0 || rate <= cap * keep
+        })
+    }
+}
+
+/// Per tier (in `tiers` order): the SLO throughput `groups` plan for it.
+pub fn capacity(tiers: &[Tier], groups: &[crate::plan::GroupPlan]) -> Vec<f64> {
+    let mut cap = vec![(0.0, 0.0, 0.0); tiers.len()];
+    for g in groups {
+        let Some(i) = tiers.iter().position(|t| g.tiers.first() == Some(&t.name)) else {
+            continue;
+        };
+        match g.role {
+            Role::Mixed => cap[i].0 += g.max_rps,
+            Role::Prefill => cap[i].1 += g.max_rps,
+            Role::Decode => cap[i].2 += g.max_rps,
+        }
+    }
+    cap.into_iter()
+        .map(|(m, p, d)| m + f64::min(p, d))
+        .collect()
+}
+
+/// The previous plan with refreshed capacities, or `None` when it no longer fits the pool, its
+/// levels or its tiers (or a group of it can no longer meet its tier's SLOs at all).
+pub fn reevaluate(
     profile: &Profile,
     tiers: &[Tier],
     demand: &HashMap<&str, &TierDemand>,
@@ -25,14 +63,12 @@ pub fn reuse(
     prev: &Plan,
     cfg: &PlannerConfig,
     levels: &[u32],
-) -> Option<Planned> {
+) -> Option<Reevaluated> {
     let index: HashMap<&str, usize> = tiers
         .iter()
         .enumerate()
         .map(|(i, t)| (t.name.as_str(), i))
         .collect();
-    // (mixed, prefill, decode) SLO throughput per tier.
-    let mut cap = vec![(0.0, 0.0, 0.0); tiers.len()];
     let mut used = vec![false; devices as usize];
     // (max_rps, max_inflight) refreshed per group; cloned into a plan only on success.
     let mut fresh = Vec::with_capacity(prev.groups.len());
@@ -76,31 +112,23 @@ pub fn reuse(
             }
         });
         let est = est?;
-        match g.role {
-            Role::Mixed => cap[i].0 += est.rps,
-            Role::Prefill => cap[i].1 += est.rps,
-            Role::Decode => cap[i].2 += est.rps,
-        }
         fresh.push((est.rps, est.rps * est.residence_s));
         batch_caps.push(est.batch_cap);
-    }
-    for (i, t) in tiers.iter().enumerate() {
-        let rate = demand.get(t.name.as_str()).map_or(0.0, |d| d.rate_rps);
-        let (m, p, d) = cap[i];
-        if !t.background && rate > 0.0 && rate > (m + p.min(d)) * cfg.keep_utilization {
-            return None;
-        }
     }
     let mut groups = prev.groups.clone();
     for (g, (rps, inflight)) in groups.iter_mut().zip(fresh) {
         g.max_rps = rps;
         g.max_inflight = inflight;
     }
-    Some(Planned {
-        plan: Plan {
-            epoch: prev.epoch + 1,
-            groups,
+    let capacity = capacity(tiers, &groups);
+    Some(Reevaluated {
+        planned: Planned {
+            plan: Plan {
+                epoch: prev.epoch + 1,
+                groups,
+            },
+            batch_caps,
         },
-        batch_caps,
+        capacity,
     })
 }

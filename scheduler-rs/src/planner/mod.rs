@@ -44,6 +44,9 @@ pub struct PlannerConfig {
     /// Hysteresis: keep the previous plan while every tier's rate is at most this fraction of
     /// its capacity under it (re-estimated with the current lengths). 0 re-plans every window.
     pub keep_utilization: f64,
+    /// Hysteresis under load: when the previous plan no longer serves the demand, switch only
+    /// to a plan that serves more than `1 + switch_gain` times as much of it.
+    pub switch_gain: f64,
     /// Request shape (mean prompt, mean output tokens) assumed where none was observed yet: a
     /// tier's output lengths before its first completion, and the TP level of the best-effort
     /// groups that serve the first window.
@@ -61,6 +64,7 @@ impl Default for PlannerConfig {
             slo_margin: 1.0,
             target_utilization: 0.5,
             keep_utilization: 0.9,
+            switch_gain: 0.1,
             prior_lengths: (1024.0, 256.0),
         }
     }
@@ -191,11 +195,61 @@ pub fn plan(
 ) -> Planned {
     let levels = candidate_levels(profile, cfg, devices);
     let by_name: HashMap<&str, &TierDemand> = demand.iter().map(|d| (d.tier.as_str(), d)).collect();
-    if let Some(prev) = previous.filter(|_| cfg.keep_utilization > 0.0) {
-        if let Some(kept) = keep::reuse(profile, tiers, &by_name, devices, prev, cfg, &levels) {
-            return kept;
-        }
+    let kept = previous
+        .filter(|_| cfg.keep_utilization > 0.0)
+        .and_then(|prev| keep::reevaluate(profile, tiers, &by_name, devices, prev, cfg, &levels));
+    if let Some(k) = kept
+        .as_ref()
+        .filter(|k| k.serves(tiers, &by_name, cfg.keep_utilization))
+    {
+        return k.planned.clone();
     }
+    let fresh = plan_fresh(profile, tiers, &by_name, devices, previous, cfg, &levels);
+    match kept {
+        // NOTE: a re-plan moves devices and KV and stalls their requests; under overload the
+        // window-to-window noise in rates and lengths would otherwise swing the layout every
+        // window without serving more.
+        Some(k)
+            if served(tiers, &by_name, &fresh.plan.groups, cfg)
+                <= served(tiers, &by_name, &k.planned.plan.groups, cfg)
+                    * (1.0 + cfg.switch_gain) =>
+        {
+            k.planned
+        }
+        _ => fresh,
+    }
+}
+
+/// Weighted demand (arrival rate / `target_utilization`, as the greedy plans it) that `groups`
+/// serve within their SLO capacity.
+fn served(
+    tiers: &[Tier],
+    demand: &HashMap<&str, &TierDemand>,
+    groups: &[crate::plan::GroupPlan],
+    cfg: &PlannerConfig,
+) -> f64 {
+    let utilization = cfg.target_utilization.clamp(0.05, 1.0);
+    tiers
+        .iter()
+        .zip(keep::capacity(tiers, groups))
+        .filter(|(t, _)| !t.background)
+        .map(|(t, cap)| {
+            let rate = demand.get(t.name.as_str()).map_or(0.0, |d| d.rate_rps) / utilization;
+            t.weight.max(0.0) * rate.min(cap)
+        })
+        .sum()
+}
+
+/// The planner proper (steps 1-4), without hysteresis.
+fn plan_fresh(
+    profile: &Profile,
+    tiers: &[Tier],
+    by_name: &HashMap<&str, &TierDemand>,
+    devices: u32,
+    previous: Option<&Plan>,
+    cfg: &PlannerConfig,
+    levels: &[u32],
+) -> Planned {
     let mut rates = Vec::with_capacity(tiers.len());
     let mut weights = Vec::with_capacity(tiers.len());
     let mut units: Vec<Unit> = Vec::new();
@@ -217,7 +271,7 @@ pub fn plan(
         let shape = shape(tier, d, cfg);
         let mut pre: Vec<(u32, GroupEstimate)> = Vec::new();
         let mut dec: Vec<(u32, GroupEstimate)> = Vec::new();
-        for &t in &levels {
+        for &t in levels {
             if let Some(e) = efficiency::mixed(profile, t, &shape, cfg.chunk_tokens) {
                 let per_dev = e.rps / f64::from(t);
                 if best_mixed[i].is_none_or(|(_, b)| per_dev > b) {
@@ -262,7 +316,7 @@ pub fn plan(
         .max_by(|&a, &b| rates[a].total_cmp(&rates[b]).then(b.cmp(&a)));
     let leftover_tp = match busiest {
         Some(i) => best_mixed[i].map(|(t, _)| t),
-        None if rates.iter().all(|&r| r <= 0.0) => idle_level(profile, tiers, &levels, cfg),
+        None if rates.iter().all(|&r| r <= 0.0) => idle_level(profile, tiers, levels, cfg),
         None => None,
     }
     .or(levels.first().copied());

@@ -333,3 +333,43 @@ fn tier_only_disaggregation_serves_gets_a_bundle_that_fits() {
 fn shape_of(t: &Tier, prompt: f64, output: f64) -> efficiency::TierShape {
     efficiency::TierShape::new(t, &demand(&t.name, 1.0, prompt, output))
 }
+
+#[test]
+fn under_overload_a_new_plan_must_serve_clearly_more_to_replace_the_old() {
+    let tiers = [tier("A", 200.0, 61.0)];
+    // 41.67 rps per TP-1 device; 500 rps is far beyond 4 devices.
+    let dem = [demand("A", 500.0, 100.0, 11.0)];
+    let cfg = mixed_only();
+    let three = plan(
+        &linear(),
+        &tiers,
+        &[demand("A", 100.0, 100.0, 11.0)],
+        3,
+        None,
+        &cfg,
+    )
+    .plan;
+    let mut prev = three.clone();
+    prev.groups.push(GroupPlan {
+        members: vec![3],
+        tp: 1,
+        role: Role::Mixed,
+        tiers: Vec::new(),
+        accepts_background: true,
+        max_rps: 0.0,
+        max_inflight: 0.0,
+    });
+    assert_eq!(count(&prev, "A"), 3);
+    // The fresh plan gives A all 4 devices: 4/3 of the old capacity, a gain > 10%: switch.
+    let out = plan(&linear(), &tiers, &dem, 4, Some(&prev), &cfg);
+    assert_eq!(count(&out.plan, "A"), 4);
+    // Asking for more than a 50% gain keeps the old layout (capacities refreshed).
+    let strict = PlannerConfig {
+        switch_gain: 0.5,
+        ..mixed_only()
+    };
+    let kept = plan(&linear(), &tiers, &dem, 4, Some(&prev), &strict);
+    assert_eq!(count(&kept.plan, "A"), 3);
+    assert_eq!(kept.plan.epoch, prev.epoch + 1);
+    assert!((kept.plan.groups[0].max_rps - 125.0 / 3.0).abs() < 1e-6);
+}
