@@ -31,6 +31,8 @@ pub struct MockOptions {
     pub eos_token_ids: Vec<u32>,
     /// TP levels sent in `register`.
     pub tp_levels: Vec<u32>,
+    /// Domain (host worker process) sent in `register`; `None`: the field is left out.
+    pub domain: Option<u32>,
     /// Answer `reconfigure` with `ok: false` when this worker's group has a TP level above
     /// this (a single-device worker cannot join a TP group: `Some(1)`).
     pub refuse_tp_above: Option<u32>,
@@ -47,6 +49,7 @@ impl Default for MockOptions {
             max_context: 4096,
             eos_token_ids: Vec::new(),
             tp_levels: vec![1],
+            domain: None,
             refuse_tp_above: None,
             ignore_reconfigure: false,
         }
@@ -170,9 +173,12 @@ pub async fn spawn_many(addr: &str, n: u32, opts: &MockOptions) -> Result<Vec<Mo
 }
 
 async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<MockStats>) {
-    let register = serde_json::json!({"v": PROTOCOL_VERSION, "type": "register", "worker_id": id,
+    let mut register = serde_json::json!({"v": PROTOCOL_VERSION, "type": "register", "worker_id": id,
         "device": "mock", "model": "mock", "tp_levels": opts.tp_levels, "kv_capacity_tokens": 1u64 << 20,
         "max_context": opts.max_context, "eos_token_ids": opts.eos_token_ids});
+    if let Some(domain) = opts.domain {
+        register["domain"] = domain.into();
+    }
     let _ = sock.send(encode(&register)).await;
     let mut beat = tokio::time::interval(opts.heartbeat);
     let mut registered = false;

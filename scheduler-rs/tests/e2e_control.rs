@@ -275,3 +275,70 @@ async fn a_refusing_worker_keeps_the_old_plan() {
     }
     assert_eq!(ok, n);
 }
+
+/// The P/D profile of tests/test_control_e2e.py: prefill is costly per token (a mixed iteration
+/// carrying a chunk misses the strict TTFT) and only TP 2 decodes within the strict TPOT, so
+/// strict load is served by prefill groups handing KV to a TP-2 decode group.
+const PD_PROFILE: &str = r#"{"schema": "nitsum-profile/1", "device": "synthetic", "model": "synthetic",
+ "analytic": true, "tp_levels": [1, 2],
+ "prefill": {"1": [{"tokens": 1, "ms": 10.3}, {"tokens": 1001, "ms": 310.3}],
+             "2": [{"tokens": 1, "ms": 6.25}, {"tokens": 1001, "ms": 256.25}]},
+ "decode": {"1": [{"batch": 1, "context": 64, "ms": 30.3}, {"batch": 128, "context": 64, "ms": 68.4}],
+            "2": [{"batch": 1, "context": 64, "ms": 10.2}, {"batch": 128, "context": 64, "ms": 35.6}]}}"#;
+
+fn applied_roles(plan: &Value) -> Vec<String> {
+    let mut roles: Vec<String> = plan["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["result"] == "applied")
+        .flat_map(|h| h["groups"].as_array().unwrap().iter())
+        .map(|g| g["role"].as_str().unwrap().to_string())
+        .collect();
+    roles.sort();
+    roles.dedup();
+    roles
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_decode_split_stays_inside_one_worker_process() {
+    // One process (domain 0) with 4 devices: the strict load gets a P/D split.
+    let dir = TempDir::new("control-domain");
+    let mut cfg = control_config(&dir);
+    let path = dir.path().join("pd-profile.json");
+    std::fs::write(&path, PD_PROFILE).unwrap();
+    cfg.profile = Some(path);
+    let one_host = MockOptions {
+        domain: Some(0),
+        ..tp12()
+    };
+    let r = start(cfg.clone(), &vec![one_host; 4]).await;
+    let mut tasks = Vec::new();
+    let split = |p: &Value| applied_roles(p).contains(&"decode".to_string());
+    let seen = load_until(&r, [30.0, 0.0], Duration::from_secs(8), split, &mut tasks).await;
+    assert!(seen, "{:#}", get_json(&r, "/admin/plan").await);
+    drop(r);
+    // Two processes of 2 devices: no KV path between them, so no split; TP 2 stays inside.
+    let hosts: Vec<MockOptions> = [0, 0, 2, 2]
+        .into_iter()
+        .map(|d| MockOptions {
+            domain: Some(d),
+            ..tp12()
+        })
+        .collect();
+    let r = start(cfg, &hosts).await;
+    load_until(
+        &r,
+        [30.0, 0.0],
+        Duration::from_secs(3),
+        |_| false,
+        &mut tasks,
+    )
+    .await;
+    let plan = get_json(&r, "/admin/plan").await;
+    let roles = applied_roles(&plan);
+    assert_eq!(roles, ["mixed"], "{plan:#}");
+    for t in tasks {
+        assert!(t.await.unwrap());
+    }
+}
