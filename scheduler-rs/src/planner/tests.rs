@@ -1,7 +1,7 @@
 //! Planner tests: hand-computed plans and property checks over random inputs.
 
 use super::*;
-use crate::plan::GroupPlan;
+use crate::plan::{GroupPlan, Role};
 use crate::stats::LengthStats;
 
 /// TP1 only. Prefill 10 ms + 0.1 ms/token (the 10 ms is paid once per mixed iteration);
