@@ -226,6 +226,13 @@ def test_prefill_group_hands_kv_to_the_decode_target_and_reports_it(host, tiny):
     report = handoffs()
     assert report is not None and report["_from"] == "0"
     assert report["kv_handoff_bytes"] > 0 and report["reconfigurations"] == 1
+    # A decode target in another process (worker 9) has no KV path: the prefill group decodes
+    # the request itself, and nothing is handed off.
+    far = {"far": (prompt(9, seed=50), greedy(6))}
+    router.send(proto.generate("far", *far["far"], klass="feasible", decode_target=9), b"0")
+    router.pump(lambda: "far" in router.finals)
+    assert router.tokens["far"] == reference(tiny, far)["far"]
+    assert pe.counters["kv_handoffs"] == len(reqs)
     heartbeats_settle(router, free_pages=NUM_PAGES, running=0, waiting=0, epoch=2)
 
 
