@@ -1,34 +1,35 @@
 """The engine of a whole device pool: one local scheduler per TP group, and TP switching.
 
 `reconfigure` is a transaction (ReMP §3.9): plan → allocate new pages → transfer →
-commit. Until commit every running request keeps its old pages, layout and group, so a
-failed transfer just releases the new pages and the pool carries on as before.
+commit (the last three in `kv_move.py`). Until commit every running request keeps its old
+pages, layout and group, so a failed transfer just releases the new pages and the pool
+carries on as before.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
-from nitsum.engine.sequence import Sequence, Status
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
-from nitsum.kv.pages import GroupPages, OutOfPages, PageAllocator
-from nitsum.kv.pool import KVLayout
+from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.parallel.device_pool import DeviceError, DevicePool
-from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
-from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
+from nitsum.parallel.kv_move import (
+    Move,
+    ReconfigureReport,
+    check_groups,
+    commit_moves,
+    transfer_moves,
+)
+from nitsum.parallel.kv_transfer import TransferFailed
 from nitsum.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
-
-# A sequence, the group it moves to, and the engine it leaves.
-Move = tuple[Sequence, tuple[int, ...], Engine]
 
 
 class GroupRunner:
@@ -45,33 +46,6 @@ class GroupRunner:
     def run(self, batch: list[Scheduled]) -> list[int]:
         self.pool.launch_step(self.members, self.prepare(batch))
         return sample_batch(self.pool.collect_step(self.members), batch)
-
-
-@dataclass
-class ReconfigureReport:
-    """What a reconfiguration did and what it cost."""
-
-    ok: bool
-    groups: list[tuple[int, ...]]
-    moved_requests: int = 0
-    recomputed_requests: int = 0
-    bytes_moved: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-
-
-def check_groups(groups: list[tuple[int, ...]], num_devices: int, allowed: tuple[int, ...]) -> None:
-    """Groups must be aligned contiguous blocks of allowed TP levels, disjoint, in the pool."""
-    seen: set[int] = set()
-    for g in groups:
-        tp = len(g)
-        if tp not in allowed:
-            raise ValueError(f"group {g}: TP {tp} not in the allowed levels {allowed}")
-        if g != tuple(range(g[0], g[0] + tp)) or g[0] % tp or g[-1] >= num_devices:
-            raise ValueError(f"group {g} is not an aligned block of the {num_devices}-device pool")
-        if seen & set(g):
-            raise ValueError(f"group {g} overlaps another group")
-        seen |= set(g)
 
 
 class PoolEngine:
@@ -199,7 +173,9 @@ class PoolEngine:
                 moves.append((seq, target, engine))
         # 2-3. Allocate, plan and transfer; on failure everything stays as it was.
         try:
-            new_pages, recompute, stats, t_plan = self._transfer(moves, new, mode, fail)
+            new_pages, recompute, stats, t_plan = transfer_moves(
+                self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, new, mode, fail
+            )
         except TransferFailed as e:
             return ReconfigureReport(
                 False,
@@ -209,7 +185,7 @@ class PoolEngine:
             )
         t_transfer = time.perf_counter()
         # 4. Commit: new pages, layouts and groups become active together.
-        self._commit(moves, new, new_pages, recompute)
+        commit_moves(moves, new, new_pages, recompute)
         self.engines = new
         self.pool.activate(groups)
         t_end = time.perf_counter()
@@ -230,65 +206,6 @@ class PoolEngine:
             },
         )
 
-    def _transfer(
-        self,
-        moves: list[Move],
-        engines: dict[tuple[int, ...], Engine],
-        mode: str = "pipelined",
-        fail: tuple[int, int] | None = None,
-    ) -> tuple[dict[str, list[int]], set[str], list[TransferStats], float]:
-        """Allocate target pages, plan pieces and move the KV of `moves`.
-
-        Returns (new pages by request, requests to recompute, transfer stats, plan end time).
-        NOTE: source pages are only read; on TransferFailed the new pages are released and
-        every sequence still owns its old, intact KV.
-        """
-        pieces: list[Piece] = []
-        new_pages: dict[str, list[int]] = {}
-        recompute: set[str] = set()
-        for seq, target, _ in moves:
-            if seq.num_computed == 0:
-                continue
-            pages = engines[target].scheduler.pages
-            try:
-                new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))
-            except OutOfPages:
-                recompute.add(seq.request_id)  # soft preempt: drop KV, re-prefill later
-                continue
-            old = Placement(seq.layout.members, tuple(seq.pages))
-            placement = Placement(target, tuple(new_pages[seq.request_id]))
-            pieces += plan_pieces(
-                self.cfg.num_kv_heads, self.ecfg.page_tokens, seq.num_computed, old, placement
-            )
-        pieces = aggregate(pieces)
-        t_plan = time.perf_counter()
-        try:
-            stats = self.pool.migrate(pieces, mode, fail) if pieces else []
-        except TransferFailed:
-            for seq, target, _ in moves:
-                if seq.request_id in new_pages:
-                    engines[target].scheduler.pages.release(new_pages[seq.request_id])
-            raise
-        return new_pages, recompute, stats, t_plan
-
-    @staticmethod
-    def _commit(
-        moves: list[Move],
-        engines: dict[tuple[int, ...], Engine],
-        new_pages: dict[str, list[int]],
-        recompute: set[str],
-    ) -> None:
-        for seq, target, source in moves:
-            source.scheduler.detach(seq)
-            source.seqs.pop(seq.request_id, None)
-            source.scheduler.pages.release(seq.pages)
-            seq.pages = new_pages.get(seq.request_id, [])
-            seq.layout = KVLayout(target)
-            if seq.request_id in recompute:
-                seq.num_computed, seq.status = 0, Status.WAITING
-            engines[target].seqs[seq.request_id] = seq
-            engines[target].scheduler.adopt(seq)
-
     # -- prefill/decode disaggregation -------------------------------------------------------
     def _hand_off_prefilled(self) -> None:
         """Move requests whose prefill finished on a prefill group to their decode group,
@@ -308,8 +225,10 @@ class PoolEngine:
                     moves.append((seq, target, engine))
         if not moves:
             return
-        new_pages, recompute, stats, _ = self._transfer(moves, self.engines)
-        self._commit(moves, self.engines, new_pages, recompute)
+        new_pages, recompute, stats, _ = transfer_moves(
+            self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, self.engines
+        )
+        commit_moves(moves, self.engines, new_pages, recompute)
         for seq, _, _ in moves:
             del self.decode_targets[seq.request_id]
         self.counters["kv_handoffs"] += len(moves)

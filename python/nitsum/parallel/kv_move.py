@@ -1,0 +1,111 @@
+"""Moving running sequences between TP groups: the transfer and commit halves of a
+reconfiguration (ReMP §3.9) and of a prefill/decode handoff.
+
+`transfer_moves` allocates the target pages and moves the KV (aggregated pieces, pipelined);
+until `commit_moves` every sequence keeps its old pages, layout and group, so a failed
+transfer just releases the new pages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nitsum.engine.engine import Engine
+from nitsum.engine.sequence import Sequence, Status
+from nitsum.kv.pages import OutOfPages
+from nitsum.kv.pool import KVLayout
+from nitsum.parallel.device_pool import DevicePool
+from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
+from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
+
+# A sequence, the group it moves to, and the engine it leaves.
+Move = tuple[Sequence, tuple[int, ...], Engine]
+
+
+@dataclass
+class ReconfigureReport:
+    """What a reconfiguration did and what it cost."""
+
+    ok: bool
+    groups: list[tuple[int, ...]]
+    moved_requests: int = 0
+    recomputed_requests: int = 0
+    bytes_moved: int = 0
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def check_groups(groups: list[tuple[int, ...]], num_devices: int, allowed: tuple[int, ...]) -> None:
+    """Groups must be aligned contiguous blocks of allowed TP levels, disjoint, in the pool."""
+    seen: set[int] = set()
+    for g in groups:
+        tp = len(g)
+        if tp not in allowed:
+            raise ValueError(f"group {g}: TP {tp} not in the allowed levels {allowed}")
+        if g != tuple(range(g[0], g[0] + tp)) or g[0] % tp or g[-1] >= num_devices:
+            raise ValueError(f"group {g} is not an aligned block of the {num_devices}-device pool")
+        if seen & set(g):
+            raise ValueError(f"group {g} overlaps another group")
+        seen |= set(g)
+
+
+def transfer_moves(
+    pool: DevicePool,
+    num_kv_heads: int,
+    page_tokens: int,
+    moves: list[Move],
+    engines: dict[tuple[int, ...], Engine],
+    mode: str = "pipelined",
+    fail: tuple[int, int] | None = None,
+) -> tuple[dict[str, list[int]], set[str], list[TransferStats], float]:
+    """Allocate target pages, plan pieces and move the KV of `moves`.
+
+    Returns (new pages by request, requests to recompute, transfer stats, plan end time).
+    NOTE: source pages are only read; on TransferFailed the new pages are released and
+    every sequence still owns its old, intact KV.
+    """
+    pieces: list[Piece] = []
+    new_pages: dict[str, list[int]] = {}
+    recompute: set[str] = set()
+    for seq, target, _ in moves:
+        if seq.num_computed == 0:
+            continue
+        pages = engines[target].scheduler.pages
+        try:
+            new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))
+        except OutOfPages:
+            recompute.add(seq.request_id)  # soft preempt: drop KV, re-prefill later
+            continue
+        old = Placement(seq.layout.members, tuple(seq.pages))
+        placement = Placement(target, tuple(new_pages[seq.request_id]))
+        pieces += plan_pieces(num_kv_heads, page_tokens, seq.num_computed, old, placement)
+    pieces = aggregate(pieces)
+    t_plan = time.perf_counter()
+    try:
+        stats = pool.migrate(pieces, mode, fail) if pieces else []
+    except TransferFailed:
+        for seq, target, _ in moves:
+            if seq.request_id in new_pages:
+                engines[target].scheduler.pages.release(new_pages[seq.request_id])
+        raise
+    return new_pages, recompute, stats, t_plan
+
+
+def commit_moves(
+    moves: list[Move],
+    engines: dict[tuple[int, ...], Engine],
+    new_pages: dict[str, list[int]],
+    recompute: set[str],
+) -> None:
+    """Hand every moved sequence to its target engine with its new pages and layout."""
+    for seq, target, source in moves:
+        source.scheduler.detach(seq)
+        source.seqs.pop(seq.request_id, None)
+        source.scheduler.pages.release(seq.pages)
+        seq.pages = new_pages.get(seq.request_id, [])
+        seq.layout = KVLayout(target)
+        if seq.request_id in recompute:
+            seq.num_computed, seq.status = 0, Status.WAITING
+        engines[target].seqs[seq.request_id] = seq
+        engines[target].scheduler.adopt(seq)
