@@ -60,6 +60,10 @@ pub struct TierDemand {
     pub output: LengthStats,
 }
 
+/// Request shape (mean prompt, mean output tokens) assumed where none was observed yet; the
+/// default of `PlannerConfig::prior_lengths` and of the window stats' output tail.
+pub const DEFAULT_PRIOR_LENGTHS: (f64, f64) = (1024.0, 256.0);
+
 /// Window lengths.
 #[derive(Debug, Clone, Copy)]
 pub struct StatsConfig {
@@ -77,7 +81,7 @@ impl Default for StatsConfig {
         StatsConfig {
             rate_window_s: 1.0,
             length_window_s: 30.0,
-            prior_output_tokens: 256.0,
+            prior_output_tokens: DEFAULT_PRIOR_LENGTHS.1,
         }
     }
 }

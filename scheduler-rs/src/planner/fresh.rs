@@ -11,7 +11,7 @@ use crate::tiers::Tier;
 use super::efficiency::{self, GroupEstimate};
 use super::greedy::{self, Unit};
 use super::placement::{self, Wanted};
-use super::{shape, Planned, PlannerConfig};
+use super::{planned_rate, shape, Planned, PlannerConfig};
 
 /// The planner proper (steps 1-4), without hysteresis.
 pub(super) fn plan_fresh(
@@ -29,13 +29,7 @@ pub(super) fn plan_fresh(
     let mut best_mixed: Vec<Option<(u32, f64)>> = Vec::with_capacity(tiers.len());
     for (i, tier) in tiers.iter().enumerate() {
         let d = by_name.get(tier.name.as_str());
-        let rate = match d {
-            Some(d) if !tier.background => {
-                d.rate_rps.max(0.0) / cfg.target_utilization.clamp(0.05, 1.0)
-            }
-            _ => 0.0,
-        };
-        rates.push(rate);
+        rates.push(planned_rate(tier, d, cfg));
         weights.push(tier.weight.max(0.0));
         best_mixed.push(None);
         let (Some(d), false) = (d, tier.background) else {

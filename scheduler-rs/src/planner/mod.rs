@@ -65,7 +65,7 @@ impl Default for PlannerConfig {
             target_utilization: 0.5,
             keep_utilization: 0.9,
             switch_gain: 0.1,
-            prior_lengths: (1024.0, 256.0),
+            prior_lengths: crate::stats::DEFAULT_PRIOR_LENGTHS,
         }
     }
 }
@@ -140,9 +140,12 @@ pub fn plan(
         // window-to-window noise in rates and lengths would otherwise swing the layout every
         // window without serving more.
         Some(k)
-            if served(tiers, &by_name, &fresh.plan.groups, cfg)
-                <= served(tiers, &by_name, &k.planned.plan.groups, cfg)
-                    * (1.0 + cfg.switch_gain) =>
+            if served(
+                tiers,
+                &by_name,
+                &keep::capacity(tiers, &fresh.plan.groups),
+                cfg,
+            ) <= served(tiers, &by_name, &k.capacity, cfg) * (1.0 + cfg.switch_gain) =>
         {
             k.planned
         }
@@ -150,21 +153,29 @@ pub fn plan(
     }
 }
 
-/// Weighted demand (arrival rate / `target_utilization`, as the greedy plans it) that `groups`
-/// serve within their SLO capacity.
+/// The demand the planner sizes a tier for: its arrival rate / `target_utilization` (0 for a
+/// background tier or one without demand).
+fn planned_rate(tier: &Tier, demand: Option<&&TierDemand>, cfg: &PlannerConfig) -> f64 {
+    match demand {
+        Some(d) if !tier.background => {
+            d.rate_rps.max(0.0) / cfg.target_utilization.clamp(0.05, 1.0)
+        }
+        _ => 0.0,
+    }
+}
+
+/// Weighted planned demand (as the greedy sizes it) that per-tier `capacity` serves.
 fn served(
     tiers: &[Tier],
     demand: &HashMap<&str, &TierDemand>,
-    groups: &[crate::plan::GroupPlan],
+    capacity: &[f64],
     cfg: &PlannerConfig,
 ) -> f64 {
-    let utilization = cfg.target_utilization.clamp(0.05, 1.0);
     tiers
         .iter()
-        .zip(keep::capacity(tiers, groups))
-        .filter(|(t, _)| !t.background)
-        .map(|(t, cap)| {
-            let rate = demand.get(t.name.as_str()).map_or(0.0, |d| d.rate_rps) / utilization;
+        .zip(capacity)
+        .map(|(t, &cap)| {
+            let rate = planned_rate(t, demand.get(t.name.as_str()), cfg);
             t.weight.max(0.0) * rate.min(cap)
         })
         .sum()

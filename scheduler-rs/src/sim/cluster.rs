@@ -10,7 +10,7 @@ use crate::dispatch::{Class, DispatchRequest, Dispatcher};
 use crate::plan::Plan;
 use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
-use crate::stats::{StatsConfig, WindowStats};
+use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
 use super::engine::{Engine, Req};
 use super::events::{Event, Kind};
@@ -81,9 +81,7 @@ impl<'a> Cluster<'a> {
         let last = reqs.iter().map(|r| r.arrival).fold(0.0, f64::max);
         let prior_output = planner_cfg
             .as_ref()
-            .map_or(PlannerConfig::default().prior_lengths.1, |pc| {
-                pc.prior_lengths.1
-            });
+            .map_or(DEFAULT_PRIOR_LENGTHS.1, |pc| pc.prior_lengths.1);
         let mut c = Cluster {
             cfg,
             profile,

@@ -67,8 +67,9 @@ pub struct SimResult {
     pub devices_moved: u64,
     pub per_tier: BTreeMap<String, TierResult>,
     pub records: Vec<RequestRecord>,
-    /// Every layout the run switched to, tier relabels included (the initial one first): time (s) and the groups in
-    /// `GroupPlan::summary` form, e.g. `[0.0, "M2@0:strict P1@2:relaxed D1@3:relaxed"]`.
+    /// Every layout the run switched to, tier relabels included (the initial one first): time
+    /// (s) and the groups in `GroupPlan::summary` form, e.g.
+    /// `[0.0, "M2@0:strict P1@2:relaxed D1@3:relaxed"]`.
     pub timeline: Vec<(f64, String)>,
 }
 
