@@ -16,7 +16,7 @@ from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
 from nitsum.kv.pool import KVLayout
 from nitsum.parallel.device_pool import DevicePool
-from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
+from nitsum.parallel.kv_transfer import TransferFailed
 from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
 
 # A sequence, the group it moves to, and the engine it leaves.
@@ -58,10 +58,11 @@ def transfer_moves(
     engines: dict[tuple[int, ...], Engine],
     mode: str = "pipelined",
     fail: tuple[int, int] | None = None,
-) -> tuple[dict[str, list[int]], set[str], list[TransferStats], float]:
+) -> tuple[dict[str, list[int]], set[str], int, float]:
     """Allocate target pages, plan pieces and move the KV of `moves`.
 
-    Returns (new pages by request, requests to recompute, transfer stats, plan end time).
+    Returns (new pages by request, requests to recompute, bytes moved (sent to other devices
+    and copied locally), plan end time).
     NOTE: source pages are only read; on TransferFailed the new pages are released and
     every sequence still owns its old, intact KV.
     """
@@ -89,7 +90,8 @@ def transfer_moves(
             if seq.request_id in new_pages:
                 engines[target].scheduler.pages.release(new_pages[seq.request_id])
         raise
-    return new_pages, recompute, stats, t_plan
+    moved = sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
+    return new_pages, recompute, moved, t_plan
 
 
 def commit_moves(

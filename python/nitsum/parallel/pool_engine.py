@@ -141,7 +141,7 @@ class PoolEngine:
                 continue
             outputs += engine.complete_step(batch, sample_batch(logits, batch))
         for out in outputs:
-            if out.finish_reason is not None:
+            if out.finished:
                 self.decode_targets.pop(out.request_id, None)
         self._hand_off_prefilled()
         return outputs
@@ -173,7 +173,7 @@ class PoolEngine:
                 moves.append((seq, target, engine))
         # 2-3. Allocate, plan and transfer; on failure everything stays as it was.
         try:
-            new_pages, recompute, stats, t_plan = transfer_moves(
+            new_pages, recompute, moved, t_plan = transfer_moves(
                 self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, new, mode, fail
             )
         except TransferFailed as e:
@@ -189,7 +189,6 @@ class PoolEngine:
         self.engines = new
         self.pool.activate(groups)
         t_end = time.perf_counter()
-        moved = sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
         self.counters["reconfigurations"] += 1
         self.counters["kv_migrated_bytes"] += moved
         return ReconfigureReport(
@@ -225,16 +224,14 @@ class PoolEngine:
                     moves.append((seq, target, engine))
         if not moves:
             return
-        new_pages, recompute, stats, _ = transfer_moves(
+        new_pages, recompute, moved, _ = transfer_moves(
             self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, self.engines
         )
         commit_moves(moves, self.engines, new_pages, recompute)
         for seq, _, _ in moves:
             del self.decode_targets[seq.request_id]
         self.counters["kv_handoffs"] += len(moves)
-        self.counters["kv_handoff_bytes"] += sum(
-            s.bytes_sent + s.bytes_copied_locally for s in stats
-        )
+        self.counters["kv_handoff_bytes"] += moved
 
     def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
         """Per device: (pages marked used, pages owned by live sequences). Must be equal."""

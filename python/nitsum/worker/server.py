@@ -113,9 +113,11 @@ class WorkerServer:
                         link.send(self._register_msg(d))
                     if heartbeat:
                         link.send(self._heartbeat_msg(d))
-                        counters = self.backend.counters()
-                        # One report per backend: the counters cover all its devices.
-                        if counters and d == self.backend.device_ids[0]:
+                        # One report per backend (with its first device's heartbeat): the
+                        # counters cover all its devices.
+                        if d == self.backend.device_ids[0] and (
+                            counters := self.backend.counters()
+                        ):
                             link.send(proto.stats(d, counters))
                 busy = self.backend.has_unfinished()
                 for sock, _ in poller.poll(0 if busy else self.idle_poll_ms):
