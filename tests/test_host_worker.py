@@ -17,19 +17,16 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
-from nitsum.parallel.device_pool import DevicePool
-from nitsum.parallel.device_proc import ModelSource
 from nitsum.parallel.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.server import WorkerServer
 from test_worker_server import FakeRouter
-from tiny import make_tiny
+from tiny import POOL_DEVICES, POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
 
-N = 4
-ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2, 4))
-NUM_PAGES = 256
+N = POOL_DEVICES
+ECFG, NUM_PAGES = POOL_ECFG, POOL_PAGES
 TIMEOUT_S = 60.0
 
 TP1, TP2, TP4 = [[0], [1], [2], [3]], [[0, 1], [2, 3]], [[0, 1, 2, 3]]
@@ -94,9 +91,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def pool(tiny):
-    hf, cfg = tiny
-    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
-    with DevicePool(N, source, ECFG, NUM_PAGES, levels=(1, 2, 4)) as p:
+    with tiny_device_pool(tiny) as p:
         yield p
 
 

@@ -7,14 +7,11 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.comm_pool import aligned_groups
-from nitsum.parallel.device_pool import DevicePool
-from nitsum.parallel.device_proc import ModelSource
 from nitsum.parallel.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
-from tiny import make_tiny
+from tiny import POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
 
-ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2, 4))
-NUM_PAGES = 256
+ECFG, NUM_PAGES = POOL_ECFG, POOL_PAGES
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 TP1, TP2, TP4 = [(0,), (1,), (2,), (3,)], [(0, 1), (2, 3)], [(0, 1, 2, 3)]
 
@@ -26,9 +23,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def pool(tiny):
-    hf, cfg = tiny
-    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
-    with DevicePool(4, source, ECFG, NUM_PAGES, levels=(1, 2, 4)) as p:
+    with tiny_device_pool(tiny) as p:
         yield p
 
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from nitsum.config import ModelConfig
+from nitsum.engine.build import EngineConfig
+from nitsum.parallel.device_pool import DevicePool
+from nitsum.parallel.device_proc import ModelSource
 
 BASE = dict(
     vocab_size=128,
@@ -48,3 +54,19 @@ def make_tiny(variant: str = "llama-gqa", seed: int = 0):
                 p.add_(torch.randn_like(p) * 0.1)
     cfg = ModelConfig.from_hf(model.config.to_dict() | {"architectures": [type(model).__name__]})
     return model, cfg
+
+
+# A 4-device CPU pool of the "llama-gqa" tiny model (4 KV heads: TP 1/2/4), shared by the TP
+# switching and host worker tests.
+POOL_DEVICES = 4
+POOL_ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2, 4))
+POOL_PAGES = 256
+
+
+@contextmanager
+def tiny_device_pool(tiny: tuple) -> Iterator[DevicePool]:
+    """Device processes for `tiny = make_tiny(...)`, stopped on exit."""
+    hf, cfg = tiny
+    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
+    with DevicePool(POOL_DEVICES, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
+        yield pool
