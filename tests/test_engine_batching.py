@@ -150,3 +150,21 @@ def test_seeded_sampling_repeats_and_stop_tokens(tiny):
     outs, reasons = run_to_completion(e)
     assert outs["g"] == greedy[: greedy.index(stop) + 1]
     assert reasons["g"] == "stop"
+
+
+def test_a_request_past_its_ttft_deadline_is_served_last(tiny):
+    """Local scheduler: a waiting request that missed its TTFT can no longer meet its SLO,
+    so it is demoted to background and an on-time request goes first; it still finishes
+    with the same tokens."""
+    hf, cfg = tiny
+    engine = engine_for(tiny, max_batch=1)
+    ps = prompts(cfg, 2)
+    engine.add_request("late", ps[0], GREEDY, "feasible", "strict", ttft_ms=1.0)
+    engine.add_request("on-time", ps[1], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.seqs["late"].deadline -= 1.0  # its TTFT ran out a second ago
+    first = engine.step()
+    assert [o.request_id for o in first] == ["on-time"]
+    assert engine.seqs["late"].klass == "background"
+    outs, _ = run_to_completion(engine)
+    assert outs["late"] == hf_greedy(hf, ps[0], 12)
+    assert first[0].new_token_ids + outs["on-time"] == hf_greedy(hf, ps[1], 12)

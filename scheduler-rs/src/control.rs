@@ -55,6 +55,7 @@ pub async fn step(engine: &Engine, profile: &Profile) -> Option<PlanRecord> {
     if view.devices == 0 {
         return None;
     }
+    engine.release_late_charges();
     let demand = engine.demand_snapshot();
     let mut cfg = engine.cfg.planner.clone();
     // TP levels: those every worker registered, within the operator's allowed set.

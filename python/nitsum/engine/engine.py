@@ -54,14 +54,20 @@ class Engine:
         sampling: SamplingParams,
         klass: str = "feasible",
         tier: str = "",
+        ttft_ms: float | None = None,
     ) -> None:
-        """Validate and queue a request; raises InvalidRequestError and changes nothing else."""
+        """Validate and queue a request; raises InvalidRequestError and changes nothing else.
+
+        `ttft_ms`: the tier's TTFT target; a request not started within it is served last.
+        """
         if request_id in self.seqs:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         if klass not in CLASSES:
             raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
         self.validate(prompt_ids, sampling)
         seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
+        if ttft_ms is not None:
+            seq.deadline = seq.arrival + ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
         seq.layout = KVLayout(tuple(self.scheduler.pages.members))
         self.seqs[request_id] = seq

@@ -8,6 +8,7 @@ by recompute the lowest-priority, newest running sequence.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -86,8 +87,28 @@ class Scheduler:
         return sum(len(q) for q in self.waiting.values())
 
     # -- the step -----------------------------------------------------------------------------
+    def demote_late(self, now: float) -> list[Sequence]:
+        """Move waiting feasible/best-effort sequences past their TTFT deadline (nothing
+        computed yet) to the background queue; returns them.
+
+        NOTE: goodput counts only requests that meet their SLOs, and one not started by its
+        TTFT deadline never will: serving it first makes the requests behind it late too (the
+        FCFS collapse under overload). It still runs, last. Queues are FIFO by arrival, so
+        the late ones are at the front.
+        """
+        late: list[Sequence] = []
+        for klass in CLASSES[:-1]:
+            queue = self.waiting[klass]
+            while queue and queue[0].num_computed == 0 and (queue[0].deadline or now) < now:
+                seq = queue.popleft()
+                seq.klass = CLASSES[-1]
+                self.waiting[seq.klass].append(seq)
+                late.append(seq)
+        return late
+
     def schedule(self) -> list[Scheduled]:
         """The next step's batch, decode-first; allocates the pages it needs."""
+        self.demote_late(time.monotonic())
         budget = self.token_budget
         batch: list[Scheduled] = []
         # Decodes first (cheap, latency-critical), then partially prefilled sequences.

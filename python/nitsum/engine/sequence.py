@@ -43,6 +43,8 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     arrival: float = field(default_factory=time.monotonic)
+    # Monotonic time by which the first token is due (arrival + the tier's TTFT); None: none.
+    deadline: float | None = None
 
     @property
     def total_len(self) -> int:

@@ -96,6 +96,7 @@ class PoolEngine:
         klass: str = "feasible",
         tier: str = "",
         decode_group: tuple[int, ...] | None = None,
+        ttft_ms: float | None = None,
     ) -> tuple[int, ...]:
         """Queue on `group` (default: the group with the fewest requests); returns the group.
 
@@ -108,7 +109,7 @@ class PoolEngine:
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].seqs))
-        self.engines[group].add_request(request_id, prompt_ids, sampling, klass, tier)
+        self.engines[group].add_request(request_id, prompt_ids, sampling, klass, tier, ttft_ms)
         if decode_group is not None:
             self.decode_targets[request_id] = decode_group
         return group

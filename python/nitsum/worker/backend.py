@@ -85,7 +85,9 @@ class EngineBackend:
         return len(sched.running), sched.num_waiting(), sched.pages.num_free
 
     def add(self, device: int, req: GenerateRequest) -> None:
-        self.engine.add_request(req.request_id, req.input_ids, req.sampling, req.klass, req.tier)
+        self.engine.add_request(
+            req.request_id, req.input_ids, req.sampling, req.klass, req.tier, req.ttft_ms
+        )
 
     def abort(self, request_id: str) -> None:
         _abort(self.engine, request_id)
@@ -158,6 +160,7 @@ class PoolBackend:
             req.klass,
             req.tier,
             decode_group=None if decode == group else decode,
+            ttft_ms=req.ttft_ms,
         )
 
     def abort(self, request_id: str) -> None:

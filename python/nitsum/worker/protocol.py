@@ -198,6 +198,7 @@ class GenerateRequest:
     tier: str
     klass: str
     decode_target: int | None
+    ttft_ms: float | None = None
 
 
 _SAMPLING_CHECKS = {
@@ -243,7 +244,13 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     target = msg.get("decode_target")
     if target is not None and not _is_int(target):
         raise InvalidRequestError("decode_target", f"must be an integer or null, got {target!r}")
-    return GenerateRequest(rid, ids, SamplingParams(**kwargs), tier, klass, target)
+    ttft = msg.get("ttft_ms")
+    if ttft is not None and not (_is_num(ttft) and ttft > 0):
+        raise InvalidRequestError("ttft_ms", f"must be a positive number or null, got {ttft!r}")
+    sampling = SamplingParams(**kwargs)
+    return GenerateRequest(
+        rid, ids, sampling, tier, klass, target, None if ttft is None else float(ttft)
+    )
 
 
 @dataclass(frozen=True)

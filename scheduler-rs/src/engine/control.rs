@@ -157,6 +157,25 @@ impl Engine {
         }
     }
 
+    /// Release the dispatcher's SLO-bandwidth charge of requests still without a first token
+    /// past their tier's TTFT: they can no longer meet their SLO, and the worker's local
+    /// scheduler now serves them last (`ttft_ms` in `generate`). The simulator does the same.
+    pub fn release_late_charges(&self) {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let now = Instant::now();
+        for (id, e) in &st.inflight {
+            let tier = &self.cfg.tiers[e.req.tier];
+            let late = e.first.is_none()
+                && !tier.background
+                && tier.ttft_ms > 0.0
+                && now.duration_since(e.start).as_secs_f64() * 1e3 > tier.ttft_ms;
+            if late {
+                st.dispatcher.complete(*id);
+            }
+        }
+    }
+
     /// Current demand of every tier (drops expired samples).
     pub fn demand_snapshot(&self) -> Vec<TierDemand> {
         let now = self.now_s();

@@ -94,6 +94,9 @@ impl Engine {
             tier: &self.cfg.tiers[req.tier].name,
             class: d.class.as_str(),
             decode_target: d.decode_leader,
+            ttft_ms: Some(&self.cfg.tiers[req.tier])
+                .filter(|t| !t.background && t.ttft_ms > 0.0)
+                .map(|t| t.ttft_ms),
         });
         self.send(identity, payload);
     }

@@ -49,6 +49,10 @@ pub struct Generate<'a> {
     pub tier: &'a str,
     pub class: &'a str,
     pub decode_target: Option<u32>,
+    /// The tier's TTFT target (ms) for SLO tiers: the worker's local scheduler serves a
+    /// request that has not started within it last (it can no longer meet its SLO).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
 }
 
 /// One group of a `reconfigure` message.
@@ -232,6 +236,7 @@ mod tests {
             tier: "strict",
             class: "feasible",
             decode_target: None,
+            ttft_ms: None,
         });
         // Generic decode: keys are strings (a map, not an array).
         let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();
