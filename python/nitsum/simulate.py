@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-POLICIES = ("nitsum", "nitsum-fixed-tp", "static", "split")
+POLICIES = ("nitsum", "nitsum-greedy", "nitsum-fixed-tp", "static", "split")
 
 
 def _policy(name: str, tp: int | None) -> dict:
@@ -21,6 +21,8 @@ def _policy(name: str, tp: int | None) -> dict:
         return {"kind": "nitsum"}
     if name == "split":
         return {"kind": "split"}
+    if name == "nitsum-greedy":
+        return {"kind": "nitsum_greedy"}
     if tp is None:
         raise ValueError(f"--policy {name} needs --tp")
     return {"kind": "nitsum_fixed_tp" if name == "nitsum-fixed-tp" else "static_tp", "tp": tp}

@@ -9,6 +9,7 @@ mod fresh;
 pub mod greedy;
 mod keep;
 pub mod placement;
+pub mod strategy;
 
 use std::collections::HashMap;
 

@@ -8,12 +8,15 @@ use anyhow::{ensure, Context, Result};
 
 use crate::dispatch::{Class, DispatchRequest, Dispatcher};
 use crate::plan::Plan;
+use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
 use super::engine::{Engine, Req};
 use super::events::{Event, Kind};
+use super::forecast::InFlight;
+use super::lookahead::{Choice, Chooser, EngineKnobs, Situation};
 use super::{policy, report, Policy, SimConfig, SimResult};
 
 /// Simulation state.
@@ -26,6 +29,14 @@ pub struct Cluster<'a> {
     pub(super) dispatcher: Dispatcher,
     pub(super) stats: WindowStats,
     pub(super) planner_cfg: Option<PlannerConfig>,
+    /// Live policies: the layout strategy in force (`nitsum` re-chooses it).
+    pub(super) strategy: Option<Strategy>,
+    /// Control windows so far (selection rounds run every `lookahead.every_windows`).
+    windows: u64,
+    /// Policy `nitsum`: the strategy choice across rounds.
+    chooser: Option<Chooser>,
+    /// Every selection round of policy `nitsum`; see `SimResult::choices`.
+    choices: Vec<(f64, Choice)>,
     pub(super) events: BinaryHeap<Event>,
     pub(super) seq: u64,
     pub(super) now: f64,
@@ -71,12 +82,16 @@ impl<'a> Cluster<'a> {
                 finish: None,
                 decode_leader: None,
                 dropped: false,
+                deadline: r.arrival_s + cfg.tiers[tier].ttft_ms / 1000.0,
             });
         }
         let planner_cfg = policy::planner_config(cfg, &profile)?;
-        let initial = match &planner_cfg {
-            Some(pc) => planner::plan(&profile, &cfg.tiers, &[], cfg.devices, None, pc),
-            None => policy::static_plan(cfg, &profile)?,
+        let strategy = policy::initial_strategy(&cfg.policy);
+        let initial = match (&planner_cfg, strategy) {
+            (Some(pc), Some(s)) => {
+                plan_strategy(s, &profile, &cfg.tiers, &[], cfg.devices, None, pc)
+            }
+            _ => policy::static_plan(cfg, &profile)?,
         };
         let last = reqs.iter().map(|r| r.arrival).fold(0.0, f64::max);
         let prior_output = planner_cfg
@@ -95,6 +110,11 @@ impl<'a> Cluster<'a> {
                 ..StatsConfig::default()
             }),
             planner_cfg,
+            strategy,
+            windows: 0,
+            chooser: matches!(cfg.policy, Policy::Nitsum)
+                .then(|| Chooser::new(cfg.lookahead.clone(), Strategy::Greedy)),
+            choices: Vec::new(),
             events: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
@@ -146,6 +166,7 @@ impl<'a> Cluster<'a> {
             self.cfg.records,
         );
         result.timeline = self.timeline;
+        result.choices = self.choices;
         Ok(result)
     }
 
@@ -172,7 +193,7 @@ impl<'a> Cluster<'a> {
         };
         self.reqs[r].class = d.class;
         // Split rejects what its tier's partition cannot serve within SLO.
-        if matches!(self.cfg.policy, Policy::Split { .. }) && d.class == Class::BestEffort {
+        if self.rejects_best_effort() && d.class == Class::BestEffort {
             self.reqs[r].dropped = true;
             self.dispatcher.complete(r as u64);
             return;
@@ -279,8 +300,30 @@ impl<'a> Cluster<'a> {
             self.push(at, Kind::Ready(leader, gen));
             return;
         }
-        if let Some(lat) = g.start(&self.reqs, &self.profile) {
+        let started = g.start(&mut self.reqs, &self.profile, self.now);
+        // A demoted request no longer holds SLO bandwidth at the dispatcher.
+        for r in g.take_demoted() {
+            self.dispatcher.complete(r as u64);
+        }
+        if let Some(lat) = started {
             self.push(self.now + lat, Kind::IterDone(leader, gen));
+        }
+    }
+
+    /// Whether group engines demote requests past their TTFT deadline: Nitsum's local
+    /// scheduler does; the baselines (SLO-agnostic FCFS, Split) keep their own rules.
+    pub(super) fn demotes_late(&self) -> bool {
+        !matches!(self.cfg.policy, Policy::StaticTp { .. } | Policy::Split)
+    }
+
+    /// Whether requests beyond the plan's SLO bandwidth are rejected (Split's rule).
+    fn rejects_best_effort(&self) -> bool {
+        match &self.cfg.policy {
+            Policy::Split => true,
+            Policy::FixedPlan {
+                reject_best_effort, ..
+            } => *reject_best_effort,
+            _ => self.strategy == Some(Strategy::Split),
         }
     }
 
@@ -290,22 +333,58 @@ impl<'a> Cluster<'a> {
             .clone()
             .expect("control ticks only for live policies");
         let now = self.now;
-        let running: Vec<(&str, f64)> = self
+        let inflight: Vec<InFlight> = self
             .reqs
             .iter()
             .filter(|r| r.arrival <= now && r.finish.is_none() && !r.dropped)
-            .map(|r| (self.cfg.tiers[r.tier].name.as_str(), f64::from(r.generated)))
+            .map(|r| InFlight {
+                tier: r.tier,
+                generated: f64::from(r.generated),
+                age_s: now - r.arrival,
+            })
+            .collect();
+        let running: Vec<(&str, f64)> = inflight
+            .iter()
+            .map(|r| (self.cfg.tiers[r.tier].name.as_str(), r.generated))
             .collect();
         let demand = self.stats.snapshot(now, &running);
-        let planned = planner::plan(
-            &self.profile,
-            &self.cfg.tiers,
-            &demand,
-            self.cfg.devices,
-            Some(&self.plan),
-            &pc,
-        );
-        self.apply(planned, true);
+        let levels = planner::candidate_levels(&self.profile, &pc, self.cfg.devices);
+        let mut strategy = self.strategy.expect("live policies have a strategy");
+        let every = u64::from(self.cfg.lookahead.every_windows.max(1));
+        let mut switched = false;
+        let round = self.windows.is_multiple_of(every);
+        if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
+            let situation = Situation {
+                profile_file: &self.cfg.profile,
+                profile: &self.profile,
+                tiers: &self.cfg.tiers,
+                demand: &demand,
+                inflight: &inflight,
+                devices: self.cfg.devices,
+                levels: &levels,
+                planner: &pc,
+                knobs: EngineKnobs::of(self.cfg),
+            };
+            let choice = chooser.round(&situation);
+            switched = choice.chosen != strategy;
+            strategy = choice.chosen;
+            self.choices.push((now, choice));
+        }
+        self.windows += 1;
+        self.strategy = Some(strategy);
+        // Static strategies are built once, when chosen; live ones re-plan every window.
+        if strategy.is_live() || switched {
+            let planned = plan_strategy(
+                strategy,
+                &self.profile,
+                &self.cfg.tiers,
+                &demand,
+                self.cfg.devices,
+                Some(&self.plan),
+                &pc,
+            );
+            self.apply(planned, true);
+        }
         let pending = self.reqs.iter().any(|r| r.finish.is_none() && !r.dropped);
         if pending && self.now + self.cfg.window_s <= self.end {
             self.push(self.now + self.cfg.window_s, Kind::Control);
@@ -316,9 +395,10 @@ impl<'a> Cluster<'a> {
 fn policy_name(p: &Policy) -> String {
     match p {
         Policy::Nitsum => "nitsum".into(),
+        Policy::NitsumGreedy => "nitsum-greedy".into(),
         Policy::NitsumFixedTp { tp } => format!("nitsum-fixed-tp{tp}"),
         Policy::StaticTp { tp } => format!("static-tp{tp}"),
-        Policy::Split { .. } => "split".into(),
+        Policy::Split => "split".into(),
         Policy::FixedPlan { .. } => "fixed-plan".into(),
     }
 }

@@ -29,6 +29,8 @@ pub struct Req {
     /// Decode group chosen at dispatch when the prefill group does not decode.
     pub decode_leader: Option<u32>,
     pub dropped: bool,
+    /// Arrival + the tier's TTFT: a request not started by then can no longer meet its SLO.
+    pub deadline: f64,
 }
 
 impl Req {
@@ -105,6 +107,11 @@ pub struct Engine {
     pub generation: u64,
     /// Not before this time (switching TP / migrating KV).
     pub ready_at: f64,
+    /// Demote waiting requests past their TTFT deadline to the background queue (Nitsum's
+    /// local scheduler; off for the SLO-agnostic baselines).
+    pub demote_late: bool,
+    /// Requests demoted since the last `take_demoted`.
+    demoted: Vec<usize>,
 }
 
 impl Engine {
@@ -127,6 +134,8 @@ impl Engine {
             current: None,
             generation,
             ready_at,
+            demote_late: false,
+            demoted: Vec::new(),
         }
     }
 
@@ -156,9 +165,36 @@ impl Engine {
             + self.running.len()
     }
 
+    /// Requests demoted to background since the last call (their SLO is lost).
+    pub fn take_demoted(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.demoted)
+    }
+
+    /// NOTE: goodput only counts requests that meet their SLOs, and a request that has not
+    /// started by its TTFT deadline never will: under overload, serving it first makes the
+    /// requests behind it late too (the FCFS collapse). It still runs, last.
+    fn demote_late(&mut self, reqs: &mut [Req], now: f64) {
+        for q in 0..2 {
+            // Queues are FIFO by arrival (up to preemption): the late ones are at the front.
+            while let Some(&r) = self.waiting[q].front() {
+                if reqs[r].prefilled > 0 || now <= reqs[r].deadline {
+                    break;
+                }
+                self.waiting[q].pop_front();
+                reqs[r].class = Class::Background;
+                self.waiting[2].push_back(r);
+                self.demoted.push(r);
+            }
+        }
+    }
+
     /// Start an iteration at `now` if there is work; returns its latency in seconds.
-    pub fn start(&mut self, reqs: &[Req], profile: &Profile) -> Option<f64> {
+    pub fn start(&mut self, reqs: &mut [Req], profile: &Profile, now: f64) -> Option<f64> {
         debug_assert!(self.current.is_none());
+        if self.demote_late {
+            self.demote_late(reqs, now);
+        }
+        let reqs: &[Req] = reqs;
         let slots = |e: &Engine| {
             e.batch_cap
                 .saturating_sub(e.running.len() + e.prefilling.len())

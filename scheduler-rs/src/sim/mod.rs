@@ -9,6 +9,8 @@
 mod cluster;
 mod engine;
 mod events;
+pub mod forecast;
+pub mod lookahead;
 mod policy;
 mod reconfigure;
 mod report;
@@ -35,8 +37,14 @@ pub struct TraceRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Policy {
-    /// The planner every control window (all profiled TP levels) + the Dispatcher.
+    /// Adaptive Nitsum: every selection round the lookahead (`lookahead.rs`) picks the
+    /// layout strategy (greedy planner, a fixed TP level, a static TP level, Split) whose
+    /// simulated goodput over the next seconds is highest; live strategies re-plan every
+    /// control window.
     Nitsum,
+    /// Ablation: the greedy planner every control window over all TP levels, no strategy
+    /// choice (Nitsum before issue 10).
+    NitsumGreedy,
     /// Ablation (Nitsum §4.2.1): the same planner restricted to one TP level.
     NitsumFixedTp { tp: u32 },
     /// SLO-agnostic static TP-`tp` (SGLang-like): all groups mixed, every request FCFS on the
@@ -44,18 +52,18 @@ pub enum Policy {
     StaticTp { tp: u32 },
     /// Per-tier split with rejection (the paper's "Split"): devices divided among tiers by
     /// their share of the trace's requests, each tier on its best static TP level (by the
-    /// planner's estimate over the whole trace, unless `tp` names it); requests over a
-    /// partition's SLO bandwidth are rejected.
-    Split {
-        #[serde(default)]
-        tp: std::collections::BTreeMap<String, u32>,
-    },
+    /// planner's estimate over the whole trace); requests over a partition's SLO bandwidth
+    /// are rejected.
+    Split,
     /// A given plan for the whole trace (e.g. SGLang-PD-like static disaggregation, or any
     /// layout to test). `batch_caps` per group; missing or 0: the profile's max batch.
     FixedPlan {
         plan: crate::plan::Plan,
         #[serde(default)]
         batch_caps: Vec<f64>,
+        /// Reject what the plan's SLO bandwidth cannot take (as Split does).
+        #[serde(default)]
+        reject_best_effort: bool,
     },
 }
 
@@ -98,6 +106,9 @@ pub struct SimConfig {
     /// Planner target utilization for live policies (PlannerConfig::target_utilization).
     #[serde(default = "defaults::target_utilization")]
     pub target_utilization: f64,
+    /// The adaptive choice's knobs (policy `nitsum`).
+    #[serde(default)]
+    pub lookahead: lookahead::LookaheadConfig,
     #[serde(default)]
     pub seed: u64,
 }

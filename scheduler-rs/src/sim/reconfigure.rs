@@ -56,6 +56,7 @@ impl Cluster<'_> {
                 )
             };
             let mut engine = engine;
+            engine.demote_late = self.demotes_late();
             // SLO groups keep lower-class work within their tier's iteration target: TPOT for
             // decoding groups, the planner's prefill batch bound for prefill-only groups.
             let slo_group = g.max_inflight > 0.0 && g.max_inflight.is_finite();

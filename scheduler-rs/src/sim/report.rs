@@ -71,6 +71,10 @@ pub struct SimResult {
     /// (s) and the groups in `GroupPlan::summary` form, e.g.
     /// `[0.0, "M2@0:strict P1@2:relaxed D1@3:relaxed"]`.
     pub timeline: Vec<(f64, String)>,
+    /// Policy `nitsum`: every selection round `[t_s, choice]`, with each candidate strategy's
+    /// predicted goodput and why the winner won (`lookahead::Choice`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<(f64, super::lookahead::Choice)>,
 }
 
 /// The record of request `id` under `tiers`.
@@ -160,6 +164,7 @@ pub fn summarize(
         devices_moved,
         per_tier,
         timeline: Vec::new(),
+        choices: Vec::new(),
         records: if keep_records { records } else { Vec::new() },
     }
 }

@@ -90,6 +90,7 @@ fn disaggregated_handoff_pays_the_kv_transfer() {
         Policy::FixedPlan {
             plan,
             batch_caps: vec![],
+            reject_best_effort: false,
         },
         2,
         vec![req(0.0, 10, 3, "t")],
@@ -142,9 +143,8 @@ fn every_policy_runs_every_request_deterministically() {
         Policy::Nitsum,
         Policy::NitsumFixedTp { tp: 2 },
         Policy::StaticTp { tp: 2 },
-        Policy::Split {
-            tp: Default::default(),
-        },
+        Policy::Split,
+        Policy::NitsumGreedy,
     ];
     for p in policies {
         let cfg = two_tier_config(p.clone());

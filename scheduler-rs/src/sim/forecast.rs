@@ -1,0 +1,267 @@
+//! The workload the lookahead predicts on: the next `horizon_s` of arrivals drawn from the
+//! current window statistics, plus the requests already in flight, thinned to a smaller pool.
+//!
+//! Pure and deterministic (a fixed-seed generator): equal inputs give equal forecasts, so the
+//! router and the simulator make the same choice from the same state.
+
+use crate::stats::{LengthStats, TierDemand};
+use crate::tiers::Tier;
+
+use super::TraceRequest;
+
+/// A request in flight now: its tier and the output tokens it generated so far (0: it has
+/// not had its first token yet, i.e. it is still waiting or prefilling).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InFlight {
+    pub tier: usize,
+    pub generated: f64,
+    /// Seconds since it arrived: a waiting request keeps its TTFT clock.
+    pub age_s: f64,
+}
+
+/// What to forecast.
+#[derive(Debug, Clone, Copy)]
+pub struct ForecastSpec {
+    /// Seconds of future arrivals.
+    pub horizon_s: f64,
+    /// Fraction of the pool simulated (`eval devices / devices`): arrivals and in-flight
+    /// requests are thinned by it, so per-device load is the real one.
+    pub scale: f64,
+    /// Shape (prompt, output) for tiers without observed lengths.
+    pub prior_lengths: (f64, f64),
+    /// Generator seed (the lookahead uses a fixed one; tests draw independent traces).
+    pub seed: u64,
+}
+
+/// splitmix64: a tiny deterministic generator (no dependency, stable across platforms).
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// Draws lengths with the observed median and p90 (log-normal) and the observed mean: the
+/// draws are rescaled to the mean, which is what sets the load.
+struct Lengths {
+    median: f64,
+    sigma: f64,
+    mean: f64,
+}
+
+impl Lengths {
+    fn new(s: &LengthStats, prior: f64) -> Self {
+        let mean = if s.mean > 0.0 { s.mean } else { prior };
+        let median = if s.p50 > 0.0 { s.p50 } else { mean };
+        let sigma = if s.p90 > median {
+            ((s.p90 / median).ln() / 1.2816).min(2.5)
+        } else {
+            0.0
+        };
+        Lengths {
+            median,
+            sigma,
+            mean,
+        }
+    }
+
+    fn draw(&self, rng: &mut Rng, n: usize) -> Vec<f64> {
+        let mut v: Vec<f64> = (0..n)
+            .map(|_| self.median * (self.sigma * rng.normal()).exp())
+            .collect();
+        let m = v.iter().sum::<f64>() / n.max(1) as f64;
+        if m > 0.0 {
+            v.iter_mut().for_each(|x| *x *= self.mean / m);
+        }
+        v
+    }
+}
+
+fn tokens(x: f64) -> u32 {
+    x.round().clamp(1.0, 1e6) as u32
+}
+
+/// The forecast requests, sorted by arrival (in-flight ones at or before 0).
+///
+/// NOTE: a request in flight is re-created: one still waiting arrives at `-age_s` with a
+/// fresh prompt (so one already past its TTFT counts as missed whatever the layout), one
+/// decoding arrives at 0 with a 1-token prompt and its expected
+/// remaining output (the tier's mean output minus what it generated, at least 2 tokens), so
+/// the candidate layouts start from the load they would inherit.
+pub fn forecast(
+    tiers: &[Tier],
+    demand: &[TierDemand],
+    inflight: &[InFlight],
+    spec: &ForecastSpec,
+) -> Vec<TraceRequest> {
+    let mut out = Vec::new();
+    let mut rng = Rng(spec.seed);
+    for (i, tier) in tiers.iter().enumerate() {
+        let Some(d) = demand.iter().find(|d| d.tier == tier.name) else {
+            continue;
+        };
+        let prompts = Lengths::new(&d.prompt, spec.prior_lengths.0);
+        let outputs = Lengths::new(&d.output, spec.prior_lengths.1);
+        // In flight: every (1/scale)-th request of this tier, deterministically.
+        let mine: Vec<&InFlight> = inflight.iter().filter(|r| r.tier == i).collect();
+        let keep = thin(mine.len(), spec.scale);
+        let ins = prompts.draw(&mut rng, keep.len());
+        let outs = outputs.draw(&mut rng, keep.len());
+        for (k, &j) in keep.iter().enumerate() {
+            let r = mine[j];
+            let (input, output) = if r.generated <= 0.0 {
+                (tokens(ins[k]), tokens(outs[k]))
+            } else {
+                (1, tokens((outputs.mean - r.generated).max(2.0)))
+            };
+            out.push(TraceRequest {
+                arrival_s: if r.generated <= 0.0 {
+                    -r.age_s.max(0.0)
+                } else {
+                    0.0
+                },
+                input_len: input,
+                output_len: output.max(1),
+                tier: tier.name.clone(),
+            });
+        }
+        // Arrivals: Poisson at the thinned rate.
+        let rate = d.rate_rps.max(0.0) * spec.scale;
+        if rate <= 0.0 {
+            continue;
+        }
+        let mut times = Vec::new();
+        let mut t = -rng.uniform().ln() / rate;
+        while t < spec.horizon_s {
+            times.push(t);
+            t += -rng.uniform().ln() / rate;
+        }
+        let ins = prompts.draw(&mut rng, times.len());
+        let outs = outputs.draw(&mut rng, times.len());
+        for (k, &t) in times.iter().enumerate() {
+            out.push(TraceRequest {
+                arrival_s: t,
+                input_len: tokens(ins[k]),
+                output_len: tokens(outs[k]),
+                tier: tier.name.clone(),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    out
+}
+
+/// Indices of `n` items kept at rate `scale` (evenly spaced; all of them at scale ≥ 1).
+fn thin(n: usize, scale: f64) -> Vec<usize> {
+    let scale = scale.clamp(0.0, 1.0);
+    let mut acc = 0.5;
+    let mut out = Vec::new();
+    for i in 0..n {
+        acc += scale;
+        if acc >= 1.0 {
+            acc -= 1.0;
+            out.push(i);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tier(name: &str) -> Tier {
+        serde_json::from_str(&format!(
+            r#"{{"name": "{name}", "ttft_ms": 100, "tpot_ms": 20}}"#
+        ))
+        .unwrap()
+    }
+
+    fn demand(name: &str, rate: f64, prompt: f64, output: f64) -> TierDemand {
+        let stats = |m: f64| LengthStats {
+            count: 100,
+            mean: m,
+            p50: m * 0.6,
+            p90: m * 2.0,
+            p99: m * 5.0,
+        };
+        TierDemand {
+            tier: name.into(),
+            rate_rps: rate,
+            prompt: stats(prompt),
+            output: stats(output),
+        }
+    }
+
+    #[test]
+    fn forecast_keeps_rate_mean_lengths_and_thins_the_pool() {
+        let tiers = [tier("a"), tier("b")];
+        let d = [
+            demand("a", 400.0, 1000.0, 200.0),
+            demand("b", 100.0, 50.0, 20.0),
+        ];
+        let inflight: Vec<InFlight> = (0..80)
+            .map(|k| InFlight {
+                tier: k % 2,
+                generated: if k < 40 { 0.0 } else { 30.0 },
+                age_s: 0.0,
+            })
+            .collect();
+        let spec = ForecastSpec {
+            horizon_s: 10.0,
+            scale: 0.25,
+            prior_lengths: (1024.0, 256.0),
+            seed: 1,
+        };
+        let f = forecast(&tiers, &d, &inflight, &spec);
+        assert_eq!(f, forecast(&tiers, &d, &inflight, &spec), "deterministic");
+        let arrivals = |t: &str| -> Vec<&TraceRequest> {
+            f.iter()
+                .filter(|r| r.tier == t && r.arrival_s > 0.0)
+                .collect()
+        };
+        // 400 rps × 0.25 × 10 s = 1000 arrivals (Poisson: within 10%), lengths at the mean.
+        let a = arrivals("a");
+        assert!((900..1100).contains(&a.len()), "{}", a.len());
+        let mean_in = a.iter().map(|r| f64::from(r.input_len)).sum::<f64>() / a.len() as f64;
+        assert!((mean_in - 1000.0).abs() < 5.0, "{mean_in}");
+        assert!(a.iter().all(|r| r.arrival_s < 10.0));
+        assert!((200..300).contains(&arrivals("b").len()));
+        // 80 in flight, a quarter kept: 10 waiting (fresh prompts), 10 decoding (1-token
+        // prompt, 200 - 30 = 170 tokens left for tier a).
+        let now: Vec<_> = f.iter().filter(|r| r.arrival_s == 0.0).collect();
+        assert_eq!(now.len(), 20);
+        assert_eq!(now.iter().filter(|r| r.input_len == 1).count(), 10);
+        assert!(now
+            .iter()
+            .any(|r| r.tier == "a" && r.input_len == 1 && r.output_len == 170));
+    }
+
+    #[test]
+    fn unseen_lengths_take_the_prior() {
+        let tiers = [tier("a")];
+        let mut d = demand("a", 10.0, 0.0, 0.0);
+        d.prompt = LengthStats::default();
+        d.output = LengthStats::default();
+        let spec = ForecastSpec {
+            horizon_s: 5.0,
+            scale: 1.0,
+            prior_lengths: (300.0, 40.0),
+            seed: 1,
+        };
+        let f = forecast(&tiers, &[d], &[], &spec);
+        assert!(!f.is_empty());
+        assert!(f.iter().all(|r| r.input_len == 300 && r.output_len == 40));
+    }
+}

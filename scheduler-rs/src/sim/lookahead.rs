@@ -1,0 +1,402 @@
+//! The adaptive choice (issue 10): every selection round, each layout strategy
+//! ([`Strategy`]: the greedy planner, each fixed TP level, each static TP level, Split) is
+//! planned for a small copy of the pool and *simulated* over the next `horizon_s` of forecast
+//! arrivals plus the requests in flight ([`forecast`]). The strategy with the most predicted
+//! goodput wins, minus what switching to it costs; the current strategy is kept unless
+//! another predicts more than `switch_margin` more.
+//!
+//! The predictor is the simulator itself (the same Dispatcher and local scheduler as the
+//! cluster run), so it agrees with the engine model by construction, and every static layout
+//! is a candidate: the choice is never one the predictor itself rates below a static layout.
+//! The cost is bounded by `eval_devices` and `horizon_s`, not by the pool size.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Plan;
+use crate::planner::strategy::{plan_strategy, Strategy};
+use crate::planner::PlannerConfig;
+use crate::profile::{Profile, ProfileFile};
+use crate::stats::TierDemand;
+use crate::tiers::Tier;
+
+use super::forecast::{forecast, ForecastSpec, InFlight};
+use super::{simulate, Policy, SimConfig, TraceRequest};
+
+/// The forecast's fixed seed: equal situations give equal choices.
+pub const FORECAST_SEED: u64 = 0x5EED;
+
+/// Knobs of the choice.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LookaheadConfig {
+    /// Seconds of forecast arrivals each candidate is simulated on.
+    pub horizon_s: f64,
+    /// Devices of the simulated copy of the pool (at least the largest TP level).
+    pub eval_devices: u32,
+    /// Keep the current strategy unless another predicts this much more goodput (relative).
+    pub switch_margin: f64,
+    /// Run a selection round every this many control windows.
+    pub every_windows: u32,
+    /// Share of a moved device's predicted goodput charged to a switch (see `choose`).
+    pub move_penalty: f64,
+    /// Rate multiplier of the surge forecast each candidate is also predicted on.
+    pub surge: f64,
+    /// Weight of the newest prediction in each candidate's running average (1: no memory).
+    /// Predictions from one window's demand are noisy under bursts; acting on each one
+    /// swings the layout (and migrates KV) every window.
+    pub smoothing: f64,
+}
+
+impl Default for LookaheadConfig {
+    fn default() -> Self {
+        LookaheadConfig {
+            horizon_s: 4.0,
+            eval_devices: 8,
+            switch_margin: 0.1,
+            every_windows: 1,
+            smoothing: 0.5,
+            surge: 1.5,
+            move_penalty: 0.15,
+        }
+    }
+}
+
+/// The engine constants a prediction simulates with (the `SimConfig` fields of that name).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineKnobs {
+    pub switch_ms: f64,
+    pub kv_bytes_per_token: f64,
+    pub kv_bandwidth_gbps: f64,
+    pub chunk_tokens: u32,
+    pub prefill_budget_tokens: u32,
+}
+
+impl EngineKnobs {
+    pub fn of(cfg: &SimConfig) -> Self {
+        EngineKnobs {
+            switch_ms: cfg.switch_ms,
+            kv_bytes_per_token: cfg.kv_bytes_per_token,
+            kv_bandwidth_gbps: cfg.kv_bandwidth_gbps,
+            chunk_tokens: cfg.chunk_tokens,
+            prefill_budget_tokens: cfg.prefill_budget_tokens,
+        }
+    }
+}
+
+/// Everything one selection round looks at.
+pub struct Situation<'a> {
+    pub profile_file: &'a ProfileFile,
+    pub profile: &'a Profile,
+    pub tiers: &'a [Tier],
+    pub demand: &'a [TierDemand],
+    pub inflight: &'a [InFlight],
+    pub devices: u32,
+    pub levels: &'a [u32],
+    pub planner: &'a PlannerConfig,
+    pub knobs: EngineKnobs,
+}
+
+/// One candidate's prediction, full-pool scale.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub strategy: String,
+    /// Predicted weighted SLO goodput over the horizon, requests/s.
+    pub goodput_rps: f64,
+    /// Predicted met / forecast requests.
+    pub attainment: f64,
+    /// Goodput the switch to it would cost (0 for the current strategy), requests/s.
+    pub switch_cost_rps: f64,
+    /// Running average of `goodput_rps - switch_cost_rps` over the rounds: what the choice
+    /// compares.
+    pub smoothed_rps: f64,
+}
+
+/// The outcome of a selection round, with every candidate and the reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    pub chosen: Strategy,
+    pub candidates: Vec<Candidate>,
+    pub reason: String,
+}
+
+/// The choice across rounds: the strategy in force and each candidate's running average.
+#[derive(Debug, Clone)]
+pub struct Chooser {
+    pub cfg: LookaheadConfig,
+    current: Strategy,
+    smoothed: std::collections::HashMap<Strategy, f64>,
+}
+
+impl Chooser {
+    pub fn new(cfg: LookaheadConfig, initial: Strategy) -> Self {
+        Chooser {
+            cfg,
+            current: initial,
+            smoothed: Default::default(),
+        }
+    }
+
+    /// The strategy in force.
+    pub fn current(&self) -> Strategy {
+        self.current
+    }
+
+    /// One selection round: predict every candidate, fold the predictions into the running
+    /// averages, and keep or switch the strategy.
+    pub fn round(&mut self, s: &Situation) -> Choice {
+        let mut c = predict_all(s, &self.cfg, Some(self.current));
+        let a = self.cfg.smoothing.clamp(0.05, 1.0);
+        for cand in &mut c.1 {
+            let net = cand.goodput_rps - cand.switch_cost_rps;
+            let key = strategy_of(&c.0, &cand.strategy);
+            let prev = self.smoothed.get(&key).copied();
+            let v = prev.map_or(net, |p| p + a * (net - p));
+            self.smoothed.insert(key, v);
+            cand.smoothed_rps = v;
+        }
+        let choice = pick(&c.0, c.1, Some(self.current), self.cfg.switch_margin);
+        self.current = choice.chosen;
+        choice
+    }
+}
+
+fn strategy_of(strategies: &[Strategy], name: &str) -> Strategy {
+    *strategies
+        .iter()
+        .find(|s| s.name() == name)
+        .expect("candidates come from the strategies")
+}
+
+/// Predict every strategy over `s.levels` (with switch costs relative to `current`).
+fn predict_all(
+    s: &Situation,
+    cfg: &LookaheadConfig,
+    current: Option<Strategy>,
+) -> (Vec<Strategy>, Vec<Candidate>) {
+    let strategies = Strategy::all(s.levels);
+    let largest = s.levels.iter().copied().max().unwrap_or(1);
+    let eval = cfg.eval_devices.max(largest).min(s.devices).max(1);
+    let scale = f64::from(eval) / f64::from(s.devices);
+    // NOTE: the next windows' rate is uncertain (bursts): each candidate is also predicted
+    // with the arrivals of a surge (`surge` × the rate), and the two predictions averaged. A
+    // layout that only holds at exactly the observed rate (FCFS without admission) then
+    // loses to one that degrades gracefully.
+    let forecasts: Vec<Vec<TraceRequest>> = [1.0, cfg.surge]
+        .iter()
+        .map(|&k| {
+            let demand: Vec<TierDemand> = s
+                .demand
+                .iter()
+                .map(|d| TierDemand {
+                    rate_rps: d.rate_rps * k,
+                    ..d.clone()
+                })
+                .collect();
+            // Arrivals go on for a second horizon so that the scored ones (those of the first)
+            // compete with later load as they would in the real run, not with a draining pool.
+            let spec = ForecastSpec {
+                horizon_s: 2.0 * cfg.horizon_s,
+                scale,
+                prior_lengths: s.planner.prior_lengths,
+                seed: FORECAST_SEED,
+            };
+            forecast(s.tiers, &demand, s.inflight, &spec)
+        })
+        .collect();
+    let demand: Vec<TierDemand> = s
+        .demand
+        .iter()
+        .map(|d| TierDemand {
+            rate_rps: d.rate_rps * scale,
+            ..d.clone()
+        })
+        .collect();
+    let plans: Vec<_> = strategies
+        .iter()
+        .map(|&st| plan_strategy(st, s.profile, s.tiers, &demand, eval, None, s.planner))
+        .collect();
+    let current_plan = current
+        .and_then(|c| strategies.iter().position(|&x| x == c))
+        .map(|i| &plans[i].plan);
+    // KV in flight: decoding requests hold their prompt (the tier's mean) plus their output.
+    let mean_prompt = |tier: usize| {
+        let name = &s.tiers[tier].name;
+        s.demand
+            .iter()
+            .find(|d| &d.tier == name)
+            .map_or(s.planner.prior_lengths.0, |d| d.prompt.mean)
+    };
+    let inflight_tokens = s
+        .inflight
+        .iter()
+        .filter(|r| r.generated > 0.0)
+        .map(|r| r.generated + mean_prompt(r.tier))
+        .sum::<f64>();
+    let mut candidates = Vec::with_capacity(strategies.len());
+    for (st, planned) in strategies.iter().zip(plans.iter()) {
+        let mut goodput = 0.0;
+        let mut attainment = 0.0;
+        for requests in &forecasts {
+            let (g, a) = predict(s, cfg, *st, planned, eval, requests);
+            goodput += g / scale / forecasts.len() as f64;
+            attainment += a / forecasts.len() as f64;
+        }
+        let moved = current_plan.map_or(0.0, |c| moved_fraction(c, &planned.plan, eval));
+        // A switch pauses the moved devices for the TP switch plus their share of the KV in
+        // flight (one aggregated transfer): goodput lost ≈ moved share × pause / horizon.
+        let kv_s = moved * inflight_tokens * s.knobs.kv_bytes_per_token
+            / (s.knobs.kv_bandwidth_gbps * 1e9);
+        let pause_s = if moved > 0.0 {
+            s.knobs.switch_ms / 1e3 + kv_s
+        } else {
+            0.0
+        };
+        // NOTE: every candidate starts from the same re-created in-flight requests, so the
+        // forecast does not see a re-layout's disruption (re-dispatched queues, migrated
+        // batches ramping up under new caps): each moved device is also charged
+        // `move_penalty` of its predicted goodput.
+        let cost = goodput * moved * ((pause_s / cfg.horizon_s).min(1.0) + cfg.move_penalty);
+        candidates.push(Candidate {
+            strategy: st.name(),
+            goodput_rps: goodput,
+            attainment,
+            switch_cost_rps: cost,
+            smoothed_rps: goodput - cost,
+        });
+    }
+    (strategies, candidates)
+}
+
+/// Simulate one candidate plan on the forecast: (weighted met per second, attainment).
+fn predict(
+    s: &Situation,
+    cfg: &LookaheadConfig,
+    strategy: Strategy,
+    planned: &crate::planner::Planned,
+    devices: u32,
+    requests: &[TraceRequest],
+) -> (f64, f64) {
+    if planned.plan.groups.is_empty() || requests.is_empty() {
+        return (0.0, 0.0);
+    }
+    let sim = SimConfig {
+        profile: s.profile_file.clone(),
+        tiers: s.tiers.to_vec(),
+        devices,
+        policy: Policy::FixedPlan {
+            plan: planned.plan.clone(),
+            batch_caps: planned.batch_caps.clone(),
+            reject_best_effort: strategy == Strategy::Split,
+        },
+        requests: requests.to_vec(),
+        window_s: cfg.horizon_s,
+        switch_ms: s.knobs.switch_ms,
+        kv_bytes_per_token: s.knobs.kv_bytes_per_token,
+        kv_bandwidth_gbps: s.knobs.kv_bandwidth_gbps,
+        chunk_tokens: s.knobs.chunk_tokens,
+        prefill_budget_tokens: s.knobs.prefill_budget_tokens,
+        drain_s: cfg.horizon_s,
+        records: true,
+        slo_margin: s.planner.slo_margin,
+        target_utilization: s.planner.target_utilization,
+        lookahead: cfg.clone(),
+        seed: 0,
+    };
+    let Ok(r) = simulate(&sim) else {
+        return (0.0, 0.0);
+    };
+    // Scored: the requests in flight now and those arriving within the horizon.
+    let weight: std::collections::HashMap<&str, f64> = s
+        .tiers
+        .iter()
+        .map(|t| (t.name.as_str(), if t.background { 0.0 } else { t.weight }))
+        .collect();
+    let scored = r.records.iter().filter(|x| x.arrival_s < cfg.horizon_s);
+    let (mut met, mut n) = (0.0, 0.0);
+    for x in scored {
+        let w = weight.get(x.tier.as_str()).copied().unwrap_or(0.0);
+        n += w;
+        if x.met {
+            met += w;
+        }
+    }
+    let attainment = if n > 0.0 { met / n } else { 0.0 };
+    (met / cfg.horizon_s, attainment)
+}
+
+/// Share of the `devices` whose group (members, TP, role) differs between two plans.
+fn moved_fraction(a: &Plan, b: &Plan, devices: u32) -> f64 {
+    let same = |g: &crate::plan::GroupPlan| {
+        a.groups
+            .iter()
+            .any(|h| h.members == g.members && h.role == g.role)
+    };
+    let moved: usize = b
+        .groups
+        .iter()
+        .filter(|g| !same(g))
+        .map(|g| g.members.len())
+        .sum();
+    moved as f64 / f64::from(devices.max(1))
+}
+
+/// The winner: the best net prediction, unless the current strategy is within the margin.
+fn pick(
+    strategies: &[Strategy],
+    candidates: Vec<Candidate>,
+    current: Option<Strategy>,
+    margin: f64,
+) -> Choice {
+    let net = |c: &Candidate| c.smoothed_rps;
+    // Ties go to the earlier strategy (deterministic).
+    let best = (0..candidates.len())
+        .max_by(|&a, &b| {
+            net(&candidates[a])
+                .total_cmp(&net(&candidates[b]))
+                .then(b.cmp(&a))
+        })
+        .expect("at least the greedy is a candidate");
+    let cur = current.and_then(|c| strategies.iter().position(|&x| x == c));
+    let (chosen, reason) = match cur {
+        Some(k) if k == best => (k, format!("kept {}: best prediction", strategies[k].name())),
+        Some(k) if net(&candidates[best]) <= net(&candidates[k]) * (1.0 + margin) => (
+            k,
+            format!(
+                "kept {}: {:.1} req/s, within {:.0}% of {}'s {:.1}",
+                strategies[k].name(),
+                net(&candidates[k]),
+                margin * 100.0,
+                strategies[best].name(),
+                net(&candidates[best]),
+            ),
+        ),
+        Some(k) => (
+            best,
+            format!(
+                "switched {} -> {}: {:.1} vs {:.1} req/s after a switch cost of {:.1}",
+                strategies[k].name(),
+                strategies[best].name(),
+                net(&candidates[best]),
+                net(&candidates[k]),
+                candidates[best].switch_cost_rps,
+            ),
+        ),
+        None => (
+            best,
+            format!(
+                "chose {}: {:.1} req/s",
+                strategies[best].name(),
+                net(&candidates[best])
+            ),
+        ),
+    };
+    Choice {
+        chosen: strategies[chosen],
+        candidates,
+        reason,
+    }
+}
+
+#[cfg(test)]
+#[path = "lookahead_tests.rs"]
+mod tests;

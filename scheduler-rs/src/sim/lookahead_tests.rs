@@ -1,0 +1,227 @@
+//! The lookahead's predictor against the simulated engine (calibration), the choice's
+//! no-regret property, and hysteresis on a stationary workload.
+
+use super::*;
+use crate::stats::LengthStats;
+
+const H100: &str = include_str!("../../../profiles/h100-llama3-8b-analytic.json");
+
+fn profile_file() -> ProfileFile {
+    serde_json::from_str(H100).unwrap()
+}
+
+/// The Azure-conv tiers of docs/results.md (paper method on the analytic H100 profile).
+fn tiers() -> Vec<Tier> {
+    serde_json::from_str(
+        r#"[{"name": "strict", "ttft_ms": 98.7, "tpot_ms": 9.53},
+            {"name": "relaxed", "ttft_ms": 120.2, "tpot_ms": 21.27}]"#,
+    )
+    .unwrap()
+}
+
+/// Conv-like lengths (mean prompt 1155, mean output 211) at `rate` req/s per tier.
+fn demand(strict: f64, relaxed: f64) -> Vec<TierDemand> {
+    let stats = |mean: f64| LengthStats {
+        count: 1000,
+        mean,
+        p50: mean * 0.7,
+        p90: mean * 2.0,
+        p99: mean * 4.0,
+    };
+    [("strict", strict), ("relaxed", relaxed)]
+        .into_iter()
+        .map(|(t, r)| TierDemand {
+            tier: t.into(),
+            rate_rps: r,
+            prompt: stats(1155.0),
+            output: stats(211.0),
+        })
+        .collect()
+}
+
+fn planner_cfg() -> PlannerConfig {
+    PlannerConfig {
+        slo_margin: 0.9,
+        ..PlannerConfig::default()
+    }
+}
+
+fn knobs() -> EngineKnobs {
+    EngineKnobs {
+        switch_ms: 5.0,
+        kv_bytes_per_token: 131_072.0,
+        kv_bandwidth_gbps: 100.0,
+        chunk_tokens: 512,
+        prefill_budget_tokens: 8192,
+    }
+}
+
+/// A stationary trace with `demand`'s statistics (an independent draw: seed ≠ the forecast's).
+fn trace(d: &[TierDemand], seconds: f64, seed: u64) -> Vec<TraceRequest> {
+    let spec = ForecastSpec {
+        horizon_s: seconds,
+        scale: 1.0,
+        prior_lengths: (1024.0, 256.0),
+        seed,
+    };
+    forecast(&tiers(), d, &[], &spec)
+}
+
+fn sim_config(policy: Policy, devices: u32, requests: Vec<TraceRequest>) -> SimConfig {
+    let k = knobs();
+    SimConfig {
+        profile: profile_file(),
+        tiers: tiers(),
+        devices,
+        policy,
+        requests,
+        window_s: 1.0,
+        switch_ms: k.switch_ms,
+        kv_bytes_per_token: k.kv_bytes_per_token,
+        kv_bandwidth_gbps: k.kv_bandwidth_gbps,
+        chunk_tokens: k.chunk_tokens,
+        prefill_budget_tokens: k.prefill_budget_tokens,
+        drain_s: 60.0,
+        records: false,
+        slo_margin: 0.9,
+        target_utilization: planner_cfg().target_utilization,
+        lookahead: LookaheadConfig::default(),
+        seed: 0,
+    }
+}
+
+/// (predicted, delivered) goodput of every strategy on `devices` under `d`: the predictor's
+/// candidate (first round, no switch cost) vs the strategy's plan run as a fixed plan on a
+/// 60 s independent trace of the same statistics.
+fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
+    let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
+    let profile = Profile::from_file(pf.clone()).unwrap();
+    let levels = crate::planner::candidate_levels(&profile, &pc, devices);
+    let situation = Situation {
+        profile_file: &pf,
+        profile: &profile,
+        tiers: &t,
+        demand: d,
+        inflight: &[],
+        devices,
+        levels: &levels,
+        planner: &pc,
+        knobs: knobs(),
+    };
+    let (strategies, predicted) = predict_all(&situation, &LookaheadConfig::default(), None);
+    let requests = trace(d, 60.0, 7);
+    strategies
+        .iter()
+        .zip(predicted)
+        .map(|(&s, p)| {
+            let planned = plan_strategy(s, &profile, &t, d, devices, None, &pc);
+            let policy = Policy::FixedPlan {
+                plan: planned.plan,
+                batch_caps: planned.batch_caps,
+                reject_best_effort: s == Strategy::Split,
+            };
+            let r = simulate(&sim_config(policy, devices, requests.clone())).unwrap();
+            (s.name(), p.goodput_rps, r.met as f64 / 60.0)
+        })
+        .collect()
+}
+
+fn assert_calibrated(rows: &[(String, f64, f64)], rel: f64, floor_rps: f64) {
+    for (name, predicted, delivered) in rows {
+        let bound = (rel * delivered).max(floor_rps);
+        assert!(
+            (predicted - delivered).abs() <= bound,
+            "{name}: predicted {predicted:.1} req/s, delivered {delivered:.1} (bound ±{bound:.1}); all: {rows:?}"
+        );
+    }
+}
+
+#[test]
+fn calibration_every_family_predicts_what_the_engine_delivers_below_saturation() {
+    // 8 devices, no thinning: mixed TP 1/2/4/8 (fixed and static), the greedy, Split.
+    let rows = calibration(&demand(20.0, 20.0), 8);
+    assert_calibrated(&rows, 0.15, 1.0);
+}
+
+#[test]
+fn calibration_holds_on_a_thinned_pool_under_overload() {
+    // 32 devices simulated as 8 (scale 1/4), offered well past what any layout serves.
+    let rows = calibration(&demand(200.0, 200.0), 32);
+    let (fcfs, admitted): (Vec<_>, Vec<_>) =
+        rows.into_iter().partition(|r| r.0.starts_with("static"));
+    assert_calibrated(&admitted, 0.15, 4.0);
+    // NOTE (known limit): SLO-agnostic FCFS collapses progressively under overload, over
+    // longer than the horizon; the predictor over-rates it there (TP 1 +27%, TP 8 ~10× on
+    // this workload) but never under-rates it. The choice's `switch_margin` is what keeps
+    // such a candidate from winning on a thin lead.
+    for (name, predicted, delivered) in &fcfs {
+        assert!(
+            predicted >= &(0.85 * delivered),
+            "{name}: {predicted} vs {delivered}"
+        );
+    }
+}
+
+#[test]
+fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
+    let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
+    let profile = Profile::from_file(pf.clone()).unwrap();
+    let levels = crate::planner::candidate_levels(&profile, &pc, 16);
+    let cfg = LookaheadConfig::default();
+    for (strict, relaxed) in [(5.0, 60.0), (60.0, 5.0), (40.0, 40.0), (150.0, 150.0)] {
+        let d = demand(strict, relaxed);
+        let situation = Situation {
+            profile_file: &pf,
+            profile: &profile,
+            tiers: &t,
+            demand: &d,
+            inflight: &[],
+            devices: 16,
+            levels: &levels,
+            planner: &pc,
+            knobs: knobs(),
+        };
+        for current in Strategy::all(&levels) {
+            let mut chooser = Chooser::new(cfg.clone(), current);
+            let choice = chooser.round(&situation);
+            let score = |s: Strategy| {
+                choice
+                    .candidates
+                    .iter()
+                    .find(|c| c.strategy == s.name())
+                    .unwrap()
+                    .smoothed_rps
+            };
+            assert!(score(choice.chosen) >= score(current), "{choice:?}");
+            if choice.chosen != current {
+                assert!(
+                    score(choice.chosen) > score(current) * (1.0 + cfg.switch_margin),
+                    "switched within the margin: {choice:?}"
+                );
+                assert!(choice.reason.starts_with("switched"), "{}", choice.reason);
+            }
+            // The winner is the best net prediction, or the current one within the margin.
+            let best = choice
+                .candidates
+                .iter()
+                .map(|c| c.smoothed_rps)
+                .fold(f64::MIN, f64::max);
+            assert!(score(choice.chosen) * (1.0 + cfg.switch_margin) >= best);
+        }
+    }
+}
+
+#[test]
+fn a_stationary_workload_settles_and_stops_reconfiguring() {
+    let requests = trace(&demand(25.0, 25.0), 40.0, 11);
+    let r = simulate(&sim_config(Policy::Nitsum, 8, requests)).unwrap();
+    let late: Vec<_> = r.timeline.iter().filter(|(t, _)| *t > 5.0).collect();
+    assert!(late.is_empty(), "re-planned after warm-up: {late:?}");
+    // Every window ran a selection round, each with every strategy and a reason.
+    assert!(r.choices.len() >= 35, "{}", r.choices.len());
+    for (_, c) in &r.choices {
+        assert_eq!(c.candidates.len(), 10);
+        assert!(!c.reason.is_empty());
+    }
+    assert!(r.attainment > 0.9, "{}", r.attainment);
+}
