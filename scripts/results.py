@@ -33,7 +33,18 @@ __all__ = ["derive_tiers"]  # scripts/validate_sim.py imports it from here
 
 # Measured with the planner of the time; the page quotes it (a measured time would make every
 # regeneration differ).
-RUNTIME_NOTE = "about 9 min on one core of the 2-core dev box; `--jobs N` spreads the runs"
+RUNTIME_NOTE = "about 2 min on one core of the 2-core dev box; `--jobs N` spreads the runs"
+
+
+def _rounded(x: object) -> object:
+    """`x` with floats rounded to 4 decimals (smaller JSON, same tables)."""
+    if isinstance(x, float):
+        return round(x, 4)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_rounded(v) for v in x]
+    return x
 
 
 def _git(*argv: str) -> str:
@@ -99,11 +110,12 @@ def main(argv: list[str] | None = None) -> int:
 
     timelines = []
     for p, res in run_points(points, args.jobs, done):
+        res.pop("wall_s")  # printed above; kept out of the JSON so regenerations compare
         results[p.sweep]["points"].append(res)
         if p.keep_timeline:
             timelines.append((p, res))
     for key, res in results.items():
-        (args.out / f"sim-{key}.json").write_text(json.dumps(res, indent=1) + "\n")
+        (args.out / f"sim-{key}.json").write_text(json.dumps(_rounded(res), indent=1) + "\n")
     groups: dict[str, list[dict]] = {}
     for res in results.values():
         groups.setdefault(res["group"], []).append(res)

@@ -10,7 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
 SERIES = (
     ("nitsum", "Nitsum", "tab:red", "o"),
@@ -77,6 +77,7 @@ def plot_ratios(groups: dict[str, list[dict]], path: Path) -> None:
         if "shifting" in title:
             ax.axhline(1.2, color="tab:green", lw=0.8, ls=":")
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"{title}\nsolid: / best baseline; dashed: / fixed-TP ablation", fontsize=7)
