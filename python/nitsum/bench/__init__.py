@@ -5,6 +5,8 @@ Pipeline, one module per step:
 - `traces` (Azure CSV, JSONL) and `bursty` (synthetic low/high Poisson) produce
   `TraceRequest`s; `transform` windows, rate-scales, length-scales/clamps and caps them;
   `tiers` gives each a tier (mix ratio or prompt-length rule) from a tiers spec;
+  `mixes` gives tiers by a mix that changes over the run (step, sine) and `sources` takes
+  each tier from its own trace (`timepoint` parses their `0.5` / `1800s` times);
   `workload` fixes the order of those steps.
 - `replay` sends them on time to an OpenAI-compatible `/v1/completions` (streaming) and
   records a `record.RequestRecord` per request; `planlog` polls the router's `/admin/plan`.

@@ -5,6 +5,11 @@
         --tier-mix strict=0.3,relaxed=0.5,background=0.2 --rate-scale 0.5 1 2 \\
         --out results.json --plot goodput.png --plan-url http://127.0.0.1:8000/admin/plan
 
+Workloads whose tier mix shifts (same syntax as `nitsum simulate`, docs/planner.md):
+`--mix-schedule step:strict=0.8,relaxed=0.2@0.5:strict=0.2,relaxed=0.8` or
+`--mix-schedule sine:strict=0.1..0.8,background=0.1,relaxed=rest` over one `--trace`, or
+one trace per tier: `--tier-source strict=azure-code --tier-source relaxed=azure-conv:offset=0.5`.
+
 Without a server: `--dry-run` prints what would be sent; `--compare A.json B.json --plot P`
 plots earlier results; `--plan-log F --plot-plan P` plots a saved plan timeline.
 """
@@ -25,6 +30,7 @@ import httpx
 from tqdm import tqdm
 
 from nitsum.bench.bursty import BurstySpec, UniformLengths
+from nitsum.bench.mixes import tier_shares
 from nitsum.bench.planlog import load_plan_log, save_plan_log
 from nitsum.bench.plot import plot_goodput_vs_rate, plot_plan_timeline
 from nitsum.bench.replay import ReplayConfig, completions_url, run_replay
@@ -65,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("trace")
     g.add_argument(
-        "--trace", default="azure-conv", help="azure-code|azure-conv|PATH.csv|PATH.jsonl|bursty"
+        "--trace",
+        help="azure-code|azure-conv|PATH.csv|PATH.jsonl|bursty (default azure-conv)",
     )
     g.add_argument("--trace-dir", type=Path, help="where azure-* live (default ../shared/traces)")
     g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
@@ -95,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tier-mix", help="e.g. strict=0.3,relaxed=0.5,background=0.2")
     t.add_argument("--tier-by-length", help="e.g. strict:512,relaxed:2048,background")
     t.add_argument("--default-tier", help="tier of requests without one")
+    t.add_argument(
+        "--mix-schedule",
+        help="mix over time: step:MIX@AT:MIX... or sine:TIER=LO..HI,OTHER=SHARE,LAST=rest"
+        "[:period=AT][:phase=F]; AT = fraction of the run (0.5) or seconds (1800s)",
+    )
+    t.add_argument(
+        "--tier-source",
+        action="append",
+        default=[],
+        help="TIER=TRACE[:scale=K][:offset=AT][:keep=F]: one trace per tier, read as a cycle "
+        "started AT into it; replaces --trace; repeatable",
+    )
     r = p.add_argument_group("replay")
     r.add_argument("--token-ids", type=_id_range, default="1000:20000", help="prompt id LO:HI")
     r.add_argument("--concurrency", type=int, default=256, help="cap on requests in flight")
@@ -156,8 +175,10 @@ def _workload(args: argparse.Namespace, tiers: list[TierSpec]) -> Workload:
         output_lens=args.bursty_output,
         seed=args.seed,
     )
+    if args.tier_source and args.trace:
+        raise ValueError("give --trace or --tier-source, not both")
     spec = WorkloadSpec(
-        trace=args.trace,
+        trace=args.trace or "azure-conv",
         start_s=args.start,
         duration_s=args.duration,
         input_scale=args.input_scale,
@@ -169,6 +190,8 @@ def _workload(args: argparse.Namespace, tiers: list[TierSpec]) -> Workload:
         seed=args.seed,
         bursty=bursty,
         trace_dir=args.trace_dir,
+        tier_sources=tuple(args.tier_source),
+        mix_schedule=args.mix_schedule,
     )
     return build_workload(spec, tiers)
 
@@ -232,6 +255,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"rate x{k:g}: {len(reqs)} requests over {span:.1f} s, "
                 f"{n_in} prompt + {n_out} output tokens, tiers {tiers_n}"
             )
+            if (args.mix_schedule or args.tier_source) and span > 0:
+                quarters = tier_shares(reqs, span, 4)
+                print(
+                    "  tier shares per quarter: "
+                    + " | ".join(
+                        ", ".join(f"{n} {v:.2f}" for n, v in sorted(q.items())) or "-"
+                        for q in quarters
+                    )
+                )
         return 0
     if not args.url:
         print("nitsum bench: --url is required (or --dry-run)", file=sys.stderr)
@@ -241,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or discover_model(args.url, args.api_key)
     runs: list[dict[str, Any]] = []
     results = {
-        "label": args.label or args.trace,
+        "label": args.label or args.trace or "+".join(args.tier_source) or "azure-conv",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "argv": sys.argv[1:] if argv is None else list(argv),
         "model": model,

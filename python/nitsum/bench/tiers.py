@@ -3,7 +3,7 @@
 A tier is `{name, ttft_ms, tpot_ms, background}` as in the router's tiers config
 (`scheduler-rs/src/tiers.rs`); `weight` and API keys are the router's business and ignored
 here. Background tiers carry no SLO for goodput (see `report.py`); their TTFT/TPOT may be
-omitted and then default to infinity.
+omitted (or 0, as in the router's config) and then default to infinity.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def _tier_from_mapping(obj: object, where: str) -> TierSpec:
     vals = {}
     for key in ("ttft_ms", "tpot_ms"):
         v = obj.get(key, default)
+        if background and not isinstance(v, bool) and isinstance(v, int | float) and v <= 0:
+            v = math.inf  # the router's tiers config writes 0 for a background tier: no SLO
         if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
             raise ValueError(f"{where}: tier {obj['name']!r} needs {key} > 0, got {v!r}")
         vals[key] = float(v)

@@ -1,7 +1,9 @@
 """From a trace source to the requests of one run: load, window, lengths, tiers, rate, cap.
 
 The order matters and is fixed here: tiers are assigned before rate scaling so every run of
-a sweep replays the same requests with the same tiers, only faster or slower.
+a sweep replays the same requests with the same tiers, only faster or slower. The source is
+one trace, or one trace per tier (`sources.py`); tiers come from a fixed mix, a length rule,
+a mix schedule that changes over the run (`mixes.py`), or the per-tier sources themselves.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nitsum.bench.bursty import BurstySpec, generate_bursty
+from nitsum.bench.mixes import assign_by_schedule, parse_mix_schedule
+from nitsum.bench.sources import compose_sources, parse_tier_source
 from nitsum.bench.tiers import TierSpec, assign_by_length, assign_by_mix, fill_default_tier
 from nitsum.bench.traces import TraceRequest, load_trace_file
 from nitsum.bench.transform import limit, scale_lengths, scale_rate, slice_window
@@ -31,6 +35,8 @@ class WorkloadSpec:
     seed: int = 0
     bursty: BurstySpec | None = None
     trace_dir: Path | None = None
+    tier_sources: tuple[str, ...] = ()  # TIER=TRACE[:scale=K][:offset=AT][:keep=F]; no `trace`
+    mix_schedule: str | None = None  # step:... | sine:... (mixes.py)
 
 
 @dataclass(slots=True)
@@ -47,9 +53,17 @@ def build_workload(spec: WorkloadSpec, tiers: list[TierSpec]) -> Workload:
 
     Raises `TraceError` for a bad trace and `ValueError` for bad options or unknown tiers.
     """
-    if spec.tier_mix and spec.tier_by_length:
-        raise ValueError("give either a tier mix or a length rule, not both")
-    if spec.trace == "bursty":
+    rules = [spec.tier_mix, spec.tier_by_length, spec.mix_schedule, spec.tier_sources]
+    if sum(1 for x in rules if x) > 1:
+        raise ValueError(
+            "give one way to assign tiers: a tier mix, a length rule, a mix schedule or "
+            "tier sources"
+        )
+    if spec.tier_sources:
+        end = spec.start_s + spec.duration_s if spec.duration_s is not None else None
+        sources = [parse_tier_source(s) for s in spec.tier_sources]
+        reqs, nominal = compose_sources(sources, end, spec.seed, spec.trace_dir)
+    elif spec.trace == "bursty":
         bspec = spec.bursty or BurstySpec(seed=spec.seed)
         reqs, nominal = generate_bursty(bspec), bspec.duration_s
     else:
@@ -65,6 +79,9 @@ def build_workload(spec: WorkloadSpec, tiers: list[TierSpec]) -> Workload:
         reqs = assign_by_mix(reqs, spec.tier_mix, spec.seed)
     elif spec.tier_by_length:
         reqs = assign_by_length(reqs, spec.tier_by_length)
+    elif spec.mix_schedule:
+        span = nominal or max((r.arrival_s for r in reqs), default=0.0) or 1.0
+        reqs = assign_by_schedule(reqs, parse_mix_schedule(spec.mix_schedule), span, spec.seed)
     names = [t.name for t in tiers]
     default = spec.default_tier or next((t.name for t in tiers if not t.background), names[0])
     reqs = fill_default_tier(reqs, default)
