@@ -126,6 +126,7 @@ def real_run(args: argparse.Namespace, out: Path, tiers_file: Path, jsonl: Path)
         PY, "-m", "nitsum.cli", "serve", "--workers", str(args.workers),
         "--port", str(port), "--worker-addr", f"tcp://127.0.0.1:{zmq_port}",
         "--config", str(cfg), "--startup-timeout", str(args.startup_timeout),
+        "--no-control",  # the static TP-1 layout the simulation below replays
     ]  # fmt: skip
     print("$", " ".join(serve_cmd), flush=True)
     proc = subprocess.Popen(serve_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

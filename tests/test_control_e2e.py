@@ -6,7 +6,8 @@ iteration carrying a prefill chunk misses the strict TTFT, and only TP 2 decodes
 strict TPOT. A strict load therefore gets a prefill/decode split with a TP-2 decode group; a
 relaxed-heavy load gets mixed TP-1 groups back. The real host worker hands prefilled KV to the
 decode group and migrates running KV on each switch: every response must still equal the
-greedy output of a single-device engine.
+greedy output of a single-device engine, and every request sent must end in exactly one
+completion or one explicit HTTP error, counted on both sides (client and router metrics).
 """
 
 from __future__ import annotations
@@ -158,7 +159,10 @@ def offer(client: httpx.Client, tier: str, n: int, results: list, concurrency: i
         }
         try:
             r = client.post("/generate", json=body, headers={"x-nitsum-tier": tier}, timeout=60)
-            results.append((r.status_code, r.json()))
+            try:
+                results.append((r.status_code, r.json()))
+            except ValueError:  # not JSON: neither a completion nor an explicit error
+                results.append((r.status_code, r.text))
         except Exception as e:  # noqa: BLE001 - recorded and asserted on
             results.append((0, repr(e)))
 
@@ -192,10 +196,36 @@ def worker_stat(url: str, name: str) -> float:
     return total
 
 
+def router_count(url: str, name: str) -> float:
+    """Sum of every series of the router metric `name` (e.g. over tiers)."""
+    total = 0.0
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def outcome(status: int, body: object) -> str:
+    """ "completion": 200 with all MAX_TOKENS ids and a length finish; "error": an explicit
+    HTTP error (4xx/5xx with an OpenAI-shaped `error`); "bad": anything else (a transport
+    failure, a timeout, a malformed or partial answer)."""
+    if status == 200 and isinstance(body, dict):
+        info = body.get("meta_info", {})
+        finish = (info.get("finish_reason") or {}).get("type")
+        if len(body.get("output_ids", [])) == MAX_TOKENS and finish == "length":
+            return "completion"
+    error = body.get("error") if isinstance(body, dict) else None
+    if status >= 400 and isinstance(error, dict) and error.get("message"):
+        return "error"
+    return "bad"
+
+
 def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path) -> None:
     expected = reference_ids(tiny_dir)
     results: list = []
     client = httpx.Client(base_url=server)
+    counters = ("finished", "error", "rejected", "cancelled")
+    before = {c: router_count(server, f"nitsum_requests_{c}_total") for c in counters}
     seen_split = seen_back = False
     for _ in range(10):  # strict-only load until the planner splits strict P/D with TP 2
         offer(client, "strict", 40, results)
@@ -216,8 +246,27 @@ def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path)
             seen_back = True
             break
     assert seen_back, plan(server)
-    bad = [r for r in results if r[0] != 200]
-    assert not bad, bad[:3]
+
+    # Accounting: every request sent ended in exactly one completion or one explicit error.
+    sent = len(results)  # `offer` records one outcome per request it sends, whatever happens
+    kinds = [outcome(status, body) for status, body in results]
+    completions, errors = kinds.count("completion"), kinds.count("error")
+    print(f"sent {sent}: {completions} completions, {errors} explicit errors")
+    assert kinds.count("bad") == 0, [r for r, k in zip(results, kinds, strict=True) if k == "bad"]
+    assert completions + errors == sent
+    ids = [
+        body["meta_info"]["id"]
+        for (_, body), k in zip(results, kinds, strict=True)
+        if k == "completion"
+    ]
+    assert len(set(ids)) == completions  # no answer delivered twice
+    after = {c: router_count(server, f"nitsum_requests_{c}_total") for c in counters}
+    delta = {c: after[c] - before[c] for c in counters}
+    assert delta["finished"] == completions, delta  # the router saw each end once
+    assert delta["error"] + delta["rejected"] == errors, delta
+    assert delta["cancelled"] == 0, delta
+    assert router_count(server, "nitsum_requests_inflight") == 0
+    assert errors == 0, [r for r, k in zip(results, kinds, strict=True) if k == "error"][:3]
     outputs = [r[1]["output_ids"] for r in results]
     assert all(o == expected for o in outputs), (expected, outputs[:3])
     history = plan(server)["history"]

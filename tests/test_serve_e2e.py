@@ -196,6 +196,9 @@ def server(
         "--port", str(port),
         "--worker-addr", f"tcp://127.0.0.1:{zport}",
         "--config", str(config),
+        # one process per worker: the kill / stall tests below target worker processes (the
+        # control loop stays on, as by default: the shipped profile describes this model)
+        "--no-tp-switching",
         "--kv-cache-mb", "256",
         "--startup-timeout", str(int(STARTUP_TIMEOUT_S - 10)),
         "--stop-timeout", "5",

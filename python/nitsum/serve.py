@@ -1,8 +1,13 @@
 """`nitsum serve`: start the router and N device workers, wait until they are ready, serve.
 
-With `--tp-switching` the N devices are served by ONE host worker process (`nitsum worker
---devices N`) that can switch TP levels when the router sends `reconfigure`; without it, N
-single-device TP-1 worker processes.
+The router runs its control loop (the planner every window) when a profile describes the
+model: `--profile`, the config's, or a measured one found for the model (the shipped CPU
+profile for the embedded model; see control_profile.py); `--no-control` turns it off.
+
+With `--tp-switching` (the default with the control loop on CPU) the N devices are served by
+ONE host worker process (`nitsum worker --devices N`) that switches TP levels and hands
+prefilled KV to decode groups when the router sends `reconfigure`; with `--no-tp-switching`,
+N single-device TP-1 worker processes.
 
 Startup: resolve the model directory (converting the embedded GGUF on first use), start the
 router, wait for its `/health` to answer at all (503 "no_workers" counts: the HTTP server is
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from nitsum.control_profile import ControlConfigError, choose_control_profile
 from nitsum.worker.children import Children
 
 log = logging.getLogger("nitsum.serve")
@@ -176,14 +182,29 @@ def _wait(what: str, children: Children, timeout: float, ready: Callable[[], obj
         time.sleep(0.2)
 
 
+def use_host_worker(flag: bool | None, control: bool, device: str, workers: int) -> bool:
+    """Whether one host worker serves every device (`--tp-switching`).
+
+    Default (flag None): with the control loop on CPU and more than one device, because only
+    devices of one worker process can form a TP group or hand prefilled KV to a decode group;
+    with separate processes every plan is TP-1 groups without a P/D split.
+    """
+    if flag is not None:
+        return flag
+    return control and device == "cpu" and workers > 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nitsum serve", description="Serve a model (router + workers)")
     p.add_argument("--model", default="default", help="'default', an HF dir or a .gguf file")
     p.add_argument("--workers", type=int, default=2, help="devices (worker ids 0..N-1)")
     p.add_argument(
         "--tp-switching",
-        action="store_true",
-        help="serve the N devices from one host worker that switches TP on `reconfigure`",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the N devices from one host worker that switches TP and hands prefilled "
+        "KV to decode groups on `reconfigure` (default: on with the control loop on CPU; "
+        "--no-tp-switching: one worker process per device)",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -191,7 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile",
         default=None,
-        help="performance profile: turns on the router's control loop (planner every window)",
+        help="performance profile for the router's control loop (planner every window); "
+        "default: a measured profile of the model from ./profiles or the shipped profiles/",
+    )
+    p.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="no control loop: a static plan (every worker its own TP-1 mixed group)",
     )
     p.add_argument("--router-bin", default=None, help="router executable")
     p.add_argument("--worker-addr", default=DEFAULT_WORKER_ADDR, help="router's ZMQ address")
@@ -218,9 +246,21 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = resolve_model_dir(args.model)
         prefix = resolve_router(args.router_bin)
         check_port_free(args.host, args.port)
-    except (ServeError, ValueError, FileNotFoundError, ImportError) as e:
+        choice = choose_control_profile(
+            model_dir, args.device, args.profile, args.control, args.config
+        )
+    except (ServeError, ControlConfigError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"nitsum serve: {e}", file=sys.stderr)
         return 2
+    for level, message in choice.messages:
+        log.log(level, "%s", message)
+    host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)
+    if host_worker and args.tp_switching is None:
+        log.info(
+            "one host worker serves the %d devices: the plan can change TP levels and split "
+            "prefill/decode (--no-tp-switching: one worker process per device)",
+            args.workers,
+        )
     name = args.served_model_name or model_dir.name
     url = f"http://{args.host}:{args.port}"
     children = Children(grace_s=args.stop_timeout)
@@ -240,11 +280,11 @@ def main(argv: list[str] | None = None) -> int:
             model_dir,
             name,
             args.config,
-            args.profile,
+            str(choice.profile) if choice.profile else None,
         )
         children.spawn("router", rcmd)
         _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
-        if args.tp_switching:
+        if host_worker:
             cmd = host_worker_command(model_dir, args.worker_addr, name, args)
             children.spawn("host-worker", cmd)
         else:
