@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::plan::{GroupPlan, Role};
 use crate::planner::PlannerConfig;
+use crate::sim::lookahead::LookaheadConfig;
 use crate::tiers::Tier;
 
 /// `nitsum-router` command line. Flags override the config file.
@@ -118,6 +119,8 @@ pub struct FileConfig {
     pub planner: Option<PlannerConfig>,
     /// How long the control loop waits for `reconfigured` acks.
     pub reconfigure_timeout_ms: Option<u64>,
+    /// Strategy choice by simulated lookahead (docs/planner.md); any subset.
+    pub lookahead: Option<LookaheadConfig>,
 }
 
 /// The resolved router configuration.
@@ -138,6 +141,7 @@ pub struct RouterConfig {
     /// Offline profile; `Some` enables the control loop.
     pub profile: Option<PathBuf>,
     pub planner: PlannerConfig,
+    pub lookahead: LookaheadConfig,
     pub reconfigure_timeout_ms: u64,
     pub mock_workers: u32,
     pub shutdown_workers_on_exit: bool,
@@ -174,6 +178,7 @@ impl Default for RouterConfig {
             max_retries: 3,
             profile: None,
             planner: PlannerConfig::default(),
+            lookahead: LookaheadConfig::default(),
             reconfigure_timeout_ms: 5000,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
@@ -259,6 +264,7 @@ impl RouterConfig {
             max_retries: file.max_retries.unwrap_or(d.max_retries),
             profile: file.profile,
             planner: file.planner.unwrap_or_default(),
+            lookahead: file.lookahead.unwrap_or_default(),
             reconfigure_timeout_ms: file
                 .reconfigure_timeout_ms
                 .unwrap_or(d.reconfigure_timeout_ms),

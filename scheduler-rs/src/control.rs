@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use crate::engine::{Engine, PlanRecord, PlanResult, RoundOutcome};
-use crate::planner;
+use crate::planner::strategy::{plan_strategy, Strategy};
+use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
+use crate::sim::lookahead::{Chooser, EngineKnobs, Situation};
+use crate::stats::TierDemand;
 
 /// Whether the "disaggregation off across domains" warning was logged.
 static WARNED_DOMAINS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -29,13 +32,20 @@ pub fn spawn(engine: Arc<Engine>, profile: Arc<Profile>) -> JoinHandle<()> {
         // NOTE: a round may wait for acks longer than a window; skip the windows it covered.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut backoff, mut skip) = (0u32, 0u32);
+        let lookahead = engine.cfg.lookahead.clone();
+        let mut chooser = lookahead
+            .enabled
+            .then(|| Chooser::new(lookahead, Strategy::Greedy));
         loop {
             tick.tick().await;
             if skip > 0 {
                 skip -= 1;
                 continue;
             }
-            match step(&engine, &profile).await.map(|r| r.result) {
+            match step(&engine, &profile, &mut chooser)
+                .await
+                .map(|r| r.result)
+            {
                 Some(PlanResult::Applied) => backoff = 0,
                 Some(_) => {
                     backoff = (backoff * 2).clamp(1, MAX_BACKOFF_WINDOWS);
@@ -47,10 +57,15 @@ pub fn spawn(engine: Arc<Engine>, profile: Arc<Profile>) -> JoinHandle<()> {
     })
 }
 
-/// One control window: plan, and when the plan differs from the current one, run a
+/// One control window: choose the layout strategy (when `chooser` runs, every
+/// `every_windows`), plan with it, and when the plan differs from the current one, run a
 /// reconfigure round and wait for its acks (at most `reconfigure_timeout_ms`). Returns the
 /// round's record, or `None` when there was nothing to change (or no workers).
-pub async fn step(engine: &Engine, profile: &Profile) -> Option<PlanRecord> {
+pub async fn step(
+    engine: &Engine,
+    profile: &Arc<Profile>,
+    chooser: &mut Option<Chooser>,
+) -> Option<PlanRecord> {
     let view = engine.planning_view();
     if view.devices == 0 {
         return None;
@@ -80,7 +95,18 @@ pub async fn step(engine: &Engine, profile: &Profile) -> Option<PlanRecord> {
         }
     }
     let t0 = Instant::now();
-    let planned = planner::plan(
+    let strategy = match chooser.take() {
+        Some(c) => {
+            let levels = planner::candidate_levels(profile, &cfg, view.devices);
+            let (c, strategy) =
+                choose(engine, profile, c, &demand, &levels, view.devices, &cfg).await;
+            *chooser = Some(c);
+            strategy
+        }
+        None => Strategy::Greedy,
+    };
+    let planned = plan_strategy(
+        strategy,
         profile,
         &engine.cfg.tiers,
         &demand,
@@ -100,6 +126,48 @@ pub async fn step(engine: &Engine, profile: &Profile) -> Option<PlanRecord> {
         Ok(Err(_)) | Err(_) => RoundOutcome::TimedOut,
     };
     engine.end_round(epoch, outcome)
+}
+
+/// One selection round off the async threads (it simulates every candidate: tens of ms).
+async fn choose(
+    engine: &Engine,
+    profile: &Arc<Profile>,
+    mut chooser: Chooser,
+    demand: &[TierDemand],
+    levels: &[u32],
+    devices: u32,
+    cfg: &PlannerConfig,
+) -> (Chooser, Strategy) {
+    let (profile, tiers) = (profile.clone(), engine.cfg.tiers.clone());
+    let (demand, levels, cfg) = (demand.to_vec(), levels.to_vec(), cfg.clone());
+    let inflight = engine.inflight_snapshot();
+    let run = tokio::task::spawn_blocking(move || {
+        let situation = Situation {
+            profile: &profile,
+            tiers: &tiers,
+            demand: &demand,
+            inflight: &inflight,
+            devices,
+            levels: &levels,
+            planner: &cfg,
+            knobs: EngineKnobs::default(),
+        };
+        let choice = chooser.round(&situation);
+        (chooser, choice)
+    });
+    match run.await {
+        Ok((chooser, choice)) => {
+            let strategy = choice.chosen;
+            tracing::info!(strategy = %strategy.name(), reason = %choice.reason, "control: strategy");
+            engine.set_choice(choice);
+            (chooser, strategy)
+        }
+        // NOTE: a panicking round loses the chooser's averages; the greedy carries on.
+        Err(_) => (
+            Chooser::new(engine.cfg.lookahead.clone(), Strategy::Greedy),
+            Strategy::Greedy,
+        ),
+    }
 }
 
 /// Load the profile named by the config, if any (validated).

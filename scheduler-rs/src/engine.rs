@@ -103,6 +103,8 @@ struct State {
     stats: WindowStats,
     /// The control round waiting for `reconfigured` acks.
     pending: Option<control::Round>,
+    /// The control loop's last strategy choice (shown in `/admin/plan`).
+    choice: Option<crate::sim::lookahead::Choice>,
     /// Recent control decisions, oldest first (bounded).
     history: std::collections::VecDeque<control::PlanRecord>,
 }

@@ -74,9 +74,16 @@ pub struct Profile {
     pub analytic: bool,
     pub max_context: Option<f64>,
     levels: BTreeMap<u32, Curves>,
+    /// The validated file (the lookahead's simulations are configured with it).
+    file: ProfileFile,
 }
 
 impl Profile {
+    /// The validated profile file.
+    pub fn file(&self) -> &ProfileFile {
+        &self.file
+    }
+
     /// Parse and validate profile JSON text.
     pub fn from_json(text: &str) -> Result<Self> {
         let file: ProfileFile = serde_json::from_str(text).context("profile: invalid JSON")?;
@@ -117,11 +124,12 @@ impl Profile {
             levels.insert(tp, curves);
         }
         Ok(Profile {
-            device: file.device,
-            model: file.model,
+            device: file.device.clone(),
+            model: file.model.clone(),
             analytic: file.analytic,
             max_context: file.max_context,
             levels,
+            file,
         })
     }
 

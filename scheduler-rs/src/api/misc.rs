@@ -55,6 +55,7 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>) -> Response {
         json!({"epoch": plan.epoch, "groups": plan.groups, "workers": workers,
         "control": state.engine.cfg.profile.is_some(),
         "pending": state.engine.round_pending(),
+        "strategy": state.engine.last_choice(),
         "history": state.engine.plan_history()}),
     )
     .into_response()

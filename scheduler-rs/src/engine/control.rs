@@ -19,6 +19,8 @@ use tokio::sync::oneshot;
 use super::{Engine, State};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Incoming};
+use crate::sim::forecast::InFlight;
+use crate::sim::lookahead::Choice;
 use crate::stats::TierDemand;
 
 /// Control decisions kept for `/admin/plan`.
@@ -174,6 +176,30 @@ impl Engine {
                 st.dispatcher.complete(*id);
             }
         }
+    }
+
+    /// The requests in flight, for the lookahead's forecast.
+    pub fn inflight_snapshot(&self) -> Vec<InFlight> {
+        let st = self.lock();
+        let now = Instant::now();
+        st.inflight
+            .values()
+            .map(|e| InFlight {
+                tier: e.req.tier,
+                generated: e.tokens as f64,
+                age_s: now.duration_since(e.start).as_secs_f64(),
+            })
+            .collect()
+    }
+
+    /// Record the control loop's latest strategy choice.
+    pub fn set_choice(&self, choice: Choice) {
+        self.lock().choice = Some(choice);
+    }
+
+    /// The control loop's latest strategy choice, if it runs one.
+    pub fn last_choice(&self) -> Option<Choice> {
+        self.lock().choice.clone()
     }
 
     /// Current demand of every tier (drops expired samples).

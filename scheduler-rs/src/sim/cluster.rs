@@ -355,7 +355,6 @@ impl<'a> Cluster<'a> {
         let round = self.windows.is_multiple_of(every);
         if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
             let situation = Situation {
-                profile_file: &self.cfg.profile,
                 profile: &self.profile,
                 tiers: &self.cfg.tiers,
                 demand: &demand,

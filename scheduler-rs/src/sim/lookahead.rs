@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::plan::Plan;
 use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::PlannerConfig;
-use crate::profile::{Profile, ProfileFile};
+use crate::profile::Profile;
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
@@ -29,6 +29,8 @@ pub const FORECAST_SEED: u64 = 0x5EED;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LookaheadConfig {
+    /// Whether the router's control loop chooses strategies (false: the greedy alone).
+    pub enabled: bool,
     /// Seconds of forecast arrivals each candidate is simulated on.
     pub horizon_s: f64,
     /// Devices of the simulated copy of the pool (at least the largest TP level).
@@ -50,6 +52,7 @@ pub struct LookaheadConfig {
 impl Default for LookaheadConfig {
     fn default() -> Self {
         LookaheadConfig {
+            enabled: true,
             horizon_s: 4.0,
             eval_devices: 8,
             switch_margin: 0.1,
@@ -71,6 +74,20 @@ pub struct EngineKnobs {
     pub prefill_budget_tokens: u32,
 }
 
+impl Default for EngineKnobs {
+    /// The simulator's defaults (Llama-3-8B fp16 KV, 100 GB/s, 512-token chunks).
+    fn default() -> Self {
+        use super::defaults as d;
+        EngineKnobs {
+            switch_ms: d::switch_ms(),
+            kv_bytes_per_token: d::kv_bytes_per_token(),
+            kv_bandwidth_gbps: d::kv_bandwidth_gbps(),
+            chunk_tokens: d::chunk_tokens(),
+            prefill_budget_tokens: d::prefill_budget_tokens(),
+        }
+    }
+}
+
 impl EngineKnobs {
     pub fn of(cfg: &SimConfig) -> Self {
         EngineKnobs {
@@ -85,7 +102,6 @@ impl EngineKnobs {
 
 /// Everything one selection round looks at.
 pub struct Situation<'a> {
-    pub profile_file: &'a ProfileFile,
     pub profile: &'a Profile,
     pub tiers: &'a [Tier],
     pub demand: &'a [TierDemand],
@@ -280,7 +296,7 @@ fn predict(
         return (0.0, 0.0);
     }
     let sim = SimConfig {
-        profile: s.profile_file.clone(),
+        profile: s.profile.file().clone(),
         tiers: s.tiers.to_vec(),
         devices,
         policy: Policy::FixedPlan {

@@ -2,6 +2,7 @@
 //! no-regret property, and hysteresis on a stationary workload.
 
 use super::*;
+use crate::profile::ProfileFile;
 use crate::stats::LengthStats;
 
 const H100: &str = include_str!("../../../profiles/h100-llama3-8b-analytic.json");
@@ -98,7 +99,6 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
     let profile = Profile::from_file(pf.clone()).unwrap();
     let levels = crate::planner::candidate_levels(&profile, &pc, devices);
     let situation = Situation {
-        profile_file: &pf,
         profile: &profile,
         tiers: &t,
         demand: d,
@@ -171,7 +171,6 @@ fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
     for (strict, relaxed) in [(5.0, 60.0), (60.0, 5.0), (40.0, 40.0), (150.0, 150.0)] {
         let d = demand(strict, relaxed);
         let situation = Situation {
-            profile_file: &pf,
             profile: &profile,
             tiers: &t,
             demand: &d,
