@@ -69,7 +69,8 @@ def test_parse_generate_round_trips_sampling():
         "gold",
         "background",
     )
-    assert req.sampling == params and req.decode_target is None
+    assert req.sampling == params and req.decode_target is None and req.ttft_ms is None
+    assert proto.parse_generate({**msg, "ttft_ms": 250}).ttft_ms == 250.0
     # Integer temperature from a loose encoder is accepted as a float.
     loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
     assert proto.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
@@ -89,6 +90,8 @@ def test_parse_generate_round_trips_sampling():
         ({"class": "vip"}, "class"),
         ({"tier": 3}, "tier"),
         ({"decode_target": "2"}, "decode_target"),
+        ({"ttft_ms": 0}, "ttft_ms"),
+        ({"ttft_ms": "100"}, "ttft_ms"),
     ],
 )
 def test_parse_generate_names_the_bad_field(change, field):
