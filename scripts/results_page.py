@@ -26,15 +26,17 @@ def table(res: dict) -> str:
         f"{res['requests']} requests; {res['workload_line']}; tiers TTFT/TPOT: "
         f"{res['tiers_line']}.",
         "",
-        "| rate scale | offered req/s | Nitsum | w/o dyn. TP [k] | static FCFS [k] | Split "
-        "| Nitsum / best baseline | Nitsum / fixed-TP ablation (best k) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rate scale | offered req/s | Nitsum | greedy only | w/o dyn. TP [k] "
+        "| static FCFS [k] | Split | Nitsum / best baseline "
+        "| Nitsum / fixed-TP ablation (best k) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in res["points"]:
         r = p["runs"]
         fixed, static = p["best_fixed"], p["best_static"]
         lines.append(
             f"| {p['rate_scale']:g} | {p['offered_rps']:.1f} | {_cell(r['nitsum'])} | "
+            f"{_cell(r['nitsum-greedy']) if 'nitsum-greedy' in r else '-'} | "
             f"{_cell(r[fixed], fixed.rsplit('tp', 1)[1])} | "
             f"{_cell(r[static], static.rsplit('tp', 1)[1])} | {_cell(r['split'])} | "
             f"{_ratio(p['nitsum_over_best'])} | {_ratio(p['nitsum_over_fixed'])} |"

@@ -37,6 +37,7 @@ def policies(levels: list[int], devices: int) -> list[tuple[str, dict]]:
     """(name, policy) for every policy of the sweep at this pool size."""
     ok = [t for t in levels if t <= devices]
     out: list[tuple[str, dict]] = [("nitsum", {"kind": "nitsum"})]
+    out.append(("nitsum-greedy", {"kind": "nitsum_greedy"}))
     out += [(f"fixed-tp{t}", {"kind": "nitsum_fixed_tp", "tp": t}) for t in ok]
     out += [(f"static-tp{t}", {"kind": "static_tp", "tp": t}) for t in ok]
     out.append(("split", {"kind": "split"}))
