@@ -323,7 +323,9 @@ impl<'a> Cluster<'a> {
             Policy::FixedPlan {
                 reject_best_effort, ..
             } => *reject_best_effort,
-            _ => self.strategy == Some(Strategy::Split),
+            // NOTE: Nitsum running the split strategy serves what its partitions cannot take
+            // on leftover capacity (as the router does), rather than rejecting it.
+            _ => false,
         }
     }
 
@@ -351,7 +353,6 @@ impl<'a> Cluster<'a> {
         let levels = planner::candidate_levels(&self.profile, &pc, self.cfg.devices);
         let mut strategy = self.strategy.expect("live policies have a strategy");
         let every = u64::from(self.cfg.lookahead.every_windows.max(1));
-        let mut switched = false;
         let round = self.windows.is_multiple_of(every);
         if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
             let situation = Situation {
@@ -365,25 +366,24 @@ impl<'a> Cluster<'a> {
                 knobs: EngineKnobs::of(self.cfg),
             };
             let choice = chooser.round(&situation);
-            switched = choice.chosen != strategy;
             strategy = choice.chosen;
             self.choices.push((now, choice));
         }
         self.windows += 1;
         self.strategy = Some(strategy);
-        // Static strategies are built once, when chosen; live ones re-plan every window.
-        if strategy.is_live() || switched {
-            let planned = plan_strategy(
-                strategy,
-                &self.profile,
-                &self.cfg.tiers,
-                &demand,
-                self.cfg.devices,
-                Some(&self.plan),
-                &pc,
-            );
-            self.apply(planned, true);
-        }
+        // NOTE: every strategy re-plans every window, as the lookahead predicted it (a split
+        // sized on one window's shares would otherwise stay while the shares move);
+        // placement keeps unchanged groups where they are.
+        let planned = plan_strategy(
+            strategy,
+            &self.profile,
+            &self.cfg.tiers,
+            &demand,
+            self.cfg.devices,
+            Some(&self.plan),
+            &pc,
+        );
+        self.apply(planned, true);
         let pending = self.reqs.iter().any(|r| r.finish.is_none() && !r.dropped);
         if pending && self.now + self.cfg.window_s <= self.end {
             self.push(self.now + self.cfg.window_s, Kind::Control);

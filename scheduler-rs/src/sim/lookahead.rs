@@ -249,14 +249,21 @@ fn predict_all(
         .map(|r| r.generated + mean_prompt(r.tier))
         .sum::<f64>();
     let mut candidates = Vec::with_capacity(strategies.len());
-    for (st, planned) in strategies.iter().zip(plans.iter()) {
-        let mut goodput = 0.0;
-        let mut attainment = 0.0;
-        for requests in &forecasts {
-            let (g, a) = predict(s, cfg, *st, planned, eval, requests);
-            goodput += g / scale / forecasts.len() as f64;
-            attainment += a / forecasts.len() as f64;
-        }
+    // Strategies often make the same plan (the greedy at one level, split = greedy per tier):
+    // each distinct plan is simulated once.
+    let mut memo: Vec<(usize, (f64, f64))> = Vec::new();
+    for (k, (st, planned)) in strategies.iter().zip(plans.iter()).enumerate() {
+        let same = memo.iter().find(|(j, _)| plans[*j] == *planned).map(|m| m.1);
+        let (goodput, attainment) = same.unwrap_or_else(|| {
+            let (mut goodput, mut attainment) = (0.0, 0.0);
+            for requests in &forecasts {
+                let (g, a) = predict(s, cfg, planned, eval, requests);
+                goodput += g / scale / forecasts.len() as f64;
+                attainment += a / forecasts.len() as f64;
+            }
+            (goodput, attainment)
+        });
+        memo.push((k, (goodput, attainment)));
         let moved = current_plan.map_or(0.0, |c| moved_fraction(c, &planned.plan, eval));
         // A switch pauses the moved devices for the TP switch plus their share of the KV in
         // flight (one aggregated transfer): goodput lost ≈ moved share × pause / horizon.
@@ -287,7 +294,6 @@ fn predict_all(
 fn predict(
     s: &Situation,
     cfg: &LookaheadConfig,
-    strategy: Strategy,
     planned: &crate::planner::Planned,
     devices: u32,
     requests: &[TraceRequest],
@@ -302,7 +308,7 @@ fn predict(
         policy: Policy::FixedPlan {
             plan: planned.plan.clone(),
             batch_caps: planned.batch_caps.clone(),
-            reject_best_effort: strategy == Strategy::Split,
+            reject_best_effort: false,
         },
         requests: requests.to_vec(),
         window_s: cfg.horizon_s,
