@@ -115,7 +115,10 @@ pub async fn step(
         &cfg,
     );
     let plan_ms = t0.elapsed().as_secs_f64() * 1e3;
-    if planned.plan.groups.is_empty() || planned.plan.groups == view.current.groups {
+    if planned.plan.groups.is_empty()
+        || planned.plan.groups == view.current.groups
+        || engine.refresh_capacities(&planned.plan.groups, &planned.batch_caps)
+    {
         return None;
     }
     let (epoch, acks) =

@@ -192,6 +192,39 @@ impl Engine {
             .collect()
     }
 
+    /// Take a plan whose groups differ from the current one only in their SLO capacities
+    /// (`max_rps`, `max_inflight`) and whose batch caps are within 10% of the current ones:
+    /// routing refreshes under the same epoch, with no `reconfigure` round. Returns whether
+    /// it did. NOTE: every round reconfigures the workers and holds their steps; a window's
+    /// noise in rates and lengths moves capacities every window.
+    pub fn refresh_capacities(&self, groups: &[GroupPlan], batch_caps: &[f64]) -> bool {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let same_shape = |a: &GroupPlan, b: &GroupPlan| {
+            (&a.members, a.tp, a.role, &a.tiers, a.accepts_background)
+                == (&b.members, b.tp, b.role, &b.tiers, b.accepts_background)
+        };
+        let close_cap =
+            |g: &GroupPlan, c: f64| match (st.max_batch.get(&g.members).copied(), cap(c)) {
+                (None, None) => true,
+                (Some(old), Some(new)) => f64::from(old.abs_diff(new)) <= 0.1 * f64::from(old),
+                _ => false,
+            };
+        let current = &st.plan.groups;
+        let ok = current.len() == groups.len()
+            && current.iter().zip(groups).all(|(a, b)| same_shape(a, b))
+            && groups
+                .iter()
+                .zip(batch_caps.iter().copied().chain(std::iter::repeat(0.0)))
+                .all(|(g, c)| close_cap(g, c));
+        if ok && st.pending.is_none() {
+            st.planned = Some(groups.to_vec());
+            let epoch = st.plan.epoch;
+            self.rebuild_plan_with(st, Some(epoch));
+        }
+        ok && st.pending.is_none()
+    }
+
     /// Record the control loop's latest strategy choice.
     pub fn set_choice(&self, choice: Choice) {
         self.lock().choice = Some(choice);

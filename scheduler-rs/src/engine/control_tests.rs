@@ -188,3 +188,35 @@ async fn request_path_feeds_window_stats_only_with_the_control_loop() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_capacity_only_change_refreshes_routing_without_a_round() {
+    let (engine, mut rx) = Engine::new(control_cfg());
+    register(&engine, 0);
+    register(&engine, 1);
+    drain_raw(&mut rx);
+    let (epoch, _done) = engine.begin_round(
+        vec![group(&[0], &["strict"]), group(&[1], &["relaxed"])],
+        vec![20.0, 0.0],
+        Vec::new(),
+        0.1,
+    );
+    drain_raw(&mut rx);
+    ack(&engine, 0, epoch, true);
+    ack(&engine, 1, epoch, true);
+    engine.end_round(epoch, RoundOutcome::Answered).unwrap();
+    drain_raw(&mut rx);
+    // New capacities, batch cap 21 (within 10% of 20): routing only, same epoch, no message.
+    let mut groups = vec![group(&[0], &["strict"]), group(&[1], &["relaxed"])];
+    groups[0].max_rps = 55.0;
+    assert!(engine.refresh_capacities(&groups, &[21.0, 0.0]));
+    let plan = engine.plan();
+    assert_eq!((plan.epoch, plan.groups[0].max_rps), (epoch, 55.0));
+    assert!(drain_raw(&mut rx).is_empty(), "no reconfigure for capacities");
+    // A batch cap far off, a tier moved or a TP change needs a real round.
+    assert!(!engine.refresh_capacities(&groups, &[40.0, 0.0]));
+    let moved = vec![group(&[0], &["relaxed"]), group(&[1], &["strict"])];
+    assert!(!engine.refresh_capacities(&moved, &[20.0, 0.0]));
+    assert!(!engine.refresh_capacities(&[group(&[0, 1], &["strict"])], &[20.0]));
+    assert_eq!(engine.plan().groups[0].tiers, vec!["strict".to_string()]);
+}

@@ -253,7 +253,10 @@ fn predict_all(
     // each distinct plan is simulated once.
     let mut memo: Vec<(usize, (f64, f64))> = Vec::new();
     for (k, (st, planned)) in strategies.iter().zip(plans.iter()).enumerate() {
-        let same = memo.iter().find(|(j, _)| plans[*j] == *planned).map(|m| m.1);
+        let same = memo
+            .iter()
+            .find(|(j, _)| plans[*j] == *planned)
+            .map(|m| m.1);
         let (goodput, attainment) = same.unwrap_or_else(|| {
             let (mut goodput, mut attainment) = (0.0, 0.0);
             for requests in &forecasts {

@@ -118,7 +118,7 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
             let policy = Policy::FixedPlan {
                 plan: planned.plan,
                 batch_caps: planned.batch_caps,
-                reject_best_effort: s == Strategy::Split,
+                reject_best_effort: false,
             };
             let r = simulate(&sim_config(policy, devices, requests.clone())).unwrap();
             (s.name(), p.goodput_rps, r.met as f64 / 60.0)
