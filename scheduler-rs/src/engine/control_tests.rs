@@ -212,7 +212,10 @@ async fn a_capacity_only_change_refreshes_routing_without_a_round() {
     assert!(engine.refresh_capacities(&groups, &[21.0, 0.0]));
     let plan = engine.plan();
     assert_eq!((plan.epoch, plan.groups[0].max_rps), (epoch, 55.0));
-    assert!(drain_raw(&mut rx).is_empty(), "no reconfigure for capacities");
+    assert!(
+        drain_raw(&mut rx).is_empty(),
+        "no reconfigure for capacities"
+    );
     // A batch cap far off, a tier moved or a TP change needs a real round.
     assert!(!engine.refresh_capacities(&groups, &[40.0, 0.0]));
     let moved = vec![group(&[0], &["relaxed"]), group(&[1], &["strict"])];

@@ -113,15 +113,7 @@ pub(super) fn plan_fresh(
             w.accepts_background = true;
         }
     }
-    let placed = placement::place(wanted, devices, previous);
-    let (groups, batch_caps) = placed.into_iter().unzip();
-    Planned {
-        plan: Plan {
-            epoch: previous.map_or(1, |p| p.epoch + 1),
-            groups,
-        },
-        batch_caps,
-    }
+    Planned::from_placed(placement::place(wanted, devices, previous), previous)
 }
 
 /// Disaggregated candidates of tier `i` that fit `devices`: the most device-efficient bundle

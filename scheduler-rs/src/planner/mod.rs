@@ -80,6 +80,23 @@ pub struct Planned {
     pub batch_caps: Vec<f64>,
 }
 
+impl Planned {
+    /// Placed groups as the plan after `previous` (epoch + 1, or 1 for a first plan).
+    pub fn from_placed(
+        placed: Vec<(crate::plan::GroupPlan, f64)>,
+        previous: Option<&Plan>,
+    ) -> Self {
+        let (groups, batch_caps) = placed.into_iter().unzip();
+        Planned {
+            plan: Plan {
+                epoch: previous.map_or(1, |p| p.epoch + 1),
+                groups,
+            },
+            batch_caps,
+        }
+    }
+}
+
 /// Candidate TP levels: profiled ∩ allowed, ≤ `devices`, reduced to a divisibility chain
 /// (each kept level divides the next) so aligned placement can never fragment.
 pub fn candidate_levels(profile: &Profile, cfg: &PlannerConfig, devices: u32) -> Vec<u32> {

@@ -85,17 +85,6 @@ pub fn plan_strategy(
     }
 }
 
-fn finish(placed: Vec<(crate::plan::GroupPlan, f64)>, previous: Option<&Plan>) -> Planned {
-    let (groups, batch_caps) = placed.into_iter().unzip();
-    Planned {
-        plan: Plan {
-            epoch: previous.map_or(1, |p| p.epoch + 1),
-            groups,
-        },
-        batch_caps,
-    }
-}
-
 /// ⌊devices / tp⌋ mixed TP-`tp` groups serving every tier, unbounded capacity.
 pub fn static_tp(tiers: &[Tier], devices: u32, tp: u32, previous: Option<&Plan>) -> Planned {
     let names: Vec<String> = tiers.iter().map(|t| t.name.clone()).collect();
@@ -110,7 +99,7 @@ pub fn static_tp(tiers: &[Tier], devices: u32, tp: u32, previous: Option<&Plan>)
             batch_cap: 0.0,
         })
         .collect();
-    finish(placement::place(wanted, devices, previous), previous)
+    Planned::from_placed(placement::place(wanted, devices, previous), previous)
 }
 
 /// Split: one partition per SLO tier with demand, sized by its share of the requests, each on
@@ -125,7 +114,7 @@ pub fn split(
 ) -> Planned {
     let levels = candidate_levels(profile, cfg, devices);
     let Some(&smallest) = levels.first() else {
-        return finish(Vec::new(), previous);
+        return Planned::from_placed(Vec::new(), previous);
     };
     let rate = |t: &Tier| {
         demand
@@ -187,5 +176,5 @@ pub fn split(
         .zip(&given)
         .flat_map(|(p, &dev)| (0..dev / p.0).map(move |_| p.1.clone()))
         .collect();
-    finish(placement::place(wanted, devices, previous), previous)
+    Planned::from_placed(placement::place(wanted, devices, previous), previous)
 }
