@@ -133,7 +133,7 @@ fn bench_with(
                     planner: &cfg,
                     knobs: EngineKnobs::default(),
                 };
-                c.round(&situation).chosen
+                c.round(&situation, 0.0, &|_, _| 0.0).chosen
             }
             None => Strategy::Greedy,
         };

@@ -144,7 +144,21 @@ async fn choose(
     let (profile, tiers) = (profile.clone(), engine.cfg.tiers.clone());
     let (demand, levels, cfg) = (demand.to_vec(), levels.to_vec(), cfg.clone());
     let inflight = engine.inflight_snapshot();
+    // What the lookahead checks its predictions against: completions of the last minute.
+    let (now, outcomes) = engine.recent_outcomes(60.0);
+    let weights: Vec<f64> = tiers
+        .iter()
+        .map(|t| if t.background { 0.0 } else { t.weight })
+        .collect();
     let run = tokio::task::spawn_blocking(move || {
+        let delivered = |t0: f64, t1: f64| {
+            let met: f64 = outcomes
+                .iter()
+                .filter(|o| o.0 >= t0 && o.0 < t1 && o.2)
+                .map(|o| weights[o.1])
+                .sum();
+            met / (t1 - t0).max(1e-9)
+        };
         let situation = Situation {
             profile: &profile,
             tiers: &tiers,
@@ -155,7 +169,7 @@ async fn choose(
             planner: &cfg,
             knobs: EngineKnobs::default(),
         };
-        let choice = chooser.round(&situation);
+        let choice = chooser.round(&situation, now, &delivered);
         (chooser, choice)
     });
     match run.await {

@@ -103,6 +103,9 @@ struct State {
     stats: WindowStats,
     /// The control round waiting for `reconfigured` acks.
     pending: Option<control::Round>,
+    /// Completed requests (arrival s on the engine clock, tier, met their SLOs), for the
+    /// lookahead's delivered-vs-predicted check; the control loop drops old ones.
+    outcomes: std::collections::VecDeque<(f64, usize, bool)>,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
     choice: Option<crate::sim::lookahead::Choice>,
     /// Recent control decisions, oldest first (bounded).

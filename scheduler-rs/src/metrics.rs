@@ -96,6 +96,20 @@ pub struct Completion {
     pub tokens: u64,
 }
 
+impl Completion {
+    /// Mean time per output token after the first (two tokens or more).
+    pub fn tpot_s(&self) -> Option<f64> {
+        let ttft = self.ttft_s?;
+        (self.tokens > 1).then(|| (self.e2e_s - ttft) / (self.tokens - 1) as f64)
+    }
+
+    /// Whether the completion met `tier`'s TTFT and TPOT (one with no token meets both).
+    pub fn meets(&self, tier: &Tier) -> bool {
+        let ttft_ok = self.ttft_s.is_none_or(|t| t * 1e3 <= tier.ttft_ms);
+        ttft_ok && self.tpot_s().is_none_or(|t| t * 1e3 <= tier.tpot_ms)
+    }
+}
+
 impl Metrics {
     pub fn new(tiers: &[Tier]) -> Self {
         Metrics {
@@ -119,18 +133,14 @@ impl Metrics {
         m.finished.fetch_add(1, Ordering::Relaxed);
         m.tokens.fetch_add(c.tokens, Ordering::Relaxed);
         m.e2e.observe(c.e2e_s);
-        let mut met = true;
         if let Some(ttft) = c.ttft_s {
             m.ttft.observe(ttft);
-            met &= ttft * 1e3 <= tier.ttft_ms;
-            if c.tokens > 1 {
-                let tpot = (c.e2e_s - ttft) / (c.tokens - 1) as f64;
+            if let Some(tpot) = c.tpot_s() {
                 m.tpot.observe(tpot);
-                met &= tpot * 1e3 <= tier.tpot_ms;
             }
         }
         // NOTE: background tiers have no SLO; their completions always count as met.
-        if met || tier.background {
+        if c.meets(tier) || tier.background {
             m.slo_met.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -225,6 +225,18 @@ impl Engine {
         ok && st.pending.is_none()
     }
 
+    /// Completions of requests that arrived in the last `window_s` (engine clock): (arrival
+    /// s, tier, met); older ones are dropped. Also returns the engine clock now.
+    pub fn recent_outcomes(&self, window_s: f64) -> (f64, Vec<(f64, usize, bool)>) {
+        let now = self.now_s();
+        let since_s = now - window_s;
+        let mut st = self.lock();
+        while st.outcomes.front().is_some_and(|o| o.0 < since_s) {
+            st.outcomes.pop_front();
+        }
+        (now, st.outcomes.iter().copied().collect())
+    }
+
     /// Record the control loop's latest strategy choice.
     pub fn set_choice(&self, choice: Choice) {
         self.lock().choice = Some(choice);

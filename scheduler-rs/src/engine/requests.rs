@@ -196,6 +196,16 @@ impl Engine {
             e2e_s: (now - e.start).as_secs_f64(),
             tokens: e.tokens,
         };
+        if self.control {
+            let arrival = e.start.saturating_duration_since(self.clock).as_secs_f64();
+            let met = c.meets(&self.cfg.tiers[tier]);
+            let mut st = self.lock();
+            // NOTE: bounded whether or not a control round reads them (2 minutes).
+            while st.outcomes.front().is_some_and(|o| o.0 < arrival - 120.0) {
+                st.outcomes.pop_front();
+            }
+            st.outcomes.push_back((arrival, tier, met));
+        }
         self.metrics
             .record_completion(tier, &self.cfg.tiers[tier], c);
     }

@@ -151,6 +151,10 @@ pub fn split(
         };
         parts.push((tp, w, rate(tier) / total));
     }
+    if parts.is_empty() {
+        // No SLO demand: the greedy's idle layout (best-effort groups), not an empty pool.
+        return plan(profile, tiers, demand, devices, previous, cfg);
+    }
     // One group per tier first, then each next group to the tier furthest below its share.
     let mut given = vec![0u32; parts.len()];
     let mut free = devices;

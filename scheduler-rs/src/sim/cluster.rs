@@ -365,7 +365,9 @@ impl<'a> Cluster<'a> {
                 planner: &pc,
                 knobs: EngineKnobs::of(self.cfg),
             };
-            let choice = chooser.round(&situation);
+            let (reqs, tiers) = (&self.reqs, &self.cfg.tiers);
+            let delivered = |t0: f64, t1: f64| delivered_rps(reqs, tiers, t0, t1);
+            let choice = chooser.round(&situation, now, &delivered);
             strategy = choice.chosen;
             self.choices.push((now, choice));
         }
@@ -389,6 +391,28 @@ impl<'a> Cluster<'a> {
             self.push(self.now + self.cfg.window_s, Kind::Control);
         }
     }
+}
+
+/// Weighted requests arrived in `[t0, t1)` that finished meeting their SLOs, per second.
+fn delivered_rps(reqs: &[Req], tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -> f64 {
+    let met: f64 = reqs
+        .iter()
+        .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier].background)
+        .filter(|r| {
+            let (Some(first), Some(end)) = (r.first_token, r.finish) else {
+                return false;
+            };
+            let tier = &tiers[r.tier];
+            let tpot = if r.output > 1 {
+                (end - first) * 1e3 / f64::from(r.output - 1)
+            } else {
+                0.0
+            };
+            (first - r.arrival) * 1e3 <= tier.ttft_ms && tpot <= tier.tpot_ms
+        })
+        .map(|r| tiers[r.tier].weight)
+        .sum();
+    met / (t1 - t0).max(1e-9)
 }
 
 fn policy_name(p: &Policy) -> String {

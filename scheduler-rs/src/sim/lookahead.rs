@@ -39,6 +39,8 @@ pub struct LookaheadConfig {
     pub switch_margin: f64,
     /// Run a selection round every this many control windows.
     pub every_windows: u32,
+    /// Weight of each delivered/predicted check in a strategy's bias (0: no correction).
+    pub bias_rate: f64,
     /// Share of a moved device's predicted goodput charged to a switch (see `choose`).
     pub move_penalty: f64,
     /// Rate multiplier of the surge forecast each candidate is also predicted on.
@@ -60,6 +62,7 @@ impl Default for LookaheadConfig {
             smoothing: 0.5,
             surge: 1.5,
             move_penalty: 0.15,
+            bias_rate: 0.0,
         }
     }
 }
@@ -122,9 +125,13 @@ pub struct Candidate {
     pub attainment: f64,
     /// Goodput the switch to it would cost (0 for the current strategy), requests/s.
     pub switch_cost_rps: f64,
-    /// Running average of `goodput_rps - switch_cost_rps` over the rounds: what the choice
-    /// compares.
+    /// Predicted goodput under the surge forecast (`surge` × the rate), requests/s.
+    pub surge_goodput_rps: f64,
+    /// Running average of `bias × (goodput_rps + surge_goodput_rps / surge) / 2 -
+    /// switch_cost_rps` over the rounds: what the choice compares.
     pub smoothed_rps: f64,
+    /// Delivered / predicted goodput of this strategy the last times it ran (1 until then).
+    pub bias: f64,
 }
 
 /// The outcome of a selection round, with every candidate and the reason.
@@ -135,12 +142,20 @@ pub struct Choice {
     pub reason: String,
 }
 
-/// The choice across rounds: the strategy in force and each candidate's running average.
+/// Goodput the run actually delivered: weighted met requests per second among those that
+/// arrived in `[t0, t1)`, as known at the time of the call.
+pub type Delivered<'a> = &'a dyn Fn(f64, f64) -> f64;
+
+/// The choice across rounds: the strategy in force, each candidate's running average, and
+/// each strategy's measured bias (delivered / predicted).
 #[derive(Debug, Clone)]
 pub struct Chooser {
     pub cfg: LookaheadConfig,
     current: Strategy,
     smoothed: std::collections::HashMap<Strategy, f64>,
+    bias: std::collections::HashMap<Strategy, f64>,
+    /// (round time, strategy in force, its raw prediction) awaiting what was delivered.
+    pending: std::collections::VecDeque<(f64, Strategy, f64)>,
 }
 
 impl Chooser {
@@ -149,6 +164,28 @@ impl Chooser {
             cfg,
             current: initial,
             smoothed: Default::default(),
+            bias: Default::default(),
+            pending: Default::default(),
+        }
+    }
+
+    /// NOTE: the forecast (Poisson arrivals, independent log-normal lengths) misses a real
+    /// trace's bursts and long-run queueing, and not by the same amount for every strategy.
+    /// A round's prediction for the strategy in force is checked once the requests it covers
+    /// have had time to finish (`3 × horizon_s` later, the predictor's own window); the ratio
+    /// delivered / predicted corrects that strategy's later predictions.
+    fn learn(&mut self, now: f64, delivered: Delivered) {
+        let h = self.cfg.horizon_s;
+        while let Some(&(t0, strategy, predicted)) = self.pending.front() {
+            if now < t0 + 3.0 * h {
+                break;
+            }
+            self.pending.pop_front();
+            if predicted > 0.0 {
+                let ratio = (delivered(t0, t0 + h) / predicted).clamp(0.2, 2.0);
+                let b = self.bias.entry(strategy).or_insert(1.0);
+                *b += self.cfg.bias_rate.clamp(0.0, 1.0) * (ratio - *b);
+            }
         }
     }
 
@@ -159,19 +196,33 @@ impl Chooser {
 
     /// One selection round: predict every candidate, fold the predictions into the running
     /// averages, and keep or switch the strategy.
-    pub fn round(&mut self, s: &Situation) -> Choice {
+    pub fn round(&mut self, s: &Situation, now: f64, delivered: Delivered) -> Choice {
+        self.learn(now, delivered);
         let mut c = predict_all(s, &self.cfg, Some(self.current));
         let a = self.cfg.smoothing.clamp(0.05, 1.0);
         for cand in &mut c.1 {
-            let net = cand.goodput_rps - cand.switch_cost_rps;
             let key = strategy_of(&c.0, &cand.strategy);
+            cand.bias = self.bias.get(&key).copied().unwrap_or(1.0);
+            let both = (cand.goodput_rps + cand.surge_goodput_rps / self.cfg.surge.max(1.0)) / 2.0;
+            let net = cand.bias * both - cand.switch_cost_rps;
             let prev = self.smoothed.get(&key).copied();
             let v = prev.map_or(net, |p| p + a * (net - p));
             self.smoothed.insert(key, v);
             cand.smoothed_rps = v;
         }
         let choice = pick(&c.0, c.1, Some(self.current), self.cfg.switch_margin);
+        if choice.chosen != self.current {
+            // Rounds whose horizon the switch cuts measure a mix of two strategies.
+            let h = self.cfg.horizon_s;
+            self.pending.retain(|&(t0, _, _)| t0 + h <= now);
+        }
         self.current = choice.chosen;
+        let raw = choice
+            .candidates
+            .iter()
+            .find(|c| c.strategy == self.current.name())
+            .map_or(0.0, |c| c.goodput_rps);
+        self.pending.push_back((now, self.current, raw));
         choice
     }
 }
@@ -194,9 +245,9 @@ fn predict_all(
     let eval = cfg.eval_devices.max(largest).min(s.devices).max(1);
     let scale = f64::from(eval) / f64::from(s.devices);
     // NOTE: the next windows' rate is uncertain (bursts): each candidate is also predicted
-    // with the arrivals of a surge (`surge` × the rate), and the two predictions averaged. A
-    // layout that only holds at exactly the observed rate (FCFS without admission) then
-    // loses to one that degrades gracefully.
+    // with the arrivals of a surge (`surge` × the rate), and the choice averages the two (the
+    // surge's per unit of offered load). A layout that only holds at exactly the observed
+    // rate (FCFS without admission) then loses to one that degrades gracefully.
     let forecasts: Vec<Vec<TraceRequest>> = [1.0, cfg.surge]
         .iter()
         .map(|&k| {
@@ -251,22 +302,18 @@ fn predict_all(
     let mut candidates = Vec::with_capacity(strategies.len());
     // Strategies often make the same plan (the greedy at one level, split = greedy per tier):
     // each distinct plan is simulated once.
-    let mut memo: Vec<(usize, (f64, f64))> = Vec::new();
+    let mut memo: Vec<(usize, (f64, f64, f64))> = Vec::new();
     for (k, (st, planned)) in strategies.iter().zip(plans.iter()).enumerate() {
         let same = memo
             .iter()
             .find(|(j, _)| plans[*j] == *planned)
             .map(|m| m.1);
-        let (goodput, attainment) = same.unwrap_or_else(|| {
-            let (mut goodput, mut attainment) = (0.0, 0.0);
-            for requests in &forecasts {
-                let (g, a) = predict(s, cfg, planned, eval, requests);
-                goodput += g / scale / forecasts.len() as f64;
-                attainment += a / forecasts.len() as f64;
-            }
-            (goodput, attainment)
+        let (goodput, attainment, surge_goodput) = same.unwrap_or_else(|| {
+            let (g, a) = predict(s, cfg, planned, eval, &forecasts[0]);
+            let (gs, _) = predict(s, cfg, planned, eval, &forecasts[1]);
+            (g / scale, a, gs / scale)
         });
-        memo.push((k, (goodput, attainment)));
+        memo.push((k, (goodput, attainment, surge_goodput)));
         let moved = current_plan.map_or(0.0, |c| moved_fraction(c, &planned.plan, eval));
         // A switch pauses the moved devices for the TP switch plus their share of the KV in
         // flight (one aggregated transfer): goodput lost ≈ moved share × pause / horizon.
@@ -287,7 +334,9 @@ fn predict_all(
             goodput_rps: goodput,
             attainment,
             switch_cost_rps: cost,
+            surge_goodput_rps: surge_goodput,
             smoothed_rps: goodput - cost,
+            bias: 1.0,
         });
     }
     (strategies, candidates)
@@ -330,13 +379,17 @@ fn predict(
     let Ok(r) = simulate(&sim) else {
         return (0.0, 0.0);
     };
-    // Scored: the requests in flight now and those arriving within the horizon.
+    // Scored: the requests arriving within the horizon (those in flight only load the
+    // layout): what the run's delivered goodput can be checked against (`Chooser::learn`).
     let weight: std::collections::HashMap<&str, f64> = s
         .tiers
         .iter()
         .map(|t| (t.name.as_str(), if t.background { 0.0 } else { t.weight }))
         .collect();
-    let scored = r.records.iter().filter(|x| x.arrival_s < cfg.horizon_s);
+    let scored = r
+        .records
+        .iter()
+        .filter(|x| x.arrival_s > 0.0 && x.arrival_s < cfg.horizon_s);
     let (mut met, mut n) = (0.0, 0.0);
     for x in scored {
         let w = weight.get(x.tier.as_str()).copied().unwrap_or(0.0);

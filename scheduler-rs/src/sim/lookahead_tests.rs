@@ -182,7 +182,7 @@ fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
         };
         for current in Strategy::all(&levels) {
             let mut chooser = Chooser::new(cfg.clone(), current);
-            let choice = chooser.round(&situation);
+            let choice = chooser.round(&situation, 0.0, &|_, _| 0.0);
             let score = |s: Strategy| {
                 choice
                     .candidates
@@ -223,4 +223,59 @@ fn a_stationary_workload_settles_and_stops_reconfiguring() {
         assert!(!c.reason.is_empty());
     }
     assert!(r.attainment > 0.9, "{}", r.attainment);
+}
+
+#[test]
+fn a_strategy_that_delivers_less_than_predicted_is_discounted_and_left() {
+    let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
+    let profile = Profile::from_file(pf).unwrap();
+    let levels = crate::planner::candidate_levels(&profile, &pc, 8);
+    let d = demand(20.0, 20.0);
+    let situation = Situation {
+        profile: &profile,
+        tiers: &t,
+        demand: &d,
+        inflight: &[],
+        devices: 8,
+        levels: &levels,
+        planner: &pc,
+        knobs: knobs(),
+    };
+    let cfg = LookaheadConfig {
+        bias_rate: 0.3,
+        ..LookaheadConfig::default()
+    };
+    let mut chooser = Chooser::new(cfg, Strategy::Greedy);
+    // The run delivers nothing while the greedy is in force: once a round's requests had
+    // time to finish (3 horizons), its predictions are scaled down until another wins.
+    let mut first_bias = None;
+    let mut left_at = None;
+    for k in 0..40 {
+        let now = f64::from(k);
+        let greedy = chooser.current() == Strategy::Greedy;
+        let choice = chooser.round(&situation, now, &|_, _| if greedy { 0.0 } else { 40.0 });
+        let bias = |name: &str| {
+            choice
+                .candidates
+                .iter()
+                .find(|c| c.strategy == name)
+                .unwrap()
+                .bias
+        };
+        if now < 12.0 {
+            assert_eq!(bias("greedy"), 1.0, "nothing is checked before 3 horizons");
+        } else if first_bias.is_none() {
+            first_bias = Some(bias("greedy"));
+        }
+        if choice.chosen != Strategy::Greedy && left_at.is_none() {
+            left_at = Some(now);
+            assert!(
+                choice.reason.starts_with("switched greedy"),
+                "{}",
+                choice.reason
+            );
+        }
+    }
+    assert!(first_bias.unwrap() < 0.9, "{first_bias:?}");
+    assert!(left_at.is_some_and(|t| t >= 12.0), "{left_at:?}");
 }
