@@ -95,7 +95,14 @@ pub async fn step(
         }
     }
     let t0 = Instant::now();
+    let window = engine.next_control_window();
+    let every = u64::from(engine.cfg.lookahead.every_windows.max(1));
     let strategy = match chooser.take() {
+        Some(c) if !window.is_multiple_of(every) => {
+            let strategy = c.current();
+            *chooser = Some(c);
+            strategy
+        }
         Some(c) => {
             let levels = planner::candidate_levels(profile, &cfg, view.devices);
             let (c, strategy) =

@@ -106,6 +106,8 @@ struct State {
     /// Completed requests (arrival s on the engine clock, tier, met their SLOs), for the
     /// lookahead's delivered-vs-predicted check; the control loop drops old ones.
     outcomes: std::collections::VecDeque<(f64, usize, bool)>,
+    /// Control windows planned so far (selection rounds run every `every_windows`).
+    windows: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
     choice: Option<crate::sim::lookahead::Choice>,
     /// Recent control decisions, oldest first (bounded).

@@ -237,6 +237,13 @@ impl Engine {
         (now, st.outcomes.iter().copied().collect())
     }
 
+    /// Count a control window; returns how many came before it.
+    pub fn next_control_window(&self) -> u64 {
+        let mut st = self.lock();
+        st.windows += 1;
+        st.windows - 1
+    }
+
     /// Record the control loop's latest strategy choice.
     pub fn set_choice(&self, choice: Choice) {
         self.lock().choice = Some(choice);
