@@ -317,6 +317,11 @@ async fn prefill_decode_split_stays_inside_one_worker_process() {
     let split = |p: &Value| applied_roles(p).contains(&"decode".to_string());
     let seen = load_until(&r, [30.0, 0.0], Duration::from_secs(8), split, &mut tasks).await;
     assert!(seen, "{:#}", get_json(&r, "/admin/plan").await);
+    // NOTE: the first pool's requests finish before it goes (on a loaded machine some were
+    // still running when it was dropped, and failed with it).
+    for t in tasks.drain(..) {
+        assert!(t.await.unwrap());
+    }
     drop(r);
     // Two processes of 2 devices: no KV path between them, so no split; TP 2 stays inside.
     let hosts: Vec<MockOptions> = [0, 0, 2, 2]
