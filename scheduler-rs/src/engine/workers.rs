@@ -164,10 +164,19 @@ impl Engine {
     /// `None`, a fresh one.
     pub(super) fn rebuild_plan_with(&self, st: &mut State, epoch: Option<u64>) -> Plan {
         let alive = |g: &GroupPlan| g.members.iter().all(|m| st.registry.contains(*m));
-        let groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref()) {
+        let mut groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref())
+        {
             Some(groups) => groups.iter().filter(|g| alive(g)).cloned().collect(),
             None => st.registry.ids().map(|w| self.default_group(w)).collect(),
         };
+        if st.planned.is_some() {
+            // NOTE: a worker that registered after the control loop's last plan serves as its
+            // own TP-1 group until the next window plans it, rather than sitting idle.
+            let covered: Vec<u32> = groups.iter().flat_map(|g| g.members.clone()).collect();
+            let new: Vec<u32> = st.registry.ids().filter(|w| !covered.contains(w)).collect();
+            groups.extend(new.into_iter().map(|w| self.default_group(w)));
+            groups.sort_by_key(GroupPlan::leader);
+        }
         let epoch = match epoch {
             Some(e) => e,
             None => {
