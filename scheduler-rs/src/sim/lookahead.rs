@@ -27,7 +27,7 @@ pub const FORECAST_SEED: u64 = 0x5EED;
 
 /// Knobs of the choice.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LookaheadConfig {
     /// Whether the router's control loop chooses strategies (false: the greedy alone).
     pub enabled: bool,
@@ -198,10 +198,9 @@ impl Chooser {
     /// averages, and keep or switch the strategy.
     pub fn round(&mut self, s: &Situation, now: f64, delivered: Delivered) -> Choice {
         self.learn(now, delivered);
-        let mut c = predict_all(s, &self.cfg, Some(self.current));
+        let (strategies, mut candidates) = predict_all(s, &self.cfg, Some(self.current));
         let a = self.cfg.smoothing.clamp(0.05, 1.0);
-        for cand in &mut c.1 {
-            let key = strategy_of(&c.0, &cand.strategy);
+        for (&key, cand) in strategies.iter().zip(&mut candidates) {
             cand.bias = self.bias.get(&key).copied().unwrap_or(1.0);
             let both = (cand.goodput_rps + cand.surge_goodput_rps / self.cfg.surge.max(1.0)) / 2.0;
             let net = cand.bias * both - cand.switch_cost_rps;
@@ -210,28 +209,36 @@ impl Chooser {
             self.smoothed.insert(key, v);
             cand.smoothed_rps = v;
         }
-        let choice = pick(&c.0, c.1, Some(self.current), self.cfg.switch_margin);
+        let choice = pick(
+            &strategies,
+            candidates,
+            Some(self.current),
+            self.cfg.switch_margin,
+        );
         if choice.chosen != self.current {
             // Rounds whose horizon the switch cuts measure a mix of two strategies.
             let h = self.cfg.horizon_s;
             self.pending.retain(|&(t0, _, _)| t0 + h <= now);
         }
         self.current = choice.chosen;
-        let raw = choice
-            .candidates
+        let raw = strategies
             .iter()
-            .find(|c| c.strategy == self.current.name())
-            .map_or(0.0, |c| c.goodput_rps);
+            .position(|&x| x == self.current)
+            .map_or(0.0, |i| choice.candidates[i].goodput_rps);
         self.pending.push_back((now, self.current, raw));
         choice
     }
 }
 
-fn strategy_of(strategies: &[Strategy], name: &str) -> Strategy {
-    *strategies
+/// `demand` with every tier's rate × `factor`.
+fn scaled(demand: &[TierDemand], factor: f64) -> Vec<TierDemand> {
+    demand
         .iter()
-        .find(|s| s.name() == name)
-        .expect("candidates come from the strategies")
+        .map(|d| TierDemand {
+            rate_rps: d.rate_rps * factor,
+            ..d.clone()
+        })
+        .collect()
 }
 
 /// Predict every strategy over `s.levels` (with switch costs relative to `current`).
@@ -251,14 +258,6 @@ fn predict_all(
     let forecasts: Vec<Vec<TraceRequest>> = [1.0, cfg.surge]
         .iter()
         .map(|&k| {
-            let demand: Vec<TierDemand> = s
-                .demand
-                .iter()
-                .map(|d| TierDemand {
-                    rate_rps: d.rate_rps * k,
-                    ..d.clone()
-                })
-                .collect();
             // Arrivals go on for a second horizon so that the scored ones (those of the first)
             // compete with later load as they would in the real run, not with a draining pool.
             let spec = ForecastSpec {
@@ -267,17 +266,10 @@ fn predict_all(
                 prior_lengths: s.planner.prior_lengths,
                 seed: FORECAST_SEED,
             };
-            forecast(s.tiers, &demand, s.inflight, &spec)
+            forecast(s.tiers, &scaled(s.demand, k), s.inflight, &spec)
         })
         .collect();
-    let demand: Vec<TierDemand> = s
-        .demand
-        .iter()
-        .map(|d| TierDemand {
-            rate_rps: d.rate_rps * scale,
-            ..d.clone()
-        })
-        .collect();
+    let demand = scaled(s.demand, scale);
     let plans: Vec<_> = strategies
         .iter()
         .map(|&st| plan_strategy(st, s.profile, s.tiers, &demand, eval, None, s.planner))
