@@ -279,3 +279,20 @@ fn a_strategy_that_delivers_less_than_predicted_is_discounted_and_left() {
     assert!(first_bias.unwrap() < 0.9, "{first_bias:?}");
     assert!(left_at.is_some_and(|t| t >= 12.0), "{left_at:?}");
 }
+
+#[test]
+fn every_windows_spaces_the_rounds_and_unknown_knobs_are_refused() {
+    let requests = trace(&demand(25.0, 25.0), 20.0, 11);
+    let mut cfg = sim_config(Policy::Nitsum, 8, requests);
+    let every = simulate(&cfg).unwrap().choices.len();
+    cfg.lookahead.every_windows = 4;
+    let spaced = simulate(&cfg).unwrap().choices;
+    assert!(
+        every >= 20 && spaced.len() <= every.div_ceil(4),
+        "{every} vs {}",
+        spaced.len()
+    );
+    assert!(spaced.windows(2).all(|w| w[1].0 - w[0].0 >= 4.0 - 1e-9));
+    let e = serde_json::from_str::<LookaheadConfig>(r#"{"horizon": 3}"#).unwrap_err();
+    assert!(e.to_string().contains("unknown field `horizon`"), "{e}");
+}
