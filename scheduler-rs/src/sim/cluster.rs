@@ -398,18 +398,8 @@ fn delivered_rps(reqs: &[Req], tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -
     let met: f64 = reqs
         .iter()
         .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier].background)
-        .filter(|r| {
-            let (Some(first), Some(end)) = (r.first_token, r.finish) else {
-                return false;
-            };
-            let tier = &tiers[r.tier];
-            let tpot = if r.output > 1 {
-                (end - first) * 1e3 / f64::from(r.output - 1)
-            } else {
-                0.0
-            };
-            (first - r.arrival) * 1e3 <= tier.ttft_ms && tpot <= tier.tpot_ms
-        })
+        // The same SLO check as the result's records (`report::record`).
+        .filter(|r| report::record(0, r, tiers).met)
         .map(|r| tiers[r.tier].weight)
         .sum();
     met / (t1 - t0).max(1e-9)
