@@ -4,10 +4,11 @@ A tiny random Llama (8 heads, 4 KV heads: TP 1/2/4) with the embedded model's to
 behind the real router. The profile is synthetic: prefill is costly per token, so a mixed
 iteration carrying a prefill chunk misses the strict TTFT, and only TP 2 decodes within the
 strict TPOT. A strict load therefore gets a prefill/decode split with a TP-2 decode group; a
-relaxed-heavy load gets mixed TP-1 groups back. The real host worker hands prefilled KV to the
-decode group and migrates running KV on each switch: every response must still equal the
-greedy output of a single-device engine, and every request sent must end in exactly one
-completion or one explicit HTTP error, counted on both sides (client and router metrics).
+relaxed-heavy load gets mixed groups back (TP 1 or TP 2: both meet the relaxed TPOT). The real
+host worker hands prefilled KV to the decode group and migrates running KV on each switch:
+every response must still equal the greedy output of a single-device engine, and every request
+sent must end in exactly one completion or one explicit HTTP error, counted on both sides
+(client and router metrics).
 """
 
 from __future__ import annotations
@@ -183,8 +184,10 @@ def strict_split_with_tp2(p: dict) -> bool:
     )
 
 
-def all_mixed_tp1(p: dict) -> bool:
-    return bool(p["groups"]) and all(g["role"] == "mixed" and g["tp"] == 1 for g in p["groups"])
+def all_mixed(p: dict) -> bool:
+    """No prefill/decode split left: every group serves both phases (at whichever TP the
+    chooser prefers; relaxed TPOT is met at TP 1 and TP 2 alike, so either may win)."""
+    return bool(p["groups"]) and all(g["role"] == "mixed" for g in p["groups"])
 
 
 def worker_stat(url: str, name: str) -> float:
@@ -239,10 +242,10 @@ def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path)
         time.sleep(0.2)
     assert worker_stat(server, "kv_handoffs") > 0
     assert worker_stat(server, "kv_handoff_bytes") > 0
-    for _ in range(10):  # relaxed-heavy load: mixed TP-1 groups only
+    for _ in range(10):  # relaxed-heavy load: mixed groups only, the split is undone
         offer(client, "relaxed", 60, results, concurrency=4)
         offer(client, "background", 5, results)
-        if all_mixed_tp1(plan(server)):
+        if all_mixed(plan(server)):
             seen_back = True
             break
     assert seen_back, plan(server)
@@ -272,5 +275,5 @@ def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path)
     history = plan(server)["history"]
     applied = [h["groups"] for h in history if h["result"] == "applied"]
     assert any(strict_split_with_tp2({"groups": g}) for g in applied), applied
-    assert any(all_mixed_tp1({"groups": g}) for g in applied), applied
+    assert any(all_mixed({"groups": g}) for g in applied), applied
     assert worker_stat(server, "reconfigurations") >= len(applied) >= 2
