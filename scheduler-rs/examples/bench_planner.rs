@@ -128,6 +128,7 @@ fn bench_with(
                     tiers: &tiers,
                     demand: &demand,
                     inflight: &[],
+                    recent: &[],
                     devices,
                     levels: &levels,
                     planner: &cfg,

@@ -151,6 +151,7 @@ async fn choose(
     let (profile, tiers) = (profile.clone(), engine.cfg.tiers.clone());
     let (demand, levels, cfg) = (demand.to_vec(), levels.to_vec(), cfg.clone());
     let inflight = engine.inflight_snapshot();
+    let recent = engine.recent_arrivals(chooser.cfg.lookback_s());
     // What the lookahead checks its predictions against: completions of the last minute.
     let (now, outcomes) = engine.recent_outcomes(60.0);
     let weights: Vec<f64> = tiers
@@ -171,6 +172,7 @@ async fn choose(
             tiers: &tiers,
             demand: &demand,
             inflight: &inflight,
+            recent: &recent,
             devices,
             levels: &levels,
             planner: &cfg,

@@ -145,6 +145,21 @@ impl WindowStats {
         w.prompts.push_back((now, f64::from(prompt_tokens)));
     }
 
+    /// (tier, seconds ago, prompt tokens) of the arrivals within `lookback_s` of `now`, as
+    /// far as the length window still holds them (`length_window_s`), oldest first per tier.
+    pub fn recent_arrivals(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
+        let since = now - lookback_s.min(self.cfg.length_window_s);
+        self.tiers
+            .iter()
+            .flat_map(|(name, w)| {
+                w.prompts
+                    .iter()
+                    .filter(move |&&(t, _)| t > since && t <= now)
+                    .map(move |&(t, p)| (name.as_str(), now - t, p))
+            })
+            .collect()
+    }
+
     /// A request of `tier` finished at `now` having generated `output_tokens`.
     pub fn on_completion(&mut self, now: f64, tier: &str, output_tokens: u32) {
         self.window(tier)
@@ -254,6 +269,25 @@ mod tests {
         assert_eq!(later[0].rate_rps, 0.0);
         assert_eq!(later[0].prompt.mean, 25.0);
         assert_eq!(later[0].output.p99, 7.0);
+    }
+
+    #[test]
+    fn recent_arrivals_list_tier_age_and_prompt_within_the_lookback() {
+        let mut st = WindowStats::new(StatsConfig {
+            length_window_s: 2.0,
+            ..StatsConfig::default()
+        });
+        for (t, len) in [(0.1, 10), (1.2, 30), (1.4, 40)] {
+            st.on_arrival(t, "a", len);
+        }
+        st.on_arrival(1.0, "b", 5);
+        let r = st.recent_arrivals(1.5, 0.4);
+        assert_eq!(r.len(), 2);
+        assert!(r.iter().all(|x| x.0 == "a"));
+        assert!((r[0].1 - 0.3).abs() < 1e-9 && r[0].2 == 30.0);
+        assert!((r[1].1 - 0.1).abs() < 1e-9 && r[1].2 == 40.0);
+        // The lookback is capped by the length window (2 s): 0.1 is older than that.
+        assert_eq!(st.recent_arrivals(2.5, 60.0).len(), 3);
     }
 
     #[test]

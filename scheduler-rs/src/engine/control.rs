@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::{Engine, State};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Incoming};
-use crate::sim::forecast::InFlight;
+use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::sim::lookahead::Choice;
 use crate::stats::TierDemand;
 
@@ -252,6 +252,13 @@ impl Engine {
     /// The control loop's latest strategy choice, if it runs one.
     pub fn last_choice(&self) -> Option<Choice> {
         self.lock().choice.clone()
+    }
+
+    /// Arrivals of the last `lookback_s` seconds, for the lookahead's replay forecast.
+    pub fn recent_arrivals(&self, lookback_s: f64) -> Vec<RecentArrival> {
+        let now = self.now_s();
+        let st = self.lock();
+        recent_of(&self.cfg.tiers, &st.stats.recent_arrivals(now, lookback_s))
     }
 
     /// Current demand of every tier (drops expired samples).

@@ -15,7 +15,7 @@ use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
 use super::engine::{Engine, Req};
 use super::events::{Event, Kind};
-use super::forecast::InFlight;
+use super::forecast::{recent_of, InFlight};
 use super::lookahead::{Choice, Chooser, EngineKnobs, Situation};
 use super::{policy, report, Policy, SimConfig, SimResult};
 
@@ -355,11 +355,14 @@ impl<'a> Cluster<'a> {
         let every = u64::from(self.cfg.lookahead.every_windows.max(1));
         let round = self.windows.is_multiple_of(every);
         if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
+            let arrivals = self.stats.recent_arrivals(now, chooser.cfg.lookback_s());
+            let recent = recent_of(&self.cfg.tiers, &arrivals);
             let situation = Situation {
                 profile: &self.profile,
                 tiers: &self.cfg.tiers,
                 demand: &demand,
                 inflight: &inflight,
+                recent: &recent,
                 devices: self.cfg.devices,
                 levels: &levels,
                 planner: &pc,

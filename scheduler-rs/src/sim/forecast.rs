@@ -1,5 +1,7 @@
-//! The workload the lookahead predicts on: the next `horizon_s` of arrivals drawn from the
-//! current window statistics, plus the requests already in flight, thinned to a smaller pool.
+//! The workload the lookahead predicts on: the next `horizon_s` of arrivals, plus the
+//! requests already in flight, thinned to a smaller pool. Arrivals either replay the recent
+//! ones (their times and prompts: bursts and the real length mix included) or are drawn
+//! Poisson at the window's rate with log-normal lengths.
 //!
 //! Pure and deterministic (a fixed-seed generator): equal inputs give equal forecasts, so the
 //! router and the simulator make the same choice from the same state.
@@ -19,11 +21,41 @@ pub struct InFlight {
     pub age_s: f64,
 }
 
+/// A request that arrived recently: the replay forecast's material.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecentArrival {
+    pub tier: usize,
+    /// Seconds before now.
+    pub age_s: f64,
+    pub prompt: f64,
+}
+
+/// `(tier name, seconds ago, prompt tokens)` arrivals (`WindowStats::recent_arrivals`) with
+/// their tiers as indices into `tiers`; arrivals of unknown tiers are left out.
+pub fn recent_of(tiers: &[Tier], arrivals: &[(&str, f64, f64)]) -> Vec<RecentArrival> {
+    arrivals
+        .iter()
+        .filter_map(|&(name, age_s, prompt)| {
+            let tier = tiers.iter().position(|t| t.name == name)?;
+            Some(RecentArrival {
+                tier,
+                age_s,
+                prompt,
+            })
+        })
+        .collect()
+}
+
 /// What to forecast.
 #[derive(Debug, Clone, Copy)]
 pub struct ForecastSpec {
     /// Seconds of future arrivals.
     pub horizon_s: f64,
+    /// Arrival-rate multiplier (1: the observed rate; a surge above 1).
+    pub rate_factor: f64,
+    /// Replay the recent arrivals (times compressed by `rate_factor`) instead of drawing
+    /// Poisson ones.
+    pub replay: bool,
     /// Fraction of the pool simulated (`eval devices / devices`): arrivals and in-flight
     /// requests are thinned by it, so per-device load is the real one.
     pub scale: f64,
@@ -94,6 +126,12 @@ fn tokens(x: f64) -> u32 {
 
 /// The forecast requests, sorted by arrival (in-flight ones at or before 0).
 ///
+/// NOTE: a replayed arrival keeps its prompt and its place in time: the next `horizon_s`
+/// look like the last `horizon_s × rate_factor` seconds, compressed by `rate_factor` (the
+/// recent past is the best short-term forecast of a bursty trace; a Poisson stream at one
+/// window's rate misses both the bursts and the rate's noise). Output lengths are not known
+/// at arrival and are drawn from the tier's (censored) output statistics either way.
+///
 /// NOTE: a request in flight is re-created: one still waiting arrives at `-age_s` with a
 /// fresh prompt (so one already past its TTFT counts as missed whatever the layout), one
 /// decoding arrives at 0 with a 1-token prompt and its expected
@@ -103,6 +141,7 @@ pub fn forecast(
     tiers: &[Tier],
     demand: &[TierDemand],
     inflight: &[InFlight],
+    recent: &[RecentArrival],
     spec: &ForecastSpec,
 ) -> Vec<TraceRequest> {
     let mut out = Vec::new();
@@ -136,18 +175,36 @@ pub fn forecast(
                 tier: tier.name.clone(),
             });
         }
-        // Arrivals: Poisson at the thinned rate.
-        let rate = d.rate_rps.max(0.0) * spec.scale;
-        if rate <= 0.0 {
-            continue;
-        }
-        let mut times = Vec::new();
-        let mut t = -rng.uniform().ln() / rate;
-        while t < spec.horizon_s {
-            times.push(t);
-            t += -rng.uniform().ln() / rate;
-        }
-        let ins = prompts.draw(&mut rng, times.len());
+        let k = spec.rate_factor.max(1e-9);
+        let (times, ins) = if spec.replay {
+            let lookback = spec.horizon_s * k;
+            let mut mine: Vec<&RecentArrival> = recent
+                .iter()
+                .filter(|r| r.tier == i && r.age_s <= lookback)
+                .collect();
+            mine.sort_by(|a, b| b.age_s.total_cmp(&a.age_s));
+            let keep = thin(mine.len(), spec.scale);
+            let times: Vec<f64> = keep
+                .iter()
+                .map(|&j| (lookback - mine[j].age_s) / k)
+                .collect();
+            let ins: Vec<f64> = keep.iter().map(|&j| mine[j].prompt).collect();
+            (times, ins)
+        } else {
+            // Poisson at the thinned rate.
+            let rate = d.rate_rps.max(0.0) * spec.scale * k;
+            if rate <= 0.0 {
+                continue;
+            }
+            let mut times = Vec::new();
+            let mut t = -rng.uniform().ln() / rate;
+            while t < spec.horizon_s {
+                times.push(t);
+                t += -rng.uniform().ln() / rate;
+            }
+            let ins = prompts.draw(&mut rng, times.len());
+            (times, ins)
+        };
         let outs = outputs.draw(&mut rng, times.len());
         for (k, &t) in times.iter().enumerate() {
             out.push(TraceRequest {
@@ -220,12 +277,18 @@ mod tests {
             .collect();
         let spec = ForecastSpec {
             horizon_s: 10.0,
+            rate_factor: 1.0,
+            replay: false,
             scale: 0.25,
             prior_lengths: (1024.0, 256.0),
             seed: 1,
         };
-        let f = forecast(&tiers, &d, &inflight, &spec);
-        assert_eq!(f, forecast(&tiers, &d, &inflight, &spec), "deterministic");
+        let f = forecast(&tiers, &d, &inflight, &[], &spec);
+        assert_eq!(
+            f,
+            forecast(&tiers, &d, &inflight, &[], &spec),
+            "deterministic"
+        );
         let arrivals = |t: &str| -> Vec<&TraceRequest> {
             f.iter()
                 .filter(|r| r.tier == t && r.arrival_s > 0.0)
@@ -249,6 +312,52 @@ mod tests {
     }
 
     #[test]
+    fn replay_keeps_recent_times_and_prompts_compressed_by_the_rate_factor_and_thinned() {
+        let tiers = [tier("a"), tier("b")];
+        let d = [demand("a", 1.0, 100.0, 50.0), demand("b", 1.0, 100.0, 50.0)];
+        // Tier a: one arrival every 0.1 s over the last 20 s, prompt = 10 × its index.
+        let recent: Vec<RecentArrival> = (0..200)
+            .map(|k| RecentArrival {
+                tier: 0,
+                age_s: 20.0 - 0.1 * f64::from(k),
+                prompt: 10.0 * f64::from(k + 1),
+            })
+            .collect();
+        let spec = ForecastSpec {
+            horizon_s: 5.0,
+            rate_factor: 2.0,
+            replay: true,
+            scale: 0.5,
+            prior_lengths: (1024.0, 256.0),
+            seed: 1,
+        };
+        let f = forecast(&tiers, &d, &[], &recent, &spec);
+        // The last 10 s (ages ≤ 10: 101 arrivals) compressed into 5 s, every other one kept.
+        assert!(
+            f.iter().all(|r| r.tier == "a"),
+            "b replays nothing: none arrived"
+        );
+        assert_eq!(f.len(), 50);
+        assert!(f.iter().all(|r| (0.0..5.0).contains(&r.arrival_s)));
+        // Arrival at age a replays at (10 - a) / 2 with its own prompt (a = 20 - 0.1 k).
+        for r in &f {
+            let k = (f64::from(r.input_len) / 10.0).round() - 1.0;
+            let at = (10.0 - (20.0 - 0.1 * k)) / 2.0;
+            assert!((r.arrival_s - at).abs() < 1e-9, "{} vs {at}", r.arrival_s);
+        }
+        let poisson = ForecastSpec {
+            replay: false,
+            ..spec
+        };
+        assert!(
+            forecast(&tiers, &d, &[], &recent, &poisson)
+                .iter()
+                .any(|r| r.tier == "b"),
+            "without replay tier b arrives at its rate"
+        );
+    }
+
+    #[test]
     fn unseen_lengths_take_the_prior() {
         let tiers = [tier("a")];
         let mut d = demand("a", 10.0, 0.0, 0.0);
@@ -256,11 +365,13 @@ mod tests {
         d.output = LengthStats::default();
         let spec = ForecastSpec {
             horizon_s: 5.0,
+            rate_factor: 1.0,
+            replay: false,
             scale: 1.0,
             prior_lengths: (300.0, 40.0),
             seed: 1,
         };
-        let f = forecast(&tiers, &[d], &[], &spec);
+        let f = forecast(&tiers, &[d], &[], &[], &spec);
         assert!(!f.is_empty());
         assert!(f.iter().all(|r| r.input_len == 300 && r.output_len == 40));
     }

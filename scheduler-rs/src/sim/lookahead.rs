@@ -19,11 +19,21 @@ use crate::profile::Profile;
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
-use super::forecast::{forecast, ForecastSpec, InFlight};
+use super::forecast::{forecast, ForecastSpec, InFlight, RecentArrival};
 use super::{simulate, Policy, SimConfig, TraceRequest};
 
 /// The forecast's fixed seed: equal situations give equal choices.
 pub const FORECAST_SEED: u64 = 0x5EED;
+
+/// Where the forecast's arrivals come from (see [`forecast`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForecastKind {
+    /// The recent arrivals replayed (Poisson where none are known, e.g. a bare benchmark).
+    Replay,
+    /// Poisson at the window's rate, log-normal lengths.
+    Poisson,
+}
 
 /// Knobs of the choice.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -49,6 +59,15 @@ pub struct LookaheadConfig {
     /// Predictions from one window's demand are noisy under bursts; acting on each one
     /// swings the layout (and migrates KV) every window.
     pub smoothing: f64,
+    /// Where the forecast's arrivals come from.
+    pub forecast: ForecastKind,
+}
+
+impl LookaheadConfig {
+    /// Seconds of past arrivals the replay forecast needs (surge included).
+    pub fn lookback_s(&self) -> f64 {
+        2.0 * self.horizon_s * self.surge.max(1.0)
+    }
 }
 
 impl Default for LookaheadConfig {
@@ -63,6 +82,7 @@ impl Default for LookaheadConfig {
             surge: 1.5,
             move_penalty: 0.15,
             bias_rate: 0.0,
+            forecast: ForecastKind::Replay,
         }
     }
 }
@@ -109,6 +129,9 @@ pub struct Situation<'a> {
     pub tiers: &'a [Tier],
     pub demand: &'a [TierDemand],
     pub inflight: &'a [InFlight],
+    /// Arrivals of the last seconds (at least `horizon_s × 2 × surge` of them for the replay
+    /// forecast; empty: Poisson).
+    pub recent: &'a [RecentArrival],
     pub devices: u32,
     pub levels: &'a [u32],
     pub planner: &'a PlannerConfig,
@@ -262,11 +285,13 @@ fn predict_all(
             // compete with later load as they would in the real run, not with a draining pool.
             let spec = ForecastSpec {
                 horizon_s: 2.0 * cfg.horizon_s,
+                rate_factor: k,
+                replay: cfg.forecast == ForecastKind::Replay && !s.recent.is_empty(),
                 scale,
                 prior_lengths: s.planner.prior_lengths,
                 seed: FORECAST_SEED,
             };
-            forecast(s.tiers, &scaled(s.demand, k), s.inflight, &spec)
+            forecast(s.tiers, s.demand, s.inflight, s.recent, &spec)
         })
         .collect();
     let demand = scaled(s.demand, scale);

@@ -61,11 +61,13 @@ fn knobs() -> EngineKnobs {
 fn trace(d: &[TierDemand], seconds: f64, seed: u64) -> Vec<TraceRequest> {
     let spec = ForecastSpec {
         horizon_s: seconds,
+        rate_factor: 1.0,
+        replay: false,
         scale: 1.0,
         prior_lengths: (1024.0, 256.0),
         seed,
     };
-    forecast(&tiers(), d, &[], &spec)
+    forecast(&tiers(), d, &[], &[], &spec)
 }
 
 fn sim_config(policy: Policy, devices: u32, requests: Vec<TraceRequest>) -> SimConfig {
@@ -103,6 +105,7 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
         tiers: &t,
         demand: d,
         inflight: &[],
+        recent: &[],
         devices,
         levels: &levels,
         planner: &pc,
@@ -175,6 +178,7 @@ fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
             tiers: &t,
             demand: &d,
             inflight: &[],
+            recent: &[],
             devices: 16,
             levels: &levels,
             planner: &pc,
@@ -236,6 +240,7 @@ fn a_strategy_that_delivers_less_than_predicted_is_discounted_and_left() {
         tiers: &t,
         demand: &d,
         inflight: &[],
+        recent: &[],
         devices: 8,
         levels: &levels,
         planner: &pc,
