@@ -57,14 +57,15 @@ impl Lcg {
     }
 }
 
-/// CPU time of this thread, milliseconds (immune to other processes' time slices).
-fn thread_cpu_ms() -> f64 {
+/// CPU time of this process, all its threads, milliseconds (immune to other processes' time
+/// slices; the lookahead predicts its candidates on several threads).
+fn cpu_ms() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec and the clock id is a constant.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 * 1e-6
 }
 
@@ -78,7 +79,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
-/// ((wall p50, p99), (thread-CPU p50, p99)) in milliseconds.
+/// ((wall p50, p99), (process CPU p50, p99)) in milliseconds.
 type Timings = ((f64, f64), (f64, f64));
 
 fn bench(profile: &Profile, devices: u32, tiers: usize, iters: usize) -> Timings {
@@ -119,7 +120,7 @@ fn bench_with(
                 output: LengthStats::constant(32.0 + rng.unit() * 500.0),
             })
             .collect();
-        let (t0, c0) = (Instant::now(), thread_cpu_ms());
+        let (t0, c0) = (Instant::now(), cpu_ms());
         let strategy = match chooser.as_mut() {
             Some(c) => {
                 let levels = candidate_levels(profile, &cfg, devices);
@@ -147,7 +148,7 @@ fn bench_with(
             prev.as_ref(),
             &cfg,
         );
-        cpu.push(thread_cpu_ms() - c0);
+        cpu.push(cpu_ms() - c0);
         wall.push(t0.elapsed().as_secs_f64() * 1e3);
         prev = Some(out.plan);
     }
@@ -164,19 +165,22 @@ fn main() {
         let ((p50, p99), (c50, c99)) = bench(&profile, devices, tiers, iters);
         println!(
             "{devices:>5} devices x {tiers} tiers ({iters} plans): wall p50 {p50:.4} ms p99 \
-             {p99:.4} ms | thread CPU p50 {c50:.4} ms p99 {c99:.4} ms | vs Nitsum 2.49 ms: \
+             {p99:.4} ms | CPU p50 {c50:.4} ms p99 {c99:.4} ms | vs Nitsum 2.49 ms: \
              {:.1}x (p50 wall) | target <= {target} ms at p99 CPU: {}",
             NITSUM_MS / p50,
             if c99 <= target { "met" } else { "MISSED" }
         );
     }
+    // NOTE: the choice predicts its candidates in parallel: its latency is the wall time (on
+    // this machine's cores; CPU = the work over all threads), judged at p99.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (devices, tiers, iters, target) in [(128, 4, 40, 2.0), (1024, 8, 20, 20.0)] {
         let ((p50, p99), (c50, c99)) = bench_with(&profile, devices, tiers, iters, true);
         println!(
-            "{devices:>5} devices x {tiers} tiers, with the lookahead choice ({iters} rounds): \
-             wall p50 {p50:.2} ms p99 {p99:.2} ms | thread CPU p50 {c50:.2} ms p99 {c99:.2} ms \
-             | target <= {target} ms at p99: {}",
-            if c99 <= target { "met" } else { "MISSED" }
+            "{devices:>5} devices x {tiers} tiers, with the lookahead choice ({iters} rounds, \
+             {cores} cores): wall p50 {p50:.2} ms p99 {p99:.2} ms | CPU p50 {c50:.2} ms p99 \
+             {c99:.2} ms | target <= {target} ms at p99 wall: {}",
+            if p99 <= target { "met" } else { "MISSED" }
         );
     }
 }

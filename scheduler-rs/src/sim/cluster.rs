@@ -38,6 +38,12 @@ pub struct Cluster<'a> {
     /// Every selection round of policy `nitsum`; see `SimResult::choices`.
     choices: Vec<(f64, Choice)>,
     pub(super) events: BinaryHeap<Event>,
+    /// Requests by (arrival, index): the arrivals, read in order instead of queued as events
+    /// (the heap then holds only the groups' few events).
+    arrivals: Vec<usize>,
+    next_arrival: usize,
+    /// Arrival `i` orders as an event pushed with sequence number `arrival_seq + 1 + i`.
+    arrival_seq: u64,
     pub(super) seq: u64,
     pub(super) now: f64,
     pub(super) end: f64,
@@ -83,6 +89,7 @@ impl<'a> Cluster<'a> {
                 decode_leader: None,
                 dropped: false,
                 deadline: r.arrival_s + cfg.tiers[tier].ttft_ms / 1000.0,
+                stint: None,
             });
         }
         let planner_cfg = policy::planner_config(cfg, &profile)?;
@@ -116,6 +123,9 @@ impl<'a> Cluster<'a> {
                 .then(|| Chooser::new(cfg.lookahead.clone(), Strategy::Greedy)),
             choices: Vec::new(),
             events: BinaryHeap::new(),
+            arrivals: Vec::new(),
+            next_arrival: 0,
+            arrival_seq: 0,
             seq: 0,
             now: 0.0,
             end: last + cfg.drain_s,
@@ -125,9 +135,18 @@ impl<'a> Cluster<'a> {
             next_gen: 0,
         };
         c.apply(initial, false);
-        for i in 0..c.reqs.len() {
-            c.push(c.reqs[i].arrival, Kind::Arrival(i));
-        }
+        // NOTE: the arrivals take the sequence numbers they had as events pushed here, in
+        // index order, so that ties with other events break exactly as they would.
+        let mut order: Vec<usize> = (0..c.reqs.len()).collect();
+        order.sort_by(|&a, &b| {
+            c.reqs[a]
+                .arrival
+                .total_cmp(&c.reqs[b].arrival)
+                .then(a.cmp(&b))
+        });
+        c.arrivals = order;
+        c.arrival_seq = c.seq;
+        c.seq += c.reqs.len() as u64;
         if c.planner_cfg.is_some() {
             c.push(cfg.window_s, Kind::Control);
         }
@@ -136,7 +155,36 @@ impl<'a> Cluster<'a> {
 
     /// Run to completion (or `drain_s` after the last arrival) and summarize.
     pub fn run(mut self) -> Result<SimResult> {
-        while let Some(ev) = self.events.pop() {
+        self.play();
+        let records = (0..self.reqs.len())
+            .map(|i| report::record(i, &self.reqs[i], &self.cfg.tiers))
+            .collect();
+        let mut result = report::summarize(
+            policy_name(&self.cfg.policy),
+            self.cfg.devices,
+            policy::trace_span(self.cfg),
+            &self.cfg.tiers,
+            records,
+            (self.reconfigs, self.moved),
+            self.cfg.records,
+        );
+        result.timeline = self.timeline;
+        result.choices = self.choices;
+        Ok(result)
+    }
+
+    /// Run to completion; (arrival, tier index, met) of every request, in config order.
+    pub fn outcomes(mut self) -> Vec<(f64, usize, bool)> {
+        self.play();
+        let tiers = &self.cfg.tiers;
+        self.reqs
+            .iter()
+            .map(|r| (r.arrival, r.tier, report::met(r, &tiers[r.tier])))
+            .collect()
+    }
+
+    fn play(&mut self) {
+        while let Some(ev) = self.next_event() {
             if ev.t > self.end {
                 break;
             }
@@ -153,21 +201,24 @@ impl<'a> Cluster<'a> {
                 Kind::Control => self.on_control(),
             }
         }
-        let records = (0..self.reqs.len())
-            .map(|i| report::record(i, &self.reqs[i], &self.cfg.tiers))
-            .collect();
-        let mut result = report::summarize(
-            policy_name(&self.cfg.policy),
-            self.cfg.devices,
-            policy::trace_span(self.cfg),
-            &self.cfg.tiers,
-            records,
-            (self.reconfigs, self.moved),
-            self.cfg.records,
-        );
-        result.timeline = self.timeline;
-        result.choices = self.choices;
-        Ok(result)
+    }
+
+    /// The earliest of the queued events and the next arrival.
+    fn next_event(&mut self) -> Option<Event> {
+        let arrival = self.arrivals.get(self.next_arrival).map(|&i| Event {
+            t: self.reqs[i].arrival,
+            seq: self.arrival_seq + 1 + i as u64,
+            kind: Kind::Arrival(i),
+        });
+        match (arrival, self.events.peek()) {
+            // `Event` orders reversed (for the max-heap): greater = earlier.
+            (Some(a), Some(e)) if *e > a => self.events.pop(),
+            (Some(a), _) => {
+                self.next_arrival += 1;
+                Some(a)
+            }
+            (None, _) => self.events.pop(),
+        }
     }
 
     pub(super) fn push(&mut self, t: f64, kind: Kind) {
@@ -335,6 +386,9 @@ impl<'a> Cluster<'a> {
             .clone()
             .expect("control ticks only for live policies");
         let now = self.now;
+        for g in self.groups.values() {
+            g.sync(&mut self.reqs);
+        }
         let inflight: Vec<InFlight> = self
             .reqs
             .iter()

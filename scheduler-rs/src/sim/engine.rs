@@ -6,7 +6,8 @@
 //! (the planner's mixed-group model: the forward's fixed part is paid once), or
 //! `prefill_ms(tokens)` when nothing decodes.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 use crate::dispatch::Class;
 use crate::plan::{GroupPlan, Role};
@@ -31,12 +32,17 @@ pub struct Req {
     pub dropped: bool,
     /// Arrival + the tier's TTFT: a request not started by then can no longer meet its SLO.
     pub deadline: f64,
+    /// Its stint in a decode batch, while it is in one (see [`Engine::sync`]).
+    pub stint: Option<Stint>,
 }
 
-impl Req {
-    fn context(&self) -> f64 {
-        f64::from(self.input + self.generated)
-    }
+/// A request's stay in one engine's decode batch: it generates one token per decode step of
+/// that engine, so its count is `base + (steps - joined)` without touching it every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stint {
+    engine: u64,
+    joined: u64,
+    base: u32,
 }
 
 fn queue_of(class: Class) -> usize {
@@ -72,7 +78,8 @@ fn largest_fitting(hi: u32, fits: impl Fn(u32) -> bool) -> u32 {
 #[derive(Debug, Default)]
 struct Iteration {
     prefill: Vec<(usize, u32)>,
-    decode: Vec<usize>,
+    /// Whether the batch (`running`, unchanged until the iteration ends) decodes a step.
+    decode: bool,
 }
 
 /// Requests an iteration moved on.
@@ -101,7 +108,17 @@ pub struct Engine {
     prefilling: VecDeque<usize>,
     /// Prefilled elsewhere, waiting for a decode slot, per class.
     pending: [VecDeque<usize>; 3],
+    /// The decode batch, oldest first.
+    /// NOTE: a running request's `generated` is stale (its [`Stint`] holds the count) until
+    /// it leaves the batch or [`Engine::sync`] writes it back.
     running: Vec<usize>,
+    /// Decode steps completed.
+    steps: u64,
+    /// Σ (input + base − joined) over the batch: its total context is this + len × steps.
+    context_base: i64,
+    /// (step at which it generates its last token, request), for the batch; stale entries
+    /// (requests that left) are skipped.
+    finishing: BinaryHeap<Reverse<(u64, usize)>>,
     current: Option<Iteration>,
     /// Unique per engine: events carry it so a dissolved engine's events are ignored.
     pub generation: u64,
@@ -131,6 +148,9 @@ impl Engine {
             prefilling: VecDeque::new(),
             pending: Default::default(),
             running: Vec::new(),
+            steps: 0,
+            context_base: 0,
+            finishing: BinaryHeap::new(),
             current: None,
             generation,
             ready_at,
@@ -165,6 +185,40 @@ impl Engine {
             + self.running.len()
     }
 
+    /// `r` joins the decode batch.
+    fn join(&mut self, reqs: &mut [Req], r: usize) {
+        let q = &mut reqs[r];
+        let stint = Stint {
+            engine: self.generation,
+            joined: self.steps,
+            base: q.generated,
+        };
+        q.stint = Some(stint);
+        self.context_base += i64::from(q.input) + i64::from(q.generated) - self.steps as i64;
+        let last = self.steps + u64::from(q.output.saturating_sub(q.generated));
+        self.finishing.push(Reverse((last, r)));
+        self.running.push(r);
+    }
+
+    /// Write back the token count of `r` (in this batch) and end its stint.
+    fn leave(&mut self, reqs: &mut [Req], r: usize) {
+        let q = &mut reqs[r];
+        if let Some(st) = q.stint.take() {
+            q.generated = st.base + (self.steps - st.joined) as u32;
+            self.context_base -= i64::from(q.input) + i64::from(st.base) - st.joined as i64;
+        }
+    }
+
+    /// Write back the token count of every request in the batch (for readers outside the
+    /// engine: the control loop's in-flight snapshot).
+    pub fn sync(&self, reqs: &mut [Req]) {
+        for &r in &self.running {
+            if let Some(st) = reqs[r].stint {
+                reqs[r].generated = st.base + (self.steps - st.joined) as u32;
+            }
+        }
+    }
+
     /// Requests demoted to background since the last call (their SLO is lost).
     pub fn take_demoted(&mut self) -> Vec<usize> {
         std::mem::take(&mut self.demoted)
@@ -194,7 +248,6 @@ impl Engine {
         if self.demote_late {
             self.demote_late(reqs, now);
         }
-        let reqs: &[Req] = reqs;
         let slots = |e: &Engine| {
             e.batch_cap
                 .saturating_sub(e.running.len() + e.prefilling.len())
@@ -203,7 +256,7 @@ impl Engine {
         for q in 0..3 {
             while slots(self) > 0 && self.decodes() {
                 match self.pending[q].pop_front() {
-                    Some(r) => self.running.push(r),
+                    Some(r) => self.join(reqs, r),
                     None => break,
                 }
             }
@@ -218,22 +271,23 @@ impl Engine {
             }
         }
         self.preempt_for_higher_classes(reqs);
+        let reqs: &[Req] = reqs;
         let mut it = Iteration::default();
         let mut budget = self.budget;
         // Prompt tokens go to the highest class first (stable: FCFS within a class).
         let mut order: Vec<usize> = self.prefilling.iter().copied().collect();
         order.sort_by_key(|&r| queue_of(reqs[r].class));
-        it.decode = self.running.clone();
+        it.decode = !self.running.is_empty();
         let tp = self.plan.tp;
-        let decode_ms = if it.decode.is_empty() {
-            0.0
+        let decode_ms = if it.decode {
+            let b = self.running.len() as f64;
+            let total = self.context_base + self.running.len() as i64 * self.steps as i64;
+            profile.decode_ms(tp, b, total as f64 / b)
         } else {
-            let b = it.decode.len() as f64;
-            let ctx = it.decode.iter().map(|&r| reqs[r].context()).sum::<f64>() / b;
-            profile.decode_ms(tp, b, ctx)
+            0.0
         };
         // A mixed iteration pays the forward's fixed part once (profile.prefill_extra_ms).
-        let busy_decode = !it.decode.is_empty();
+        let busy_decode = it.decode;
         let iteration_ms = |tokens: f64| {
             if busy_decode {
                 decode_ms + profile.prefill_extra_ms(tp, tokens)
@@ -243,8 +297,8 @@ impl Engine {
         };
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
         // group's TPOT while feasible requests are in it: they run on leftover capacity.
-        let feasible_here = it
-            .decode
+        let feasible_here = self
+            .running
             .iter()
             .chain(&order)
             .any(|&r| reqs[r].class == Class::Feasible);
@@ -275,7 +329,7 @@ impl Engine {
         } else {
             decode_ms
         };
-        if it.prefill.is_empty() && it.decode.is_empty() {
+        if it.prefill.is_empty() && !it.decode {
             return None;
         }
         self.current = Some(it);
@@ -285,7 +339,7 @@ impl Engine {
     /// Local-scheduler priority (DESIGN §3): while a feasible (then best-effort) request waits
     /// for a batch slot held by a lower class, pause the newest lowest-class holder: a running
     /// one keeps its KV and waits in `pending`, a prefilling one keeps its prefilled tokens.
-    fn preempt_for_higher_classes(&mut self, reqs: &[Req]) {
+    fn preempt_for_higher_classes(&mut self, reqs: &mut [Req]) {
         if self.plan.role == Role::Prefill {
             return;
         }
@@ -315,10 +369,11 @@ impl Engine {
                 } else {
                     let (i, r) = run.expect("some victim");
                     self.running.remove(i);
+                    self.leave(reqs, r);
                     self.pending[queue_of(reqs[r].class)].push_front(r);
                 }
                 if let Some(r) = self.pending[q].pop_front() {
-                    self.running.push(r);
+                    self.join(reqs, r);
                 } else if let Some(r) = self.waiting[q].pop_front() {
                     self.prefilling.push_back(r);
                 }
@@ -330,14 +385,36 @@ impl Engine {
     pub fn finish(&mut self, reqs: &mut [Req], now: f64) -> Outcome {
         let it = self.current.take().expect("finish without an iteration");
         let mut out = Outcome::default();
-        for &r in &it.decode {
-            reqs[r].generated += 1;
-            if reqs[r].generated >= reqs[r].output {
-                reqs[r].finish = Some(now);
-                out.finished.push(r);
+        if it.decode {
+            self.steps += 1;
+            let mut any = false;
+            while let Some(&Reverse((last, r))) = self.finishing.peek() {
+                if last > self.steps {
+                    break;
+                }
+                self.finishing.pop();
+                let live = reqs[r].stint.is_some_and(|st| {
+                    st.engine == self.generation
+                        && st.joined + u64::from(reqs[r].output.saturating_sub(st.base)) == last
+                });
+                if live {
+                    self.leave(reqs, r);
+                    reqs[r].finish = Some(now);
+                    any = true;
+                }
+            }
+            if any {
+                // In batch order, as the batch generated them.
+                let done: Vec<usize> = self
+                    .running
+                    .iter()
+                    .copied()
+                    .filter(|&r| reqs[r].finish.is_some())
+                    .collect();
+                self.running.retain(|&r| reqs[r].finish.is_none());
+                out.finished = done;
             }
         }
-        self.running.retain(|&r| reqs[r].finish.is_none());
         for &(r, take) in &it.prefill {
             let q = &mut reqs[r];
             q.prefilled += take;
@@ -351,7 +428,7 @@ impl Engine {
                 q.finish = Some(now);
                 out.finished.push(r);
             } else if self.decodes() {
-                self.running.push(r);
+                self.join(reqs, r);
             } else {
                 out.handoff.push(r);
             }
@@ -360,11 +437,15 @@ impl Engine {
     }
 
     /// Dissolve: drop the in-flight iteration; return (not yet prefilled, decoding) requests.
-    pub fn drain(&mut self) -> (Vec<usize>, Vec<usize>) {
+    pub fn drain(&mut self, reqs: &mut [Req]) -> (Vec<usize>, Vec<usize>) {
         self.current = None;
         let mut pre: Vec<usize> = self.prefilling.drain(..).collect();
         pre.extend(self.waiting.iter_mut().flat_map(|q| q.drain(..)));
         let mut dec: Vec<usize> = std::mem::take(&mut self.running);
+        for &r in &dec {
+            self.leave(reqs, r);
+        }
+        self.finishing.clear();
         dec.extend(self.pending.iter_mut().flat_map(|q| q.drain(..)));
         (pre, dec)
     }

@@ -20,7 +20,7 @@ use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
 use super::forecast::{forecast, ForecastSpec, InFlight, RecentArrival};
-use super::{simulate, Policy, SimConfig, TraceRequest};
+use super::{simulate_outcomes, Policy, SimConfig, TraceRequest};
 
 /// The forecast's fixed seed: equal situations give equal choices.
 pub const FORECAST_SEED: u64 = 0x5EED;
@@ -318,19 +318,22 @@ fn predict_all(
         .sum::<f64>();
     let mut candidates = Vec::with_capacity(strategies.len());
     // Strategies often make the same plan (the greedy at one level, split = greedy per tier):
-    // each distinct plan is simulated once.
-    let mut memo: Vec<(usize, (f64, f64, f64))> = Vec::new();
+    // each distinct plan is simulated once, and the distinct ones in parallel.
+    let first_of: Vec<usize> = (0..plans.len())
+        .map(|k| (0..k).find(|&j| plans[j] == plans[k]).unwrap_or(k))
+        .collect();
+    let distinct: Vec<usize> = (0..plans.len()).filter(|&k| first_of[k] == k).collect();
+    let predicted = parallel_map(&distinct, |&k| {
+        let (g, a) = predict(s, cfg, &plans[k], eval, &forecasts[0]);
+        let (gs, _) = predict(s, cfg, &plans[k], eval, &forecasts[1]);
+        (g / scale, a, gs / scale)
+    });
     for (k, (st, planned)) in strategies.iter().zip(plans.iter()).enumerate() {
-        let same = memo
+        let at = distinct
             .iter()
-            .find(|(j, _)| plans[*j] == *planned)
-            .map(|m| m.1);
-        let (goodput, attainment, surge_goodput) = same.unwrap_or_else(|| {
-            let (g, a) = predict(s, cfg, planned, eval, &forecasts[0]);
-            let (gs, _) = predict(s, cfg, planned, eval, &forecasts[1]);
-            (g / scale, a, gs / scale)
-        });
-        memo.push((k, (goodput, attainment, surge_goodput)));
+            .position(|&j| j == first_of[k])
+            .expect("distinct");
+        let (goodput, attainment, surge_goodput) = predicted[at];
         let moved = current_plan.map_or(0.0, |c| moved_fraction(c, &planned.plan, eval));
         // A switch pauses the moved devices for the TP switch plus their share of the KV in
         // flight (one aggregated transfer): goodput lost ≈ moved share × pause / horizon.
@@ -357,6 +360,44 @@ fn predict_all(
         });
     }
     (strategies, candidates)
+}
+
+/// `f` over `items` on up to `available_parallelism` threads, results in `items` order.
+fn parallel_map<T: Sync, R: Send + Copy + Default>(
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out = vec![R::default(); items.len()];
+    let parts: Vec<Vec<(usize, R)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a prediction panicked"))
+            .collect()
+    });
+    for (i, r) in parts.into_iter().flatten() {
+        out[i] = r;
+    }
+    out
 }
 
 /// Simulate one candidate plan on the forecast: (weighted met per second, attainment).
@@ -387,32 +428,28 @@ fn predict(
         chunk_tokens: s.knobs.chunk_tokens,
         prefill_budget_tokens: s.knobs.prefill_budget_tokens,
         drain_s: cfg.horizon_s,
-        records: true,
+        records: false,
         slo_margin: s.planner.slo_margin,
         target_utilization: s.planner.target_utilization,
         lookahead: cfg.clone(),
         seed: 0,
     };
-    let Ok(r) = simulate(&sim) else {
+    let Ok(outcomes) = simulate_outcomes(&sim) else {
         return (0.0, 0.0);
     };
     // Scored: the requests arriving within the horizon (those in flight only load the
     // layout): what the run's delivered goodput can be checked against (`Chooser::learn`).
-    let weight: std::collections::HashMap<&str, f64> = s
+    let weight: Vec<f64> = s
         .tiers
         .iter()
-        .map(|t| (t.name.as_str(), if t.background { 0.0 } else { t.weight }))
+        .map(|t| if t.background { 0.0 } else { t.weight })
         .collect();
-    let scored = r
-        .records
-        .iter()
-        .filter(|x| x.arrival_s > 0.0 && x.arrival_s < cfg.horizon_s);
+    let scored = outcomes.iter().filter(|x| x.0 > 0.0 && x.0 < cfg.horizon_s);
     let (mut met, mut n) = (0.0, 0.0);
-    for x in scored {
-        let w = weight.get(x.tier.as_str()).copied().unwrap_or(0.0);
-        n += w;
-        if x.met {
-            met += w;
+    for &(_, tier, ok) in scored {
+        n += weight[tier];
+        if ok {
+            met += weight[tier];
         }
     }
     let attainment = if n > 0.0 { met / n } else { 0.0 };

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::profile::ProfileFile;
+use crate::sim::simulate;
 use crate::stats::LengthStats;
 
 const H100: &str = include_str!("../../../profiles/h100-llama3-8b-analytic.json");

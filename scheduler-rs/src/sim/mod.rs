@@ -151,6 +151,12 @@ pub fn simulate(cfg: &SimConfig) -> anyhow::Result<SimResult> {
     cluster::Cluster::new(cfg)?.run()
 }
 
+/// Simulate `cfg`: (arrival, tier index, met) of every request, in config order (the
+/// lookahead's predictions: no records, no summary).
+pub fn simulate_outcomes(cfg: &SimConfig) -> anyhow::Result<Vec<(f64, usize, bool)>> {
+    Ok(cluster::Cluster::new(cfg)?.outcomes())
+}
+
 /// JSON in, JSON out (the pyo3 `simulate` and the CLI use this).
 pub fn simulate_json(config_json: &str) -> anyhow::Result<String> {
     let cfg: SimConfig = serde_json::from_str(config_json)

@@ -71,7 +71,7 @@ impl Cluster<'_> {
             self.groups.insert(l, engine);
         }
         for (l, mut e) in old {
-            let (pre, dec) = e.drain();
+            let (pre, dec) = e.drain(&mut self.reqs);
             orphans_pre.extend(pre);
             orphans_dec.extend(dec.into_iter().map(|r| (r, l)));
         }

@@ -80,17 +80,8 @@ pub struct SimResult {
 /// The record of request `id` under `tiers`.
 pub fn record(id: usize, r: &Req, tiers: &[Tier]) -> RequestRecord {
     let tier = &tiers[r.tier];
-    let ttft = r.first_token.map(|t| (t - r.arrival) * 1000.0);
-    let tpot = match (r.first_token, r.finish) {
-        (Some(f), Some(e)) if r.output > 1 => Some((e - f) * 1000.0 / f64::from(r.output - 1)),
-        (Some(_), Some(_)) => Some(0.0),
-        _ => None,
-    };
+    let (ttft, tpot) = latencies(r);
     let e2e = r.finish.map(|t| (t - r.arrival) * 1000.0);
-    let met = match (ttft, tpot) {
-        (Some(a), Some(b)) => tier.background || (a <= tier.ttft_ms && b <= tier.tpot_ms),
-        _ => false,
-    };
     RequestRecord {
         id,
         tier: tier.name.clone(),
@@ -101,8 +92,27 @@ pub fn record(id: usize, r: &Req, tiers: &[Tier]) -> RequestRecord {
         ttft_ms: ttft,
         tpot_ms: tpot,
         e2e_ms: e2e,
-        met,
+        met: met(r, tier),
         dropped: r.dropped,
+    }
+}
+
+/// (TTFT, TPOT) in ms, where it got that far (TPOT 0 for one-token outputs).
+fn latencies(r: &Req) -> (Option<f64>, Option<f64>) {
+    let ttft = r.first_token.map(|t| (t - r.arrival) * 1000.0);
+    let tpot = match (r.first_token, r.finish) {
+        (Some(f), Some(e)) if r.output > 1 => Some((e - f) * 1000.0 / f64::from(r.output - 1)),
+        (Some(_), Some(_)) => Some(0.0),
+        _ => None,
+    };
+    (ttft, tpot)
+}
+
+/// Whether `r` finished within both SLOs of `tier` (background tiers: finished).
+pub fn met(r: &Req, tier: &Tier) -> bool {
+    match latencies(r) {
+        (Some(a), Some(b)) => tier.background || (a <= tier.ttft_ms && b <= tier.tpot_ms),
+        _ => false,
     }
 }
 

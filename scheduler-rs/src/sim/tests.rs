@@ -174,3 +174,70 @@ fn config_errors_are_clear() {
     let e = simulate(&cfg).unwrap_err().to_string();
     assert!(e.contains("unknown tier"), "{e}");
 }
+
+/// A prefilled request (1 token generated) of `class` for the engine-level tests.
+fn decoding(output: u32, class: crate::dispatch::Class) -> engine::Req {
+    engine::Req {
+        arrival: 0.0,
+        input: 10,
+        output,
+        tier: 0,
+        class,
+        prefilled: 10,
+        generated: 1,
+        first_token: Some(0.0),
+        finish: None,
+        decode_leader: None,
+        dropped: false,
+        deadline: 1.0,
+        stint: None,
+    }
+}
+
+#[test]
+fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
+    use crate::dispatch::Class;
+    use crate::plan::{GroupPlan, Role};
+    let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
+    let plan = GroupPlan {
+        members: vec![0],
+        tp: 1,
+        role: Role::Mixed,
+        tiers: vec!["t".into()],
+        accepts_background: true,
+        max_rps: 0.0,
+        max_inflight: 0.0,
+    };
+    let mut e = engine::Engine::new(plan, 1, 512, 0.0, 7);
+    // r0 (best effort, 5 tokens) decodes alone, then r1 (feasible, 3 tokens) takes its slot.
+    let mut reqs = vec![decoding(5, Class::BestEffort), decoding(3, Class::Feasible)];
+    e.push_decode(0, Class::BestEffort);
+    let mut t = 0.0;
+    for _ in 0..2 {
+        t += e.start(&mut reqs, &profile, t).expect("a decode step");
+        assert!(e.finish(&mut reqs, t).finished.is_empty());
+    }
+    e.sync(&mut reqs);
+    assert_eq!(reqs[0].generated, 3, "1 + two steps");
+    e.push_decode(1, Class::Feasible);
+    t += e.start(&mut reqs, &profile, t).expect("r1 decodes");
+    // r0 was preempted for r1 with its count written back; r1 is one step in.
+    assert_eq!(reqs[0].generated, 3);
+    assert!(reqs[0].stint.is_none());
+    assert!(e.finish(&mut reqs, t).finished.is_empty());
+    t += e.start(&mut reqs, &profile, t).unwrap();
+    assert_eq!(
+        e.finish(&mut reqs, t).finished,
+        vec![1],
+        "r1: 1 + 2 steps = 3 tokens"
+    );
+    assert_eq!(reqs[1].generated, 3);
+    assert!(close(reqs[1].finish, t));
+    // r0 resumes where it stopped: 2 more steps to its 5 tokens.
+    t += e.start(&mut reqs, &profile, t).unwrap();
+    assert!(e.finish(&mut reqs, t).finished.is_empty());
+    t += e.start(&mut reqs, &profile, t).unwrap();
+    assert_eq!(e.finish(&mut reqs, t).finished, vec![0]);
+    assert_eq!(reqs[0].generated, 5);
+    assert!(e.start(&mut reqs, &profile, t).is_none(), "nothing left");
+}
