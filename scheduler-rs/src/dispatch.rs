@@ -183,6 +183,11 @@ impl Dispatcher {
         }
     }
 
+    /// Whether request `id` holds SLO bandwidth (it was dispatched feasible and is unfinished).
+    pub fn holds(&self, id: u64) -> bool {
+        self.charged.contains_key(&id)
+    }
+
     /// Unfinished requests charged to the group led by `leader`.
     pub fn assigned(&self, leader: u32) -> u32 {
         self.groups.get(&leader).map_or(0, |g| g.assigned)

@@ -183,11 +183,12 @@ impl Engine {
         let st = self.lock();
         let now = Instant::now();
         st.inflight
-            .values()
-            .map(|e| InFlight {
+            .iter()
+            .map(|(&id, e)| InFlight {
                 tier: e.req.tier,
                 generated: e.tokens as f64,
                 age_s: now.duration_since(e.start).as_secs_f64(),
+                feasible: st.dispatcher.holds(id),
             })
             .collect()
     }

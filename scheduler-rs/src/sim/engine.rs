@@ -34,6 +34,8 @@ pub struct Req {
     pub deadline: f64,
     /// Its stint in a decode batch, while it is in one (see [`Engine::sync`]).
     pub stint: Option<Stint>,
+    /// Served on leftover capacity whatever its tier (`TraceRequest::leftover`).
+    pub leftover: bool,
 }
 
 /// A request's stay in one engine's decode batch: it generates one token per decode step of

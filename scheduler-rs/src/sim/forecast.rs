@@ -19,6 +19,9 @@ pub struct InFlight {
     pub generated: f64,
     /// Seconds since it arrived: a waiting request keeps its TTFT clock.
     pub age_s: f64,
+    /// Whether it holds SLO bandwidth (dispatched feasible, not demoted). One that does not
+    /// runs on leftover capacity, and is re-created so.
+    pub feasible: bool,
 }
 
 /// A request that arrived recently: the replay forecast's material.
@@ -173,6 +176,7 @@ pub fn forecast(
                 input_len: input,
                 output_len: output.max(1),
                 tier: tier.name.clone(),
+                leftover: !r.feasible,
             });
         }
         let k = spec.rate_factor.max(1e-9);
@@ -212,6 +216,7 @@ pub fn forecast(
                 input_len: tokens(ins[k]),
                 output_len: tokens(outs[k]),
                 tier: tier.name.clone(),
+                leftover: false,
             });
         }
     }
@@ -273,6 +278,7 @@ mod tests {
                 tier: k % 2,
                 generated: if k < 40 { 0.0 } else { 30.0 },
                 age_s: 0.0,
+                feasible: true,
             })
             .collect();
         let spec = ForecastSpec {

@@ -31,6 +31,10 @@ pub struct TraceRequest {
     pub input_len: u32,
     pub output_len: u32,
     pub tier: String,
+    /// Served on leftover capacity whatever its tier, like a background request (the
+    /// lookahead's re-created in-flight requests that held no SLO bandwidth).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leftover: bool,
 }
 
 /// How the cluster is configured and requests are routed.

@@ -19,6 +19,7 @@ fn req(t: f64, input: u32, output: u32, tier: &str) -> TraceRequest {
         input_len: input,
         output_len: output,
         tier: tier.into(),
+        leftover: false,
     }
 }
 
@@ -191,6 +192,7 @@ fn decoding(output: u32, class: crate::dispatch::Class) -> engine::Req {
         dropped: false,
         deadline: 1.0,
         stint: None,
+        leftover: false,
     }
 }
 
