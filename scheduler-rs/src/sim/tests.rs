@@ -243,3 +243,14 @@ fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
     assert_eq!(reqs[0].generated, 5);
     assert!(e.start(&mut reqs, &profile, t).is_none(), "nothing left");
 }
+
+#[test]
+fn a_leftover_request_is_served_as_background_whatever_its_tier() {
+    let mut reqs = vec![req(0.0, 10, 3, "t"), req(0.0, 10, 3, "t")];
+    reqs[1].leftover = true;
+    let mut cfg = config(Policy::StaticTp { tp: 1 }, 1, reqs);
+    cfg.records = true;
+    let r = simulate(&cfg).unwrap();
+    assert_eq!(r.records[0].class, "feasible");
+    assert_eq!(r.records[1].class, "background");
+}
