@@ -145,6 +145,8 @@ mod control;
 mod control_tests;
 mod handle;
 mod handshake;
+#[cfg(test)]
+mod handshake_tests;
 mod requests;
 #[cfg(test)]
 mod tests;
