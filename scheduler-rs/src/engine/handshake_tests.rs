@@ -63,7 +63,7 @@ fn handshake(
     let last = sent
         .iter()
         .filter(|(to, m)| to == conn && m["type"] != "reconfigure")
-        .last();
+        .next_back();
     last.map(|(_, m)| m["type"].as_str().unwrap().to_string())
         .unwrap_or_default()
 }
