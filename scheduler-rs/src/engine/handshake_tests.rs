@@ -62,8 +62,7 @@ fn handshake(
     let sent = drain_raw(rx);
     let last = sent
         .iter()
-        .filter(|(to, m)| to == conn && m["type"] != "reconfigure")
-        .next_back();
+        .rfind(|(to, m)| to == conn && m["type"] != "reconfigure");
     last.map(|(_, m)| m["type"].as_str().unwrap().to_string())
         .unwrap_or_default()
 }
