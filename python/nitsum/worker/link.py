@@ -18,6 +18,8 @@ from nitsum.worker import protocol as proto
 
 log = logging.getLogger(__name__)
 
+MAX_MESSAGE_BYTES = 64 << 20  # a larger message drops the connection (docs/security.md)
+
 
 class RouterLink:
     """The DEALER socket of worker `worker_id`.
@@ -44,6 +46,8 @@ class RouterLink:
         self.identity = f"w{worker_id}-{secrets.token_hex(16)}".encode()
         self.sock.setsockopt(zmq.IDENTITY, self.identity)
         self.sock.setsockopt(zmq.LINGER, 1000)  # flush the last tokens on exit, but never hang
+        # Bound what a peer at the router's address can make us buffer (the router does too).
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(router_addr)
         now = time.monotonic()
