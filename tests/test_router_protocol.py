@@ -19,6 +19,8 @@ import msgpack
 import pytest
 import zmq
 
+from nitsum.worker.protocol import proof
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("NITSUM_ROUTER_BIN", ROOT / "target" / "release" / "nitsum-router"))
 EOS = 259
@@ -108,8 +110,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SECRET = "test-worker-secret-0123456789"
+
+
 class PyWorker(threading.Thread):
-    """A minimal Python worker: registers, heartbeats, echoes the prompt one token per message."""
+    """A minimal Python worker: registers (answering the router's challenge), heartbeats,
+    echoes the prompt one token per message."""
 
     def __init__(self, addr: str, worker_id: int = 0):
         super().__init__(daemon=True)
@@ -123,7 +129,7 @@ class PyWorker(threading.Thread):
     def run(self) -> None:
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, str(self.worker_id).encode())
+        sock.setsockopt(zmq.IDENTITY, os.urandom(16).hex().encode())
         sock.connect(self.addr)
         register = dict(
             type="register",
@@ -147,7 +153,10 @@ class PyWorker(threading.Thread):
                 continue
             msg = msgpack.unpackb(sock.recv(), raw=False)
             self.received.append(msg)
-            if msg["type"] == "registered":
+            if msg["type"] == "challenge":
+                auth = proof(SECRET.encode(), msg["nonce"], self.worker_id, "tiny")
+                self.send(sock, **register, auth=auth)
+            elif msg["type"] == "registered":
                 registered = True
             elif msg["type"] == "reconfigure":
                 self.send(
@@ -198,7 +207,8 @@ def router(tmp_path):
             "tiny",
             "--log-level",
             "warn",
-        ]
+        ],
+        env={**os.environ, "NITSUM_WORKER_SECRET": SECRET},
     )
     worker = PyWorker(worker_addr)
     worker.start()

@@ -123,3 +123,28 @@ def test_parse_reconfigure():
             proto.parse_reconfigure(proto.reconfigure(1, [bad]))
     with pytest.raises(ProtocolError, match="epoch"):
         proto.parse_reconfigure({"v": 1, "type": "reconfigure", "groups": []})
+
+
+def test_handshake_proof_matches_the_router():
+    # Same vector as scheduler-rs/src/worker_auth/mod.rs (proof_matches_a_known_vector).
+    key = b"nitsum-test-secret-0001"
+    got = proto.proof(key, "ab" * 32, 7, "tiny")
+    assert got == "946c70f6dbefeb483b9ddb5eba200027107e6991d29f1336966db503d5aba95e"
+    assert proto.proof(key, "ab" * 32, 8, "tiny") != got
+    for bad in ("zz" * 32, "ab" * 16, ""):
+        with pytest.raises(ProtocolError):
+            proto.proof(key, bad, 7, "tiny")
+    reg = proto.register(7, "cpu", "tiny", [1], 64, 64, [2], auth=got)
+    assert reg["auth"] == got and "auth" not in proto.register(7, "cpu", "tiny", [1], 64, 64, [2])
+
+
+def test_worker_secret_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    from nitsum.worker.__main__ import worker_secret
+
+    monkeypatch.delenv(proto.SECRET_ENV, raising=False)
+    assert worker_secret(None) is None
+    monkeypatch.setenv(proto.SECRET_ENV, " from-env-0123456789 ")
+    assert worker_secret(None) == b"from-env-0123456789"
+    f = tmp_path / "secret"
+    f.write_text("from-file-0123456789\n")
+    assert worker_secret(str(f)) == b"from-file-0123456789"

@@ -28,7 +28,9 @@ for f in ("--listen", "--worker-addr", "--model-dir", "--served-model-name", "--
 a = p.parse_args()
 a.host, a.port = a.listen.rsplit(":", 1)
 out = os.environ["FAKE_OUT"]
-json.dump({"argv": sys.argv[1:], "pid": os.getpid()}, open(f"{out}/router.json", "w"))
+secret = os.environ.get("NITSUM_WORKER_SECRET")
+json.dump({"argv": sys.argv[1:], "pid": os.getpid(), "secret": secret},
+          open(f"{out}/router.json", "w"))
 workers = set()
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -54,6 +56,7 @@ FAKE_WORKER = """
 import os, signal, sys, time, zmq, msgpack
 wid, addr, out, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 open(f"{out}/worker{wid}.pid", "w").write(str(os.getpid()))
+open(f"{out}/worker{wid}.secret", "w").write(os.environ.get("NITSUM_WORKER_SECRET", ""))
 if mode == "crash":
     sys.exit(3)
 if mode == "stubborn":
@@ -170,6 +173,12 @@ def test_serve_starts_router_then_workers_and_sigterm_leaves_no_orphans(launch, 
     assert argv[argv.index("--model-dir") + 1] == str(tmp_path / "tiny-model")
     assert argv[argv.index("--served-model-name") + 1] == "tiny-model"
     assert argv[-2:] == ["--config", "tiers.toml"]
+    # One fresh worker secret for the router and its workers, in the environment only.
+    secret = json.loads((tmp_path / "router.json").read_text())["secret"]
+    assert secret and len(secret) == 64 and secret != os.environ.get("NITSUM_WORKER_SECRET")
+    assert not any(secret in a for a in argv)
+    for i in range(2):
+        assert (tmp_path / f"worker{i}.secret").read_text() == secret
     pids = child_pids(tmp_path, 2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0

@@ -32,19 +32,28 @@ class FakeRouter:
         self.sock.bind(addr)
         self.addr = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.seen: list[tuple[float, dict[str, Any]]] = []
+        # Worker id (as bytes) -> the ZMQ identity its socket uses: workers pick random ones.
+        self.identities: dict[bytes, bytes] = {}
 
     def send(self, msg: dict[str, Any], identity: bytes = b"0") -> None:
-        self.sock.send_multipart([identity, proto.encode(msg)])
+        """Send to worker id `identity` (e.g. b"0"), at the identity its socket has."""
+        self.sock.send_multipart([self.identities.get(identity, identity), proto.encode(msg)])
 
     def _recv(self, deadline: float) -> dict[str, Any]:
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0 or not self.sock.poll(left_ms):
             raise TimeoutError("no message from the worker in time")
         identity, frame = self.sock.recv_multipart()
-        assert identity == b"0"
         msg = proto.decode(frame)
+        self.learn(identity, msg)
         self.seen.append((time.monotonic(), msg))
         return msg
+
+    def learn(self, identity: bytes, msg: dict[str, Any]) -> None:
+        """Remember the identity of `msg`'s worker; one worker id keeps one identity."""
+        wid = str(msg.get("worker_id")).encode()
+        assert identity.startswith(b"w" + wid + b"-"), identity
+        assert self.identities.setdefault(wid, identity) == identity, "identity changed"
 
     def expect(self, type_: str, timeout: float = TIMEOUT_S, **match: Any) -> dict[str, Any]:
         """The next message of `type_` whose fields equal `match` (others are kept in `seen`)."""

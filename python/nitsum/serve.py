@@ -13,7 +13,8 @@ Startup: resolve the model directory (converting the embedded GGUF on first use)
 router, wait for its `/health` to answer at all (503 "no_workers" counts: the HTTP server is
 up), start the workers, then poll `/health` until its JSON reports `workers >= N`. Ctrl-C or
 SIGTERM is forwarded to every child; no child outlives this process (see worker/children.py).
-See docs/serving.md.
+The router and its workers share a fresh random worker secret (`NITSUM_WORKER_SECRET` in their
+environment) that workers authenticate with (docs/security.md). See docs/serving.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -36,6 +38,7 @@ from types import FrameType
 
 from nitsum.control_profile import ControlConfigError, choose_control_profile
 from nitsum.worker.children import Children
+from nitsum.worker.protocol import SECRET_ENV
 
 log = logging.getLogger("nitsum.serve")
 
@@ -270,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         received.append(signum)
         raise _Stop
 
+    # NOTE: a fresh worker secret per run, for this router and its own workers only; passed in
+    # the environment, never on a command line that `ps` shows (docs/security.md).
+    env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         rcmd = router_command(
@@ -282,15 +288,15 @@ def main(argv: list[str] | None = None) -> int:
             args.config,
             str(choice.profile) if choice.profile else None,
         )
-        children.spawn("router", rcmd)
+        children.spawn("router", rcmd, env=env)
         _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
         if host_worker:
             cmd = host_worker_command(model_dir, args.worker_addr, name, args)
-            children.spawn("host-worker", cmd)
+            children.spawn("host-worker", cmd, env=env)
         else:
             for i in range(args.workers):
                 cmd = worker_command(i, model_dir, args.worker_addr, name, args)
-                children.spawn(f"worker{i}", cmd)
+                children.spawn(f"worker{i}", cmd, env=env)
         _wait(
             f"{args.workers} workers to register",
             children,

@@ -23,6 +23,7 @@ use nitsum_scheduler::protocols::worker::Sampling;
 use nitsum_scheduler::server;
 use nitsum_scheduler::testutil;
 use nitsum_scheduler::tokenize::ModelFiles;
+use nitsum_scheduler::worker_auth::WorkerSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -322,6 +323,7 @@ async fn main() {
     let cfg = RouterConfig {
         listen: "127.0.0.1:0".into(),
         worker_addr: "tcp://127.0.0.1:0".into(),
+        worker_secret: Some(WorkerSecret::generate()),
         ..RouterConfig::default()
     };
     // The tiny byte-level tokenizer (with a 4096-token window) so the HTTP path validates
@@ -334,10 +336,9 @@ async fn main() {
     .unwrap();
     let model = Arc::new(ModelFiles::load(dir.path()).unwrap());
     let run = server::start(cfg, Some(model)).await.unwrap();
-    let _mocks =
-        mock_worker::spawn_many(&run.worker_endpoint, args.replicas, &MockOptions::default())
-            .await
-            .unwrap();
+    let _mocks = mock_worker::spawn_many(&run.worker_endpoint, args.replicas, &mock_options(&run))
+        .await
+        .unwrap();
     let t0 = Instant::now();
     while run.engine.plan().groups.len() < args.replicas as usize {
         assert!(
@@ -403,4 +404,13 @@ async fn main() {
     }
     println!("summary: {summary}");
     run.stop();
+}
+
+/// Mock workers that pass the router's handshake (its model name and secret).
+fn mock_options(run: &server::Running) -> MockOptions {
+    MockOptions {
+        model: run.engine.cfg.served_model_name.clone(),
+        secret: run.engine.cfg.worker_secret.clone(),
+        ..MockOptions::default()
+    }
 }

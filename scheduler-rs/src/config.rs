@@ -12,6 +12,7 @@ use crate::plan::{GroupPlan, Role};
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
 use crate::tiers::Tier;
+use crate::worker_auth::{WorkerSecret, SECRET_ENV};
 
 /// `nitsum-router` command line. Flags override the config file.
 #[derive(Debug, Parser, Default)]
@@ -52,6 +53,11 @@ pub struct Cli {
     /// Send `shutdown` to every registered worker when the router exits.
     #[arg(long)]
     pub shutdown_workers_on_exit: bool,
+    /// Run without a worker secret (no worker authentication): only on a loopback worker
+    /// endpoint, for local development (docs/security.md). The secret itself is never a flag:
+    /// set NITSUM_WORKER_SECRET or `worker_secret` in the config.
+    #[arg(long)]
+    pub insecure_worker_plane: bool,
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -121,6 +127,10 @@ pub struct FileConfig {
     pub reconfigure_timeout_ms: Option<u64>,
     /// Strategy choice by simulated lookahead (docs/planner.md); any subset.
     pub lookahead: Option<LookaheadConfig>,
+    /// Shared secret workers authenticate with (NITSUM_WORKER_SECRET overrides it).
+    pub worker_secret: Option<String>,
+    /// No worker authentication (loopback endpoints only; docs/security.md).
+    pub insecure_worker_plane: Option<bool>,
 }
 
 /// The resolved router configuration.
@@ -145,6 +155,10 @@ pub struct RouterConfig {
     pub reconfigure_timeout_ms: u64,
     pub mock_workers: u32,
     pub shutdown_workers_on_exit: bool,
+    /// Secret workers must prove they know (docs/security.md); `None` needs
+    /// `insecure_worker_plane` on a loopback endpoint (checked when the router starts).
+    pub worker_secret: Option<WorkerSecret>,
+    pub insecure_worker_plane: bool,
 }
 
 /// Default tiers: strict 250/25 ms, relaxed 2000/100 ms, background.
@@ -182,6 +196,8 @@ impl Default for RouterConfig {
             reconfigure_timeout_ms: 5000,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
+            worker_secret: None,
+            insecure_worker_plane: false,
         }
     }
 }
@@ -215,6 +231,13 @@ impl RouterConfig {
         }
         cfg.mock_workers = cli.mock_workers;
         cfg.shutdown_workers_on_exit = cli.shutdown_workers_on_exit;
+        cfg.insecure_worker_plane |= cli.insecure_worker_plane;
+        if let Some(secret) = std::env::var_os(SECRET_ENV).filter(|s| !s.is_empty()) {
+            let secret = secret
+                .to_str()
+                .context("NITSUM_WORKER_SECRET is not UTF-8")?;
+            cfg.worker_secret = Some(WorkerSecret::new(secret).context(SECRET_ENV)?);
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -268,6 +291,13 @@ impl RouterConfig {
             reconfigure_timeout_ms: file
                 .reconfigure_timeout_ms
                 .unwrap_or(d.reconfigure_timeout_ms),
+            worker_secret: file
+                .worker_secret
+                .as_deref()
+                .map(WorkerSecret::new)
+                .transpose()
+                .context("config: worker_secret")?,
+            insecure_worker_plane: file.insecure_worker_plane.unwrap_or(false),
             ..d
         };
         cfg.validate()?;

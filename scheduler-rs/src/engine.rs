@@ -112,6 +112,8 @@ struct State {
     choice: Option<crate::sim::lookahead::Choice>,
     /// Recent control decisions, oldest first (bounded).
     history: std::collections::VecDeque<control::PlanRecord>,
+    /// Which connection serves which worker id, and pending handshake challenges.
+    sessions: crate::worker_auth::Sessions,
 }
 
 /// Per-group numbers for `/metrics`.
@@ -130,6 +132,8 @@ pub struct Engine {
     state: Mutex<State>,
     out: mpsc::UnboundedSender<Outbound>,
     next_id: AtomicU64,
+    /// Wire form of request ids (unguessable, per router process).
+    ids: crate::worker_auth::RequestIds,
     /// Time origin of the window statistics.
     clock: Instant,
     /// Whether the control loop runs (a profile is configured): the request path feeds stats.
@@ -140,6 +144,9 @@ mod control;
 #[cfg(test)]
 mod control_tests;
 mod handle;
+mod handshake;
+#[cfg(test)]
+mod handshake_tests;
 mod requests;
 #[cfg(test)]
 mod tests;
@@ -166,6 +173,7 @@ impl Engine {
             }),
             out,
             next_id: AtomicU64::new(1),
+            ids: crate::worker_auth::RequestIds::new(),
             clock: Instant::now(),
         };
         (Arc::new(engine), rx)
@@ -184,6 +192,11 @@ impl Engine {
             identity,
             payload: Bytes::from(payload),
         });
+    }
+
+    /// The id request `id` has on the worker wire (docs/protocol.md).
+    pub fn wire_id(&self, id: u64) -> String {
+        self.ids.encode(id)
     }
 
     /// The current plan.

@@ -27,6 +27,7 @@ pub mod testutil;
 pub mod tiers;
 pub mod tokenize;
 pub mod transport;
+pub mod worker_auth;
 
 /// Crate version, also reported by `nitsum._core.version()`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -86,6 +86,8 @@ pub struct Metrics {
     pub plan_applied: AtomicU64,
     pub plan_refused: AtomicU64,
     pub plan_timeout: AtomicU64,
+    /// Worker-plane refusals (docs/security.md).
+    pub plane: crate::worker_auth::PlaneMetrics,
 }
 
 /// How one finished request went, for the histograms.
@@ -120,6 +122,7 @@ impl Metrics {
             plan_applied: AtomicU64::new(0),
             plan_refused: AtomicU64::new(0),
             plan_timeout: AtomicU64::new(0),
+            plane: Default::default(),
         }
     }
 
@@ -145,8 +148,9 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text of the per-tier metrics.
+    /// Prometheus text of the per-tier metrics and the worker-plane refusals.
     pub fn render(&self, out: &mut String) {
+        self.plane.render(out);
         let hist = [
             ("nitsum_ttft_seconds", "Time to first token.", 0),
             (

@@ -10,14 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use zeromq::util::PeerIdentity;
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
+use crate::worker_auth::{Nonce, WorkerSecret};
 
 /// How a mock worker behaves.
 #[derive(Debug, Clone)]
@@ -38,6 +37,10 @@ pub struct MockOptions {
     pub refuse_tp_above: Option<u32>,
     /// Never answer `reconfigure` (a hung worker).
     pub ignore_reconfigure: bool,
+    /// Model name sent in `register` (the router refuses another than its served model).
+    pub model: String,
+    /// Shared secret to answer the router's `challenge` with (docs/security.md).
+    pub secret: Option<WorkerSecret>,
 }
 
 impl Default for MockOptions {
@@ -52,6 +55,8 @@ impl Default for MockOptions {
             domain: None,
             refuse_tp_above: None,
             ignore_reconfigure: false,
+            model: "nitsum".into(),
+            secret: None,
         }
     }
 }
@@ -103,6 +108,7 @@ struct RouterMsg {
     epoch: u64,
     tier: String,
     class: String,
+    nonce: String,
     decode_target: Option<u32>,
     groups: Vec<MockGroup>,
 }
@@ -152,9 +158,9 @@ fn plan_output(input: &[u32], s: &Sampling) -> (Vec<u32>, &'static str) {
 
 /// Connect a mock worker with id `id` to the router at `addr`.
 pub async fn spawn(addr: &str, id: u32, opts: MockOptions) -> Result<MockWorker> {
-    let mut so = SocketOptions::default();
-    so.peer_identity(PeerIdentity::try_from(Bytes::from(id.to_string()))?);
-    let mut sock = DealerSocket::with_options(so);
+    // NOTE: a random routing identity (the default), as real workers use: a guessable one
+    // would let another peer take over this connection's routing slot (docs/security.md).
+    let mut sock = DealerSocket::new();
     sock.connect(addr)
         .await
         .with_context(|| format!("mock worker {id} connecting to {addr}"))?;
@@ -174,7 +180,7 @@ pub async fn spawn_many(addr: &str, n: u32, opts: &MockOptions) -> Result<Vec<Mo
 
 async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<MockStats>) {
     let mut register = serde_json::json!({"v": PROTOCOL_VERSION, "type": "register", "worker_id": id,
-        "device": "mock", "model": "mock", "tp_levels": opts.tp_levels, "kv_capacity_tokens": 1u64 << 20,
+        "device": "mock", "model": opts.model, "tp_levels": opts.tp_levels, "kv_capacity_tokens": 1u64 << 20,
         "max_context": opts.max_context, "eos_token_ids": opts.eos_token_ids});
     if let Some(domain) = opts.domain {
         register["domain"] = domain.into();
@@ -192,6 +198,12 @@ async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<Mock
                 let Some(body) = msg.into_vec().pop() else { continue };
                 let Ok(mut m) = rmp_serde::from_slice::<RouterMsg>(&body) else { continue };
                 match m.ty.as_str() {
+                    "challenge" => {
+                        let (Some(secret), Some(nonce)) = (&opts.secret, Nonce::from_hex(&m.nonce)) else { continue };
+                        let mut proven = register.clone();
+                        proven["auth"] = secret.proof(&nonce, id, &opts.model).into();
+                        let _ = sock.send(encode(&proven)).await;
+                    }
                     "registered" => {
                         registered = true;
                         stats.registered.fetch_add(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ use crate::engine::Engine;
 use crate::mock_worker::{self, MockOptions, MockWorker};
 use crate::tokenize::ModelFiles;
 use crate::transport::{self, Transport};
+use crate::worker_auth::{check_policy, WorkerSecret};
 
 /// A router running inside the current tokio runtime.
 pub struct Running {
@@ -56,8 +57,17 @@ pub fn load_model(cfg: &RouterConfig) -> Result<Option<Arc<ModelFiles>>> {
 }
 
 /// Start transport, reaper, optional mock workers and the HTTP server.
-pub async fn start(cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<Running> {
+pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<Running> {
     let profile = crate::control::load_profile(&cfg)?;
+    if cfg.worker_secret.is_none() && !cfg.insecure_worker_plane && cfg.mock_workers > 0 {
+        // In-process mock workers only: a secret nobody else knows.
+        cfg.worker_secret = Some(WorkerSecret::generate());
+    }
+    check_policy(
+        cfg.worker_secret.as_ref(),
+        cfg.insecure_worker_plane,
+        &cfg.worker_addr,
+    )?;
     let cfg = Arc::new(cfg);
     let (engine, outbound) = Engine::new(cfg.clone());
     let transport = transport::start(&cfg.worker_addr, engine.clone(), outbound).await?;
@@ -90,6 +100,8 @@ pub async fn start(cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<
                 .as_ref()
                 .map(|m| m.eos_token_ids.clone())
                 .unwrap_or_default(),
+            model: cfg.served_model_name.clone(),
+            secret: cfg.worker_secret.clone(),
             ..MockOptions::default()
         };
         mocks = mock_worker::spawn_many(&worker_endpoint, cfg.mock_workers, &opts).await?;

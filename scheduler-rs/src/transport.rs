@@ -13,6 +13,7 @@ use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::engine::{Engine, Outbound};
 use crate::protocols::worker::decode_incoming;
+use crate::worker_auth::Rejection;
 
 /// Running transport tasks.
 pub struct Transport {
@@ -79,12 +80,17 @@ pub async fn start(
 fn handle_frames(engine: &Engine, msg: ZmqMessage) {
     let mut frames = msg.into_vec();
     if frames.len() < 2 {
+        engine.metrics.plane.count(Rejection::Undecodable);
         return;
     }
     let payload = frames.pop().expect("len >= 2");
     let identity: Bytes = frames.swap_remove(0);
     match decode_incoming(&payload) {
         Ok(m) => engine.on_message(identity, m, &payload),
-        Err(e) => tracing::warn!("undecodable worker message: {e}"),
+        Err(e) => {
+            // NOTE: debug, not warn: any peer can send garbage; the metric counts it.
+            engine.metrics.plane.count(Rejection::Undecodable);
+            tracing::debug!("undecodable worker message: {e}");
+        }
     }
 }

@@ -379,10 +379,13 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     assert_eq!(r.run.engine.plan().groups.len(), 1);
     let body = json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": 2}});
     assert_eq!(post(&r, "/generate", body.clone()).await.status, 503);
-    let late =
-        nitsum_scheduler::mock_worker::spawn(&r.run.worker_endpoint, 2, MockOptions::default())
-            .await
-            .unwrap();
+    let late = nitsum_scheduler::mock_worker::spawn(
+        &r.run.worker_endpoint,
+        2,
+        authenticated(&r.run, MockOptions::default()),
+    )
+    .await
+    .unwrap();
     wait_until(|| r.run.engine.plan().groups.len() == 2).await;
     let v = post(&r, "/generate", body).await.json();
     assert_eq!(v["output_ids"], json!([104, 105]));

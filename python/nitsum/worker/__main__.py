@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
@@ -31,8 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-budget", type=int, default=512, help="tokens per step")
     p.add_argument("--max-context", type=int, default=None, help="cap the context window")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (--devices 1)")
+    p.add_argument(
+        "--worker-secret-file",
+        default=None,
+        help="file holding the shared worker secret (default: the NITSUM_WORKER_SECRET "
+        "environment variable; never pass the secret itself on the command line)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def worker_secret(path: str | None) -> bytes | None:
+    """The shared worker secret: the file's first line, else $NITSUM_WORKER_SECRET, else None.
+
+    NOTE: stripped like the router strips it, so both sides key the HMAC with the same bytes.
+    """
+    from nitsum.worker.protocol import SECRET_ENV
+
+    text = Path(path).read_text().splitlines()[0] if path else os.environ.get(SECRET_ENV, "")
+    return text.strip().encode() or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nitsum worker: cannot load model {args.model!r}: {e}", file=sys.stderr)
         return 2
     name = args.served_model_name or model_dir.name
-    server = WorkerServer(backend, args.router, name, device=args.device)
+    try:
+        secret = worker_secret(args.worker_secret_file)
+    except (OSError, IndexError) as e:
+        print(f"nitsum worker: cannot read --worker-secret-file: {e}", file=sys.stderr)
+        return 2
+    server = WorkerServer(backend, args.router, name, device=args.device, secret=secret)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger(__name__).info("signal %d: stopping", signum)

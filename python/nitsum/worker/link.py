@@ -7,6 +7,7 @@ A host worker owns one link per device it serves, so the router sees one worker 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -17,9 +18,16 @@ from nitsum.worker import protocol as proto
 
 log = logging.getLogger(__name__)
 
+MAX_MESSAGE_BYTES = 64 << 20  # a larger message drops the connection (docs/security.md)
+
 
 class RouterLink:
-    """The DEALER socket of worker `worker_id` (ZMQ identity = the id as UTF-8)."""
+    """The DEALER socket of worker `worker_id`.
+
+    NOTE: its ZMQ identity is random (`w<id>-<32 hex>`), fixed for the socket's life so that
+    reconnects keep it: the router routes by identity, and a guessable one would let another
+    peer that connects with it take over this worker's routing slot (docs/security.md).
+    """
 
     def __init__(
         self,
@@ -35,8 +43,11 @@ class RouterLink:
         self.registered = False
         self._lost = False  # the connection dropped and has not come back yet
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, str(worker_id).encode())
+        self.identity = f"w{worker_id}-{secrets.token_hex(16)}".encode()
+        self.sock.setsockopt(zmq.IDENTITY, self.identity)
         self.sock.setsockopt(zmq.LINGER, 1000)  # flush the last tokens on exit, but never hang
+        # Bound what a peer at the router's address can make us buffer (the router does too).
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(router_addr)
         now = time.monotonic()

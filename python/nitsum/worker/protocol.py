@@ -6,6 +6,8 @@ dict or a typed request and raise with a message that names the bad field.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,7 @@ from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 
 PROTOCOL_VERSION = 1
+SECRET_ENV = "NITSUM_WORKER_SECRET"  # the shared worker secret (docs/security.md)
 FINISH_REASONS = ("stop", "length", "abort", "error")
 ROLES = ("prefill", "decode", "mixed")
 
@@ -59,8 +62,11 @@ def register(
     max_context: int,
     eos_token_ids: list[int],
     domain: int | None = None,
+    auth: str | None = None,
 ) -> dict[str, Any]:
-    """`domain`: the worker ids that can form TP groups and hand KV to each other share it."""
+    """`domain`: the worker ids that can form TP groups and hand KV to each other share it;
+    `auth`: the handshake proof answering the router's `challenge` (see `proof`)."""
+    extra = {} if auth is None else {"auth": auth}
     return _msg(
         "register",
         worker_id=worker_id,
@@ -71,7 +77,21 @@ def register(
         kv_capacity_tokens=kv_capacity_tokens,
         max_context=max_context,
         eos_token_ids=list(eos_token_ids),
+        **extra,
     )
+
+
+def proof(secret: bytes, nonce_hex: str, worker_id: int, model: str) -> str:
+    """The handshake proof (docs/protocol.md "Handshake"): hex HMAC-SHA256 under the shared
+    secret of nonce ‖ worker id (u32 big-endian) ‖ model name (UTF-8)."""
+    try:
+        nonce = bytes.fromhex(nonce_hex)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"challenge: 'nonce' must be hex, got {nonce_hex!r}") from e
+    if len(nonce) != 32 or not 0 <= worker_id < 2**32:
+        raise ProtocolError(f"challenge: bad nonce length {len(nonce)} or worker id {worker_id}")
+    body = nonce + worker_id.to_bytes(4, "big") + model.encode()
+    return hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
 def heartbeat(
@@ -124,6 +144,14 @@ def reconfigured(
 # -- router → worker (builders used by tests and fake routers) -------------------------------------
 def registered(worker_id: int, epoch: int = 0) -> dict[str, Any]:
     return _msg("registered", worker_id=worker_id, epoch=epoch)
+
+
+def challenge(worker_id: int, nonce_hex: str) -> dict[str, Any]:
+    return _msg("challenge", worker_id=worker_id, nonce=nonce_hex)
+
+
+def refused(worker_id: int, error: str) -> dict[str, Any]:
+    return _msg("refused", worker_id=worker_id, error=error)
 
 
 def generate(

@@ -51,7 +51,10 @@ class WorkerServer:
         heartbeat_every_s: float = 0.5,
         idle_poll_ms: int = 50,
         context: zmq.Context | None = None,
+        secret: bytes | None = None,
     ) -> None:
+        """`secret`: the shared worker secret that answers the router's `challenge`
+        (docs/security.md); without it only a router with authentication off accepts us."""
         self.backend = backend
         self.router_addr = router_addr
         self.model_name = model_name
@@ -59,6 +62,7 @@ class WorkerServer:
         self.register_every_s = register_every_s
         self.heartbeat_every_s = heartbeat_every_s
         self.idle_poll_ms = idle_poll_ms
+        self.secret = secret
         self.ctx = context or zmq.Context.instance()
         self.epoch = 0
         # Each device's part of the plan at `epoch`.
@@ -68,6 +72,8 @@ class WorkerServer:
         self._acks: OrderedDict[int, Ack] = OrderedDict()  # epoch -> its answer
         self._stop = threading.Event()
         self._handlers: dict[str, Callable[[int, dict[str, Any]], None]] = {
+            "challenge": self._on_challenge,
+            "refused": self._on_refused,
             "registered": self._on_registered,
             "reregister": self._on_reregister,
             "generate": self._on_generate,
@@ -167,6 +173,26 @@ class WorkerServer:
     def _heartbeat_msg(self, device: int) -> dict[str, Any]:
         running, waiting, free_pages = self.backend.load(device)
         return proto.heartbeat(device, running, waiting, free_pages, self.epoch)
+
+    def _on_challenge(self, device: int, msg: dict[str, Any]) -> None:
+        """Prove knowledge of the secret: `register` again with `auth` (docs/protocol.md)."""
+        if self.secret is None:
+            log.error(
+                "the router requires worker authentication: set %s for worker %d",
+                proto.SECRET_ENV,
+                device,
+            )
+            return
+        nonce = msg.get("nonce")
+        if not isinstance(nonce, str):
+            raise ProtocolError(f"challenge: 'nonce' must be a hex string, got {nonce!r}")
+        reg = self._register_msg(device)
+        reg["auth"] = proto.proof(self.secret, nonce, device, self.model_name)
+        self.links[device].send(reg)
+
+    def _on_refused(self, device: int, msg: dict[str, Any]) -> None:
+        """The router did not accept our `register`; the register timer tries again."""
+        log.error("router refused worker %d: %s", device, msg.get("error"))
 
     def _on_registered(self, device: int, msg: dict[str, Any]) -> None:
         epoch = msg.get("epoch", 0)

@@ -11,6 +11,7 @@ use super::{EarlyEnd, Engine, Event, FinishReason, Inflight, RequestHandle, Stat
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::metrics::Completion;
 use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
+use crate::worker_auth::Rejection;
 
 impl Engine {
     /// Dispatch a request. `Err` when no group can take it (the caller answers 503).
@@ -84,7 +85,7 @@ impl Engine {
     }
 
     pub(super) fn send_generate(&self, id: u64, req: &Submit, identity: Bytes, d: Decision) {
-        let rid = id.to_string();
+        let rid = self.ids.encode(id);
         let payload = wire::encode_generate(&wire::Generate {
             v: PROTOCOL_VERSION,
             ty: "generate",
@@ -103,8 +104,13 @@ impl Engine {
 
     /// A `tokens` message from a worker.
     pub(super) fn on_tokens(&self, worker: u32, m: Incoming, now: Instant) {
-        let Some(id) = m.request_id.as_deref().and_then(|s| s.parse::<u64>().ok()) else {
-            tracing::warn!(worker, "tokens message without a valid request_id");
+        let Some(id) = m.request_id.as_deref().and_then(|s| self.ids.decode(s)) else {
+            // NOTE: ids are unguessable: one this router did not issue is a forgery or garbage.
+            self.metrics.plane.count(Rejection::UnknownRequest);
+            tracing::debug!(
+                worker,
+                "tokens message without a request_id this router issued"
+            );
             return;
         };
         let ids = m.token_ids.unwrap_or_default();
@@ -131,6 +137,13 @@ impl Engine {
                 .flatten()
                 .any(|w| holder(w) == Some(worker));
             if !moved {
+                // Another worker's request: an injection attempt, or a stale worker.
+                self.metrics.plane.count(Rejection::ForeignRequest);
+                tracing::debug!(
+                    worker,
+                    leader,
+                    "dropped tokens for a request it does not serve"
+                );
                 return;
             }
             let lead = holder(leader) == Some(worker);
@@ -221,7 +234,7 @@ impl Engine {
         let decode = e
             .decode
             .and_then(|d| st.registry.get(d).map(|w| w.identity.clone()));
-        let payload = wire::encode_abort(&id.to_string());
+        let payload = wire::encode_abort(&self.ids.encode(id));
         for ident in identity.into_iter().chain(decode) {
             self.send(ident, payload.clone());
         }

@@ -21,7 +21,8 @@ pub(super) fn register(engine: &Engine, worker: u32) {
     msg(
         engine,
         worker,
-        json!({"v": 1, "type": "register", "worker_id": worker, "device": "cpu"}),
+        json!({"v": 1, "type": "register", "worker_id": worker, "device": "cpu",
+            "model": "nitsum"}),
     );
 }
 
@@ -30,7 +31,7 @@ pub(super) fn tokens(engine: &Engine, worker: u32, id: u64, ids: &[u32], finish:
         engine,
         worker,
         json!({"v": 1, "type": "tokens", "worker_id": worker,
-        "request_id": id.to_string(), "token_ids": ids, "finish_reason": finish}),
+        "request_id": engine.wire_id(id), "token_ids": ids, "finish_reason": finish}),
     );
 }
 
@@ -84,7 +85,7 @@ async fn tokens_only_count_from_the_serving_worker() {
     let id = h.id();
     assert_eq!(
         drain(&mut rx),
-        [("0".into(), "generate".into(), id.to_string())]
+        [("0".into(), "generate".into(), engine.wire_id(id))]
     );
     tokens(&engine, 1, id, &[9], Some("length")); // not its worker: ignored
     tokens(&engine, 0, id, &[5], None);
@@ -149,7 +150,7 @@ async fn dead_worker_requests_are_retried_or_failed() {
     // The unstreamed request went to worker 1; the streaming one failed explicitly.
     let sent = drain(&mut rx);
     assert!(
-        sent.contains(&("1".into(), "generate".into(), waiting.id().to_string())),
+        sent.contains(&("1".into(), "generate".into(), engine.wire_id(waiting.id()))),
         "{sent:?}"
     );
     assert_eq!(
@@ -180,7 +181,7 @@ async fn dropping_a_handle_aborts_and_releases() {
     let (engine, mut rx) = Engine::new(Arc::new(RouterConfig::default()));
     register(&engine, 0);
     let h = engine.submit(submit()).unwrap();
-    let id = h.id().to_string();
+    let id = engine.wire_id(h.id());
     drop(h);
     let sent = drain(&mut rx);
     assert_eq!(

@@ -1,29 +1,20 @@
 //! Worker-side events: registration, heartbeats, acks, death, and plan changes.
 
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::Instant;
 
 use bytes::Bytes;
 
 use super::{Engine, Event, Inflight, State};
 use crate::plan::{GroupPlan, Plan};
-use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
+use crate::protocols::worker::{self as wire, Incoming};
 use crate::registry::WorkerInfo;
 
 impl Engine {
-    /// Handle one decoded worker message; `raw` is its msgpack body (for `stats`).
-    pub fn on_message(&self, identity: Bytes, m: Incoming, raw: &[u8]) {
-        if m.v != PROTOCOL_VERSION {
-            tracing::error!(
-                v = m.v,
-                "refusing a worker message with another protocol version"
-            );
-            return;
-        }
-        let Some(worker) = m.worker_id.or_else(|| identity_id(&identity)) else {
-            tracing::warn!(ty = %m.ty, "worker message without worker_id");
-            return;
-        };
+    /// Handle a message from a connection bound to `worker` (the handshake in
+    /// `handshake.rs` checked the connection first); `raw` is its msgpack body (for `stats`).
+    pub(super) fn on_bound_message(&self, worker: u32, identity: Bytes, m: Incoming, raw: &[u8]) {
         let now = Instant::now();
         match m.ty.as_str() {
             "tokens" => self.on_tokens(worker, m, now),
@@ -42,7 +33,6 @@ impl Engine {
                     self.send(identity, wire::encode_reregister());
                 }
             }
-            "register" => self.on_register(worker, identity, WorkerInfo::from_register(&m), now),
             "reconfigured" => self.on_reconfigured(worker, &m, now),
             "stats" => {
                 let stats = wire::decode_stats(raw);
@@ -55,10 +45,19 @@ impl Engine {
         }
     }
 
-    fn on_register(&self, worker: u32, identity: Bytes, info: WorkerInfo, now: Instant) {
+    /// Add a worker whose `register` the handshake accepted on `identity`.
+    pub(super) fn admit(
+        &self,
+        st: MutexGuard<'_, State>,
+        worker: u32,
+        identity: Bytes,
+        info: WorkerInfo,
+    ) {
         tracing::info!(worker, device = %info.device, model = %info.model, "worker registered");
-        let mut st = self.lock();
-        let restarted = st.registry.register(worker, identity.clone(), info, now);
+        let mut st = st;
+        let restarted = st
+            .registry
+            .register(worker, identity.clone(), info, Instant::now());
         let mut actions = Vec::new();
         if restarted {
             // NOTE: a worker that registers again has lost its requests.
@@ -227,9 +226,4 @@ pub(super) enum Action {
         crate::dispatch::Decision,
     ),
     Fail(Inflight, String),
-}
-
-/// A worker's identity is its id as UTF-8 (docs/protocol.md).
-fn identity_id(identity: &[u8]) -> Option<u32> {
-    std::str::from_utf8(identity).ok()?.parse().ok()
 }

@@ -87,6 +87,26 @@ struct Registered {
     epoch: u64,
 }
 
+/// `challenge` (router → worker): answer with `register` carrying `auth`.
+#[derive(Serialize)]
+struct Challenge<'a> {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    worker_id: u32,
+    nonce: &'a str,
+}
+
+/// `refused` (router → worker): a `register` the router did not accept, and why.
+#[derive(Serialize)]
+struct Refused<'a> {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: &'static str,
+    worker_id: u32,
+    error: &'a str,
+}
+
 #[derive(Serialize)]
 struct Abort<'a> {
     v: u32,
@@ -119,6 +139,27 @@ pub fn encode_registered(worker_id: u32, epoch: u64) -> Vec<u8> {
         ty: "registered",
         worker_id,
         epoch,
+    })
+}
+
+/// Encode `challenge` with a hex nonce (docs/protocol.md "Handshake").
+pub fn encode_challenge(worker_id: u32, nonce_hex: &str) -> Vec<u8> {
+    encode(&Challenge {
+        v: PROTOCOL_VERSION,
+        ty: "challenge",
+        worker_id,
+        nonce: nonce_hex,
+    })
+}
+
+/// Encode `refused`: the router did not accept a `register` (bad proof, wrong model, id
+/// served by another connection).
+pub fn encode_refused(worker_id: u32, error: &str) -> Vec<u8> {
+    encode(&Refused {
+        v: PROTOCOL_VERSION,
+        ty: "refused",
+        worker_id,
+        error,
     })
 }
 
@@ -186,6 +227,8 @@ pub struct Incoming {
     pub kv_capacity_tokens: Option<u64>,
     pub max_context: Option<u64>,
     pub eos_token_ids: Option<Vec<u32>>,
+    /// Handshake proof: hex HMAC-SHA256 over the last `challenge` (docs/protocol.md).
+    pub auth: Option<String>,
     // heartbeat
     pub running: Option<u64>,
     pub waiting: Option<u64>,

@@ -11,6 +11,7 @@ use nitsum_scheduler::mock_worker::{self, MockOptions, MockWorker};
 use nitsum_scheduler::server::{self, Running};
 use nitsum_scheduler::testutil::{self, TempDir};
 use nitsum_scheduler::tokenize::ModelFiles;
+use nitsum_scheduler::worker_auth::WorkerSecret;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -33,6 +34,7 @@ pub fn config() -> RouterConfig {
         worker_addr: "tcp://127.0.0.1:0".into(),
         served_model_name: "tiny".into(),
         heartbeat_timeout_ms: 400,
+        worker_secret: Some(WorkerSecret::generate()),
         ..RouterConfig::default()
     }
 }
@@ -46,7 +48,7 @@ pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
     for (id, opts) in workers.iter().enumerate() {
         let opts = MockOptions {
             heartbeat: Duration::from_millis(50),
-            ..opts.clone()
+            ..authenticated(&run, opts.clone())
         };
         mocks.push(
             mock_worker::spawn(&run.worker_endpoint, id as u32, opts)
@@ -59,6 +61,15 @@ pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
         run,
         mocks,
         _model_dir: dir,
+    }
+}
+
+/// `opts` with the model name and secret that pass `run`'s handshake.
+pub fn authenticated(run: &Running, opts: MockOptions) -> MockOptions {
+    MockOptions {
+        model: run.engine.cfg.served_model_name.clone(),
+        secret: run.engine.cfg.worker_secret.clone(),
+        ..opts
     }
 }
 

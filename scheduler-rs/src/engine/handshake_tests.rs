@@ -1,0 +1,224 @@
+//! The worker-plane gate without a network: handshake, id binding, model check, and tokens
+//! accepted only from the connection serving the request (docs/security.md).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::tests::{drain_raw, submit};
+use super::{Engine, Event, Outbound};
+use crate::config::RouterConfig;
+use crate::protocols::worker::decode_incoming;
+use crate::worker_auth::{Nonce, Rejection, WorkerSecret};
+
+type Rx = UnboundedReceiver<Outbound>;
+
+fn secret() -> WorkerSecret {
+    WorkerSecret::new("handshake-tests-secret-0123").unwrap()
+}
+
+fn engine() -> (Arc<Engine>, Rx) {
+    Engine::new(Arc::new(RouterConfig {
+        worker_secret: Some(secret()),
+        heartbeat_timeout_ms: 100,
+        ..RouterConfig::default()
+    }))
+}
+
+fn send(engine: &Engine, conn: &str, v: Value) {
+    let bytes = rmp_serde::to_vec_named(&v).unwrap();
+    let m = decode_incoming(&bytes).unwrap();
+    engine.on_message(Bytes::copy_from_slice(conn.as_bytes()), m, &bytes);
+}
+
+fn register_msg(worker: u32, model: &str, auth: Option<String>) -> Value {
+    json!({"v": 1, "type": "register", "worker_id": worker, "model": model, "auth": auth})
+}
+
+/// Register `worker` on `conn`, proving `key`; the type of the router's last answer to `conn`.
+fn handshake(
+    engine: &Engine,
+    rx: &mut Rx,
+    conn: &str,
+    worker: u32,
+    model: &str,
+    key: &WorkerSecret,
+) -> String {
+    send(engine, conn, register_msg(worker, model, None));
+    let sent = drain_raw(rx);
+    let (_, challenge) = sent
+        .iter()
+        .find(|(to, m)| to == conn && m["type"] == "challenge")
+        .expect("a challenge");
+    let nonce = Nonce::from_hex(challenge["nonce"].as_str().unwrap()).unwrap();
+    send(
+        engine,
+        conn,
+        register_msg(worker, model, Some(key.proof(&nonce, worker, model))),
+    );
+    let sent = drain_raw(rx);
+    let last = sent
+        .iter()
+        .rfind(|(to, m)| to == conn && m["type"] != "reconfigure");
+    last.map(|(_, m)| m["type"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+fn rejected(engine: &Engine, why: Rejection) -> u64 {
+    engine.metrics.plane.get(why)
+}
+
+#[test]
+fn only_the_handshake_is_heard_before_authentication() {
+    let (engine, mut rx) = engine();
+    send(
+        &engine,
+        "a",
+        json!({"v": 1, "type": "heartbeat", "worker_id": 0}),
+    );
+    send(
+        &engine,
+        "a",
+        json!({"v": 1, "type": "stats", "worker_id": 0, "x": 1.0}),
+    );
+    assert_eq!(rejected(&engine, Rejection::Unauthenticated), 2);
+    // The heartbeat is answered by `reregister` (how a worker learns the router restarted).
+    let sent = drain_raw(&mut rx);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].1["type"], "reregister");
+    // A register with a proof but no challenge issued to this connection is refused.
+    send(
+        &engine,
+        "a",
+        register_msg(0, "nitsum", Some("00".repeat(32))),
+    );
+    assert_eq!(rejected(&engine, Rejection::BadProof), 1);
+    assert!(engine.workers().is_empty());
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 0, "nitsum", &secret()),
+        "registered"
+    );
+    assert_eq!(engine.workers().len(), 1);
+}
+
+#[test]
+fn bad_proofs_and_wrong_models_are_refused() {
+    let (engine, mut rx) = engine();
+    let wrong = WorkerSecret::new("not-the-router-secret-0000").unwrap();
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 0, "nitsum", &wrong),
+        "refused"
+    );
+    assert_eq!(rejected(&engine, Rejection::BadProof), 1);
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 0, "other", &secret()),
+        "refused"
+    );
+    assert_eq!(rejected(&engine, Rejection::WrongModel), 1);
+    // A challenge answered once cannot be answered again (replay).
+    send(&engine, "b", register_msg(1, "nitsum", None));
+    let sent = drain_raw(&mut rx);
+    let nonce = Nonce::from_hex(sent[0].1["nonce"].as_str().unwrap()).unwrap();
+    let proof = secret().proof(&nonce, 1, "nitsum");
+    send(&engine, "b", register_msg(1, "nitsum", Some(proof.clone())));
+    send(&engine, "c", register_msg(1, "nitsum", Some(proof)));
+    assert_eq!(
+        rejected(&engine, Rejection::BadProof),
+        2,
+        "replayed on another connection"
+    );
+    assert_eq!(engine.workers().len(), 1);
+}
+
+#[test]
+fn a_live_id_stays_with_its_connection() {
+    let (engine, mut rx) = engine();
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 0, "nitsum", &secret()),
+        "registered"
+    );
+    // Another connection, even one that knows the secret, cannot take worker 0.
+    assert_eq!(
+        handshake(&engine, &mut rx, "b", 0, "nitsum", &secret()),
+        "refused"
+    );
+    assert_eq!(rejected(&engine, Rejection::IdTaken), 1);
+    // Nor can the first connection serve a second id.
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 1, "nitsum", &secret()),
+        "refused"
+    );
+    assert_eq!(rejected(&engine, Rejection::ConnectionBound), 1);
+    let _h = engine.submit(submit()).unwrap();
+    let sent = drain_raw(&mut rx);
+    assert!(sent
+        .iter()
+        .any(|(to, m)| to == "a" && m["type"] == "generate"));
+    // Once worker 0 is dead, a new connection (a restarted worker) may take the id.
+    assert_eq!(
+        engine.reap_dead(Instant::now() + Duration::from_secs(1)),
+        vec![0]
+    );
+    assert_eq!(
+        handshake(&engine, &mut rx, "b", 0, "nitsum", &secret()),
+        "registered"
+    );
+    send(
+        &engine,
+        "a",
+        json!({"v": 1, "type": "heartbeat", "worker_id": 0}),
+    );
+    assert_eq!(
+        rejected(&engine, Rejection::Unauthenticated),
+        1,
+        "a was unbound"
+    );
+}
+
+#[tokio::test]
+async fn tokens_count_only_from_the_connection_serving_the_request() {
+    let (engine, mut rx) = engine();
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 0, "nitsum", &secret()),
+        "registered"
+    );
+    assert_eq!(
+        handshake(&engine, &mut rx, "b", 1, "nitsum", &secret()),
+        "registered"
+    );
+    let mut h = engine.submit(submit()).unwrap();
+    let sent = drain_raw(&mut rx);
+    let (to, generate) = sent.iter().find(|(_, m)| m["type"] == "generate").unwrap();
+    let rid = generate["request_id"].as_str().unwrap().to_string();
+    assert_eq!(rid, engine.wire_id(h.id()));
+    assert_eq!(rid.len(), 32);
+    let (serving, serving_id, other, other_id) = if to == "a" {
+        ("a", 0, "b", 1)
+    } else {
+        ("b", 1, "a", 0)
+    };
+    let tokens = |w: u32, r: &str| json!({"v": 1, "type": "tokens", "worker_id": w, "request_id": r, "token_ids": [66], "finish_reason": "stop"});
+    send(&engine, other, tokens(serving_id, &rid)); // naming the serving worker
+    assert_eq!(rejected(&engine, Rejection::WrongWorker), 1);
+    send(&engine, other, tokens(other_id, &rid)); // as itself
+    assert_eq!(rejected(&engine, Rejection::ForeignRequest), 1);
+    send(&engine, serving, tokens(serving_id, &h.id().to_string())); // the bare counter
+    assert_eq!(rejected(&engine, Rejection::UnknownRequest), 1);
+    assert_eq!(engine.inflight(), 1);
+    send(
+        &engine,
+        serving,
+        json!({"v": 1, "type": "tokens", "worker_id": serving_id,
+        "request_id": rid, "token_ids": [5], "finish_reason": "length"}),
+    );
+    assert_eq!(
+        h.recv().await,
+        Some(Event::Tokens {
+            ids: vec![5],
+            finish: Some(super::FinishReason::Length)
+        })
+    );
+}

@@ -1,0 +1,203 @@
+"""Fixtures for the worker-plane attack suite: the real `nitsum-router` binary, a real
+`WorkerServer` over an echo backend (deterministic answers, no model), and attacker peers.
+
+Every wait here is bounded, so a regression fails in seconds instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import zmq
+
+from nitsum.engine.engine import RequestOutput
+from nitsum.worker.assignment import LocalPlan
+from nitsum.worker.protocol import GenerateRequest, proof
+from nitsum.worker.server import WorkerServer
+from test_router_protocol import BIN, EOS, free_port, write_tiny_model
+
+SECRET = "attack-suite-secret-0123456789abcdef"
+MODEL = "tiny"
+
+
+def wait(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `cond` every 20 ms; AssertionError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not reached in {timeout} s"
+        time.sleep(0.02)
+
+
+class EchoBackend:
+    """One device that answers a prompt by echoing its ids cyclically, one token per step of
+    `delay` seconds; records every request id it was given."""
+
+    def __init__(self, worker_id: int = 0, delay: float = 0.0) -> None:
+        self.device_ids = [worker_id]
+        self.tp_levels = (1,)
+        self.max_batch = 64
+        self.delay = delay
+        self.reqs: dict[str, tuple[list[int], int, int]] = {}  # id -> (prompt, max, produced)
+        self.seen_ids: list[str] = []
+
+    def capacity(self) -> tuple[int, int, list[int]]:
+        return 4096, 256, [EOS]
+
+    def load(self, device: int) -> tuple[int, int, int]:
+        return len(self.reqs), 0, 100
+
+    def add(self, device: int, req: GenerateRequest) -> None:
+        self.seen_ids.append(req.request_id)
+        self.reqs[req.request_id] = (list(req.input_ids), req.sampling.max_tokens, 0)
+
+    def abort(self, request_id: str) -> None:
+        self.reqs.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.reqs)
+
+    def step(self) -> list[RequestOutput]:
+        time.sleep(self.delay)
+        outs = []
+        for rid, (ids, most, done) in list(self.reqs.items()):
+            tok = ids[done % len(ids)]
+            end = "length" if done + 1 >= most else None
+            outs.append(RequestOutput(rid, [tok], end))
+            self.reqs[rid] = (ids, most, done + 1)
+            if end:
+                del self.reqs[rid]
+        return outs
+
+    def running(self) -> list[str]:
+        return list(self.reqs)
+
+    def requests(self) -> list[str]:
+        return list(self.reqs)
+
+    def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
+        return {}
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+
+class Router:
+    """`nitsum-router` on free loopback ports with the shared secret in its environment."""
+
+    def __init__(self, tmp: Path, config: dict[str, Any] | None = None) -> None:
+        write_tiny_model(tmp)
+        self.http = f"http://127.0.0.1:{free_port()}"
+        self.addr = f"tcp://127.0.0.1:{free_port()}"
+        self.args = [str(BIN), "--listen", self.http.removeprefix("http://")]
+        self.args += ["--worker-addr", self.addr, "--model-dir", str(tmp)]
+        self.args += ["--served-model-name", MODEL, "--log-level", "error"]
+        self.args += ["--heartbeat-timeout-ms", "3000"]
+        if config is not None:
+            (tmp / "router.json").write_text(json.dumps(config))
+            self.args += ["--config", str(tmp / "router.json")]
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = {**os.environ, "NITSUM_WORKER_SECRET": SECRET}
+        self.proc = subprocess.Popen(self.args, env=env)
+        wait(lambda: self.health() is not None, what="router HTTP up")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            return httpx.get(f"{self.http}/health", timeout=2).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def workers(self) -> int:
+        return (self.health() or {}).get("workers", -1)
+
+    def generate(self, ids: list[int], n: int, timeout: float = 10.0) -> list[int]:
+        """Output ids of a `/generate` call (strict tier)."""
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n}}
+        r = httpx.post(f"{self.http}/generate", json=body, timeout=timeout)
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+
+    def rejected(self, reason: str) -> int:
+        """`nitsum_worker_plane_rejected_total{reason}` (0 when the metric is absent)."""
+        text = httpx.get(f"{self.http}/metrics", timeout=2).text
+        key = f'nitsum_worker_plane_rejected_total{{reason="{reason}"}} '
+        return next(
+            (int(line.split()[-1]) for line in text.splitlines() if line.startswith(key)), 0
+        )
+
+
+class RealWorker:
+    """A `WorkerServer` thread (the real worker protocol code) over an `EchoBackend`."""
+
+    def __init__(self, router: Router, worker_id: int = 0, delay: float = 0.0) -> None:
+        self.backend = EchoBackend(worker_id, delay)
+        self.server = WorkerServer(
+            self.backend, router.addr, MODEL, heartbeat_every_s=0.1, secret=SECRET.encode()
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait(lambda: self.server.registered, what="real worker registered")
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.thread.join(5)
+
+
+class Peer:
+    """An attacker's DEALER socket on the worker endpoint."""
+
+    def __init__(self, addr: str, identity: bytes | None = None) -> None:
+        # NOTE: the shared context: a peer left open by a failed test must not block a
+        # context's term() (and so the test run) forever.
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(addr)
+
+    def send(self, **msg: Any) -> None:
+        self.sock.send(msgpack.packb({"v": 1, **msg}))
+
+    def recv(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        return msgpack.unpackb(self.sock.recv(), raw=False)
+
+    def register(self, worker_id: int, model: str = MODEL, secret: str | None = None) -> str:
+        """Try to register; answers a challenge with `secret` (else a made-up proof).
+        Returns the router's last answer type: "registered", "refused" or "silence"."""
+        reg = {"type": "register", "worker_id": worker_id, "device": "cpu", "model": model}
+        reg |= {"tp_levels": [1], "kv_capacity_tokens": 4096, "max_context": 256}
+        self.send(**reg, eos_token_ids=[EOS])
+        while (msg := self.recv()) is not None:
+            if msg["type"] == "challenge":
+                key = (secret or "not-the-secret-at-all").encode()
+                self.send(
+                    **reg, eos_token_ids=[EOS], auth=proof(key, msg["nonce"], worker_id, model)
+                )
+            elif msg["type"] in ("registered", "refused"):
+                self.last = msg
+                return msg["type"]
+        return "silence"
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
