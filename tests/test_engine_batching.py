@@ -111,6 +111,8 @@ def test_abort_frees_pages_and_spares_others(tiny):
         (list(range(256)), GREEDY, "prompt"),
         ([1, 2], SamplingParams(max_tokens=0), "max_tokens"),
         ([1, 2], SamplingParams(temperature=-0.5), "temperature"),
+        ([1, 2], SamplingParams(temperature=float("nan")), "temperature"),
+        ([1, 2], SamplingParams(temperature=float("inf")), "temperature"),
         ([1, 2], SamplingParams(top_p=0.0), "top_p"),
         ([1, 2], SamplingParams(top_p=1.5), "top_p"),
         ([1, 999], GREEDY, "prompt"),
@@ -150,6 +152,25 @@ def test_seeded_sampling_repeats_and_stop_tokens(tiny):
     outs, reasons = run_to_completion(e)
     assert outs["g"] == greedy[: greedy.index(stop) + 1]
     assert reasons["g"] == "stop"
+
+
+def test_a_denormal_temperature_is_greedy_and_does_not_fail_its_batch(tiny):
+    """temperature 1e-40 overflowed the logits to inf (softmax NaN) and failed every request
+    batched with it; below `GREEDY_BELOW` it is greedy, and its neighbours sample as usual."""
+    hf, cfg = tiny
+    ps = prompts(cfg, 3)
+    sampled = SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True)
+    e = engine_for(tiny)
+    e.add_request("tiny-t", ps[0], SamplingParams(max_tokens=8, temperature=1e-40, ignore_eos=True))
+    e.add_request("greedy", ps[1], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    e.add_request("sampled", ps[2], sampled)
+    outs, reasons = run_to_completion(e)
+    assert outs["tiny-t"] == hf_greedy(hf, ps[0], 8)
+    assert outs["greedy"] == hf_greedy(hf, ps[1], 8)
+    solo = engine_for(tiny)
+    solo.add_request("sampled", ps[2], sampled)
+    assert outs["sampled"] == run_to_completion(solo)[0]["sampled"]
+    assert set(reasons.values()) == {"length"}
 
 
 def test_a_request_past_its_ttft_deadline_is_served_last(tiny):

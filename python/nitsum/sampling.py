@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,10 +10,15 @@ import torch
 
 from nitsum.errors import InvalidRequestError
 
+# NOTE: temperatures below this are greedy: dividing logits by a denormal temperature
+# (1e-40) overflows them to inf and the softmax to NaN, which failed the whole batch.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. temperature 0 means greedy."""
+    """How to pick tokens and when to stop. temperature 0 (or below `GREEDY_BELOW`) means
+    greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -28,8 +34,10 @@ class SamplingParams:
             raise InvalidRequestError(
                 "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}"
             )
-        if self.temperature < 0:
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidRequestError(
+                "temperature", f"must be a finite number >= 0, got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
@@ -37,7 +45,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:
