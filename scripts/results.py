@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 # NOTE: imports the installed `nitsum` (with its native `_core`), e.g. main's editable venv.
-from results_page import render, summary, table, tiers_table, workloads_table
+from results_page import choice_vs_greedy, render, summary, table, tiers_table, workloads_table
 from results_plots import plot_goodput, plot_ratios, plot_timeline
 from results_sim import SIM_DEFAULTS, Point, run_points
 from results_sweeps import ROOT, SHIFTING, TRACES, build_sweeps, describe
@@ -180,6 +180,7 @@ def _page_fields(
         "planner_commit": _git("log", "-1", "--format=%h", "--", "scheduler-rs") or "?",
         "dirty_note": ", with uncommitted changes" if dirty else "",
         "summary": summary({heads[g]: groups[g] for g in order if g in groups}),
+        "choice_vs_greedy": choice_vs_greedy({heads[g]: groups[g] for g in order if g in groups}),
         "workloads_table": workloads_table(groups.get("shifting", [])),
         "sim_defaults": ", ".join(f"`{k}` {v:g}" for k, v in SIM_DEFAULTS.items()),
         "ttft_factor": f"{args.ttft_factor:g}",
