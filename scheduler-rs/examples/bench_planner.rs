@@ -130,6 +130,7 @@ fn bench_with(
                     demand: &demand,
                     inflight: &[],
                     recent: &[],
+                    history_s: 0.0,
                     devices,
                     levels: &levels,
                     planner: &cfg,

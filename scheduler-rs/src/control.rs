@@ -151,7 +151,7 @@ async fn choose(
     let (profile, tiers) = (profile.clone(), engine.cfg.tiers.clone());
     let (demand, levels, cfg) = (demand.to_vec(), levels.to_vec(), cfg.clone());
     let inflight = engine.inflight_snapshot();
-    let recent = engine.recent_arrivals(chooser.cfg.lookback_s());
+    let (recent, history_s) = engine.recent_arrivals(chooser.cfg.lookback_s());
     // What the lookahead checks its predictions against: completions of the last minute.
     let (now, outcomes) = engine.recent_outcomes(60.0);
     let weights: Vec<f64> = tiers
@@ -173,6 +173,7 @@ async fn choose(
             demand: &demand,
             inflight: &inflight,
             recent: &recent,
+            history_s,
             devices,
             levels: &levels,
             planner: &cfg,

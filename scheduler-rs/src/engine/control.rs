@@ -255,11 +255,13 @@ impl Engine {
         self.lock().choice.clone()
     }
 
-    /// Arrivals of the last `lookback_s` seconds, for the lookahead's replay forecast.
-    pub fn recent_arrivals(&self, lookback_s: f64) -> Vec<RecentArrival> {
+    /// Arrivals of the last `lookback_s` seconds, for the lookahead's replay forecast, and
+    /// the seconds over which arrivals have been recorded (the engine's age).
+    pub fn recent_arrivals(&self, lookback_s: f64) -> (Vec<RecentArrival>, f64) {
         let now = self.now_s();
         let st = self.lock();
-        recent_of(&self.cfg.tiers, &st.stats.recent_arrivals(now, lookback_s))
+        let recent = recent_of(&self.cfg.tiers, &st.stats.recent_arrivals(now, lookback_s));
+        (recent, now)
     }
 
     /// Current demand of every tier (drops expired samples).

@@ -421,6 +421,7 @@ impl<'a> Cluster<'a> {
                 demand: &demand,
                 inflight: &inflight,
                 recent: &recent,
+                history_s: now,
                 devices: self.cfg.devices,
                 levels: &levels,
                 planner: &pc,

@@ -59,6 +59,9 @@ pub struct ForecastSpec {
     /// Replay the recent arrivals (times compressed by `rate_factor`) instead of drawing
     /// Poisson ones.
     pub replay: bool,
+    /// Seconds over which arrivals have been observed (since the run started): a replay
+    /// longer than that repeats what there is.
+    pub history_s: f64,
     /// Fraction of the pool simulated (`eval devices / devices`): arrivals and in-flight
     /// requests are thinned by it, so per-device load is the real one.
     pub scale: f64,
@@ -182,18 +185,28 @@ pub fn forecast(
         let k = spec.rate_factor.max(1e-9);
         let (times, ins) = if spec.replay {
             let lookback = spec.horizon_s * k;
+            // NOTE: early in a run the history is shorter than the lookback: what there is
+            // repeats, so the rate stays the observed one (not diluted by the empty past).
+            let span = lookback.min(spec.history_s.max(1e-3));
             let mut mine: Vec<&RecentArrival> = recent
                 .iter()
-                .filter(|r| r.tier == i && r.age_s <= lookback)
+                .filter(|r| r.tier == i && r.age_s <= span)
                 .collect();
             mine.sort_by(|a, b| b.age_s.total_cmp(&a.age_s));
             let keep = thin(mine.len(), spec.scale);
-            let times: Vec<f64> = keep
-                .iter()
-                .map(|&j| (lookback - mine[j].age_s) / k)
-                .collect();
-            let ins: Vec<f64> = keep.iter().map(|&j| mine[j].prompt).collect();
-            (times, ins)
+            let mut at: Vec<(f64, f64)> = Vec::new();
+            let mut copy = 0.0;
+            while copy * span < lookback {
+                for &j in &keep {
+                    let x = copy * span + span - mine[j].age_s;
+                    if x < lookback {
+                        at.push((x / k, mine[j].prompt));
+                    }
+                }
+                copy += 1.0;
+            }
+            at.sort_by(|a, b| a.0.total_cmp(&b.0));
+            at.into_iter().unzip()
         } else {
             // Poisson at the thinned rate.
             let rate = d.rate_rps.max(0.0) * spec.scale * k;
@@ -285,6 +298,7 @@ mod tests {
             horizon_s: 10.0,
             rate_factor: 1.0,
             replay: false,
+            history_s: f64::INFINITY,
             scale: 0.25,
             prior_lengths: (1024.0, 256.0),
             seed: 1,
@@ -336,6 +350,7 @@ mod tests {
             horizon_s: 5.0,
             rate_factor: 2.0,
             replay: true,
+            history_s: f64::INFINITY,
             scale: 0.5,
             prior_lengths: (1024.0, 256.0),
             seed: 1,
@@ -367,6 +382,43 @@ mod tests {
     }
 
     #[test]
+    fn a_replay_longer_than_the_history_repeats_it_at_the_observed_rate() {
+        let tiers = [tier("a")];
+        let d = [demand("a", 1.0, 100.0, 50.0)];
+        // 2 s of history, one arrival every 0.25 s: 4 req/s.
+        let recent: Vec<RecentArrival> = (0..8)
+            .map(|k| RecentArrival {
+                tier: 0,
+                age_s: 2.0 - 0.25 * f64::from(k),
+                prompt: f64::from(k + 1),
+            })
+            .collect();
+        let spec = ForecastSpec {
+            horizon_s: 6.0,
+            rate_factor: 1.0,
+            replay: true,
+            history_s: 2.0,
+            scale: 1.0,
+            prior_lengths: (1024.0, 256.0),
+            seed: 1,
+        };
+        let f = forecast(&tiers, &d, &[], &recent, &spec);
+        // 6 s at 4 req/s, the 2 s repeated three times in order.
+        assert_eq!(f.len(), 24);
+        let prompts: Vec<u32> = f.iter().map(|r| r.input_len).collect();
+        assert_eq!(prompts[..8], prompts[8..16]);
+        assert_eq!(prompts[..8], prompts[16..]);
+        assert!((f[8].arrival_s - f[0].arrival_s - 2.0).abs() < 1e-9);
+        // With a long history the same arrivals are replayed once (the rest of the 6 s is
+        // empty: nothing arrived before).
+        let long = ForecastSpec {
+            history_s: 60.0,
+            ..spec
+        };
+        assert_eq!(forecast(&tiers, &d, &[], &recent, &long).len(), 8);
+    }
+
+    #[test]
     fn unseen_lengths_take_the_prior() {
         let tiers = [tier("a")];
         let mut d = demand("a", 10.0, 0.0, 0.0);
@@ -376,6 +428,7 @@ mod tests {
             horizon_s: 5.0,
             rate_factor: 1.0,
             replay: false,
+            history_s: f64::INFINITY,
             scale: 1.0,
             prior_lengths: (300.0, 40.0),
             seed: 1,

@@ -132,6 +132,8 @@ pub struct Situation<'a> {
     /// Arrivals of the last seconds (at least `horizon_s × 2 × surge` of them for the replay
     /// forecast; empty: Poisson).
     pub recent: &'a [RecentArrival],
+    /// Seconds over which arrivals have been observed (the run's age).
+    pub history_s: f64,
     pub devices: u32,
     pub levels: &'a [u32],
     pub planner: &'a PlannerConfig,
@@ -287,6 +289,7 @@ fn predict_all(
                 horizon_s: 2.0 * cfg.horizon_s,
                 rate_factor: k,
                 replay: cfg.forecast == ForecastKind::Replay && !s.recent.is_empty(),
+                history_s: s.history_s,
                 scale,
                 prior_lengths: s.planner.prior_lengths,
                 seed: FORECAST_SEED,
