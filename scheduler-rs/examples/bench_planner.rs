@@ -103,6 +103,8 @@ fn bench_with(
             tpot_ms: 40.0 + 40.0 * i as f64,
             weight: 1.0,
             background: false,
+            max_inflight: None,
+            max_tokens: None,
         })
         .collect();
     let cfg = PlannerConfig::default();

@@ -161,7 +161,11 @@ pub struct RouterConfig {
     pub insecure_worker_plane: bool,
 }
 
-/// Default tiers: strict 250/25 ms, relaxed 2000/100 ms, background.
+/// Requests each default tier holds at once before new ones get 429 (`Tier::max_inflight`).
+pub const DEFAULT_TIER_MAX_INFLIGHT: u32 = 1024;
+
+/// Default tiers: strict 250/25 ms, relaxed 2000/100 ms, background; each holds at most
+/// `DEFAULT_TIER_MAX_INFLIGHT` requests.
 pub fn default_tiers() -> Vec<Tier> {
     let tier = |name: &str, ttft_ms, tpot_ms, background| Tier {
         name: name.into(),
@@ -169,6 +173,8 @@ pub fn default_tiers() -> Vec<Tier> {
         tpot_ms,
         weight: 1.0,
         background,
+        max_inflight: Some(DEFAULT_TIER_MAX_INFLIGHT),
+        max_tokens: None,
     };
     vec![
         tier("strict", 250.0, 25.0, false),

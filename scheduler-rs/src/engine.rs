@@ -94,7 +94,10 @@ struct State {
     /// Groups set by the control loop (`set_plan`); `None` = static plan or default plan.
     planned: Option<Vec<GroupPlan>>,
     dispatcher: Dispatcher,
+    /// NOTE: entries come and go through `State::hold` / `State::release` only, which keep
+    /// `held` (requests per tier, for `Tier::max_inflight`) in step.
     inflight: IntMap<u64, Inflight>,
+    held: Vec<u32>,
     /// Highest epoch ever issued (plans and control rounds share the sequence).
     last_epoch: u64,
     /// Planner batch caps of the control loop's groups, by members (`max_batch` on the wire).
@@ -153,6 +156,7 @@ mod tests;
 mod workers;
 pub use control::{PlanRecord, PlanResult, Refusal, RoundOutcome};
 pub use handle::RequestHandle;
+pub use requests::SubmitError;
 
 impl Engine {
     /// A new engine and the receiver of its outbound messages (for the transport).

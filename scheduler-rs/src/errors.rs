@@ -14,6 +14,8 @@ pub struct ApiError {
     /// The offending request field, when there is one.
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429/503 that a retry may clear).
+    pub retry_after_s: Option<u32>,
 }
 
 impl ApiError {
@@ -24,7 +26,23 @@ impl ApiError {
             kind,
             param: None,
             code: None,
+            retry_after_s: None,
         }
+    }
+
+    /// 429: the tier already holds as many requests as it admits (`Tier::max_inflight`).
+    pub fn tier_full(tier: &str, limit: u32) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "tier `{tier}` already has {limit} requests in flight (its max_inflight); \
+                 retry later"
+            ),
+        );
+        e.code = Some("tier_full");
+        e.retry_after_s = Some(1);
+        e
     }
 
     /// 400 about request field `param`.
@@ -74,6 +92,14 @@ impl ApiError {
         e
     }
 
+    /// 429 or 503 for a request the engine did not admit.
+    pub fn from_submit(e: crate::engine::SubmitError) -> Self {
+        match e {
+            crate::engine::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
+            other => Self::unavailable(other.to_string()),
+        }
+    }
+
     /// 500: the request failed inside the serving system (e.g. a worker died mid-stream).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
@@ -92,7 +118,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 

@@ -16,6 +16,15 @@ pub struct Tier {
     /// Background tiers have no SLO that the planner reserves devices for.
     #[serde(default)]
     pub background: bool,
+    /// Requests of this tier the router holds at once (queued or running); a new one beyond
+    /// it is refused with 429 and `Retry-After` instead of queueing for minutes. None:
+    /// unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inflight: Option<u32>,
+    /// Largest `max_tokens` a request of this tier may ask for (400 beyond: a request that
+    /// holds a slot for minutes blocks others). None: up to the context window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 fn default_weight() -> f64 {

@@ -399,3 +399,58 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     assert_eq!(plan["groups"][0]["role"], "prefill");
     drop(late);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_tier_answers_429_with_retry_after_and_a_capped_max_tokens_400() {
+    let mut cfg = config();
+    let strict = cfg.tiers.iter_mut().find(|t| t.name == "strict").unwrap();
+    strict.max_inflight = Some(2);
+    strict.max_tokens = Some(8);
+    let slow = MockOptions {
+        tokens_per_message: 1,
+        step_delay: Duration::from_millis(300),
+        ..MockOptions::default()
+    };
+    let r = start(cfg, &[slow]).await;
+    let body = json!({"input_ids": [104, 105], "tier": "strict",
+                      "sampling_params": {"max_new_tokens": 4, "ignore_eos": true}});
+    // Two slow requests fill the tier; the third is refused at once, the others finish.
+    let relaxed = json!({"input_ids": [104], "tier": "relaxed",
+                         "sampling_params": {"max_new_tokens": 1}});
+    let probe = async {
+        wait_until(|| r.run.engine.inflight() == 2).await;
+        let full = post(&r, "/generate", body.clone()).await;
+        // Another tier is not affected by strict's bound.
+        let other = post(&r, "/generate", relaxed).await.status;
+        (full, other)
+    };
+    let (a, b, (full, other)) = tokio::join!(
+        post(&r, "/generate", body.clone()),
+        post(&r, "/generate", body.clone()),
+        probe
+    );
+    assert_eq!(err(&full).0, 429, "{}", full.body);
+    assert_eq!(full.json()["error"]["code"], "tier_full");
+    assert!(
+        full.headers.to_lowercase().contains("retry-after: 1"),
+        "{}",
+        full.headers
+    );
+    assert_eq!(other, 200);
+    assert_eq!((a.status, b.status), (200, 200));
+    assert_eq!(a.json()["output_ids"], json!([104, 105, 104, 105]));
+    // Room again once they ended.
+    assert_eq!(post(&r, "/generate", body).await.status, 200);
+    // The tier's max_tokens cap: above it 400 naming the field; without one, the cap applies.
+    let big = json!({"input_ids": [104], "tier": "strict",
+                     "sampling_params": {"max_new_tokens": 9}});
+    let resp = post(&r, "/generate", big).await;
+    assert_eq!(err(&resp).0, 400);
+    assert_eq!(resp.json()["error"]["param"], "max_new_tokens");
+    let none = json!({"model": "tiny", "prompt": "hi", "tier": "strict"});
+    let v = post(&r, "/v1/completions", none).await.json();
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() <= 8,
+        "{v}"
+    );
+}

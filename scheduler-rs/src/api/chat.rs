@@ -139,7 +139,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         "messages",
         &SamplingInput::from_common(&req.common),
     )?;
-    let handle = state.engine.submit(submit).map_err(ApiError::unavailable)?;
+    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
     let stops = req
         .common
         .stop

@@ -113,7 +113,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     // OpenAI's default for /v1/completions is 16 tokens.
     sampling.default_max_tokens = Some(16);
     let submit = prepare::build(&state, tier, ids, "prompt", &sampling)?;
-    let handle = state.engine.submit(submit).map_err(ApiError::unavailable)?;
+    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
     let stops = req
         .common
         .stop

@@ -123,6 +123,7 @@ pub fn build(
         ));
     }
     let room = (max_context - prompt).min(u32::MAX as usize) as u32;
+    let cap = state.engine.cfg.tiers[tier].max_tokens;
     let max_tokens = match s.max_tokens {
         Some(m) if m < 1 => {
             return Err(ApiError::invalid(
@@ -130,9 +131,24 @@ pub fn build(
                 format!("{} must be at least 1, got {m}", s.max_tokens_field),
             ))
         }
+        Some(m) if cap.is_some_and(|c| m > i64::from(c)) => {
+            return Err(ApiError::invalid(
+                s.max_tokens_field,
+                format!(
+                    "{} is {m}, above the {} tier's cap of {}",
+                    s.max_tokens_field,
+                    state.engine.cfg.tiers[tier].name,
+                    cap.unwrap_or_default()
+                ),
+            ))
+        }
         // NOTE: a request asking for more than the window allows is capped, not refused.
         Some(m) => (m.min(i64::from(u32::MAX)) as u32).min(room),
-        None => s.default_max_tokens.unwrap_or(room).min(room),
+        None => s
+            .default_max_tokens
+            .unwrap_or(room)
+            .min(room)
+            .min(cap.unwrap_or(u32::MAX)),
     };
     let defaults = model.map(|m| m.defaults.clone()).unwrap_or_default();
     let temperature = s.temperature.or(defaults.temperature).unwrap_or(1.0);

@@ -13,9 +13,56 @@ use crate::metrics::Completion;
 use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
 use crate::worker_auth::Rejection;
 
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SubmitError {
+    /// No group can take it now (503).
+    NoWorker,
+    /// Its tier already holds `limit` requests (`Tier::max_inflight`; 429).
+    TierFull { tier: String, limit: u32 },
+}
+
+impl std::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubmitError::NoWorker => f.write_str("no worker available for this request"),
+            SubmitError::TierFull { tier, limit } => {
+                write!(f, "tier `{tier}` already has {limit} requests in flight")
+            }
+        }
+    }
+}
+
+impl State {
+    /// Track a request in flight (counted against its tier's bound).
+    fn hold(&mut self, id: u64, e: Inflight) {
+        let t = e.req.tier;
+        if self.held.len() <= t {
+            self.held.resize(t + 1, 0);
+        }
+        self.held[t] += 1;
+        self.inflight.insert(id, e);
+    }
+
+    /// Stop tracking a request; `None` if it already ended.
+    pub(super) fn release(&mut self, id: u64) -> Option<Inflight> {
+        let e = self.inflight.remove(&id)?;
+        if let Some(n) = self.held.get_mut(e.req.tier) {
+            *n = n.saturating_sub(1);
+        }
+        Some(e)
+    }
+
+    /// Requests of `tier` in flight.
+    fn held(&self, tier: usize) -> u32 {
+        self.held.get(tier).copied().unwrap_or(0)
+    }
+}
+
 impl Engine {
-    /// Dispatch a request. `Err` when no group can take it (the caller answers 503).
-    pub fn submit(self: &Arc<Self>, req: Submit) -> Result<RequestHandle, String> {
+    /// Dispatch a request: `Err` when its tier is full (the caller answers 429) or no group
+    /// can take it (503).
+    pub fn submit(self: &Arc<Self>, req: Submit) -> Result<RequestHandle, SubmitError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let req = Arc::new(req);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -24,10 +71,17 @@ impl Engine {
         let placed = {
             let mut guard = self.lock();
             let st = &mut *guard;
+            if let Some(limit) = tier.max_inflight.filter(|&l| st.held(req.tier) >= l) {
+                tm.rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(SubmitError::TierFull {
+                    tier: tier.name.clone(),
+                    limit,
+                });
+            }
             self.stats_arrival(st, req.tier, req.input_ids.len());
             let placed = Self::place(st, id, &tier.name, tier.background);
             if let Some((_, d)) = &placed {
-                st.inflight.insert(
+                st.hold(
                     id,
                     Inflight {
                         tx,
@@ -46,7 +100,7 @@ impl Engine {
         };
         let Some((identity, decision)) = placed else {
             tm.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err("no worker available for this request".into());
+            return Err(SubmitError::NoWorker);
         };
         match decision.class {
             Class::Feasible => &tm.feasible,
@@ -180,7 +234,7 @@ impl Engine {
                 Event::Error(why)
             }
         };
-        let e = st.inflight.remove(&id).expect("entry present");
+        let e = st.release(id).expect("entry present");
         st.dispatcher.complete(id);
         if matches!(event, Event::Tokens { .. }) {
             self.stats_completion(&mut st, e.req.tier, e.tokens);
@@ -226,7 +280,7 @@ impl Engine {
     /// The client side ended a request before the worker did: abort it on the worker.
     pub(crate) fn end_early(&self, id: u64, why: EarlyEnd) {
         let mut st = self.lock();
-        let Some(e) = st.inflight.remove(&id) else {
+        let Some(e) = st.release(id) else {
             return;
         };
         st.dispatcher.complete(id);

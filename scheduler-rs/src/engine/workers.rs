@@ -119,7 +119,7 @@ impl Engine {
                     continue;
                 }
             }
-            let e = st.inflight.remove(&id).expect("listed above");
+            let e = st.release(id).expect("listed above");
             let why = if e.streamed {
                 format!("worker {} died while streaming this request", e.leader)
             } else {

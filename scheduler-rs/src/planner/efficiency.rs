@@ -169,6 +169,8 @@ mod tests {
             tpot_ms: tpot,
             weight: 1.0,
             background: false,
+            max_inflight: None,
+            max_tokens: None,
         };
         let d = TierDemand {
             tier: "t".into(),

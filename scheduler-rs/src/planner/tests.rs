@@ -26,6 +26,8 @@ fn tier(name: &str, ttft: f64, tpot: f64) -> Tier {
         tpot_ms: tpot,
         weight: 1.0,
         background: false,
+        max_inflight: None,
+        max_tokens: None,
     }
 }
 
