@@ -92,6 +92,24 @@ impl ApiError {
         e
     }
 
+    /// Any status with its message (errors raised outside the handlers: unknown path, wrong
+    /// method, body too large).
+    pub fn from_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = if status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        let mut e = Self::new(status, kind, message);
+        e.code = match status {
+            StatusCode::NOT_FOUND => Some("not_found"),
+            StatusCode::METHOD_NOT_ALLOWED => Some("method_not_allowed"),
+            StatusCode::PAYLOAD_TOO_LARGE => Some("payload_too_large"),
+            _ => None,
+        };
+        e
+    }
+
     /// 429 or 503 for a request the engine did not admit.
     pub fn from_submit(e: crate::engine::SubmitError) -> Self {
         match e {

@@ -454,3 +454,26 @@ async fn a_full_tier_answers_429_with_retry_after_and_a_capped_max_tokens_400() 
         "{v}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_wrong_methods_and_huge_bodies_answer_in_the_openai_error_shape() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    let nf = call(&r, "GET", "/v1/nope", &[], "").await;
+    assert_eq!(err(&nf), (404, Value::Null));
+    assert_eq!(nf.json()["error"]["code"], "not_found");
+    let wrong = call(&r, "GET", "/v1/completions", &[], "").await;
+    assert_eq!(err(&wrong).0, 405);
+    assert_eq!(wrong.json()["error"]["code"], "method_not_allowed");
+    assert!(
+        wrong.headers.to_lowercase().contains("allow: post"),
+        "{}",
+        wrong.headers
+    );
+    let huge = json!({"model": "tiny", "prompt": "x".repeat(3 << 20)});
+    let big = post(&r, "/v1/completions", huge).await;
+    assert_eq!(err(&big).0, 413);
+    assert_eq!(big.json()["error"]["code"], "payload_too_large");
+    // The server still answers normally afterwards.
+    let ok = json!({"input_ids": [104], "sampling_params": {"max_new_tokens": 1}});
+    assert_eq!(post(&r, "/generate", ok).await.status, 200);
+}

@@ -54,6 +54,36 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(misc::metrics))
         .route("/admin/plan", get(misc::admin_plan))
         .with_state(state)
+        .layer(axum::middleware::map_response(openai_errors))
+}
+
+/// NOTE: every error leaves in the OpenAI shape, also those axum answers before a handler
+/// runs (404 unknown path, 405 wrong method, 413 body over the limit, 415...): clients parse
+/// `error.message` whatever the status.
+async fn openai_errors(resp: axum::response::Response) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    let mut out = crate::errors::ApiError::from_status(status, text).into_response();
+    for name in [axum::http::header::ALLOW, axum::http::header::RETRY_AFTER] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
 }
 
 /// Seconds since the Unix epoch (`created` fields).
