@@ -125,6 +125,8 @@ pub struct FileConfig {
     pub planner: Option<PlannerConfig>,
     /// How long the control loop waits for `reconfigured` acks.
     pub reconfigure_timeout_ms: Option<u64>,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    pub drain_timeout_ms: Option<u64>,
     /// Strategy choice by simulated lookahead (docs/planner.md); any subset.
     pub lookahead: Option<LookaheadConfig>,
     /// Shared secret workers authenticate with (NITSUM_WORKER_SECRET overrides it).
@@ -153,6 +155,9 @@ pub struct RouterConfig {
     pub planner: PlannerConfig,
     pub lookahead: LookaheadConfig,
     pub reconfigure_timeout_ms: u64,
+    /// On SIGTERM/SIGINT: new requests get 503, in-flight ones get this long to finish, the
+    /// rest end with an explicit error.
+    pub drain_timeout_ms: u64,
     pub mock_workers: u32,
     pub shutdown_workers_on_exit: bool,
     /// Secret workers must prove they know (docs/security.md); `None` needs
@@ -200,6 +205,7 @@ impl Default for RouterConfig {
             planner: PlannerConfig::default(),
             lookahead: LookaheadConfig::default(),
             reconfigure_timeout_ms: 5000,
+            drain_timeout_ms: 30_000,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
             worker_secret: None,
@@ -297,6 +303,7 @@ impl RouterConfig {
             reconfigure_timeout_ms: file
                 .reconfigure_timeout_ms
                 .unwrap_or(d.reconfigure_timeout_ms),
+            drain_timeout_ms: file.drain_timeout_ms.unwrap_or(d.drain_timeout_ms),
             worker_secret: file
                 .worker_secret
                 .as_deref()

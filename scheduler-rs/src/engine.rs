@@ -141,6 +141,8 @@ pub struct Engine {
     clock: Instant,
     /// Whether the control loop runs (a profile is configured): the request path feeds stats.
     control: bool,
+    /// Shutting down: new requests are refused (`Engine::start_draining`).
+    draining: std::sync::atomic::AtomicBool,
 }
 
 mod control;
@@ -179,6 +181,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             ids: crate::worker_auth::RequestIds::new(),
             clock: Instant::now(),
+            draining: std::sync::atomic::AtomicBool::new(false),
         };
         (Arc::new(engine), rx)
     }

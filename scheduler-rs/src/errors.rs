@@ -114,6 +114,12 @@ impl ApiError {
     pub fn from_submit(e: crate::engine::SubmitError) -> Self {
         match e {
             crate::engine::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
+            crate::engine::SubmitError::Draining => {
+                let mut e = Self::unavailable("the server is shutting down");
+                e.code = Some("shutting_down");
+                e.retry_after_s = Some(1);
+                e
+            }
             other => Self::unavailable(other.to_string()),
         }
     }

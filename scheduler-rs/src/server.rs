@@ -34,6 +34,25 @@ pub struct Running {
 }
 
 impl Running {
+    /// Shutdown, first half: refuse new requests (503 `shutting_down`), give those in flight
+    /// up to `timeout` to finish, then end the rest with an explicit error (never a cut
+    /// stream). Returns how many had to be ended.
+    pub async fn drain(&self, timeout: Duration) -> usize {
+        self.engine.start_draining();
+        let deadline = Instant::now() + timeout;
+        while self.engine.inflight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.engine.inflight();
+        if left > 0 {
+            self.engine
+                .fail_all("the server shut down before this request finished");
+            // Let the handlers write the error events out.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        left
+    }
+
     /// Stop every task of this router.
     pub fn stop(&self) {
         self.http.abort();
@@ -129,15 +148,24 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
     })
 }
 
-/// Run until Ctrl-C.
+/// Run until SIGINT or SIGTERM, then drain (`Running::drain`) and stop.
 pub async fn serve(cfg: RouterConfig) -> Result<()> {
     let model = load_model(&cfg)?;
     let shutdown_workers = cfg.shutdown_workers_on_exit;
+    let drain = Duration::from_millis(cfg.drain_timeout_ms);
     let running = start(cfg, model).await?;
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    tracing::info!("shutting down");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
+    tracing::info!(
+        inflight = running.engine.inflight(),
+        "shutting down: draining"
+    );
+    let ended = running.drain(drain).await;
+    tracing::info!(ended, "drained");
     if shutdown_workers {
         running.engine.shutdown_workers();
         // Give the send loop a moment to flush.

@@ -477,3 +477,62 @@ async fn unknown_paths_wrong_methods_and_huge_bodies_answer_in_the_openai_error_
     let ok = json!({"input_ids": [104], "sampling_params": {"max_new_tokens": 1}});
     assert_eq!(post(&r, "/generate", ok).await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_finishes_what_runs_refuses_what_comes_and_ends_the_rest_explicitly() {
+    let slow = MockOptions {
+        tokens_per_message: 1,
+        step_delay: Duration::from_millis(200),
+        ..MockOptions::default()
+    };
+    let r = start(config(), &[slow]).await;
+    let body = |n: u32| json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": n, "ignore_eos": true}});
+    // A generous drain: the running request finishes; one sent meanwhile gets 503.
+    let during = async {
+        wait_until(|| r.run.engine.inflight() == 1).await;
+        let drained = r.run.drain(Duration::from_secs(10));
+        let refused = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            post(&r, "/generate", body(1)).await
+        };
+        tokio::join!(drained, refused)
+    };
+    let (done, (ended, refused)) = tokio::join!(post(&r, "/generate", body(3)), during);
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(done.json()["output_ids"], json!([104, 105, 104]));
+    assert_eq!(ended, 0);
+    assert_eq!(err(&refused).0, 503);
+    assert_eq!(refused.json()["error"]["code"], "shutting_down");
+    assert_eq!(r.run.engine.inflight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_past_its_deadline_ends_streams_with_an_error_event_and_done() {
+    let slow = MockOptions {
+        tokens_per_message: 1,
+        step_delay: Duration::from_millis(300),
+        ..MockOptions::default()
+    };
+    let r = start(config(), &[slow]).await;
+    let body = json!({"model": "tiny", "prompt": "hi", "stream": true, "max_tokens": 50,
+                      "ignore_eos": true});
+    let cut = async {
+        wait_until(|| r.run.engine.inflight() == 1).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        r.run.drain(Duration::from_millis(100)).await
+    };
+    let (resp, ended) = tokio::join!(post(&r, "/v1/completions", body), cut);
+    assert_eq!(ended, 1);
+    assert_eq!(resp.status, 200);
+    let data = resp.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]", "{data:?}");
+    let error: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shut down"),
+        "{error}"
+    );
+    assert_eq!(r.run.engine.inflight(), 0);
+}

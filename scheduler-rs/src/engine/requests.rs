@@ -20,12 +20,15 @@ pub enum SubmitError {
     NoWorker,
     /// Its tier already holds `limit` requests (`Tier::max_inflight`; 429).
     TierFull { tier: String, limit: u32 },
+    /// The router is shutting down (503).
+    Draining,
 }
 
 impl std::fmt::Display for SubmitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SubmitError::NoWorker => f.write_str("no worker available for this request"),
+            SubmitError::Draining => f.write_str("the server is shutting down"),
             SubmitError::TierFull { tier, limit } => {
                 write!(f, "tier `{tier}` already has {limit} requests in flight")
             }
@@ -63,6 +66,9 @@ impl Engine {
     /// Dispatch a request: `Err` when its tier is full (the caller answers 429) or no group
     /// can take it (503).
     pub fn submit(self: &Arc<Self>, req: Submit) -> Result<RequestHandle, SubmitError> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(SubmitError::Draining);
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let req = Arc::new(req);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -275,6 +281,40 @@ impl Engine {
         }
         self.metrics
             .record_completion(tier, &self.cfg.tiers[tier], c);
+    }
+
+    /// Refuse new requests from now on (shutdown); those in flight go on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// End every request in flight with an explicit error `why` (its client gets an error
+    /// response or SSE error event) and abort it on its workers.
+    pub fn fail_all(&self, why: &str) {
+        let now = Instant::now();
+        let ended: Vec<(Inflight, Vec<Bytes>, u64)> = {
+            let mut st = self.lock();
+            let ids: Vec<u64> = st.inflight.keys().copied().collect();
+            ids.into_iter()
+                .filter_map(|id| {
+                    let e = st.release(id)?;
+                    st.dispatcher.complete(id);
+                    let idents = [Some(e.leader), e.decode]
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|w| st.registry.get(w).map(|w| w.identity.clone()))
+                        .collect();
+                    Some((e, idents, id))
+                })
+                .collect()
+        };
+        for (e, idents, id) in ended {
+            let payload = wire::encode_abort(&self.ids.encode(id));
+            for ident in idents {
+                self.send(ident, payload.clone());
+            }
+            self.finish(e, Event::Error(why.to_string()), now);
+        }
     }
 
     /// The client side ended a request before the worker did: abort it on the worker.
