@@ -536,3 +536,44 @@ async fn a_drain_past_its_deadline_ends_streams_with_an_error_event_and_done() {
     );
     assert_eq!(r.run.engine.inflight(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizing_huge_prompts_does_not_stall_health() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    // Four prompts just under the 2 MiB body limit, tokenized at once (their generation
+    // fails on the context length afterwards: what matters is the tokenizer's time).
+    let text = "héllo wörld ".repeat(120_000);
+    let huge = || {
+        post(
+            &r,
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": text}),
+        )
+    };
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut worst = Duration::ZERO;
+        for _ in 0..10 {
+            let t = std::time::Instant::now();
+            assert_eq!(call(&r, "GET", "/health", &[], "").await.status, 200);
+            worst = worst.max(t.elapsed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        worst
+    };
+    let started = std::time::Instant::now();
+    let (a, b, c, d, worst) = tokio::join!(huge(), huge(), huge(), huge(), probe);
+    let total = started.elapsed();
+    for resp in [a, b, c, d] {
+        assert_eq!(
+            err(&resp).0,
+            400,
+            "{}",
+            &resp.body[..resp.body.len().min(300)]
+        );
+    }
+    assert!(
+        worst < Duration::from_millis(250),
+        "/health took {worst:?} while prompts were tokenized ({total:?} in all)"
+    );
+}

@@ -130,7 +130,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
     let prompt = render(&state, messages)?;
     // NOTE: the template already inserts BOS where the model wants it.
-    let ids = prepare::encode(&state, &prompt, false, "messages")?;
+    let ids = prepare::encode(&state, &prompt, false, "messages").await?;
     let prompt_tokens = ids.len();
     let submit = prepare::build(
         &state,

@@ -16,7 +16,7 @@ use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, CompletionRequest, Prompt};
 
 /// Prompt token ids, and the prompt text when `echo` needs it.
-fn prompt_ids(
+async fn prompt_ids(
     state: &AppState,
     prompt: Option<Prompt>,
 ) -> Result<(Vec<u32>, Option<String>), ApiError> {
@@ -31,11 +31,11 @@ fn prompt_ids(
             "prompt",
             "missing required field `prompt`",
         )),
-        Some(Prompt::Text(t)) => Ok((prepare::encode(state, &t, true, "prompt")?, Some(t))),
+        Some(Prompt::Text(t)) => Ok((prepare::encode(state, &t, true, "prompt").await?, Some(t))),
         Some(Prompt::Ids(ids)) => Ok((ids, None)),
         Some(Prompt::Texts(mut v)) if v.len() == 1 => {
             let t = v.pop().expect("len 1");
-            Ok((prepare::encode(state, &t, true, "prompt")?, Some(t)))
+            Ok((prepare::encode(state, &t, true, "prompt").await?, Some(t)))
         }
         Some(Prompt::IdBatch(mut v)) if v.len() == 1 => Ok((v.pop().expect("len 1"), None)),
         Some(_) => Err(batch()),
@@ -98,7 +98,7 @@ pub async fn handle(
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
     let tier = prepare::openai_common(&state, &headers, &req.common)?;
-    let (ids, text) = prompt_ids(&state, req.prompt)?;
+    let (ids, text) = prompt_ids(&state, req.prompt).await?;
     let echo = if req.echo {
         Some(match (text, state.model.as_deref()) {
             (Some(t), _) => t,

@@ -61,7 +61,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let tier = prepare::tier(&state, &headers, req.tier.as_deref())?;
     let (ids, field) = match (req.input_ids, req.text.as_deref()) {
         (Some(ids), _) => (ids, "input_ids"),
-        (None, Some(t)) => (prepare::encode(&state, t, true, "text")?, "text"),
+        (None, Some(t)) => (prepare::encode(&state, t, true, "text").await?, "text"),
         (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
     };
     let sp = &req.sampling_params;

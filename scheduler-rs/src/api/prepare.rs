@@ -188,7 +188,10 @@ pub fn build(
 }
 
 /// Tokenize `text` (503-free: a missing tokenizer is the client's 400).
-pub fn encode(
+///
+/// NOTE: tokenizing runs on a blocking thread: a prompt of megabytes takes long enough to
+/// stall every other request (and `/health`) sharing its async worker thread.
+pub async fn encode(
     state: &AppState,
     text: &str,
     special: bool,
@@ -196,9 +199,11 @@ pub fn encode(
 ) -> Result<Vec<u32>, ApiError> {
     let model = state
         .model
-        .as_deref()
+        .clone()
         .ok_or_else(|| ApiError::invalid(field, "this router has no tokenizer; send token ids"))?;
-    model
-        .encode(text, special)
+    let text = text.to_string();
+    tokio::task::spawn_blocking(move || model.encode(&text, special))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
         .map_err(|e| ApiError::invalid(field, e.to_string()))
 }
