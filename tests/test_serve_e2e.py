@@ -172,7 +172,7 @@ def server(
         json.dumps(
             {
                 "api_keys": [
-                    {"key": KEY},
+                    {"key": KEY, "admin": True},  # /admin/plan needs an admin key
                     {"key": BATCH_KEY, "tiers": ["background"]},
                 ],
                 # NOTE: the worker heartbeats from its engine loop, so one long prefill step on

@@ -66,6 +66,17 @@ impl Auth {
         Ok(idx)
     }
 
+    /// For `/admin/*` (and a restricted `/metrics`): with keys configured, an admin key
+    /// (401 without a valid key, 403 with a non-admin one); open when auth is off.
+    pub fn require_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        match self.authenticate(headers)? {
+            Some(k) if !k.admin => Err(ApiError::forbidden(
+                "this API key may not read the admin endpoints",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The matching key; `None` when auth is off. 401 when a key is needed and not valid.
     fn authenticate(&self, headers: &HeaderMap) -> Result<Option<&ApiKey>, ApiError> {
         if self.keys.is_empty() {
@@ -115,6 +126,7 @@ mod tests {
             key: key.into(),
             tiers: tiers.iter().map(|s| s.to_string()).collect(),
             default_tier: default.map(String::from),
+            admin: false,
         }
     }
 

@@ -74,6 +74,9 @@ pub struct ApiKey {
     /// Tier used when the request names none; default: the key's first allowed tier.
     #[serde(default)]
     pub default_tier: Option<String>,
+    /// May read `/admin/*` (and `/metrics` with `restrict_metrics`).
+    #[serde(default)]
+    pub admin: bool,
 }
 
 /// One group of the static plan as written in the config (`tp` is `members.len()`).
@@ -127,6 +130,8 @@ pub struct FileConfig {
     pub reconfigure_timeout_ms: Option<u64>,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     pub drain_timeout_ms: Option<u64>,
+    /// With API keys: `/metrics` needs an admin key too.
+    pub restrict_metrics: Option<bool>,
     /// Strategy choice by simulated lookahead (docs/planner.md); any subset.
     pub lookahead: Option<LookaheadConfig>,
     /// Shared secret workers authenticate with (NITSUM_WORKER_SECRET overrides it).
@@ -158,6 +163,8 @@ pub struct RouterConfig {
     /// On SIGTERM/SIGINT: new requests get 503, in-flight ones get this long to finish, the
     /// rest end with an explicit error.
     pub drain_timeout_ms: u64,
+    /// With API keys configured, `/metrics` needs an admin key (`/admin/*` always does).
+    pub restrict_metrics: bool,
     pub mock_workers: u32,
     pub shutdown_workers_on_exit: bool,
     /// Secret workers must prove they know (docs/security.md); `None` needs
@@ -206,6 +213,7 @@ impl Default for RouterConfig {
             lookahead: LookaheadConfig::default(),
             reconfigure_timeout_ms: 5000,
             drain_timeout_ms: 30_000,
+            restrict_metrics: false,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
             worker_secret: None,
@@ -304,6 +312,7 @@ impl RouterConfig {
                 .reconfigure_timeout_ms
                 .unwrap_or(d.reconfigure_timeout_ms),
             drain_timeout_ms: file.drain_timeout_ms.unwrap_or(d.drain_timeout_ms),
+            restrict_metrics: file.restrict_metrics.unwrap_or(d.restrict_metrics),
             worker_secret: file
                 .worker_secret
                 .as_deref()

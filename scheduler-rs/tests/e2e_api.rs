@@ -283,17 +283,38 @@ async fn api_keys_and_tiers() {
             key: "sk-a".into(),
             tiers: vec!["strict".into(), "relaxed".into()],
             default_tier: Some("relaxed".into()),
+            admin: false,
         },
         ApiKey {
             key: "sk-bg".into(),
             tiers: vec!["background".into()],
             default_tier: None,
+            admin: false,
+        },
+        ApiKey {
+            key: "sk-ops".into(),
+            tiers: vec![],
+            default_tier: None,
+            admin: true,
         },
     ];
+    cfg.restrict_metrics = true;
     let r = start(cfg, &[MockOptions::default()]).await;
     let body = json!({"input_ids": [104], "sampling_params": {"max_new_tokens": 1}}).to_string();
     let no_key = call(&r, "POST", "/generate", &[], &body).await;
     assert_eq!(err(&no_key).0, 401);
+    // Admin endpoints and the restricted /metrics: an admin key only.
+    for path in ["/admin/plan", "/metrics"] {
+        assert_eq!(err(&call(&r, "GET", path, &[], "").await).0, 401, "{path}");
+        let user = [("Authorization", "Bearer sk-a")];
+        assert_eq!(
+            err(&call(&r, "GET", path, &user, "").await).0,
+            403,
+            "{path}"
+        );
+        let ops = [("Authorization", "Bearer sk-ops")];
+        assert_eq!(call(&r, "GET", path, &ops, "").await.status, 200, "{path}");
+    }
     let wrong = call(
         &r,
         "POST",

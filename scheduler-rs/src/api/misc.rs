@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -43,7 +43,10 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 
 /// `GET /admin/plan`: the current plan as JSON (read-only), the control loop's recent
 /// decisions in `history` (oldest first) and whether a round is waiting for acks.
-pub async fn admin_plan(State(state): State<Arc<AppState>>) -> Response {
+pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = state.auth.require_admin(&headers) {
+        return e.into_response();
+    }
     let plan = state.engine.plan();
     let workers: Vec<_> = state
         .engine
@@ -62,7 +65,12 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /metrics`: Prometheus text exposition.
-pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+pub async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if state.engine.cfg.restrict_metrics {
+        if let Err(e) = state.auth.require_admin(&headers) {
+            return e.into_response();
+        }
+    }
     let mut out = String::with_capacity(16 * 1024);
     state.engine.metrics.render(&mut out);
     render_gauges(&state, &mut out);
