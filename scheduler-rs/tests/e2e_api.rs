@@ -598,3 +598,99 @@ async fn tokenizing_huge_prompts_does_not_stall_health() {
         "/health took {worst:?} while prompts were tokenized ({total:?} in all)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    let ok = json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": 2}});
+    let refused = [
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hi", "logprobs": 2}),
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hi", "best_of": 3}),
+            "best_of",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hi", "suffix": "x"}),
+            "suffix",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"logprobs": true})),
+            "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"top_logprobs": 3})),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"tools": [{"type": "function"}]})),
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"tool_choice": "required"})),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"logit_bias": {"1": 5}})),
+            "logit_bias",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"presence_penalty": 0.5})),
+            "presence_penalty",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"frequency_penalty": 1})),
+            "frequency_penalty",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "tiny", "messages": [{"role": "wizard", "content": "hi"}]}),
+            "messages[0].role",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [104], "sampling_params": {"repetition_penalty": 1.2}}),
+            "repetition_penalty",
+        ),
+    ];
+    for (path, body, field) in refused {
+        let resp = post(&r, path, body).await;
+        assert_eq!(
+            err(&resp),
+            (400, json!(field)),
+            "{path} {field}: {}",
+            resp.body
+        );
+        // Each bad request leaves the server answering correctly.
+        let v = post(&r, "/generate", ok.clone()).await.json();
+        assert_eq!(v["output_ids"], json!([104, 105]));
+    }
+    // What clients send by default is not a request for the feature.
+    let neutral = chat(
+        "hi",
+        json!({"max_tokens": 2, "logprobs": false, "top_logprobs": 0, "tools": [],
+               "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
+               "presence_penalty": 0, "frequency_penalty": 0.0}),
+    );
+    assert_eq!(post(&r, "/v1/chat/completions", neutral).await.status, 200);
+    let neutral = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2, "best_of": 1,
+                         "logprobs": null, "suffix": ""});
+    assert_eq!(post(&r, "/v1/completions", neutral).await.status, 200);
+}

@@ -58,6 +58,16 @@ fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError
         .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
     let mut msgs = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
+        if !crate::protocols::openai::CHAT_ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].role"),
+                format!(
+                    "unknown role `{}` (one of {})",
+                    m.role,
+                    crate::protocols::openai::CHAT_ROLES.join(", ")
+                ),
+            ));
+        }
         let mut obj = m.extra.clone();
         obj.insert("role".into(), Value::String(m.role.clone()));
         obj.insert("content".into(), Value::String(content_text(m, i)?));

@@ -65,6 +65,17 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
     };
     let sp = &req.sampling_params;
+    let neutral = [
+        ("frequency_penalty", sp.frequency_penalty, 0.0),
+        ("presence_penalty", sp.presence_penalty, 0.0),
+        ("repetition_penalty", sp.repetition_penalty, 1.0),
+    ];
+    if let Some((field, ..)) = neutral.iter().find(|(_, v, n)| v.is_some_and(|v| v != *n)) {
+        return Err(ApiError::invalid(
+            field,
+            format!("`{field}` is not supported by this server"),
+        ));
+    }
     let sampling = SamplingInput {
         max_tokens: sp.max_new_tokens,
         max_tokens_field: "max_new_tokens",

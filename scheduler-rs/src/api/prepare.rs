@@ -81,6 +81,9 @@ pub fn openai_common(
     let tier = tier(state, headers, common.tier.as_deref())?;
     check_model(state, common.model.as_deref())?;
     check_n(common.n)?;
+    if let Some((field, why)) = crate::protocols::openai::unsupported(common) {
+        return Err(ApiError::invalid(field, why));
+    }
     Ok(tier)
 }
 

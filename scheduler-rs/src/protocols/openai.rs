@@ -1,5 +1,7 @@
 //! OpenAI-compatible request types (`/v1/chat/completions`, `/v1/completions`) and the
-//! SGLang-style native `/generate` request. Unknown fields are ignored, like OpenAI does.
+//! SGLang-style native `/generate` request. Unknown fields are ignored, like OpenAI does;
+//! known OpenAI fields Nitsum does not implement are read only to refuse them by name when they
+//! ask for something (`unsupported`), never silently ignored.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -61,7 +63,64 @@ pub struct CommonParams {
     pub stop_token_ids: Vec<u32>,
     /// Extension: the SLO tier (the `x-nitsum-tier` header wins).
     pub tier: Option<String>,
+    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub response_format: Option<Value>,
+    pub best_of: Option<Value>,
+    pub suffix: Option<Value>,
+    pub logit_bias: Option<Value>,
+    pub presence_penalty: Option<Value>,
+    pub frequency_penalty: Option<Value>,
 }
+
+/// The first unimplemented field that asks for something, with why: clients send most of
+/// them with neutral defaults (`logprobs: false`, `best_of: 1`, penalties 0, `tools: []`),
+/// which are accepted.
+pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
+    let truthy = |v: &Option<Value>| match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Bool(true)) => true,
+    };
+    let not =
+        |v: &Option<Value>, neutral: &[Value]| truthy(v) && !neutral.contains(v.as_ref().unwrap());
+    let text_format = serde_json::json!({"type": "text"});
+    let checks: [(&'static str, bool); 10] = [
+        ("logprobs", truthy(&c.logprobs)),
+        ("top_logprobs", truthy(&c.top_logprobs)),
+        ("tools", truthy(&c.tools)),
+        (
+            "tool_choice",
+            not(&c.tool_choice, &[Value::from("none"), Value::from("auto")]),
+        ),
+        ("response_format", not(&c.response_format, &[text_format])),
+        ("best_of", not(&c.best_of, &[Value::from(1)])),
+        ("suffix", truthy(&c.suffix)),
+        ("logit_bias", truthy(&c.logit_bias)),
+        ("presence_penalty", truthy(&c.presence_penalty)),
+        ("frequency_penalty", truthy(&c.frequency_penalty)),
+    ];
+    checks
+        .into_iter()
+        .find(|&(_, asks)| asks)
+        .map(|(name, _)| (name, format!("`{name}` is not supported by this server")))
+}
+
+/// Chat roles the templates know.
+pub const CHAT_ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
 
 /// A chat message; `content` is a string or a list of `{"type": "text", "text": ...}` parts.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -107,6 +166,10 @@ pub struct NativeSampling {
     pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Not implemented: refused when not neutral (0 for frequency/presence, 1 for repetition).
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
 }
 
 /// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.
