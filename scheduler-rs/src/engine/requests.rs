@@ -292,46 +292,37 @@ impl Engine {
     /// response or SSE error event) and abort it on its workers.
     pub fn fail_all(&self, why: &str) {
         let now = Instant::now();
-        let ended: Vec<(Inflight, Vec<Bytes>, u64)> = {
+        let ended: Vec<Inflight> = {
             let mut st = self.lock();
             let ids: Vec<u64> = st.inflight.keys().copied().collect();
             ids.into_iter()
-                .filter_map(|id| {
-                    let e = st.release(id)?;
-                    st.dispatcher.complete(id);
-                    let idents = [Some(e.leader), e.decode]
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|w| st.registry.get(w).map(|w| w.identity.clone()))
-                        .collect();
-                    Some((e, idents, id))
-                })
+                .filter_map(|id| self.release_and_abort(&mut st, id))
                 .collect()
         };
-        for (e, idents, id) in ended {
-            let payload = wire::encode_abort(&self.ids.encode(id));
-            for ident in idents {
-                self.send(ident, payload.clone());
-            }
+        for e in ended {
             self.finish(e, Event::Error(why.to_string()), now);
         }
+    }
+
+    /// Stop tracking request `id` and tell its workers (prefill and decode) to abort it.
+    fn release_and_abort(&self, st: &mut State, id: u64) -> Option<Inflight> {
+        let e = st.release(id)?;
+        st.dispatcher.complete(id);
+        let payload = wire::encode_abort(&self.ids.encode(id));
+        for w in [Some(e.leader), e.decode].into_iter().flatten() {
+            if let Some(w) = st.registry.get(w) {
+                self.send(w.identity.clone(), payload.clone());
+            }
+        }
+        Some(e)
     }
 
     /// The client side ended a request before the worker did: abort it on the worker.
     pub(crate) fn end_early(&self, id: u64, why: EarlyEnd) {
         let mut st = self.lock();
-        let Some(e) = st.release(id) else {
+        let Some(e) = self.release_and_abort(&mut st, id) else {
             return;
         };
-        st.dispatcher.complete(id);
-        let identity = st.registry.get(e.leader).map(|w| w.identity.clone());
-        let decode = e
-            .decode
-            .and_then(|d| st.registry.get(d).map(|w| w.identity.clone()));
-        let payload = wire::encode_abort(&self.ids.encode(id));
-        for ident in identity.into_iter().chain(decode) {
-            self.send(ident, payload.clone());
-        }
         if why == EarlyEnd::StopString {
             self.stats_completion(&mut st, e.req.tier, e.tokens);
         }

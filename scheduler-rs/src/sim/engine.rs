@@ -47,6 +47,13 @@ pub struct Stint {
     base: u32,
 }
 
+impl Stint {
+    /// Tokens generated once the engine has completed `steps` decode steps.
+    fn generated(&self, steps: u64) -> u32 {
+        self.base + (steps - self.joined) as u32
+    }
+}
+
 fn queue_of(class: Class) -> usize {
     match class {
         Class::Feasible => 0,
@@ -206,7 +213,7 @@ impl Engine {
     fn leave(&mut self, reqs: &mut [Req], r: usize) {
         let q = &mut reqs[r];
         if let Some(st) = q.stint.take() {
-            q.generated = st.base + (self.steps - st.joined) as u32;
+            q.generated = st.generated(self.steps);
             self.context_base -= i64::from(q.input) + i64::from(st.base) - st.joined as i64;
         }
     }
@@ -216,7 +223,7 @@ impl Engine {
     pub fn sync(&self, reqs: &mut [Req]) {
         for &r in &self.running {
             if let Some(st) = reqs[r].stint {
-                reqs[r].generated = st.base + (self.steps - st.joined) as u32;
+                reqs[r].generated = st.generated(self.steps);
             }
         }
     }

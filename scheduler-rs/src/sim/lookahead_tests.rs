@@ -95,6 +95,29 @@ fn sim_config(policy: Policy, devices: u32, requests: Vec<TraceRequest>) -> SimC
     }
 }
 
+/// A situation with no requests in flight and no recent arrivals (the Poisson forecast).
+fn bare_situation<'a>(
+    profile: &'a Profile,
+    tiers: &'a [Tier],
+    demand: &'a [TierDemand],
+    devices: u32,
+    levels: &'a [u32],
+    planner: &'a PlannerConfig,
+) -> Situation<'a> {
+    Situation {
+        profile,
+        tiers,
+        demand,
+        inflight: &[],
+        recent: &[],
+        history_s: 0.0,
+        devices,
+        levels,
+        planner,
+        knobs: knobs(),
+    }
+}
+
 /// (predicted, delivered) goodput of every strategy on `devices` under `d`: the predictor's
 /// candidate (first round, no switch cost) vs the strategy's plan run as a fixed plan on a
 /// 60 s independent trace of the same statistics.
@@ -102,18 +125,7 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
     let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
     let profile = Profile::from_file(pf.clone()).unwrap();
     let levels = crate::planner::candidate_levels(&profile, &pc, devices);
-    let situation = Situation {
-        profile: &profile,
-        tiers: &t,
-        demand: d,
-        inflight: &[],
-        recent: &[],
-        history_s: 0.0,
-        devices,
-        levels: &levels,
-        planner: &pc,
-        knobs: knobs(),
-    };
+    let situation = bare_situation(&profile, &t, d, devices, &levels, &pc);
     let (strategies, predicted) = predict_all(&situation, &LookaheadConfig::default(), None);
     let requests = trace(d, 60.0, 7);
     strategies
@@ -176,18 +188,7 @@ fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
     let cfg = LookaheadConfig::default();
     for (strict, relaxed) in [(5.0, 60.0), (60.0, 5.0), (40.0, 40.0), (150.0, 150.0)] {
         let d = demand(strict, relaxed);
-        let situation = Situation {
-            profile: &profile,
-            tiers: &t,
-            demand: &d,
-            inflight: &[],
-            recent: &[],
-            history_s: 0.0,
-            devices: 16,
-            levels: &levels,
-            planner: &pc,
-            knobs: knobs(),
-        };
+        let situation = bare_situation(&profile, &t, &d, 16, &levels, &pc);
         for current in Strategy::all(&levels) {
             let mut chooser = Chooser::new(cfg.clone(), current);
             let choice = chooser.round(&situation, 0.0, &|_, _| 0.0);
@@ -239,18 +240,7 @@ fn a_strategy_that_delivers_less_than_predicted_is_discounted_and_left() {
     let profile = Profile::from_file(pf).unwrap();
     let levels = crate::planner::candidate_levels(&profile, &pc, 8);
     let d = demand(20.0, 20.0);
-    let situation = Situation {
-        profile: &profile,
-        tiers: &t,
-        demand: &d,
-        inflight: &[],
-        recent: &[],
-        history_s: 0.0,
-        devices: 8,
-        levels: &levels,
-        planner: &pc,
-        knobs: knobs(),
-    };
+    let situation = bare_situation(&profile, &t, &d, 8, &levels, &pc);
     let cfg = LookaheadConfig {
         bias_rate: 0.3,
         ..LookaheadConfig::default()
