@@ -1,5 +1,7 @@
 """Continuous batching, abort, page accounting and input validation on a tiny model."""
 
+import time
+
 import pytest
 import torch
 
@@ -189,3 +191,46 @@ def test_a_request_past_its_ttft_deadline_is_served_last(tiny):
     outs, _ = run_to_completion(engine)
     assert outs["late"] == hf_greedy(hf, ps[0], 12)
     assert first[0].new_token_ids + outs["on-time"] == hf_greedy(hf, ps[1], 12)
+
+
+def test_a_prompt_that_cannot_make_its_ttft_is_served_last(tiny):
+    """Local scheduler: with full-budget steps of at least 0.5 s, a 26-token prompt at 8
+    tokens a step needs 4 steps (2 s): with a 1.5 s TTFT it is demoted before any work is
+    spent on it, and the prompts behind it go first; one that can still make it (2 s of
+    steps for a 2.5 s TTFT) is not demoted. All still finish with the reference tokens."""
+    hf, cfg = tiny
+    engine = engine_for(tiny, max_batch=4, token_budget=8)
+    ps = prompts(cfg, 4)
+    engine.scheduler.full_steps.append(0.5)
+    engine.add_request("hopeless", ps[3], GREEDY, "feasible", "strict", ttft_ms=1500.0)
+    engine.add_request("first", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.add_request("tight", ps[1], GREEDY, "feasible", "strict", ttft_ms=2500.0)
+    engine.step()
+    assert engine.seqs["hopeless"].klass == "background"
+    assert engine.seqs["tight"].klass == "feasible"
+    assert engine.seqs["hopeless"].num_computed == 0
+    assert engine.seqs["first"].num_computed == 8
+    outs, _ = run_to_completion(engine)
+    for rid, p in (("hopeless", ps[3]), ("tight", ps[1])):
+        assert outs[rid] == hf_greedy(hf, p, 12)
+
+
+def test_a_started_prompt_that_cannot_make_its_ttft_yields_the_budget(tiny):
+    """A prompt already being prefilled whose deadline becomes unreachable is demoted too:
+    the next step's prompt budget goes to a feasible prompt admitted after it."""
+    hf, cfg = tiny
+    engine = engine_for(tiny, max_batch=4, token_budget=8)
+    ps = prompts(cfg, 4)
+    engine.add_request("started", ps[3], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.step()
+    assert engine.seqs["started"].num_computed == 8
+    engine.add_request("next", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.scheduler.full_steps.clear()  # the step above took milliseconds: pretend 0.5 s
+    engine.scheduler.full_steps.append(0.5)
+    engine.seqs["started"].deadline = time.monotonic() + 1.0  # 18 tokens left: 3 steps
+    engine.step()
+    assert engine.seqs["started"].klass == "background"
+    assert engine.seqs["started"].num_computed == 8
+    assert engine.seqs["next"].num_computed == 8
+    outs, _ = run_to_completion(engine)
+    assert outs["started"] == hf_greedy(hf, ps[3], 12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from nitsum.config import ModelConfig
@@ -110,10 +111,13 @@ class Engine:
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the new tokens of every sequence that sampled."""
+        started = time.monotonic()
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        return self.complete_step(batch, self.runner.run(batch))
+        tokens = self.runner.run(batch)
+        self.scheduler.step_done(batch, time.monotonic() - started)
+        return self.complete_step(batch, tokens)
 
     def complete_step(self, batch: list[Scheduled], tokens: list[int]) -> list[RequestOutput]:
         """Apply a step's sampled tokens (one per sampling entry of `batch`, in order)."""

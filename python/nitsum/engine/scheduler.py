@@ -1,13 +1,15 @@
 """Local scheduler: continuous batching with chunked prefill under a token budget.
 
-Each step it (1) advances running sequences, decodes first, (2) admits waiting sequences
-class by class (feasible, then best-effort, then background, Nitsum §3.3.2) while the batch
-cap, token budget and free pages allow. When pages run out for a running sequence it preempts
-by recompute the lowest-priority, newest running sequence.
+Each step it (1) advances running sequences, decodes first, then prompts class by class,
+(2) admits waiting sequences class by class (feasible, then best-effort, then background,
+Nitsum §3.3.2) while the batch cap, token budget and free pages allow. When pages run out for
+a running sequence it preempts by recompute the lowest-priority, newest running sequence.
+A sequence that can no longer get its first token by its TTFT deadline is served last.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ class Scheduler:
         self.token_budget = token_budget
         self.waiting: dict[str, deque[Sequence]] = {c: deque() for c in CLASSES}
         self.running: list[Sequence] = []
+        # Durations (s) of recent steps that prefilled at least half a budget of prompt tokens.
+        self.full_steps: deque[float] = deque(maxlen=32)
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -106,35 +110,89 @@ class Scheduler:
                 late.append(seq)
         return late
 
+    def step_done(self, batch: list[Scheduled], seconds: float) -> None:
+        """Record how long a step took (the estimate behind `demote_hopeless`)."""
+        prompt_tokens = sum(s.q_len for s in batch if s.start < len(s.seq.prompt_ids))
+        if 2 * prompt_tokens >= self.token_budget:
+            self.full_steps.append(seconds)
+
+    def demote_hopeless(self, now: float) -> list[Sequence]:
+        """Serve last the feasible/best-effort sequences whose first token cannot come by
+        their deadline even if every step from now gave them all the prompt budget left
+        after the sequences ahead of them; returns them.
+
+        NOTE: such a sequence misses its SLO whatever happens, and prefilling it delays the
+        ones behind it (the FCFS collapse again, for prompts already started). The estimate
+        is a lower bound (the fastest recent full-budget step, no new arrivals ahead), so a
+        sequence that could still make it is never demoted. The simulator's local scheduler
+        does the same (scheduler-rs/src/sim/engine.rs, `demote_hopeless`).
+        """
+        if not self.full_steps:
+            return []
+        step_s = min(self.full_steps)
+        rank = {c: i for i, c in enumerate(CLASSES)}
+        started = sorted(
+            (s for s in self.running if s.num_computed < len(s.prompt_ids)),
+            key=lambda s: rank[s.klass],
+        )
+        queued = [*self.waiting[CLASSES[0]], *self.waiting[CLASSES[1]]]
+        ahead, hopeless = 0, []
+        for seq in started + queued:
+            if seq.klass == CLASSES[-1] or seq.deadline is None:
+                continue
+            tokens = ahead + len(seq.prompt_ids) - seq.num_computed
+            if now + math.ceil(tokens / self.token_budget) * step_s > seq.deadline:
+                hopeless.append(seq)
+            else:
+                ahead = tokens
+        for seq in hopeless:
+            if seq.status == Status.WAITING:
+                self.waiting[seq.klass].remove(seq)
+                self.waiting[CLASSES[-1]].append(seq)
+            seq.klass = CLASSES[-1]
+        return hopeless
+
     def schedule(self) -> list[Scheduled]:
-        """The next step's batch, decode-first; allocates the pages it needs."""
-        self.demote_late(time.monotonic())
-        budget = self.token_budget
+        """The next step's batch: decodes, then class by class the started prompts and the
+        admissions; allocates the pages it needs."""
+        now = time.monotonic()
+        self.demote_late(now)
+        self.demote_hopeless(now)
         batch: list[Scheduled] = []
-        # Decodes first (cheap, latency-critical), then partially prefilled sequences.
-        for seq in sorted(self.running, key=lambda s: s.remaining > 1):
-            if budget == 0:
-                break
-            if seq not in self.running:  # preempted by an earlier iteration of this loop
-                continue
-            q_len = min(seq.remaining, budget)
-            if not self._reserve(seq, seq.num_computed + q_len, protected=batch):
-                continue
-            batch.append(Scheduled(seq, seq.num_computed, q_len))
-            budget -= q_len
+        budget = self._advance(
+            [s for s in self.running if s.remaining <= 1], batch, self.token_budget
+        )
+        admitting = True
         for klass in CLASSES:
+            started = [s for s in self.running if s.remaining > 1 and s.klass == klass]
+            budget = self._advance(started, batch, budget)
             queue = self.waiting[klass]
-            while queue and budget > 0 and len(self.running) < self.max_batch:
+            while admitting and queue and budget > 0 and len(self.running) < self.max_batch:
                 seq = queue[0]
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
-                    return batch  # FIFO: nobody overtakes a sequence that does not fit yet
+                    admitting = False  # FIFO: nobody overtakes a sequence that does not fit yet
+                    break
                 queue.popleft()
                 seq.status = Status.RUNNING
                 self.running.append(seq)
                 batch.append(Scheduled(seq, seq.num_computed, q_len))
                 budget -= q_len
         return batch
+
+    def _advance(self, seqs: list[Sequence], batch: list[Scheduled], budget: int) -> int:
+        """Give running `seqs` their next tokens (preempting outside `batch` for pages)."""
+        for seq in seqs:
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted by an earlier reservation of this step
+                continue
+            q_len = min(seq.remaining, budget)
+            if not self._reserve(seq, seq.num_computed + q_len, protected=batch):
+                continue
+            batch.append(Scheduled(seq, seq.num_computed, q_len))
+            budget -= q_len
+        return budget
 
     def _reserve(self, seq: Sequence, tokens: int, protected: list[Scheduled] | None) -> bool:
         """Make `seq` own pages for `tokens` tokens.

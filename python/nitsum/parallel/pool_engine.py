@@ -124,6 +124,7 @@ class PoolEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration on every group; groups run concurrently on their devices."""
         launched: list[tuple[Engine, list[Scheduled]]] = []
+        started = time.monotonic()
         for members, engine in self.engines.items():
             batch = engine.scheduler.schedule()
             if batch:
@@ -140,6 +141,8 @@ class PoolEngine:
                     if engine.abort(item.seq.request_id):
                         outputs.append(RequestOutput(item.seq.request_id, [], "error"))
                 continue
+            # Groups run concurrently: each one's step ends by its collect.
+            engine.scheduler.step_done(batch, time.monotonic() - started)
             outputs += engine.complete_step(batch, sample_batch(logits, batch))
         for out in outputs:
             if out.finished:

@@ -280,6 +280,9 @@ impl Engine {
             }
         }
         self.preempt_for_higher_classes(reqs);
+        if self.demote_late {
+            self.demote_hopeless(reqs, profile, now);
+        }
         let reqs: &[Req] = reqs;
         let mut it = Iteration::default();
         let mut budget = self.budget;
@@ -287,23 +290,8 @@ impl Engine {
         let mut order: Vec<usize> = self.prefilling.iter().copied().collect();
         order.sort_by_key(|&r| queue_of(reqs[r].class));
         it.decode = !self.running.is_empty();
-        let tp = self.plan.tp;
-        let decode_ms = if it.decode {
-            let b = self.running.len() as f64;
-            let total = self.context_base + self.running.len() as i64 * self.steps as i64;
-            profile.decode_ms(tp, b, total as f64 / b)
-        } else {
-            0.0
-        };
-        // A mixed iteration pays the forward's fixed part once (profile.prefill_extra_ms).
-        let busy_decode = it.decode;
-        let iteration_ms = |tokens: f64| {
-            if busy_decode {
-                decode_ms + profile.prefill_extra_ms(tp, tokens)
-            } else {
-                profile.prefill_ms(tp, tokens)
-            }
-        };
+        let decode_ms = self.decode_ms(profile);
+        let iteration_ms = |tokens: f64| self.iteration_ms(profile, tokens);
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
         // group's TPOT while feasible requests are in it: they run on leftover capacity.
         let feasible_here = self
@@ -343,6 +331,68 @@ impl Engine {
         }
         self.current = Some(it);
         Some(ms / 1000.0)
+    }
+
+    /// One decode step of the current batch (ms; 0 when nothing decodes).
+    fn decode_ms(&self, profile: &Profile) -> f64 {
+        if self.running.is_empty() {
+            return 0.0;
+        }
+        let b = self.running.len() as f64;
+        let total = self.context_base + self.running.len() as i64 * self.steps as i64;
+        profile.decode_ms(self.plan.tp, b, total as f64 / b)
+    }
+
+    /// Iteration latency (ms) with `tokens` prompt tokens beside the current decode batch
+    /// (a mixed iteration pays the forward's fixed part once: `prefill_extra_ms`).
+    fn iteration_ms(&self, profile: &Profile, tokens: f64) -> f64 {
+        if self.running.is_empty() {
+            profile.prefill_ms(self.plan.tp, tokens)
+        } else {
+            self.decode_ms(profile) + profile.prefill_extra_ms(self.plan.tp, tokens)
+        }
+    }
+
+    /// NOTE: a feasible or best-effort request whose first token cannot come before its
+    /// TTFT deadline, even if it got every prompt token of every iteration after the ones
+    /// ahead of it in class-then-FCFS order, will miss its SLO whatever happens; prefilling
+    /// it now only delays the requests behind it (the same FCFS collapse as a late start).
+    /// It is demoted to background now (it keeps its progress and still runs, last), and the
+    /// dispatcher gets its SLO bandwidth back. The estimate is a lower bound on its first
+    /// token (full budgets, no new arrivals ahead), so no request that could still make it
+    /// is demoted.
+    fn demote_hopeless(&mut self, reqs: &mut [Req], profile: &Profile, now: f64) {
+        let budget = f64::from(self.budget);
+        let full_ms = self.iteration_ms(profile, budget);
+        let mut ahead = 0.0;
+        let mut hopeless = Vec::new();
+        let mut candidates: Vec<usize> = self.prefilling.iter().copied().collect();
+        candidates.sort_by_key(|&r| queue_of(reqs[r].class));
+        let queued = self.waiting[0].iter().chain(&self.waiting[1]);
+        for r in candidates.into_iter().chain(queued.copied()) {
+            if queue_of(reqs[r].class) > 1 || reqs[r].leftover {
+                continue;
+            }
+            let own = f64::from(reqs[r].input - reqs[r].prefilled);
+            let tokens = ahead + own;
+            let iterations = (tokens / budget).ceil().max(1.0);
+            let last = tokens - (iterations - 1.0) * budget;
+            let first_token_ms = (iterations - 1.0) * full_ms + self.iteration_ms(profile, last);
+            if now.max(self.ready_at) + first_token_ms / 1000.0 > reqs[r].deadline {
+                hopeless.push(r);
+            } else {
+                ahead = tokens;
+            }
+        }
+        for r in hopeless {
+            let q = queue_of(reqs[r].class);
+            if let Some(i) = self.waiting[q].iter().position(|&x| x == r) {
+                self.waiting[q].remove(i);
+                self.waiting[2].push_back(r);
+            }
+            reqs[r].class = Class::Background;
+            self.demoted.push(r);
+        }
     }
 
     /// Local-scheduler priority (DESIGN §3): while a feasible (then best-effort) request waits

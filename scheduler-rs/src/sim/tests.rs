@@ -196,21 +196,70 @@ fn decoding(output: u32, class: crate::dispatch::Class) -> engine::Req {
     }
 }
 
-#[test]
-fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
-    use crate::dispatch::Class;
-    use crate::plan::{GroupPlan, Role};
-    let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
-    let plan = GroupPlan {
+/// A waiting request with an `input`-token prompt due (first token) by `deadline`.
+fn waiting(input: u32, deadline: f64) -> engine::Req {
+    engine::Req {
+        input,
+        prefilled: 0,
+        generated: 0,
+        first_token: None,
+        deadline,
+        ..decoding(3, crate::dispatch::Class::Feasible)
+    }
+}
+
+fn one_device_group() -> crate::plan::GroupPlan {
+    crate::plan::GroupPlan {
         members: vec![0],
         tp: 1,
-        role: Role::Mixed,
+        role: crate::plan::Role::Mixed,
         tiers: vec!["t".into()],
         accepts_background: true,
         max_rps: 0.0,
         max_inflight: 0.0,
-    };
-    let mut e = engine::Engine::new(plan, 1, 512, 0.0, 7);
+    }
+}
+
+#[test]
+fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
+    use crate::dispatch::Class;
+    let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
+    // 10 prompt tokens an iteration at 1 ms a token: a 40-token prompt needs 40 ms.
+    let mut e = engine::Engine::new(one_device_group(), 4, 10, 0.0, 1);
+    e.demote_late = true;
+    // r0 is due in 35 ms: hopeless. r1 (20 tokens, due in 100 ms) is fine; r2 (20 tokens
+    // behind r1's 20, due in 41 ms) can still make it in exactly 40 ms.
+    let mut reqs = vec![waiting(40, 0.035), waiting(20, 0.1), waiting(20, 0.041)];
+    for r in 0..3 {
+        e.push_prefill(r, Class::Feasible);
+    }
+    let t = e
+        .start(&mut reqs, &profile, 0.0)
+        .expect("a prefill iteration");
+    assert_eq!(e.take_demoted(), vec![0]);
+    assert_eq!(reqs[0].class, Class::Background);
+    assert_eq!([reqs[1].class, reqs[2].class], [Class::Feasible; 2]);
+    e.finish(&mut reqs, t);
+    assert_eq!(
+        [reqs[0].prefilled, reqs[1].prefilled, reqs[2].prefilled],
+        [0, 10, 0],
+        "r1 got the budget, not the hopeless r0"
+    );
+    // Without the rule r0, first in line, would have taken it.
+    let mut e = engine::Engine::new(one_device_group(), 4, 10, 0.0, 2);
+    let mut reqs = vec![waiting(40, 0.035), waiting(20, 0.1)];
+    e.push_prefill(0, Class::Feasible);
+    e.push_prefill(1, Class::Feasible);
+    let t = e.start(&mut reqs, &profile, 0.0).unwrap();
+    e.finish(&mut reqs, t);
+    assert_eq!([reqs[0].prefilled, reqs[1].prefilled], [10, 0]);
+}
+
+#[test]
+fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
+    use crate::dispatch::Class;
+    let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
+    let mut e = engine::Engine::new(one_device_group(), 1, 512, 0.0, 7);
     // r0 (best effort, 5 tokens) decodes alone, then r1 (feasible, 3 tokens) takes its slot.
     let mut reqs = vec![decoding(5, Class::BestEffort), decoding(3, Class::Feasible)];
     e.push_decode(0, Class::BestEffort);
