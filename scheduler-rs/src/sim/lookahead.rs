@@ -337,10 +337,15 @@ fn predict_all(
             .position(|&j| j == first_of[k])
             .expect("distinct");
         let (goodput, attainment, surge_goodput) = predicted[at];
-        let moved = current_plan.map_or(0.0, |c| moved_fraction(c, &planned.plan, eval));
-        // A switch pauses the moved devices for the TP switch plus their share of the KV in
-        // flight (one aggregated transfer): goodput lost ≈ moved share × pause / horizon.
-        let kv_s = moved * inflight_tokens * s.knobs.kv_bytes_per_token
+        let (moved, moved_tp) =
+            current_plan.map_or((0.0, 0.0), |c| moved_share(c, &planned.plan, eval));
+        // NOTE: a switch pauses each new group for the TP switch plus the KV it receives, in
+        // one aggregated transfer per group (as `reconfigure.rs` does): about its devices'
+        // share of the KV in flight. Groups receive in parallel, so the pause does not grow
+        // with the pool (charging the whole pool's KV to one transfer priced every switch
+        // at 64 devices above its goodput). Goodput lost ≈ moved share × pause / horizon.
+        let kv_per_device = inflight_tokens / f64::from(s.devices.max(1));
+        let kv_s = moved_tp * kv_per_device * s.knobs.kv_bytes_per_token
             / (s.knobs.kv_bandwidth_gbps * 1e9);
         let pause_s = if moved > 0.0 {
             s.knobs.switch_ms / 1e3 + kv_s
@@ -459,20 +464,24 @@ fn predict(
     (met / cfg.horizon_s, attainment)
 }
 
-/// Share of the `devices` whose group (members, TP, role) differs between two plans.
-fn moved_fraction(a: &Plan, b: &Plan, devices: u32) -> f64 {
+/// Share of the `devices` whose group (members, TP, role) differs between two plans, and
+/// the moved devices' mean group size (the TP of a moved device's new group, on average).
+fn moved_share(a: &Plan, b: &Plan, devices: u32) -> (f64, f64) {
     let same = |g: &crate::plan::GroupPlan| {
         a.groups
             .iter()
             .any(|h| h.members == g.members && h.role == g.role)
     };
-    let moved: usize = b
-        .groups
-        .iter()
-        .filter(|g| !same(g))
-        .map(|g| g.members.len())
-        .sum();
-    moved as f64 / f64::from(devices.max(1))
+    let (mut moved, mut weighted_tp) = (0usize, 0usize);
+    for g in b.groups.iter().filter(|g| !same(g)) {
+        moved += g.members.len();
+        weighted_tp += g.members.len() * g.members.len();
+    }
+    if moved == 0 {
+        return (0.0, 0.0);
+    }
+    let share = moved as f64 / f64::from(devices.max(1));
+    (share, weighted_tp as f64 / moved as f64)
 }
 
 /// The winner: the best net prediction, unless the current strategy is within the margin.

@@ -299,3 +299,48 @@ fn every_windows_spaces_the_rounds_and_unknown_knobs_are_refused() {
     let e = serde_json::from_str::<LookaheadConfig>(r#"{"horizon": 3}"#).unwrap_err();
     assert!(e.to_string().contains("unknown field `horizon`"), "{e}");
 }
+
+#[test]
+fn a_switch_costs_the_same_share_of_goodput_on_any_pool_size() {
+    // The same per-device load (demand and decoding requests) on 8 and on 64 devices: each
+    // new group receives its own devices' KV, in parallel with the others, so moving every
+    // device costs the same share of the predicted goodput whatever the pool size.
+    let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
+    let profile = Profile::from_file(pf).unwrap();
+    let share = |devices: u32| {
+        let per = f64::from(devices) / 8.0;
+        let d = demand(20.0 * per, 20.0 * per);
+        let levels = crate::planner::candidate_levels(&profile, &pc, devices);
+        let inflight: Vec<InFlight> = (0..(200.0 * per) as usize)
+            .map(|k| InFlight {
+                tier: k % 2,
+                generated: 50.0,
+                age_s: 1.0,
+                feasible: true,
+            })
+            .collect();
+        let situation = Situation {
+            inflight: &inflight,
+            ..bare_situation(&profile, &t, &d, devices, &levels, &pc)
+        };
+        let cfg = LookaheadConfig::default();
+        let (strategies, candidates) =
+            predict_all(&situation, &cfg, Some(Strategy::StaticTp { tp: 1 }));
+        let at = strategies
+            .iter()
+            .position(|&s| s == Strategy::FixedTp { tp: 4 })
+            .unwrap();
+        let c = &candidates[at];
+        assert!(c.goodput_rps > 0.0, "{c:?}");
+        c.switch_cost_rps / c.goodput_rps
+    };
+    let (small, large) = (share(8), share(64));
+    assert!(
+        small > 0.15,
+        "a full switch costs at least move_penalty: {small}"
+    );
+    assert!(
+        (large - small).abs() < 0.05,
+        "8 devices {small:.3}, 64 {large:.3}"
+    );
+}
