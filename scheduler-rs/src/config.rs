@@ -130,6 +130,10 @@ pub struct FileConfig {
     pub reconfigure_timeout_ms: Option<u64>,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     pub drain_timeout_ms: Option<u64>,
+    /// How long one request may take from submission to its last token (0: no limit).
+    pub request_timeout_ms: Option<u64>,
+    /// How long a client may take to send a request's headers, and then its body.
+    pub client_read_timeout_ms: Option<u64>,
     /// With API keys: `/metrics` needs an admin key too.
     pub restrict_metrics: Option<bool>,
     /// Strategy choice by simulated lookahead (docs/planner.md); any subset.
@@ -163,6 +167,12 @@ pub struct RouterConfig {
     /// On SIGTERM/SIGINT: new requests get 503, in-flight ones get this long to finish, the
     /// rest end with an explicit error.
     pub drain_timeout_ms: u64,
+    /// A request still generating this long after submission ends with 408 (streaming: an
+    /// SSE error event and `[DONE]`) and is aborted on its worker; 0: no limit.
+    pub request_timeout_ms: u64,
+    /// A client that has not sent its headers, or then its whole body, within this long gets
+    /// 408 and its connection closed (slow-client protection).
+    pub client_read_timeout_ms: u64,
     /// With API keys configured, `/metrics` needs an admin key (`/admin/*` always does).
     pub restrict_metrics: bool,
     pub mock_workers: u32,
@@ -213,6 +223,8 @@ impl Default for RouterConfig {
             lookahead: LookaheadConfig::default(),
             reconfigure_timeout_ms: 5000,
             drain_timeout_ms: 30_000,
+            request_timeout_ms: 600_000,
+            client_read_timeout_ms: 10_000,
             restrict_metrics: false,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
@@ -312,6 +324,10 @@ impl RouterConfig {
                 .reconfigure_timeout_ms
                 .unwrap_or(d.reconfigure_timeout_ms),
             drain_timeout_ms: file.drain_timeout_ms.unwrap_or(d.drain_timeout_ms),
+            request_timeout_ms: file.request_timeout_ms.unwrap_or(d.request_timeout_ms),
+            client_read_timeout_ms: file
+                .client_read_timeout_ms
+                .unwrap_or(d.client_read_timeout_ms),
             restrict_metrics: file.restrict_metrics.unwrap_or(d.restrict_metrics),
             worker_secret: file
                 .worker_secret
@@ -360,8 +376,9 @@ impl RouterConfig {
         if self.heartbeat_timeout_ms == 0
             || self.control_window_ms == 0
             || self.reconfigure_timeout_ms == 0
+            || self.client_read_timeout_ms == 0
         {
-            bail!("config: heartbeat_timeout_ms, control_window_ms and reconfigure_timeout_ms must be > 0");
+            bail!("config: heartbeat_timeout_ms, control_window_ms, reconfigure_timeout_ms and client_read_timeout_ms must be > 0");
         }
         Ok(())
     }

@@ -73,6 +73,8 @@ pub enum EarlyEnd {
     StopString,
     /// The client disconnected.
     Cancelled,
+    /// The request ran past `request_timeout_ms`.
+    TimedOut,
 }
 
 struct Inflight {

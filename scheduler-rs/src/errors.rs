@@ -45,6 +45,14 @@ impl ApiError {
         e
     }
 
+    /// 408: the request ran past the router's per-request deadline, or the client took too
+    /// long to send it.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::REQUEST_TIMEOUT, "timeout_error", message);
+        e.code = Some("request_timeout");
+        e
+    }
+
     /// 400 about request field `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
         let mut e = Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message);

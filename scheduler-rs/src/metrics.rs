@@ -67,6 +67,8 @@ pub struct TierMetrics {
     pub errors: AtomicU64,
     /// Requests cancelled by the client.
     pub cancelled: AtomicU64,
+    /// Requests ended by the router's per-request deadline (`request_timeout_ms`).
+    pub timed_out: AtomicU64,
     /// Requests refused with 503 because no worker could take them.
     pub rejected: AtomicU64,
     /// Re-dispatches after a worker died.
@@ -167,7 +169,7 @@ impl Metrics {
                 h.render(out, name, tier);
             }
         }
-        let counters: [(&str, &str, CounterOf); 8] = [
+        let counters: [(&str, &str, CounterOf); 9] = [
             (
                 "nitsum_requests_finished_total",
                 "Requests completed.",
@@ -187,6 +189,11 @@ impl Metrics {
                 "nitsum_requests_cancelled_total",
                 "Requests cancelled by the client.",
                 |m| &m.cancelled,
+            ),
+            (
+                "nitsum_requests_timed_out_total",
+                "Requests ended by the per-request deadline (408).",
+                |m| &m.timed_out,
             ),
             (
                 "nitsum_requests_rejected_total",

@@ -130,11 +130,8 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
         .with_context(|| format!("binding HTTP at {}", cfg.listen))?;
     let http_addr = listener.local_addr()?;
     let app = api::router(AppState::new(engine.clone(), model));
-    let http = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("HTTP server failed: {e}");
-        }
-    });
+    let read_timeout = Duration::from_millis(cfg.client_read_timeout_ms);
+    let http = tokio::spawn(api::listen::serve(listener, app, read_timeout));
     tracing::info!(%http_addr, worker_endpoint = %worker_endpoint, "nitsum-router listening");
     Ok(Running {
         http_addr,

@@ -156,7 +156,8 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         .clone()
         .map(|s| s.into_vec())
         .unwrap_or_default();
-    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens);
+    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
+        .with_timeout(state.request_timeout());
     let fmt = ChatChunks {
         id: format!("chatcmpl-{}", ts.id),
         model: state.served_model().to_string(),

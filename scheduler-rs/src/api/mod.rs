@@ -4,6 +4,7 @@
 
 mod chat;
 mod completions;
+pub mod listen;
 mod misc;
 mod native;
 pub mod output;
@@ -41,6 +42,11 @@ impl AppState {
     pub fn served_model(&self) -> &str {
         &self.engine.cfg.served_model_name
     }
+
+    /// Per-request deadline (zero: none).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.engine.cfg.request_timeout_ms)
+    }
 }
 
 /// The axum router with every endpoint.
@@ -53,6 +59,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/admin/plan", get(misc::admin_plan))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            listen::read_body_within,
+        ))
         .with_state(state)
         .layer(axum::middleware::map_response(openai_errors))
 }

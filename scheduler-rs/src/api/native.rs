@@ -91,7 +91,8 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let submit = prepare::build(&state, tier, ids, field, &sampling)?;
     let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
-    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens);
+    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
+        .with_timeout(state.request_timeout());
     let meta = Meta {
         tier: state.engine.cfg.tiers[tier].name.clone(),
         start,

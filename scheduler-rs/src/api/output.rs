@@ -29,6 +29,8 @@ pub struct TextStream {
     /// Router request id.
     pub id: u64,
     pub class: crate::dispatch::Class,
+    /// When the request times out (`request_timeout_ms` after submission); `None`: never.
+    deadline: Option<tokio::time::Instant>,
 }
 
 impl TextStream {
@@ -47,13 +49,33 @@ impl TextStream {
             stop: StopMatcher::new(stops),
             completion_tokens: 0,
             prompt_tokens,
+            deadline: None,
         }
+    }
+
+    /// End the request with 408 if it is still generating `timeout` from now (0: never).
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.deadline = (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout);
+        self
     }
 
     /// Next piece; `None` once the final piece (or an error) was returned.
     pub async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
         let handle = self.handle.as_mut()?;
-        let ev = handle.recv().await?;
+        let ev = match self.deadline {
+            Some(at) => match tokio::time::timeout_at(at, handle.recv()).await {
+                Ok(ev) => ev?,
+                Err(_) => {
+                    self.handle.take().expect("checked above").time_out();
+                    return Some(Err(ApiError::timeout(format!(
+                        "the request did not finish within the router's request_timeout_ms \
+                         ({} tokens generated); it was aborted",
+                        self.completion_tokens
+                    ))));
+                }
+            },
+            None => handle.recv().await?,
+        };
         let (ids, finish) = match ev {
             Event::Error(msg) => {
                 self.handle = None;

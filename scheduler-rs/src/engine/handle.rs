@@ -69,6 +69,14 @@ impl RequestHandle {
         Some(ev)
     }
 
+    /// The request ran out of time: end it now and abort the worker's generation.
+    pub fn time_out(mut self) {
+        if !self.done {
+            self.done = true;
+            self.engine.end_early(self.id, EarlyEnd::TimedOut);
+        }
+    }
+
     /// The router matched a stop string: finish now and abort the worker's generation.
     pub fn stop(mut self) {
         if !self.done {

@@ -335,6 +335,12 @@ impl Engine {
                     .cancelled
                     .fetch_add(1, Ordering::Relaxed);
             }
+            EarlyEnd::TimedOut => {
+                self.metrics
+                    .tier(e.req.tier)
+                    .timed_out
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }

@@ -1,0 +1,82 @@
+//! The HTTP listener: an HTTP/1 accept loop with a header-read timeout, and a middleware that
+//! bounds the time a client may take to send a request body.
+//!
+//! NOTE: `axum::serve` sets no header-read timeout, so a client sending one byte a second
+//! (slowloris) holds a connection and a task forever. Here each connection gets
+//! `client_read_timeout_ms` to send its headers (also the idle time a kept-alive connection
+//! may wait for its next request, like uvicorn's keep-alive timeout), and each request as
+//! long again for its body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tower::ServiceExt;
+
+use super::AppState;
+use crate::errors::ApiError;
+
+/// Largest request body, as axum's default `DefaultBodyLimit` (2 MiB).
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Serve `app` on `listener` until the task is aborted.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router, read_timeout: Duration) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!("HTTP accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(
+            app.clone()
+                .map_request(|r: Request<hyper::body::Incoming>| r.map(Body::new)),
+        );
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(read_timeout);
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!("HTTP connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// Middleware: read the whole body within `client_read_timeout_ms` (408 otherwise) and at
+/// most [`MAX_BODY_BYTES`] (413), then hand the request on with the body in memory.
+pub async fn read_body_within(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let limit = Duration::from_millis(state.engine.cfg.client_read_timeout_ms);
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY_BYTES)).await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            let status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
+            return ApiError::from_status(status, format!("request body: {e}")).into_response();
+        }
+        Err(_) => {
+            return ApiError::timeout(format!(
+                "the request body did not arrive within {} ms",
+                limit.as_millis()
+            ))
+            .into_response()
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
