@@ -19,7 +19,13 @@ use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
 fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
     let field = || format!("messages[{i}].content");
     match &m.content {
-        None | Some(Value::Null) => Ok(String::new()),
+        // NOTE: only an assistant turn may come without content (e.g. one that made tool
+        // calls); OpenAI requires it for every other role.
+        None | Some(Value::Null) if m.role == "assistant" => Ok(String::new()),
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            &field(),
+            format!("a `{}` message needs content", m.role),
+        )),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut out = String::new();

@@ -188,14 +188,56 @@ pub struct NativeGenerateRequest {
 pub fn parse_body<T: serde::de::DeserializeOwned>(
     body: &[u8],
 ) -> Result<T, crate::errors::ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        crate::errors::ApiError::bad_json(format!("could not parse the JSON body: {e}"))
+    // NOTE: a type error names its field (`param`), as a hand-written check would: from the
+    // deserializer's path, or, for fields inside `#[serde(flatten)]` (whose errors lose the
+    // path and point at the object's end), by finding the one top-level field that fails alone.
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let param = if !inner.is_data() {
+            None // a syntax error: no field to name
+        } else if !matches!(path.as_str(), "" | "." | "?") {
+            Some(path)
+        } else {
+            failing_field::<T>(body)
+        };
+        let mut err =
+            crate::errors::ApiError::bad_json(format!("could not parse the JSON body: {inner}"));
+        err.param = param;
+        err
+    })
+}
+
+/// The top-level field of a JSON object body that `T` cannot take even on its own (every
+/// request type here has only optional fields, so one field alone parses unless it is bad).
+fn failing_field<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<String> {
+    let serde_json::Value::Object(fields) = serde_json::from_slice(body).ok()? else {
+        return None;
+    };
+    fields.into_iter().find_map(|(name, value)| {
+        let alone = serde_json::Value::Object([(name.clone(), value)].into_iter().collect());
+        serde_json::from_value::<T>(alone).is_err().then_some(name)
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_type_error_names_its_field_even_inside_flattened_fields() {
+        let e =
+            parse_body::<ChatCompletionRequest>(br#"{"messages": [], "seed": "abc"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("seed"), "{e:?}");
+        let body = b"{\"model\": \"m\",\n \"stream_options\": {\"include_usage\": \"no\"}}";
+        let e = parse_body::<ChatCompletionRequest>(body).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options"));
+        let e = parse_body::<ChatCompletionRequest>(br#"{"messages": "hi"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        let e = parse_body::<ChatCompletionRequest>(b"{not json").unwrap_err();
+        assert_eq!(e.param, None);
+    }
 
     #[test]
     fn prompt_and_stop_accept_both_shapes() {
