@@ -1,0 +1,98 @@
+//! Overload (issue 11): 200 clients at once against two slow workers and tiers bounded by
+//! `max_inflight`. Every request ends in exactly one answer (the exact completion, or 429
+//! `tier_full` with `Retry-After`), the bounds hold at every instant, /health answers
+//! throughout, and nothing is left in flight: requests lost 0.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nitsum_scheduler::mock_worker::MockOptions;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
+    let mut cfg = config();
+    for t in &mut cfg.tiers {
+        t.max_inflight = Some(match t.name.as_str() {
+            "strict" => 8,
+            _ => 16,
+        });
+    }
+    let slow = MockOptions {
+        tokens_per_message: 1,
+        step_delay: Duration::from_millis(40),
+        ..MockOptions::default()
+    };
+    let r = Arc::new(start(cfg, &[slow.clone(), slow]).await);
+    let peak = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    // Watch the router's in-flight count and /health while the burst runs.
+    let watcher = {
+        let (r, peak, done) = (r.clone(), peak.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(r.run.engine.inflight(), Ordering::Relaxed);
+                let t = Instant::now();
+                let h = call(&r, "GET", "/health", &[], "").await;
+                assert_eq!(h.status, 200, "{}", h.body);
+                slowest = slowest.max(t.elapsed());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            slowest
+        })
+    };
+    let n = 200;
+    let clients: Vec<_> = (0..n)
+        .map(|k| {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let tier = if k % 2 == 0 { "strict" } else { "relaxed" };
+                let body = json!({"input_ids": [104, 105], "tier": tier,
+                                  "sampling_params": {"max_new_tokens": 4, "ignore_eos": true}});
+                (tier, post(&r, "/generate", body).await)
+            })
+        })
+        .collect();
+    let (mut ok, mut full) = (0, 0);
+    for c in clients {
+        let (tier, resp) = c.await.unwrap();
+        match resp.status {
+            200 => {
+                assert_eq!(resp.json()["output_ids"], json!([104, 105, 104, 105]));
+                ok += 1;
+            }
+            429 => {
+                assert_eq!(resp.json()["error"]["code"], "tier_full", "{tier}");
+                assert!(resp.headers.to_lowercase().contains("retry-after:"));
+                full += 1;
+            }
+            s => panic!("{tier}: unexpected {s}: {}", resp.body),
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let slowest_health = watcher.await.unwrap();
+    assert_eq!(ok + full, n, "requests lost: {}", n - ok - full);
+    assert!(full > 0, "the burst never filled a tier");
+    assert!(ok >= 24, "only {ok} served");
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(
+        peak <= 8 + 16,
+        "peak in flight {peak} above the tiers' bounds"
+    );
+    assert!(
+        slowest_health < Duration::from_millis(500),
+        "/health took {slowest_health:?}"
+    );
+    wait_until(|| r.run.engine.inflight() == 0).await;
+    let strict = r.run.engine.metrics.tier(0);
+    let relaxed = r.run.engine.metrics.tier(1);
+    let finished =
+        strict.finished.load(Ordering::Relaxed) + relaxed.finished.load(Ordering::Relaxed);
+    assert_eq!(finished, ok as u64);
+    println!("overload: {n} requests, {ok} served, {full} refused 429, peak in flight {peak}, slowest /health {slowest_health:?}, lost 0");
+}
