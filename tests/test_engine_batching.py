@@ -195,16 +195,17 @@ def test_a_request_past_its_ttft_deadline_is_served_last(tiny):
 
 def test_a_prompt_that_cannot_make_its_ttft_is_served_last(tiny):
     """Local scheduler: with full-budget steps of at least 0.5 s, a 26-token prompt at 8
-    tokens a step needs 4 steps (2 s): with a 1.5 s TTFT it is demoted before any work is
-    spent on it, and the prompts behind it go first; one that can still make it (2 s of
-    steps for a 2.5 s TTFT) is not demoted. All still finish with the reference tokens."""
+    tokens a step needs 4 steps, 3 of them full (at least 1.5 s): with a 1.2 s TTFT it is
+    demoted before any work is spent on it, and the prompts behind it go first; one that can
+    still make it (31 tokens ahead of and with it: at least 1.5 s, for a 1.8 s TTFT) is not.
+    All still finish with the reference tokens."""
     hf, cfg = tiny
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
     engine.scheduler.full_steps.append(0.5)
-    engine.add_request("hopeless", ps[3], GREEDY, "feasible", "strict", ttft_ms=1500.0)
+    engine.add_request("hopeless", ps[3], GREEDY, "feasible", "strict", ttft_ms=1200.0)
     engine.add_request("first", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
-    engine.add_request("tight", ps[1], GREEDY, "feasible", "strict", ttft_ms=2500.0)
+    engine.add_request("tight", ps[1], GREEDY, "feasible", "strict", ttft_ms=1800.0)
     engine.step()
     assert engine.seqs["hopeless"].klass == "background"
     assert engine.seqs["tight"].klass == "feasible"
@@ -227,7 +228,8 @@ def test_a_started_prompt_that_cannot_make_its_ttft_yields_the_budget(tiny):
     engine.add_request("next", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
     engine.scheduler.full_steps.clear()  # the step above took milliseconds: pretend 0.5 s
     engine.scheduler.full_steps.append(0.5)
-    engine.seqs["started"].deadline = time.monotonic() + 1.0  # 18 tokens left: 3 steps
+    # 18 tokens left: 3 steps, 2 of them full (at least 1 s).
+    engine.seqs["started"].deadline = time.monotonic() + 0.8
     engine.step()
     assert engine.seqs["started"].klass == "background"
     assert engine.seqs["started"].num_computed == 8

@@ -123,8 +123,8 @@ class Scheduler:
 
         NOTE: such a sequence misses its SLO whatever happens, and prefilling it delays the
         ones behind it (the FCFS collapse again, for prompts already started). The estimate
-        is a lower bound (the fastest recent full-budget step, no new arrivals ahead), so a
-        sequence that could still make it is never demoted. The simulator's local scheduler
+        is a lower bound (the fastest recent full-budget step for every step but the last, no
+        new arrivals ahead), so a sequence that could still make it is never demoted. The simulator's local scheduler
         does the same (scheduler-rs/src/sim/engine.rs, `demote_hopeless`).
         """
         if not self.full_steps:
@@ -141,7 +141,8 @@ class Scheduler:
             if seq.klass == CLASSES[-1] or seq.deadline is None:
                 continue
             tokens = ahead + len(seq.prompt_ids) - seq.num_computed
-            if now + math.ceil(tokens / self.token_budget) * step_s > seq.deadline:
+            # Every step but the last, partial one takes at least a full step.
+            if now + (math.ceil(tokens / self.token_budget) - 1) * step_s > seq.deadline:
                 hopeless.append(seq)
             else:
                 ahead = tokens

@@ -362,22 +362,29 @@ impl Engine {
     /// token (full budgets, no new arrivals ahead), so no request that could still make it
     /// is demoted.
     fn demote_hopeless(&mut self, reqs: &mut [Req], profile: &Profile, now: f64) {
+        // NOTE: only admitted prompts are checked: they are what takes the budget, and there
+        // are at most `batch_cap` of them (a waiting one is demoted at its deadline, by
+        // `demote_late`, before it can take any).
+        let mut candidates: Vec<usize> = self
+            .prefilling
+            .iter()
+            .copied()
+            .filter(|&r| queue_of(reqs[r].class) <= 1 && !reqs[r].leftover)
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        candidates.sort_by_key(|&r| queue_of(reqs[r].class));
         let budget = f64::from(self.budget);
         let full_ms = self.iteration_ms(profile, budget);
+        // The last, partial iteration costs at least the decode step it rides on.
+        let last_ms = self.decode_ms(profile);
         let mut ahead = 0.0;
         let mut hopeless = Vec::new();
-        let mut candidates: Vec<usize> = self.prefilling.iter().copied().collect();
-        candidates.sort_by_key(|&r| queue_of(reqs[r].class));
-        let queued = self.waiting[0].iter().chain(&self.waiting[1]);
-        for r in candidates.into_iter().chain(queued.copied()) {
-            if queue_of(reqs[r].class) > 1 || reqs[r].leftover {
-                continue;
-            }
-            let own = f64::from(reqs[r].input - reqs[r].prefilled);
-            let tokens = ahead + own;
+        for r in candidates {
+            let tokens = ahead + f64::from(reqs[r].input - reqs[r].prefilled);
             let iterations = (tokens / budget).ceil().max(1.0);
-            let last = tokens - (iterations - 1.0) * budget;
-            let first_token_ms = (iterations - 1.0) * full_ms + self.iteration_ms(profile, last);
+            let first_token_ms = (iterations - 1.0) * full_ms + last_ms;
             if now.max(self.ready_at) + first_token_ms / 1000.0 > reqs[r].deadline {
                 hopeless.push(r);
             } else {
@@ -385,11 +392,6 @@ impl Engine {
             }
         }
         for r in hopeless {
-            let q = queue_of(reqs[r].class);
-            if let Some(i) = self.waiting[q].iter().position(|&x| x == r) {
-                self.waiting[q].remove(i);
-                self.waiting[2].push_back(r);
-            }
             reqs[r].class = Class::Background;
             self.demoted.push(r);
         }

@@ -224,12 +224,13 @@ fn one_device_group() -> crate::plan::GroupPlan {
 fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
     use crate::dispatch::Class;
     let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
-    // 10 prompt tokens an iteration at 1 ms a token: a 40-token prompt needs 40 ms.
+    // 10 prompt tokens an iteration at 1 ms a token: a 40-token prompt needs 4 iterations,
+    // at least 30 ms for the 3 full ones (the lower bound counts the last as free).
     let mut e = engine::Engine::new(one_device_group(), 4, 10, 0.0, 1);
     e.demote_late = true;
-    // r0 is due in 35 ms: hopeless. r1 (20 tokens, due in 100 ms) is fine; r2 (20 tokens
-    // behind r1's 20, due in 41 ms) can still make it in exactly 40 ms.
-    let mut reqs = vec![waiting(40, 0.035), waiting(20, 0.1), waiting(20, 0.041)];
+    // r0 is due in 25 ms: hopeless. r1 (20 tokens, due in 100 ms) is fine; r2 (20 tokens
+    // behind r1's 20, due in 35 ms) might still make it: at least 30 ms.
+    let mut reqs = vec![waiting(40, 0.025), waiting(20, 0.1), waiting(20, 0.035)];
     for r in 0..3 {
         e.push_prefill(r, Class::Feasible);
     }
@@ -247,7 +248,7 @@ fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
     );
     // Without the rule r0, first in line, would have taken it.
     let mut e = engine::Engine::new(one_device_group(), 4, 10, 0.0, 2);
-    let mut reqs = vec![waiting(40, 0.035), waiting(20, 0.1)];
+    let mut reqs = vec![waiting(40, 0.025), waiting(20, 0.1)];
     e.push_prefill(0, Class::Feasible);
     e.push_prefill(1, Class::Feasible);
     let t = e.start(&mut reqs, &profile, 0.0).unwrap();
