@@ -236,3 +236,33 @@ def test_a_started_prompt_that_cannot_make_its_ttft_yields_the_budget(tiny):
     assert engine.seqs["next"].num_computed == 8
     outs, _ = run_to_completion(engine)
     assert outs["started"] == hf_greedy(hf, ps[3], 12)
+
+
+def test_a_row_that_cannot_be_sampled_fails_only_its_own_request(tiny):
+    """Per-row isolation: non-finite logits in one sampled row end that request with an
+    error; the other rows of the batch keep their tokens and their requests go on."""
+    from nitsum.sampling import SAMPLE_FAILED, sample
+
+    hf, cfg = tiny
+    logits = torch.zeros(3, 16)
+    logits[0, 5] = 9.0
+    logits[1] = float("nan")
+    logits[2, 7] = 9.0
+    p = SamplingParams(max_tokens=4, temperature=0.5, top_k=1)
+    gens = [torch.Generator().manual_seed(0) for _ in range(3)]
+    assert sample(logits, [p, p, p], gens) == [5, SAMPLE_FAILED, 7]
+    # In the engine: the failed row's request ends with "error", its batch mates go on.
+    engine = engine_for(tiny)
+    ps = prompts(cfg, 2)
+    engine.add_request("bad", ps[0], GREEDY)
+    engine.add_request("good", ps[1], GREEDY)
+    batch = engine.scheduler.schedule()
+    outs = engine.complete_step(batch, [SAMPLE_FAILED, 42])
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in outs] == [
+        ("bad", [], "error"),
+        ("good", [42], None),
+    ]
+    assert "bad" not in engine.seqs and engine.seqs["good"].output_ids == [42]
+    assert engine.scheduler.pages.num_free + len(engine.seqs["good"].pages) == (
+        engine.scheduler.pages.num_pages
+    )

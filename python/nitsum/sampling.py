@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
 
 # NOTE: temperatures below this are greedy: dividing logits by a denormal temperature
 # (1e-40) overflows them to inf and the softmax to NaN, which failed the whole batch.
@@ -55,26 +58,41 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     return torch.Generator().manual_seed(params.seed)
 
 
+# A row whose sampling failed (e.g. non-finite probabilities): its request alone ends with an
+# error, the rest of the batch goes on.
+SAMPLE_FAILED = -1
+
+
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
 ) -> list[int]:
-    """One token per row of float32 `logits` (rows, vocab)."""
+    """One token per row of float32 `logits` (rows, vocab); `SAMPLE_FAILED` for a row that
+    could not be sampled."""
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:
             continue
-        row = logits[i] / p.temperature
-        if p.top_k > 0:
-            kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        if p.top_p < 1:
-            sorted_p, idx = probs.sort(descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-            drop = sorted_p.cumsum(0) - sorted_p >= p.top_p
-            sorted_p[drop] = 0
-            probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
-        out[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+        try:
+            out[i] = _sample_row(logits[i], p, generators[i])
+        except RuntimeError as e:  # torch: "probability tensor contains either inf, nan..."
+            log.warning("sampling failed for one row (temperature %r): %s", p.temperature, e)
+            out[i] = SAMPLE_FAILED
     return out
+
+
+def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
+    """Temperature, top-k, top-p, then one draw."""
+    row = logits / p.temperature
+    if p.top_k > 0:
+        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    if p.top_p < 1:
+        sorted_p, idx = probs.sort(descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        drop = sorted_p.cumsum(0) - sorted_p >= p.top_p
+        sorted_p[drop] = 0
+        probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+    return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -11,7 +11,7 @@ from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pool import KVLayout
-from nitsum.sampling import SamplingParams, make_generator
+from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
 
 
 @dataclass
@@ -129,6 +129,10 @@ class Engine:
             if not item.sample:
                 continue
             token = next(sampled)
+            if token == SAMPLE_FAILED:
+                self._finish(seq, "error")
+                outputs.append(RequestOutput(seq.request_id, [], "error"))
+                continue
             seq.output_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:

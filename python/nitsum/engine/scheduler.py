@@ -124,8 +124,9 @@ class Scheduler:
         NOTE: such a sequence misses its SLO whatever happens, and prefilling it delays the
         ones behind it (the FCFS collapse again, for prompts already started). The estimate
         is a lower bound (the fastest recent full-budget step for every step but the last, no
-        new arrivals ahead), so a sequence that could still make it is never demoted. The simulator's local scheduler
-        does the same (scheduler-rs/src/sim/engine.rs, `demote_hopeless`).
+        new arrivals ahead), so a sequence that could still make it is never demoted. The
+        simulator's local scheduler does the same (scheduler-rs/src/sim/engine.rs,
+        `demote_hopeless`, which checks admitted prompts only).
         """
         if not self.full_steps:
             return []

@@ -299,7 +299,8 @@ class WorkerServer:
             if rid not in self.live:
                 log.error("engine produced tokens for unknown request %r", rid)
             elif rid in reasons:
-                self._final(rid, ids, reasons[rid], None)
+                failed = "the engine failed this request (see the worker log)"
+                self._final(rid, ids, reasons[rid], failed if reasons[rid] == "error" else None)
             else:
                 device, prompt_tokens = self.live[rid]
                 self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens))
