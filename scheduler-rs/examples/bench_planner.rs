@@ -105,6 +105,7 @@ fn bench_with(
             background: false,
             max_inflight: None,
             max_tokens: None,
+            reject_unattainable: false,
         })
         .collect();
     let cfg = PlannerConfig::default();

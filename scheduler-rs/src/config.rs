@@ -197,6 +197,7 @@ pub fn default_tiers() -> Vec<Tier> {
         background,
         max_inflight: Some(DEFAULT_TIER_MAX_INFLIGHT),
         max_tokens: None,
+        reject_unattainable: false,
     };
     vec![
         tier("strict", 250.0, 25.0, false),

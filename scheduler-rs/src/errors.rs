@@ -122,6 +122,16 @@ impl ApiError {
     pub fn from_submit(e: crate::engine::SubmitError) -> Self {
         match e {
             crate::engine::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
+            e @ crate::engine::SubmitError::Unattainable { .. } => {
+                let mut e = Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    e.to_string(),
+                );
+                e.code = Some("slo_unattainable");
+                e.retry_after_s = Some(1);
+                e
+            }
             crate::engine::SubmitError::Draining => {
                 let mut e = Self::unavailable("the server is shutting down");
                 e.code = Some("shutting_down");

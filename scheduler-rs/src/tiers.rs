@@ -25,6 +25,11 @@ pub struct Tier {
     /// holds a slot for minutes blocks others). None: up to the context window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// SLO-aware admission: a request the plan has no SLO bandwidth left for (it would be
+    /// served best effort, late) is refused at once with 429 `slo_unattainable` and
+    /// `Retry-After` instead. Default false: it is served on leftover capacity.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reject_unattainable: bool,
 }
 
 fn default_weight() -> f64 {

@@ -96,3 +96,46 @@ async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
     assert_eq!(finished, ok as u64);
     println!("overload: {n} requests, {ok} served, {full} refused 429, peak in flight {peak}, slowest /health {slowest_health:?}, lost 0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_that_rejects_unattainable_requests_refuses_what_its_slo_bandwidth_cannot_take() {
+    use nitsum_scheduler::plan::{GroupPlan, Role};
+    let mut cfg = config();
+    // One strict group that holds one request within its SLO.
+    cfg.static_plan = Some(vec![GroupPlan {
+        members: vec![0],
+        tp: 1,
+        role: Role::Mixed,
+        tiers: vec!["strict".into()],
+        accepts_background: true,
+        max_rps: 1.0,
+        max_inflight: 1.0,
+    }]);
+    let strict = cfg.tiers.iter_mut().find(|t| t.name == "strict").unwrap();
+    strict.reject_unattainable = true;
+    let slow = MockOptions {
+        tokens_per_message: 1,
+        step_delay: Duration::from_millis(150),
+        ..MockOptions::default()
+    };
+    let r = start(cfg, &[slow]).await;
+    let body = json!({"input_ids": [104, 105], "tier": "strict",
+                      "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}});
+    let second = async {
+        wait_until(|| r.run.engine.inflight() == 1).await;
+        post(&r, "/generate", body.clone()).await
+    };
+    let (first, second) = tokio::join!(post(&r, "/generate", body.clone()), second);
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.json()["output_ids"], json!([104, 105, 104]));
+    assert_eq!(second.status, 429, "{}", second.body);
+    assert_eq!(second.json()["error"]["code"], "slo_unattainable");
+    assert!(second.headers.to_lowercase().contains("retry-after: 1"));
+    // Its bandwidth is back once the first ended.
+    assert_eq!(post(&r, "/generate", body).await.status, 200);
+    // The relaxed tier (not rejecting) has no SLO group here: served best effort, not refused.
+    let relaxed =
+        json!({"input_ids": [104], "tier": "relaxed", "sampling_params": {"max_new_tokens": 1}});
+    let resp = post(&r, "/generate", relaxed).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+}

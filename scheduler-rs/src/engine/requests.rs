@@ -22,6 +22,9 @@ pub enum SubmitError {
     TierFull { tier: String, limit: u32 },
     /// The router is shutting down (503).
     Draining,
+    /// The plan has no SLO bandwidth left for it and its tier refuses best effort
+    /// (`Tier::reject_unattainable`; 429).
+    Unattainable { tier: String },
 }
 
 impl std::fmt::Display for SubmitError {
@@ -32,6 +35,10 @@ impl std::fmt::Display for SubmitError {
             SubmitError::TierFull { tier, limit } => {
                 write!(f, "tier `{tier}` already has {limit} requests in flight")
             }
+            SubmitError::Unattainable { tier } => write!(
+                f,
+                "tier `{tier}` has no capacity left that meets its SLO; retry later"
+            ),
         }
     }
 }
@@ -87,6 +94,13 @@ impl Engine {
             self.stats_arrival(st, req.tier, req.input_ids.len());
             let placed = Self::place(st, id, &tier.name, tier.background);
             if let Some((_, d)) = &placed {
+                if tier.reject_unattainable && d.class == Class::BestEffort {
+                    st.dispatcher.complete(id);
+                    tm.rejected.fetch_add(1, Ordering::Relaxed);
+                    return Err(SubmitError::Unattainable {
+                        tier: tier.name.clone(),
+                    });
+                }
                 st.hold(
                     id,
                     Inflight {

@@ -171,6 +171,7 @@ mod tests {
             background: false,
             max_inflight: None,
             max_tokens: None,
+            reject_unattainable: false,
         };
         let d = TierDemand {
             tier: "t".into(),

@@ -28,6 +28,7 @@ fn tier(name: &str, ttft: f64, tpot: f64) -> Tier {
         background: false,
         max_inflight: None,
         max_tokens: None,
+        reject_unattainable: false,
     }
 }
 
