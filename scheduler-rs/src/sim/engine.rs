@@ -291,7 +291,7 @@ impl Engine {
         order.sort_by_key(|&r| queue_of(reqs[r].class));
         it.decode = !self.running.is_empty();
         let decode_ms = self.decode_ms(profile);
-        let iteration_ms = |tokens: f64| self.iteration_ms(profile, tokens);
+        let iteration_ms = self.iteration_ms(profile);
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
         // group's TPOT while feasible requests are in it: they run on leftover capacity.
         let feasible_here = self
@@ -343,13 +343,22 @@ impl Engine {
         profile.decode_ms(self.plan.tp, b, total as f64 / b)
     }
 
-    /// Iteration latency (ms) with `tokens` prompt tokens beside the current decode batch
-    /// (a mixed iteration pays the forward's fixed part once: `prefill_extra_ms`).
-    fn iteration_ms(&self, profile: &Profile, tokens: f64) -> f64 {
-        if self.running.is_empty() {
-            profile.prefill_ms(self.plan.tp, tokens)
-        } else {
-            self.decode_ms(profile) + profile.prefill_extra_ms(self.plan.tp, tokens)
+    /// Iteration latency (ms) as a function of the prompt tokens beside the current decode
+    /// batch (a mixed iteration pays the forward's fixed part once: `prefill_extra_ms`).
+    /// NOTE: the decode step is computed once here, not per call: the prompt-token fitting
+    /// calls this in a loop every iteration of every simulated group.
+    fn iteration_ms<'p>(&self, profile: &'p Profile) -> impl Fn(f64) -> f64 + 'p {
+        let (tp, decoding, decode_ms) = (
+            self.plan.tp,
+            !self.running.is_empty(),
+            self.decode_ms(profile),
+        );
+        move |tokens| {
+            if decoding {
+                decode_ms + profile.prefill_extra_ms(tp, tokens)
+            } else {
+                profile.prefill_ms(tp, tokens)
+            }
         }
     }
 
@@ -376,7 +385,7 @@ impl Engine {
         }
         candidates.sort_by_key(|&r| queue_of(reqs[r].class));
         let budget = f64::from(self.budget);
-        let full_ms = self.iteration_ms(profile, budget);
+        let full_ms = self.iteration_ms(profile)(budget);
         // The last, partial iteration costs at least the decode step it rides on.
         let last_ms = self.decode_ms(profile);
         let mut ahead = 0.0;
