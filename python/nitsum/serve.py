@@ -39,6 +39,7 @@ from types import FrameType
 from nitsum.control_profile import ControlConfigError, choose_control_profile
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
+from nitsum.worker.supervise import Restarts
 
 log = logging.getLogger("nitsum.serve")
 
@@ -233,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
+    p.add_argument(
+        "--restart-workers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start a worker that exits again, with backoff (1 s doubling to 30 s while it "
+        "keeps dying within a minute)",
+    )
     return p
 
 
@@ -290,13 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         children.spawn("router", rcmd, env=env)
         _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
-        if host_worker:
-            cmd = host_worker_command(model_dir, args.worker_addr, name, args)
-            children.spawn("host-worker", cmd, env=env)
-        else:
-            for i in range(args.workers):
-                cmd = worker_command(i, model_dir, args.worker_addr, name, args)
-                children.spawn(f"worker{i}", cmd, env=env)
+        workers = (
+            {"host-worker": host_worker_command(model_dir, args.worker_addr, name, args)}
+            if host_worker
+            else {
+                f"worker{i}": worker_command(i, model_dir, args.worker_addr, name, args)
+                for i in range(args.workers)
+            }
+        )
+        restarts = Restarts()
+        for who, cmd in workers.items():
+            children.spawn(who, cmd, env=env)
+            restarts.started(who)
         _wait(
             f"{args.workers} workers to register",
             children,
@@ -309,9 +322,14 @@ def main(argv: list[str] | None = None) -> int:
             for who, code in children.exited():
                 if who == "router":
                     raise ServeError(f"the router exited with code {code}")
-                if who not in reported:  # the router retries its requests (docs/protocol.md)
+                if args.restart_workers:
+                    restarts.exited(who, code)
+                elif who not in reported:  # the router retries its requests (docs/protocol.md)
                     log.error("%s exited with code %s; serving with the others", who, code)
                     reported.add(who)
+            for who in restarts.due():
+                children.spawn(who, workers[who], env=env)
+                restarts.started(who)
             time.sleep(0.5)
     except _Stop:
         log.info("signal %d: stopping", received[0])

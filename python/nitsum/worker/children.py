@@ -54,6 +54,8 @@ class Children:
         )
         if self.pgid is None:
             self.pgid = proc.pid
+        # A restarted child replaces its earlier, exited self.
+        self.procs = [(n, p) for n, p in self.procs if n != name or p.poll() is None]
         self.procs.append((name, proc))
         log.info("started %s (pid %d): %s", name, proc.pid, " ".join(cmd))
         return proc
