@@ -54,6 +54,14 @@ fn simulate(py: Python<'_>, config_json: &str) -> PyResult<String> {
         .map_err(value_error)
 }
 
+/// The router's default tiers as JSON (`config::default_tiers`): `nitsum bench` uses the
+/// same ones, so a benchmark without `--tier` measures what a default router plans for.
+#[pyfunction]
+fn default_tiers() -> PyResult<String> {
+    serde_json::to_string(&crate::config::default_tiers())
+        .map_err(|e| value_error(anyhow::anyhow!(e)))
+}
+
 /// Run the `nitsum-router` entry point with `argv` (program name first, like `sys.argv`;
 /// default: `sys.argv`), blocking until the router exits; returns the exit code. The GIL is
 /// released meanwhile. A console script can point straight at it:
@@ -74,6 +82,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(health, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(default_tiers, m)?)?;
     m.add_function(wrap_pyfunction!(router_main, m)?)?;
     Ok(())
 }

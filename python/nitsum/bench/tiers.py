@@ -28,15 +28,6 @@ class TierSpec:
     background: bool = False
 
 
-# NOTE: defaults are the Nitsum paper's Llama-8B/A100 SLOs (Table 1); on other hardware pass
-# tiers measured there (the paper's method: batch-1 latency for strict, batch-128 for relaxed).
-DEFAULT_TIERS: tuple[TierSpec, ...] = (
-    TierSpec("strict", 500.0, 15.0),
-    TierSpec("relaxed", 500.0, 30.0),
-    TierSpec("background", math.inf, math.inf, background=True),
-)
-
-
 def _tier_from_mapping(obj: object, where: str) -> TierSpec:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         raise ValueError(f"{where}: a tier needs a string 'name'")
@@ -45,12 +36,28 @@ def _tier_from_mapping(obj: object, where: str) -> TierSpec:
     vals = {}
     for key in ("ttft_ms", "tpot_ms"):
         v = obj.get(key, default)
+        if background and v is None:
+            v = math.inf  # JSON has no infinity: the router writes null for "no SLO"
         if background and not isinstance(v, bool) and isinstance(v, int | float) and v <= 0:
             v = math.inf  # the router's tiers config writes 0 for a background tier: no SLO
         if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
             raise ValueError(f"{where}: tier {obj['name']!r} needs {key} > 0, got {v!r}")
         vals[key] = float(v)
     return TierSpec(obj["name"], vals["ttft_ms"], vals["tpot_ms"], background)
+
+
+def _router_default_tiers() -> tuple[TierSpec, ...]:
+    """The router's default tiers (`scheduler-rs/src/config.rs`, `default_tiers`)."""
+    from nitsum import _core  # NOTE: late: the native module is only needed here
+
+    tiers = json.loads(_core.default_tiers())
+    return tuple(_tier_from_mapping(t, "the router's default tiers") for t in tiers)
+
+
+# NOTE: one source with the router: a benchmark without `--tier` judges requests by the tiers
+# a default router plans for. On other hardware pass tiers measured there (the paper's
+# method: batch-1 latency for strict, batch-128 for relaxed; scripts/results_tiers.py).
+DEFAULT_TIERS: tuple[TierSpec, ...] = _router_default_tiers()
 
 
 def load_tiers_file(path: str | Path) -> list[TierSpec]:
