@@ -98,8 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="tiers file (.json/.toml) or NAME:ttft=MS,tpot=MS[,background]; repeatable "
-        "(default: the router's default tiers, strict 250/25 ms, relaxed 2000/100 ms, "
-        "background)",
+        "(default: the router's default tiers: "
+        + ", ".join(
+            t.name if t.background else f"{t.name} {t.ttft_ms:g}/{t.tpot_ms:g} ms"
+            for t in DEFAULT_TIERS
+        )
+        + ")",
     )
     t.add_argument("--tier-mix", help="e.g. strict=0.3,relaxed=0.5,background=0.2")
     t.add_argument("--tier-by-length", help="e.g. strict:512,relaxed:2048,background")
