@@ -280,8 +280,11 @@ impl Engine {
             }
         }
         self.preempt_for_higher_classes(reqs);
+        // The decode batch is settled from here on: its step is computed once.
+        let decode_ms = self.decode_ms(profile);
+        let iteration_ms = self.iteration_ms(profile, decode_ms);
         if self.demote_late {
-            self.demote_hopeless(reqs, profile, now);
+            self.demote_hopeless(reqs, &iteration_ms, decode_ms, now);
         }
         let reqs: &[Req] = reqs;
         let mut it = Iteration::default();
@@ -290,8 +293,6 @@ impl Engine {
         let mut order: Vec<usize> = self.prefilling.iter().copied().collect();
         order.sort_by_key(|&r| queue_of(reqs[r].class));
         it.decode = !self.running.is_empty();
-        let decode_ms = self.decode_ms(profile);
-        let iteration_ms = self.iteration_ms(profile);
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
         // group's TPOT while feasible requests are in it: they run on leftover capacity.
         let feasible_here = self
@@ -344,15 +345,10 @@ impl Engine {
     }
 
     /// Iteration latency (ms) as a function of the prompt tokens beside the current decode
-    /// batch (a mixed iteration pays the forward's fixed part once: `prefill_extra_ms`).
-    /// NOTE: the decode step is computed once here, not per call: the prompt-token fitting
-    /// calls this in a loop every iteration of every simulated group.
-    fn iteration_ms<'p>(&self, profile: &'p Profile) -> impl Fn(f64) -> f64 + 'p {
-        let (tp, decoding, decode_ms) = (
-            self.plan.tp,
-            !self.running.is_empty(),
-            self.decode_ms(profile),
-        );
+    /// batch, whose step is `decode_ms` (a mixed iteration pays the forward's fixed part
+    /// once: `prefill_extra_ms`).
+    fn iteration_ms<'p>(&self, profile: &'p Profile, decode_ms: f64) -> impl Fn(f64) -> f64 + 'p {
+        let (tp, decoding) = (self.plan.tp, !self.running.is_empty());
         move |tokens| {
             if decoding {
                 decode_ms + profile.prefill_extra_ms(tp, tokens)
@@ -370,7 +366,13 @@ impl Engine {
     /// dispatcher gets its SLO bandwidth back. The estimate is a lower bound on its first
     /// token (full budgets, no new arrivals ahead), so no request that could still make it
     /// is demoted.
-    fn demote_hopeless(&mut self, reqs: &mut [Req], profile: &Profile, now: f64) {
+    fn demote_hopeless(
+        &mut self,
+        reqs: &mut [Req],
+        iteration_ms: impl Fn(f64) -> f64,
+        decode_ms: f64,
+        now: f64,
+    ) {
         // NOTE: only admitted prompts are checked: they are what takes the budget, and there
         // are at most `batch_cap` of them (a waiting one is demoted at its deadline, by
         // `demote_late`, before it can take any).
@@ -385,9 +387,9 @@ impl Engine {
         }
         candidates.sort_by_key(|&r| queue_of(reqs[r].class));
         let budget = f64::from(self.budget);
-        let full_ms = self.iteration_ms(profile)(budget);
+        let full_ms = iteration_ms(budget);
         // The last, partial iteration costs at least the decode step it rides on.
-        let last_ms = self.decode_ms(profile);
+        let last_ms = decode_ms;
         let mut ahead = 0.0;
         let mut hopeless = Vec::new();
         for r in candidates {
