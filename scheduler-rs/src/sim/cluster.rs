@@ -244,10 +244,11 @@ impl<'a> Cluster<'a> {
             return;
         };
         self.reqs[r].class = d.class;
-        // Split rejects what its tier's partition cannot serve within SLO.
-        if self.rejects_best_effort() && d.class == Class::BestEffort {
-            self.reqs[r].dropped = true;
-            self.dispatcher.complete(r as u64);
+        // Split rejects what its tier's partition cannot serve within SLO, and so does a
+        // tier with `reject_unattainable` (as the router answers 429 `slo_unattainable`).
+        let rejects = self.rejects_best_effort() || tier.reject_unattainable;
+        if rejects && d.class == Class::BestEffort {
+            self.drop_request(r);
             return;
         }
         // NOTE: only feasible work is charged against a group's SLO bandwidth: best-effort

@@ -304,3 +304,33 @@ fn a_leftover_request_is_served_as_background_whatever_its_tier() {
     assert_eq!(r.records[0].class, "feasible");
     assert_eq!(r.records[1].class, "background");
 }
+
+#[test]
+fn a_tier_that_rejects_unattainable_requests_drops_its_best_effort_ones_only() {
+    // The router answers 429 `slo_unattainable`; the simulator drops them the same way.
+    let count = |reject: bool| {
+        let mut cfg = two_tier_config(Policy::NitsumGreedy);
+        cfg.devices = 2;
+        cfg.records = true;
+        cfg.tiers[0].reject_unattainable = reject;
+        let r = simulate(&cfg).unwrap();
+        let by = |tier: &str, f: &dyn Fn(&RequestRecord) -> bool| {
+            r.records.iter().filter(|x| x.tier == tier && f(x)).count()
+        };
+        (
+            by("fast", &|x| x.dropped),
+            by("fast", &|x| x.class == "best_effort" && !x.dropped),
+            by("slow", &|x| x.dropped),
+        )
+    };
+    let (dropped, best_effort, _) = count(false);
+    assert_eq!(dropped, 0);
+    assert!(
+        best_effort > 0,
+        "the workload must exceed the fast tier's SLO bandwidth"
+    );
+    let (dropped, best_effort, slow_dropped) = count(true);
+    assert!(dropped > 0);
+    assert_eq!(best_effort, 0, "none served best effort");
+    assert_eq!(slow_dropped, 0, "the other tier is unaffected");
+}
