@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from nitsum.engine.sequence import CLASSES, Sequence, Status
+from nitsum.engine.sequence import CLASS_RANK, CLASSES, Sequence, Status
 from nitsum.kv.pages import GroupPages
 
 
@@ -131,10 +131,9 @@ class Scheduler:
         if not self.full_steps:
             return []
         step_s = min(self.full_steps)
-        rank = {c: i for i, c in enumerate(CLASSES)}
         started = sorted(
             (s for s in self.running if s.num_computed < len(s.prompt_ids)),
-            key=lambda s: rank[s.klass],
+            key=lambda s: CLASS_RANK[s.klass],
         )
         queued = [*self.waiting[CLASSES[0]], *self.waiting[CLASSES[1]]]
         ahead, hopeless = 0, []
@@ -220,8 +219,7 @@ class Scheduler:
         candidates = [s for s in self.running if id(s) not in keep]
         if not candidates:
             return None
-        rank = {c: i for i, c in enumerate(CLASSES)}
-        return max(candidates, key=lambda s: (rank[s.klass], s.arrival))
+        return max(candidates, key=lambda s: (CLASS_RANK[s.klass], s.arrival))
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop its KV; it re-prefills prompt + outputs later."""

@@ -20,6 +20,8 @@ class Status(Enum):
 
 # Local-scheduler classes, in the order the batch is filled (DESIGN §3, Nitsum §3.3.2).
 CLASSES = ("feasible", "best_effort", "background")
+# Position of each class in that order (lower is served first).
+CLASS_RANK = {c: i for i, c in enumerate(CLASSES)}
 
 
 @dataclass
