@@ -266,3 +266,24 @@ def test_a_row_that_cannot_be_sampled_fails_only_its_own_request(tiny):
     assert engine.scheduler.pages.num_free + len(engine.seqs["good"].pages) == (
         engine.scheduler.pages.num_pages
     )
+
+
+def test_a_started_lower_class_prompt_does_not_count_ahead_of_a_feasible_one(tiny):
+    """The hopeless check follows the order the budget is given in: a feasible prompt that
+    waits goes before a best-effort one already prefilling, so that one's tokens are not
+    counted ahead of it. 12 tokens at 8 a step: at least 1 full step (0.5 s), within a 1 s
+    TTFT (counting the best-effort prompt's 18 tokens ahead it would be 1.5 s)."""
+    hf, cfg = tiny
+    engine = engine_for(tiny, max_batch=4, token_budget=8)
+    ps = prompts(cfg, 4)
+    engine.add_request("be", ps[3], GREEDY, "best_effort", "relaxed", ttft_ms=60_000.0)
+    engine.step()
+    assert engine.seqs["be"].num_computed == 8
+    engine.add_request("f", ps[1], GREEDY, "feasible", "strict", ttft_ms=1000.0)
+    engine.scheduler.full_steps.clear()  # the step above took milliseconds: pretend 0.5 s
+    engine.scheduler.full_steps.append(0.5)
+    engine.step()
+    assert engine.seqs["f"].klass == "feasible"
+    assert engine.seqs["f"].num_computed == 8, "the feasible prompt got the budget"
+    outs, _ = run_to_completion(engine)
+    assert outs["f"] == hf_greedy(hf, ps[1], 12)

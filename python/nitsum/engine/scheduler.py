@@ -131,14 +131,19 @@ class Scheduler:
         if not self.full_steps:
             return []
         step_s = min(self.full_steps)
-        started = sorted(
-            (s for s in self.running if s.num_computed < len(s.prompt_ids)),
-            key=lambda s: CLASS_RANK[s.klass],
-        )
-        queued = [*self.waiting[CLASSES[0]], *self.waiting[CLASSES[1]]]
+        # The order `schedule` gives prompt budget in: per class, started prompts, then
+        # admissions (counting a lower class ahead would overstate the wait).
+        order = [
+            seq
+            for klass in CLASSES[:-1]
+            for seq in (
+                *(s for s in self.running if s.klass == klass and s.remaining > 1),
+                *self.waiting[klass],
+            )
+        ]
         ahead, hopeless = 0, []
-        for seq in started + queued:
-            if seq.klass == CLASSES[-1] or seq.deadline is None:
+        for seq in order:
+            if seq.deadline is None or seq.num_computed >= len(seq.prompt_ids):
                 continue
             tokens = ahead + len(seq.prompt_ids) - seq.num_computed
             # Every step but the last, partial one takes at least a full step.
