@@ -30,19 +30,30 @@ impl ApiError {
         }
     }
 
+    /// A refusal that a retry may clear: `code`, and `Retry-After: 1`.
+    fn retry_later(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        msg: String,
+    ) -> Self {
+        let mut e = Self::new(status, kind, msg);
+        e.code = Some(code);
+        e.retry_after_s = Some(1);
+        e
+    }
+
     /// 429: the tier already holds as many requests as it admits (`Tier::max_inflight`).
     pub fn tier_full(tier: &str, limit: u32) -> Self {
-        let mut e = Self::new(
+        Self::retry_later(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
+            "tier_full",
             format!(
                 "tier `{tier}` already has {limit} requests in flight (its max_inflight); \
                  retry later"
             ),
-        );
-        e.code = Some("tier_full");
-        e.retry_after_s = Some(1);
-        e
+        )
     }
 
     /// 408: the request ran past the router's per-request deadline, or the client took too
@@ -122,22 +133,18 @@ impl ApiError {
     pub fn from_submit(e: crate::engine::SubmitError) -> Self {
         match e {
             crate::engine::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
-            e @ crate::engine::SubmitError::Unattainable { .. } => {
-                let mut e = Self::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_error",
-                    e.to_string(),
-                );
-                e.code = Some("slo_unattainable");
-                e.retry_after_s = Some(1);
-                e
-            }
-            crate::engine::SubmitError::Draining => {
-                let mut e = Self::unavailable("the server is shutting down");
-                e.code = Some("shutting_down");
-                e.retry_after_s = Some(1);
-                e
-            }
+            e @ crate::engine::SubmitError::Unattainable { .. } => Self::retry_later(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "slo_unattainable",
+                e.to_string(),
+            ),
+            e @ crate::engine::SubmitError::Draining => Self::retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "shutting_down",
+                e.to_string(),
+            ),
             other => Self::unavailable(other.to_string()),
         }
     }
