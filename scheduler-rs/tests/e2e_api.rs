@@ -92,12 +92,8 @@ async fn chat_stream_splits_multibyte_safely_and_ends_with_done() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_stop_string_truncates_and_aborts_worker() {
-    let slow = MockOptions {
-        tokens_per_message: 1,
-        // Slow enough that the stop string is always seen before the worker finishes.
-        step_delay: Duration::from_millis(20),
-        ..MockOptions::default()
-    };
+    // Slow enough that the stop string is always seen before the worker finishes.
+    let slow = paced(20);
     let r = start(config(), &[slow]).await;
     // Prompt ids are echoed: "abcabc..." — stop at "ca" across token boundaries.
     let body = json!({"prompt": "abcabcabc", "max_tokens": 30, "stop": ["ca"], "stream": true});
@@ -427,11 +423,7 @@ async fn a_full_tier_answers_429_with_retry_after_and_a_capped_max_tokens_400() 
     let strict = cfg.tiers.iter_mut().find(|t| t.name == "strict").unwrap();
     strict.max_inflight = Some(2);
     strict.max_tokens = Some(8);
-    let slow = MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(300),
-        ..MockOptions::default()
-    };
+    let slow = paced(300);
     let r = start(cfg, &[slow]).await;
     let body = json!({"input_ids": [104, 105], "tier": "strict",
                       "sampling_params": {"max_new_tokens": 4, "ignore_eos": true}});
@@ -501,11 +493,7 @@ async fn unknown_paths_wrong_methods_and_huge_bodies_answer_in_the_openai_error_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_finishes_what_runs_refuses_what_comes_and_ends_the_rest_explicitly() {
-    let slow = MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(200),
-        ..MockOptions::default()
-    };
+    let slow = paced(200);
     let r = start(config(), &[slow]).await;
     let body = |n: u32| json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": n, "ignore_eos": true}});
     // A generous drain: the running request finishes; one sent meanwhile gets 503.
@@ -529,11 +517,7 @@ async fn a_drain_finishes_what_runs_refuses_what_comes_and_ends_the_rest_explici
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_past_its_deadline_ends_streams_with_an_error_event_and_done() {
-    let slow = MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(300),
-        ..MockOptions::default()
-    };
+    let slow = paced(300);
     let r = start(config(), &[slow]).await;
     let body = json!({"model": "tiny", "prompt": "hi", "stream": true, "max_tokens": 50,
                       "ignore_eos": true});

@@ -4,20 +4,11 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use common::*;
 use nitsum_scheduler::mock_worker::MockOptions;
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
-
-fn paced(ms: u64) -> MockOptions {
-    MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(ms),
-        ..MockOptions::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_that_streamed_nothing_is_retried_on_another_worker() {

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nitsum_scheduler::mock_worker::MockOptions;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,11 +21,7 @@ async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
             _ => 16,
         });
     }
-    let slow = MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(40),
-        ..MockOptions::default()
-    };
+    let slow = paced(40);
     let r = Arc::new(start(cfg, &[slow.clone(), slow]).await);
     let peak = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
@@ -113,11 +108,7 @@ async fn a_tier_that_rejects_unattainable_requests_refuses_what_its_slo_bandwidt
     }]);
     let strict = cfg.tiers.iter_mut().find(|t| t.name == "strict").unwrap();
     strict.reject_unattainable = true;
-    let slow = MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(150),
-        ..MockOptions::default()
-    };
+    let slow = paced(150);
     let r = start(cfg, &[slow]).await;
     let body = json!({"input_ids": [104, 105], "tier": "strict",
                       "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}});

@@ -14,14 +14,6 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn slow_worker() -> MockOptions {
-    MockOptions {
-        tokens_per_message: 1,
-        step_delay: Duration::from_millis(100),
-        ..MockOptions::default()
-    }
-}
-
 fn generate(n: u32) -> Value {
     json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": n, "ignore_eos": true}})
 }
@@ -30,7 +22,7 @@ fn generate(n: u32) -> Value {
 async fn a_request_past_its_deadline_gets_408_and_is_aborted_on_the_worker() {
     let mut cfg = config();
     cfg.request_timeout_ms = 400;
-    let r = start(cfg, &[slow_worker()]).await;
+    let r = start(cfg, &[paced(100)]).await;
     // 3 tokens at 100 ms each fit; 50 do not.
     let quick = post(&r, "/generate", generate(3)).await;
     assert_eq!(quick.status, 200, "{}", quick.body);
@@ -61,7 +53,7 @@ async fn a_request_past_its_deadline_gets_408_and_is_aborted_on_the_worker() {
 async fn a_stream_past_its_deadline_ends_with_an_error_event_and_done() {
     let mut cfg = config();
     cfg.request_timeout_ms = 350;
-    let r = start(cfg, &[slow_worker()]).await;
+    let r = start(cfg, &[paced(100)]).await;
     let body = json!({"model": "tiny", "prompt": "hi", "stream": true, "max_tokens": 50,
                       "ignore_eos": true});
     let resp = post(&r, "/v1/completions", body).await;

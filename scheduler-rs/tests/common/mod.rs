@@ -39,6 +39,15 @@ pub fn config() -> RouterConfig {
     }
 }
 
+/// A mock worker that streams one token per message, `ms` apart.
+pub fn paced(ms: u64) -> MockOptions {
+    MockOptions {
+        tokens_per_message: 1,
+        step_delay: Duration::from_millis(ms),
+        ..MockOptions::default()
+    }
+}
+
 /// Start a router with the tiny model and one mock worker per entry of `workers`.
 pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
     let dir = testutil::tiny_model_dir();
