@@ -42,6 +42,13 @@ def engine_for(tiny, **kw):
     return build_engine(cfg, hf.state_dict().items(), ecfg)
 
 
+def assume_full_steps_take(engine, seconds: float) -> None:
+    """Make the hopeless-prompt check see full-budget steps of `seconds` (real ones on the
+    tiny model take milliseconds)."""
+    engine.scheduler.full_steps.clear()
+    engine.scheduler.full_steps.append(seconds)
+
+
 def hf_greedy(hf, ids, n):
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
@@ -202,7 +209,7 @@ def test_a_prompt_that_cannot_make_its_ttft_is_served_last(tiny):
     hf, cfg = tiny
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
-    engine.scheduler.full_steps.append(0.5)
+    assume_full_steps_take(engine, 0.5)
     engine.add_request("hopeless", ps[3], GREEDY, "feasible", "strict", ttft_ms=1200.0)
     engine.add_request("first", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
     engine.add_request("tight", ps[1], GREEDY, "feasible", "strict", ttft_ms=1800.0)
@@ -226,8 +233,7 @@ def test_a_started_prompt_that_cannot_make_its_ttft_yields_the_budget(tiny):
     engine.step()
     assert engine.seqs["started"].num_computed == 8
     engine.add_request("next", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
-    engine.scheduler.full_steps.clear()  # the step above took milliseconds: pretend 0.5 s
-    engine.scheduler.full_steps.append(0.5)
+    assume_full_steps_take(engine, 0.5)  # the step above took milliseconds
     # 18 tokens left: 3 steps, 2 of them full (at least 1 s).
     engine.seqs["started"].deadline = time.monotonic() + 0.8
     engine.step()
@@ -280,8 +286,7 @@ def test_a_started_lower_class_prompt_does_not_count_ahead_of_a_feasible_one(tin
     engine.step()
     assert engine.seqs["be"].num_computed == 8
     engine.add_request("f", ps[1], GREEDY, "feasible", "strict", ttft_ms=1000.0)
-    engine.scheduler.full_steps.clear()  # the step above took milliseconds: pretend 0.5 s
-    engine.scheduler.full_steps.append(0.5)
+    assume_full_steps_take(engine, 0.5)  # the step above took milliseconds
     engine.step()
     assert engine.seqs["f"].klass == "feasible"
     assert engine.seqs["f"].num_computed == 8, "the feasible prompt got the budget"
