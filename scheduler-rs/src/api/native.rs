@@ -73,7 +73,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     if let Some((field, ..)) = neutral.iter().find(|(_, v, n)| v.is_some_and(|v| v != *n)) {
         return Err(ApiError::invalid(
             field,
-            format!("`{field}` is not supported by this server"),
+            crate::protocols::openai::not_supported(field),
         ));
     }
     let sampling = SamplingInput {

@@ -76,6 +76,11 @@ pub struct CommonParams {
     pub frequency_penalty: Option<Value>,
 }
 
+/// Why a request that asks for field `name` is refused.
+pub fn not_supported(name: &str) -> String {
+    format!("`{name}` is not supported by this server")
+}
+
 /// The first unimplemented field that asks for something, with why: clients send most of
 /// them with neutral defaults (`logprobs: false`, `best_of: 1`, penalties 0, `tools: []`),
 /// which are accepted.
@@ -109,7 +114,7 @@ pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
     checks
         .into_iter()
         .find(|&(_, asks)| asks)
-        .map(|(name, _)| (name, format!("`{name}` is not supported by this server")))
+        .map(|(name, _)| (name, not_supported(name)))
 }
 
 /// Chat roles the templates know.
