@@ -12,7 +12,8 @@ use crate::engine::{Engine, PlanRecord, PlanResult, RoundOutcome};
 use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
-use crate::sim::lookahead::{Chooser, EngineKnobs, Situation};
+use crate::sim::chooser::Chooser;
+use crate::sim::lookahead::{EngineKnobs, Situation};
 use crate::stats::TierDemand;
 
 /// Whether the "disaggregation off across domains" warning was logged.

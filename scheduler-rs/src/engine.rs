@@ -114,7 +114,7 @@ struct State {
     /// Control windows planned so far (selection rounds run every `every_windows`).
     windows: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
-    choice: Option<crate::sim::lookahead::Choice>,
+    choice: Option<crate::sim::chooser::Choice>,
     /// Recent control decisions, oldest first (bounded).
     history: std::collections::VecDeque<control::PlanRecord>,
     /// Which connection serves which worker id, and pending handshake challenges.

@@ -64,6 +64,8 @@ struct Curves {
     prefill: Vec<(f64, f64)>,
     /// Rows sorted by context.
     decode: Vec<DecodeRow>,
+    /// The prefill forward's fixed part (see [`Profile::prefill_fixed_ms`]).
+    prefill_fixed_ms: f64,
 }
 
 /// A validated profile, ready to interpolate.
@@ -117,8 +119,10 @@ impl Profile {
                 .decode
                 .get(&key)
                 .with_context(|| format!("profile: no decode points for tp {tp}"))?;
+            let prefill = prefill_curve(prefill).with_context(|| format!("prefill tp {tp}"))?;
             let curves = Curves {
-                prefill: prefill_curve(prefill).with_context(|| format!("prefill tp {tp}"))?,
+                prefill_fixed_ms: fixed_part(&prefill),
+                prefill,
                 decode: decode_rows(decode).with_context(|| format!("decode tp {tp}"))?,
             };
             levels.insert(tp, curves);
@@ -152,12 +156,7 @@ impl Profile {
     /// tokens from its first two points, clamped to `[0, first point]`. On a GPU this is
     /// mostly the weight read, which a mixed iteration pays once for decode and prefill.
     pub fn prefill_fixed_ms(&self, tp: u32) -> f64 {
-        let pts = &self.levels[&tp].prefill;
-        let (x0, y0) = pts[0];
-        let Some(&(x1, y1)) = pts.get(1) else {
-            return y0;
-        };
-        (y0 - x0 * (y1 - y0) / (x1 - x0)).clamp(0.0, y0)
+        self.levels[&tp].prefill_fixed_ms
     }
 
     /// Extra latency (ms) of `tokens` prompt tokens riding in a decode iteration:
@@ -166,7 +165,9 @@ impl Profile {
         if tokens <= 0.0 {
             return 0.0;
         }
-        (self.prefill_ms(tp, tokens) - self.prefill_fixed_ms(tp)).max(0.0)
+        // NOTE: the simulator's hottest call (prompt chunk sizing): one level lookup.
+        let curves = &self.levels[&tp];
+        (interp(&curves.prefill, tokens) - curves.prefill_fixed_ms).max(0.0)
     }
 
     /// Latency (ms) of one decode step of `batch` sequences at `context` tokens at TP `tp`.
@@ -247,6 +248,16 @@ fn sorted_unique(mut pts: Vec<(f64, f64)>) -> Result<Vec<(f64, f64)>> {
         ensure!(w[0].0 != w[1].0, "duplicate point at {}", w[0].0);
     }
     Ok(pts)
+}
+
+/// A prefill curve extrapolated linearly to zero tokens from its first two points, clamped
+/// to `[0, first point]`.
+fn fixed_part(pts: &[(f64, f64)]) -> f64 {
+    let (x0, y0) = pts[0];
+    let Some(&(x1, y1)) = pts.get(1) else {
+        return y0;
+    };
+    (y0 - x0 * (y1 - y0) / (x1 - x0)).clamp(0.0, y0)
 }
 
 /// Piecewise-linear interpolation over sorted `(x, y)`; holds the first value below the

@@ -19,8 +19,8 @@ use tokio::sync::oneshot;
 use super::{Engine, State};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Incoming};
+use crate::sim::chooser::Choice;
 use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
-use crate::sim::lookahead::Choice;
 use crate::stats::TierDemand;
 
 /// Control decisions kept for `/admin/plan`.

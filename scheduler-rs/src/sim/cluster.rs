@@ -13,10 +13,11 @@ use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
+use super::chooser::{Choice, Chooser};
 use super::engine::{Engine, Req};
 use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
-use super::lookahead::{Choice, Chooser, EngineKnobs, Situation};
+use super::lookahead::{EngineKnobs, Situation};
 use super::{policy, report, Policy, SimConfig, SimResult};
 
 /// Simulation state.

@@ -138,6 +138,8 @@ pub struct Engine {
     pub demote_late: bool,
     /// Requests demoted since the last `take_demoted`.
     demoted: Vec<usize>,
+    /// Reused by `start` for the prompt order (no allocation per iteration).
+    order: Vec<usize>,
 }
 
 impl Engine {
@@ -165,6 +167,7 @@ impl Engine {
             ready_at,
             demote_late: false,
             demoted: Vec::new(),
+            order: Vec::new(),
         }
     }
 
@@ -290,7 +293,9 @@ impl Engine {
         let mut it = Iteration::default();
         let mut budget = self.budget;
         // Prompt tokens go to the highest class first (stable: FCFS within a class).
-        let mut order: Vec<usize> = self.prefilling.iter().copied().collect();
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(self.prefilling.iter().copied());
         order.sort_by_key(|&r| queue_of(reqs[r].class));
         it.decode = !self.running.is_empty();
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
@@ -322,6 +327,7 @@ impl Engine {
             tokens += take;
             it.prefill.push((r, take));
         }
+        self.order = order;
         let ms = if tokens > 0 {
             iteration_ms(f64::from(tokens))
         } else {

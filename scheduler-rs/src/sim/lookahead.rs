@@ -5,6 +5,9 @@
 //! goodput wins, minus what switching to it costs; the current strategy is kept unless
 //! another predicts more than `switch_margin` more.
 //!
+//! Which candidates a round predicts and how the choice keeps or switches across rounds is
+//! [`super::chooser`].
+//!
 //! The predictor is the simulator itself (the same Dispatcher and local scheduler as the
 //! cluster run), so it agrees with the engine model by construction, and every static layout
 //! is a candidate: the choice is never one the predictor itself rates below a static layout.
@@ -61,6 +64,9 @@ pub struct LookaheadConfig {
     pub smoothing: f64,
     /// Where the forecast's arrivals come from.
     pub forecast: ForecastKind,
+    /// Rivals of the strategy in force predicted per round (0: every candidate, every
+    /// round): the best-ranked one, then the least recently predicted (see `Chooser::round`).
+    pub rivals_per_round: u32,
 }
 
 impl LookaheadConfig {
@@ -83,6 +89,7 @@ impl Default for LookaheadConfig {
             move_penalty: 0.15,
             bias_rate: 0.0,
             forecast: ForecastKind::Replay,
+            rivals_per_round: 2,
         }
     }
 }
@@ -157,102 +164,9 @@ pub struct Candidate {
     pub smoothed_rps: f64,
     /// Delivered / predicted goodput of this strategy the last times it ran (1 until then).
     pub bias: f64,
-}
-
-/// The outcome of a selection round, with every candidate and the reason.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Choice {
-    pub chosen: Strategy,
-    pub candidates: Vec<Candidate>,
-    pub reason: String,
-}
-
-/// Goodput the run actually delivered: weighted met requests per second among those that
-/// arrived in `[t0, t1)`, as known at the time of the call.
-pub type Delivered<'a> = &'a dyn Fn(f64, f64) -> f64;
-
-/// The choice across rounds: the strategy in force, each candidate's running average, and
-/// each strategy's measured bias (delivered / predicted).
-#[derive(Debug, Clone)]
-pub struct Chooser {
-    pub cfg: LookaheadConfig,
-    current: Strategy,
-    smoothed: std::collections::HashMap<Strategy, f64>,
-    bias: std::collections::HashMap<Strategy, f64>,
-    /// (round time, strategy in force, its raw prediction) awaiting what was delivered.
-    pending: std::collections::VecDeque<(f64, Strategy, f64)>,
-}
-
-impl Chooser {
-    pub fn new(cfg: LookaheadConfig, initial: Strategy) -> Self {
-        Chooser {
-            cfg,
-            current: initial,
-            smoothed: Default::default(),
-            bias: Default::default(),
-            pending: Default::default(),
-        }
-    }
-
-    /// NOTE: the forecast (Poisson arrivals, independent log-normal lengths) misses a real
-    /// trace's bursts and long-run queueing, and not by the same amount for every strategy.
-    /// A round's prediction for the strategy in force is checked once the requests it covers
-    /// have had time to finish (`3 × horizon_s` later, the predictor's own window); the ratio
-    /// delivered / predicted corrects that strategy's later predictions.
-    fn learn(&mut self, now: f64, delivered: Delivered) {
-        let h = self.cfg.horizon_s;
-        while let Some(&(t0, strategy, predicted)) = self.pending.front() {
-            if now < t0 + 3.0 * h {
-                break;
-            }
-            self.pending.pop_front();
-            if predicted > 0.0 {
-                let ratio = (delivered(t0, t0 + h) / predicted).clamp(0.2, 2.0);
-                let b = self.bias.entry(strategy).or_insert(1.0);
-                *b += self.cfg.bias_rate.clamp(0.0, 1.0) * (ratio - *b);
-            }
-        }
-    }
-
-    /// The strategy in force.
-    pub fn current(&self) -> Strategy {
-        self.current
-    }
-
-    /// One selection round: predict every candidate, fold the predictions into the running
-    /// averages, and keep or switch the strategy.
-    pub fn round(&mut self, s: &Situation, now: f64, delivered: Delivered) -> Choice {
-        self.learn(now, delivered);
-        let (strategies, mut candidates) = predict_all(s, &self.cfg, Some(self.current));
-        let a = self.cfg.smoothing.clamp(0.05, 1.0);
-        for (&key, cand) in strategies.iter().zip(&mut candidates) {
-            cand.bias = self.bias.get(&key).copied().unwrap_or(1.0);
-            let both = (cand.goodput_rps + cand.surge_goodput_rps / self.cfg.surge.max(1.0)) / 2.0;
-            let net = cand.bias * both - cand.switch_cost_rps;
-            let prev = self.smoothed.get(&key).copied();
-            let v = prev.map_or(net, |p| p + a * (net - p));
-            self.smoothed.insert(key, v);
-            cand.smoothed_rps = v;
-        }
-        let choice = pick(
-            &strategies,
-            candidates,
-            Some(self.current),
-            self.cfg.switch_margin,
-        );
-        if choice.chosen != self.current {
-            // Rounds whose horizon the switch cuts measure a mix of two strategies.
-            let h = self.cfg.horizon_s;
-            self.pending.retain(|&(t0, _, _)| t0 + h <= now);
-        }
-        self.current = choice.chosen;
-        let raw = strategies
-            .iter()
-            .position(|&x| x == self.current)
-            .map_or(0.0, |i| choice.candidates[i].goodput_rps);
-        self.pending.push_back((now, self.current, raw));
-        choice
-    }
+    /// Whether it was predicted this round (false: the numbers are from the round it last
+    /// was, and it cannot win this one).
+    pub fresh: bool,
 }
 
 /// `demand` with every tier's rate × `factor`.
@@ -266,12 +180,14 @@ fn scaled(demand: &[TierDemand], factor: f64) -> Vec<TierDemand> {
         .collect()
 }
 
-/// Predict every strategy over `s.levels` (with switch costs relative to `current`).
-fn predict_all(
+/// Predict the `wanted` ones of `Strategy::all(s.levels)` (with switch costs relative to
+/// `current`), and any other whose plan is the same as a wanted one's; `None` for the rest.
+pub(super) fn predict_all(
     s: &Situation,
     cfg: &LookaheadConfig,
     current: Option<Strategy>,
-) -> (Vec<Strategy>, Vec<Candidate>) {
+    wanted: &[bool],
+) -> Vec<Option<Candidate>> {
     let strategies = Strategy::all(s.levels);
     let largest = s.levels.iter().copied().max().unwrap_or(1);
     let eval = cfg.eval_devices.max(largest).min(s.devices).max(1);
@@ -325,17 +241,23 @@ fn predict_all(
     let first_of: Vec<usize> = (0..plans.len())
         .map(|k| (0..k).find(|&j| plans[j] == plans[k]).unwrap_or(k))
         .collect();
-    let distinct: Vec<usize> = (0..plans.len()).filter(|&k| first_of[k] == k).collect();
-    let predicted = parallel_map(&distinct, |&k| {
-        let (g, a) = predict(s, cfg, &plans[k], eval, &forecasts[0]);
-        let (gs, _) = predict(s, cfg, &plans[k], eval, &forecasts[1]);
-        (g / scale, a, gs / scale)
+    let distinct: Vec<usize> = (0..plans.len())
+        .filter(|&k| first_of[k] == k && (k..plans.len()).any(|j| first_of[j] == k && wanted[j]))
+        .collect();
+    // One job per (plan, forecast): the threads share the round's simulations evenly.
+    let jobs: Vec<(usize, usize)> = distinct.iter().flat_map(|&k| [(k, 0), (k, 1)]).collect();
+    let simulated = parallel_map(&jobs, |&(k, f)| {
+        predict(s, cfg, &plans[k], eval, &forecasts[f])
     });
+    let predicted: Vec<(f64, f64, f64)> = simulated
+        .chunks(2)
+        .map(|x| (x[0].0 / scale, x[0].1, x[1].0 / scale))
+        .collect();
     for (k, (st, planned)) in strategies.iter().zip(plans.iter()).enumerate() {
-        let at = distinct
-            .iter()
-            .position(|&j| j == first_of[k])
-            .expect("distinct");
+        let Some(at) = distinct.iter().position(|&j| j == first_of[k]) else {
+            candidates.push(None);
+            continue;
+        };
         let (goodput, attainment, surge_goodput) = predicted[at];
         let (moved, moved_tp) =
             current_plan.map_or((0.0, 0.0), |c| moved_share(c, &planned.plan, eval));
@@ -357,7 +279,7 @@ fn predict_all(
         // batches ramping up under new caps): each moved device is also charged
         // `move_penalty` of its predicted goodput.
         let cost = goodput * moved * ((pause_s / cfg.horizon_s).min(1.0) + cfg.move_penalty);
-        candidates.push(Candidate {
+        candidates.push(Some(Candidate {
             strategy: st.name(),
             goodput_rps: goodput,
             attainment,
@@ -365,9 +287,10 @@ fn predict_all(
             surge_goodput_rps: surge_goodput,
             smoothed_rps: goodput - cost,
             bias: 1.0,
-        });
+            fresh: true,
+        }));
     }
-    (strategies, candidates)
+    candidates
 }
 
 /// `f` over `items` on up to `available_parallelism` threads, results in `items` order.
@@ -482,63 +405,6 @@ fn moved_share(a: &Plan, b: &Plan, devices: u32) -> (f64, f64) {
     }
     let share = moved as f64 / f64::from(devices.max(1));
     (share, weighted_tp as f64 / moved as f64)
-}
-
-/// The winner: the best net prediction, unless the current strategy is within the margin.
-fn pick(
-    strategies: &[Strategy],
-    candidates: Vec<Candidate>,
-    current: Option<Strategy>,
-    margin: f64,
-) -> Choice {
-    let net = |c: &Candidate| c.smoothed_rps;
-    // Ties go to the earlier strategy (deterministic).
-    let best = (0..candidates.len())
-        .max_by(|&a, &b| {
-            net(&candidates[a])
-                .total_cmp(&net(&candidates[b]))
-                .then(b.cmp(&a))
-        })
-        .expect("at least the greedy is a candidate");
-    let cur = current.and_then(|c| strategies.iter().position(|&x| x == c));
-    let (chosen, reason) = match cur {
-        Some(k) if k == best => (k, format!("kept {}: best prediction", strategies[k].name())),
-        Some(k) if net(&candidates[best]) <= net(&candidates[k]) * (1.0 + margin) => (
-            k,
-            format!(
-                "kept {}: {:.1} req/s, within {:.0}% of {}'s {:.1}",
-                strategies[k].name(),
-                net(&candidates[k]),
-                margin * 100.0,
-                strategies[best].name(),
-                net(&candidates[best]),
-            ),
-        ),
-        Some(k) => (
-            best,
-            format!(
-                "switched {} -> {}: {:.1} vs {:.1} req/s after a switch cost of {:.1}",
-                strategies[k].name(),
-                strategies[best].name(),
-                net(&candidates[best]),
-                net(&candidates[k]),
-                candidates[best].switch_cost_rps,
-            ),
-        ),
-        None => (
-            best,
-            format!(
-                "chose {}: {:.1} req/s",
-                strategies[best].name(),
-                net(&candidates[best])
-            ),
-        ),
-    };
-    Choice {
-        chosen: strategies[chosen],
-        candidates,
-        reason,
-    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::profile::ProfileFile;
+use crate::sim::chooser::Chooser;
 use crate::sim::simulate;
 use crate::stats::LengthStats;
 
@@ -126,7 +127,9 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
     let profile = Profile::from_file(pf.clone()).unwrap();
     let levels = crate::planner::candidate_levels(&profile, &pc, devices);
     let situation = bare_situation(&profile, &t, d, devices, &levels, &pc);
-    let (strategies, predicted) = predict_all(&situation, &LookaheadConfig::default(), None);
+    let strategies = Strategy::all(&levels);
+    let every = vec![true; strategies.len()];
+    let predicted = predict_all(&situation, &LookaheadConfig::default(), None, &every);
     let requests = trace(d, 60.0, 7);
     strategies
         .iter()
@@ -139,7 +142,7 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
                 reject_best_effort: false,
             };
             let r = simulate(&sim_config(policy, devices, requests.clone())).unwrap();
-            (s.name(), p.goodput_rps, r.met as f64 / 60.0)
+            (s.name(), p.unwrap().goodput_rps, r.met as f64 / 60.0)
         })
         .collect()
 }
@@ -218,6 +221,66 @@ fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
                 .map(|c| c.smoothed_rps)
                 .fold(f64::MIN, f64::max);
             assert!(score(choice.chosen) * (1.0 + cfg.switch_margin) >= best);
+        }
+    }
+}
+
+#[test]
+fn a_round_predicts_the_strategy_in_force_and_rotates_the_rivals() {
+    let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
+    let profile = Profile::from_file(pf).unwrap();
+    let levels = crate::planner::candidate_levels(&profile, &pc, 16);
+    let n = Strategy::all(&levels).len();
+    for rivals in [0u32, 2] {
+        let cfg = LookaheadConfig {
+            rivals_per_round: rivals,
+            ..LookaheadConfig::default()
+        };
+        let mut chooser = Chooser::new(cfg, Strategy::Greedy);
+        let mut last_fresh = vec![0usize; n];
+        for round in 1..=12usize {
+            // The mix swings between rounds, so the predictions (and the leader) move.
+            let d = if round % 2 == 0 {
+                demand(60.0, 10.0)
+            } else {
+                demand(10.0, 60.0)
+            };
+            let situation = bare_situation(&profile, &t, &d, 16, &levels, &pc);
+            let in_force = chooser.current();
+            let choice = chooser.round(&situation, round as f64, &|_, _| 0.0);
+            assert_eq!(choice.candidates.len(), n);
+            let fresh: Vec<bool> = choice.candidates.iter().map(|c| c.fresh).collect();
+            let at = |s: Strategy| {
+                choice
+                    .candidates
+                    .iter()
+                    .position(|c| c.strategy == s.name())
+            };
+            assert!(
+                fresh[at(in_force).unwrap()],
+                "the strategy in force is predicted"
+            );
+            assert!(
+                fresh[at(choice.chosen).unwrap()],
+                "a stale candidate won: {choice:?}"
+            );
+            if rivals == 0 || round == 1 {
+                assert!(fresh.iter().all(|&f| f), "round {round}: {fresh:?}");
+            } else {
+                // Strategies sharing a plan with a predicted one are predicted with it.
+                let predicted = fresh.iter().filter(|&&f| f).count();
+                assert!(predicted < n, "round {round}: every candidate predicted");
+            }
+            for (k, &f) in fresh.iter().enumerate() {
+                if f {
+                    last_fresh[k] = round;
+                } else {
+                    assert!(
+                        round - last_fresh[k] < n,
+                        "candidate {k} starved at {round}"
+                    );
+                }
+            }
         }
     }
 }
@@ -324,13 +387,14 @@ fn a_switch_costs_the_same_share_of_goodput_on_any_pool_size() {
             ..bare_situation(&profile, &t, &d, devices, &levels, &pc)
         };
         let cfg = LookaheadConfig::default();
-        let (strategies, candidates) =
-            predict_all(&situation, &cfg, Some(Strategy::StaticTp { tp: 1 }));
+        let strategies = Strategy::all(&levels);
+        let every = vec![true; strategies.len()];
+        let candidates = predict_all(&situation, &cfg, Some(Strategy::StaticTp { tp: 1 }), &every);
         let at = strategies
             .iter()
             .position(|&s| s == Strategy::FixedTp { tp: 4 })
             .unwrap();
-        let c = &candidates[at];
+        let c = candidates[at].as_ref().unwrap();
         assert!(c.goodput_rps > 0.0, "{c:?}");
         c.switch_cost_rps / c.goodput_rps
     };

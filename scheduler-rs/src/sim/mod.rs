@@ -6,6 +6,7 @@
 //! Deterministic: no randomness anywhere (ties break by order), so equal configs give equal
 //! results; `seed` is carried for trace generators upstream.
 
+pub mod chooser;
 mod cluster;
 mod engine;
 mod events;

@@ -74,7 +74,7 @@ pub struct SimResult {
     /// Policy `nitsum`: every selection round `[t_s, choice]`, with each candidate strategy's
     /// predicted goodput and why the winner won (`lookahead::Choice`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub choices: Vec<(f64, super::lookahead::Choice)>,
+    pub choices: Vec<(f64, super::chooser::Choice)>,
 }
 
 /// The record of request `id` under `tiers`.
