@@ -10,6 +10,12 @@ cd "$(dirname "$0")/.."
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 
+# The test command lints Rust too (scripts/lint.sh): make sure rustfmt and clippy are there.
+if [ -n "$extras" ] && command -v rustup >/dev/null \
+    && ! { cargo fmt --version && cargo clippy --version; } >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
