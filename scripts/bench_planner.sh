@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planner decision time at 128 devices x 4 tiers and 1024 x 8 (DESIGN §8).
+# Planner decision time at 128 devices x 4 tiers and 1024 x 8 (architecture §8).
 # Usage: scripts/bench_planner.sh [PROFILE.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -19,10 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.engine.build import EngineConfig  # noqa: E402
-from nitsum.parallel.device_pool import DevicePool  # noqa: E402
-from nitsum.parallel.device_proc import ModelSource  # noqa: E402
-from nitsum.parallel.migration_plan import Piece  # noqa: E402
-from nitsum.parallel.pool_engine import PoolEngine  # noqa: E402
+from nitsum.pool.device_pool import DevicePool  # noqa: E402
+from nitsum.pool.device_proc import ModelSource  # noqa: E402
+from nitsum.pool.migration_plan import Piece  # noqa: E402
+from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
 from tiny import make_tiny  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
-from nitsum.parallel.pool_engine import PoolEngine
+from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
 from nitsum.worker.backend import PoolBackend

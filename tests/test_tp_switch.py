@@ -7,7 +7,7 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.comm_pool import aligned_groups
-from nitsum.parallel.pool_engine import PoolEngine
+from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from tiny import POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
 

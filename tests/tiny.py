@@ -10,8 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
-from nitsum.parallel.device_pool import DevicePool
-from nitsum.parallel.device_proc import ModelSource
+from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.device_proc import ModelSource
 
 BASE = dict(
     vocab_size=128,

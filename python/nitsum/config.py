@@ -80,7 +80,7 @@ class ModelConfig:
 
         NOTE: a level must divide the KV heads (so each rank owns whole GQA groups and the fused
         qkv shard stays one contiguous slice) and the intermediate size. KV-head replication
-        for levels above the KV-head count is refused for now (DESIGN §3 allows either).
+        for levels above the KV-head count is refused for now (architecture §3 allows either).
         """
         levels = [
             p

@@ -1,4 +1,4 @@
-//! Planner decision time (DESIGN §8: 128 devices × 4 tiers ≤ 0.25 ms, 1024 × 8 ≤ 5 ms; Nitsum
+//! Planner decision time (architecture §8: 128 devices × 4 tiers ≤ 0.25 ms, 1024 × 8 ≤ 5 ms; Nitsum
 //! reports 2.49 ms). Each iteration plans a fresh random demand on top of the previous plan,
 //! exactly as the control loop does every window.
 //!

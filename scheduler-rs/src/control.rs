@@ -1,4 +1,4 @@
-//! The router's control loop (DESIGN §4 "Control loop"): every control window, window stats →
+//! The router's control loop (architecture §4 "Control loop"): every control window, window stats →
 //! planner (with the previous plan) → diff → `reconfigure` to the workers → acks (bounded
 //! wait) → routing switches to the new epoch only for an acknowledged plan. The engine side
 //! (stats, rounds, history, metrics) is in `engine/control.rs`.

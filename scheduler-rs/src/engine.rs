@@ -1,7 +1,7 @@
 //! The request engine: worker registry, current plan, dispatcher and the table of in-flight
 //! requests. Transport and HTTP handlers call into it; it never awaits.
 //!
-//! NOTE (DESIGN §7): every accepted request ends in exactly one final event on its channel:
+//! NOTE (architecture §7): every accepted request ends in exactly one final event on its channel:
 //! `Event::Tokens` with a finish reason, or `Event::Error`. The entry leaves `inflight`
 //! exactly when that event is sent (or when the client goes away), and the dispatcher charge
 //! is released at the same point, so accounting and delivery cannot diverge.

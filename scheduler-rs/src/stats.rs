@@ -1,4 +1,4 @@
-//! Per-tier sliding-window workload statistics (DESIGN §4 "Stats"): arrival rate over the
+//! Per-tier sliding-window workload statistics (architecture §4 "Stats"): arrival rate over the
 //! control window, prompt and output length distributions over a (longer) profile window.
 //!
 //! Pure: every call takes `now` (seconds on any monotonic clock), so the router feeds it

@@ -1,5 +1,5 @@
 //! Failure paths end to end: a worker dies (retry or explicit error) and a client
-//! disconnects (abort reaches the worker). DESIGN §7: one completion or one error each.
+//! disconnects (abort reaches the worker). architecture §7: one completion or one error each.
 
 mod common;
 

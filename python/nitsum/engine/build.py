@@ -14,8 +14,8 @@ from nitsum.engine.scheduler import Scheduler
 from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
-from nitsum.models.weights import build_weights
 from nitsum.parallel.context import build_context
+from nitsum.weights.layout import build_weights
 
 
 @dataclass

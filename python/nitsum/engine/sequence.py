@@ -18,7 +18,7 @@ class Status(Enum):
     FINISHED = "finished"
 
 
-# Local-scheduler classes, in the order the batch is filled (DESIGN §3, Nitsum §3.3.2).
+# Local-scheduler classes, in the order the batch is filled (architecture §3, Nitsum §3.3.2).
 CLASSES = ("feasible", "best_effort", "background")
 # Position of each class in that order (lower is served first).
 CLASS_RANK = {c: i for i, c in enumerate(CLASSES)}

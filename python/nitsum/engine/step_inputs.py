@@ -8,6 +8,7 @@ import torch
 
 from nitsum.engine.scheduler import Scheduled
 from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment
+from nitsum.kv.pages import context_slots
 
 
 @dataclass
@@ -16,13 +17,6 @@ class StepInputs:
     positions: torch.Tensor  # (tokens,) long
     meta: AttentionMetadata
     sample_rows: list[int]  # rows whose logits are sampled, in batch order
-
-
-def context_slots(pages: list[int], length: int, tokens_per_page: int) -> torch.Tensor:
-    """Slots of positions [0, length) for a sequence owning `pages`."""
-    n_pages = (length + tokens_per_page - 1) // tokens_per_page
-    base = torch.tensor(pages[:n_pages], dtype=torch.long)[:, None] * tokens_per_page
-    return (base + torch.arange(tokens_per_page)).flatten()[:length]
 
 
 def build_step_inputs(batch: list[Scheduled], tokens_per_page: int) -> StepInputs:

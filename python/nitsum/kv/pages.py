@@ -8,6 +8,7 @@ inputs. A group therefore allocates only ids that are free on all its members.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 class OutOfPages(RuntimeError):
@@ -71,3 +72,10 @@ class GroupPages:
     def release(self, pages: list[int]) -> None:
         if pages:
             self.alloc.free[np.ix_(self.members, pages)] = True
+
+
+def context_slots(pages: list[int], length: int, tokens_per_page: int) -> torch.Tensor:
+    """Slots of positions [0, length) for a sequence owning `pages`."""
+    n_pages = (length + tokens_per_page - 1) // tokens_per_page
+    base = torch.tensor(pages[:n_pages], dtype=torch.long)[:, None] * tokens_per_page
+    return (base + torch.arange(tokens_per_page)).flatten()[:length]

@@ -14,8 +14,8 @@ from nitsum.config import ModelConfig
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.kv.pool import KVPool
 from nitsum.models.rope import Rotary
-from nitsum.models.weights import LayerWeights, ModelWeights
 from nitsum.parallel.context import TPContext
+from nitsum.weights.layout import LayerWeights, ModelWeights
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

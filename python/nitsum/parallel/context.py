@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import ModelConfig
-from nitsum.models.weights import LayerWeights, ModelWeights
 from nitsum.parallel.shard import HeadRange, shard_views
+from nitsum.weights.layout import LayerWeights, ModelWeights
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.config import ModelConfig
-from nitsum.models.weights import LayerWeights, ModelWeights
+from nitsum.weights.layout import LayerWeights, ModelWeights
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from nitsum.config import ModelConfig
     from nitsum.engine.load import resolve_model_dir
-    from nitsum.parallel.device_pool import DevicePool
-    from nitsum.parallel.device_proc import ModelSource
-    from nitsum.parallel.pool_engine import PoolEngine
+    from nitsum.pool.device_pool import DevicePool
+    from nitsum.pool.device_proc import ModelSource
+    from nitsum.pool.pool_engine import PoolEngine
     from nitsum.profiling.measure import measure_profile
     from nitsum.weights.hf import load_hf_config
 

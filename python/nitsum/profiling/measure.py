@@ -20,7 +20,7 @@ from nitsum import __version__
 from nitsum.config import ModelConfig
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
-from nitsum.parallel.pool_engine import PoolEngine
+from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 
 PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024)

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from nitsum.engine.build import EngineConfig
     from nitsum.engine.load import load_engine, resolve_model_dir
-    from nitsum.parallel.device_pool import DeviceError
+    from nitsum.pool.device_pool import DeviceError
     from nitsum.worker.backend import Backend, EngineBackend, PoolBackend
     from nitsum.worker.host import open_pool_backend
     from nitsum.worker.server import WorkerServer

@@ -14,7 +14,7 @@ from nitsum.worker.assignment import TP_NOT_WIRED, LocalPlan, PlanRefused
 from nitsum.worker.protocol import GenerateRequest
 
 if TYPE_CHECKING:  # the single-device worker does not need the pool's modules
-    from nitsum.parallel.pool_engine import PoolEngine
+    from nitsum.pool.pool_engine import PoolEngine
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
 from nitsum.kv.pool import KVPool
-from nitsum.parallel.device_pool import DevicePool
-from nitsum.parallel.device_proc import ModelSource
-from nitsum.parallel.pool_engine import PoolEngine
+from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.device_proc import ModelSource
+from nitsum.pool.pool_engine import PoolEngine
 from nitsum.worker.backend import PoolBackend
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-//! Step 1-2 of the planner (DESIGN §4): SLO-compliant throughput of one group per
+//! Step 1-2 of the planner (architecture §4): SLO-compliant throughput of one group per
 //! (tier, TP level, role), from the profile and the tier's current mean lengths.
 //!
 //! Definitions (also in docs/planner.md), with `L_in` = mean prompt tokens, `S` = decode steps

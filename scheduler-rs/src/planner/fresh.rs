@@ -1,4 +1,4 @@
-//! The planner proper (DESIGN §4 steps 1-4, without hysteresis): per-tier candidates from the
+//! The planner proper (architecture §4 steps 1-4, without hysteresis): per-tier candidates from the
 //! efficiency estimates, the weighted greedy, leftover best-effort groups and placement.
 
 use std::collections::HashMap;

@@ -1,9 +1,9 @@
-//! Step 3 of the planner (DESIGN §4): weighted greedy assignment of device *units* to tiers.
+//! Step 3 of the planner (architecture §4): weighted greedy assignment of device *units* to tiers.
 //!
 //! A unit is what one greedy step hands out: one mixed group of `t` devices, or one balanced
 //! disaggregated bundle (`n_p` prefill groups of TP `t_p` + `n_d` decode groups of TP `t_d`,
 //! `n_p, n_d ≤ MAX_PAIR`, chosen so `n_p·P ≈ n_d·D`). Handing out bundles keeps the
-//! prefill/decode balance of DESIGN step 2 without orphan stages.
+//! prefill/decode balance of the planner's step 2 (architecture §4) without orphan stages.
 
 use crate::plan::Role;
 
@@ -97,7 +97,7 @@ const EPS: f64 = 1e-9;
 /// Before the greedy, a seeding round visits every tier with demand, most weighted demand
 /// first, and gives it the unit with the best greedy score among those that still leave room
 /// for the smallest unit of every tier after it: a tier with demand is never left without a
-/// group when there are at least as many devices as tiers (DESIGN's fairness goal; the
+/// group when there are at least as many devices as tiers (the planner's fairness goal; the
 /// weights alone only slow starvation down), and a busy tier is not locked into a small,
 /// inefficient unit just because it was the smallest.
 ///

@@ -1,4 +1,4 @@
-//! Goodput planner (Nitsum §3.3.1, DESIGN §4 steps 1-4): from the profile, the tiers' SLOs
+//! Goodput planner (Nitsum §3.3.1, architecture §4 steps 1-4): from the profile, the tiers' SLOs
 //! and their current demand, decide the TP level, role and tier of every device group.
 //!
 //! Pure and allocation-light; the control loop calls it every window and the simulator calls

@@ -1,4 +1,4 @@
-//! Step 4 of the planner (DESIGN §4): put groups on aligned device blocks (a group of `t`
+//! Step 4 of the planner (architecture §4): put groups on aligned device blocks (a group of `t`
 //! devices starts at a multiple of `t`), keeping groups of the previous plan where possible.
 //!
 //! Order of preference per wanted group: (1) a previous group with the same TP, role and

@@ -414,7 +414,7 @@ impl Engine {
         }
     }
 
-    /// Local-scheduler priority (DESIGN §3): while a feasible (then best-effort) request waits
+    /// Local-scheduler priority (architecture §3): while a feasible (then best-effort) request waits
     /// for a batch slot held by a lower class, pause the newest lowest-class holder: a running
     /// one keeps its KV and waits in `pending`, a prefilling one keeps its prefilled tokens.
     fn preempt_for_higher_classes(&mut self, reqs: &mut [Req]) {

@@ -24,7 +24,7 @@ from nitsum.kernels.kv_pack import slot_view
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.comm_pool import CommPool, aligned_groups
 from nitsum.parallel.context import TPContext, build_context
-from nitsum.parallel.kv_transfer import KVTransfer, TransferFailed
+from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
-from nitsum.parallel.migration_plan import Piece
+from nitsum.pool.migration_plan import Piece
 
 
 class TransferFailed(RuntimeError):

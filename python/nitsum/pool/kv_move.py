@@ -15,9 +15,9 @@ from nitsum.engine.engine import Engine
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
 from nitsum.kv.pool import KVLayout
-from nitsum.parallel.device_pool import DevicePool
-from nitsum.parallel.kv_transfer import TransferFailed
-from nitsum.parallel.migration_plan import Piece, Placement, aggregate, plan_pieces
+from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.kv_transfer import TransferFailed
+from nitsum.pool.migration_plan import Piece, Placement, aggregate, plan_pieces
 
 # A sequence, the group it moves to, and the engine it leaves.
 Move = tuple[Sequence, tuple[int, ...], Engine]

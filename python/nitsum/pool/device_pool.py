@@ -13,9 +13,9 @@ import torch
 
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.parallel.device_proc import DeviceSpec, ModelSource, device_main
-from nitsum.parallel.kv_transfer import TransferFailed, TransferStats
-from nitsum.parallel.migration_plan import Piece
+from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
+from nitsum.pool.kv_transfer import TransferFailed, TransferStats
+from nitsum.pool.migration_plan import Piece
 
 
 class DeviceError(RuntimeError):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitsum.engine.step_inputs import context_slots
+from nitsum.kv.pages import context_slots
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.pages import GroupPages, PageAllocator
-from nitsum.parallel.device_pool import DeviceError, DevicePool
-from nitsum.parallel.kv_move import (
+from nitsum.pool.device_pool import DeviceError, DevicePool
+from nitsum.pool.kv_move import (
     Move,
     ReconfigureReport,
     check_groups,
     commit_moves,
     transfer_moves,
 )
-from nitsum.parallel.kv_transfer import TransferFailed
+from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
