@@ -129,7 +129,7 @@ def bench_switch_vs_restart() -> None:
         for i, p in enumerate(prompts):
             pe.add_request(f"r{i}", p, params)
         while any(
-            s.num_computed < len(s.prompt_ids) for e in pe.engines.values() for s in e.seqs.values()
+            s.num_computed < len(s.prompt_ids) for e in pe.engines.values() for s in e.sequences()
         ):
             pe.step()
         restart = time.perf_counter() - t0

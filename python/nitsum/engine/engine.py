@@ -6,10 +6,11 @@ import time
 from dataclasses import dataclass
 
 from nitsum.config import ModelConfig
-from nitsum.engine.runner import ModelRunner
+from nitsum.engine.runner import Runner
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.errors import InvalidRequestError
+from nitsum.kv.pages import GroupPages
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
 
@@ -28,12 +29,16 @@ class RequestOutput:
 
 
 class Engine:
-    """Continuous-batching engine over one TP group's runner (the leader drives it)."""
+    """Continuous-batching engine over one TP group's runner (the leader drives it).
+
+    NOTE: the scheduler's queues are the engine's own: callers above it (the pool, the
+    worker, the profiler) go through the methods below, never through `scheduler`.
+    """
 
     def __init__(
         self,
         cfg: ModelConfig,
-        runner: ModelRunner,
+        runner: Runner,
         scheduler: Scheduler,
         max_context: int | None = None,
         eos_token_ids: tuple[int, ...] | None = None,
@@ -108,15 +113,73 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.seqs)
 
+    # -- what the group holds ------------------------------------------------------------------
+    @property
+    def pages(self) -> GroupPages:
+        """The group's pages (a sequence moving in gets its pages from here)."""
+        return self.scheduler.pages
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
+
+    @max_batch.setter
+    def max_batch(self, n: int) -> None:
+        self.scheduler.max_batch = n
+
+    def request_ids(self) -> list[str]:
+        """Every request the engine holds, waiting or running."""
+        return list(self.seqs)
+
+    def running(self) -> list[Sequence]:
+        """The running sequences, in batch order."""
+        return list(self.scheduler.running)
+
+    def sequences(self) -> list[Sequence]:
+        """Every sequence: the running ones first, then the waiting ones class by class."""
+        return self.running() + [s for c in CLASSES for s in self.scheduler.waiting[c]]
+
+    def load(self) -> tuple[int, int, int]:
+        """(running, waiting, free pages), for heartbeats."""
+        s = self.scheduler
+        return len(s.running), s.num_waiting(), s.pages.num_free
+
+    # -- sequences moving between groups (pool/kv_move.py) --------------------------------------
+    def detach(self, seq: Sequence) -> None:
+        """Give `seq` up (its KV was copied to another group): forget it, free its pages."""
+        self.scheduler.detach(seq)
+        self.seqs.pop(seq.request_id, None)
+        self.scheduler.pages.release(seq.pages)
+
+    def adopt(self, seq: Sequence) -> None:
+        """Take `seq` over from another group; its pages and layout are already ours."""
+        self.seqs[seq.request_id] = seq
+        self.scheduler.adopt(seq)
+
+    def forget(self, request_id: str) -> None:
+        """Never step `request_id` again, whatever state it is in (after a failed abort)."""
+        self.seqs.pop(request_id, None)
+
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the new tokens of every sequence that sampled."""
         started = time.monotonic()
-        batch = self.scheduler.schedule()
+        batch = self.begin_step()
         if not batch:
             return []
         tokens = self.runner.run(batch)
-        self.scheduler.step_done(batch, time.monotonic() - started)
+        return self.end_step(batch, tokens, time.monotonic() - started)
+
+    def begin_step(self) -> list[Scheduled]:
+        """The next step's batch (empty: nothing to do). A caller that runs the forward
+        itself (a pool running groups concurrently) ends the step with `end_step`."""
+        return self.scheduler.schedule()
+
+    def end_step(
+        self, batch: list[Scheduled], tokens: list[int], seconds: float
+    ) -> list[RequestOutput]:
+        """End a step `begin_step` began: its sampled tokens and how long it took."""
+        self.scheduler.step_done(batch, seconds)
         return self.complete_step(batch, tokens)
 
     def complete_step(self, batch: list[Scheduled], tokens: list[int]) -> list[RequestOutput]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from nitsum.engine.scheduler import Scheduled
@@ -10,6 +12,15 @@ from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
 from nitsum.sampling import sample
+
+
+class Runner(Protocol):
+    """What an Engine needs of its runner (a ModelRunner on one device; a pool's GroupRunner
+    on a TP group's devices)."""
+
+    def run(self, batch: list[Scheduled]) -> list[int]:
+        """Forward `batch`; one sampled token per sampling entry, in batch order."""
+        ...
 
 
 class ModelRunner:

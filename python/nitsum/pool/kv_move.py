@@ -72,7 +72,7 @@ def transfer_moves(
     for seq, target, _ in moves:
         if seq.num_computed == 0:
             continue
-        pages = engines[target].scheduler.pages
+        pages = engines[target].pages
         try:
             new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))
         except OutOfPages:
@@ -88,7 +88,7 @@ def transfer_moves(
     except TransferFailed:
         for seq, target, _ in moves:
             if seq.request_id in new_pages:
-                engines[target].scheduler.pages.release(new_pages[seq.request_id])
+                engines[target].pages.release(new_pages[seq.request_id])
         raise
     moved = sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
     return new_pages, recompute, moved, t_plan
@@ -102,12 +102,9 @@ def commit_moves(
 ) -> None:
     """Hand every moved sequence to its target engine with its new pages and layout."""
     for seq, target, source in moves:
-        source.scheduler.detach(seq)
-        source.seqs.pop(seq.request_id, None)
-        source.scheduler.pages.release(seq.pages)
+        source.detach(seq)
         seq.pages = new_pages.get(seq.request_id, [])
         seq.layout = KVLayout(target)
         if seq.request_id in recompute:
             seq.num_computed, seq.status = 0, Status.WAITING
-        engines[target].seqs[seq.request_id] = seq
-        engines[target].scheduler.adopt(seq)
+        engines[target].adopt(seq)

@@ -80,7 +80,7 @@ class PoolEngine:
         pages = self.alloc.group(members)
         scheduler = Scheduler(pages, self.ecfg.max_batch, self.ecfg.token_budget)
         runner = GroupRunner(self.pool, members, pages)
-        return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)  # type: ignore[arg-type]
+        return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 
     @property
     def groups(self) -> list[tuple[int, ...]]:
@@ -105,10 +105,10 @@ class PoolEngine:
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
-        if any(request_id in e.seqs for e in self.engines.values()):
+        if any(request_id in e.request_ids() for e in self.engines.values()):
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
-            group = min(self.engines, key=lambda g: len(self.engines[g].seqs))
+            group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
         self.engines[group].add_request(request_id, prompt_ids, sampling, klass, tier, ttft_ms)
         if decode_group is not None:
             self.decode_targets[request_id] = decode_group
@@ -126,24 +126,25 @@ class PoolEngine:
         launched: list[tuple[Engine, list[Scheduled]]] = []
         started = time.monotonic()
         for members, engine in self.engines.items():
-            batch = engine.scheduler.schedule()
+            batch = engine.begin_step()
             if batch:
-                self.pool.launch_step(members, engine.runner.prepare(batch))
-                launched.append((engine, batch))
+                inputs = build_step_inputs(batch, engine.pages.tokens_per_page)
+                self.pool.launch_step(members, inputs)
+                launched.append((members, engine, batch))
         outputs: list[RequestOutput] = []
-        for engine, batch in launched:
+        for members, engine, batch in launched:
             try:
-                logits = self.pool.collect_step(engine.runner.members)
+                logits = self.pool.collect_step(members)
             except DeviceError as e:
                 # A failing group fails only its own requests; the other groups carry on.
-                log.error("group %s failed a step: %s", engine.runner.members, e)
+                log.error("group %s failed a step: %s", members, e)
                 for item in batch:
                     if engine.abort(item.seq.request_id):
                         outputs.append(RequestOutput(item.seq.request_id, [], "error"))
                 continue
             # Groups run concurrently: each one's step ends by its collect.
-            engine.scheduler.step_done(batch, time.monotonic() - started)
-            outputs += engine.complete_step(batch, sample_batch(logits, batch))
+            tokens = sample_batch(logits, batch)
+            outputs += engine.end_step(batch, tokens, time.monotonic() - started)
         for out in outputs:
             if out.finished:
                 self.decode_targets.pop(out.request_id, None)
@@ -164,13 +165,11 @@ class PoolEngine:
         new = {g: kept.get(g) or self._engine(g) for g in groups}
         # 1. Assign every sequence of a vanishing group to a new group that shares devices.
         moves: list[Move] = []
-        load = {g: len(e.seqs) for g, e in new.items()}
+        load = {g: len(e.request_ids()) for g, e in new.items()}
         for old_group, engine in self.engines.items():
             if old_group in kept:
                 continue
-            for seq in engine.scheduler.running + [
-                s for q in engine.scheduler.waiting.values() for s in q
-            ]:
+            for seq in engine.sequences():
                 near = [g for g in groups if set(g) & set(old_group)] or list(groups)
                 target = min(near, key=lambda g: load[g])
                 load[target] += 1
@@ -215,7 +214,7 @@ class PoolEngine:
         with the same pack / pipelined transfer / unpack path as a TP migration."""
         moves: list[Move] = []
         for group, engine in self.engines.items():
-            for seq in engine.scheduler.running:
+            for seq in engine.running():
                 target = self.decode_targets.get(seq.request_id)
                 if target is not None and target not in self.engines:
                     # NOTE: the decode group dissolved in a reconfiguration; the request
@@ -241,7 +240,7 @@ class PoolEngine:
         """Per device: (pages marked used, pages owned by live sequences). Must be equal."""
         owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
         for engine in self.engines.values():
-            for seq in engine.seqs.values():
+            for seq in engine.sequences():
                 for d in seq.layout.members:
                     owned[d] |= set(seq.pages)
         return {d: (self.alloc.used(d), owned[d]) for d in owned}

@@ -20,6 +20,7 @@ from nitsum import __version__
 from nitsum.config import ModelConfig
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
+from nitsum.engine.step_inputs import build_step_inputs
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 
@@ -38,25 +39,27 @@ def _timed(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def _step_fn(
-    pe: PoolEngine, group: tuple[int, ...], items: list[tuple[int, int]]
-) -> Callable[[], object]:
-    """A closure running one forward of sequences given as (context, q_len) on `group`."""
-    engine = pe._engine(group)
-    pages = engine.scheduler.pages
-    batch = []
-    for i, (ctx, q_len) in enumerate(items):
-        seq = Sequence(f"p{i}", [1] * ctx, SamplingParams(temperature=0))
-        seq.pages = pages.allocate(pages.pages_for(ctx))
-        batch.append(Scheduled(seq, ctx - q_len, q_len))
-    inputs = engine.runner.prepare(batch)
+class _Step:
+    """One forward of sequences given as (context, q_len) on `group`, repeatable; `release`
+    frees the pages it holds."""
 
-    def run() -> object:
-        pe.pool.launch_step(group, inputs)
-        return pe.pool.collect_step(group)
+    def __init__(self, pe: PoolEngine, group: tuple[int, ...], items: list[tuple[int, int]]):
+        self.pe, self.group = pe, group
+        self.pages = pe.alloc.group(group)
+        self.batch = []
+        for i, (ctx, q_len) in enumerate(items):
+            seq = Sequence(f"p{i}", [1] * ctx, SamplingParams(temperature=0))
+            seq.pages = self.pages.allocate(self.pages.pages_for(ctx))
+            self.batch.append(Scheduled(seq, ctx - q_len, q_len))
+        self.inputs = build_step_inputs(self.batch, self.pages.tokens_per_page)
 
-    run.release = lambda: [pages.release(s.seq.pages) for s in batch]  # type: ignore[attr-defined]
-    return run
+    def __call__(self) -> object:
+        self.pe.pool.launch_step(self.group, self.inputs)
+        return self.pe.pool.collect_step(self.group)
+
+    def release(self) -> None:
+        for item in self.batch:
+            self.pages.release(item.seq.pages)
 
 
 def measure_profile(
@@ -79,17 +82,17 @@ def measure_profile(
             group = tuple(range(tp))
             prefill[str(tp)] = []
             for n in prefill_tokens:
-                fn = _step_fn(pe, group, [(n, n)])
+                fn = _Step(pe, group, [(n, n)])
                 prefill[str(tp)].append({"tokens": n, "ms": round(_timed(fn, repeats), 3)})
-                fn.release()  # type: ignore[attr-defined]
+                fn.release()
                 bar.update()
             decode[str(tp)] = []
             for b in batches:
                 for c in contexts:
-                    fn = _step_fn(pe, group, [(c, 1)] * b)
+                    fn = _Step(pe, group, [(c, 1)] * b)
                     ms = _timed(fn, repeats)
                     decode[str(tp)].append({"batch": b, "context": c, "ms": round(ms, 3)})
-                    fn.release()  # type: ignore[attr-defined]
+                    fn.release()
                     bar.update()
     return {
         "schema": "nitsum-profile/1",

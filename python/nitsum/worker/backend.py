@@ -73,16 +73,15 @@ class EngineBackend:
         self.engine = engine
         self.device_ids = [worker_id]
         self.tp_levels = (1,)
-        self.max_batch = engine.scheduler.max_batch
+        self.max_batch = engine.max_batch
 
     def capacity(self) -> tuple[int, int, list[int]]:
-        pages = self.engine.scheduler.pages
+        pages = self.engine.pages
         tokens = pages.num_pages * pages.alloc.base_page_tokens
         return tokens, self.engine.max_context, sorted(self.engine.eos_token_ids)
 
     def load(self, device: int) -> tuple[int, int, int]:
-        sched = self.engine.scheduler
-        return len(sched.running), sched.num_waiting(), sched.pages.num_free
+        return self.engine.load()
 
     def add(self, device: int, req: GenerateRequest) -> None:
         self.engine.add_request(
@@ -99,16 +98,16 @@ class EngineBackend:
         return self.engine.step()
 
     def running(self) -> list[str]:
-        return [s.request_id for s in self.engine.scheduler.running]
+        return [s.request_id for s in self.engine.running()]
 
     def requests(self) -> list[str]:
-        return list(self.engine.seqs)
+        return self.engine.request_ids()
 
     def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
         if plan.groups != [tuple(self.device_ids)]:  # local_plan would have refused more
             raise PlanRefused(TP_NOT_WIRED)
         cap = plan.max_batch(plan.groups[0]) or self.max_batch
-        self.engine.scheduler.max_batch = min(self.max_batch, cap)
+        self.engine.max_batch = min(self.max_batch, cap)
         return {}
 
     def counters(self) -> dict[str, int]:
@@ -144,8 +143,8 @@ class PoolBackend:
         free = self.pe.alloc.num_free(device - self.first_id)
         if group[0] != device - self.first_id:
             return 0, 0, free  # requests are counted on their group's leader only
-        sched = self.pe.engines[group].scheduler
-        return len(sched.running), sched.num_waiting(), free
+        running, waiting, _ = self.pe.engines[group].load()
+        return running, waiting, free
 
     def add(self, device: int, req: GenerateRequest) -> None:
         group = self._group(device)
@@ -174,10 +173,10 @@ class PoolBackend:
         return self.pe.step()
 
     def running(self) -> list[str]:
-        return [s.request_id for e in self.pe.engines.values() for s in e.scheduler.running]
+        return [s.request_id for e in self.pe.engines.values() for s in e.running()]
 
     def requests(self) -> list[str]:
-        return [rid for e in self.pe.engines.values() for rid in e.seqs]
+        return [rid for e in self.pe.engines.values() for rid in e.request_ids()]
 
     def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
         groups = [tuple(d - self.first_id for d in g) for g in plan.groups]
@@ -189,7 +188,7 @@ class PoolBackend:
             raise PlanRefused(f"KV migration failed, plan rolled back: {report.error}")
         for local, g in zip(groups, plan.groups, strict=True):
             cap = plan.max_batch(g) or self.max_batch
-            self.pe.engines[local].scheduler.max_batch = min(self.max_batch, cap)
+            self.pe.engines[local].max_batch = min(self.max_batch, cap)
         return dict(report.timings_ms)
 
     def counters(self) -> dict[str, int]:
@@ -201,4 +200,4 @@ def _abort(engine: Engine, request_id: str) -> None:
         engine.abort(request_id)
     except Exception:
         log.exception("abort(%r) failed", request_id)
-        engine.seqs.pop(request_id, None)  # never step it again, whatever its pages say
+        engine.forget(request_id)  # never step it again, whatever its pages say
