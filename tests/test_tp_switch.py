@@ -6,7 +6,7 @@ import torch
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
-from nitsum.parallel.comm_pool import aligned_groups
+from nitsum.parallel.topology import TPTopology
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from tiny import POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
@@ -58,7 +58,7 @@ def assert_pages_consistent(pe):
 
 
 def test_shards_are_views_and_no_group_is_created_later(pool):
-    expected = len(aligned_groups(4, (1, 2, 4)))
+    expected = len(TPTopology(4, (1, 2, 4)).aligned_groups())
     for d in range(4):
         stats = pool.call(d, "stats")
         assert stats["groups_created"] == expected

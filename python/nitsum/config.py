@@ -9,6 +9,12 @@ from typing import Any
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
+# The TP levels an engine or a pool considers unless told otherwise; a model keeps those its
+# heads and MLP allow (`ModelConfig.allowed_tp_levels`), a pool those it can hold
+# (`parallel.topology.TPTopology`). 3 is for models with 3 or 9 KV heads (SmolLM2).
+DEFAULT_TP_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 8)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a Llama-family decoder. Nothing here depends on the TP degree."""
@@ -75,7 +81,7 @@ class ModelConfig:
         """Query heads per KV head (GQA group size)."""
         return self.num_heads // self.num_kv_heads
 
-    def allowed_tp_levels(self, candidates: tuple[int, ...] = (1, 2, 4, 8)) -> tuple[int, ...]:
+    def allowed_tp_levels(self, candidates: tuple[int, ...] = DEFAULT_TP_LEVELS) -> tuple[int, ...]:
         """TP levels whose shards are whole KV-head groups and whole MLP blocks.
 
         NOTE: a level must divide the KV heads (so each rank owns whole GQA groups and the fused

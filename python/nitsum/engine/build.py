@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitsum.config import ModelConfig, mlp_blocks
+from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig, mlp_blocks
 from nitsum.engine.engine import Engine
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduler import Scheduler
@@ -29,7 +29,7 @@ class EngineConfig:
     max_batch: int = 64
     token_budget: int = 512
     max_context: int | None = None
-    tp_levels: tuple[int, ...] = (1, 2, 3, 4, 8)
+    tp_levels: tuple[int, ...] = DEFAULT_TP_LEVELS
 
 
 def build_model(

@@ -11,6 +11,15 @@ import numpy as np
 import torch
 
 
+def tokens_per_page(base_page_tokens: int, tp: int) -> int:
+    """Tokens a page holds at TP `tp`.
+
+    NOTE: a page has a fixed size in bytes; at TP `tp` a device stores `kv_heads / tp` heads
+    per token, so the same page holds `tp` times the tokens it holds at TP 1.
+    """
+    return base_page_tokens * tp
+
+
 class OutOfPages(RuntimeError):
     """The group cannot supply the pages asked for."""
 
@@ -48,7 +57,7 @@ class GroupPages:
     @property
     def tokens_per_page(self) -> int:
         """Tokens per page at this group's TP degree (pages hold fewer heads per token)."""
-        return self.alloc.base_page_tokens * self.tp
+        return tokens_per_page(self.alloc.base_page_tokens, self.tp)
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.tokens_per_page)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.config import ModelConfig
+from nitsum.kv.pages import tokens_per_page
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class KVPool:
         return self.page_elems * self.storage.element_size()
 
     def tokens_per_page(self, tp: int) -> int:
-        return self.base_page_tokens * tp
+        return tokens_per_page(self.base_page_tokens, tp)
 
     def kv(self, layer: int, local_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat (slots, local_kv_heads, head_dim) views of one layer's K and V pages."""

@@ -10,16 +10,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-
-def aligned_groups(num_devices: int, levels: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """All aligned contiguous groups of each level > 1 that fit in the pool."""
-    groups = []
-    for p in sorted(set(levels)):
-        if p < 2 or p > num_devices:
-            continue
-        for start in range(0, num_devices - p + 1, p):
-            groups.append(tuple(range(start, start + p)))
-    return groups
+from nitsum.parallel.topology import TPTopology
 
 
 class GroupCreationForbidden(RuntimeError):
@@ -34,11 +25,11 @@ class CommPool:
     _frozen = False
     _original_new_group = None
 
-    def __init__(self, num_devices: int, levels: tuple[int, ...]) -> None:
+    def __init__(self, topology: TPTopology) -> None:
         self._install_guard()
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         # NOTE: new_group is collective: every rank must create every group, in the same order.
-        for members in aligned_groups(num_devices, levels):
+        for members in topology.aligned_groups():
             self.groups[members] = dist.new_group(list(members))
         CommPool._frozen = True
 

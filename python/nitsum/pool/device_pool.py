@@ -46,7 +46,9 @@ class DevicePool:
     ) -> None:
         self.num_devices = num_devices
         threads = max(1, (os.cpu_count() or 1) // num_devices)
-        levels = levels or ecfg.tp_levels  # the same candidates the PoolEngine checks against
+        # NOTE: the PoolEngine derives its topology from the same candidates (`self.levels`).
+        levels = levels or ecfg.tp_levels
+        self.levels = levels
         spec = DeviceSpec(
             num_devices, levels, ecfg, num_pages, f"tcp://127.0.0.1:{_free_port()}", threads
         )

@@ -22,8 +22,9 @@ from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
 from nitsum.kernels.kv_pack import slot_view
 from nitsum.kv.pool import KVPool
-from nitsum.parallel.comm_pool import CommPool, aligned_groups
+from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import TPContext, build_context
+from nitsum.parallel.topology import TPTopology
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 
 
@@ -56,11 +57,6 @@ class DeviceSpec:
     threads: int = 1
 
 
-def group_of(device: int, tp: int) -> tuple[int, ...]:
-    start = device - device % tp
-    return tuple(range(start, start + tp))
-
-
 class Device:
     """State of one device process."""
 
@@ -72,19 +68,17 @@ class Device:
         )
         cfg, tensors = source.load()
         self.cfg = cfg
-        levels = tuple(p for p in cfg.allowed_tp_levels(spec.levels) if p <= spec.world)
-        self.comms = CommPool(spec.world, levels)
+        topology = TPTopology.of(cfg, spec.world, spec.levels)
+        self.comms = CommPool(topology)
         self.model = build_model(cfg, tensors, spec.ecfg)
         self.pool = KVPool(
             cfg, spec.num_pages, spec.ecfg.page_tokens, spec.ecfg.dtype, spec.ecfg.device
         )
         # NOTE: every context this device can ever join is built here, before serving.
         self.contexts: dict[tuple[int, ...], TPContext] = {}
-        for tp in levels:
-            members = group_of(device, tp)
-            if members[-1] < spec.world and (
-                tp == 1 or members in aligned_groups(spec.world, levels)
-            ):
+        for tp in topology.levels:
+            members = topology.group_of(device, tp)
+            if members[-1] < spec.world:
                 self.contexts[members] = build_context(
                     cfg,
                     self.model.weights,

@@ -36,20 +36,6 @@ class ReconfigureReport:
     error: str | None = None
 
 
-def check_groups(groups: list[tuple[int, ...]], num_devices: int, allowed: tuple[int, ...]) -> None:
-    """Groups must be aligned contiguous blocks of allowed TP levels, disjoint, in the pool."""
-    seen: set[int] = set()
-    for g in groups:
-        tp = len(g)
-        if tp not in allowed:
-            raise ValueError(f"group {g}: TP {tp} not in the allowed levels {allowed}")
-        if g != tuple(range(g[0], g[0] + tp)) or g[0] % tp or g[-1] >= num_devices:
-            raise ValueError(f"group {g} is not an aligned block of the {num_devices}-device pool")
-        if seen & set(g):
-            raise ValueError(f"group {g} overlaps another group")
-        seen |= set(g)
-
-
 def transfer_moves(
     pool: DevicePool,
     num_kv_heads: int,

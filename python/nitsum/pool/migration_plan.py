@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitsum.kv.pages import context_slots
+from nitsum.kv.pages import context_slots, tokens_per_page
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ def plan_pieces(
     kv_heads: int, base_page_tokens: int, tokens: int, old: Placement, new: Placement
 ) -> list[Piece]:
     """Pieces that rebuild `tokens` tokens of KV from `old` into `new`."""
-    src_slots = context_slots(list(old.pages), tokens, base_page_tokens * old.tp)
-    dst_slots = context_slots(list(new.pages), tokens, base_page_tokens * new.tp)
+    src_slots = context_slots(list(old.pages), tokens, tokens_per_page(base_page_tokens, old.tp))
+    dst_slots = context_slots(list(new.pages), tokens, tokens_per_page(base_page_tokens, new.tp))
     h_old, h_new = kv_heads // old.tp, kv_heads // new.tp
     pieces = []
     for r_old, src in enumerate(old.members):

@@ -18,11 +18,11 @@ from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.pages import GroupPages, PageAllocator
+from nitsum.parallel.topology import TPTopology
 from nitsum.pool.device_pool import DeviceError, DevicePool
 from nitsum.pool.kv_move import (
     Move,
     ReconfigureReport,
-    check_groups,
     commit_moves,
     transfer_moves,
 )
@@ -64,11 +64,10 @@ class PoolEngine:
         self.cfg = cfg
         self.ecfg = ecfg
         self.eos = eos_token_ids
-        self.allowed = tuple(
-            p for p in cfg.allowed_tp_levels(ecfg.tp_levels) if p <= pool.num_devices
-        )
+        self.topology = TPTopology.of(cfg, pool.num_devices, pool.levels)
+        self.allowed = self.topology.levels
         self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens)
-        check_groups(groups, pool.num_devices, self.allowed)
+        self.topology.check(groups)
         self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
         self.decode_targets: dict[str, tuple[int, ...]] = {}
         # Cumulative counters, reported to the router in `stats` messages (`/metrics`).
@@ -160,7 +159,7 @@ class PoolEngine:
     ) -> ReconfigureReport:
         """Switch the pool to `groups` at this iteration boundary, migrating running KV."""
         t0 = time.perf_counter()
-        check_groups(groups, self.pool.num_devices, self.allowed)
+        self.topology.check(groups)
         kept = {g: e for g, e in self.engines.items() if g in groups}
         new = {g: kept.get(g) or self._engine(g) for g in groups}
         # 1. Assign every sequence of a vanishing group to a new group that shares devices.

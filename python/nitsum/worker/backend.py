@@ -182,7 +182,7 @@ class PoolBackend:
         groups = [tuple(d - self.first_id for d in g) for g in plan.groups]
         try:
             report = self.pe.reconfigure(groups, self.mode)
-        except ValueError as e:  # check_groups: unaligned, overlapping or unsupported TP
+        except ValueError as e:  # TPTopology.check: unaligned, overlapping or unsupported TP
             raise PlanRefused(str(e)) from e
         if not report.ok:  # the transfer failed and was rolled back
             raise PlanRefused(f"KV migration failed, plan rolled back: {report.error}")

@@ -1,0 +1,62 @@
+"""The TP topology of a pool: which levels it can run and the groups they form.
+
+One object owns what used to be derived in several places: the levels a model allows
+(`ModelConfig.allowed_tp_levels`) that fit in the pool, the aligned groups of each level
+(the communicator pool creates exactly these), a device's group at a level, and whether a
+plan's groups are valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig
+
+
+@dataclass(frozen=True)
+class TPTopology:
+    """`levels`: the TP levels the pool can run, ascending, 1 always among them.
+
+    NOTE: groups are aligned contiguous blocks [k·p, …, k·p+p-1] (O(N) groups, Flying Serving
+    §4.3): a plan's groups, the warm contexts and the communicators all come from here.
+    """
+
+    num_devices: int
+    levels: tuple[int, ...]
+
+    @classmethod
+    def of(
+        cls, cfg: ModelConfig, num_devices: int, candidates: tuple[int, ...] = DEFAULT_TP_LEVELS
+    ) -> TPTopology:
+        """The levels among `candidates` the model allows and `num_devices` can hold."""
+        levels = tuple(p for p in cfg.allowed_tp_levels(candidates) if p <= num_devices)
+        return cls(num_devices, levels)
+
+    def group_of(self, device: int, tp: int) -> tuple[int, ...]:
+        """The aligned group of level `tp` that holds `device`."""
+        start = device - device % tp
+        return tuple(range(start, start + tp))
+
+    def aligned_groups(self, min_tp: int = 2) -> list[tuple[int, ...]]:
+        """Every aligned group of each level ≥ `min_tp` that fits in the pool."""
+        return [
+            tuple(range(start, start + p))
+            for p in self.levels
+            if p >= min_tp
+            for start in range(0, self.num_devices - p + 1, p)
+        ]
+
+    def check(self, groups: list[tuple[int, ...]]) -> None:
+        """Raise ValueError unless `groups` are disjoint aligned blocks of allowed levels."""
+        seen: set[int] = set()
+        for g in groups:
+            tp = len(g)
+            if tp not in self.levels:
+                raise ValueError(f"group {g}: TP {tp} not in the allowed levels {self.levels}")
+            if g != self.group_of(g[0], tp) or g[-1] >= self.num_devices:
+                raise ValueError(
+                    f"group {g} is not an aligned block of the {self.num_devices}-device pool"
+                )
+            if seen & set(g):
+                raise ValueError(f"group {g} overlaps another group")
+            seen |= set(g)
