@@ -86,9 +86,9 @@ def tiny_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 def reference_ids(model_dir: Path) -> list[int]:
-    from nitsum.engine.load import load_engine
+    from nitsum.pool.local import open_local_engine
 
-    engine = load_engine(model_dir)
+    engine = open_local_engine(model_dir)
     engine.add_request(
         "ref", PROMPT, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     )

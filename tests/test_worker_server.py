@@ -10,11 +10,12 @@ import pytest
 import torch
 import zmq
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import EngineConfig
+from nitsum.pool.local import local_engine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import TP_NOT_WIRED, Assignment
-from nitsum.worker.backend import EngineBackend
+from nitsum.worker.backend import PoolBackend
 from nitsum.worker.server import WorkerServer
 from tiny import make_tiny
 
@@ -86,7 +87,12 @@ def tiny():
 def make_engine(tiny, **kw):
     hf, cfg = tiny
     ecfg = EngineConfig(kv_cache_bytes=1 << 20, page_tokens=4, **kw)
-    return build_engine(cfg, hf.state_dict().items(), ecfg)
+    return local_engine(cfg, hf.state_dict().items(), ecfg)
+
+
+def engine_of(server):
+    """The worker's one group engine (its device is a pool of one)."""
+    return server.backend.pe.engines[(0,)]
 
 
 def solo(tiny, ids, params=GREEDY):
@@ -111,7 +117,7 @@ def worker(tiny):
 
     def start(**kw):
         router = FakeRouter()
-        backend = EngineBackend(make_engine(tiny), 0)
+        backend = PoolBackend(make_engine(tiny), 0)
         server = WorkerServer(backend, router.addr, "tiny", heartbeat_every_s=0.2, **kw)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -137,7 +143,7 @@ def registered(start, **kw):
 def test_register_is_resent_until_registered(worker, tiny):
     router, server, _ = worker(register_every_s=0.2)
     first = router.expect("register")
-    pool = server.backend.engine.scheduler.pages
+    pool = engine_of(server).pages
     assert first["worker_id"] == 0 and first["model"] == "tiny" and first["device"] == "cpu"
     assert first["tp_levels"] == [1]
     assert first["kv_capacity_tokens"] == pool.num_pages * 4
@@ -159,7 +165,7 @@ def test_heartbeats_are_periodic_and_report_the_pool(worker):
     times = [t for t, m in router.seen if m["type"] == "heartbeat"][-4:]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert all(0.1 < g < 1.0 for g in gaps), gaps
-    pool = server.backend.engine.scheduler.pages
+    pool = engine_of(server).pages
     for b in beats:
         assert (b["running"], b["waiting"], b["free_pages"]) == (0, 0, pool.num_pages)
 
@@ -181,9 +187,7 @@ def test_two_generates_stream_the_solo_greedy_tokens(worker, tiny):
         assert [m["finish_reason"] for m in msgs] == [None] * (len(msgs) - 1) + ["length"]
         assert all(m["prompt_tokens"] == len(ids) and m["error"] is None for m in msgs)
         assert all(m["token_ids"] for m in msgs)  # no empty messages
-    router.expect(
-        "heartbeat", free_pages=server.backend.engine.scheduler.pages.num_pages, running=0
-    )
+    router.expect("heartbeat", free_pages=engine_of(server).pages.num_pages, running=0)
 
 
 def test_abort_mid_generation_frees_pages(worker):
@@ -198,9 +202,9 @@ def test_abort_mid_generation_frees_pages(worker):
     assert got[-1]["finish_reason"] == "abort" and got[-1]["token_ids"] == []
     n = len([t for m in [first, *got] for t in m["token_ids"]])
     assert 1 <= n < 200
-    pool = server.backend.engine.scheduler.pages
+    pool = engine_of(server).pages
     router.expect("heartbeat", free_pages=pool.num_pages, running=0, waiting=0)
-    assert not server.live and not server.backend.engine.has_unfinished()
+    assert not server.live and not server.backend.pe.has_unfinished()
     assert not [m for _, m in router.seen if m.get("request_id") == "never-seen"]
     assert sum(m.get("finish_reason") is not None for _, m in router.seen) == 1
 
@@ -234,16 +238,17 @@ def _wire(p: SamplingParams) -> dict[str, Any]:
 
 def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
     router, server, _ = registered(worker)
-    real = server.backend.engine.runner.run
+    runner = server.backend.pe.pool.runner  # the in-process device's
+    real = runner.forward
     calls = {"n": 0}
 
-    def flaky(batch):
+    def flaky(inputs):
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("boom")
-        return real(batch)
+        return real(inputs)
 
-    server.backend.engine.runner.run = flaky
+    runner.forward = flaky
     router.send(proto.generate("x", prompt(6), GREEDY))
     got = router.collect({"x"})["x"]
     assert got[-1]["finish_reason"] == "error"
@@ -253,10 +258,7 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
     router.send(proto.generate("y", after, GREEDY))
     got = router.collect({"y"})["y"]
     assert [t for m in got for t in m["token_ids"]] == solo(tiny, after)
-    assert (
-        server.backend.engine.scheduler.pages.num_free
-        == server.backend.engine.scheduler.pages.num_pages
-    )
+    assert engine_of(server).pages.num_free == engine_of(server).pages.num_pages
 
 
 def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
@@ -267,7 +269,7 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     assert (ack["epoch"], ack["ok"], ack["error"], ack["worker_id"]) == (5, True, None, 0)
     assert ack["timings_ms"]["total"] >= 0
     router.expect("heartbeat", epoch=5)
-    assert server.backend.engine.scheduler.max_batch == 3
+    assert engine_of(server).max_batch == 3
     assert server.assignment == Assignment("decode", ["gold"], False, 3)
     tp2 = {"members": [0, 1], "tp": 2, "role": "mixed", "tiers": [], "accepts_background": True}
     router.send(proto.reconfigure(6, [tp2]))
@@ -282,7 +284,7 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     router.send(proto.reconfigure(8, [other]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (8, True)
-    assert server.assignment == Assignment() and server.backend.engine.scheduler.max_batch == 64
+    assert server.assignment == Assignment() and engine_of(server).max_batch == 64
     router.send(proto.reconfigure(3, [group]))  # older than the active plan
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (3, False) and "older than the active epoch 8" in ack[

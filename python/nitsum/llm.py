@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from nitsum.engine.build import EngineConfig
-from nitsum.engine.load import load_engine, resolve_model_dir
+from nitsum.engine.load import resolve_model_dir
+from nitsum.pool.local import open_local_engine
 from nitsum.sampling import SamplingParams
 from nitsum.tokenizer import Tokenizer
 
@@ -27,8 +28,8 @@ class Completion:
 
 
 class LLM:
-    """A single-device engine over a model name ("default" = the embedded SmolLM2), an HF
-    directory or a GGUF file."""
+    """A one-device pool engine (the engine path of `nitsum serve` too) over a model name
+    ("default" = the embedded SmolLM2), an HF directory or a GGUF file."""
 
     def __init__(
         self,
@@ -51,7 +52,7 @@ class LLM:
             max_context=max_context,
         )
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.engine = load_engine(self.model_dir, ecfg)
+        self.engine = open_local_engine(self.model_dir, ecfg)
         self._next_id = 0
 
     def generate(

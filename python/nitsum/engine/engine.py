@@ -22,6 +22,8 @@ class RequestOutput:
     request_id: str
     new_token_ids: list[int]
     finish_reason: str | None = None
+    # Why, when `finish_reason` is "error" and the engine knows (else None).
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

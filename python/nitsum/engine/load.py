@@ -1,13 +1,14 @@
-"""Build a TP-1 engine from a model name or HF model directory on disk (worker and LLM API)."""
+"""Find and read a model on disk: `--model` to an HF directory, its config, tensors and EOS ids."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig, build_engine
-from nitsum.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -25,23 +26,25 @@ def resolve_model_dir(model: str | Path | None) -> Path:
     return resolve_model(model)
 
 
-def load_engine(model_dir: str | Path, ecfg: EngineConfig | None = None) -> Engine:
-    """Load HF safetensors weights from `model_dir` into a single-device engine.
+def model_eos_ids(model_dir: Path) -> tuple[int, ...] | None:
+    """EOS ids from the tokenizer files (generation_config and tokenizer_config often name
+    more than config.json), else None (config.json's are used)."""
+    try:
+        from nitsum.tokenizer import Tokenizer
 
-    EOS ids come from the tokenizer files when they can be read (generation_config and
-    tokenizer_config often name more than config.json), else from config.json.
-    """
+        return tuple(Tokenizer.from_dir(model_dir).eos_token_ids) or None
+    except Exception as e:  # no tokenizer files is fine for a worker: ids in, ids out
+        log.warning("no tokenizer EOS ids from %s (%s); using config.json", model_dir, e)
+        return None
+
+
+def load_model_files(
+    model_dir: Path,
+) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]], tuple[int, ...] | None]:
+    """(config, HF-named tensors, EOS ids) of the HF safetensors directory `model_dir`."""
     # Imported here so that the worker package (and its tests on in-memory models) does not
     # depend on the weights/tokenizer modules at import time.
     from nitsum.weights.hf import iter_hf_tensors, load_hf_config
 
-    model_dir = Path(model_dir)
     cfg = ModelConfig.from_hf(load_hf_config(model_dir))
-    eos: tuple[int, ...] | None = None
-    try:
-        from nitsum.tokenizer import Tokenizer
-
-        eos = tuple(Tokenizer.from_dir(model_dir).eos_token_ids) or None
-    except Exception as e:  # no tokenizer files is fine for a worker: ids in, ids out
-        log.warning("no tokenizer EOS ids from %s (%s); using config.json", model_dir, e)
-    return build_engine(cfg, iter_hf_tensors(model_dir), ecfg or EngineConfig(), eos)
+    return cfg, iter_hf_tensors(model_dir), model_eos_ids(model_dir)

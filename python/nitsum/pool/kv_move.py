@@ -15,7 +15,7 @@ from nitsum.engine.engine import Engine
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
 from nitsum.kv.pool import KVLayout
-from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.devices import Devices
 from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece, Placement, aggregate, plan_pieces
 
@@ -37,7 +37,7 @@ class ReconfigureReport:
 
 
 def transfer_moves(
-    pool: DevicePool,
+    pool: Devices,
     num_kv_heads: int,
     page_tokens: int,
     moves: list[Move],

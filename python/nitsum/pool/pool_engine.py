@@ -19,7 +19,8 @@ from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.parallel.topology import TPTopology
-from nitsum.pool.device_pool import DeviceError, DevicePool
+from nitsum.pool.device_pool import DeviceError
+from nitsum.pool.devices import Devices
 from nitsum.pool.kv_move import (
     Move,
     ReconfigureReport,
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 class GroupRunner:
     """Runs a group's steps on its member devices (all ranks get identical inputs)."""
 
-    def __init__(self, pool: DevicePool, members: tuple[int, ...], pages: GroupPages) -> None:
+    def __init__(self, pool: Devices, members: tuple[int, ...], pages: GroupPages) -> None:
         self.pool = pool
         self.members = members
         self.pages = pages
@@ -49,11 +50,11 @@ class GroupRunner:
 
 
 class PoolEngine:
-    """Serves requests on TP groups of a DevicePool and switches TP between steps."""
+    """Serves requests on TP groups of a pool of devices and switches TP between steps."""
 
     def __init__(
         self,
-        pool: DevicePool,
+        pool: Devices,
         cfg: ModelConfig,
         ecfg: EngineConfig,
         num_pages: int,
@@ -137,9 +138,10 @@ class PoolEngine:
             except DeviceError as e:
                 # A failing group fails only its own requests; the other groups carry on.
                 log.error("group %s failed a step: %s", members, e)
+                why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
                 for item in batch:
                     if engine.abort(item.seq.request_id):
-                        outputs.append(RequestOutput(item.seq.request_id, [], "error"))
+                        outputs.append(RequestOutput(item.seq.request_id, [], "error", why))
                 continue
             # Groups run concurrently: each one's step ends by its collect.
             tokens = sample_batch(logits, batch)

@@ -64,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from nitsum.engine.build import EngineConfig
-    from nitsum.engine.load import load_engine, resolve_model_dir
+    from nitsum.engine.load import resolve_model_dir
     from nitsum.pool.device_pool import DeviceError
-    from nitsum.worker.backend import Backend, EngineBackend, PoolBackend
+    from nitsum.pool.local import open_local_engine
+    from nitsum.worker.backend import PoolBackend
     from nitsum.worker.host import open_pool_backend
     from nitsum.worker.server import WorkerServer
 
@@ -83,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         token_budget=args.token_budget,
         max_context=args.max_context,
     )
-    backend: Backend
+    backend: PoolBackend
     try:
         model_dir = resolve_model_dir(args.model)
-        if args.devices == 1:
-            backend = EngineBackend(load_engine(model_dir, ecfg), args.worker_id)
+        if args.devices == 1:  # the N = 1 pool: one device in this process
+            backend = PoolBackend(open_local_engine(model_dir, ecfg), args.worker_id)
         else:
             backend = open_pool_backend(model_dir, ecfg, args.devices, args.worker_id)
     except (ValueError, FileNotFoundError, ImportError, DeviceError) as e:
@@ -110,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.run()
     finally:
-        if isinstance(backend, PoolBackend):
-            backend.pe.pool.close()  # stops the device processes
+        backend.pe.pool.close()  # stops the device processes, if any
     return 0
 
 

@@ -1,4 +1,5 @@
-"""What a worker process serves: one engine on one device, or a pool of devices with TP switching.
+"""What a worker process serves: a PoolEngine over its devices (one in-process device, or N
+device processes), with TP switching.
 
 The server (server.py) speaks the protocol for every device id a backend serves; the backend
 owns the engines. Device ids here are the router's worker ids.
@@ -10,10 +11,10 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from nitsum.engine.engine import Engine, RequestOutput
-from nitsum.worker.assignment import TP_NOT_WIRED, LocalPlan, PlanRefused
+from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.protocol import GenerateRequest
 
-if TYPE_CHECKING:  # the single-device worker does not need the pool's modules
+if TYPE_CHECKING:
     from nitsum.pool.pool_engine import PoolEngine
 
 log = logging.getLogger(__name__)
@@ -64,54 +65,6 @@ class Backend(Protocol):
     def counters(self) -> dict[str, int]:
         """Cumulative counters of the whole backend for the `stats` message ({}: none)."""
         ...
-
-
-class EngineBackend:
-    """One engine on one device: TP 1 only."""
-
-    def __init__(self, engine: Engine, worker_id: int) -> None:
-        self.engine = engine
-        self.device_ids = [worker_id]
-        self.tp_levels = (1,)
-        self.max_batch = engine.max_batch
-
-    def capacity(self) -> tuple[int, int, list[int]]:
-        pages = self.engine.pages
-        tokens = pages.num_pages * pages.alloc.base_page_tokens
-        return tokens, self.engine.max_context, sorted(self.engine.eos_token_ids)
-
-    def load(self, device: int) -> tuple[int, int, int]:
-        return self.engine.load()
-
-    def add(self, device: int, req: GenerateRequest) -> None:
-        self.engine.add_request(
-            req.request_id, req.input_ids, req.sampling, req.klass, req.tier, req.ttft_ms
-        )
-
-    def abort(self, request_id: str) -> None:
-        _abort(self.engine, request_id)
-
-    def has_unfinished(self) -> bool:
-        return self.engine.has_unfinished()
-
-    def step(self) -> list[RequestOutput]:
-        return self.engine.step()
-
-    def running(self) -> list[str]:
-        return [s.request_id for s in self.engine.running()]
-
-    def requests(self) -> list[str]:
-        return self.engine.request_ids()
-
-    def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
-        if plan.groups != [tuple(self.device_ids)]:  # local_plan would have refused more
-            raise PlanRefused(TP_NOT_WIRED)
-        cap = plan.max_batch(plan.groups[0]) or self.max_batch
-        self.engine.max_batch = min(self.max_batch, cap)
-        return {}
-
-    def counters(self) -> dict[str, int]:
-        return {}
 
 
 class PoolBackend:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
+from nitsum.engine.load import model_eos_ids
 from nitsum.kv.pool import KVPool
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -14,17 +15,6 @@ from nitsum.pool.pool_engine import PoolEngine
 from nitsum.worker.backend import PoolBackend
 
 log = logging.getLogger(__name__)
-
-
-def eos_ids(model_dir: Path) -> tuple[int, ...] | None:
-    """EOS ids from the tokenizer files (they often name more than config.json), else None."""
-    try:
-        from nitsum.tokenizer import Tokenizer
-
-        return tuple(Tokenizer.from_dir(model_dir).eos_token_ids) or None
-    except Exception as e:  # no tokenizer files is fine for a worker: ids in, ids out
-        log.warning("no tokenizer EOS ids from %s (%s); using config.json", model_dir, e)
-        return None
 
 
 def open_pool_backend(
@@ -44,7 +34,7 @@ def open_pool_backend(
     pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
     try:
         groups = [(d,) for d in range(num_devices)]
-        pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, eos_ids(model_dir))
+        pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, model_eos_ids(model_dir))
     except BaseException:
         pool.close()
         raise

@@ -1,7 +1,8 @@
 """The worker server: one DEALER socket per served device id, around one backend.
 
-A single-device worker (`EngineBackend`) is the N=1 case of a host worker (`PoolBackend`, N
-devices with TP switching): towards the router both look like one worker per device id
+A single-device worker is the N=1 case of a host worker (both a `PoolBackend`: a PoolEngine
+over one in-process device or N device processes): towards the router both look like one
+worker per device id
 (docs/protocol.md). One thread does everything: poll the sockets, handle messages, run
 `backend.step()` while there is work, stream `tokens`, and send `register` / `heartbeat` on
 each link's timers. Messages are handled between steps, so a `reconfigure` is always applied
@@ -291,15 +292,18 @@ class WorkerServer:
             return
         new: dict[str, list[int]] = {}
         reasons: dict[str, str] = {}
+        errors: dict[str, str] = {}
         for out in outputs:  # one message per request per step, whatever the engine yields
             new.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finish_reason is not None:
                 reasons[out.request_id] = out.finish_reason
+            if out.error is not None:
+                errors[out.request_id] = out.error
         for rid, ids in new.items():
             if rid not in self.live:
                 log.error("engine produced tokens for unknown request %r", rid)
             elif rid in reasons:
-                failed = "the engine failed this request (see the worker log)"
+                failed = errors.get(rid, "the engine failed this request (see the worker log)")
                 self._final(rid, ids, reasons[rid], failed if reasons[rid] == "error" else None)
             else:
                 device, prompt_tokens = self.live[rid]

@@ -1,0 +1,45 @@
+"""The device interface a PoolEngine drives: the device processes of a host (`DevicePool`) or
+one device in this process (`LocalDevice`, the N = 1 case)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from nitsum.engine.step_inputs import StepInputs
+    from nitsum.pool.kv_transfer import TransferStats
+    from nitsum.pool.migration_plan import Piece
+
+
+class Devices(Protocol):
+    """A pool of devices, each with the full weights, a warm context per TP level it can join
+    and a KV pool. Failures surface as `DeviceError` (a step) or `TransferFailed` (a move)."""
+
+    num_devices: int
+    # NOTE: the candidate TP levels the devices were built with; the PoolEngine derives its
+    # TPTopology from the same ones.
+    levels: tuple[int, ...]
+
+    def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
+        """Start one forward of the group `members` (every member runs it)."""
+        ...
+
+    def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
+        """The launched step's float32 logits of the sampled rows (from the group leader)."""
+        ...
+
+    def activate(self, groups: list[tuple[int, ...]]) -> None:
+        """Make each group's warm context the active one on its members."""
+        ...
+
+    def migrate(
+        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+    ) -> list[TransferStats]:
+        """Move KV pieces between (or within) devices; all or nothing (TransferFailed)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the devices (processes, if any)."""
+        ...

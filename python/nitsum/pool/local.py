@@ -1,0 +1,104 @@
+"""One device in this process: the N = 1 case of a device pool.
+
+`LocalDevice` has DevicePool's interface (launch/collect a step, activate, migrate, close), so
+the offline API (`nitsum.LLM`), a one-device worker and a host worker of N device processes
+all run the same engine path: a PoolEngine over a pool. TP is runtime state there too: the
+device's TP-1 context is the one level a pool of one device has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from nitsum.config import ModelConfig
+from nitsum.engine.build import EngineConfig, build_model
+from nitsum.engine.load import load_model_files
+from nitsum.engine.runner import ModelRunner
+from nitsum.engine.step_inputs import StepInputs
+from nitsum.kv.pool import KVPool
+from nitsum.parallel.context import build_context
+from nitsum.pool.device_pool import DeviceError
+from nitsum.pool.kv_transfer import TransferFailed, TransferStats
+from nitsum.pool.migration_plan import Piece
+from nitsum.pool.pool_engine import PoolEngine
+
+ONLY_GROUP = (0,)
+
+
+class LocalDevice:
+    """A pool of one device, in this process: the full weights, the KV pool and the TP-1
+    context. A step runs when it is collected."""
+
+    num_devices = 1
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        ecfg: EngineConfig,
+        num_pages: int,
+    ) -> None:
+        self.levels = (1,)
+        model = build_model(cfg, tensors, ecfg)
+        kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
+        self.runner = ModelRunner(model, kv, build_context(cfg, model.weights, 1, 0))
+        self._launched: StepInputs | None = None
+
+    def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
+        if members != ONLY_GROUP or self._launched is not None:
+            raise DeviceError(f"device 0: cannot launch a step of {members}")
+        self._launched = inputs
+
+    def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
+        """Float32 logits of the sampled rows; DeviceError if the forward failed."""
+        inputs, self._launched = self._launched, None
+        if members != ONLY_GROUP or inputs is None:
+            raise DeviceError(f"device 0: no step of {members} was launched")
+        try:
+            with torch.inference_mode():
+                return self.runner.forward(inputs)
+        except Exception as e:  # noqa: BLE001 - a failing step fails its group, not the worker
+            raise DeviceError(f"{type(e).__name__}: {e}") from e
+
+    def activate(self, groups: list[tuple[int, ...]]) -> None:
+        if groups != [ONLY_GROUP]:
+            raise DeviceError(f"device 0: a pool of one device has no groups {groups}")
+
+    def migrate(
+        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+    ) -> list[TransferStats]:
+        # NOTE: one device has one group, so no sequence ever changes layout.
+        if pieces:
+            raise TransferFailed("a pool of one device has nowhere to move KV")
+        return []
+
+    def close(self) -> None:
+        """Nothing to stop (no processes)."""
+
+    def __enter__(self) -> LocalDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def local_engine(
+    cfg: ModelConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    ecfg: EngineConfig | None = None,
+    eos_token_ids: tuple[int, ...] | None = None,
+) -> PoolEngine:
+    """A PoolEngine over one in-process device (its one group is TP 1)."""
+    ecfg = ecfg or EngineConfig()
+    num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
+    device = LocalDevice(cfg, tensors, ecfg, num_pages)
+    return PoolEngine(device, cfg, ecfg, num_pages, [ONLY_GROUP], eos_token_ids)
+
+
+def open_local_engine(model_dir: str | Path, ecfg: EngineConfig | None = None) -> PoolEngine:
+    """`local_engine` on the HF model directory `model_dir`."""
+    cfg, tensors, eos = load_model_files(Path(model_dir))
+    return local_engine(cfg, tensors, ecfg, eos)
