@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::protocols::worker::Incoming;
+use crate::protocols::worker::Register;
 
 /// What a worker said about itself in `register`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -23,7 +23,7 @@ pub struct WorkerInfo {
 }
 
 impl WorkerInfo {
-    pub fn from_register(m: &Incoming) -> Self {
+    pub fn from_register(m: &Register) -> Self {
         WorkerInfo {
             device: m.device.clone().unwrap_or_default(),
             model: m.model.clone().unwrap_or_default(),

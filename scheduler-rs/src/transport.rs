@@ -86,7 +86,7 @@ fn handle_frames(engine: &Engine, msg: ZmqMessage) {
     let payload = frames.pop().expect("len >= 2");
     let identity: Bytes = frames.swap_remove(0);
     match decode_incoming(&payload) {
-        Ok(m) => engine.on_message(identity, m, &payload),
+        Ok(m) => engine.on_message(identity, m),
         Err(e) => {
             // NOTE: debug, not warn: any peer can send garbage; the metric counts it.
             engine.metrics.plane.count(Rejection::Undecodable);

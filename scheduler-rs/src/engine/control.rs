@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use super::{Engine, State};
 use crate::plan::{GroupPlan, Plan};
-use crate::protocols::worker::{self as wire, Incoming};
+use crate::protocols::worker::{self as wire, Reconfigured};
 use crate::sim::chooser::Choice;
 use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::stats::TierDemand;
@@ -356,7 +356,7 @@ impl Engine {
     }
 
     /// A `reconfigured` ack from `worker`.
-    pub(super) fn on_reconfigured(&self, worker: u32, m: &Incoming, now: Instant) {
+    pub(super) fn on_reconfigured(&self, worker: u32, m: &Reconfigured, now: Instant) {
         let mut st = self.lock();
         let ok = m.ok == Some(true);
         if let Some(w) = st.registry.get_mut(worker) {

@@ -12,13 +12,13 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::Engine;
-use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
+use crate::protocols::worker::{self as wire, Body, Incoming, Register, PROTOCOL_VERSION};
 use crate::registry::WorkerInfo;
 use crate::worker_auth::Rejection;
 
 impl Engine {
-    /// Handle one decoded message from connection `identity`; `raw` is its msgpack body.
-    pub fn on_message(&self, identity: Bytes, m: Incoming, raw: &[u8]) {
+    /// Handle one decoded message from connection `identity`.
+    pub fn on_message(&self, identity: Bytes, m: Incoming) {
         if m.v != PROTOCOL_VERSION {
             self.metrics.plane.count(Rejection::Version);
             tracing::error!(
@@ -27,36 +27,43 @@ impl Engine {
             );
             return;
         }
-        if m.ty == "register" {
-            return self.on_register(identity, m);
-        }
+        let Incoming {
+            worker_id, body, ..
+        } = m;
+        let body = match body {
+            Body::Register(r) => return self.on_register(identity, worker_id, r),
+            other => other,
+        };
         let bound = self.lock().sessions.worker_of(&identity);
         let Some(worker) = bound else {
             self.metrics.plane.count(Rejection::Unauthenticated);
-            tracing::debug!(ty = %m.ty, "dropped a message from an unauthenticated connection");
-            if m.ty == "heartbeat" {
+            tracing::debug!(
+                ty = body.kind(),
+                "dropped a message from an unauthenticated connection"
+            );
+            if matches!(body, Body::Heartbeat(_)) {
                 // NOTE: how a worker learns that a restarted router does not know it; it
                 // answers with the handshake. Nothing else is revealed.
                 self.send(identity, wire::encode_reregister());
             }
             return;
         };
-        if m.worker_id.is_some_and(|w| w != worker) {
+        if worker_id.is_some_and(|w| w != worker) {
             self.metrics.plane.count(Rejection::WrongWorker);
             tracing::warn!(
                 worker,
-                claimed = m.worker_id,
-                ty = %m.ty,
+                claimed = worker_id,
+                ty = body.kind(),
                 "dropped a message naming another worker than its connection's"
             );
             return;
         }
-        self.on_bound_message(worker, identity, m, raw);
+        self.on_bound_message(worker, identity, body);
     }
 
     /// `register`: challenge it, or check its proof, model and id, then admit the worker.
-    fn on_register(&self, identity: Bytes, m: Incoming) {
-        let Some(worker) = m.worker_id else {
+    fn on_register(&self, identity: Bytes, worker_id: Option<u32>, m: Register) {
+        let Some(worker) = worker_id else {
             self.metrics.plane.count(Rejection::Malformed);
             tracing::warn!("dropped a register without worker_id");
             return;

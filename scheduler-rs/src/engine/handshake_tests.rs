@@ -31,7 +31,7 @@ fn engine() -> (Arc<Engine>, Rx) {
 fn send(engine: &Engine, conn: &str, v: Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
     let m = decode_incoming(&bytes).unwrap();
-    engine.on_message(Bytes::copy_from_slice(conn.as_bytes()), m, &bytes);
+    engine.on_message(Bytes::copy_from_slice(conn.as_bytes()), m);
 }
 
 fn register_msg(worker: u32, model: &str, auth: Option<String>) -> Value {

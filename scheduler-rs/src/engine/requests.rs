@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use super::{EarlyEnd, Engine, Event, FinishReason, Inflight, RequestHandle, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::metrics::Completion;
-use crate::protocols::worker::{self as wire, Incoming, PROTOCOL_VERSION};
+use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
 use crate::worker_auth::Rejection;
 
 /// Why a request was not admitted.
@@ -177,7 +177,7 @@ impl Engine {
     }
 
     /// A `tokens` message from a worker.
-    pub(super) fn on_tokens(&self, worker: u32, m: Incoming, now: Instant) {
+    pub(super) fn on_tokens(&self, worker: u32, m: Tokens, now: Instant) {
         let Some(id) = m.request_id.as_deref().and_then(|s| self.ids.decode(s)) else {
             // NOTE: ids are unguessable: one this router did not issue is a forgery or garbage.
             self.metrics.plane.count(Rejection::UnknownRequest);

@@ -14,7 +14,7 @@ use crate::protocols::worker::{decode_incoming, Sampling};
 pub(super) fn msg(engine: &Engine, worker: u32, v: serde_json::Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
     let m = decode_incoming(&bytes).unwrap();
-    engine.on_message(Bytes::from(worker.to_string()), m, &bytes);
+    engine.on_message(Bytes::from(worker.to_string()), m);
 }
 
 pub(super) fn register(engine: &Engine, worker: u32) {

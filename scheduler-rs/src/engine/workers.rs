@@ -8,17 +8,17 @@ use bytes::Bytes;
 
 use super::{Engine, Event, Inflight, State};
 use crate::plan::{GroupPlan, Plan};
-use crate::protocols::worker::{self as wire, Incoming};
+use crate::protocols::worker::{self as wire, Body};
 use crate::registry::WorkerInfo;
 
 impl Engine {
     /// Handle a message from a connection bound to `worker` (the handshake in
-    /// `handshake.rs` checked the connection first); `raw` is its msgpack body (for `stats`).
-    pub(super) fn on_bound_message(&self, worker: u32, identity: Bytes, m: Incoming, raw: &[u8]) {
+    /// `handshake.rs` checked the connection first).
+    pub(super) fn on_bound_message(&self, worker: u32, identity: Bytes, body: Body) {
         let now = Instant::now();
-        match m.ty.as_str() {
-            "tokens" => self.on_tokens(worker, m, now),
-            "heartbeat" => {
+        match body {
+            Body::Tokens(m) => self.on_tokens(worker, m, now),
+            Body::Heartbeat(m) => {
                 let mut st = self.lock();
                 if let Some(w) = st.registry.get_mut(worker) {
                     w.last_seen = now;
@@ -33,15 +33,18 @@ impl Engine {
                     self.send(identity, wire::encode_reregister());
                 }
             }
-            "reconfigured" => self.on_reconfigured(worker, &m, now),
-            "stats" => {
-                let stats = wire::decode_stats(raw);
+            Body::Reconfigured(m) => self.on_reconfigured(worker, &m, now),
+            Body::Stats(stats) => {
                 if let Some(w) = self.lock().registry.get_mut(worker) {
                     w.last_seen = now;
                     w.stats = stats;
                 }
             }
-            other => tracing::warn!(worker, ty = other, "dropping a message of unknown type"),
+            // The handshake answers `register` itself, also from a bound connection.
+            Body::Register(_) => {}
+            Body::Unknown(ty) => {
+                tracing::warn!(worker, ty, "dropping a message of unknown type")
+            }
         }
     }
 

@@ -210,16 +210,46 @@ pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<
     })
 }
 
-/// Any worker → router message. Flat: the fields of every type are optional so one decode
-/// handles all of them; unknown keys are ignored (forward compatible).
-#[derive(Debug, Default, Deserialize, Serialize)]
-#[serde(default)]
+/// Any worker → router message: the envelope every type shares (`v`, `worker_id`) and its
+/// typed body. Unknown keys are ignored (forward compatible).
+#[derive(Debug)]
 pub struct Incoming {
     pub v: u32,
-    #[serde(rename = "type")]
-    pub ty: String,
     pub worker_id: Option<u32>,
-    // register
+    pub body: Body,
+}
+
+/// A worker message's body, by its `type`.
+#[derive(Debug)]
+pub enum Body {
+    Register(Register),
+    Heartbeat(Heartbeat),
+    Tokens(Tokens),
+    Reconfigured(Reconfigured),
+    /// Numeric counters (`decode_stats`).
+    Stats(HashMap<String, f64>),
+    /// A type this router does not know (dropped with a warning).
+    Unknown(String),
+}
+
+impl Body {
+    /// The message's `type`, for logs.
+    pub fn kind(&self) -> &str {
+        match self {
+            Body::Register(_) => "register",
+            Body::Heartbeat(_) => "heartbeat",
+            Body::Tokens(_) => "tokens",
+            Body::Reconfigured(_) => "reconfigured",
+            Body::Stats(_) => "stats",
+            Body::Unknown(ty) => ty,
+        }
+    }
+}
+
+/// `register`: a worker introduces itself (and answers a `challenge` with `auth`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Register {
     pub device: Option<String>,
     pub model: Option<String>,
     pub tp_levels: Option<Vec<u32>>,
@@ -229,25 +259,74 @@ pub struct Incoming {
     pub eos_token_ids: Option<Vec<u32>>,
     /// Handshake proof: hex HMAC-SHA256 over the last `challenge` (docs/protocol.md).
     pub auth: Option<String>,
-    // heartbeat
+}
+
+/// `heartbeat`: liveness and load.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Heartbeat {
     pub running: Option<u64>,
     pub waiting: Option<u64>,
     pub free_pages: Option<u64>,
     pub epoch: Option<u64>,
-    // tokens
+}
+
+/// `tokens`: new tokens of one request, and its end.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Tokens {
     pub request_id: Option<String>,
     pub token_ids: Option<Vec<u32>>,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
     pub prompt_tokens: Option<u32>,
-    // reconfigured
+}
+
+/// `reconfigured`: the ack of a `reconfigure`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Reconfigured {
+    pub epoch: Option<u64>,
     pub ok: Option<bool>,
+    pub error: Option<String>,
     pub timings_ms: Option<HashMap<String, f64>>,
 }
 
-/// Decode a worker message. `stats` messages keep only their numeric fields.
+/// What every worker message has.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Envelope {
+    v: u32,
+    #[serde(rename = "type")]
+    ty: String,
+    worker_id: Option<u32>,
+}
+
+/// Decode a worker message: the envelope, then the body its `type` names.
+/// NOTE: a message of another protocol version keeps its body undecoded (`Unknown`): the
+/// caller refuses it by its version, whatever shape its fields have there.
 pub fn decode_incoming(bytes: &[u8]) -> Result<Incoming, rmp_serde::decode::Error> {
-    rmp_serde::from_slice(bytes)
+    let env: Envelope = rmp_serde::from_slice(bytes)?;
+    if env.v != PROTOCOL_VERSION {
+        return Ok(Incoming {
+            v: env.v,
+            worker_id: env.worker_id,
+            body: Body::Unknown(env.ty),
+        });
+    }
+    let body = match env.ty.as_str() {
+        "register" => Body::Register(rmp_serde::from_slice(bytes)?),
+        "heartbeat" => Body::Heartbeat(rmp_serde::from_slice(bytes)?),
+        "tokens" => Body::Tokens(rmp_serde::from_slice(bytes)?),
+        "reconfigured" => Body::Reconfigured(rmp_serde::from_slice(bytes)?),
+        "stats" => Body::Stats(decode_stats(bytes)),
+        _ => Body::Unknown(env.ty),
+    };
+    Ok(Incoming {
+        v: env.v,
+        worker_id: env.worker_id,
+        body,
+    })
 }
 
 /// Numeric fields of a `stats` message (other keys dropped).
@@ -297,12 +376,24 @@ mod tests {
             "prompt_tokens": 2, "future_field": {"x": 1}});
         let bytes = rmp_serde::to_vec_named(&tokens).unwrap();
         let m = decode_incoming(&bytes).unwrap();
-        assert_eq!((m.ty.as_str(), m.worker_id), ("tokens", Some(3)));
-        assert_eq!(m.token_ids, Some(vec![5, 6]));
-        assert_eq!(m.finish_reason, None);
+        assert_eq!((m.body.kind(), m.worker_id), ("tokens", Some(3)));
+        let Body::Tokens(t) = m.body else {
+            panic!("{:?}", m.body)
+        };
+        assert_eq!(t.token_ids, Some(vec![5, 6]));
+        assert_eq!(t.finish_reason, None);
         let stats = serde_json::json!({"v": 1, "type": "stats", "worker_id": 3, "util": 0.5});
-        let s = decode_stats(&rmp_serde::to_vec_named(&stats).unwrap());
+        let m = decode_incoming(&rmp_serde::to_vec_named(&stats).unwrap()).unwrap();
+        let Body::Stats(s) = m.body else {
+            panic!("{:?}", m.body)
+        };
         assert_eq!(s.get("util"), Some(&0.5));
         assert!(!s.contains_key("type"));
+        // A known type whose field has the wrong type is undecodable; an unknown type is not.
+        let bad = serde_json::json!({"v": 1, "type": "heartbeat", "running": "many"});
+        assert!(decode_incoming(&rmp_serde::to_vec_named(&bad).unwrap()).is_err());
+        let new = serde_json::json!({"v": 1, "type": "telemetry", "worker_id": 3});
+        let m = decode_incoming(&rmp_serde::to_vec_named(&new).unwrap()).unwrap();
+        assert!(matches!(m.body, Body::Unknown(ref t) if t == "telemetry"));
     }
 }
