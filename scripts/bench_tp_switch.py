@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.kernels.kv_pack import slot_view  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
-from nitsum.pool.device_proc import ModelSource  # noqa: E402
+from nitsum.pool.device_proc import Device, ModelSource  # noqa: E402
 from nitsum.pool.migration_plan import Piece  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
@@ -54,6 +56,35 @@ def bench_activation(switches: int) -> None:
     )
 
 
+# Probes: run inside a device process (`pool.call(d, "probe", fn, args)`).
+def kv_pattern(device: Device, seed: int) -> torch.Tensor:
+    """Deterministic random KV of the device's storage shape, reproducible on another device."""
+    g = torch.Generator().manual_seed(seed)
+    storage = device.pool.storage
+    return torch.randn(storage.shape, generator=g, dtype=storage.dtype)
+
+
+def fill_kv(device: Device, seed: int) -> None:
+    device.pool.storage.copy_(kv_pattern(device, seed))
+
+
+def kv_equal(device: Device, seed: int, src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Do our `dst` slots hold what a device filled with `seed` holds at `src` slots (TP 1)?"""
+    heads, hd = device.cfg.num_kv_heads, device.cfg.head_dim
+    ref = slot_view(kv_pattern(device, seed), heads, hd)
+    mine = slot_view(device.pool.storage, heads, hd)
+    return bool(torch.equal(mine[:, :, dst], ref[:, :, src]))
+
+
+def bulk_send(device: Device, peer: int, nbytes: int, sending: bool) -> float:
+    """Seconds to send (or receive) `nbytes` in one message: the bandwidth reference."""
+    storage = device.pool.storage
+    buf = torch.empty(nbytes // storage.element_size(), dtype=storage.dtype)
+    t0 = time.perf_counter()
+    (dist.send if sending else dist.recv)(buf, peer)
+    return time.perf_counter() - t0
+
+
 def bench_migration(gib: float) -> None:
     # A model whose pages are large (many layers/heads) so ~1 GiB is a realistic page count.
     torch.manual_seed(0)
@@ -77,7 +108,7 @@ def bench_migration(gib: float) -> None:
     ecfg = EngineConfig(page_tokens=page_tokens, tp_levels=(1, 2))
     src = ModelSource(hf_config=cfg_d, state_dict=hf.state_dict())
     with DevicePool(2, src, ecfg, 2 * n_pages, levels=(1, 2)) as pool:
-        pool.call(0, "fill_kv", 7)  # random contents, so nothing is trivially compressible
+        pool.call(0, "probe", fill_kv, (7,))  # random contents: nothing trivially compressible
         slots_src = torch.arange(n_pages * page_tokens)
         slots_dst = slots_src + n_pages * page_tokens
         piece = Piece(0, 1, 1, 0, 1, 0, 8, slots_src, slots_dst)
@@ -93,9 +124,9 @@ def bench_migration(gib: float) -> None:
                 f"[migration] {mode:>9}: {nbytes / 2**30:.2f} GiB in {results[mode]:.2f} s "
                 f"= {nbytes / results[mode] / 1e9:.2f} GB/s, {msgs} messages"
             )
-        ok = pool.call(1, "kv_equal", 7, slots_src, slots_dst)
-        pool.send(0, "bulk", 1, nbytes, True)
-        pool.send(1, "bulk", 0, nbytes, False)
+        ok = pool.call(1, "probe", kv_equal, (7, slots_src, slots_dst))
+        pool.send(0, "probe", bulk_send, (1, nbytes, True))
+        pool.send(1, "probe", bulk_send, (0, nbytes, False))
         bulk = max(pool._reply(0), pool._reply(1))
     print(f"[migration] bulk send of the same bytes: {nbytes / bulk / 1e9:.2f} GB/s")
     print(

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from device_probes import shards_share_storage
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
@@ -63,7 +64,7 @@ def test_shards_are_views_and_no_group_is_created_later(pool):
         stats = pool.call(d, "stats")
         assert stats["groups_created"] == expected
         for members in stats["contexts"]:
-            assert pool.call(d, "shard_storage", members)
+            assert pool.call(d, "probe", shards_share_storage, (members,))
 
 
 def test_logits_equal_at_tp_1_2_4(pool, tiny):

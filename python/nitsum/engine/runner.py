@@ -36,15 +36,19 @@ class ModelRunner:
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits of the sampled rows (identical on every rank of the group)."""
+        return self.model.logits(self.hidden(inputs)[inputs.sample_rows])
+
+    def hidden(self, inputs: StepInputs) -> torch.Tensor:
+        """The step's last hidden states (a rank that is not its group's leader needs only
+        these: its collectives are in the forward, the logits are the leader's)."""
         device = self.model.weights.embed.device
-        hidden = self.model.forward(
+        return self.model.forward(
             self.ctx,
             inputs.input_ids.to(device),
             inputs.positions.to(device),
             inputs.meta.to(device),
             self.pool,
         )
-        return self.model.logits(hidden[inputs.sample_rows])
 
     def run(self, batch: list[Scheduled]) -> list[int]:
         """Forward the batch and return one sampled token per sampling sequence."""

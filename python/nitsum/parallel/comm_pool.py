@@ -20,13 +20,12 @@ class GroupCreationForbidden(RuntimeError):
 class CommPool:
     """Process groups by member tuple, created at construction on every rank."""
 
-    # Counted across the whole process (the guard wraps torch.distributed.new_group).
+    # Counted across the whole process once `guard_group_creation` ran.
     created = 0
     _frozen = False
     _original_new_group = None
 
     def __init__(self, topology: TPTopology) -> None:
-        self._install_guard()
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         # NOTE: new_group is collective: every rank must create every group, in the same order.
         for members in topology.aligned_groups():
@@ -45,7 +44,13 @@ class CommPool:
             ) from None
 
     @classmethod
-    def _install_guard(cls) -> None:
+    def guard_group_creation(cls) -> None:
+        """Count every process group this process creates, and refuse any after the pool's.
+
+        NOTE: it wraps `torch.distributed.new_group` for the whole process, so only a
+        process that is nothing but a device calls it (`pool/device_proc.py`'s entry
+        point); that is how tests prove a TP switch never creates a communicator.
+        """
         if cls._original_new_group is not None:
             return
         original = dist.new_group

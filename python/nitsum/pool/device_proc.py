@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,10 +19,10 @@ import torch.distributed as dist
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
-from nitsum.kernels.kv_pack import slot_view
+from nitsum.engine.runner import ModelRunner
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.comm_pool import CommPool
-from nitsum.parallel.context import TPContext, build_context
+from nitsum.parallel.context import build_context
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 
@@ -75,11 +74,11 @@ class Device:
             cfg, spec.num_pages, spec.ecfg.page_tokens, spec.ecfg.dtype, spec.ecfg.device
         )
         # NOTE: every context this device can ever join is built here, before serving.
-        self.contexts: dict[tuple[int, ...], TPContext] = {}
+        self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
             members = topology.group_of(device, tp)
             if members[-1] < spec.world:
-                self.contexts[members] = build_context(
+                ctx = build_context(
                     cfg,
                     self.model.weights,
                     tp,
@@ -87,77 +86,36 @@ class Device:
                     members,
                     self.comms.get(members),
                 )
-        self.active = self.contexts[(device,)]
+                self.runners[members] = ModelRunner(self.model, self.pool, ctx)
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
 
-    def _pattern(self, seed: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed)
-        return torch.randn(self.pool.storage.shape, generator=g, dtype=self.pool.storage.dtype)
-
     def handle(self, cmd: str, args: tuple) -> Any:
+        """Serve one command of the controller (`DevicePool`)."""
         if cmd == "step":
             members, inputs = args
-            ctx = self.contexts[members]
-            dev = self.model.weights.embed.device
-            ids, pos = inputs.input_ids.to(dev), inputs.positions.to(dev)
-            hidden = self.model.forward(ctx, ids, pos, inputs.meta.to(dev), self.pool)
-            return self.model.logits(hidden[inputs.sample_rows]).cpu() if ctx.rank == 0 else None
+            runner = self.runners[members]
+            if runner.ctx.rank != 0:
+                runner.hidden(inputs)  # the leader samples; the others join its collectives
+                return None
+            return runner.forward(inputs).cpu()
         if cmd == "activate":
-            t0 = time.perf_counter()
-            self.active = self.contexts[args[0]]
-            return time.perf_counter() - t0
+            # NOTE: contexts are warm and steps name their group, so activation is only the
+            # commit barrier of a reconfiguration: every member has finished its old steps.
+            return 0.0
         if cmd == "migrate":
             pieces, mode, fail = args
             return self.transfer.run(pieces, mode, fail)
-        if cmd == "bulk":
-            peer, nbytes, sending = args
-            buf = (
-                self.transfer.buffers[0]
-                if nbytes <= self.transfer.chunk_bytes
-                else torch.empty(
-                    nbytes // self.pool.storage.element_size(), dtype=self.pool.storage.dtype
-                )
-            )
-            t0 = time.perf_counter()
-            (dist.send if sending else dist.recv)(buf, peer)
-            return time.perf_counter() - t0
-        if cmd == "read_kv":
-            members, slots = args
-            ctx = self.contexts[members]
-            return torch.stack(
-                [
-                    torch.stack(self.pool.kv(layer, ctx.heads.kv_heads))
-                    for layer in range(self.cfg.num_layers)
-                ]
-            )[:, :, slots].clone()
-        if cmd == "fill_kv":
-            # Benchmarks/tests: deterministic random KV, reproducible on another device.
-            self.pool.storage.copy_(self._pattern(args[0] if args else 0))
-            return None
-        if cmd == "kv_equal":
-            # Do our dst slots hold what a device filled with `seed` holds at src slots (TP 1)?
-            seed, src, dst = args
-            ref = slot_view(self._pattern(seed), self.cfg.num_kv_heads, self.cfg.head_dim)
-            mine = slot_view(self.pool.storage, self.cfg.num_kv_heads, self.cfg.head_dim)
-            return bool(torch.equal(mine[:, :, dst], ref[:, :, src]))
         if cmd == "stats":
             return {
                 "groups_created": CommPool.created,
-                "contexts": sorted(self.contexts),
-                "all_reduce": sum(c.stats["all_reduce"] for c in self.contexts.values()),
+                "contexts": sorted(self.runners),
+                "all_reduce": sum(r.ctx.stats["all_reduce"] for r in self.runners.values()),
                 "storage_ptr": self.pool.storage.data_ptr(),
             }
-        if cmd == "shard_storage":
-            # For tests: do the active shard views share storage with the full weights?
-            members = args[0]
-            ctx, full = self.contexts[members], self.model.weights.layers
-            return all(
-                s.qkv.untyped_storage().data_ptr() == f.qkv.untyped_storage().data_ptr()
-                and s.gate_up.untyped_storage().data_ptr() == f.gate_up.untyped_storage().data_ptr()
-                and s.o_t.untyped_storage().data_ptr() == f.o_t.untyped_storage().data_ptr()
-                and s.down_t.untyped_storage().data_ptr() == f.down_t.untyped_storage().data_ptr()
-                for s, f in zip(ctx.layers, full, strict=True)
-            )
+        if cmd == "probe":
+            # Tests and benchmarks: run a module-level function on this device's state.
+            probe, probe_args = args
+            return probe(self, *probe_args)
         raise ValueError(f"unknown device command {cmd!r}")
 
 
@@ -166,8 +124,9 @@ def device_main(device: int, spec: DeviceSpec, source: ModelSource, conn: Connec
     torch.set_num_threads(spec.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     try:
+        CommPool.guard_group_creation()  # this process is only a device
         dev = Device(device, spec, source)
-        conn.send_bytes(pickle.dumps(("ok", sorted(dev.contexts))))
+        conn.send_bytes(pickle.dumps(("ok", sorted(dev.runners))))
     except Exception:  # noqa: BLE001 - report start-up failures to the controller
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         return

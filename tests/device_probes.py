@@ -1,0 +1,18 @@
+"""Functions tests run inside a device process (`pool.call(d, "probe", fn, args)`); they are
+picklable by reference because the device process imports this module by name."""
+
+from __future__ import annotations
+
+from nitsum.pool.device_proc import Device
+
+
+def shards_share_storage(device: Device, members: tuple[int, ...]) -> bool:
+    """Do the TP shard views of `members`' context share storage with the full weights?"""
+    ctx, full = device.runners[members].ctx, device.model.weights.layers
+    return all(
+        s.qkv.untyped_storage().data_ptr() == f.qkv.untyped_storage().data_ptr()
+        and s.gate_up.untyped_storage().data_ptr() == f.gate_up.untyped_storage().data_ptr()
+        and s.o_t.untyped_storage().data_ptr() == f.o_t.untyped_storage().data_ptr()
+        and s.down_t.untyped_storage().data_ptr() == f.down_t.untyped_storage().data_ptr()
+        for s, f in zip(ctx.layers, full, strict=True)
+    )
