@@ -147,32 +147,14 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let prompt = render(&state, messages)?;
     // NOTE: the template already inserts BOS where the model wants it.
     let ids = prepare::encode(&state, &prompt, false, "messages").await?;
-    let prompt_tokens = ids.len();
-    let submit = prepare::build(
-        &state,
-        tier,
-        ids,
-        "messages",
-        &SamplingInput::from_common(&req.common),
-    )?;
-    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
-    let stops = req
-        .common
-        .stop
-        .clone()
-        .map(|s| s.into_vec())
-        .unwrap_or_default();
-    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
-        .with_timeout(state.request_timeout());
+    let sampling = SamplingInput::from_common(&req.common);
+    let stops = req.common.stop_strings();
+    let mut ts = prepare::start(&state, tier, ids, "messages", &sampling, stops)?;
     let fmt = ChatChunks {
         id: format!("chatcmpl-{}", ts.id),
         model: state.served_model().to_string(),
         created: unix_now(),
-        include_usage: req
-            .common
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
+        include_usage: req.common.include_usage(),
     };
     if req.common.stream {
         return Ok(sse::respond(ts, fmt));

@@ -108,29 +108,16 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     } else {
         None
     };
-    let prompt_tokens = ids.len();
     let mut sampling = SamplingInput::from_common(&req.common);
     // OpenAI's default for /v1/completions is 16 tokens.
     sampling.default_max_tokens = Some(16);
-    let submit = prepare::build(&state, tier, ids, "prompt", &sampling)?;
-    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
-    let stops = req
-        .common
-        .stop
-        .clone()
-        .map(|s| s.into_vec())
-        .unwrap_or_default();
-    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
-        .with_timeout(state.request_timeout());
+    let stops = req.common.stop_strings();
+    let mut ts = prepare::start(&state, tier, ids, "prompt", &sampling, stops)?;
     let mut fmt = CompletionChunks {
         id: format!("cmpl-{}", ts.id),
         model: state.served_model().to_string(),
         created: unix_now(),
-        include_usage: req
-            .common
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
+        include_usage: req.common.include_usage(),
         echo,
     };
     if req.common.stream {

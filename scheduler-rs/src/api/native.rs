@@ -87,12 +87,8 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         stop_token_ids: sp.stop_token_ids.clone(),
         ignore_eos: sp.ignore_eos,
     };
-    let prompt_tokens = ids.len();
-    let submit = prepare::build(&state, tier, ids, field, &sampling)?;
-    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
-    let mut ts = TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
-        .with_timeout(state.request_timeout());
+    let mut ts = prepare::start(&state, tier, ids, field, &sampling, stops)?;
     let meta = Meta {
         tier: state.engine.cfg.tiers[tier].name.clone(),
         start,

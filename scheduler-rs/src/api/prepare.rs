@@ -3,6 +3,7 @@
 
 use axum::http::HeaderMap;
 
+use super::output::TextStream;
 use super::AppState;
 use crate::engine::Submit;
 use crate::errors::ApiError;
@@ -91,6 +92,25 @@ pub fn openai_common(
 pub fn respond(result: Result<axum::response::Response, ApiError>) -> axum::response::Response {
     use axum::response::IntoResponse;
     result.unwrap_or_else(|e| e.into_response())
+}
+
+/// Validate, submit, and open the request's text stream (stop strings matched on its text,
+/// the server's request timeout): the common tail of every generation endpoint.
+pub fn start(
+    state: &AppState,
+    tier: usize,
+    input_ids: Vec<u32>,
+    prompt_field: &str,
+    sampling: &SamplingInput,
+    stops: Vec<String>,
+) -> Result<TextStream, ApiError> {
+    let prompt_tokens = input_ids.len();
+    let submit = build(state, tier, input_ids, prompt_field, sampling)?;
+    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
+    Ok(
+        TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
+            .with_timeout(state.request_timeout()),
+    )
 }
 
 /// Validate the prompt and sampling and build the engine request.

@@ -76,6 +76,23 @@ pub struct CommonParams {
     pub frequency_penalty: Option<Value>,
 }
 
+impl CommonParams {
+    /// The `stop` strings (none when absent).
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.stop
+            .clone()
+            .map(StringOrList::into_vec)
+            .unwrap_or_default()
+    }
+
+    /// Whether a stream ends with a usage chunk (`stream_options.include_usage`).
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+}
+
 /// Why a request that asks for field `name` is refused.
 pub fn not_supported(name: &str) -> String {
     format!("`{name}` is not supported by this server")
