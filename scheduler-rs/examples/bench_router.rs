@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use nitsum_scheduler::config::RouterConfig;
-use nitsum_scheduler::engine::{Engine, Event, Submit};
 use nitsum_scheduler::mock_worker::{self, MockOptions};
 use nitsum_scheduler::protocols::worker::Sampling;
 use nitsum_scheduler::server;
+use nitsum_scheduler::state::{Event, RouterState, Submit};
 use nitsum_scheduler::testutil;
 use nitsum_scheduler::tokenize::ModelFiles;
 use nitsum_scheduler::worker_auth::WorkerSecret;
@@ -77,7 +77,7 @@ fn make_request(i: usize, args: &Args) -> Submit {
 }
 
 /// Submit and wait for the final event; true on a completion.
-async fn run_one(engine: &Arc<Engine>, req: Submit) -> bool {
+async fn run_one(engine: &Arc<RouterState>, req: Submit) -> bool {
     let Ok(mut h) = engine.submit(req) else {
         return false;
     };
@@ -123,7 +123,11 @@ fn report_latency(name: &str, mut lat_us: Vec<f64>) -> (f64, f64) {
     (p50, p99)
 }
 
-async fn engine_throughput(engine: &Arc<Engine>, reqs: Vec<Submit>, window: usize) -> (f64, usize) {
+async fn engine_throughput(
+    engine: &Arc<RouterState>,
+    reqs: Vec<Submit>,
+    window: usize,
+) -> (f64, usize) {
     let n = reqs.len();
     let mut it = reqs.into_iter();
     let mut inflight = FuturesUnordered::new();
@@ -143,7 +147,7 @@ async fn engine_throughput(engine: &Arc<Engine>, reqs: Vec<Submit>, window: usiz
     (n as f64 / t0.elapsed().as_secs_f64(), ok)
 }
 
-async fn engine_latency(engine: &Arc<Engine>, args: &Args) -> Vec<f64> {
+async fn engine_latency(engine: &Arc<RouterState>, args: &Args) -> Vec<f64> {
     let period = Duration::from_secs_f64(1.0 / args.rate);
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(args.latency_requests);

@@ -1,19 +1,19 @@
 //! The router's control loop (architecture §4 "Control loop"): every control window, window stats →
 //! planner (with the previous plan) → diff → `reconfigure` to the workers → acks (bounded
 //! wait) → routing switches to the new epoch only for an acknowledged plan. The engine side
-//! (stats, rounds, history, metrics) is in `engine/control.rs`.
+//! (stats, rounds, history, metrics) is in `state/control.rs`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use crate::engine::{Engine, PlanRecord, PlanResult, RoundOutcome};
 use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::sim::chooser::Chooser;
 use crate::sim::lookahead::{EngineKnobs, Situation};
+use crate::state::{PlanRecord, PlanResult, RoundOutcome, RouterState};
 use crate::stats::TierDemand;
 
 /// Whether the "disaggregation off across domains" warning was logged.
@@ -26,7 +26,7 @@ pub const MAX_BACKOFF_WINDOWS: u32 = 32;
 /// the loop backs off (1, 2, 4, ... up to [`MAX_BACKOFF_WINDOWS`] windows without planning;
 /// reset by an applied round) so a worker that cannot take the plan is not asked again every
 /// window. Window statistics keep accumulating meanwhile.
-pub fn spawn(engine: Arc<Engine>, profile: Arc<Profile>) -> JoinHandle<()> {
+pub fn spawn(engine: Arc<RouterState>, profile: Arc<Profile>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let window = Duration::from_millis(engine.cfg.control_window_ms);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + window, window);
@@ -63,7 +63,7 @@ pub fn spawn(engine: Arc<Engine>, profile: Arc<Profile>) -> JoinHandle<()> {
 /// reconfigure round and wait for its acks (at most `reconfigure_timeout_ms`). Returns the
 /// round's record, or `None` when there was nothing to change (or no workers).
 pub async fn step(
-    engine: &Engine,
+    engine: &RouterState,
     profile: &Arc<Profile>,
     chooser: &mut Option<Chooser>,
 ) -> Option<PlanRecord> {
@@ -141,7 +141,7 @@ pub async fn step(
 
 /// One selection round off the async threads (it simulates every candidate: tens of ms).
 async fn choose(
-    engine: &Engine,
+    engine: &RouterState,
     profile: &Arc<Profile>,
     mut chooser: Chooser,
     demand: &[TierDemand],

@@ -130,16 +130,16 @@ impl ApiError {
     }
 
     /// 429 or 503 for a request the engine did not admit.
-    pub fn from_submit(e: crate::engine::SubmitError) -> Self {
+    pub fn from_submit(e: crate::state::SubmitError) -> Self {
         match e {
-            crate::engine::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
-            e @ crate::engine::SubmitError::Unattainable { .. } => Self::retry_later(
+            crate::state::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
+            e @ crate::state::SubmitError::Unattainable { .. } => Self::retry_later(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 "slo_unattainable",
                 e.to_string(),
             ),
-            e @ crate::engine::SubmitError::Draining => Self::retry_later(
+            e @ crate::state::SubmitError::Draining => Self::retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 "shutting_down",

@@ -7,7 +7,6 @@ pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dispatch;
-pub mod engine;
 pub mod errors;
 pub mod fasthash;
 pub mod metrics;
@@ -21,6 +20,7 @@ mod python;
 pub mod registry;
 pub mod server;
 pub mod sim;
+pub mod state;
 pub mod stats;
 #[doc(hidden)]
 pub mod testutil;

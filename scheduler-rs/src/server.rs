@@ -12,8 +12,8 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState};
 use crate::config::{Cli, RouterConfig};
-use crate::engine::Engine;
 use crate::mock_worker::{self, MockOptions, MockWorker};
+use crate::state::RouterState;
 use crate::tokenize::ModelFiles;
 use crate::transport::{self, Transport};
 use crate::worker_auth::{check_policy, WorkerSecret};
@@ -24,7 +24,7 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// Bound worker endpoint (e.g. `tcp://127.0.0.1:5557`).
     pub worker_endpoint: String,
-    pub engine: Arc<Engine>,
+    pub engine: Arc<RouterState>,
     pub transport: Transport,
     pub http: JoinHandle<()>,
     pub reaper: JoinHandle<()>,
@@ -88,7 +88,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
         &cfg.worker_addr,
     )?;
     let cfg = Arc::new(cfg);
-    let (engine, outbound) = Engine::new(cfg.clone());
+    let (engine, outbound) = RouterState::new(cfg.clone());
     let transport = transport::start(&cfg.worker_addr, engine.clone(), outbound).await?;
     let worker_endpoint = transport.endpoint.clone();
     let reaper = {

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::engine::{Engine, Outbound};
 use crate::protocols::worker::decode_incoming;
+use crate::state::{Outbound, RouterState};
 use crate::worker_auth::Rejection;
 
 /// Running transport tasks.
@@ -34,7 +34,7 @@ impl Transport {
 /// Bind the ROUTER socket at `addr` and start the loops.
 pub async fn start(
     addr: &str,
-    engine: Arc<Engine>,
+    engine: Arc<RouterState>,
     mut outbound: mpsc::UnboundedReceiver<Outbound>,
 ) -> Result<Transport> {
     let mut socket = RouterSocket::new();
@@ -77,7 +77,7 @@ pub async fn start(
 }
 
 /// `[identity, payload]` (an empty delimiter frame in between is tolerated).
-fn handle_frames(engine: &Engine, msg: ZmqMessage) {
+fn handle_frames(engine: &RouterState, msg: ZmqMessage) {
     let mut frames = msg.into_vec();
     if frames.len() < 2 {
         engine.metrics.plane.count(Rejection::Undecodable);

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nitsum_scheduler::engine::{Engine, Event, Submit};
 use nitsum_scheduler::mock_worker::MockOptions;
 use nitsum_scheduler::protocols::worker::Sampling;
+use nitsum_scheduler::state::{Event, RouterState, Submit};
 use nitsum_scheduler::testutil::TempDir;
 use serde_json::Value;
 
@@ -42,7 +42,7 @@ fn tp12() -> MockOptions {
 
 /// Submit one request of tier index `tier` (40 prompt tokens, 8 output tokens) and wait for
 /// its final event; true when it completed.
-async fn one(engine: Arc<Engine>, tier: usize) -> bool {
+async fn one(engine: Arc<RouterState>, tier: usize) -> bool {
     let req = Submit {
         input_ids: (1..=40).collect(),
         sampling: Sampling {

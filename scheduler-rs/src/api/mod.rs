@@ -18,19 +18,19 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::auth::Auth;
-use crate::engine::Engine;
+use crate::state::RouterState;
 use crate::tokenize::ModelFiles;
 
 /// Shared state of every handler.
 pub struct AppState {
-    pub engine: Arc<Engine>,
+    pub engine: Arc<RouterState>,
     /// `None` without `--model-dir`: only token-id requests work then.
     pub model: Option<Arc<ModelFiles>>,
     pub auth: Auth,
 }
 
 impl AppState {
-    pub fn new(engine: Arc<Engine>, model: Option<Arc<ModelFiles>>) -> Arc<Self> {
+    pub fn new(engine: Arc<RouterState>, model: Option<Arc<ModelFiles>>) -> Arc<Self> {
         let auth = Auth::new(engine.cfg.api_keys.clone(), engine.cfg.tiers.clone());
         Arc::new(AppState {
             engine,

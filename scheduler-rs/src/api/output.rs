@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::engine::{Event, RequestHandle};
 use crate::errors::ApiError;
+use crate::state::{Event, RequestHandle};
 use crate::tokenize::{IncrementalDetokenizer, ModelFiles, StopMatcher};
 
 /// One step of output.

@@ -5,10 +5,10 @@ use axum::http::HeaderMap;
 
 use super::output::TextStream;
 use super::AppState;
-use crate::engine::Submit;
 use crate::errors::ApiError;
 use crate::protocols::openai::CommonParams;
 use crate::protocols::worker::Sampling;
+use crate::state::Submit;
 
 /// Sampling fields as the client sent them, with the name of the max-tokens field used.
 #[derive(Debug, Clone, Default)]

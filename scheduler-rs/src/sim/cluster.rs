@@ -14,9 +14,9 @@ use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
 use super::chooser::{Choice, Chooser};
-use super::engine::{Engine, Req};
 use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
+use super::group::{GroupSim, Req};
 use super::lookahead::{EngineKnobs, Situation};
 use super::{policy, report, Policy, SimConfig, SimResult};
 
@@ -25,7 +25,7 @@ pub struct Cluster<'a> {
     pub(super) cfg: &'a SimConfig,
     pub(super) profile: Profile,
     pub(super) reqs: Vec<Req>,
-    pub(super) groups: BTreeMap<u32, Engine>,
+    pub(super) groups: BTreeMap<u32, GroupSim>,
     pub(super) plan: Plan,
     pub(super) dispatcher: Dispatcher,
     pub(super) stats: WindowStats,
@@ -308,7 +308,7 @@ impl<'a> Cluster<'a> {
     /// A decoding group: `want` if it still decodes, else the group holding device `near`,
     /// else the least-loaded decoding group.
     pub(super) fn decode_target(&self, want: Option<u32>, near: Option<u32>) -> Option<u32> {
-        let decodes = |l: &u32| self.groups.get(l).is_some_and(Engine::decodes);
+        let decodes = |l: &u32| self.groups.get(l).is_some_and(GroupSim::decodes);
         if let Some(l) = want.filter(decodes) {
             return Some(l);
         }

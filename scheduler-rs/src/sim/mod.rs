@@ -8,9 +8,9 @@
 
 pub mod chooser;
 mod cluster;
-mod engine;
 mod events;
 pub mod forecast;
+mod group;
 pub mod lookahead;
 mod policy;
 mod reconfigure;

@@ -9,7 +9,7 @@ use crate::plan::Role;
 use crate::planner::{Planned, PlannerConfig};
 
 use super::cluster::Cluster;
-use super::engine::Engine;
+use super::group::GroupSim;
 
 impl Cluster<'_> {
     /// Switch to a new plan: keep unchanged groups, dissolve the rest, re-home their requests.
@@ -47,7 +47,7 @@ impl Cluster<'_> {
                     0.0
                 };
                 self.next_gen += 1;
-                Engine::new(
+                GroupSim::new(
                     g.clone(),
                     cap as usize,
                     budget,

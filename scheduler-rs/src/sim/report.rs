@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::LengthStats;
 use crate::tiers::Tier;
 
-use super::engine::Req;
+use super::group::Req;
 
 /// One request's outcome. Latencies are `None` when it never got that far.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -177,8 +177,8 @@ fn config_errors_are_clear() {
 }
 
 /// A prefilled request (1 token generated) of `class` for the engine-level tests.
-fn decoding(output: u32, class: crate::dispatch::Class) -> engine::Req {
-    engine::Req {
+fn decoding(output: u32, class: crate::dispatch::Class) -> group::Req {
+    group::Req {
         arrival: 0.0,
         input: 10,
         output,
@@ -197,8 +197,8 @@ fn decoding(output: u32, class: crate::dispatch::Class) -> engine::Req {
 }
 
 /// A waiting request with an `input`-token prompt due (first token) by `deadline`.
-fn waiting(input: u32, deadline: f64) -> engine::Req {
-    engine::Req {
+fn waiting(input: u32, deadline: f64) -> group::Req {
+    group::Req {
         input,
         prefilled: 0,
         generated: 0,
@@ -226,7 +226,7 @@ fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
     let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
     // 10 prompt tokens an iteration at 1 ms a token: a 40-token prompt needs 4 iterations,
     // at least 30 ms for the 3 full ones (the lower bound counts the last as free).
-    let mut e = engine::Engine::new(one_device_group(), 4, 10, 0.0, 1);
+    let mut e = group::GroupSim::new(one_device_group(), 4, 10, 0.0, 1);
     e.demote_late = true;
     // r0 is due in 25 ms: hopeless. r1 (20 tokens, due in 100 ms) is fine; r2 (20 tokens
     // behind r1's 20, due in 35 ms) might still make it: at least 30 ms.
@@ -247,7 +247,7 @@ fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
         "r1 got the budget, not the hopeless r0"
     );
     // Without the rule r0, first in line, would have taken it.
-    let mut e = engine::Engine::new(one_device_group(), 4, 10, 0.0, 2);
+    let mut e = group::GroupSim::new(one_device_group(), 4, 10, 0.0, 2);
     let mut reqs = vec![waiting(40, 0.025), waiting(20, 0.1)];
     e.push_prefill(0, Class::Feasible);
     e.push_prefill(1, Class::Feasible);
@@ -260,7 +260,7 @@ fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
 fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
     use crate::dispatch::Class;
     let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
-    let mut e = engine::Engine::new(one_device_group(), 1, 512, 0.0, 7);
+    let mut e = group::GroupSim::new(one_device_group(), 1, 512, 0.0, 7);
     // r0 (best effort, 5 tokens) decodes alone, then r1 (feasible, 3 tokens) takes its slot.
     let mut reqs = vec![decoding(5, Class::BestEffort), decoding(3, Class::Feasible)];
     e.push_decode(0, Class::BestEffort);

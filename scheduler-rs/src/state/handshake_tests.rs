@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::tests::{drain_raw, submit};
-use super::{Engine, Event, Outbound};
+use super::{Event, Outbound, RouterState};
 use crate::config::RouterConfig;
 use crate::protocols::worker::decode_incoming;
 use crate::worker_auth::{Nonce, Rejection, WorkerSecret};
@@ -20,15 +20,15 @@ fn secret() -> WorkerSecret {
     WorkerSecret::new("handshake-tests-secret-0123").unwrap()
 }
 
-fn engine() -> (Arc<Engine>, Rx) {
-    Engine::new(Arc::new(RouterConfig {
+fn engine() -> (Arc<RouterState>, Rx) {
+    RouterState::new(Arc::new(RouterConfig {
         worker_secret: Some(secret()),
         heartbeat_timeout_ms: 100,
         ..RouterConfig::default()
     }))
 }
 
-fn send(engine: &Engine, conn: &str, v: Value) {
+fn send(engine: &RouterState, conn: &str, v: Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
     let m = decode_incoming(&bytes).unwrap();
     engine.on_message(Bytes::copy_from_slice(conn.as_bytes()), m);
@@ -40,7 +40,7 @@ fn register_msg(worker: u32, model: &str, auth: Option<String>) -> Value {
 
 /// Register `worker` on `conn`, proving `key`; the type of the router's last answer to `conn`.
 fn handshake(
-    engine: &Engine,
+    engine: &RouterState,
     rx: &mut Rx,
     conn: &str,
     worker: u32,
@@ -67,7 +67,7 @@ fn handshake(
         .unwrap_or_default()
 }
 
-fn rejected(engine: &Engine, why: Rejection) -> u64 {
+fn rejected(engine: &RouterState, why: Rejection) -> u64 {
     engine.metrics.plane.get(why)
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::{EarlyEnd, Engine, Event};
+use super::{EarlyEnd, Event, RouterState};
 use crate::dispatch::Class;
 
 /// One dispatched request.
@@ -13,7 +13,7 @@ pub struct RequestHandle {
     id: u64,
     class: Class,
     rx: mpsc::UnboundedReceiver<Event>,
-    engine: Arc<Engine>,
+    engine: Arc<RouterState>,
     /// The final event was received or the request was ended early.
     done: bool,
 }
@@ -23,7 +23,7 @@ impl RequestHandle {
         id: u64,
         class: Class,
         rx: mpsc::UnboundedReceiver<Event>,
-        engine: Arc<Engine>,
+        engine: Arc<RouterState>,
     ) -> Self {
         RequestHandle {
             id,

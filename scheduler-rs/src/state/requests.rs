@@ -7,7 +7,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{EarlyEnd, Engine, Event, FinishReason, Inflight, RequestHandle, State, Submit};
+use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::metrics::Completion;
 use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
@@ -69,7 +69,7 @@ impl State {
     }
 }
 
-impl Engine {
+impl RouterState {
     /// Dispatch a request: `Err` when its tier is full (the caller answers 429) or no group
     /// can take it (503).
     pub fn submit(self: &Arc<Self>, req: Submit) -> Result<RequestHandle, SubmitError> {

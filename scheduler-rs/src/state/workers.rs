@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Engine, Event, Inflight, State};
+use super::{Event, Inflight, RouterState, State};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Body};
 use crate::registry::WorkerInfo;
 
-impl Engine {
+impl RouterState {
     /// Handle a message from a connection bound to `worker` (the handshake in
     /// `handshake.rs` checked the connection first).
     pub(super) fn on_bound_message(&self, worker: u32, identity: Bytes, body: Body) {

@@ -100,9 +100,9 @@ pub struct Outcome {
     pub handoff: Vec<usize>,
 }
 
-/// One group's engine.
+/// One simulated TP group's engine (the simulator's counterpart of a worker's Engine).
 #[derive(Debug)]
-pub struct Engine {
+pub struct GroupSim {
     pub plan: GroupPlan,
     /// Decode batch cap (running + admitted prefills on a mixed group).
     pub batch_cap: usize,
@@ -142,7 +142,7 @@ pub struct Engine {
     order: Vec<usize>,
 }
 
-impl Engine {
+impl GroupSim {
     pub fn new(
         plan: GroupPlan,
         batch_cap: usize,
@@ -150,7 +150,7 @@ impl Engine {
         ready_at: f64,
         generation: u64,
     ) -> Self {
-        Engine {
+        GroupSim {
             plan,
             batch_cap: batch_cap.max(1),
             budget: budget.max(1),
@@ -260,7 +260,7 @@ impl Engine {
         if self.demote_late {
             self.demote_late(reqs, now);
         }
-        let slots = |e: &Engine| {
+        let slots = |e: &GroupSim| {
             e.batch_cap
                 .saturating_sub(e.running.len() + e.prefilling.len())
         };

@@ -1,4 +1,4 @@
-//! Engine invariants without a network: routing, never mixing outputs between workers,
+//! RouterState invariants without a network: routing, never mixing outputs between workers,
 //! retry vs. explicit error when a worker dies, and charge release.
 
 use std::sync::Arc;
@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::json;
 
-use super::{Engine, Event, FinishReason, Outbound, Submit};
+use super::{Event, FinishReason, Outbound, RouterState, Submit};
 use crate::config::RouterConfig;
 use crate::protocols::worker::{decode_incoming, Sampling};
 
-pub(super) fn msg(engine: &Engine, worker: u32, v: serde_json::Value) {
+pub(super) fn msg(engine: &RouterState, worker: u32, v: serde_json::Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
     let m = decode_incoming(&bytes).unwrap();
     engine.on_message(Bytes::from(worker.to_string()), m);
 }
 
-pub(super) fn register(engine: &Engine, worker: u32) {
+pub(super) fn register(engine: &RouterState, worker: u32) {
     msg(
         engine,
         worker,
@@ -26,7 +26,13 @@ pub(super) fn register(engine: &Engine, worker: u32) {
     );
 }
 
-pub(super) fn tokens(engine: &Engine, worker: u32, id: u64, ids: &[u32], finish: Option<&str>) {
+pub(super) fn tokens(
+    engine: &RouterState,
+    worker: u32,
+    id: u64,
+    ids: &[u32],
+    finish: Option<&str>,
+) {
     msg(
         engine,
         worker,
@@ -72,7 +78,7 @@ pub(super) fn submit() -> Submit {
 
 #[tokio::test]
 async fn tokens_only_count_from_the_serving_worker() {
-    let (engine, mut rx) = Engine::new(Arc::new(RouterConfig::default()));
+    let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
     register(&engine, 0);
     register(&engine, 1);
     let sent = drain(&mut rx);
@@ -124,7 +130,7 @@ async fn dead_worker_requests_are_retried_or_failed() {
         heartbeat_timeout_ms: 100,
         ..RouterConfig::default()
     };
-    let (engine, mut rx) = Engine::new(Arc::new(cfg));
+    let (engine, mut rx) = RouterState::new(Arc::new(cfg));
     register(&engine, 0);
     let mut streamed = engine.submit(submit()).unwrap();
     let mut waiting = engine.submit(submit()).unwrap();
@@ -178,7 +184,7 @@ async fn dead_worker_requests_are_retried_or_failed() {
 
 #[tokio::test]
 async fn dropping_a_handle_aborts_and_releases() {
-    let (engine, mut rx) = Engine::new(Arc::new(RouterConfig::default()));
+    let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
     register(&engine, 0);
     let h = engine.submit(submit()).unwrap();
     let id = engine.wire_id(h.id());

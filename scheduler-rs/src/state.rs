@@ -1,5 +1,5 @@
-//! The request engine: worker registry, current plan, dispatcher and the table of in-flight
-//! requests. Transport and HTTP handlers call into it; it never awaits.
+//! The router's state (`RouterState`): worker registry, current plan, dispatcher and the
+//! table of in-flight requests. Transport and HTTP handlers call into it; it never awaits.
 //!
 //! NOTE (architecture §7): every accepted request ends in exactly one final event on its channel:
 //! `Event::Tokens` with a finish reason, or `Event::Error`. The entry leaves `inflight`
@@ -131,7 +131,7 @@ pub struct GroupSnapshot {
 }
 
 /// Router state shared by the transport, the HTTP handlers and the heartbeat monitor.
-pub struct Engine {
+pub struct RouterState {
     pub cfg: Arc<RouterConfig>,
     pub metrics: Metrics,
     state: Mutex<State>,
@@ -143,7 +143,7 @@ pub struct Engine {
     clock: Instant,
     /// Whether the control loop runs (a profile is configured): the request path feeds stats.
     control: bool,
-    /// Shutting down: new requests are refused (`Engine::start_draining`).
+    /// Shutting down: new requests are refused (`RouterState::start_draining`).
     draining: std::sync::atomic::AtomicBool,
 }
 
@@ -162,7 +162,7 @@ pub use control::{PlanRecord, PlanResult, Refusal, RoundOutcome};
 pub use handle::RequestHandle;
 pub use requests::SubmitError;
 
-impl Engine {
+impl RouterState {
     /// A new engine and the receiver of its outbound messages (for the transport).
     pub fn new(cfg: Arc<RouterConfig>) -> (Arc<Self>, mpsc::UnboundedReceiver<Outbound>) {
         let (out, rx) = mpsc::unbounded_channel();
@@ -171,7 +171,7 @@ impl Engine {
             prior_output_tokens: cfg.planner.prior_lengths.1,
             ..StatsConfig::default()
         });
-        let engine = Engine {
+        let engine = RouterState {
             metrics: Metrics::new(&cfg.tiers),
             control: cfg.profile.is_some(),
             cfg,
@@ -189,7 +189,7 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl RouterState {
     fn lock(&self) -> MutexGuard<'_, State> {
         // NOTE: nothing panics while holding the lock except a bug; keep serving anyway.
         self.state.lock().unwrap_or_else(|e| e.into_inner())

@@ -16,7 +16,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use super::{Engine, State};
+use super::{RouterState, State};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Reconfigured};
 use crate::sim::chooser::Choice;
@@ -134,7 +134,7 @@ fn cap(c: f64) -> Option<u32> {
     (c.is_finite() && c >= 1.0).then(|| c.floor() as u32)
 }
 
-impl Engine {
+impl RouterState {
     fn now_s(&self) -> f64 {
         self.clock.elapsed().as_secs_f64()
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::tests::{drain_raw, msg, register, submit, tokens};
-use super::{Engine, Event, FinishReason, PlanResult, RoundOutcome};
+use super::{Event, FinishReason, PlanResult, RoundOutcome, RouterState};
 use crate::config::RouterConfig;
 use crate::plan::{GroupPlan, Role};
 
@@ -23,7 +23,7 @@ fn group(members: &[u32], tiers: &[&str]) -> GroupPlan {
     }
 }
 
-fn ack(engine: &Engine, worker: u32, epoch: u64, ok: bool) {
+fn ack(engine: &RouterState, worker: u32, epoch: u64, ok: bool) {
     msg(
         engine,
         worker,
@@ -41,7 +41,7 @@ fn control_cfg() -> Arc<RouterConfig> {
 
 #[tokio::test]
 async fn acknowledged_round_switches_routing_and_keeps_inflight_requests() {
-    let (engine, mut rx) = Engine::new(control_cfg());
+    let (engine, mut rx) = RouterState::new(control_cfg());
     register(&engine, 0);
     register(&engine, 1);
     drain_raw(&mut rx);
@@ -108,7 +108,7 @@ async fn acknowledged_round_switches_routing_and_keeps_inflight_requests() {
 
 #[tokio::test]
 async fn refused_or_unanswered_round_keeps_the_old_plan() {
-    let (engine, mut rx) = Engine::new(control_cfg());
+    let (engine, mut rx) = RouterState::new(control_cfg());
     register(&engine, 0);
     register(&engine, 1);
     drain_raw(&mut rx);
@@ -173,7 +173,7 @@ async fn request_path_feeds_window_stats_only_with_the_control_loop() {
         (control_cfg(), 1usize),
         (Arc::new(RouterConfig::default()), 0),
     ] {
-        let (engine, mut rx) = Engine::new(cfg);
+        let (engine, mut rx) = RouterState::new(cfg);
         register(&engine, 0);
         let mut h = engine.submit(submit()).unwrap();
         drain_raw(&mut rx);
@@ -191,7 +191,7 @@ async fn request_path_feeds_window_stats_only_with_the_control_loop() {
 
 #[tokio::test]
 async fn a_capacity_only_change_refreshes_routing_without_a_round() {
-    let (engine, mut rx) = Engine::new(control_cfg());
+    let (engine, mut rx) = RouterState::new(control_cfg());
     register(&engine, 0);
     register(&engine, 1);
     drain_raw(&mut rx);

@@ -11,12 +11,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::Engine;
+use super::RouterState;
 use crate::protocols::worker::{self as wire, Body, Incoming, Register, PROTOCOL_VERSION};
 use crate::registry::WorkerInfo;
 use crate::worker_auth::Rejection;
 
-impl Engine {
+impl RouterState {
     /// Handle one decoded message from connection `identity`.
     pub fn on_message(&self, identity: Bytes, m: Incoming) {
         if m.v != PROTOCOL_VERSION {
