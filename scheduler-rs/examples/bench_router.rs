@@ -344,7 +344,7 @@ async fn main() {
         .await
         .unwrap();
     let t0 = Instant::now();
-    while run.engine.plan().groups.len() < args.replicas as usize {
+    while run.router.plan().groups.len() < args.replicas as usize {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "workers did not register"
@@ -354,10 +354,10 @@ async fn main() {
     println!(
         "setup: {} mock workers registered ({} TP-1 groups), runtime: 2 tokio threads, cores: {}",
         args.replicas,
-        run.engine.plan().groups.len(),
+        run.router.plan().groups.len(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let e = run.engine.clone();
+    let e = run.router.clone();
     // Warm-up (connections, allocations).
     let warm: Vec<Submit> = (0..2000).map(|i| make_request(i, &args)).collect();
     engine_throughput(&e, warm, args.window).await;
@@ -413,8 +413,8 @@ async fn main() {
 /// Mock workers that pass the router's handshake (its model name and secret).
 fn mock_options(run: &server::Running) -> MockOptions {
     MockOptions {
-        model: run.engine.cfg.served_model_name.clone(),
-        secret: run.engine.cfg.worker_secret.clone(),
+        model: run.router.cfg.served_model_name.clone(),
+        secret: run.router.cfg.worker_secret.clone(),
         ..MockOptions::default()
     }
 }

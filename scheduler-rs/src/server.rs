@@ -24,7 +24,7 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// Bound worker endpoint (e.g. `tcp://127.0.0.1:5557`).
     pub worker_endpoint: String,
-    pub engine: Arc<RouterState>,
+    pub router: Arc<RouterState>,
     pub transport: Transport,
     pub http: JoinHandle<()>,
     pub reaper: JoinHandle<()>,
@@ -38,14 +38,14 @@ impl Running {
     /// up to `timeout` to finish, then end the rest with an explicit error (never a cut
     /// stream). Returns how many had to be ended.
     pub async fn drain(&self, timeout: Duration) -> usize {
-        self.engine.start_draining();
+        self.router.start_draining();
         let deadline = Instant::now() + timeout;
-        while self.engine.inflight() > 0 && Instant::now() < deadline {
+        while self.router.inflight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let left = self.engine.inflight();
+        let left = self.router.inflight();
         if left > 0 {
-            self.engine
+            self.router
                 .fail_all("the server shut down before this request finished");
             // Let the handlers write the error events out.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -136,7 +136,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
     Ok(Running {
         http_addr,
         worker_endpoint,
-        engine,
+        router: engine,
         transport,
         http,
         reaper,
@@ -158,13 +158,13 @@ pub async fn serve(cfg: RouterConfig) -> Result<()> {
         _ = term.recv() => {}
     }
     tracing::info!(
-        inflight = running.engine.inflight(),
+        inflight = running.router.inflight(),
         "shutting down: draining"
     );
     let ended = running.drain(drain).await;
     tracing::info!(ended, "drained");
     if shutdown_workers {
-        running.engine.shutdown_workers();
+        running.router.shutdown_workers();
         // Give the send loop a moment to flush.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

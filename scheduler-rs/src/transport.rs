@@ -34,7 +34,7 @@ impl Transport {
 /// Bind the ROUTER socket at `addr` and start the loops.
 pub async fn start(
     addr: &str,
-    engine: Arc<RouterState>,
+    router: Arc<RouterState>,
     mut outbound: mpsc::UnboundedReceiver<Outbound>,
 ) -> Result<Transport> {
     let mut socket = RouterSocket::new();
@@ -47,7 +47,7 @@ pub async fn start(
     let recv_task = tokio::spawn(async move {
         loop {
             match rx.recv().await {
-                Ok(msg) => handle_frames(&engine, msg),
+                Ok(msg) => handle_frames(&router, msg),
                 Err(e) => {
                     tracing::error!("worker socket receive failed: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;

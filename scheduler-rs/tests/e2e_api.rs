@@ -114,7 +114,7 @@ async fn completions_stop_string_truncates_and_aborts_worker() {
         "stop"
     );
     wait_until(|| r.mocks[0].stats.aborts.load(Ordering::Relaxed) == 1).await;
-    assert_eq!(r.run.engine.inflight(), 0);
+    assert_eq!(r.run.router.inflight(), 0);
 
     // Non-stream, token-id prompt, list stop, echo.
     let body = json!({"prompt": [104, 105, 33], "max_tokens": 7, "stop": "!h", "echo": true});
@@ -393,7 +393,7 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     ]);
     let r = start(cfg, &[MockOptions::default(), MockOptions::default()]).await;
     // Worker 2 is missing: the decode group is not routable, so nothing can be placed.
-    assert_eq!(r.run.engine.plan().groups.len(), 1);
+    assert_eq!(r.run.router.plan().groups.len(), 1);
     let body = json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": 2}});
     assert_eq!(post(&r, "/generate", body.clone()).await.status, 503);
     let late = nitsum_scheduler::mock_worker::spawn(
@@ -403,7 +403,7 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     )
     .await
     .unwrap();
-    wait_until(|| r.run.engine.plan().groups.len() == 2).await;
+    wait_until(|| r.run.router.plan().groups.len() == 2).await;
     let v = post(&r, "/generate", body).await.json();
     assert_eq!(v["output_ids"], json!([104, 105]));
     let last = r.mocks[0].stats.last_generate.lock().unwrap().clone();
@@ -431,7 +431,7 @@ async fn a_full_tier_answers_429_with_retry_after_and_a_capped_max_tokens_400() 
     let relaxed = json!({"input_ids": [104], "tier": "relaxed",
                          "sampling_params": {"max_new_tokens": 1}});
     let probe = async {
-        wait_until(|| r.run.engine.inflight() == 2).await;
+        wait_until(|| r.run.router.inflight() == 2).await;
         let full = post(&r, "/generate", body.clone()).await;
         // Another tier is not affected by strict's bound.
         let other = post(&r, "/generate", relaxed).await.status;
@@ -498,7 +498,7 @@ async fn a_drain_finishes_what_runs_refuses_what_comes_and_ends_the_rest_explici
     let body = |n: u32| json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": n, "ignore_eos": true}});
     // A generous drain: the running request finishes; one sent meanwhile gets 503.
     let during = async {
-        wait_until(|| r.run.engine.inflight() == 1).await;
+        wait_until(|| r.run.router.inflight() == 1).await;
         let drained = r.run.drain(Duration::from_secs(10));
         let refused = async {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -512,7 +512,7 @@ async fn a_drain_finishes_what_runs_refuses_what_comes_and_ends_the_rest_explici
     assert_eq!(ended, 0);
     assert_eq!(err(&refused).0, 503);
     assert_eq!(refused.json()["error"]["code"], "shutting_down");
-    assert_eq!(r.run.engine.inflight(), 0);
+    assert_eq!(r.run.router.inflight(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -522,7 +522,7 @@ async fn a_drain_past_its_deadline_ends_streams_with_an_error_event_and_done() {
     let body = json!({"model": "tiny", "prompt": "hi", "stream": true, "max_tokens": 50,
                       "ignore_eos": true});
     let cut = async {
-        wait_until(|| r.run.engine.inflight() == 1).await;
+        wait_until(|| r.run.router.inflight() == 1).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
         r.run.drain(Duration::from_millis(100)).await
     };
@@ -539,7 +539,7 @@ async fn a_drain_past_its_deadline_ends_streams_with_an_error_event_and_done() {
             .contains("shut down"),
         "{error}"
     );
-    assert_eq!(r.run.engine.inflight(), 0);
+    assert_eq!(r.run.router.inflight(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

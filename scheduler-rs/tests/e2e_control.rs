@@ -91,7 +91,7 @@ async fn load_until(
             owed[tier] += rate * tick.as_secs_f64();
             while owed[tier] >= 1.0 {
                 owed[tier] -= 1.0;
-                tasks.push(tokio::spawn(one(r.run.engine.clone(), tier)));
+                tasks.push(tokio::spawn(one(r.run.router.clone(), tier)));
             }
         }
         if t0.elapsed() >= Duration::from_secs(1) && done(&get_json(r, "/admin/plan").await) {

@@ -38,8 +38,8 @@ async fn request_that_streamed_nothing_is_retried_on_another_worker() {
         metrics.contains("nitsum_requests_retried_total{tier=\"strict\"} 1"),
         "{metrics}"
     );
-    assert_eq!(r.run.engine.workers().len(), 1);
-    assert_eq!(r.run.engine.plan().groups.len(), 1);
+    assert_eq!(r.run.router.workers().len(), 1);
+    assert_eq!(r.run.router.plan().groups.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,7 +66,7 @@ async fn request_streaming_when_its_worker_dies_ends_with_an_error() {
     // Some content was streamed before the failure, and the request was not retried.
     assert!(data.len() > 4);
     assert_eq!(r.mocks[1].stats.generates.load(Ordering::Relaxed), 0);
-    assert_eq!(r.run.engine.inflight(), 0);
+    assert_eq!(r.run.router.inflight(), 0);
     let metrics = call(&r, "GET", "/metrics", &[], "").await.body;
     assert!(
         metrics.contains("nitsum_requests_error_total{tier=\"strict\"} 1"),
@@ -82,10 +82,10 @@ async fn client_disconnect_mid_stream_aborts_on_the_worker() {
     let mut buf = [0u8; 512];
     let n = s.read(&mut buf).await.unwrap();
     assert!(n > 0);
-    wait_until(|| r.run.engine.inflight() == 1).await;
+    wait_until(|| r.run.router.inflight() == 1).await;
     drop(s);
     wait_until(|| r.mocks[0].stats.aborts.load(Ordering::Relaxed) == 1).await;
-    wait_until(|| r.run.engine.inflight() == 0).await;
+    wait_until(|| r.run.router.inflight() == 0).await;
     let metrics = call(&r, "GET", "/metrics", &[], "").await.body;
     assert!(
         metrics.contains("nitsum_requests_cancelled_total{tier=\"strict\"} 1"),

@@ -31,7 +31,7 @@ async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
         tokio::spawn(async move {
             let mut slowest = Duration::ZERO;
             while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(r.run.engine.inflight(), Ordering::Relaxed);
+                peak.fetch_max(r.run.router.inflight(), Ordering::Relaxed);
                 let t = Instant::now();
                 let h = call(&r, "GET", "/health", &[], "").await;
                 assert_eq!(h.status, 200, "{}", h.body);
@@ -83,9 +83,9 @@ async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
         slowest_health < Duration::from_millis(500),
         "/health took {slowest_health:?}"
     );
-    wait_until(|| r.run.engine.inflight() == 0).await;
-    let strict = r.run.engine.metrics.tier(0);
-    let relaxed = r.run.engine.metrics.tier(1);
+    wait_until(|| r.run.router.inflight() == 0).await;
+    let strict = r.run.router.metrics.tier(0);
+    let relaxed = r.run.router.metrics.tier(1);
     let finished =
         strict.finished.load(Ordering::Relaxed) + relaxed.finished.load(Ordering::Relaxed);
     assert_eq!(finished, ok as u64);
@@ -113,7 +113,7 @@ async fn a_tier_that_rejects_unattainable_requests_refuses_what_its_slo_bandwidt
     let body = json!({"input_ids": [104, 105], "tier": "strict",
                       "sampling_params": {"max_new_tokens": 3, "ignore_eos": true}});
     let second = async {
-        wait_until(|| r.run.engine.inflight() == 1).await;
+        wait_until(|| r.run.router.inflight() == 1).await;
         post(&r, "/generate", body.clone()).await
     };
     let (first, second) = tokio::join!(post(&r, "/generate", body.clone()), second);

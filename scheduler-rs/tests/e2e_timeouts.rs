@@ -38,14 +38,14 @@ async fn a_request_past_its_deadline_gets_408_and_is_aborted_on_the_worker() {
         "answered after {took:?}"
     );
     // The worker was told to stop: nothing stays in flight, and the metric counts it.
-    wait_until(|| r.run.engine.inflight() == 0).await;
+    wait_until(|| r.run.router.inflight() == 0).await;
     let metrics = call(&r, "GET", "/metrics", &[], "").await.body;
     let line = metrics
         .lines()
         .find(|l| l.starts_with("nitsum_requests_timed_out_total{tier=\"strict\"}"))
         .unwrap_or_else(|| panic!("no timed_out counter in\n{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
-    let m = r.run.engine.metrics.tier(0);
+    let m = r.run.router.metrics.tier(0);
     assert_eq!(m.timed_out.load(Ordering::Relaxed), 1);
 }
 
@@ -65,7 +65,7 @@ async fn a_stream_past_its_deadline_ends_with_an_error_event_and_done() {
     // Some tokens streamed before the deadline, and none after it.
     let chunks = data.len() - 2;
     assert!((1..=4).contains(&chunks), "{chunks} chunks: {data:?}");
-    wait_until(|| r.run.engine.inflight() == 0).await;
+    wait_until(|| r.run.router.inflight() == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,7 +60,7 @@ pub async fn read_body_within(
     req: Request,
     next: Next,
 ) -> Response {
-    let limit = Duration::from_millis(state.engine.cfg.client_read_timeout_ms);
+    let limit = Duration::from_millis(state.router.cfg.client_read_timeout_ms);
     let (parts, body) = req.into_parts();
     let bytes = match tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY_BYTES)).await
     {

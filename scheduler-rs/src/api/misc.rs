@@ -22,8 +22,8 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
 
 /// `GET /health`: 200 when at least one worker is registered, else 503.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let workers = state.engine.workers().len();
-    let epoch = state.engine.plan().epoch;
+    let workers = state.router.workers().len();
+    let epoch = state.router.plan().epoch;
     let status = if workers > 0 {
         StatusCode::OK
     } else {
@@ -47,32 +47,32 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) 
     if let Err(e) = state.auth.require_admin(&headers) {
         return e.into_response();
     }
-    let plan = state.engine.plan();
+    let plan = state.router.plan();
     let workers: Vec<_> = state
-        .engine
+        .router
         .workers()
         .into_iter()
         .map(|(id, w)| json!({"id": id, "device": w.device, "model": w.model, "tp_levels": w.tp_levels}))
         .collect();
     axum::Json(
         json!({"epoch": plan.epoch, "groups": plan.groups, "workers": workers,
-        "control": state.engine.cfg.profile.is_some(),
-        "pending": state.engine.round_pending(),
-        "strategy": state.engine.last_choice(),
-        "history": state.engine.plan_history()}),
+        "control": state.router.cfg.profile.is_some(),
+        "pending": state.router.round_pending(),
+        "strategy": state.router.last_choice(),
+        "history": state.router.plan_history()}),
     )
     .into_response()
 }
 
 /// `GET /metrics`: Prometheus text exposition.
 pub async fn metrics(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    if state.engine.cfg.restrict_metrics {
+    if state.router.cfg.restrict_metrics {
         if let Err(e) = state.auth.require_admin(&headers) {
             return e.into_response();
         }
     }
     let mut out = String::with_capacity(16 * 1024);
-    state.engine.metrics.render(&mut out);
+    state.router.metrics.render(&mut out);
     render_gauges(&state, &mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
@@ -82,7 +82,7 @@ fn gauge(out: &mut String, name: &str, help: &str) {
 }
 
 fn render_gauges(state: &AppState, out: &mut String) {
-    let e = &state.engine;
+    let e = &state.router;
     gauge(out, "nitsum_plan_epoch", "Epoch of the current plan.");
     let _ = writeln!(out, "nitsum_plan_epoch {}", e.plan().epoch);
     gauge(

@@ -23,29 +23,29 @@ use crate::tokenize::ModelFiles;
 
 /// Shared state of every handler.
 pub struct AppState {
-    pub engine: Arc<RouterState>,
+    pub router: Arc<RouterState>,
     /// `None` without `--model-dir`: only token-id requests work then.
     pub model: Option<Arc<ModelFiles>>,
     pub auth: Auth,
 }
 
 impl AppState {
-    pub fn new(engine: Arc<RouterState>, model: Option<Arc<ModelFiles>>) -> Arc<Self> {
-        let auth = Auth::new(engine.cfg.api_keys.clone(), engine.cfg.tiers.clone());
+    pub fn new(router: Arc<RouterState>, model: Option<Arc<ModelFiles>>) -> Arc<Self> {
+        let auth = Auth::new(router.cfg.api_keys.clone(), router.cfg.tiers.clone());
         Arc::new(AppState {
-            engine,
+            router,
             model,
             auth,
         })
     }
 
     pub fn served_model(&self) -> &str {
-        &self.engine.cfg.served_model_name
+        &self.router.cfg.served_model_name
     }
 
     /// Per-request deadline (zero: none).
     pub fn request_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.engine.cfg.request_timeout_ms)
+        std::time::Duration::from_millis(self.router.cfg.request_timeout_ms)
     }
 }
 

@@ -106,7 +106,7 @@ pub fn start(
 ) -> Result<TextStream, ApiError> {
     let prompt_tokens = input_ids.len();
     let submit = build(state, tier, input_ids, prompt_field, sampling)?;
-    let handle = state.engine.submit(submit).map_err(ApiError::from_submit)?;
+    let handle = state.router.submit(submit).map_err(ApiError::from_submit)?;
     Ok(
         TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
             .with_timeout(state.request_timeout()),
@@ -146,7 +146,7 @@ pub fn build(
         ));
     }
     let room = (max_context - prompt).min(u32::MAX as usize) as u32;
-    let cap = state.engine.cfg.tiers[tier].max_tokens;
+    let cap = state.router.cfg.tiers[tier].max_tokens;
     let max_tokens = match s.max_tokens {
         Some(m) if m < 1 => {
             return Err(ApiError::invalid(
@@ -160,7 +160,7 @@ pub fn build(
                 format!(
                     "{} is {m}, above the {} tier's cap of {}",
                     s.max_tokens_field,
-                    state.engine.cfg.tiers[tier].name,
+                    state.router.cfg.tiers[tier].name,
                     cap.unwrap_or_default()
                 ),
             ))

@@ -13,7 +13,7 @@ pub struct RequestHandle {
     id: u64,
     class: Class,
     rx: mpsc::UnboundedReceiver<Event>,
-    engine: Arc<RouterState>,
+    router: Arc<RouterState>,
     /// The final event was received or the request was ended early.
     done: bool,
 }
@@ -23,13 +23,13 @@ impl RequestHandle {
         id: u64,
         class: Class,
         rx: mpsc::UnboundedReceiver<Event>,
-        engine: Arc<RouterState>,
+        router: Arc<RouterState>,
     ) -> Self {
         RequestHandle {
             id,
             class,
             rx,
-            engine,
+            router,
             done: false,
         }
     }
@@ -73,7 +73,7 @@ impl RequestHandle {
     pub fn time_out(mut self) {
         if !self.done {
             self.done = true;
-            self.engine.end_early(self.id, EarlyEnd::TimedOut);
+            self.router.end_early(self.id, EarlyEnd::TimedOut);
         }
     }
 
@@ -81,7 +81,7 @@ impl RequestHandle {
     pub fn stop(mut self) {
         if !self.done {
             self.done = true;
-            self.engine.end_early(self.id, EarlyEnd::StopString);
+            self.router.end_early(self.id, EarlyEnd::StopString);
         }
     }
 }
@@ -89,7 +89,7 @@ impl RequestHandle {
 impl Drop for RequestHandle {
     fn drop(&mut self) {
         if !self.done {
-            self.engine.end_early(self.id, EarlyEnd::Cancelled);
+            self.router.end_early(self.id, EarlyEnd::Cancelled);
         }
     }
 }

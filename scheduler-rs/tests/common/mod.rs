@@ -65,7 +65,7 @@ pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
                 .unwrap(),
         );
     }
-    wait_until(|| run.engine.workers().len() == workers.len()).await;
+    wait_until(|| run.router.workers().len() == workers.len()).await;
     Router {
         run,
         mocks,
@@ -76,8 +76,8 @@ pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
 /// `opts` with the model name and secret that pass `run`'s handshake.
 pub fn authenticated(run: &Running, opts: MockOptions) -> MockOptions {
     MockOptions {
-        model: run.engine.cfg.served_model_name.clone(),
-        secret: run.engine.cfg.worker_secret.clone(),
+        model: run.router.cfg.served_model_name.clone(),
+        secret: run.router.cfg.worker_secret.clone(),
         ..opts
     }
 }
