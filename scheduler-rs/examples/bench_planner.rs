@@ -83,20 +83,25 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// ((wall p50, p99), (process CPU p50, p99)) in milliseconds.
 type Timings = ((f64, f64), (f64, f64));
 
-fn bench(profile: &Profile, devices: u32, tiers: usize, iters: usize) -> Timings {
-    bench_with(profile, devices, tiers, iters, None)
+/// p50/p99 of per-round (wall, CPU) samples.
+fn timings((mut wall, mut cpu): (Vec<f64>, Vec<f64>)) -> Timings {
+    (p50_p99(&mut wall), p50_p99(&mut cpu))
 }
 
-/// The same with the lookahead strategy choice (issue 10) before each plan: one selection
-/// round + the chosen strategy's plan, as the control loop does (`choose`: the chooser's
-/// config; `None`: the plan alone).
-fn bench_with(
+fn bench(profile: &Profile, devices: u32, tiers: usize, iters: usize) -> Timings {
+    timings(samples(profile, devices, tiers, iters, None))
+}
+
+/// Per-round (wall, CPU) ms, in round order, of planning `iters` random demands, each
+/// preceded by a lookahead selection round (issue 10) as the control loop does when `choose`
+/// is the chooser's config (`None`: the plan alone).
+fn samples(
     profile: &Profile,
     devices: u32,
     tiers: usize,
     iters: usize,
     choose: Option<LookaheadConfig>,
-) -> Timings {
+) -> (Vec<f64>, Vec<f64>) {
     let mut rng = Lcg(42);
     let tiers: Vec<Tier> = (0..tiers)
         .map(|i| Tier {
@@ -111,7 +116,6 @@ fn bench_with(
         })
         .collect();
     let cfg = PlannerConfig::default();
-    let first_round_apart = choose.is_some();
     let mut chooser = choose.map(|cfg| Chooser::new(cfg, Strategy::Greedy));
     let mut prev = None;
     let mut wall = Vec::with_capacity(iters);
@@ -159,20 +163,22 @@ fn bench_with(
         wall.push(t0.elapsed().as_secs_f64() * 1e3);
         prev = Some(out.plan);
     }
-    if first_round_apart {
-        // NOTE: the chooser's first round predicts every candidate (nothing is known yet);
-        // later rounds predict the strategy in force and `rivals_per_round` rivals.
-        // `main` prints the first round apart.
-        FIRST_ROUND_MS.with(|f| f.set((wall[0], cpu[0])));
-        wall.remove(0);
-        cpu.remove(0);
-    }
-    (p50_p99(&mut wall), p50_p99(&mut cpu))
+    (wall, cpu)
 }
 
-thread_local! {
-    /// (wall, CPU) ms of the last `bench_with(.., true)` call's first round.
-    static FIRST_ROUND_MS: std::cell::Cell<(f64, f64)> = const { std::cell::Cell::new((0.0, 0.0)) };
+/// The choice's timings over its rounds after the first, and the first round's (wall, CPU).
+/// NOTE: the chooser's first round predicts every candidate (nothing is known yet); later
+/// rounds predict the strategy in force and `rivals_per_round` rivals.
+fn choice_timings(
+    profile: &Profile,
+    devices: u32,
+    tiers: usize,
+    iters: usize,
+    cfg: LookaheadConfig,
+) -> (Timings, (f64, f64)) {
+    let (mut wall, mut cpu) = samples(profile, devices, tiers, iters, Some(cfg));
+    let first = (wall.remove(0), cpu.remove(0));
+    (timings((wall, cpu)), first)
 }
 
 fn main() {
@@ -196,8 +202,8 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (devices, tiers, iters, target) in [(128, 4, 200, 2.0), (1024, 8, 100, 20.0)] {
         let default = LookaheadConfig::default();
-        let ((p50, p99), (c50, c99)) = bench_with(&profile, devices, tiers, iters, Some(default));
-        let (first, first_cpu) = FIRST_ROUND_MS.with(|f| f.get());
+        let (((p50, p99), (c50, c99)), (first, first_cpu)) =
+            choice_timings(&profile, devices, tiers, iters, default);
         println!(
             "{devices:>5} devices x {tiers} tiers, with the lookahead choice ({iters} rounds, \
              {cores} cores): wall p50 {p50:.2} ms p99 {p99:.2} ms | CPU p50 {c50:.2} ms p99 \
@@ -210,7 +216,7 @@ fn main() {
             rivals_per_round: 0,
             ..LookaheadConfig::default()
         };
-        let ((e50, e99), _) = bench_with(&profile, devices, tiers, iters, Some(every));
+        let (((e50, e99), _), _) = choice_timings(&profile, devices, tiers, iters, every);
         println!(
             "      every candidate every round: wall p50 {e50:.2} ms p99 {e99:.2} ms | the \
              default round is {:.1}x (p50) / {:.1}x (p99) cheaper",
