@@ -38,13 +38,18 @@ def model_eos_ids(model_dir: Path) -> tuple[int, ...] | None:
         return None
 
 
-def load_model_files(
-    model_dir: Path,
-) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]], tuple[int, ...] | None]:
-    """(config, HF-named tensors, EOS ids) of the HF safetensors directory `model_dir`."""
+def load_config(model_dir: str | Path) -> ModelConfig:
+    """The model configuration of the HF directory `model_dir` (its config.json)."""
     # Imported here so that the worker package (and its tests on in-memory models) does not
     # depend on the weights/tokenizer modules at import time.
-    from nitsum.weights.hf import iter_hf_tensors, load_hf_config
+    from nitsum.weights.hf import load_hf_config
 
-    cfg = ModelConfig.from_hf(load_hf_config(model_dir))
-    return cfg, iter_hf_tensors(model_dir), model_eos_ids(model_dir)
+    return ModelConfig.from_hf(load_hf_config(model_dir))
+
+
+def load_model(model_dir: str | Path) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]]]:
+    """(config, HF-named tensors) of the HF safetensors directory `model_dir`; the tensors
+    are read as the iterator is consumed."""
+    from nitsum.weights.hf import iter_hf_tensors
+
+    return load_config(model_dir), iter_hf_tensors(model_dir)

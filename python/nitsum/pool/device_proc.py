@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
+from nitsum.engine.load import load_model
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.comm_pool import CommPool
@@ -37,11 +38,7 @@ class ModelSource:
 
     def load(self) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]]]:
         if self.model_dir is not None:
-            from nitsum.weights.hf import iter_hf_tensors, load_hf_config
-
-            return ModelConfig.from_hf(load_hf_config(self.model_dir)), iter_hf_tensors(
-                self.model_dir
-            )
+            return load_model(self.model_dir)
         assert self.hf_config is not None and self.state_dict is not None
         return ModelConfig.from_hf(self.hf_config), self.state_dict.items()
 

@@ -15,7 +15,7 @@ import torch
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
-from nitsum.engine.load import load_model_files
+from nitsum.engine.load import load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.pool import KVPool
@@ -100,5 +100,5 @@ def local_engine(
 
 def open_local_engine(model_dir: str | Path, ecfg: EngineConfig | None = None) -> PoolEngine:
     """`local_engine` on the HF model directory `model_dir`."""
-    cfg, tensors, eos = load_model_files(Path(model_dir))
-    return local_engine(cfg, tensors, ecfg, eos)
+    cfg, tensors = load_model(model_dir)
+    return local_engine(cfg, tensors, ecfg, model_eos_ids(Path(model_dir)))

@@ -32,16 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
 
-    from nitsum.config import ModelConfig
-    from nitsum.engine.load import resolve_model_dir
+    from nitsum.engine.load import load_config, resolve_model_dir
     from nitsum.pool.device_pool import DevicePool
     from nitsum.pool.device_proc import ModelSource
     from nitsum.pool.pool_engine import PoolEngine
     from nitsum.profiling.measure import measure_profile
-    from nitsum.weights.hf import load_hf_config
 
     model_dir = resolve_model_dir(args.model)
-    cfg = ModelConfig.from_hf(load_hf_config(model_dir))
+    cfg = load_config(model_dir)
     ecfg = EngineConfig()
     levels = cfg.allowed_tp_levels(ecfg.tp_levels)
     devices = args.devices or max(levels)

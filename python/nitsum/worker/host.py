@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
-from nitsum.engine.load import model_eos_ids
+from nitsum.engine.load import load_config, model_eos_ids
 from nitsum.kv.pool import KVPool
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -25,10 +24,8 @@ def open_pool_backend(
 
     The caller owns the pool: `backend.pe.pool.close()` stops the device processes.
     """
-    from nitsum.weights.hf import load_hf_config  # NOTE: late, like engine/load.py
-
     model_dir = Path(model_dir)
-    cfg = ModelConfig.from_hf(load_hf_config(model_dir))
+    cfg = load_config(model_dir)
     num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
     source = ModelSource(model_dir=str(model_dir))
     pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
