@@ -106,14 +106,6 @@ class DevicePool:
         return replies[0]
 
     # -- reconfiguration ---------------------------------------------------------------------
-    def activate(self, groups: list[tuple[int, ...]]) -> None:
-        """Make each group's context the active one on its members (no KV involved)."""
-        for members in groups:
-            self.send_many(members, "activate", members)
-        for members in groups:
-            for d in members:
-                self._reply(d)
-
     def migrate(
         self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
     ) -> list[TransferStats]:

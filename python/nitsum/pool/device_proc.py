@@ -1,7 +1,8 @@
 """One device's process: full weights, warm TP contexts, KV storage; executes commands.
 
 The controller (see device_pool.py) sends pickled commands over a pipe; the device runs
-forwards under the named group's context, KV transfers, and context activations.
+forwards under the named group's warm context (naming the group is what switches TP: nothing
+is activated or built on the switch path) and KV transfers.
 """
 
 from __future__ import annotations
@@ -95,10 +96,6 @@ class Device:
                 runner.hidden(inputs)  # the leader samples; the others join its collectives
                 return None
             return runner.forward(inputs).cpu()
-        if cmd == "activate":
-            # NOTE: contexts are warm and steps name their group, so activation is only the
-            # commit barrier of a reconfiguration: every member has finished its old steps.
-            return 0.0
         if cmd == "migrate":
             pieces, mode, fail = args
             return self.transfer.run(pieces, mode, fail)

@@ -30,10 +30,6 @@ class Devices(Protocol):
         """The launched step's float32 logits of the sampled rows (from the group leader)."""
         ...
 
-    def activate(self, groups: list[tuple[int, ...]]) -> None:
-        """Make each group's warm context the active one on its members."""
-        ...
-
     def migrate(
         self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
     ) -> list[TransferStats]:

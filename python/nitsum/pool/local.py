@@ -1,6 +1,6 @@
 """One device in this process: the N = 1 case of a device pool.
 
-`LocalDevice` has DevicePool's interface (launch/collect a step, activate, migrate, close), so
+`LocalDevice` has DevicePool's interface (launch/collect a step, migrate, close), so
 the offline API (`nitsum.LLM`), a one-device worker and a host worker of N device processes
 all run the same engine path: a PoolEngine over a pool. TP is runtime state there too: the
 device's TP-1 context is the one level a pool of one device has.
@@ -62,10 +62,6 @@ class LocalDevice:
                 return self.runner.forward(inputs)
         except Exception as e:  # noqa: BLE001 - a failing step fails its group, not the worker
             raise DeviceError(f"{type(e).__name__}: {e}") from e
-
-    def activate(self, groups: list[tuple[int, ...]]) -> None:
-        if groups != [ONLY_GROUP]:
-            raise DeviceError(f"device 0: a pool of one device has no groups {groups}")
 
     def migrate(
         self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None

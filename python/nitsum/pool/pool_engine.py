@@ -188,10 +188,11 @@ class PoolEngine:
                 timings_ms={"total": (time.perf_counter() - t0) * 1e3},
             )
         t_transfer = time.perf_counter()
-        # 4. Commit: new pages, layouts and groups become active together.
+        # 4. Commit: new pages, layouts and groups become active together. NOTE: that is the
+        # whole switch on the devices too: every context is warm and each step names the group
+        # it runs under, so nothing is sent to them here.
         commit_moves(moves, new, new_pages, recompute)
         self.engines = new
-        self.pool.activate(groups)
         t_end = time.perf_counter()
         self.counters["reconfigurations"] += 1
         self.counters["kv_migrated_bytes"] += moved
