@@ -2,11 +2,11 @@
 
 A single-device worker is the N=1 case of a host worker (both a `PoolBackend`: a PoolEngine
 over one in-process device or N device processes): towards the router both look like one
-worker per device id
-(docs/protocol.md). One thread does everything: poll the sockets, handle messages, run
-`backend.step()` while there is work, stream `tokens`, and send `register` / `heartbeat` on
-each link's timers. Messages are handled between steps, so a `reconfigure` is always applied
-at an iteration boundary. See docs/serving.md for how it is launched.
+worker per device id (docs/protocol.md). One thread does everything: poll the sockets,
+handle messages, run `backend.step()` while there is work, stream `tokens`, and send
+`register` / `heartbeat` on each link's timers. Messages are handled between steps, so a
+`reconfigure` is always applied at an iteration boundary. See docs/serving.md for how it is
+launched.
 """
 
 from __future__ import annotations
