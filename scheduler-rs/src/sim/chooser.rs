@@ -8,7 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::planner::strategy::Strategy;
 
-use super::lookahead::{predict_all, Candidate, LookaheadConfig, Situation};
+use super::lookahead::{predict_all, Candidate, ChoiceKind, LookaheadConfig, Situation};
+use super::shadow::ShadowBank;
+
+/// Requests a shadow run may hold before the bank is re-made (`Chooser::shadow_round`).
+const MAX_SHADOW_REQUESTS: usize = 200_000;
 
 /// The outcome of a selection round, with every candidate and the reason.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -31,7 +35,7 @@ pub type Delivered<'a> = &'a dyn Fn(f64, f64) -> f64;
 /// few rounds (`rivals_per_round`) is then still measured against the same forecast as the
 /// strategy it would replace. With every candidate predicted every round this is the same
 /// as averaging each candidate's own net prediction.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Chooser {
     pub cfg: LookaheadConfig,
     current: Strategy,
@@ -45,6 +49,9 @@ pub struct Chooser {
     /// Each strategy's latest prediction and the round it was made in.
     last: HashMap<Strategy, (u64, Candidate)>,
     rounds: u64,
+    /// Shadow choice: every strategy's shadow run (made at the first round, re-made when the
+    /// pool's devices or levels change).
+    bank: Option<ShadowBank>,
 }
 
 impl Chooser {
@@ -58,6 +65,7 @@ impl Chooser {
             pending: VecDeque::new(),
             last: HashMap::new(),
             rounds: 0,
+            bank: None,
         }
     }
 
@@ -123,6 +131,9 @@ impl Chooser {
     /// One selection round: predict the strategy in force and some rivals (`wanted`), fold
     /// the predictions into the running averages, and keep or switch the strategy.
     pub fn round(&mut self, s: &Situation, now: f64, delivered: Delivered) -> Choice {
+        if self.cfg.choice == ChoiceKind::Shadow {
+            return self.shadow_round(s, now);
+        }
         self.learn(now, delivered);
         self.rounds += 1;
         let strategies = Strategy::all(s.levels);
@@ -203,6 +214,86 @@ impl Chooser {
             .map_or(0.0, |i| choice.candidates[i].goodput_rps);
         self.pending.push_back((now, self.current, raw));
         choice
+    }
+}
+
+impl Chooser {
+    /// A selection round of the shadow choice: feed and run the shadows to `now`, then
+    /// switch to the strategy whose shadow met significantly more requests lately, if any.
+    fn shadow_round(&mut self, s: &Situation, now: f64) -> Choice {
+        self.rounds += 1;
+        if !self.bank.as_ref().is_some_and(|b| b.fits(s)) {
+            let every = f64::from(self.cfg.every_windows.max(1));
+            let start = (now - s.knobs.window_s * every).max(0.0);
+            match ShadowBank::new(s, &self.cfg, start) {
+                Ok(bank) => self.bank = Some(bank),
+                Err(e) => {
+                    return Choice {
+                        chosen: self.current,
+                        candidates: Vec::new(),
+                        reason: format!("kept {}: no shadow runs ({e})", self.current.name()),
+                    }
+                }
+            }
+        }
+        let bank = self.bank.as_mut().expect("made above");
+        let standing = bank.advance(s, &self.cfg, now);
+        let strategies = bank.strategies.clone();
+        // The levels changed under the strategy in force: start again from the greedy.
+        let current = strategies
+            .iter()
+            .position(|&x| x == self.current)
+            .unwrap_or(0);
+        let leader = bank.leader(current, self.cfg.confidence, self.cfg.shadow_margin);
+        let per_pool = 1.0 / bank.scale().max(1e-9);
+        let candidates: Vec<Candidate> = strategies
+            .iter()
+            .enumerate()
+            .map(|(k, st)| {
+                let attainment = if standing.total > 0.0 {
+                    standing.met[k] / standing.total
+                } else {
+                    0.0
+                };
+                let goodput = attainment * standing.rate_rps * per_pool;
+                Candidate {
+                    strategy: st.name(),
+                    goodput_rps: goodput,
+                    attainment,
+                    switch_cost_rps: 0.0,
+                    surge_goodput_rps: 0.0,
+                    smoothed_rps: goodput,
+                    bias: 1.0,
+                    fresh: true,
+                }
+            })
+            .collect();
+        let name = |k: usize| strategies[k].name();
+        let reason = match leader {
+            Some(j) => format!(
+                "switched {} -> {}: its shadow met {:.0}% vs {:.0}% of the recent requests",
+                name(current),
+                name(j),
+                candidates[j].attainment * 100.0,
+                candidates[current].attainment * 100.0,
+            ),
+            None => format!(
+                "kept {}: no shadow met significantly more ({:.0}% of the recent requests)",
+                name(current),
+                candidates[current].attainment * 100.0,
+            ),
+        };
+        self.current = strategies[leader.unwrap_or(current)];
+        if bank.held() > MAX_SHADOW_REQUESTS {
+            // NOTE: a shadow under lasting overload keeps its backlog; past the bound the
+            // bank starts afresh next round (the strategy in force stays).
+            self.bank = None;
+        }
+        Choice {
+            chosen: self.current,
+            candidates,
+            reason,
+        }
     }
 }
 

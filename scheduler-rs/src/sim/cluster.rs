@@ -2,7 +2,8 @@
 //! handoffs; and, for live policies, a control tick every window that re-plans (stats →
 //! planner → `reconfigure.rs`).
 
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use anyhow::{ensure, Context, Result};
 
@@ -18,13 +19,14 @@ use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
 use super::group::{GroupSim, Req};
 use super::lookahead::{EngineKnobs, Situation};
-use super::{policy, report, Policy, SimConfig, SimResult};
+use super::reqs::Reqs;
+use super::{policy, report, Policy, SimConfig, SimResult, TraceRequest};
 
 /// Simulation state.
 pub struct Cluster<'a> {
-    pub(super) cfg: &'a SimConfig,
+    pub(super) cfg: Cow<'a, SimConfig>,
     pub(super) profile: Profile,
-    pub(super) reqs: Vec<Req>,
+    pub(super) reqs: Reqs,
     pub(super) groups: BTreeMap<u32, GroupSim>,
     pub(super) plan: Plan,
     pub(super) dispatcher: Dispatcher,
@@ -33,7 +35,7 @@ pub struct Cluster<'a> {
     /// Live policies: the layout strategy in force (`nitsum` re-chooses it).
     pub(super) strategy: Option<Strategy>,
     /// Control windows so far (selection rounds run every `lookahead.every_windows`).
-    windows: u64,
+    pub(super) windows: u64,
     /// Policy `nitsum`: the strategy choice across rounds.
     chooser: Option<Chooser>,
     /// Every selection round of policy `nitsum`; see `SimResult::choices`.
@@ -41,8 +43,8 @@ pub struct Cluster<'a> {
     pub(super) events: BinaryHeap<Event>,
     /// Requests by (arrival, index): the arrivals, read in order instead of queued as events
     /// (the heap then holds only the groups' few events).
-    arrivals: Vec<usize>,
-    next_arrival: usize,
+    pub(super) arrivals: Vec<usize>,
+    pub(super) next_arrival: usize,
     /// Arrival `i` orders as an event pushed with sequence number `arrival_seq + 1 + i`.
     arrival_seq: u64,
     pub(super) seq: u64,
@@ -55,57 +57,72 @@ pub struct Cluster<'a> {
     /// Engine generations are unique across the run, so a dissolved group's late events
     /// never match the group that replaces it at the same leader.
     pub(super) next_gen: u64,
+    /// A shadow run (`sim::shadow`): arrivals are appended as they happen, it never ends and
+    /// its control ticks go on with nothing in flight.
+    pub(super) open: bool,
 }
 
 impl<'a> Cluster<'a> {
     pub fn new(cfg: &'a SimConfig) -> Result<Self> {
+        Self::build(Cow::Borrowed(cfg), None)
+    }
+
+    /// A shadow run of `strategy` from time `start` (`sim::shadow`), planning with `planner`
+    /// (the pool's settings): `cfg` has no requests, they are appended as they arrive.
+    pub(super) fn shadow(
+        cfg: SimConfig,
+        strategy: Strategy,
+        planner: PlannerConfig,
+        start: f64,
+    ) -> Result<Self> {
+        Self::build(Cow::Owned(cfg), Some((strategy, planner, start)))
+    }
+
+    fn build(
+        cfg: Cow<'a, SimConfig>,
+        shadow: Option<(Strategy, PlannerConfig, f64)>,
+    ) -> Result<Self> {
         let profile = Profile::from_file(cfg.profile.clone()).context("simulate")?;
         ensure!(cfg.devices > 0, "simulate: devices must be positive");
         ensure!(cfg.window_s > 0.0, "simulate: window_s must be positive");
-        let index: HashMap<&str, usize> = cfg
-            .tiers
+        let reqs = cfg
+            .requests
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.name.as_str(), i))
-            .collect();
-        let mut reqs = Vec::with_capacity(cfg.requests.len());
-        for (i, r) in cfg.requests.iter().enumerate() {
-            let tier = *index
-                .get(r.tier.as_str())
-                .with_context(|| format!("simulate: request {i} has unknown tier {:?}", r.tier))?;
-            ensure!(
-                r.input_len > 0 && r.output_len > 0,
-                "simulate: request {i} has a zero length"
-            );
-            reqs.push(Req {
-                arrival: r.arrival_s,
-                input: r.input_len,
-                output: r.output_len,
-                tier,
-                class: Class::Feasible,
-                prefilled: 0,
-                generated: 0,
-                first_token: None,
-                finish: None,
-                decode_leader: None,
-                dropped: false,
-                deadline: r.arrival_s + cfg.tiers[tier].ttft_ms / 1000.0,
-                stint: None,
-                leftover: r.leftover,
-            });
-        }
-        let planner_cfg = policy::planner_config(cfg, &profile)?;
-        let strategy = policy::initial_strategy(&cfg.policy);
+            .map(|(i, r)| req_of(&cfg, i, r))
+            .collect::<Result<Vec<Req>>>()?;
+        let reqs = Reqs::from(reqs);
+        let (planner_cfg, strategy) = match &shadow {
+            Some((st, pc, _)) => (Some(pc.clone()), Some(*st)),
+            None => (
+                policy::planner_config(&cfg, &profile)?,
+                policy::initial_strategy(&cfg.policy),
+            ),
+        };
         let initial = match (&planner_cfg, strategy) {
             (Some(pc), Some(s)) => {
                 plan_strategy(s, &profile, &cfg.tiers, &[], cfg.devices, None, pc)
             }
-            _ => policy::static_plan(cfg, &profile)?,
+            _ => policy::static_plan(&cfg, &profile)?,
         };
-        let last = reqs.iter().map(|r| r.arrival).fold(0.0, f64::max);
+        let (start, end) = match shadow {
+            Some((_, _, start)) => (start, f64::INFINITY),
+            None => (
+                0.0,
+                reqs.iter().map(|r| r.arrival).fold(0.0, f64::max) + cfg.drain_s,
+            ),
+        };
         let prior_output = planner_cfg
             .as_ref()
             .map_or(DEFAULT_PRIOR_LENGTHS.1, |pc| pc.prior_lengths.1);
+        let stats = WindowStats::new(StatsConfig {
+            rate_window_s: cfg.window_s,
+            prior_output_tokens: prior_output,
+            ..StatsConfig::default()
+        });
+        let open = shadow.is_some();
+        let chooser = (matches!(cfg.policy, Policy::Nitsum) && !open)
+            .then(|| Chooser::new(cfg.lookahead.clone(), Strategy::Greedy));
         let mut c = Cluster {
             cfg,
             profile,
@@ -113,28 +130,24 @@ impl<'a> Cluster<'a> {
             groups: BTreeMap::new(),
             plan: Plan::default(),
             dispatcher: Dispatcher::default(),
-            stats: WindowStats::new(StatsConfig {
-                rate_window_s: cfg.window_s,
-                prior_output_tokens: prior_output,
-                ..StatsConfig::default()
-            }),
+            stats,
             planner_cfg,
             strategy,
             windows: 0,
-            chooser: matches!(cfg.policy, Policy::Nitsum)
-                .then(|| Chooser::new(cfg.lookahead.clone(), Strategy::Greedy)),
+            chooser,
             choices: Vec::new(),
             events: BinaryHeap::new(),
             arrivals: Vec::new(),
             next_arrival: 0,
             arrival_seq: 0,
             seq: 0,
-            now: 0.0,
-            end: last + cfg.drain_s,
+            now: start,
+            end,
             reconfigs: 0,
             timeline: Vec::new(),
             moved: 0,
             next_gen: 0,
+            open,
         };
         c.apply(initial, false);
         // NOTE: the arrivals take the sequence numbers they had as events pushed here, in
@@ -150,7 +163,7 @@ impl<'a> Cluster<'a> {
         c.arrival_seq = c.seq;
         c.seq += c.reqs.len() as u64;
         if c.planner_cfg.is_some() {
-            c.push(cfg.window_s, Kind::Control);
+            c.push(start + c.cfg.window_s, Kind::Control);
         }
         Ok(c)
     }
@@ -164,7 +177,7 @@ impl<'a> Cluster<'a> {
         let mut result = report::summarize(
             policy_name(&self.cfg.policy),
             self.cfg.devices,
-            policy::trace_span(self.cfg),
+            policy::trace_span(&self.cfg),
             &self.cfg.tiers,
             records,
             (self.reconfigs, self.moved),
@@ -186,10 +199,12 @@ impl<'a> Cluster<'a> {
     }
 
     fn play(&mut self) {
-        while let Some(ev) = self.next_event() {
-            if ev.t > self.end {
-                break;
-            }
+        self.advance(self.end);
+    }
+
+    /// Process every event up to time `until` (arrivals included).
+    pub(super) fn advance(&mut self, until: f64) {
+        while let Some(ev) = self.next_event(until) {
             self.now = ev.t;
             match ev.kind {
                 Kind::Arrival(r) => self.on_arrival(r),
@@ -205,13 +220,22 @@ impl<'a> Cluster<'a> {
         }
     }
 
-    /// The earliest of the queued events and the next arrival.
-    fn next_event(&mut self) -> Option<Event> {
+    /// The earliest of the queued events and the next arrival, if it comes by `until`.
+    fn next_event(&mut self, until: f64) -> Option<Event> {
         let arrival = self.arrivals.get(self.next_arrival).map(|&i| Event {
             t: self.reqs[i].arrival,
             seq: self.arrival_seq + 1 + i as u64,
             kind: Kind::Arrival(i),
         });
+        let first = match (&arrival, self.events.peek()) {
+            (Some(a), Some(e)) => a.t.min(e.t),
+            (Some(a), None) => a.t,
+            (None, Some(e)) => e.t,
+            (None, None) => return None,
+        };
+        if first > until {
+            return None;
+        }
         match (arrival, self.events.peek()) {
             // `Event` orders reversed (for the max-heap): greater = earlier.
             (Some(a), Some(e)) if *e > a => self.events.pop(),
@@ -427,7 +451,7 @@ impl<'a> Cluster<'a> {
                 devices: self.cfg.devices,
                 levels: &levels,
                 planner: &pc,
-                knobs: EngineKnobs::of(self.cfg),
+                knobs: EngineKnobs::of(&self.cfg),
             };
             let (reqs, tiers) = (&self.reqs, &self.cfg.tiers);
             let delivered = |t0: f64, t1: f64| delivered_rps(reqs, tiers, t0, t1);
@@ -451,14 +475,14 @@ impl<'a> Cluster<'a> {
         );
         self.apply(planned, true);
         let pending = self.reqs.iter().any(|r| r.finish.is_none() && !r.dropped);
-        if pending && self.now + self.cfg.window_s <= self.end {
+        if (pending || self.open) && self.now + self.cfg.window_s <= self.end {
             self.push(self.now + self.cfg.window_s, Kind::Control);
         }
     }
 }
 
 /// Weighted requests arrived in `[t0, t1)` that finished meeting their SLOs, per second.
-fn delivered_rps(reqs: &[Req], tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -> f64 {
+fn delivered_rps(reqs: &Reqs, tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -> f64 {
     let met: f64 = reqs
         .iter()
         .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier].background)
@@ -478,4 +502,33 @@ fn policy_name(p: &Policy) -> String {
         Policy::Split => "split".into(),
         Policy::FixedPlan { .. } => "fixed-plan".into(),
     }
+}
+
+/// The simulated state of request `i` of the trace (validated).
+pub(super) fn req_of(cfg: &SimConfig, i: usize, r: &TraceRequest) -> Result<Req> {
+    let tier = cfg
+        .tiers
+        .iter()
+        .position(|t| t.name == r.tier)
+        .with_context(|| format!("simulate: request {i} has unknown tier {:?}", r.tier))?;
+    ensure!(
+        r.input_len > 0 && r.output_len > 0,
+        "simulate: request {i} has a zero length"
+    );
+    Ok(Req {
+        arrival: r.arrival_s,
+        input: r.input_len,
+        output: r.output_len,
+        tier,
+        class: Class::Feasible,
+        prefilled: 0,
+        generated: 0,
+        first_token: None,
+        finish: None,
+        decode_leader: None,
+        dropped: false,
+        deadline: r.arrival_s + cfg.tiers[tier].ttft_ms / 1000.0,
+        stint: None,
+        leftover: r.leftover,
+    })
 }

@@ -72,9 +72,13 @@ pub struct ForecastSpec {
 }
 
 /// splitmix64: a tiny deterministic generator (no dependency, stable across platforms).
-struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
+    pub(super) fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
     fn uniform(&mut self) -> f64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -92,14 +96,30 @@ impl Rng {
 
 /// Draws lengths with the observed median and p90 (log-normal) and the observed mean: the
 /// draws are rescaled to the mean, which is what sets the load.
-struct Lengths {
+pub(super) struct Lengths {
     median: f64,
     sigma: f64,
     mean: f64,
 }
 
 impl Lengths {
-    fn new(s: &LengthStats, prior: f64) -> Self {
+    /// Every draw `prior` (nothing observed).
+    pub(super) fn prior(prior: f64) -> Self {
+        Lengths {
+            median: prior,
+            sigma: 0.0,
+            mean: prior,
+        }
+    }
+
+    /// One draw, in tokens; the log-normal is scaled so that its mean is the observed one.
+    pub(super) fn one(&self, rng: &mut Rng) -> u32 {
+        let log_normal_mean = self.median * (self.sigma * self.sigma / 2.0).exp();
+        let x = self.median * (self.sigma * rng.normal()).exp();
+        tokens(x * self.mean / log_normal_mean.max(1e-9))
+    }
+
+    pub(super) fn new(s: &LengthStats, prior: f64) -> Self {
         let mean = if s.mean > 0.0 { s.mean } else { prior };
         let median = if s.p50 > 0.0 { s.p50 } else { mean };
         let sigma = if s.p90 > median {

@@ -13,6 +13,8 @@ use crate::dispatch::Class;
 use crate::plan::{GroupPlan, Role};
 use crate::profile::Profile;
 
+use super::reqs::Reqs;
+
 /// Simulated state of one request.
 #[derive(Debug, Clone)]
 pub struct Req {
@@ -198,7 +200,7 @@ impl GroupSim {
     }
 
     /// `r` joins the decode batch.
-    fn join(&mut self, reqs: &mut [Req], r: usize) {
+    fn join(&mut self, reqs: &mut Reqs, r: usize) {
         let q = &mut reqs[r];
         let stint = Stint {
             engine: self.generation,
@@ -213,7 +215,7 @@ impl GroupSim {
     }
 
     /// Write back the token count of `r` (in this batch) and end its stint.
-    fn leave(&mut self, reqs: &mut [Req], r: usize) {
+    fn leave(&mut self, reqs: &mut Reqs, r: usize) {
         let q = &mut reqs[r];
         if let Some(st) = q.stint.take() {
             q.generated = st.generated(self.steps);
@@ -223,7 +225,7 @@ impl GroupSim {
 
     /// Write back the token count of every request in the batch (for readers outside the
     /// engine: the control loop's in-flight snapshot).
-    pub fn sync(&self, reqs: &mut [Req]) {
+    pub fn sync(&self, reqs: &mut Reqs) {
         for &r in &self.running {
             if let Some(st) = reqs[r].stint {
                 reqs[r].generated = st.generated(self.steps);
@@ -239,7 +241,7 @@ impl GroupSim {
     /// NOTE: goodput only counts requests that meet their SLOs, and a request that has not
     /// started by its TTFT deadline never will: under overload, serving it first makes the
     /// requests behind it late too (the FCFS collapse). It still runs, last.
-    fn demote_late(&mut self, reqs: &mut [Req], now: f64) {
+    fn demote_late(&mut self, reqs: &mut Reqs, now: f64) {
         for q in 0..2 {
             // Queues are FIFO by arrival (up to preemption): the late ones are at the front.
             while let Some(&r) = self.waiting[q].front() {
@@ -255,7 +257,7 @@ impl GroupSim {
     }
 
     /// Start an iteration at `now` if there is work; returns its latency in seconds.
-    pub fn start(&mut self, reqs: &mut [Req], profile: &Profile, now: f64) -> Option<f64> {
+    pub fn start(&mut self, reqs: &mut Reqs, profile: &Profile, now: f64) -> Option<f64> {
         debug_assert!(self.current.is_none());
         if self.demote_late {
             self.demote_late(reqs, now);
@@ -289,7 +291,7 @@ impl GroupSim {
         if self.demote_late {
             self.demote_hopeless(reqs, &iteration_ms, decode_ms, now);
         }
-        let reqs: &[Req] = reqs;
+        let reqs: &Reqs = reqs;
         let mut it = Iteration::default();
         let mut budget = self.budget;
         // Prompt tokens go to the highest class first (stable: FCFS within a class).
@@ -374,7 +376,7 @@ impl GroupSim {
     /// is demoted.
     fn demote_hopeless(
         &mut self,
-        reqs: &mut [Req],
+        reqs: &mut Reqs,
         iteration_ms: impl Fn(f64) -> f64,
         decode_ms: f64,
         now: f64,
@@ -417,7 +419,7 @@ impl GroupSim {
     /// Local-scheduler priority (architecture §3): while a feasible (then best-effort) request waits
     /// for a batch slot held by a lower class, pause the newest lowest-class holder: a running
     /// one keeps its KV and waits in `pending`, a prefilling one keeps its prefilled tokens.
-    fn preempt_for_higher_classes(&mut self, reqs: &mut [Req]) {
+    fn preempt_for_higher_classes(&mut self, reqs: &mut Reqs) {
         if self.plan.role == Role::Prefill {
             return;
         }
@@ -460,7 +462,7 @@ impl GroupSim {
     }
 
     /// Finish the iteration in flight at `now`.
-    pub fn finish(&mut self, reqs: &mut [Req], now: f64) -> Outcome {
+    pub fn finish(&mut self, reqs: &mut Reqs, now: f64) -> Outcome {
         let it = self.current.take().expect("finish without an iteration");
         let mut out = Outcome::default();
         if it.decode {
@@ -515,7 +517,7 @@ impl GroupSim {
     }
 
     /// Dissolve: drop the in-flight iteration; return (not yet prefilled, decoding) requests.
-    pub fn drain(&mut self, reqs: &mut [Req]) -> (Vec<usize>, Vec<usize>) {
+    pub fn drain(&mut self, reqs: &mut Reqs) -> (Vec<usize>, Vec<usize>) {
         self.current = None;
         let mut pre: Vec<usize> = self.prefilling.drain(..).collect();
         pre.extend(self.waiting.iter_mut().flat_map(|q| q.drain(..)));

@@ -38,6 +38,16 @@ pub enum ForecastKind {
     Poisson,
 }
 
+/// How a selection round rates the strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChoiceKind {
+    /// What each strategy's shadow run delivered on the real arrivals (`shadow.rs`).
+    Shadow,
+    /// Each strategy simulated from the current state on a forecast (this module).
+    Forecast,
+}
+
 /// Knobs of the choice.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -67,6 +77,19 @@ pub struct LookaheadConfig {
     /// Rivals of the strategy in force predicted per round (0: every candidate, every
     /// round): the best-ranked one, then the least recently predicted (see `Chooser::round`).
     pub rivals_per_round: u32,
+    /// How strategies are rated: shadow runs (default) or the forecast lookahead.
+    pub choice: ChoiceKind,
+    /// Shadow choice: seconds over which what a shadow delivered is remembered (the weight
+    /// of a request decays as `exp(-age / memory_s)`).
+    pub memory_s: f64,
+    /// Shadow choice: seconds after its arrival a request is judged (at least 1.5 × the
+    /// longest TTFT): met, missed, or on track while it decodes.
+    pub settle_s: f64,
+    /// Shadow choice: switch only to a rival whose lead is this many standard deviations of
+    /// a sign test on the requests where the two differ...
+    pub confidence: f64,
+    /// ...and that met this much more (relative) than the strategy in force.
+    pub shadow_margin: f64,
 }
 
 impl LookaheadConfig {
@@ -81,7 +104,7 @@ impl Default for LookaheadConfig {
         LookaheadConfig {
             enabled: true,
             horizon_s: 4.0,
-            eval_devices: 8,
+            eval_devices: 16,
             switch_margin: 0.1,
             every_windows: 1,
             smoothing: 0.5,
@@ -90,6 +113,11 @@ impl Default for LookaheadConfig {
             bias_rate: 0.0,
             forecast: ForecastKind::Replay,
             rivals_per_round: 2,
+            choice: ChoiceKind::Shadow,
+            memory_s: 30.0,
+            settle_s: 0.5,
+            confidence: 2.0,
+            shadow_margin: 0.02,
         }
     }
 }
@@ -97,6 +125,8 @@ impl Default for LookaheadConfig {
 /// The engine constants a prediction simulates with (the `SimConfig` fields of that name).
 #[derive(Debug, Clone, Copy)]
 pub struct EngineKnobs {
+    /// Control window, seconds (shadow runs re-plan at this period).
+    pub window_s: f64,
     pub switch_ms: f64,
     pub kv_bytes_per_token: f64,
     pub kv_bandwidth_gbps: f64,
@@ -109,6 +139,7 @@ impl Default for EngineKnobs {
     fn default() -> Self {
         use super::defaults as d;
         EngineKnobs {
+            window_s: d::window_s(),
             switch_ms: d::switch_ms(),
             kv_bytes_per_token: d::kv_bytes_per_token(),
             kv_bandwidth_gbps: d::kv_bandwidth_gbps(),
@@ -121,6 +152,7 @@ impl Default for EngineKnobs {
 impl EngineKnobs {
     pub fn of(cfg: &SimConfig) -> Self {
         EngineKnobs {
+            window_s: cfg.window_s,
             switch_ms: cfg.switch_ms,
             kv_bytes_per_token: cfg.kv_bytes_per_token,
             kv_bandwidth_gbps: cfg.kv_bandwidth_gbps,

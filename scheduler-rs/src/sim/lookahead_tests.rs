@@ -49,8 +49,18 @@ fn planner_cfg() -> PlannerConfig {
     }
 }
 
+/// The forecast lookahead, as these tests were written for (the default is the shadow choice).
+fn forecast_cfg() -> LookaheadConfig {
+    LookaheadConfig {
+        choice: ChoiceKind::Forecast,
+        eval_devices: 8,
+        ..LookaheadConfig::default()
+    }
+}
+
 fn knobs() -> EngineKnobs {
     EngineKnobs {
+        window_s: 1.0,
         switch_ms: 5.0,
         kv_bytes_per_token: 131_072.0,
         kv_bandwidth_gbps: 100.0,
@@ -129,7 +139,7 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
     let situation = bare_situation(&profile, &t, d, devices, &levels, &pc);
     let strategies = Strategy::all(&levels);
     let every = vec![true; strategies.len()];
-    let predicted = predict_all(&situation, &LookaheadConfig::default(), None, &every);
+    let predicted = predict_all(&situation, &forecast_cfg(), None, &every);
     let requests = trace(d, 60.0, 7);
     strategies
         .iter()
@@ -191,7 +201,7 @@ fn the_choice_never_predicts_less_than_keeping_the_current_strategy() {
     let (pf, t, pc) = (profile_file(), tiers(), planner_cfg());
     let profile = Profile::from_file(pf.clone()).unwrap();
     let levels = crate::planner::candidate_levels(&profile, &pc, 16);
-    let cfg = LookaheadConfig::default();
+    let cfg = forecast_cfg();
     for (strict, relaxed) in [(5.0, 60.0), (60.0, 5.0), (40.0, 40.0), (150.0, 150.0)] {
         let d = demand(strict, relaxed);
         let situation = bare_situation(&profile, &t, &d, 16, &levels, &pc);
@@ -234,7 +244,7 @@ fn a_round_predicts_the_strategy_in_force_and_rotates_the_rivals() {
     for rivals in [0u32, 2] {
         let cfg = LookaheadConfig {
             rivals_per_round: rivals,
-            ..LookaheadConfig::default()
+            ..forecast_cfg()
         };
         let mut chooser = Chooser::new(cfg, Strategy::Greedy);
         let mut last_fresh = vec![0usize; n];
@@ -309,7 +319,7 @@ fn a_strategy_that_delivers_less_than_predicted_is_discounted_and_left() {
     let situation = bare_situation(&profile, &t, &d, 8, &levels, &pc);
     let cfg = LookaheadConfig {
         bias_rate: 0.3,
-        ..LookaheadConfig::default()
+        ..forecast_cfg()
     };
     let mut chooser = Chooser::new(cfg, Strategy::Greedy);
     // The run delivers nothing while the greedy is in force: once a round's requests had
@@ -386,7 +396,7 @@ fn a_switch_costs_the_same_share_of_goodput_on_any_pool_size() {
             inflight: &inflight,
             ..bare_situation(&profile, &t, &d, devices, &levels, &pc)
         };
-        let cfg = LookaheadConfig::default();
+        let cfg = forecast_cfg();
         let strategies = Strategy::all(&levels);
         let every = vec![true; strategies.len()];
         let candidates = predict_all(&situation, &cfg, Some(Strategy::StaticTp { tp: 1 }), &every);

@@ -15,6 +15,8 @@ pub mod lookahead;
 mod policy;
 mod reconfigure;
 mod report;
+mod reqs;
+pub mod shadow;
 #[cfg(test)]
 mod tests;
 

@@ -230,7 +230,11 @@ fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
     e.demote_late = true;
     // r0 is due in 25 ms: hopeless. r1 (20 tokens, due in 100 ms) is fine; r2 (20 tokens
     // behind r1's 20, due in 35 ms) might still make it: at least 30 ms.
-    let mut reqs = vec![waiting(40, 0.025), waiting(20, 0.1), waiting(20, 0.035)];
+    let mut reqs = super::reqs::Reqs::from(vec![
+        waiting(40, 0.025),
+        waiting(20, 0.1),
+        waiting(20, 0.035),
+    ]);
     for r in 0..3 {
         e.push_prefill(r, Class::Feasible);
     }
@@ -248,7 +252,7 @@ fn a_prompt_that_cannot_make_its_ttft_is_demoted_before_work_is_spent_on_it() {
     );
     // Without the rule r0, first in line, would have taken it.
     let mut e = group::GroupSim::new(one_device_group(), 4, 10, 0.0, 2);
-    let mut reqs = vec![waiting(40, 0.025), waiting(20, 0.1)];
+    let mut reqs = super::reqs::Reqs::from(vec![waiting(40, 0.025), waiting(20, 0.1)]);
     e.push_prefill(0, Class::Feasible);
     e.push_prefill(1, Class::Feasible);
     let t = e.start(&mut reqs, &profile, 0.0).unwrap();
@@ -262,7 +266,10 @@ fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
     let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
     let mut e = group::GroupSim::new(one_device_group(), 1, 512, 0.0, 7);
     // r0 (best effort, 5 tokens) decodes alone, then r1 (feasible, 3 tokens) takes its slot.
-    let mut reqs = vec![decoding(5, Class::BestEffort), decoding(3, Class::Feasible)];
+    let mut reqs = super::reqs::Reqs::from(vec![
+        decoding(5, Class::BestEffort),
+        decoding(3, Class::Feasible),
+    ]);
     e.push_decode(0, Class::BestEffort);
     let mut t = 0.0;
     for _ in 0..2 {

@@ -1,0 +1,341 @@
+//! Shadow runs (issue 10): every layout strategy runs, all the time, in a simulated copy of
+//! the pool fed with the *real* arrivals, and the choice follows the one that has served
+//! them best lately.
+//!
+//! The forecast lookahead (`lookahead.rs`) predicts each strategy from the current state on
+//! replayed arrivals; its errors (bursts, queues that build up over longer than its horizon,
+//! noise under overload) are not the same for every strategy, so it can prefer a layout that
+//! a static one beats over the run. A shadow instead *is* the static layout (or the greedy,
+//! or Split) run on the very requests the pool received: what it delivered is a measurement
+//! of the counterfactual, not a prediction. Following the best shadow with a significance
+//! test is the experts setting of online learning: the choice tracks the best strategy in
+//! hindsight over the recent past (`memory_s`), and when the tier mix shifts the leader
+//! changes with it.
+//!
+//! Each shadow is a [`Cluster`] (the same Dispatcher, planner and local scheduler as the
+//! simulated and the real pool) over `eval_devices` devices, fed every round with the round's
+//! arrivals thinned to that share of the pool. A request's prompt is its real one; its output
+//! length is not known at arrival and is drawn from its tier's output statistics (the same
+//! draw for every shadow, so they differ only by their layout).
+
+use std::collections::VecDeque;
+
+use anyhow::Result;
+
+use crate::dispatch::Class;
+use crate::planner::strategy::Strategy;
+
+use super::cluster::{req_of, Cluster};
+use super::forecast::{Lengths, Rng};
+use super::lookahead::{LookaheadConfig, Situation};
+use super::{report, Policy, SimConfig, TraceRequest};
+
+/// Seed of the output-length draws: equal arrivals give equal shadows.
+const SHADOW_SEED: u64 = 0x5AD0;
+
+/// What the shadows delivered lately, per strategy.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    /// Discounted weighted requests that met their SLOs (or are on track), per strategy.
+    pub met: Vec<f64>,
+    /// Discounted weighted SLO requests scored.
+    pub total: f64,
+    /// Discounted SLO requests per second, thinned pool (0 before any was scored).
+    pub rate_rps: f64,
+}
+
+/// Every strategy's shadow run and what they delivered.
+pub struct ShadowBank {
+    pub strategies: Vec<Strategy>,
+    runs: Vec<Cluster<'static>>,
+    /// Pool devices and TP levels the bank was made for (re-made when they change).
+    devices: u32,
+    levels: Vec<u32>,
+    /// Share of the arrivals fed (eval devices / pool devices).
+    scale: f64,
+    /// Per tier: thinning accumulator (every (1/scale)-th arrival is kept).
+    keep: Vec<f64>,
+    rng: Rng,
+    start: f64,
+    fed_until: f64,
+    /// (arrival, tier) of the requests fed and not scored yet, in order; the first has index
+    /// `scored` (all runs share the indices).
+    fed: VecDeque<(f64, usize)>,
+    scored: usize,
+    scored_at: f64,
+    met: Vec<f64>,
+    total: f64,
+    /// `beats[i][j]`: discounted weight of requests strategy `i` met and `j` did not, and
+    /// the sum of squared weights (the variance of a sign test on them).
+    beats: Vec<Vec<f64>>,
+    beats_sq: Vec<Vec<f64>>,
+}
+
+impl std::fmt::Debug for ShadowBank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShadowBank")
+            .field("strategies", &self.strategies)
+            .field("fed", &self.fed.len())
+            .field("met", &self.met)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShadowBank {
+    /// A bank for the pool of `s`, started at `start` (before any arrival it is fed).
+    pub fn new(s: &Situation, cfg: &LookaheadConfig, start: f64) -> Result<Self> {
+        let strategies = Strategy::all(s.levels);
+        let largest = s.levels.iter().copied().max().unwrap_or(1);
+        let eval = cfg.eval_devices.max(largest).min(s.devices).max(1);
+        let runs = strategies
+            .iter()
+            .map(|&st| Cluster::shadow(shadow_config(s, eval), st, s.planner.clone(), start))
+            .collect::<Result<Vec<_>>>()?;
+        let k = strategies.len();
+        Ok(ShadowBank {
+            strategies,
+            runs,
+            devices: s.devices,
+            levels: s.levels.to_vec(),
+            scale: f64::from(eval) / f64::from(s.devices.max(1)),
+            keep: vec![0.5; s.tiers.len()],
+            rng: Rng::new(SHADOW_SEED),
+            start,
+            fed_until: start,
+            fed: VecDeque::new(),
+            scored: 0,
+            scored_at: start,
+            met: vec![0.0; k],
+            total: 0.0,
+            beats: vec![vec![0.0; k]; k],
+            beats_sq: vec![vec![0.0; k]; k],
+        })
+    }
+
+    /// Whether the bank was made for this pool (devices and levels).
+    pub fn fits(&self, s: &Situation) -> bool {
+        self.devices == s.devices && self.levels == s.levels
+    }
+
+    /// Feed the arrivals of `s` since the last call, run every shadow to `now` and score the
+    /// requests old enough to be judged (`settle`).
+    pub fn advance(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) -> Standing {
+        let mut new: Vec<(f64, usize, f64)> = s
+            .recent
+            .iter()
+            .map(|r| (now - r.age_s, r.tier, r.prompt))
+            .filter(|&(t, _, _)| t > self.fed_until + 1e-9 && t <= now)
+            .collect();
+        new.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (t, tier, prompt) in new {
+            self.keep[tier] += self.scale;
+            if self.keep[tier] < 1.0 {
+                continue;
+            }
+            self.keep[tier] -= 1.0;
+            let output = s
+                .demand
+                .iter()
+                .find(|d| d.tier == s.tiers[tier].name)
+                .map_or(Lengths::prior(s.planner.prior_lengths.1), |d| {
+                    Lengths::new(&d.output, s.planner.prior_lengths.1)
+                })
+                .one(&mut self.rng);
+            let req = TraceRequest {
+                arrival_s: t,
+                input_len: prompt.round().clamp(1.0, 1e7) as u32,
+                output_len: output,
+                tier: s.tiers[tier].name.clone(),
+                leftover: false,
+            };
+            for run in &mut self.runs {
+                run.feed(&req);
+            }
+            self.fed.push_back((t, tier));
+        }
+        self.fed_until = self.fed_until.max(now);
+        for_each_parallel(&mut self.runs, |run| run.advance_shadow(now));
+        let standing = self.score(s, cfg, now);
+        for run in &mut self.runs {
+            run.forget_resolved(self.scored);
+        }
+        standing
+    }
+
+    /// Requests the largest shadow run still holds (a run under lasting overload holds its
+    /// growing backlog; the chooser re-makes the bank past a bound).
+    pub fn held(&self) -> usize {
+        self.runs
+            .iter()
+            .map(|r| r.reqs.len() - r.reqs.first())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Fold the requests that arrived at least `settle` ago into the standings.
+    fn score(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) -> Standing {
+        let tau = cfg.memory_s.max(1e-3);
+        let decay = (-(now - self.scored_at).max(0.0) / tau).exp();
+        self.scored_at = now;
+        self.total *= decay;
+        self.met.iter_mut().for_each(|m| *m *= decay);
+        for (row, row_sq) in self.beats.iter_mut().zip(&mut self.beats_sq) {
+            row.iter_mut().for_each(|x| *x *= decay);
+            row_sq.iter_mut().for_each(|x| *x *= decay * decay);
+        }
+        // NOTE: a request is judged once its TTFT is due (met or missed), and one still
+        // decoding by whether it keeps its TPOT so far: judging by completion alone would
+        // favour the strategies that finish sooner, not those that meet more SLOs.
+        let longest_ttft = s
+            .tiers
+            .iter()
+            .filter(|t| !t.background)
+            .map(|t| t.ttft_ms / 1e3)
+            .fold(0.0, f64::max);
+        let settle = cfg.settle_s.max(1.5 * longest_ttft);
+        let k = self.runs.len();
+        let mut ok = vec![false; k];
+        while let Some(&(t, tier)) = self.fed.front() {
+            if t > now - settle {
+                break;
+            }
+            self.fed.pop_front();
+            let i = self.scored;
+            self.scored += 1;
+            let w = if s.tiers[tier].background {
+                continue;
+            } else {
+                s.tiers[tier].weight * (-(now - t) / tau).exp()
+            };
+            for (o, run) in ok.iter_mut().zip(&self.runs) {
+                *o = run.on_track(i, now);
+            }
+            self.total += w;
+            for a in 0..k {
+                if !ok[a] {
+                    continue;
+                }
+                self.met[a] += w;
+                for b in (0..k).filter(|&b| !ok[b]) {
+                    self.beats[a][b] += w;
+                    self.beats_sq[a][b] += w * w;
+                }
+            }
+        }
+        let span = (now - settle - self.start).max(0.0);
+        let norm = tau * (1.0 - (-span / tau).exp());
+        Standing {
+            met: self.met.clone(),
+            total: self.total,
+            rate_rps: if norm > 0.0 { self.total / norm } else { 0.0 },
+        }
+    }
+
+    /// The rival to switch to from `current` (an index), if one met significantly more:
+    /// its lead over `current` exceeds `confidence` standard deviations of a sign test on
+    /// the requests where the two differ, and `margin` of what `current` met.
+    pub fn leader(&self, current: usize, confidence: f64, margin: f64) -> Option<usize> {
+        (0..self.runs.len())
+            .filter(|&j| j != current)
+            .filter(|&j| {
+                let lead = self.beats[j][current] - self.beats[current][j];
+                let sd = (self.beats_sq[j][current] + self.beats_sq[current][j]).sqrt();
+                lead > confidence * sd && self.met[j] > self.met[current] * (1.0 + margin)
+            })
+            .max_by(|&a, &b| self.met[a].total_cmp(&self.met[b]).then(b.cmp(&a)))
+    }
+
+    /// Pool devices per shadow device (what a thinned shadow's rates scale by).
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+}
+
+/// The shadows' simulator settings: the pool's engine, `eval` devices, no requests yet.
+fn shadow_config(s: &Situation, eval: u32) -> SimConfig {
+    SimConfig {
+        profile: s.profile.file().clone(),
+        tiers: s.tiers.to_vec(),
+        devices: eval,
+        // A live policy: the shadow re-plans its strategy every window, as the pool would.
+        policy: Policy::NitsumGreedy,
+        requests: Vec::new(),
+        window_s: s.knobs.window_s,
+        switch_ms: s.knobs.switch_ms,
+        kv_bytes_per_token: s.knobs.kv_bytes_per_token,
+        kv_bandwidth_gbps: s.knobs.kv_bandwidth_gbps,
+        chunk_tokens: s.knobs.chunk_tokens,
+        prefill_budget_tokens: s.knobs.prefill_budget_tokens,
+        drain_s: f64::INFINITY,
+        records: false,
+        slo_margin: s.planner.slo_margin,
+        target_utilization: s.planner.target_utilization,
+        lookahead: LookaheadConfig::default(),
+        seed: 0,
+    }
+}
+
+/// `f` on every item, the items spread over up to `available_parallelism` threads.
+fn for_each_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        items.iter_mut().for_each(f);
+        return;
+    }
+    let per = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for chunk in items.chunks_mut(per) {
+            let f = &f;
+            scope.spawn(move || chunk.iter_mut().for_each(f));
+        }
+    });
+}
+
+impl Cluster<'static> {
+    /// Append a request arriving at or after the shadow's present.
+    fn feed(&mut self, r: &TraceRequest) {
+        let i = self.reqs.len();
+        // The bank builds requests of known tiers and positive lengths.
+        let req = req_of(&self.cfg, i, r).expect("a valid shadow request");
+        self.reqs.push(req);
+        self.arrivals.push(i);
+    }
+
+    /// Drop the scored requests (below index `scored`) that are resolved, oldest first, and
+    /// the arrivals already read: a shadow runs as long as the router.
+    fn forget_resolved(&mut self, scored: usize) {
+        self.reqs
+            .drop_front(scored, |r| r.finish.is_some() || r.dropped);
+        self.arrivals.drain(..self.next_arrival);
+        self.next_arrival = 0;
+    }
+
+    /// Run to `now` and bring every decoding request's token count up to date.
+    fn advance_shadow(&mut self, now: f64) {
+        self.advance(now);
+        self.now = self.now.max(now);
+        for g in self.groups.values() {
+            g.sync(&mut self.reqs);
+        }
+    }
+
+    /// Whether request `i` met its SLOs, or, still running at `now`, had its first token in
+    /// time and has kept its TPOT so far.
+    fn on_track(&self, i: usize, now: f64) -> bool {
+        let r = &self.reqs[i];
+        let tier = &self.cfg.tiers[r.tier];
+        if r.dropped || (r.class == Class::Background && !tier.background) {
+            return false;
+        }
+        if r.finish.is_some() {
+            return report::met(r, tier);
+        }
+        let Some(first) = r.first_token else {
+            return false;
+        };
+        let tokens = f64::from(r.generated.max(2) - 1);
+        (first - r.arrival) * 1e3 <= tier.ttft_ms && (now - first) * 1e3 <= tier.tpot_ms * tokens
+    }
+}
