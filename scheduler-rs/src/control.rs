@@ -12,12 +12,16 @@ use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::sim::chooser::Chooser;
-use crate::sim::lookahead::{EngineKnobs, Situation};
-use crate::state::{PlanRecord, PlanResult, RoundOutcome, RouterState};
+use crate::sim::forecast::{InFlight, RecentArrival};
+use crate::sim::lookahead::{ChoiceKind, EngineKnobs, Situation};
+use crate::state::{PlanRecord, PlanResult, PlanningView, RoundOutcome, RouterState};
 use crate::stats::TierDemand;
 
 /// Whether the "disaggregation off across domains" warning was logged.
 static WARNED_DOMAINS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Times a window the shadow choice's shadows are run between rounds.
+const OBSERVE_PER_WINDOW: u32 = 10;
 
 /// Most windows skipped after consecutive failed rounds.
 pub const MAX_BACKOFF_WINDOWS: u32 = 32;
@@ -34,11 +38,24 @@ pub fn spawn(engine: Arc<RouterState>, profile: Arc<Profile>) -> JoinHandle<()> 
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut backoff, mut skip) = (0u32, 0u32);
         let lookahead = engine.cfg.lookahead.clone();
+        let shadows = lookahead.enabled && lookahead.choice == ChoiceKind::Shadow;
         let mut chooser = lookahead
             .enabled
             .then(|| Chooser::new(lookahead, Strategy::Greedy));
+        // NOTE: the shadow choice runs its shadows between rounds (`OBSERVE_PER_WINDOW` times
+        // a window), so that a round only has the last stretch of the window left to run.
+        let every = window / OBSERVE_PER_WINDOW;
+        let mut observe_tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        observe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                biased;
+                _ = tick.tick() => {}
+                _ = observe_tick.tick(), if shadows => {
+                    observe(&engine, &profile, &mut chooser).await;
+                    continue;
+                }
+            }
             if skip > 0 {
                 skip -= 1;
                 continue;
@@ -73,28 +90,7 @@ pub async fn step(
     }
     engine.release_late_charges();
     let demand = engine.demand_snapshot();
-    let mut cfg = engine.cfg.planner.clone();
-    // TP levels: those every worker registered, within the operator's allowed set.
-    cfg.tp_levels = Some(match cfg.tp_levels.take() {
-        Some(allowed) => view
-            .tp_levels
-            .iter()
-            .copied()
-            .filter(|t| allowed.contains(t))
-            .collect(),
-        None => view.tp_levels.clone(),
-    });
-    if !view.single_domain && cfg.disaggregation {
-        // NOTE: KV moves only inside one host worker process; a prefill group in one and its
-        // decode group in another would decode the request itself, off the plan.
-        cfg.disaggregation = false;
-        if !WARNED_DOMAINS.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(
-                "control: workers span several host worker processes; prefill/decode \
-                 disaggregation is off (no KV transport between processes yet)"
-            );
-        }
-    }
+    let cfg = planner_config(engine, &view);
     let t0 = Instant::now();
     let window = engine.next_control_window();
     let every = u64::from(engine.cfg.lookahead.every_windows.max(1));
@@ -105,9 +101,7 @@ pub async fn step(
             strategy
         }
         Some(c) => {
-            let levels = planner::candidate_levels(profile, &cfg, view.devices);
-            let (c, strategy) =
-                choose(engine, profile, c, &demand, &levels, view.devices, &cfg).await;
+            let (c, strategy) = choose(engine, profile, c, &demand, view.devices, &cfg).await;
             *chooser = Some(c);
             strategy
         }
@@ -139,23 +133,143 @@ pub async fn step(
     engine.end_round(epoch, outcome)
 }
 
+/// The planner settings for the pool in `view`: the TP levels every worker registered
+/// within the operator's allowed set, and no disaggregation across host worker processes.
+fn planner_config(engine: &RouterState, view: &PlanningView) -> PlannerConfig {
+    let mut cfg = engine.cfg.planner.clone();
+    cfg.tp_levels = Some(match cfg.tp_levels.take() {
+        Some(allowed) => view
+            .tp_levels
+            .iter()
+            .copied()
+            .filter(|t| allowed.contains(t))
+            .collect(),
+        None => view.tp_levels.clone(),
+    });
+    if !view.single_domain && cfg.disaggregation {
+        // NOTE: KV moves only inside one host worker process; a prefill group in one and its
+        // decode group in another would decode the request itself, off the plan.
+        cfg.disaggregation = false;
+        if !WARNED_DOMAINS.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "control: workers span several host worker processes; prefill/decode \
+                 disaggregation is off (no KV transport between processes yet)"
+            );
+        }
+    }
+    cfg
+}
+
+/// What a selection round (or an observation between rounds) looks at, owned so that it
+/// can move to a blocking thread.
+struct Inputs {
+    profile: Arc<Profile>,
+    tiers: Vec<crate::tiers::Tier>,
+    demand: Vec<TierDemand>,
+    levels: Vec<u32>,
+    cfg: PlannerConfig,
+    inflight: Vec<InFlight>,
+    recent: Vec<RecentArrival>,
+    history_s: f64,
+    devices: u32,
+    knobs: EngineKnobs,
+}
+
+impl Inputs {
+    fn gather(
+        engine: &RouterState,
+        profile: &Arc<Profile>,
+        demand: Vec<TierDemand>,
+        cfg: PlannerConfig,
+        devices: u32,
+        lookback_s: f64,
+    ) -> Self {
+        let (recent, history_s) = engine.recent_arrivals(lookback_s);
+        Inputs {
+            profile: profile.clone(),
+            tiers: engine.cfg.tiers.clone(),
+            demand,
+            levels: planner::candidate_levels(profile, &cfg, devices),
+            cfg,
+            inflight: engine.inflight_snapshot(),
+            recent,
+            history_s,
+            devices,
+            knobs: EngineKnobs {
+                window_s: engine.cfg.control_window_ms as f64 / 1e3,
+                ..EngineKnobs::default()
+            },
+        }
+    }
+
+    fn situation(&self) -> Situation<'_> {
+        Situation {
+            profile: &self.profile,
+            tiers: &self.tiers,
+            demand: &self.demand,
+            inflight: &self.inflight,
+            recent: &self.recent,
+            history_s: self.history_s,
+            devices: self.devices,
+            levels: &self.levels,
+            planner: &self.cfg,
+            knobs: self.knobs,
+        }
+    }
+}
+
+/// Between rounds: run the shadow choice's shadows to now, on a blocking thread.
+async fn observe(engine: &RouterState, profile: &Arc<Profile>, chooser: &mut Option<Chooser>) {
+    let view = engine.planning_view();
+    let Some(mut c) = chooser.take() else {
+        return;
+    };
+    if view.devices == 0 {
+        *chooser = Some(c);
+        return;
+    }
+    let cfg = planner_config(engine, &view);
+    let inputs = Inputs::gather(
+        engine,
+        profile,
+        engine.demand_snapshot(),
+        cfg,
+        view.devices,
+        c.cfg.lookback_s(),
+    );
+    let now = inputs.history_s;
+    let run = tokio::task::spawn_blocking(move || {
+        c.observe(&inputs.situation(), now);
+        c
+    });
+    // NOTE: a panicking observation loses the chooser's state; the greedy carries on.
+    *chooser = Some(
+        run.await
+            .unwrap_or_else(|_| Chooser::new(engine.cfg.lookahead.clone(), Strategy::Greedy)),
+    );
+}
+
 /// One selection round off the async threads (it simulates every candidate: tens of ms).
 async fn choose(
     engine: &RouterState,
     profile: &Arc<Profile>,
     mut chooser: Chooser,
     demand: &[TierDemand],
-    levels: &[u32],
     devices: u32,
     cfg: &PlannerConfig,
 ) -> (Chooser, Strategy) {
-    let (profile, tiers) = (profile.clone(), engine.cfg.tiers.clone());
-    let (demand, levels, cfg) = (demand.to_vec(), levels.to_vec(), cfg.clone());
-    let inflight = engine.inflight_snapshot();
-    let (recent, history_s) = engine.recent_arrivals(chooser.cfg.lookback_s());
+    let inputs = Inputs::gather(
+        engine,
+        profile,
+        demand.to_vec(),
+        cfg.clone(),
+        devices,
+        chooser.cfg.lookback_s(),
+    );
     // What the lookahead checks its predictions against: completions of the last minute.
     let (now, outcomes) = engine.recent_outcomes(60.0);
-    let weights: Vec<f64> = tiers
+    let weights: Vec<f64> = inputs
+        .tiers
         .iter()
         .map(|t| if t.background { 0.0 } else { t.weight })
         .collect();
@@ -168,19 +282,7 @@ async fn choose(
                 .sum();
             met / (t1 - t0).max(1e-9)
         };
-        let situation = Situation {
-            profile: &profile,
-            tiers: &tiers,
-            demand: &demand,
-            inflight: &inflight,
-            recent: &recent,
-            history_s,
-            devices,
-            levels: &levels,
-            planner: &cfg,
-            knobs: EngineKnobs::default(),
-        };
-        let choice = chooser.round(&situation, now, &delivered);
+        let choice = chooser.round(&inputs.situation(), now, &delivered);
         (chooser, choice)
     });
     match run.await {

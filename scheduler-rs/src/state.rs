@@ -158,7 +158,7 @@ mod requests;
 #[cfg(test)]
 mod tests;
 mod workers;
-pub use control::{PlanRecord, PlanResult, Refusal, RoundOutcome};
+pub use control::{PlanRecord, PlanResult, PlanningView, Refusal, RoundOutcome};
 pub use handle::RequestHandle;
 pub use requests::SubmitError;
 

@@ -218,13 +218,24 @@ impl Chooser {
 }
 
 impl Chooser {
+    /// Between rounds: feed the shadow runs the arrivals so far and run them to `now`, so
+    /// that the next round only has the last stretch left to run (the router calls this a
+    /// few times a window, off the decision's path). The round's outcome does not depend on
+    /// it: shadows are judged at rounds only. No-op for the forecast choice or before the
+    /// first round.
+    pub fn observe(&mut self, s: &Situation, now: f64) {
+        if let Some(bank) = self.bank.as_mut().filter(|b| b.fits(s)) {
+            bank.run_to(s, now);
+        }
+    }
+
     /// A selection round of the shadow choice: feed and run the shadows to `now`, then
     /// switch to the strategy whose shadow met significantly more requests lately, if any.
     fn shadow_round(&mut self, s: &Situation, now: f64) -> Choice {
         self.rounds += 1;
         if !self.bank.as_ref().is_some_and(|b| b.fits(s)) {
             let every = f64::from(self.cfg.every_windows.max(1));
-            let start = (now - s.knobs.window_s * every).max(0.0);
+            let start = (now - s.knobs.window_s * every).max(0.0) - 0.5 * s.knobs.window_s;
             match ShadowBank::new(s, &self.cfg, start) {
                 Ok(bank) => self.bank = Some(bank),
                 Err(e) => {
@@ -237,7 +248,8 @@ impl Chooser {
             }
         }
         let bank = self.bank.as_mut().expect("made above");
-        let standing = bank.advance(s, &self.cfg, now);
+        bank.advance(s, &self.cfg, now);
+        let standing = bank.standing().clone();
         let strategies = bank.strategies.clone();
         // The levels changed under the strategy in force: start again from the greedy.
         let current = strategies

@@ -69,6 +69,8 @@ pub struct ShadowBank {
     /// the sum of squared weights (the variance of a sign test on them).
     beats: Vec<Vec<f64>>,
     beats_sq: Vec<Vec<f64>>,
+    /// The standings as of the last `advance`.
+    standing: Standing,
 }
 
 impl std::fmt::Debug for ShadowBank {
@@ -109,6 +111,11 @@ impl ShadowBank {
             total: 0.0,
             beats: vec![vec![0.0; k]; k],
             beats_sq: vec![vec![0.0; k]; k],
+            standing: Standing {
+                met: vec![0.0; k],
+                total: 0.0,
+                rate_rps: 0.0,
+            },
         })
     }
 
@@ -119,7 +126,19 @@ impl ShadowBank {
 
     /// Feed the arrivals of `s` since the last call, run every shadow to `now` and score the
     /// requests old enough to be judged (`settle`).
-    pub fn advance(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) -> Standing {
+    pub fn advance(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) {
+        self.run_to(s, now);
+        self.standing = self.score(s, cfg, now);
+        for run in &mut self.runs {
+            run.forget_resolved(self.scored);
+        }
+    }
+
+    /// Feed the arrivals of `s` since the last call and run every shadow to `now`.
+    pub fn run_to(&mut self, s: &Situation, now: f64) {
+        if now <= self.fed_until {
+            return;
+        }
         let mut new: Vec<(f64, usize, f64)> = s
             .recent
             .iter()
@@ -153,13 +172,13 @@ impl ShadowBank {
             }
             self.fed.push_back((t, tier));
         }
-        self.fed_until = self.fed_until.max(now);
+        self.fed_until = now;
         for_each_parallel(&mut self.runs, |run| run.advance_shadow(now));
-        let standing = self.score(s, cfg, now);
-        for run in &mut self.runs {
-            run.forget_resolved(self.scored);
-        }
-        standing
+    }
+
+    /// What the shadows delivered, as of the last `advance`.
+    pub fn standing(&self) -> &Standing {
+        &self.standing
     }
 
     /// Requests the largest shadow run still holds (a run under lasting overload holds its
@@ -275,7 +294,8 @@ fn shadow_config(s: &Situation, eval: u32) -> SimConfig {
     }
 }
 
-/// `f` on every item, the items spread over up to `available_parallelism` threads.
+/// `f` on every item on up to `available_parallelism` threads, each taking the next item
+/// when it is free (shadows differ in cost: an overloaded FCFS one holds a long queue).
 fn for_each_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -284,11 +304,16 @@ fn for_each_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
         items.iter_mut().for_each(f);
         return;
     }
-    let per = items.len().div_ceil(threads);
+    let next = std::sync::Mutex::new(items.iter_mut());
     std::thread::scope(|scope| {
-        for chunk in items.chunks_mut(per) {
-            let f = &f;
-            scope.spawn(move || chunk.iter_mut().for_each(f));
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let item = next.lock().expect("no thread panics holding it").next();
+                match item {
+                    Some(item) => f(item),
+                    None => break,
+                }
+            });
         }
     });
 }
