@@ -13,7 +13,7 @@ use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::sim::chooser::Chooser;
 use crate::sim::forecast::{InFlight, RecentArrival};
-use crate::sim::lookahead::{ChoiceKind, EngineKnobs, Situation};
+use crate::sim::lookahead::{ChoiceKind, EngineKnobs, LookaheadConfig, Situation};
 use crate::state::{PlanRecord, PlanResult, PlanningView, RoundOutcome, RouterState};
 use crate::stats::TierDemand;
 
@@ -182,16 +182,21 @@ impl Inputs {
         demand: Vec<TierDemand>,
         cfg: PlannerConfig,
         devices: u32,
-        lookback_s: f64,
+        chooser: &LookaheadConfig,
     ) -> Self {
-        let (recent, history_s) = engine.recent_arrivals(lookback_s);
+        let (recent, history_s) = engine.recent_arrivals(chooser.lookback_s());
+        // Only the forecast re-creates the requests in flight (shadows run the arrivals).
+        let inflight = match chooser.choice {
+            ChoiceKind::Forecast => engine.inflight_snapshot(),
+            ChoiceKind::Shadow => Vec::new(),
+        };
         Inputs {
             profile: profile.clone(),
             tiers: engine.cfg.tiers.clone(),
             demand,
             levels: planner::candidate_levels(profile, &cfg, devices),
             cfg,
-            inflight: engine.inflight_snapshot(),
+            inflight,
             recent,
             history_s,
             devices,
@@ -235,7 +240,7 @@ async fn observe(engine: &RouterState, profile: &Arc<Profile>, chooser: &mut Opt
         engine.demand_snapshot(),
         cfg,
         view.devices,
-        c.cfg.lookback_s(),
+        &c.cfg,
     );
     let now = inputs.history_s;
     let run = tokio::task::spawn_blocking(move || {
@@ -264,7 +269,7 @@ async fn choose(
         demand.to_vec(),
         cfg.clone(),
         devices,
-        chooser.cfg.lookback_s(),
+        &chooser.cfg,
     );
     // What the lookahead checks its predictions against: completions of the last minute.
     let (now, outcomes) = engine.recent_outcomes(60.0);

@@ -441,4 +441,4 @@ fn moved_share(a: &Plan, b: &Plan, devices: u32) -> (f64, f64) {
 
 #[cfg(test)]
 #[path = "lookahead_tests.rs"]
-mod tests;
+pub(crate) mod tests;

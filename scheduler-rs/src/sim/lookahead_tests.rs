@@ -9,12 +9,12 @@ use crate::stats::LengthStats;
 
 const H100: &str = include_str!("../../../profiles/h100-llama3-8b-analytic.json");
 
-fn profile_file() -> ProfileFile {
+pub(crate) fn profile_file() -> ProfileFile {
     serde_json::from_str(H100).unwrap()
 }
 
 /// The Azure-conv tiers of docs/results.md (paper method on the analytic H100 profile).
-fn tiers() -> Vec<Tier> {
+pub(crate) fn tiers() -> Vec<Tier> {
     serde_json::from_str(
         r#"[{"name": "strict", "ttft_ms": 98.7, "tpot_ms": 9.53},
             {"name": "relaxed", "ttft_ms": 120.2, "tpot_ms": 21.27}]"#,
@@ -23,7 +23,7 @@ fn tiers() -> Vec<Tier> {
 }
 
 /// Conv-like lengths (mean prompt 1155, mean output 211) at `rate` req/s per tier.
-fn demand(strict: f64, relaxed: f64) -> Vec<TierDemand> {
+pub(crate) fn demand(strict: f64, relaxed: f64) -> Vec<TierDemand> {
     let stats = |mean: f64| LengthStats {
         count: 1000,
         mean,
@@ -42,7 +42,7 @@ fn demand(strict: f64, relaxed: f64) -> Vec<TierDemand> {
         .collect()
 }
 
-fn planner_cfg() -> PlannerConfig {
+pub(crate) fn planner_cfg() -> PlannerConfig {
     PlannerConfig {
         slo_margin: 0.9,
         ..PlannerConfig::default()
@@ -58,7 +58,7 @@ fn forecast_cfg() -> LookaheadConfig {
     }
 }
 
-fn knobs() -> EngineKnobs {
+pub(crate) fn knobs() -> EngineKnobs {
     EngineKnobs {
         window_s: 1.0,
         switch_ms: 5.0,
@@ -70,7 +70,7 @@ fn knobs() -> EngineKnobs {
 }
 
 /// A stationary trace with `demand`'s statistics (an independent draw: seed ≠ the forecast's).
-fn trace(d: &[TierDemand], seconds: f64, seed: u64) -> Vec<TraceRequest> {
+pub(crate) fn trace(d: &[TierDemand], seconds: f64, seed: u64) -> Vec<TraceRequest> {
     let spec = ForecastSpec {
         horizon_s: seconds,
         rate_factor: 1.0,
@@ -83,7 +83,7 @@ fn trace(d: &[TierDemand], seconds: f64, seed: u64) -> Vec<TraceRequest> {
     forecast(&tiers(), d, &[], &[], &spec)
 }
 
-fn sim_config(policy: Policy, devices: u32, requests: Vec<TraceRequest>) -> SimConfig {
+pub(crate) fn sim_config(policy: Policy, devices: u32, requests: Vec<TraceRequest>) -> SimConfig {
     let k = knobs();
     SimConfig {
         profile: profile_file(),

@@ -364,3 +364,7 @@ impl Cluster<'static> {
         (first - r.arrival) * 1e3 <= tier.ttft_ms && (now - first) * 1e3 <= tier.tpot_ms * tokens
     }
 }
+
+#[cfg(test)]
+#[path = "shadow_tests.rs"]
+mod tests;
