@@ -34,8 +34,8 @@ __all__ = ["derive_tiers"]  # scripts/validate_sim.py imports it from here
 # Measured with the planner of the time; the page quotes it (a measured time would make every
 # regeneration differ).
 RUNTIME_NOTE = (
-    "about 8 min with `--jobs 2` on the 2-core dev box (Nitsum's lookahead simulates every "
-    "candidate strategy each window); `--jobs N` spreads the runs"
+    "about 3 min with `--jobs 2` on the 2-core dev box (Nitsum runs a shadow of every "
+    "strategy); `--jobs N` spreads the runs"
 )
 
 
