@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::{RouterState, State};
+use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Reconfigured};
 use crate::sim::chooser::Choice;
@@ -51,7 +52,8 @@ impl PlanResult {
 /// A worker's `ok: false` answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Refusal {
-    pub worker: u32,
+    /// The refusing worker.
+    pub worker: WorkerId,
     pub error: Option<String>,
 }
 
@@ -74,7 +76,7 @@ pub struct PlanRecord {
     pub demand: Vec<TierDemand>,
     pub refused: Vec<Refusal>,
     /// Workers that had not answered when the round ended.
-    pub missing: Vec<u32>,
+    pub missing: Vec<WorkerId>,
     /// Planner decision time and round time (send → last ack or timeout).
     pub plan_ms: f64,
     pub round_ms: f64,
@@ -87,7 +89,8 @@ pub(crate) struct Round {
     batch_caps: Vec<f64>,
     demand: Vec<TierDemand>,
     plan_ms: f64,
-    waiting: HashSet<u32>,
+    /// Workers whose ack is still due.
+    waiting: HashSet<WorkerId>,
     refused: Vec<Refusal>,
     started: Instant,
     done: Option<oneshot::Sender<()>>,
@@ -319,7 +322,7 @@ impl RouterState {
             .collect();
         let payload =
             wire::encode_reconfigure(&plan, |g| caps.get(g.members.as_slice()).copied().flatten());
-        let targets: Vec<(u32, bytes::Bytes)> = st
+        let targets: Vec<(WorkerId, bytes::Bytes)> = st
             .registry
             .iter()
             .map(|(id, w)| (*id, w.identity.clone()))
@@ -356,7 +359,7 @@ impl RouterState {
     }
 
     /// A `reconfigured` ack from `worker`.
-    pub(super) fn on_reconfigured(&self, worker: u32, m: &Reconfigured, now: Instant) {
+    pub(super) fn on_reconfigured(&self, worker: WorkerId, m: &Reconfigured, now: Instant) {
         let mut st = self.lock();
         let ok = m.ok == Some(true);
         if let Some(w) = st.registry.get_mut(worker) {
@@ -366,7 +369,7 @@ impl RouterState {
             }
         }
         if !ok {
-            tracing::error!(worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
+            tracing::error!(%worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
         }
         let Some(round) = st.pending.as_mut() else {
             return;
@@ -431,7 +434,7 @@ impl RouterState {
             demand: round.demand,
             refused: round.refused,
             missing: {
-                let mut m: Vec<u32> = round.waiting.into_iter().collect();
+                let mut m: Vec<WorkerId> = round.waiting.into_iter().collect();
                 m.sort_unstable();
                 m
             },

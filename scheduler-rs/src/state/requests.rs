@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
+use crate::ids::WorkerId;
 use crate::metrics::Completion;
 use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
 use crate::worker_auth::Rejection;
@@ -106,8 +107,8 @@ impl RouterState {
                     Inflight {
                         tx,
                         req: req.clone(),
-                        leader: d.prefill_leader,
-                        decode: d.decode_leader,
+                        leader: WorkerId::of_device(d.prefill_leader),
+                        decode: d.decode_leader.map(WorkerId::of_device),
                         streamed: false,
                         retries: 0,
                         start: Instant::now(),
@@ -148,7 +149,7 @@ impl RouterState {
         if d.class != Class::Feasible {
             st.dispatcher.complete(id);
         }
-        match st.registry.get(d.prefill_leader) {
+        match st.registry.get(WorkerId::of_device(d.prefill_leader)) {
             Some(w) => Some((w.identity.clone(), d)),
             None => {
                 // NOTE: plans only hold live workers; this is a race with a reap.
@@ -168,7 +169,7 @@ impl RouterState {
             sampling: &req.sampling,
             tier: &self.cfg.tiers[req.tier].name,
             class: d.class.as_str(),
-            decode_target: d.decode_leader,
+            decode_target: d.decode_leader.map(WorkerId::of_device),
             ttft_ms: Some(&self.cfg.tiers[req.tier])
                 .filter(|t| !t.background && t.ttft_ms > 0.0)
                 .map(|t| t.ttft_ms),
@@ -177,12 +178,12 @@ impl RouterState {
     }
 
     /// A `tokens` message from a worker.
-    pub(super) fn on_tokens(&self, worker: u32, m: Tokens, now: Instant) {
+    pub(super) fn on_tokens(&self, worker: WorkerId, m: Tokens, now: Instant) {
         let Some(id) = m.request_id.as_deref().and_then(|s| self.ids.decode(s)) else {
             // NOTE: ids are unguessable: one this router did not issue is a forgery or garbage.
             self.metrics.plane.count(Rejection::UnknownRequest);
             tracing::debug!(
-                worker,
+                %worker,
                 "tokens message without a request_id this router issued"
             );
             return;
@@ -199,12 +200,12 @@ impl RouterState {
             // NOTE: never mix outputs: only the worker currently serving the request counts.
             // After a plan change the request's worker may have joined a group led by another
             // worker, which then streams the request: accept its leader and follow it.
-            let holder = |w: u32| {
+            let holder = |w: WorkerId| {
                 st.plan
                     .groups
                     .iter()
-                    .find(|g| g.members.contains(&w))
-                    .map(|g| g.leader())
+                    .find(|g| g.members.contains(&w.device()))
+                    .map(|g| WorkerId::of_device(g.leader()))
             };
             let moved = [Some(leader), decode]
                 .into_iter()
@@ -214,8 +215,8 @@ impl RouterState {
                 // Another worker's request: an injection attempt, or a stale worker.
                 self.metrics.plane.count(Rejection::ForeignRequest);
                 tracing::debug!(
-                    worker,
-                    leader,
+                    %worker,
+                    %leader,
                     "dropped tokens for a request it does not serve"
                 );
                 return;
