@@ -51,7 +51,8 @@ impl fmt::Display for WorkerId {
 /// tier, in-flight bounds, metrics, completion outcomes).
 ///
 /// Where it comes from: [`crate::auth::Auth::resolve_tier`] resolves a request's tier name to
-/// it; nothing else mints one outside tests.
+/// it ([`crate::config::RouterConfig::tier_index`] does the same without auth); outside tests
+/// nothing else mints one. [`crate::config::RouterConfig::tier`] looks the tier up.
 ///
 /// NOTE (invariant): a `TierId` indexes the tier list it was resolved against. The router's
 /// tier list is fixed for the process's life (config), so every `TierId` it holds is in

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use crate::config::RouterConfig;
 use crate::dispatch::Dispatcher;
 use crate::fasthash::IntMap;
-use crate::ids::WorkerId;
+use crate::ids::{TierId, WorkerId};
 use crate::metrics::Metrics;
 use crate::plan::{GroupPlan, Plan, Role};
 use crate::protocols::worker::Sampling;
@@ -63,8 +63,8 @@ pub enum Event {
 pub struct Submit {
     pub input_ids: Vec<u32>,
     pub sampling: Sampling,
-    /// Index into the config's tiers.
-    pub tier: usize,
+    /// The request's tier (resolved against the config's tiers).
+    pub tier: TierId,
 }
 
 /// Why a request left before its worker finished it.
@@ -103,6 +103,7 @@ struct State {
     /// NOTE: entries come and go through `State::hold` / `State::release` only, which keep
     /// `held` (requests per tier, for `Tier::max_inflight`) in step.
     inflight: IntMap<u64, Inflight>,
+    /// Requests in flight per tier, indexed by `TierId::index` (grown on demand).
     held: Vec<u32>,
     /// Highest epoch ever issued (plans and control rounds share the sequence).
     last_epoch: u64,
@@ -114,7 +115,7 @@ struct State {
     pending: Option<control::Round>,
     /// Completed requests (arrival s on the engine clock, tier, met their SLOs), for the
     /// lookahead's delivered-vs-predicted check; the control loop drops old ones.
-    outcomes: std::collections::VecDeque<(f64, usize, bool)>,
+    outcomes: std::collections::VecDeque<(f64, TierId, bool)>,
     /// Control windows planned so far (selection rounds run every `every_windows`).
     windows: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).

@@ -17,7 +17,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::{RouterState, State};
-use crate::ids::WorkerId;
+use crate::ids::{TierId, WorkerId};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Reconfigured};
 use crate::sim::chooser::Choice;
@@ -143,20 +143,20 @@ impl RouterState {
     }
 
     /// Request path: an arrival (only recorded with the control loop on).
-    pub(super) fn stats_arrival(&self, st: &mut State, tier: usize, prompt_tokens: usize) {
+    pub(super) fn stats_arrival(&self, st: &mut State, tier: TierId, prompt_tokens: usize) {
         if self.control {
             let now = self.now_s();
-            let name = &self.cfg.tiers[tier].name;
+            let name = &self.cfg.tier(tier).name;
             st.stats
                 .on_arrival(now, name, u32::try_from(prompt_tokens).unwrap_or(u32::MAX));
         }
     }
 
     /// Request path: a completion with `output_tokens` generated.
-    pub(super) fn stats_completion(&self, st: &mut State, tier: usize, output_tokens: u64) {
+    pub(super) fn stats_completion(&self, st: &mut State, tier: TierId, output_tokens: u64) {
         if self.control {
             let now = self.now_s();
-            let name = &self.cfg.tiers[tier].name;
+            let name = &self.cfg.tier(tier).name;
             st.stats
                 .on_completion(now, name, u32::try_from(output_tokens).unwrap_or(u32::MAX));
         }
@@ -170,7 +170,7 @@ impl RouterState {
         let st = &mut *guard;
         let now = Instant::now();
         for (id, e) in &st.inflight {
-            let tier = &self.cfg.tiers[e.req.tier];
+            let tier = self.cfg.tier(e.req.tier);
             let late = e.first.is_none()
                 && !tier.background
                 && tier.ttft_ms > 0.0
@@ -181,14 +181,15 @@ impl RouterState {
         }
     }
 
-    /// The requests in flight, for the lookahead's forecast.
+    /// The requests in flight, for the lookahead's forecast (its `tier` is the bare index:
+    /// the simulator indexes its own copy of the tier list).
     pub fn inflight_snapshot(&self) -> Vec<InFlight> {
         let st = self.lock();
         let now = Instant::now();
         st.inflight
             .iter()
             .map(|(&id, e)| InFlight {
-                tier: e.req.tier,
+                tier: e.req.tier.index(),
                 generated: e.tokens as f64,
                 age_s: now.duration_since(e.start).as_secs_f64(),
                 feasible: st.dispatcher.holds(id),
@@ -230,7 +231,8 @@ impl RouterState {
     }
 
     /// Completions of requests that arrived in the last `window_s` (engine clock): (arrival
-    /// s, tier, met); older ones are dropped. Also returns the engine clock now.
+    /// s, tier index, met); older ones are dropped. Also returns the engine clock now.
+    /// NOTE: the tier is the bare index the control loop weighs by (`weights[tier]`).
     pub fn recent_outcomes(&self, window_s: f64) -> (f64, Vec<(f64, usize, bool)>) {
         let now = self.now_s();
         let since_s = now - window_s;
@@ -238,7 +240,13 @@ impl RouterState {
         while st.outcomes.front().is_some_and(|o| o.0 < since_s) {
             st.outcomes.pop_front();
         }
-        (now, st.outcomes.iter().copied().collect())
+        let outcomes = st.outcomes.iter();
+        (
+            now,
+            outcomes
+                .map(|&(t, tier, met)| (t, tier.index(), met))
+                .collect(),
+        )
     }
 
     /// Count a control window; returns how many came before it.
@@ -275,7 +283,7 @@ impl RouterState {
         let running: Vec<(&str, f64)> = st
             .inflight
             .values()
-            .map(|e| (names[e.req.tier], e.tokens as f64))
+            .map(|e| (names[e.req.tier.index()], e.tokens as f64))
             .collect();
         st.stats.snapshot(now, &running)
     }

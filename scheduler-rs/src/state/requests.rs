@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 
 use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
-use crate::ids::WorkerId;
+use crate::ids::{TierId, WorkerId};
 use crate::metrics::Completion;
 use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
 use crate::worker_auth::Rejection;
@@ -47,7 +47,7 @@ impl std::fmt::Display for SubmitError {
 impl State {
     /// Track a request in flight (counted against its tier's bound).
     fn hold(&mut self, id: u64, e: Inflight) {
-        let t = e.req.tier;
+        let t = e.req.tier.index();
         if self.held.len() <= t {
             self.held.resize(t + 1, 0);
         }
@@ -58,15 +58,15 @@ impl State {
     /// Stop tracking a request; `None` if it already ended.
     pub(super) fn release(&mut self, id: u64) -> Option<Inflight> {
         let e = self.inflight.remove(&id)?;
-        if let Some(n) = self.held.get_mut(e.req.tier) {
+        if let Some(n) = self.held.get_mut(e.req.tier.index()) {
             *n = n.saturating_sub(1);
         }
         Some(e)
     }
 
     /// Requests of `tier` in flight.
-    fn held(&self, tier: usize) -> u32 {
-        self.held.get(tier).copied().unwrap_or(0)
+    fn held(&self, tier: TierId) -> u32 {
+        self.held.get(tier.index()).copied().unwrap_or(0)
     }
 }
 
@@ -80,7 +80,7 @@ impl RouterState {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let req = Arc::new(req);
         let (tx, rx) = mpsc::unbounded_channel();
-        let tier = &self.cfg.tiers[req.tier];
+        let tier = self.cfg.tier(req.tier);
         let tm = self.metrics.tier(req.tier);
         let placed = {
             let mut guard = self.lock();
@@ -167,10 +167,10 @@ impl RouterState {
             request_id: &rid,
             input_ids: &req.input_ids,
             sampling: &req.sampling,
-            tier: &self.cfg.tiers[req.tier].name,
+            tier: &self.cfg.tier(req.tier).name,
             class: d.class.as_str(),
             decode_target: d.decode_leader.map(WorkerId::of_device),
-            ttft_ms: Some(&self.cfg.tiers[req.tier])
+            ttft_ms: Some(self.cfg.tier(req.tier))
                 .filter(|t| !t.background && t.ttft_ms > 0.0)
                 .map(|t| t.ttft_ms),
         });
@@ -278,7 +278,7 @@ impl RouterState {
         let _ = e.tx.send(event);
     }
 
-    pub(super) fn record(&self, tier: usize, e: &Inflight, now: Instant) {
+    pub(super) fn record(&self, tier: TierId, e: &Inflight, now: Instant) {
         let c = Completion {
             ttft_s: e.first.map(|f| (f - e.start).as_secs_f64()),
             e2e_s: (now - e.start).as_secs_f64(),
@@ -286,7 +286,7 @@ impl RouterState {
         };
         if self.control {
             let arrival = e.start.saturating_duration_since(self.clock).as_secs_f64();
-            let met = c.meets(&self.cfg.tiers[tier]);
+            let met = c.meets(self.cfg.tier(tier));
             let mut st = self.lock();
             // NOTE: bounded whether or not a control round reads them (2 minutes).
             while st.outcomes.front().is_some_and(|o| o.0 < arrival - 120.0) {
@@ -294,8 +294,7 @@ impl RouterState {
             }
             st.outcomes.push_back((arrival, tier, met));
         }
-        self.metrics
-            .record_completion(tier, &self.cfg.tiers[tier], c);
+        self.metrics.record_completion(tier, self.cfg.tier(tier), c);
     }
 
     /// Refuse new requests from now on (shutdown); those in flight go on.

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::{Event, FinishReason, Outbound, RouterState, Submit};
 use crate::config::RouterConfig;
-use crate::ids::WorkerId;
+use crate::ids::{TierId, WorkerId};
 use crate::protocols::worker::{decode_incoming, Sampling};
 
 /// Deliver `v` from worker `worker`'s connection (named by the id).
@@ -76,7 +76,7 @@ pub(super) fn submit() -> Submit {
     Submit {
         input_ids: vec![1, 2],
         sampling: Sampling::default(),
-        tier: 0,
+        tier: TierId(0),
     }
 }
 
@@ -121,7 +121,7 @@ async fn tokens_only_count_from_the_serving_worker() {
     assert_eq!(
         engine
             .metrics
-            .tier(0)
+            .tier(TierId(0))
             .finished
             .load(std::sync::atomic::Ordering::Relaxed),
         1

@@ -109,7 +109,7 @@ impl RouterState {
             st.dispatcher.complete(id);
             let e = st.inflight.get_mut(&id).expect("listed above");
             if !e.streamed && e.retries < self.cfg.max_retries {
-                let tier = &self.cfg.tiers[e.req.tier];
+                let tier = self.cfg.tier(e.req.tier);
                 if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background) {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
