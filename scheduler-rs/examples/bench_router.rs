@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use nitsum_scheduler::config::RouterConfig;
+use nitsum_scheduler::ids::TierId;
 use nitsum_scheduler::mock_worker::{self, MockOptions};
 use nitsum_scheduler::protocols::worker::Sampling;
 use nitsum_scheduler::server;
@@ -72,7 +73,7 @@ fn make_request(i: usize, args: &Args) -> Submit {
             temperature: 0.0,
             ..Sampling::default()
         },
-        tier: 0,
+        tier: TierId(0),
     }
 }
 

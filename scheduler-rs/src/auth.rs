@@ -10,6 +10,7 @@ use axum::http::HeaderMap;
 
 use crate::config::ApiKey;
 use crate::errors::ApiError;
+use crate::ids::TierId;
 use crate::tiers::Tier;
 
 /// Header naming the request's tier.
@@ -32,7 +33,7 @@ impl Auth {
         &self,
         headers: &HeaderMap,
         body_tier: Option<&str>,
-    ) -> Result<usize, ApiError> {
+    ) -> Result<TierId, ApiError> {
         let key = self.authenticate(headers)?;
         let header_tier = headers.get(TIER_HEADER).map(|v| {
             v.to_str()
@@ -63,7 +64,7 @@ impl Auth {
                 )));
             }
         }
-        Ok(idx)
+        Ok(TierId(idx))
     }
 
     /// For `/admin/*` (and a restricted `/metrics`): with keys configured, an admin key
@@ -133,11 +134,14 @@ mod tests {
     #[test]
     fn no_keys_means_no_auth_and_first_foreground_default() {
         let auth = Auth::new(vec![], default_tiers());
-        assert_eq!(auth.resolve_tier(&HeaderMap::new(), None), Ok(0));
-        assert_eq!(auth.resolve_tier(&HeaderMap::new(), Some("relaxed")), Ok(1));
+        assert_eq!(auth.resolve_tier(&HeaderMap::new(), None), Ok(TierId(0)));
+        assert_eq!(
+            auth.resolve_tier(&HeaderMap::new(), Some("relaxed")),
+            Ok(TierId(1))
+        );
         // The header wins over the body field.
         let h = headers(&[(TIER_HEADER, "background")]);
-        assert_eq!(auth.resolve_tier(&h, Some("relaxed")), Ok(2));
+        assert_eq!(auth.resolve_tier(&h, Some("relaxed")), Ok(TierId(2)));
         let err = auth
             .resolve_tier(&HeaderMap::new(), Some("gold"))
             .unwrap_err();
@@ -166,13 +170,13 @@ mod tests {
         );
 
         let gold = headers(&[("authorization", "Bearer sk-gold")]);
-        assert_eq!(auth.resolve_tier(&gold, None), Ok(1));
-        assert_eq!(auth.resolve_tier(&gold, Some("strict")), Ok(0));
+        assert_eq!(auth.resolve_tier(&gold, None), Ok(TierId(1)));
+        assert_eq!(auth.resolve_tier(&gold, Some("strict")), Ok(TierId(0)));
         let forbidden = auth.resolve_tier(&gold, Some("background")).unwrap_err();
         assert_eq!(forbidden.status, StatusCode::FORBIDDEN);
 
         let bg = headers(&[("authorization", "Bearer sk-bg")]);
-        assert_eq!(auth.resolve_tier(&bg, None), Ok(2));
+        assert_eq!(auth.resolve_tier(&bg, None), Ok(TierId(2)));
         let mut bg_strict = bg.clone();
         bg_strict.insert(TIER_HEADER, "strict".parse().unwrap());
         assert_eq!(
@@ -181,7 +185,7 @@ mod tests {
         );
 
         let all = headers(&[("authorization", "Bearer sk-all")]);
-        assert_eq!(auth.resolve_tier(&all, Some("background")), Ok(2));
-        assert_eq!(auth.resolve_tier(&all, None), Ok(0));
+        assert_eq!(auth.resolve_tier(&all, Some("background")), Ok(TierId(2)));
+        assert_eq!(auth.resolve_tier(&all, None), Ok(TierId(0)));
     }
 }

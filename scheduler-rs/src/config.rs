@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::ids::TierId;
 use crate::plan::{GroupPlan, Role};
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
@@ -385,8 +386,14 @@ impl RouterConfig {
     }
 
     /// Index of the tier named `name`.
-    pub fn tier_index(&self, name: &str) -> Option<usize> {
-        self.tiers.iter().position(|t| t.name == name)
+    pub fn tier_index(&self, name: &str) -> Option<TierId> {
+        self.tiers.iter().position(|t| t.name == name).map(TierId)
+    }
+
+    /// The tier `id` names. NOTE: panics on an id resolved against another tier list (a bug:
+    /// the router resolves every `TierId` it holds against this one).
+    pub fn tier(&self, id: TierId) -> &Tier {
+        &self.tiers[id.index()]
     }
 }
 
@@ -418,7 +425,7 @@ mod tests {
         .unwrap();
         let cfg = RouterConfig::from_file(file).unwrap();
         assert_eq!(cfg.served_model_name, "tiny-llama");
-        assert_eq!(cfg.tier_index("bg"), Some(1));
+        assert_eq!(cfg.tier_index("bg"), Some(TierId(1)));
         let plan = cfg.static_plan.unwrap();
         assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
         assert_eq!(plan[0].tiers, ["gold"]);

@@ -9,6 +9,7 @@ pub mod control;
 pub mod dispatch;
 pub mod errors;
 pub mod fasthash;
+pub mod ids;
 pub mod metrics;
 pub mod mock_worker;
 pub mod plan;

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::ids::TierId;
 use crate::tiers::Tier;
 
 /// Histogram bucket upper bounds in seconds (TTFT, TPOT and E2E share them).
@@ -83,6 +84,7 @@ type CounterOf = fn(&TierMetrics) -> &AtomicU64;
 /// All request metrics, indexed like the config's tiers.
 #[derive(Debug)]
 pub struct Metrics {
+    /// (tier name, metrics) in the config's tier order: a router `TierId` indexes it.
     pub tiers: Vec<(String, TierMetrics)>,
     /// Control rounds by result (`nitsum_plan_changes_total{result}`).
     pub plan_applied: AtomicU64,
@@ -128,13 +130,14 @@ impl Metrics {
         }
     }
 
-    pub fn tier(&self, idx: usize) -> &TierMetrics {
-        &self.tiers[idx].1
+    /// The metrics of tier `id`.
+    pub fn tier(&self, id: TierId) -> &TierMetrics {
+        &self.tiers[id.index()].1
     }
 
     /// Record a completed request and whether it met its tier's SLO.
-    pub fn record_completion(&self, idx: usize, tier: &Tier, c: Completion) {
-        let m = self.tier(idx);
+    pub fn record_completion(&self, id: TierId, tier: &Tier, c: Completion) {
+        let m = self.tier(id);
         m.finished.fetch_add(1, Ordering::Relaxed);
         m.tokens.fetch_add(c.tokens, Ordering::Relaxed);
         m.e2e.observe(c.e2e_s);
@@ -299,13 +302,14 @@ mod tests {
             e2e_s: 0.3,
             tokens: 1,
         };
+        let strict = TierId(0);
         for c in [ok, slow_tpot, slow_ttft] {
-            m.record_completion(0, &tiers[0], c);
+            m.record_completion(strict, &tiers[0], c);
         }
-        assert_eq!(m.tier(0).finished.load(Ordering::Relaxed), 3);
-        assert_eq!(m.tier(0).slo_met.load(Ordering::Relaxed), 1);
-        assert_eq!(m.tier(0).ttft.count(), 3);
-        assert_eq!(m.tier(0).tpot.count(), 2);
+        assert_eq!(m.tier(strict).finished.load(Ordering::Relaxed), 3);
+        assert_eq!(m.tier(strict).slo_met.load(Ordering::Relaxed), 1);
+        assert_eq!(m.tier(strict).ttft.count(), 3);
+        assert_eq!(m.tier(strict).tpot.count(), 2);
         let mut out = String::new();
         m.render(&mut out);
         assert!(out.contains("nitsum_ttft_seconds_bucket{tier=\"strict\",le=\"0.1\"} 2"));

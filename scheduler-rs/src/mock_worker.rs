@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use crate::ids::WorkerId;
 use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
 use crate::worker_auth::{Nonce, WorkerSecret};
 
@@ -73,12 +74,12 @@ pub struct MockStats {
     /// (epoch, this worker's group: tp and max_batch) of the last `reconfigure`.
     pub last_reconfigure: Mutex<Option<(u64, u32, Option<u32>)>>,
     /// (tier, class, decode_target) of the last `generate`.
-    pub last_generate: Mutex<Option<(String, String, Option<u32>)>>,
+    pub last_generate: Mutex<Option<(String, String, Option<WorkerId>)>>,
 }
 
 /// A running mock worker.
 pub struct MockWorker {
-    pub id: u32,
+    pub id: WorkerId,
     pub stats: Arc<MockStats>,
     task: JoinHandle<()>,
 }
@@ -109,7 +110,7 @@ struct RouterMsg {
     tier: String,
     class: String,
     nonce: String,
-    decode_target: Option<u32>,
+    decode_target: Option<WorkerId>,
     groups: Vec<MockGroup>,
 }
 
@@ -127,7 +128,7 @@ struct Tokens<'a> {
     v: u32,
     #[serde(rename = "type")]
     ty: &'static str,
-    worker_id: u32,
+    worker_id: WorkerId,
     request_id: &'a str,
     token_ids: &'a [u32],
     finish_reason: Option<&'a str>,
@@ -157,7 +158,7 @@ fn plan_output(input: &[u32], s: &Sampling) -> (Vec<u32>, &'static str) {
 }
 
 /// Connect a mock worker with id `id` to the router at `addr`.
-pub async fn spawn(addr: &str, id: u32, opts: MockOptions) -> Result<MockWorker> {
+pub async fn spawn(addr: &str, id: WorkerId, opts: MockOptions) -> Result<MockWorker> {
     // NOTE: a random routing identity (the default), as real workers use: a guessable one
     // would let another peer take over this connection's routing slot (docs/security.md).
     let mut sock = DealerSocket::new();
@@ -173,12 +174,12 @@ pub async fn spawn(addr: &str, id: u32, opts: MockOptions) -> Result<MockWorker>
 pub async fn spawn_many(addr: &str, n: u32, opts: &MockOptions) -> Result<Vec<MockWorker>> {
     let mut v = Vec::with_capacity(n as usize);
     for id in 0..n {
-        v.push(spawn(addr, id, opts.clone()).await?);
+        v.push(spawn(addr, WorkerId(id), opts.clone()).await?);
     }
     Ok(v)
 }
 
-async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<MockStats>) {
+async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc<MockStats>) {
     let mut register = serde_json::json!({"v": PROTOCOL_VERSION, "type": "register", "worker_id": id,
         "device": "mock", "model": opts.model, "tp_levels": opts.tp_levels, "kv_capacity_tokens": 1u64 << 20,
         "max_context": opts.max_context, "eos_token_ids": opts.eos_token_ids});
@@ -228,7 +229,7 @@ async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<Mock
                     }
                     "reconfigure" => {
                         stats.reconfigures.fetch_add(1, Ordering::Relaxed);
-                        let mine = m.groups.iter().find(|g| g.members.contains(&id));
+                        let mine = m.groups.iter().find(|g| g.members.contains(&id.device()));
                         let tp = mine.map_or(0, |g| g.tp);
                         *stats.last_reconfigure.lock().unwrap() =
                             Some((m.epoch, tp, mine.and_then(|g| g.max_batch)));
@@ -265,7 +266,7 @@ async fn run(mut sock: DealerSocket, id: u32, opts: MockOptions, stats: Arc<Mock
 }
 
 fn chunks(
-    id: u32,
+    id: WorkerId,
     rid: &str,
     out: &[u32],
     finish: &str,
@@ -298,7 +299,7 @@ fn chunks(
 }
 
 async fn paced(
-    id: u32,
+    id: WorkerId,
     m: RouterMsg,
     out: Vec<u32>,
     finish: &'static str,

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::ids::WorkerId;
 use crate::protocols::worker::Register;
 
 /// What a worker said about itself in `register`.
@@ -56,12 +57,18 @@ pub struct WorkerEntry {
 /// Live workers by id (ordered, so default plans list them by id).
 #[derive(Debug, Default)]
 pub struct Registry {
-    workers: BTreeMap<u32, WorkerEntry>,
+    workers: BTreeMap<WorkerId, WorkerEntry>,
 }
 
 impl Registry {
     /// Add or replace a worker. Returns true if it was already registered (a restart).
-    pub fn register(&mut self, id: u32, identity: Bytes, info: WorkerInfo, now: Instant) -> bool {
+    pub fn register(
+        &mut self,
+        id: WorkerId,
+        identity: Bytes,
+        info: WorkerInfo,
+        now: Instant,
+    ) -> bool {
         let entry = WorkerEntry {
             identity,
             info,
@@ -75,16 +82,18 @@ impl Registry {
         self.workers.insert(id, entry).is_some()
     }
 
-    pub fn get(&self, id: u32) -> Option<&WorkerEntry> {
+    /// The live worker `id`.
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerEntry> {
         self.workers.get(&id)
     }
 
-    pub fn get_mut(&mut self, id: u32) -> Option<&mut WorkerEntry> {
+    /// The live worker `id`, to update from its messages.
+    pub fn get_mut(&mut self, id: WorkerId) -> Option<&mut WorkerEntry> {
         self.workers.get_mut(&id)
     }
 
     /// Refresh liveness; false for an unknown worker.
-    pub fn touch(&mut self, id: u32, now: Instant) -> bool {
+    pub fn touch(&mut self, id: WorkerId, now: Instant) -> bool {
         match self.workers.get_mut(&id) {
             Some(w) => {
                 w.last_seen = now;
@@ -95,8 +104,8 @@ impl Registry {
     }
 
     /// Remove and return the ids of workers silent for longer than `timeout`.
-    pub fn reap(&mut self, now: Instant, timeout: Duration) -> Vec<u32> {
-        let dead: Vec<u32> = self
+    pub fn reap(&mut self, now: Instant, timeout: Duration) -> Vec<WorkerId> {
+        let dead: Vec<WorkerId> = self
             .workers
             .iter()
             .filter(|(_, w)| now.saturating_duration_since(w.last_seen) > timeout)
@@ -108,22 +117,27 @@ impl Registry {
         dead
     }
 
-    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+    /// Ids of the live workers, ascending.
+    pub fn ids(&self) -> impl Iterator<Item = WorkerId> + '_ {
         self.workers.keys().copied()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&u32, &WorkerEntry)> {
+    /// Live workers by ascending id.
+    pub fn iter(&self) -> impl Iterator<Item = (&WorkerId, &WorkerEntry)> {
         self.workers.iter()
     }
 
-    pub fn contains(&self, id: u32) -> bool {
+    /// Whether worker `id` is live.
+    pub fn contains(&self, id: WorkerId) -> bool {
         self.workers.contains_key(&id)
     }
 
+    /// Live workers.
     pub fn len(&self) -> usize {
         self.workers.len()
     }
 
+    /// Whether no worker is live.
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()
     }
@@ -147,7 +161,9 @@ impl Registry {
         let mut devices = 0u32;
         let mut levels: Option<Vec<u32>> = None;
         let mut domains: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
-        while let Some(w) = self.get(devices) {
+        // NOTE: device `d` is worker `d` (see `WorkerId`): the pool is the run of registered
+        // ids from 0.
+        while let Some(w) = self.get(WorkerId::of_device(devices)) {
             let mine: &[u32] = if w.info.tp_levels.is_empty() {
                 &[1]
             } else {
@@ -194,7 +210,7 @@ mod tests {
                 domain,
                 ..WorkerInfo::default()
             };
-            r.register(id as u32, Bytes::new(), info, Instant::now());
+            r.register(WorkerId(id as u32), Bytes::new(), info, Instant::now());
         }
         r
     }
@@ -229,16 +245,17 @@ mod tests {
     fn silent_workers_are_reaped() {
         let mut r = Registry::default();
         let t0 = Instant::now();
-        assert!(!r.register(0, Bytes::from_static(b"0"), WorkerInfo::default(), t0));
-        r.register(1, Bytes::from_static(b"1"), WorkerInfo::default(), t0);
+        let (w0, w1) = (WorkerId(0), WorkerId(1));
+        assert!(!r.register(w0, Bytes::from_static(b"0"), WorkerInfo::default(), t0));
+        r.register(w1, Bytes::from_static(b"1"), WorkerInfo::default(), t0);
         let later = t0 + Duration::from_millis(2000);
-        assert!(r.touch(1, later));
-        assert!(!r.touch(7, later));
+        assert!(r.touch(w1, later));
+        assert!(!r.touch(WorkerId(7), later));
         assert_eq!(
             r.reap(t0 + Duration::from_millis(3500), Duration::from_secs(3)),
-            [0]
+            [w0]
         );
-        assert_eq!(r.ids().collect::<Vec<_>>(), [1]);
-        assert!(r.register(1, Bytes::from_static(b"1"), WorkerInfo::default(), later));
+        assert_eq!(r.ids().collect::<Vec<_>>(), [w1]);
+        assert!(r.register(w1, Bytes::from_static(b"1"), WorkerInfo::default(), later));
     }
 }

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use crate::config::RouterConfig;
 use crate::dispatch::Dispatcher;
 use crate::fasthash::IntMap;
+use crate::ids::{TierId, WorkerId};
 use crate::metrics::Metrics;
 use crate::plan::{GroupPlan, Plan, Role};
 use crate::protocols::worker::Sampling;
@@ -62,8 +63,8 @@ pub enum Event {
 pub struct Submit {
     pub input_ids: Vec<u32>,
     pub sampling: Sampling,
-    /// Index into the config's tiers.
-    pub tier: usize,
+    /// The request's tier (resolved against the config's tiers).
+    pub tier: TierId,
 }
 
 /// Why a request left before its worker finished it.
@@ -80,8 +81,11 @@ pub enum EarlyEnd {
 struct Inflight {
     tx: mpsc::UnboundedSender<Event>,
     req: Arc<Submit>,
-    leader: u32,
-    decode: Option<u32>,
+    /// The worker that got its `generate`: its group's leader (after a plan change, the
+    /// leader of the group its worker joined; see `on_tokens`).
+    leader: WorkerId,
+    /// The decode group's leader when the leader's group only prefills.
+    decode: Option<WorkerId>,
     streamed: bool,
     retries: u32,
     start: Instant,
@@ -99,6 +103,7 @@ struct State {
     /// NOTE: entries come and go through `State::hold` / `State::release` only, which keep
     /// `held` (requests per tier, for `Tier::max_inflight`) in step.
     inflight: IntMap<u64, Inflight>,
+    /// Requests in flight per tier, indexed by `TierId::index` (grown on demand).
     held: Vec<u32>,
     /// Highest epoch ever issued (plans and control rounds share the sequence).
     last_epoch: u64,
@@ -110,7 +115,7 @@ struct State {
     pending: Option<control::Round>,
     /// Completed requests (arrival s on the engine clock, tier, met their SLOs), for the
     /// lookahead's delivered-vs-predicted check; the control loop drops old ones.
-    outcomes: std::collections::VecDeque<(f64, usize, bool)>,
+    outcomes: std::collections::VecDeque<(f64, TierId, bool)>,
     /// Control windows planned so far (selection rounds run every `every_windows`).
     windows: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
@@ -219,7 +224,7 @@ impl RouterState {
     }
 
     /// Live workers: (id, info).
-    pub fn workers(&self) -> Vec<(u32, WorkerInfo)> {
+    pub fn workers(&self) -> Vec<(WorkerId, WorkerInfo)> {
         self.lock()
             .registry
             .iter()
@@ -237,7 +242,7 @@ impl RouterState {
                 let (running, waiting) = g
                     .members
                     .iter()
-                    .filter_map(|m| st.registry.get(*m))
+                    .filter_map(|&m| st.registry.get(WorkerId::of_device(m)))
                     .fold((0, 0), |(r, w), e| (r + e.running, w + e.waiting));
                 GroupSnapshot {
                     group: g.clone(),
@@ -250,7 +255,7 @@ impl RouterState {
     }
 
     /// Worker-reported `stats` fields: (worker, name, value).
-    pub fn worker_stats(&self) -> Vec<(u32, String, f64)> {
+    pub fn worker_stats(&self) -> Vec<(WorkerId, String, f64)> {
         let st = self.lock();
         st.registry
             .iter()
@@ -265,9 +270,9 @@ impl RouterState {
 
     /// Default groups when no plan is configured: each live worker is a TP-1 mixed group
     /// serving every non-background tier and accepting background work.
-    fn default_group(&self, worker: u32) -> GroupPlan {
+    fn default_group(&self, worker: WorkerId) -> GroupPlan {
         GroupPlan {
-            members: vec![worker],
+            members: vec![worker.device()],
             tp: 1,
             role: Role::Mixed,
             tiers: self

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use nitsum_scheduler::config::ApiKey;
+use nitsum_scheduler::ids::WorkerId;
 use nitsum_scheduler::mock_worker::MockOptions;
 use nitsum_scheduler::testutil::{EOS_ID, IM_START_ID};
 use serde_json::{json, Value};
@@ -398,7 +399,7 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     assert_eq!(post(&r, "/generate", body.clone()).await.status, 503);
     let late = nitsum_scheduler::mock_worker::spawn(
         &r.run.worker_endpoint,
-        2,
+        WorkerId(2),
         authenticated(&r.run, MockOptions::default()),
     )
     .await
@@ -407,7 +408,10 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     let v = post(&r, "/generate", body).await.json();
     assert_eq!(v["output_ids"], json!([104, 105]));
     let last = r.mocks[0].stats.last_generate.lock().unwrap().clone();
-    assert_eq!(last, Some(("strict".into(), "feasible".into(), Some(2))));
+    assert_eq!(
+        last,
+        Some(("strict".into(), "feasible".into(), Some(WorkerId(2))))
+    );
     // Background work has no accepting group in this plan.
     let bg = json!({"input_ids": [104], "tier": "background"});
     assert_eq!(post(&r, "/generate", bg).await.status, 503);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nitsum_scheduler::ids::TierId;
 use nitsum_scheduler::mock_worker::MockOptions;
 use nitsum_scheduler::protocols::worker::Sampling;
 use nitsum_scheduler::state::{Event, RouterState, Submit};
@@ -40,9 +41,9 @@ fn tp12() -> MockOptions {
     }
 }
 
-/// Submit one request of tier index `tier` (40 prompt tokens, 8 output tokens) and wait for
+/// Submit one request of tier `tier` (40 prompt tokens, 8 output tokens) and wait for
 /// its final event; true when it completed.
-async fn one(engine: Arc<RouterState>, tier: usize) -> bool {
+async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
     let req = Submit {
         input_ids: (1..=40).collect(),
         sampling: Sampling {
@@ -91,7 +92,7 @@ async fn load_until(
             owed[tier] += rate * tick.as_secs_f64();
             while owed[tier] >= 1.0 {
                 owed[tier] -= 1.0;
-                tasks.push(tokio::spawn(one(r.run.router.clone(), tier)));
+                tasks.push(tokio::spawn(one(r.run.router.clone(), TierId(tier))));
             }
         }
         if t0.elapsed() >= Duration::from_secs(1) && done(&get_json(r, "/admin/plan").await) {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nitsum_scheduler::ids::TierId;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,8 +85,8 @@ async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
         "/health took {slowest_health:?}"
     );
     wait_until(|| r.run.router.inflight() == 0).await;
-    let strict = r.run.router.metrics.tier(0);
-    let relaxed = r.run.router.metrics.tier(1);
+    let strict = r.run.router.metrics.tier(TierId(0));
+    let relaxed = r.run.router.metrics.tier(TierId(1));
     let finished =
         strict.finished.load(Ordering::Relaxed) + relaxed.finished.load(Ordering::Relaxed);
     assert_eq!(finished, ok as u64);

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nitsum_scheduler::ids::TierId;
 use nitsum_scheduler::mock_worker::MockOptions;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -45,7 +46,7 @@ async fn a_request_past_its_deadline_gets_408_and_is_aborted_on_the_worker() {
         .find(|l| l.starts_with("nitsum_requests_timed_out_total{tier=\"strict\"}"))
         .unwrap_or_else(|| panic!("no timed_out counter in\n{metrics}"));
     assert!(line.ends_with(" 1"), "{line}");
-    let m = r.run.router.metrics.tier(0);
+    let m = r.run.router.metrics.tier(TierId(0));
     assert_eq!(m.timed_out.load(Ordering::Relaxed), 1);
 }
 

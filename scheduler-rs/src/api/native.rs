@@ -90,7 +90,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     let mut ts = prepare::start(&state, tier, ids, field, &sampling, stops)?;
     let meta = Meta {
-        tier: state.router.cfg.tiers[tier].name.clone(),
+        tier: state.router.cfg.tier(tier).name.clone(),
         start,
     };
     if req.stream {

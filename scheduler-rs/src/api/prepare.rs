@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use super::output::TextStream;
 use super::AppState;
 use crate::errors::ApiError;
+use crate::ids::TierId;
 use crate::protocols::openai::CommonParams;
 use crate::protocols::worker::Sampling;
 use crate::state::Submit;
@@ -68,7 +69,7 @@ pub fn tier(
     state: &AppState,
     headers: &HeaderMap,
     body_tier: Option<&str>,
-) -> Result<usize, ApiError> {
+) -> Result<TierId, ApiError> {
     state.auth.resolve_tier(headers, body_tier)
 }
 
@@ -78,7 +79,7 @@ pub fn openai_common(
     state: &AppState,
     headers: &HeaderMap,
     common: &CommonParams,
-) -> Result<usize, ApiError> {
+) -> Result<TierId, ApiError> {
     let tier = tier(state, headers, common.tier.as_deref())?;
     check_model(state, common.model.as_deref())?;
     check_n(common.n)?;
@@ -98,7 +99,7 @@ pub fn respond(result: Result<axum::response::Response, ApiError>) -> axum::resp
 /// the server's request timeout): the common tail of every generation endpoint.
 pub fn start(
     state: &AppState,
-    tier: usize,
+    tier: TierId,
     input_ids: Vec<u32>,
     prompt_field: &str,
     sampling: &SamplingInput,
@@ -116,7 +117,7 @@ pub fn start(
 /// Validate the prompt and sampling and build the engine request.
 pub fn build(
     state: &AppState,
-    tier: usize,
+    tier: TierId,
     input_ids: Vec<u32>,
     prompt_field: &str,
     s: &SamplingInput,
@@ -146,7 +147,7 @@ pub fn build(
         ));
     }
     let room = (max_context - prompt).min(u32::MAX as usize) as u32;
-    let cap = state.router.cfg.tiers[tier].max_tokens;
+    let cap = state.router.cfg.tier(tier).max_tokens;
     let max_tokens = match s.max_tokens {
         Some(m) if m < 1 => {
             return Err(ApiError::invalid(
@@ -160,7 +161,7 @@ pub fn build(
                 format!(
                     "{} is {m}, above the {} tier's cap of {}",
                     s.max_tokens_field,
-                    state.router.cfg.tiers[tier].name,
+                    state.router.cfg.tier(tier).name,
                     cap.unwrap_or_default()
                 ),
             ))

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan, Role};
 
 /// Protocol version carried in every message as `v`.
@@ -48,7 +49,8 @@ pub struct Generate<'a> {
     pub sampling: &'a Sampling,
     pub tier: &'a str,
     pub class: &'a str,
-    pub decode_target: Option<u32>,
+    /// The decode group's leader when this group only prefills: the worker to hand KV to.
+    pub decode_target: Option<WorkerId>,
     /// The tier's TTFT target (ms) for SLO tiers: the worker's local scheduler serves a
     /// request that has not started within it last (it can no longer meet its SLO).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +85,7 @@ struct Registered {
     v: u32,
     #[serde(rename = "type")]
     ty: &'static str,
-    worker_id: u32,
+    worker_id: WorkerId,
     epoch: u64,
 }
 
@@ -93,7 +95,7 @@ struct Challenge<'a> {
     v: u32,
     #[serde(rename = "type")]
     ty: &'static str,
-    worker_id: u32,
+    worker_id: WorkerId,
     nonce: &'a str,
 }
 
@@ -103,7 +105,7 @@ struct Refused<'a> {
     v: u32,
     #[serde(rename = "type")]
     ty: &'static str,
-    worker_id: u32,
+    worker_id: WorkerId,
     error: &'a str,
 }
 
@@ -133,7 +135,7 @@ pub fn encode_generate(msg: &Generate<'_>) -> Vec<u8> {
 }
 
 /// Encode `registered`.
-pub fn encode_registered(worker_id: u32, epoch: u64) -> Vec<u8> {
+pub fn encode_registered(worker_id: WorkerId, epoch: u64) -> Vec<u8> {
     encode(&Registered {
         v: PROTOCOL_VERSION,
         ty: "registered",
@@ -143,7 +145,7 @@ pub fn encode_registered(worker_id: u32, epoch: u64) -> Vec<u8> {
 }
 
 /// Encode `challenge` with a hex nonce (docs/protocol.md "Handshake").
-pub fn encode_challenge(worker_id: u32, nonce_hex: &str) -> Vec<u8> {
+pub fn encode_challenge(worker_id: WorkerId, nonce_hex: &str) -> Vec<u8> {
     encode(&Challenge {
         v: PROTOCOL_VERSION,
         ty: "challenge",
@@ -154,7 +156,7 @@ pub fn encode_challenge(worker_id: u32, nonce_hex: &str) -> Vec<u8> {
 
 /// Encode `refused`: the router did not accept a `register` (bad proof, wrong model, id
 /// served by another connection).
-pub fn encode_refused(worker_id: u32, error: &str) -> Vec<u8> {
+pub fn encode_refused(worker_id: WorkerId, error: &str) -> Vec<u8> {
     encode(&Refused {
         v: PROTOCOL_VERSION,
         ty: "refused",
@@ -215,7 +217,8 @@ pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<
 #[derive(Debug)]
 pub struct Incoming {
     pub v: u32,
-    pub worker_id: Option<u32>,
+    /// The `worker_id` the message names (checked against its connection's binding).
+    pub worker_id: Option<WorkerId>,
     pub body: Body,
 }
 
@@ -299,7 +302,7 @@ struct Envelope {
     v: u32,
     #[serde(rename = "type")]
     ty: String,
-    worker_id: Option<u32>,
+    worker_id: Option<WorkerId>,
 }
 
 /// Decode a worker message: the envelope, then the body its `type` names.
@@ -370,13 +373,38 @@ mod tests {
     }
 
     #[test]
+    fn worker_ids_encode_as_the_bare_u32_they_replaced() {
+        // The wire form before `WorkerId`: the same struct with a plain `u32`.
+        #[derive(Serialize)]
+        struct Untyped {
+            v: u32,
+            #[serde(rename = "type")]
+            ty: &'static str,
+            worker_id: u32,
+            epoch: u64,
+        }
+        let untyped = Untyped {
+            v: PROTOCOL_VERSION,
+            ty: "registered",
+            worker_id: 70_000,
+            epoch: 9,
+        };
+        assert_eq!(
+            encode_registered(WorkerId(70_000), 9),
+            rmp_serde::to_vec_named(&untyped).unwrap()
+        );
+        let m = decode_incoming(&rmp_serde::to_vec_named(&untyped).unwrap()).unwrap();
+        assert_eq!(m.worker_id, Some(WorkerId(70_000)));
+    }
+
+    #[test]
     fn incoming_ignores_unknown_keys_and_reads_stats() {
         let tokens = serde_json::json!({"v": 1, "type": "tokens", "worker_id": 3,
             "request_id": "9", "token_ids": [5, 6], "finish_reason": null, "error": null,
             "prompt_tokens": 2, "future_field": {"x": 1}});
         let bytes = rmp_serde::to_vec_named(&tokens).unwrap();
         let m = decode_incoming(&bytes).unwrap();
-        assert_eq!((m.body.kind(), m.worker_id), ("tokens", Some(3)));
+        assert_eq!((m.body.kind(), m.worker_id), ("tokens", Some(WorkerId(3))));
         let Body::Tokens(t) = m.body else {
             panic!("{:?}", m.body)
         };

@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::{RouterState, State};
+use crate::ids::{TierId, WorkerId};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Reconfigured};
 use crate::sim::chooser::Choice;
@@ -51,7 +52,8 @@ impl PlanResult {
 /// A worker's `ok: false` answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Refusal {
-    pub worker: u32,
+    /// The refusing worker.
+    pub worker: WorkerId,
     pub error: Option<String>,
 }
 
@@ -74,7 +76,7 @@ pub struct PlanRecord {
     pub demand: Vec<TierDemand>,
     pub refused: Vec<Refusal>,
     /// Workers that had not answered when the round ended.
-    pub missing: Vec<u32>,
+    pub missing: Vec<WorkerId>,
     /// Planner decision time and round time (send → last ack or timeout).
     pub plan_ms: f64,
     pub round_ms: f64,
@@ -87,7 +89,8 @@ pub(crate) struct Round {
     batch_caps: Vec<f64>,
     demand: Vec<TierDemand>,
     plan_ms: f64,
-    waiting: HashSet<u32>,
+    /// Workers whose ack is still due.
+    waiting: HashSet<WorkerId>,
     refused: Vec<Refusal>,
     started: Instant,
     done: Option<oneshot::Sender<()>>,
@@ -140,20 +143,20 @@ impl RouterState {
     }
 
     /// Request path: an arrival (only recorded with the control loop on).
-    pub(super) fn stats_arrival(&self, st: &mut State, tier: usize, prompt_tokens: usize) {
+    pub(super) fn stats_arrival(&self, st: &mut State, tier: TierId, prompt_tokens: usize) {
         if self.control {
             let now = self.now_s();
-            let name = &self.cfg.tiers[tier].name;
+            let name = &self.cfg.tier(tier).name;
             st.stats
                 .on_arrival(now, name, u32::try_from(prompt_tokens).unwrap_or(u32::MAX));
         }
     }
 
     /// Request path: a completion with `output_tokens` generated.
-    pub(super) fn stats_completion(&self, st: &mut State, tier: usize, output_tokens: u64) {
+    pub(super) fn stats_completion(&self, st: &mut State, tier: TierId, output_tokens: u64) {
         if self.control {
             let now = self.now_s();
-            let name = &self.cfg.tiers[tier].name;
+            let name = &self.cfg.tier(tier).name;
             st.stats
                 .on_completion(now, name, u32::try_from(output_tokens).unwrap_or(u32::MAX));
         }
@@ -167,7 +170,7 @@ impl RouterState {
         let st = &mut *guard;
         let now = Instant::now();
         for (id, e) in &st.inflight {
-            let tier = &self.cfg.tiers[e.req.tier];
+            let tier = self.cfg.tier(e.req.tier);
             let late = e.first.is_none()
                 && !tier.background
                 && tier.ttft_ms > 0.0
@@ -178,14 +181,15 @@ impl RouterState {
         }
     }
 
-    /// The requests in flight, for the lookahead's forecast.
+    /// The requests in flight, for the lookahead's forecast (its `tier` is the bare index:
+    /// the simulator indexes its own copy of the tier list).
     pub fn inflight_snapshot(&self) -> Vec<InFlight> {
         let st = self.lock();
         let now = Instant::now();
         st.inflight
             .iter()
             .map(|(&id, e)| InFlight {
-                tier: e.req.tier,
+                tier: e.req.tier.index(),
                 generated: e.tokens as f64,
                 age_s: now.duration_since(e.start).as_secs_f64(),
                 feasible: st.dispatcher.holds(id),
@@ -227,7 +231,8 @@ impl RouterState {
     }
 
     /// Completions of requests that arrived in the last `window_s` (engine clock): (arrival
-    /// s, tier, met); older ones are dropped. Also returns the engine clock now.
+    /// s, tier index, met); older ones are dropped. Also returns the engine clock now.
+    /// NOTE: the tier is the bare index the control loop weighs by (`weights[tier]`).
     pub fn recent_outcomes(&self, window_s: f64) -> (f64, Vec<(f64, usize, bool)>) {
         let now = self.now_s();
         let since_s = now - window_s;
@@ -235,7 +240,13 @@ impl RouterState {
         while st.outcomes.front().is_some_and(|o| o.0 < since_s) {
             st.outcomes.pop_front();
         }
-        (now, st.outcomes.iter().copied().collect())
+        let outcomes = st.outcomes.iter();
+        (
+            now,
+            outcomes
+                .map(|&(t, tier, met)| (t, tier.index(), met))
+                .collect(),
+        )
     }
 
     /// Count a control window; returns how many came before it.
@@ -272,7 +283,7 @@ impl RouterState {
         let running: Vec<(&str, f64)> = st
             .inflight
             .values()
-            .map(|e| (names[e.req.tier], e.tokens as f64))
+            .map(|e| (names[e.req.tier.index()], e.tokens as f64))
             .collect();
         st.stats.snapshot(now, &running)
     }
@@ -319,7 +330,7 @@ impl RouterState {
             .collect();
         let payload =
             wire::encode_reconfigure(&plan, |g| caps.get(g.members.as_slice()).copied().flatten());
-        let targets: Vec<(u32, bytes::Bytes)> = st
+        let targets: Vec<(WorkerId, bytes::Bytes)> = st
             .registry
             .iter()
             .map(|(id, w)| (*id, w.identity.clone()))
@@ -356,7 +367,7 @@ impl RouterState {
     }
 
     /// A `reconfigured` ack from `worker`.
-    pub(super) fn on_reconfigured(&self, worker: u32, m: &Reconfigured, now: Instant) {
+    pub(super) fn on_reconfigured(&self, worker: WorkerId, m: &Reconfigured, now: Instant) {
         let mut st = self.lock();
         let ok = m.ok == Some(true);
         if let Some(w) = st.registry.get_mut(worker) {
@@ -366,7 +377,7 @@ impl RouterState {
             }
         }
         if !ok {
-            tracing::error!(worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
+            tracing::error!(%worker, epoch = ?m.epoch, error = ?m.error, "reconfigure failed");
         }
         let Some(round) = st.pending.as_mut() else {
             return;
@@ -431,7 +442,7 @@ impl RouterState {
             demand: round.demand,
             refused: round.refused,
             missing: {
-                let mut m: Vec<u32> = round.waiting.into_iter().collect();
+                let mut m: Vec<WorkerId> = round.waiting.into_iter().collect();
                 m.sort_unstable();
                 m
             },

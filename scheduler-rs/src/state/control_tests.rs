@@ -9,6 +9,7 @@ use serde_json::json;
 use super::tests::{drain_raw, msg, register, submit, tokens};
 use super::{Event, FinishReason, PlanResult, RoundOutcome, RouterState};
 use crate::config::RouterConfig;
+use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Role};
 
 fn group(members: &[u32], tiers: &[&str]) -> GroupPlan {
@@ -129,7 +130,7 @@ async fn refused_or_unanswered_round_keeps_the_old_plan() {
     assert!(done.try_recv().is_ok(), "a refusal decides the round");
     let rec = engine.end_round(epoch, RoundOutcome::Answered).unwrap();
     assert_eq!(rec.result, PlanResult::Refused);
-    assert_eq!(rec.refused[0].worker, 1);
+    assert_eq!(rec.refused[0].worker, WorkerId(1));
     assert_eq!(rec.refused[0].error.as_deref(), Some("cannot run TP 2"));
     let after = engine.plan();
     assert_eq!(after.groups, before.groups);
@@ -152,7 +153,7 @@ async fn refused_or_unanswered_round_keeps_the_old_plan() {
     let rec = engine.end_round(epoch, RoundOutcome::TimedOut).unwrap();
     assert_eq!(
         (rec.result, rec.missing.clone()),
-        (PlanResult::Timeout, vec![1])
+        (PlanResult::Timeout, vec![WorkerId(1)])
     );
     assert_eq!(engine.plan().groups, before.groups);
     assert!(!engine.round_pending());

@@ -12,6 +12,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::RouterState;
+use crate::ids::WorkerId;
 use crate::protocols::worker::{self as wire, Body, Incoming, Register, PROTOCOL_VERSION};
 use crate::registry::WorkerInfo;
 use crate::worker_auth::Rejection;
@@ -51,8 +52,8 @@ impl RouterState {
         if worker_id.is_some_and(|w| w != worker) {
             self.metrics.plane.count(Rejection::WrongWorker);
             tracing::warn!(
-                worker,
-                claimed = worker_id,
+                %worker,
+                claimed = worker_id.map(|w| w.0),
                 ty = body.kind(),
                 "dropped a message naming another worker than its connection's"
             );
@@ -62,7 +63,7 @@ impl RouterState {
     }
 
     /// `register`: challenge it, or check its proof, model and id, then admit the worker.
-    fn on_register(&self, identity: Bytes, worker_id: Option<u32>, m: Register) {
+    fn on_register(&self, identity: Bytes, worker_id: Option<WorkerId>, m: Register) {
         let Some(worker) = worker_id else {
             self.metrics.plane.count(Rejection::Malformed);
             tracing::warn!("dropped a register without worker_id");
@@ -107,10 +108,10 @@ impl RouterState {
     }
 
     /// Refuse a `register`: count, log, and tell the peer why.
-    fn refuse(&self, identity: Bytes, worker: u32, why: Rejection, error: &str) {
+    fn refuse(&self, identity: Bytes, worker: WorkerId, why: Rejection, error: &str) {
         self.metrics.plane.count(why);
         tracing::warn!(
-            worker,
+            %worker,
             reason = why.as_str(),
             "refused a worker register: {error}"
         );

@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::tests::{drain_raw, submit};
 use super::{Event, Outbound, RouterState};
 use crate::config::RouterConfig;
+use crate::ids::WorkerId;
 use crate::protocols::worker::decode_incoming;
 use crate::worker_auth::{Nonce, Rejection, WorkerSecret};
 
@@ -57,7 +58,11 @@ fn handshake(
     send(
         engine,
         conn,
-        register_msg(worker, model, Some(key.proof(&nonce, worker, model))),
+        register_msg(
+            worker,
+            model,
+            Some(key.proof(&nonce, WorkerId(worker), model)),
+        ),
     );
     let sent = drain_raw(rx);
     let last = sent
@@ -122,7 +127,7 @@ fn bad_proofs_and_wrong_models_are_refused() {
     send(&engine, "b", register_msg(1, "nitsum", None));
     let sent = drain_raw(&mut rx);
     let nonce = Nonce::from_hex(sent[0].1["nonce"].as_str().unwrap()).unwrap();
-    let proof = secret().proof(&nonce, 1, "nitsum");
+    let proof = secret().proof(&nonce, WorkerId(1), "nitsum");
     send(&engine, "b", register_msg(1, "nitsum", Some(proof.clone())));
     send(&engine, "c", register_msg(1, "nitsum", Some(proof)));
     assert_eq!(
@@ -160,7 +165,7 @@ fn a_live_id_stays_with_its_connection() {
     // Once worker 0 is dead, a new connection (a restarted worker) may take the id.
     assert_eq!(
         engine.reap_dead(Instant::now() + Duration::from_secs(1)),
-        vec![0]
+        vec![WorkerId(0)]
     );
     assert_eq!(
         handshake(&engine, &mut rx, "b", 0, "nitsum", &secret()),

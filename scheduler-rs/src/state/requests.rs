@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
+use crate::ids::{TierId, WorkerId};
 use crate::metrics::Completion;
 use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
 use crate::worker_auth::Rejection;
@@ -46,7 +47,7 @@ impl std::fmt::Display for SubmitError {
 impl State {
     /// Track a request in flight (counted against its tier's bound).
     fn hold(&mut self, id: u64, e: Inflight) {
-        let t = e.req.tier;
+        let t = e.req.tier.index();
         if self.held.len() <= t {
             self.held.resize(t + 1, 0);
         }
@@ -57,15 +58,15 @@ impl State {
     /// Stop tracking a request; `None` if it already ended.
     pub(super) fn release(&mut self, id: u64) -> Option<Inflight> {
         let e = self.inflight.remove(&id)?;
-        if let Some(n) = self.held.get_mut(e.req.tier) {
+        if let Some(n) = self.held.get_mut(e.req.tier.index()) {
             *n = n.saturating_sub(1);
         }
         Some(e)
     }
 
     /// Requests of `tier` in flight.
-    fn held(&self, tier: usize) -> u32 {
-        self.held.get(tier).copied().unwrap_or(0)
+    fn held(&self, tier: TierId) -> u32 {
+        self.held.get(tier.index()).copied().unwrap_or(0)
     }
 }
 
@@ -79,7 +80,7 @@ impl RouterState {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let req = Arc::new(req);
         let (tx, rx) = mpsc::unbounded_channel();
-        let tier = &self.cfg.tiers[req.tier];
+        let tier = self.cfg.tier(req.tier);
         let tm = self.metrics.tier(req.tier);
         let placed = {
             let mut guard = self.lock();
@@ -106,8 +107,8 @@ impl RouterState {
                     Inflight {
                         tx,
                         req: req.clone(),
-                        leader: d.prefill_leader,
-                        decode: d.decode_leader,
+                        leader: WorkerId::of_device(d.prefill_leader),
+                        decode: d.decode_leader.map(WorkerId::of_device),
                         streamed: false,
                         retries: 0,
                         start: Instant::now(),
@@ -148,7 +149,7 @@ impl RouterState {
         if d.class != Class::Feasible {
             st.dispatcher.complete(id);
         }
-        match st.registry.get(d.prefill_leader) {
+        match st.registry.get(WorkerId::of_device(d.prefill_leader)) {
             Some(w) => Some((w.identity.clone(), d)),
             None => {
                 // NOTE: plans only hold live workers; this is a race with a reap.
@@ -166,10 +167,10 @@ impl RouterState {
             request_id: &rid,
             input_ids: &req.input_ids,
             sampling: &req.sampling,
-            tier: &self.cfg.tiers[req.tier].name,
+            tier: &self.cfg.tier(req.tier).name,
             class: d.class.as_str(),
-            decode_target: d.decode_leader,
-            ttft_ms: Some(&self.cfg.tiers[req.tier])
+            decode_target: d.decode_leader.map(WorkerId::of_device),
+            ttft_ms: Some(self.cfg.tier(req.tier))
                 .filter(|t| !t.background && t.ttft_ms > 0.0)
                 .map(|t| t.ttft_ms),
         });
@@ -177,12 +178,12 @@ impl RouterState {
     }
 
     /// A `tokens` message from a worker.
-    pub(super) fn on_tokens(&self, worker: u32, m: Tokens, now: Instant) {
+    pub(super) fn on_tokens(&self, worker: WorkerId, m: Tokens, now: Instant) {
         let Some(id) = m.request_id.as_deref().and_then(|s| self.ids.decode(s)) else {
             // NOTE: ids are unguessable: one this router did not issue is a forgery or garbage.
             self.metrics.plane.count(Rejection::UnknownRequest);
             tracing::debug!(
-                worker,
+                %worker,
                 "tokens message without a request_id this router issued"
             );
             return;
@@ -199,12 +200,12 @@ impl RouterState {
             // NOTE: never mix outputs: only the worker currently serving the request counts.
             // After a plan change the request's worker may have joined a group led by another
             // worker, which then streams the request: accept its leader and follow it.
-            let holder = |w: u32| {
+            let holder = |w: WorkerId| {
                 st.plan
                     .groups
                     .iter()
-                    .find(|g| g.members.contains(&w))
-                    .map(|g| g.leader())
+                    .find(|g| g.members.contains(&w.device()))
+                    .map(|g| WorkerId::of_device(g.leader()))
             };
             let moved = [Some(leader), decode]
                 .into_iter()
@@ -214,8 +215,8 @@ impl RouterState {
                 // Another worker's request: an injection attempt, or a stale worker.
                 self.metrics.plane.count(Rejection::ForeignRequest);
                 tracing::debug!(
-                    worker,
-                    leader,
+                    %worker,
+                    %leader,
                     "dropped tokens for a request it does not serve"
                 );
                 return;
@@ -277,7 +278,7 @@ impl RouterState {
         let _ = e.tx.send(event);
     }
 
-    pub(super) fn record(&self, tier: usize, e: &Inflight, now: Instant) {
+    pub(super) fn record(&self, tier: TierId, e: &Inflight, now: Instant) {
         let c = Completion {
             ttft_s: e.first.map(|f| (f - e.start).as_secs_f64()),
             e2e_s: (now - e.start).as_secs_f64(),
@@ -285,7 +286,7 @@ impl RouterState {
         };
         if self.control {
             let arrival = e.start.saturating_duration_since(self.clock).as_secs_f64();
-            let met = c.meets(&self.cfg.tiers[tier]);
+            let met = c.meets(self.cfg.tier(tier));
             let mut st = self.lock();
             // NOTE: bounded whether or not a control round reads them (2 minutes).
             while st.outcomes.front().is_some_and(|o| o.0 < arrival - 120.0) {
@@ -293,8 +294,7 @@ impl RouterState {
             }
             st.outcomes.push_back((arrival, tier, met));
         }
-        self.metrics
-            .record_completion(tier, &self.cfg.tiers[tier], c);
+        self.metrics.record_completion(tier, self.cfg.tier(tier), c);
     }
 
     /// Refuse new requests from now on (shutdown); those in flight go on.

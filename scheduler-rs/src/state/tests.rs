@@ -9,8 +9,12 @@ use serde_json::json;
 
 use super::{Event, FinishReason, Outbound, RouterState, Submit};
 use crate::config::RouterConfig;
+use crate::ids::{TierId, WorkerId};
 use crate::protocols::worker::{decode_incoming, Sampling};
 
+/// Deliver `v` from worker `worker`'s connection (named by the id).
+/// NOTE: these helpers play the remote worker, so `worker` is the bare number it writes on the
+/// wire (as the Python worker does); router-side values are compared as `WorkerId`s.
 pub(super) fn msg(engine: &RouterState, worker: u32, v: serde_json::Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
     let m = decode_incoming(&bytes).unwrap();
@@ -72,7 +76,7 @@ pub(super) fn submit() -> Submit {
     Submit {
         input_ids: vec![1, 2],
         sampling: Sampling::default(),
-        tier: 0,
+        tier: TierId(0),
     }
 }
 
@@ -117,7 +121,7 @@ async fn tokens_only_count_from_the_serving_worker() {
     assert_eq!(
         engine
             .metrics
-            .tier(0)
+            .tier(TierId(0))
             .finished
             .load(std::sync::atomic::Ordering::Relaxed),
         1
@@ -152,7 +156,7 @@ async fn dead_worker_requests_are_retried_or_failed() {
         1,
         json!({"v": 1, "type": "heartbeat", "worker_id": 1}),
     );
-    assert_eq!(engine.reap_dead(later), [0]);
+    assert_eq!(engine.reap_dead(later), [WorkerId(0)]);
     // The unstreamed request went to worker 1; the streaming one failed explicitly.
     let sent = drain(&mut rx);
     assert!(

@@ -7,6 +7,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::{Event, Inflight, RouterState, State};
+use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Body};
 use crate::registry::WorkerInfo;
@@ -14,7 +15,7 @@ use crate::registry::WorkerInfo;
 impl RouterState {
     /// Handle a message from a connection bound to `worker` (the handshake in
     /// `handshake.rs` checked the connection first).
-    pub(super) fn on_bound_message(&self, worker: u32, identity: Bytes, body: Body) {
+    pub(super) fn on_bound_message(&self, worker: WorkerId, identity: Bytes, body: Body) {
         let now = Instant::now();
         match body {
             Body::Tokens(m) => self.on_tokens(worker, m, now),
@@ -43,7 +44,7 @@ impl RouterState {
             // The handshake answers `register` itself, also from a bound connection.
             Body::Register(_) => {}
             Body::Unknown(ty) => {
-                tracing::warn!(worker, ty, "dropping a message of unknown type")
+                tracing::warn!(%worker, ty, "dropping a message of unknown type")
             }
         }
     }
@@ -52,11 +53,11 @@ impl RouterState {
     pub(super) fn admit(
         &self,
         st: MutexGuard<'_, State>,
-        worker: u32,
+        worker: WorkerId,
         identity: Bytes,
         info: WorkerInfo,
     ) {
-        tracing::info!(worker, device = %info.device, model = %info.model, "worker registered");
+        tracing::info!(%worker, device = %info.device, model = %info.model, "worker registered");
         let mut st = st;
         let restarted = st
             .registry
@@ -76,7 +77,7 @@ impl RouterState {
 
     /// Reap workers silent for longer than the heartbeat timeout; retry or fail their
     /// requests. Called periodically by the server. Returns the dead worker ids.
-    pub fn reap_dead(&self, now: Instant) -> Vec<u32> {
+    pub fn reap_dead(&self, now: Instant) -> Vec<WorkerId> {
         let mut st = self.lock();
         let dead = st.registry.reap(now, self.heartbeat_timeout());
         if dead.is_empty() {
@@ -95,7 +96,7 @@ impl RouterState {
 
     /// Requests served by `dead` workers: re-dispatch those that streamed nothing (up to
     /// `max_retries`), end the others with an explicit error.
-    fn orphan(&self, st: &mut State, dead: &[u32], actions: &mut Vec<Action>) {
+    fn orphan(&self, st: &mut State, dead: &[WorkerId], actions: &mut Vec<Action>) {
         let hit: Vec<u64> = st
             .inflight
             .iter()
@@ -108,12 +109,12 @@ impl RouterState {
             st.dispatcher.complete(id);
             let e = st.inflight.get_mut(&id).expect("listed above");
             if !e.streamed && e.retries < self.cfg.max_retries {
-                let tier = &self.cfg.tiers[e.req.tier];
+                let tier = self.cfg.tier(e.req.tier);
                 if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background) {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
-                    e.leader = d.prefill_leader;
-                    e.decode = d.decode_leader;
+                    e.leader = WorkerId::of_device(d.prefill_leader);
+                    e.decode = d.decode_leader.map(WorkerId::of_device);
                     self.metrics
                         .tier(e.req.tier)
                         .retries
@@ -165,7 +166,11 @@ impl RouterState {
     /// [`Self::rebuild_plan`] under `epoch` (a control round's, not yet superseded) or, with
     /// `None`, a fresh one.
     pub(super) fn rebuild_plan_with(&self, st: &mut State, epoch: Option<u64>) -> Plan {
-        let alive = |g: &GroupPlan| g.members.iter().all(|m| st.registry.contains(*m));
+        let alive = |g: &GroupPlan| {
+            g.members
+                .iter()
+                .all(|&m| st.registry.contains(WorkerId::of_device(m)))
+        };
         let mut groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref())
         {
             Some(groups) => groups.iter().filter(|g| alive(g)).cloned().collect(),
@@ -175,7 +180,11 @@ impl RouterState {
             // NOTE: a worker that registered after the control loop's last plan serves as its
             // own TP-1 group until the next window plans it, rather than sitting idle.
             let covered: Vec<u32> = groups.iter().flat_map(|g| g.members.clone()).collect();
-            let new: Vec<u32> = st.registry.ids().filter(|w| !covered.contains(w)).collect();
+            let new: Vec<WorkerId> = st
+                .registry
+                .ids()
+                .filter(|w| !covered.contains(&w.device()))
+                .collect();
             groups.extend(new.into_iter().map(|w| self.default_group(w)));
             groups.sort_by_key(GroupPlan::leader);
         }

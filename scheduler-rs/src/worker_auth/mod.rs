@@ -14,6 +14,8 @@ use anyhow::{bail, Result};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::ids::WorkerId;
+
 pub mod metrics;
 pub mod request_ids;
 pub mod sessions;
@@ -58,22 +60,23 @@ impl WorkerSecret {
         WorkerSecret(hex(&bytes).into_bytes())
     }
 
-    fn mac(&self, nonce: &Nonce, worker: u32, model: &str) -> HmacSha256 {
+    fn mac(&self, nonce: &Nonce, worker: WorkerId, model: &str) -> HmacSha256 {
         // NOTE: HMAC accepts keys of any length; `new_from_slice` cannot fail for HMAC.
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
         mac.update(nonce.as_bytes());
-        mac.update(&worker.to_be_bytes());
+        // NOTE: the proof covers the id as the u32 the wire carries (Python: `to_bytes(4, "big")`).
+        mac.update(&worker.0.to_be_bytes());
         mac.update(model.as_bytes());
         mac
     }
 
     /// The proof a worker sends in `register.auth` (64 lowercase hex characters).
-    pub fn proof(&self, nonce: &Nonce, worker: u32, model: &str) -> String {
+    pub fn proof(&self, nonce: &Nonce, worker: WorkerId, model: &str) -> String {
         hex(&self.mac(nonce, worker, model).finalize().into_bytes())
     }
 
     /// Whether `proof` (hex) is the right proof. NOTE: compared in constant time.
-    pub fn verify(&self, nonce: &Nonce, worker: u32, model: &str, proof: &str) -> bool {
+    pub fn verify(&self, nonce: &Nonce, worker: WorkerId, model: &str, proof: &str) -> bool {
         match unhex(proof) {
             Some(bytes) => self.mac(nonce, worker, model).verify_slice(&bytes).is_ok(),
             None => false,
@@ -163,17 +166,18 @@ mod tests {
     fn proof_verifies_only_for_its_nonce_worker_model_and_secret() {
         let s = WorkerSecret::new("0123456789abcdef-secret").unwrap();
         let n = Nonce::random();
-        let p = s.proof(&n, 3, "tiny");
+        let (w3, w4) = (WorkerId(3), WorkerId(4));
+        let p = s.proof(&n, w3, "tiny");
         assert_eq!(p.len(), 64);
-        assert!(s.verify(&n, 3, "tiny", &p));
-        assert!(s.verify(&n, 3, "tiny", &p.to_uppercase()));
-        assert!(!s.verify(&n, 4, "tiny", &p), "another worker id");
-        assert!(!s.verify(&n, 3, "other", &p), "another model");
-        assert!(!s.verify(&Nonce::random(), 3, "tiny", &p), "another nonce");
+        assert!(s.verify(&n, w3, "tiny", &p));
+        assert!(s.verify(&n, w3, "tiny", &p.to_uppercase()));
+        assert!(!s.verify(&n, w4, "tiny", &p), "another worker id");
+        assert!(!s.verify(&n, w3, "other", &p), "another model");
+        assert!(!s.verify(&Nonce::random(), w3, "tiny", &p), "another nonce");
         let other = WorkerSecret::new("another-secret-of-16+").unwrap();
-        assert!(!other.verify(&n, 3, "tiny", &p), "another secret");
+        assert!(!other.verify(&n, w3, "tiny", &p), "another secret");
         for bad in ["", "zz", &p[..63], &p[..62], "00"] {
-            assert!(!s.verify(&n, 3, "tiny", bad), "{bad:?}");
+            assert!(!s.verify(&n, w3, "tiny", bad), "{bad:?}");
         }
     }
 
@@ -183,7 +187,7 @@ mod tests {
         let s = WorkerSecret::new("nitsum-test-secret-0001").unwrap();
         let n = Nonce::from_hex(&"ab".repeat(32)).unwrap();
         assert_eq!(
-            s.proof(&n, 7, "tiny"),
+            s.proof(&n, WorkerId(7), "tiny"),
             "946c70f6dbefeb483b9ddb5eba200027107e6991d29f1336966db503d5aba95e"
         );
     }

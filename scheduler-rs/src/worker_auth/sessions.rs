@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{hex, random_bytes, unhex};
+use crate::ids::WorkerId;
 
 /// How long a challenge may be answered.
 pub const NONCE_TTL: Duration = Duration::from_secs(30);
@@ -50,8 +51,8 @@ pub type ConnId = Bytes;
 #[derive(Debug, Default)]
 pub struct Sessions {
     pending: HashMap<ConnId, (Nonce, Instant)>,
-    bound: HashMap<ConnId, u32>,
-    by_worker: HashMap<u32, ConnId>,
+    bound: HashMap<ConnId, WorkerId>,
+    by_worker: HashMap<WorkerId, ConnId>,
 }
 
 impl Sessions {
@@ -83,17 +84,17 @@ impl Sessions {
     }
 
     /// The worker id `conn` is bound to.
-    pub fn worker_of(&self, conn: &ConnId) -> Option<u32> {
+    pub fn worker_of(&self, conn: &ConnId) -> Option<WorkerId> {
         self.bound.get(conn).copied()
     }
 
     /// The connection bound to `worker`.
-    pub fn conn_of(&self, worker: u32) -> Option<&ConnId> {
+    pub fn conn_of(&self, worker: WorkerId) -> Option<&ConnId> {
         self.by_worker.get(&worker)
     }
 
     /// Bind `conn` to `worker`, dropping both sides' previous bindings.
-    pub fn bind(&mut self, conn: &ConnId, worker: u32) {
+    pub fn bind(&mut self, conn: &ConnId, worker: WorkerId) {
         if let Some(old) = self.by_worker.remove(&worker) {
             self.bound.remove(&old);
         }
@@ -150,19 +151,20 @@ mod tests {
     #[test]
     fn binding_is_one_to_one() {
         let mut s = Sessions::default();
-        s.bind(&conn("a"), 0);
-        s.bind(&conn("b"), 1);
+        let (w0, w1, w2) = (WorkerId(0), WorkerId(1), WorkerId(2));
+        s.bind(&conn("a"), w0);
+        s.bind(&conn("b"), w1);
         assert_eq!(
-            (s.worker_of(&conn("a")), s.conn_of(1)),
-            (Some(0), Some(&conn("b")))
+            (s.worker_of(&conn("a")), s.conn_of(w1)),
+            (Some(w0), Some(&conn("b")))
         );
         // Worker 0 moves to connection c: a is unbound.
-        s.bind(&conn("c"), 0);
+        s.bind(&conn("c"), w0);
         assert_eq!(s.worker_of(&conn("a")), None);
-        assert_eq!(s.conn_of(0), Some(&conn("c")));
+        assert_eq!(s.conn_of(w0), Some(&conn("c")));
         // Connection c now serves worker 2: worker 0 is unbound.
-        s.bind(&conn("c"), 2);
-        assert_eq!(s.conn_of(0), None);
-        assert_eq!(s.worker_of(&conn("c")), Some(2));
+        s.bind(&conn("c"), w2);
+        assert_eq!(s.conn_of(w0), None);
+        assert_eq!(s.worker_of(&conn("c")), Some(w2));
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nitsum_scheduler::config::RouterConfig;
+use nitsum_scheduler::ids::WorkerId;
 use nitsum_scheduler::mock_worker::{self, MockOptions, MockWorker};
 use nitsum_scheduler::server::{self, Running};
 use nitsum_scheduler::testutil::{self, TempDir};
@@ -60,7 +61,7 @@ pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
             ..authenticated(&run, opts.clone())
         };
         mocks.push(
-            mock_worker::spawn(&run.worker_endpoint, id as u32, opts)
+            mock_worker::spawn(&run.worker_endpoint, WorkerId(id as u32), opts)
                 .await
                 .unwrap(),
         );
