@@ -112,7 +112,7 @@ struct State {
     /// Window statistics fed by the request path (only with the control loop).
     stats: WindowStats,
     /// The control round waiting for `reconfigured` acks.
-    pending: Option<control::Round>,
+    pending: Option<rounds::Round>,
     /// Completed requests (arrival s on the engine clock, tier, met their SLOs), for the
     /// lookahead's delivered-vs-predicted check; the control loop drops old ones.
     outcomes: std::collections::VecDeque<(f64, TierId, bool)>,
@@ -121,7 +121,7 @@ struct State {
     /// The control loop's last strategy choice (shown in `/admin/plan`).
     choice: Option<crate::sim::chooser::Choice>,
     /// Recent control decisions, oldest first (bounded).
-    history: std::collections::VecDeque<control::PlanRecord>,
+    history: std::collections::VecDeque<rounds::PlanRecord>,
     /// Which connection serves which worker id, and pending handshake challenges.
     sessions: crate::worker_auth::Sessions,
 }
@@ -152,20 +152,20 @@ pub struct RouterState {
     draining: std::sync::atomic::AtomicBool,
 }
 
-mod control;
-#[cfg(test)]
-mod control_tests;
 mod handle;
 mod handshake;
 #[cfg(test)]
 mod handshake_tests;
 mod requests;
+mod rounds;
+#[cfg(test)]
+mod rounds_tests;
 #[cfg(test)]
 mod tests;
 mod workers;
-pub use control::{PlanRecord, PlanResult, PlanningView, Refusal, RoundOutcome};
 pub use handle::RequestHandle;
 pub use requests::SubmitError;
+pub use rounds::{PlanRecord, PlanResult, PlanningView, Refusal, RoundOutcome};
 
 impl RouterState {
     /// A new engine and the receiver of its outbound messages (for the transport).

@@ -1,4 +1,4 @@
-//! The engine side of the control loop (architecture §4 "Control loop"): window statistics from the
+//! The router-state side of the control loop (architecture §4 "Control loop"): window statistics from the
 //! request path, control rounds (send `reconfigure`, collect `reconfigured` acks) and the
 //! switch of the routing tables to an acknowledged plan. The timing (windows, ack timeout)
 //! lives in `crate::control`.
