@@ -179,6 +179,39 @@ pub struct Situation<'a> {
     pub knobs: EngineKnobs,
 }
 
+impl Situation<'_> {
+    /// A simulation of `devices` of this pool (its profile, tiers, engine and planner
+    /// settings) under `policy`, re-planning every `window_s`: what the predictions and the
+    /// shadow runs simulate.
+    pub(super) fn sim_config(
+        &self,
+        devices: u32,
+        policy: Policy,
+        requests: Vec<TraceRequest>,
+        window_s: f64,
+    ) -> SimConfig {
+        SimConfig {
+            profile: self.profile.file().clone(),
+            tiers: self.tiers.to_vec(),
+            devices,
+            policy,
+            requests,
+            window_s,
+            switch_ms: self.knobs.switch_ms,
+            kv_bytes_per_token: self.knobs.kv_bytes_per_token,
+            kv_bandwidth_gbps: self.knobs.kv_bandwidth_gbps,
+            chunk_tokens: self.knobs.chunk_tokens,
+            prefill_budget_tokens: self.knobs.prefill_budget_tokens,
+            drain_s: f64::INFINITY,
+            records: false,
+            slo_margin: self.planner.slo_margin,
+            target_utilization: self.planner.target_utilization,
+            lookahead: LookaheadConfig::default(),
+            seed: 0,
+        }
+    }
+}
+
 /// One candidate's prediction, full-pool scale.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -374,29 +407,13 @@ fn predict(
     if planned.plan.groups.is_empty() || requests.is_empty() {
         return (0.0, 0.0);
     }
-    let sim = SimConfig {
-        profile: s.profile.file().clone(),
-        tiers: s.tiers.to_vec(),
-        devices,
-        policy: Policy::FixedPlan {
-            plan: planned.plan.clone(),
-            batch_caps: planned.batch_caps.clone(),
-            reject_best_effort: false,
-        },
-        requests: requests.to_vec(),
-        window_s: cfg.horizon_s,
-        switch_ms: s.knobs.switch_ms,
-        kv_bytes_per_token: s.knobs.kv_bytes_per_token,
-        kv_bandwidth_gbps: s.knobs.kv_bandwidth_gbps,
-        chunk_tokens: s.knobs.chunk_tokens,
-        prefill_budget_tokens: s.knobs.prefill_budget_tokens,
-        drain_s: cfg.horizon_s,
-        records: false,
-        slo_margin: s.planner.slo_margin,
-        target_utilization: s.planner.target_utilization,
-        lookahead: cfg.clone(),
-        seed: 0,
+    let policy = Policy::FixedPlan {
+        plan: planned.plan.clone(),
+        batch_caps: planned.batch_caps.clone(),
+        reject_best_effort: false,
     };
+    let mut sim = s.sim_config(devices, policy, requests.to_vec(), cfg.horizon_s);
+    sim.drain_s = cfg.horizon_s;
     let Ok(outcomes) = simulate_outcomes(&sim) else {
         return (0.0, 0.0);
     };

@@ -28,7 +28,7 @@ use crate::planner::strategy::Strategy;
 use super::cluster::{req_of, Cluster};
 use super::forecast::{Lengths, Rng};
 use super::lookahead::{LookaheadConfig, Situation};
-use super::{report, Policy, SimConfig, TraceRequest};
+use super::{report, Policy, TraceRequest};
 
 /// Seed of the output-length draws: equal arrivals give equal shadows.
 const SHADOW_SEED: u64 = 0x5AD0;
@@ -91,7 +91,12 @@ impl ShadowBank {
         let eval = cfg.eval_devices.max(largest).min(s.devices).max(1);
         let runs = strategies
             .iter()
-            .map(|&st| Cluster::shadow(shadow_config(s, eval), st, s.planner.clone(), start))
+            .map(|&st| {
+                // A live policy: the shadow re-plans its strategy every window, as the pool
+                // would; no requests yet, they are fed as they arrive.
+                let sim = s.sim_config(eval, Policy::NitsumGreedy, Vec::new(), s.knobs.window_s);
+                Cluster::shadow(sim, st, s.planner.clone(), start)
+            })
             .collect::<Result<Vec<_>>>()?;
         let k = strategies.len();
         Ok(ShadowBank {
@@ -267,30 +272,6 @@ impl ShadowBank {
     /// Pool devices per shadow device (what a thinned shadow's rates scale by).
     pub fn scale(&self) -> f64 {
         self.scale
-    }
-}
-
-/// The shadows' simulator settings: the pool's engine, `eval` devices, no requests yet.
-fn shadow_config(s: &Situation, eval: u32) -> SimConfig {
-    SimConfig {
-        profile: s.profile.file().clone(),
-        tiers: s.tiers.to_vec(),
-        devices: eval,
-        // A live policy: the shadow re-plans its strategy every window, as the pool would.
-        policy: Policy::NitsumGreedy,
-        requests: Vec::new(),
-        window_s: s.knobs.window_s,
-        switch_ms: s.knobs.switch_ms,
-        kv_bytes_per_token: s.knobs.kv_bytes_per_token,
-        kv_bandwidth_gbps: s.knobs.kv_bandwidth_gbps,
-        chunk_tokens: s.knobs.chunk_tokens,
-        prefill_budget_tokens: s.knobs.prefill_budget_tokens,
-        drain_s: f64::INFINITY,
-        records: false,
-        slo_margin: s.planner.slo_margin,
-        target_utilization: s.planner.target_utilization,
-        lookahead: LookaheadConfig::default(),
-        seed: 0,
     }
 }
 
