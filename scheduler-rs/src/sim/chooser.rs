@@ -1,6 +1,9 @@
-//! The choice across selection rounds (issue 10): which strategy is in force, each rival's
-//! running advantage over it, and each strategy's measured bias (delivered / predicted).
-//! One round predicts candidates with [`super::lookahead`] and keeps or switches.
+//! The choice across selection rounds (issue 10): which strategy is in force and whether a
+//! round keeps or switches it. Under the shadow choice (the default) a round judges the
+//! shadow runs ([`super::shadow`]) and switches to one that met significantly more; under the
+//! forecast choice it predicts candidates with [`super::lookahead`] and keeps each rival's
+//! running advantage over the strategy in force and each strategy's measured bias
+//! (delivered / predicted).
 
 use std::collections::{HashMap, VecDeque};
 

@@ -1,4 +1,5 @@
-//! The adaptive choice (issue 10): every selection round, each layout strategy
+//! The forecast choice (issue 10; `choice: "forecast"`, the default is the shadow choice of
+//! [`super::shadow`]), and the knobs of both: every selection round, each layout strategy
 //! ([`Strategy`]: the greedy planner, each fixed TP level, each static TP level, Split) is
 //! planned for a small copy of the pool and *simulated* over the next `horizon_s` of forecast
 //! arrivals plus the requests in flight ([`forecast`]). The strategy with the most predicted

@@ -269,7 +269,8 @@ impl ShadowBank {
             .max_by(|&a, &b| self.met[a].total_cmp(&self.met[b]).then(b.cmp(&a)))
     }
 
-    /// Pool devices per shadow device (what a thinned shadow's rates scale by).
+    /// Share of the pool a shadow stands for (eval devices / pool devices): a shadow's rates
+    /// divided by it are the pool's.
     pub fn scale(&self) -> f64 {
         self.scale
     }
