@@ -103,24 +103,48 @@ struct TierWindow {
 /// (right-censored), with `tail` expected tokens beyond the longest sample for the mass that
 /// is still running there (memoryless tail). With nothing running it is the plain mean.
 pub fn censored_mean(done: &[f64], running: &[f64], tail: f64) -> f64 {
+    censored_stats(done, running, tail).mean
+}
+
+/// Kaplan-Meier statistics of lengths of which `done` are final and `running` only lower
+/// bounds: the mean as [`censored_mean`], and quantiles from the same survival curve (past
+/// the longest sample, the memoryless tail of mean `tail`). `count` counts both.
+///
+/// NOTE: counting a running request as its length so far biases every quantile low; under
+/// overload most running requests are still waiting (0 tokens), and the median came out 0
+/// while the mean was right.
+pub fn censored_stats(done: &[f64], running: &[f64], tail: f64) -> LengthStats {
     let mut samples: Vec<(f64, bool)> = done.iter().map(|&x| (x, true)).collect();
     samples.extend(running.iter().map(|&x| (x, false)));
     if samples.is_empty() {
-        return 0.0;
+        return LengthStats::default();
     }
     // NOTE: at equal lengths, completions come first: a request running at x may go beyond.
     samples.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
     let (mut survival, mut mean, mut prev) = (1.0, 0.0, 0.0);
     let mut at_risk = samples.len() as f64;
-    for (x, finished) in samples {
+    let mut quantiles = [None; 3];
+    for &(x, finished) in &samples {
         mean += survival * (x - prev);
         prev = x;
         if finished {
             survival *= 1.0 - 1.0 / at_risk;
+            for (q, p) in quantiles.iter_mut().zip([0.5, 0.9, 0.99]) {
+                if q.is_none() && survival <= 1.0 - p + 1e-12 {
+                    *q = Some(x);
+                }
+            }
         }
         at_risk -= 1.0;
     }
-    mean + survival * tail
+    let beyond = |p: f64| prev + tail * (survival / (1.0 - p)).ln().max(0.0);
+    LengthStats {
+        count: samples.len() as u64,
+        mean: mean + survival * tail,
+        p50: quantiles[0].unwrap_or_else(|| beyond(0.5)),
+        p90: quantiles[1].unwrap_or_else(|| beyond(0.9)),
+        p99: quantiles[2].unwrap_or_else(|| beyond(0.99)),
+    }
 }
 
 /// Sliding-window statistics for all tiers.
@@ -174,7 +198,8 @@ impl WindowStats {
     /// (long ones are still running), most of all in a burst's first windows and under
     /// overload. The output mean is therefore [`censored_mean`] over completions and running
     /// requests, in windows with a completion (before the first its output stays unknown:
-    /// the planner's prior; a window without any keeps the last shape); quantiles treat running requests as their length so far.
+    /// the planner's prior; a window without any keeps the last shape), and so are the
+    /// quantiles ([`censored_stats`]).
     /// NOTE: `now` must not go backwards between calls (samples older than the window are
     /// discarded for good).
     pub fn snapshot(&mut self, now: f64, running: &[(&str, f64)]) -> Vec<TierDemand> {
@@ -194,7 +219,7 @@ impl WindowStats {
                     w.outputs.pop_front();
                 }
                 let mut p: Vec<f64> = w.prompts.iter().map(|x| x.1).collect();
-                let mut o: Vec<f64> = w.outputs.iter().map(|x| x.1).collect();
+                let o: Vec<f64> = w.outputs.iter().map(|x| x.1).collect();
                 if !p.is_empty() {
                     w.last_prompt = LengthStats::of(&mut p);
                 }
@@ -206,10 +231,7 @@ impl WindowStats {
                 // NOTE: a window without completions keeps the last shape: running requests
                 // alone carry no event, only lower bounds.
                 if !o.is_empty() {
-                    let mean = censored_mean(&o, &mine, cfg.prior_output_tokens);
-                    o.extend(mine);
-                    w.last_output = LengthStats::of(&mut o);
-                    w.last_output.mean = mean;
+                    w.last_output = censored_stats(&o, &mine, cfg.prior_output_tokens);
                 }
                 TierDemand {
                     tier: name.clone(),
@@ -305,7 +327,22 @@ mod tests {
             snap[0].output.mean,
             censored_mean(&[8.0, 12.0], &[40.0, 2.0], 256.0)
         );
-        assert_eq!(snap[0].output.p99, 40.0);
+        // Quantiles from the same survival curve: 1 up to 8, 2/3 up to 12, 1/3 from 12 on
+        // (the run at 40 leaves it there); p90 and p99 lie in the memoryless tail past 40.
+        assert_eq!(snap[0].output.p50, 12.0);
+        let tail = |p: f64| 40.0 + 256.0 * ((1.0 / 3.0) / (1.0 - p)).ln();
+        assert!((snap[0].output.p90 - tail(0.9)).abs() < 1e-9);
+        assert!((snap[0].output.p99 - tail(0.99)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn waiting_requests_do_not_drag_the_output_quantiles_to_zero() {
+        // Under overload most requests in flight are still waiting (0 tokens): lower bounds
+        // that say nothing. Counted as lengths they made the median 0.
+        let waiting = vec![0.0; 50];
+        let s = censored_stats(&[100.0, 200.0, 300.0], &waiting, 256.0);
+        assert_eq!((s.count, s.p50, s.p90, s.p99), (53, 200.0, 300.0, 300.0));
+        assert!((s.mean - 200.0).abs() < 1e-9);
     }
 
     #[test]
