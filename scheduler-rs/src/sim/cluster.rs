@@ -35,7 +35,7 @@ pub struct Cluster<'a> {
     /// Live policies: the layout strategy in force (`nitsum` re-chooses it).
     pub(super) strategy: Option<Strategy>,
     /// Control windows so far (selection rounds run every `lookahead.every_windows`).
-    pub(super) windows: u64,
+    windows: u64,
     /// Policy `nitsum`: the strategy choice across rounds.
     chooser: Option<Chooser>,
     /// Every selection round of policy `nitsum`; see `SimResult::choices`.
@@ -59,7 +59,7 @@ pub struct Cluster<'a> {
     pub(super) next_gen: u64,
     /// A shadow run (`sim::shadow`): arrivals are appended as they happen, it never ends and
     /// its control ticks go on with nothing in flight.
-    pub(super) open: bool,
+    open: bool,
 }
 
 impl<'a> Cluster<'a> {

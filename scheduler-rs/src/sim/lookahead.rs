@@ -24,6 +24,7 @@ use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
 use super::forecast::{forecast, ForecastSpec, InFlight, RecentArrival};
+use super::parallel::parallel_map;
 use super::{simulate_outcomes, Policy, SimConfig, TraceRequest};
 
 /// The forecast's fixed seed: equal situations give equal choices.
@@ -357,44 +358,6 @@ pub(super) fn predict_all(
         }));
     }
     candidates
-}
-
-/// `f` over `items` on up to `available_parallelism` threads, results in `items` order.
-fn parallel_map<T: Sync, R: Send + Copy + Default>(
-    items: &[T],
-    f: impl Fn(&T) -> R + Sync,
-) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len());
-    if threads <= 1 {
-        return items.iter().map(&f).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut out = vec![R::default(); items.len()];
-    let parts: Vec<Vec<(usize, R)>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { break };
-                        mine.push((i, f(item)));
-                    }
-                    mine
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("a prediction panicked"))
-            .collect()
-    });
-    for (i, r) in parts.into_iter().flatten() {
-        out[i] = r;
-    }
-    out
 }
 
 /// Simulate one candidate plan on the forecast: (weighted met per second, attainment).

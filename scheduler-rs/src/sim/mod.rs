@@ -12,6 +12,7 @@ mod events;
 pub mod forecast;
 mod group;
 pub mod lookahead;
+mod parallel;
 mod policy;
 mod reconfigure;
 mod report;

@@ -28,6 +28,7 @@ use crate::planner::strategy::Strategy;
 use super::cluster::{req_of, Cluster};
 use super::forecast::{Lengths, Rng};
 use super::lookahead::{LookaheadConfig, Situation};
+use super::parallel::for_each_parallel;
 use super::{report, Policy, TraceRequest};
 
 /// Seed of the output-length draws: equal arrivals give equal shadows.
@@ -69,8 +70,8 @@ pub struct ShadowBank {
     /// the sum of squared weights (the variance of a sign test on them).
     beats: Vec<Vec<f64>>,
     beats_sq: Vec<Vec<f64>>,
-    /// The standings as of the last `advance`.
-    standing: Standing,
+    /// Discounted SLO requests per second scored, as of the last `advance`.
+    rate_rps: f64,
 }
 
 impl std::fmt::Debug for ShadowBank {
@@ -116,11 +117,7 @@ impl ShadowBank {
             total: 0.0,
             beats: vec![vec![0.0; k]; k],
             beats_sq: vec![vec![0.0; k]; k],
-            standing: Standing {
-                met: vec![0.0; k],
-                total: 0.0,
-                rate_rps: 0.0,
-            },
+            rate_rps: 0.0,
         })
     }
 
@@ -133,7 +130,7 @@ impl ShadowBank {
     /// requests old enough to be judged (`settle`).
     pub fn advance(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) {
         self.run_to(s, now);
-        self.standing = self.score(s, cfg, now);
+        self.score(s, cfg, now);
         for run in &mut self.runs {
             run.forget_resolved(self.scored);
         }
@@ -151,20 +148,25 @@ impl ShadowBank {
             .filter(|&(t, _, _)| t > self.fed_until + 1e-9 && t <= now)
             .collect();
         new.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Each tier's output lengths, from its (censored) statistics or the prior.
+        let prior = s.planner.prior_lengths.1;
+        let outputs: Vec<Lengths> = s
+            .tiers
+            .iter()
+            .map(|t| {
+                s.demand
+                    .iter()
+                    .find(|d| d.tier == t.name)
+                    .map_or(Lengths::prior(prior), |d| Lengths::new(&d.output, prior))
+            })
+            .collect();
         for (t, tier, prompt) in new {
             self.keep[tier] += self.scale;
             if self.keep[tier] < 1.0 {
                 continue;
             }
             self.keep[tier] -= 1.0;
-            let output = s
-                .demand
-                .iter()
-                .find(|d| d.tier == s.tiers[tier].name)
-                .map_or(Lengths::prior(s.planner.prior_lengths.1), |d| {
-                    Lengths::new(&d.output, s.planner.prior_lengths.1)
-                })
-                .one(&mut self.rng);
+            let output = outputs[tier].one(&mut self.rng);
             let req = TraceRequest {
                 arrival_s: t,
                 input_len: prompt.round().clamp(1.0, 1e7) as u32,
@@ -182,8 +184,12 @@ impl ShadowBank {
     }
 
     /// What the shadows delivered, as of the last `advance`.
-    pub fn standing(&self) -> &Standing {
-        &self.standing
+    pub fn standing(&self) -> Standing {
+        Standing {
+            met: self.met.clone(),
+            total: self.total,
+            rate_rps: self.rate_rps,
+        }
     }
 
     /// Requests the largest shadow run still holds (a run under lasting overload holds its
@@ -197,7 +203,7 @@ impl ShadowBank {
     }
 
     /// Fold the requests that arrived at least `settle` ago into the standings.
-    fn score(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) -> Standing {
+    fn score(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) {
         let tau = cfg.memory_s.max(1e-3);
         let decay = (-(now - self.scored_at).max(0.0) / tau).exp();
         self.scored_at = now;
@@ -248,11 +254,7 @@ impl ShadowBank {
         }
         let span = (now - settle - self.start).max(0.0);
         let norm = tau * (1.0 - (-span / tau).exp());
-        Standing {
-            met: self.met.clone(),
-            total: self.total,
-            rate_rps: if norm > 0.0 { self.total / norm } else { 0.0 },
-        }
+        self.rate_rps = if norm > 0.0 { self.total / norm } else { 0.0 };
     }
 
     /// The rival to switch to from `current` (an index), if one met significantly more:
@@ -274,30 +276,6 @@ impl ShadowBank {
     pub fn scale(&self) -> f64 {
         self.scale
     }
-}
-
-/// `f` on every item on up to `available_parallelism` threads, each taking the next item
-/// when it is free (shadows differ in cost: an overloaded FCFS one holds a long queue).
-fn for_each_parallel<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len());
-    if threads <= 1 {
-        items.iter_mut().for_each(f);
-        return;
-    }
-    let next = std::sync::Mutex::new(items.iter_mut());
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let item = next.lock().expect("no thread panics holding it").next();
-                match item {
-                    Some(item) => f(item),
-                    None => break,
-                }
-            });
-        }
-    });
 }
 
 impl Cluster<'static> {
