@@ -234,3 +234,51 @@ fn the_forecast_choice_is_still_there() {
         .iter()
         .all(|c| c.surge_goodput_rps == 0.0));
 }
+
+#[test]
+fn the_shadow_knobs_take_effect() {
+    let d = demand(20.0, 20.0);
+    let requests = trace(&d, 30.0, 9);
+    let run = |cfg: LookaheadConfig| run_bank(&requests, &d, 8, &cfg, 30.0);
+    let base = LookaheadConfig::default();
+    // `memory_s`: a short memory weighs old requests less (same requests scored).
+    let (long, short) = (
+        run(LookaheadConfig {
+            memory_s: 1e9,
+            ..base.clone()
+        }),
+        run(LookaheadConfig {
+            memory_s: 2.0,
+            ..base.clone()
+        }),
+    );
+    assert_eq!(long.scored, short.scored);
+    assert!(
+        short.total < 0.2 * long.total,
+        "{} vs {}",
+        short.total,
+        long.total
+    );
+    // `settle_s`: requests are judged later, so fewer are scored by the same time.
+    let late = run(LookaheadConfig {
+        settle_s: 10.0,
+        ..base.clone()
+    });
+    assert!(
+        late.scored + 300 < long.scored,
+        "{} vs {}",
+        late.scored,
+        long.scored
+    );
+    // `confidence` and `shadow_margin` reach the switch: an unreachable bar keeps the greedy.
+    let mut cfg = sim_config(Policy::Nitsum, 8, trace(&demand(120.0, 120.0), 20.0, 3));
+    let r = simulate(&cfg).unwrap();
+    assert!(r.choices.iter().any(|c| c.1.chosen != Strategy::Greedy));
+    cfg.lookahead.confidence = 1e9;
+    let r = simulate(&cfg).unwrap();
+    assert!(r.choices.iter().all(|c| c.1.chosen == Strategy::Greedy));
+    cfg.lookahead.confidence = base.confidence;
+    cfg.lookahead.shadow_margin = 1e9;
+    let r = simulate(&cfg).unwrap();
+    assert!(r.choices.iter().all(|c| c.1.chosen == Strategy::Greedy));
+}
