@@ -295,6 +295,9 @@ impl Chooser {
                 candidates[j].attainment * 100.0,
                 candidates[current].attainment * 100.0,
             ),
+            None if standing.total <= 0.0 => {
+                format!("kept {}: no request judged yet", name(current))
+            }
             None => format!(
                 "kept {}: no shadow met significantly more ({:.0}% of the recent requests)",
                 name(current),
