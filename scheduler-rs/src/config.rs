@@ -158,7 +158,8 @@ pub struct RouterConfig {
     pub static_plan: Option<Vec<GroupPlan>>,
     pub heartbeat_timeout_ms: u64,
     pub control_window_ms: u64,
-    /// How often a request that streamed nothing is re-dispatched after its worker died.
+    /// How often a request is re-dispatched after its worker died (one that had streamed
+    /// tokens resumes from them).
     pub max_retries: u32,
     /// Offline profile; `Some` enables the control loop.
     pub profile: Option<PathBuf>,

@@ -74,6 +74,8 @@ pub struct TierMetrics {
     pub rejected: AtomicU64,
     /// Re-dispatches after a worker died.
     pub retries: AtomicU64,
+    /// Of those, re-dispatches of a request that had streamed tokens (resumed from them).
+    pub resumed: AtomicU64,
     /// Completion tokens produced.
     pub tokens: AtomicU64,
 }
@@ -172,7 +174,7 @@ impl Metrics {
                 h.render(out, name, tier);
             }
         }
-        let counters: [(&str, &str, CounterOf); 9] = [
+        let counters: [(&str, &str, CounterOf); 10] = [
             (
                 "nitsum_requests_finished_total",
                 "Requests completed.",
@@ -207,6 +209,11 @@ impl Metrics {
                 "nitsum_requests_retried_total",
                 "Re-dispatches after a worker died.",
                 |m| &m.retries,
+            ),
+            (
+                "nitsum_requests_resumed_total",
+                "Re-dispatches that resumed a request from the tokens it had streamed.",
+                |m| &m.resumed,
             ),
             (
                 "nitsum_generated_tokens_total",

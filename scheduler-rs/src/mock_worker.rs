@@ -75,6 +75,8 @@ pub struct MockStats {
     pub last_reconfigure: Mutex<Option<(u64, u32, Option<u32>)>>,
     /// (tier, class, decode_target) of the last `generate`.
     pub last_generate: Mutex<Option<(String, String, Option<WorkerId>)>>,
+    /// (input_ids, max_tokens) of the last `generate`.
+    pub last_input: Mutex<Option<(Vec<u32>, u32)>>,
 }
 
 /// A running mock worker.
@@ -214,6 +216,7 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                         *stats.last_generate.lock().unwrap() =
                             Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
                         let sampling = m.sampling.take().unwrap_or_default();
+                        *stats.last_input.lock().unwrap() = Some((m.input_ids.clone(), sampling.max_tokens));
                         let (out, finish) = plan_output(&m.input_ids, &sampling);
                         if opts.step_delay.is_zero() {
                             for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), opts.tokens_per_message) {

@@ -86,11 +86,20 @@ struct Inflight {
     leader: WorkerId,
     /// The decode group's leader when the leader's group only prefills.
     decode: Option<WorkerId>,
-    streamed: bool,
+    /// Token ids streamed to the client so far: a request whose worker dies resumes on
+    /// another worker from `input_ids ‖ generated` (see `workers.rs`, `orphan`).
+    generated: Vec<u32>,
+    /// Re-dispatches after a worker died (bounded by `max_retries`).
     retries: u32,
     start: Instant,
     first: Option<Instant>,
-    tokens: u64,
+}
+
+impl Inflight {
+    /// Tokens streamed so far.
+    fn tokens(&self) -> u64 {
+        self.generated.len() as u64
+    }
 }
 
 #[derive(Default)]

@@ -1,4 +1,5 @@
-//! Failure paths end to end: a worker dies (retry or explicit error) and a client
+//! Failure paths end to end: a worker dies (retry, resume from the streamed tokens, or an
+//! explicit error once retries are spent) and a client
 //! disconnects (abort reaches the worker). architecture §7: one completion or one error each.
 
 mod common;
@@ -6,6 +7,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::*;
+use nitsum_scheduler::config::RouterConfig;
 use nitsum_scheduler::mock_worker::MockOptions;
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
@@ -43,28 +45,72 @@ async fn request_that_streamed_nothing_is_retried_on_another_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_streaming_when_its_worker_dies_ends_with_an_error() {
+async fn request_streaming_when_its_worker_dies_resumes_on_another_worker() {
     let r = start(config(), &[paced(20), paced(20)]).await;
+    let prompt: Vec<u32> = vec![104, 105, 106, 107, 108];
+    let body = json!({"input_ids": prompt, "stream": true,
+                      "sampling_params": {"max_new_tokens": 40, "ignore_eos": true}});
+    let mut s = send(&r, "POST", "/generate", &[], &body.to_string()).await;
+    // Kill worker 0 once a few tokens have streamed.
+    let mut head = read_until(&mut s, "output_ids").await;
+    head.extend(read_until(&mut s, "output_ids").await);
+    head.extend(read_until(&mut s, "output_ids").await);
+    r.mocks[0].kill();
+    let resp = read_response_after(s, head).await;
+    let data = resp.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]", "{}", resp.body);
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|c| c.get("error").is_none()), "{data:?}");
+    let finish = &chunks.last().unwrap()["meta_info"]["finish_reason"];
+    assert_eq!(finish["type"], "length", "{finish}");
+    let streamed: Vec<u32> = chunks
+        .iter()
+        .flat_map(|c| c["output_ids"].as_array().unwrap().clone())
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    // Worker 1 got the rest: the prompt extended by what worker 0 streamed (the mock echoes
+    // its prompt), and only the tokens still owed.
+    assert_eq!(r.mocks[1].stats.generates.load(Ordering::Relaxed), 1);
+    let (input, left) = r.mocks[1].stats.last_input.lock().unwrap().clone().unwrap();
+    let k = 40 - left as usize;
+    assert!((3..40).contains(&k), "resumed after {k} tokens");
+    let before: Vec<u32> = (0..k).map(|i| prompt[i % prompt.len()]).collect();
+    assert_eq!(input, [prompt.clone(), before.clone()].concat());
+    // The client saw each token once: worker 0's k, then worker 1's echo of its input.
+    let after: Vec<u32> = (0..left as usize).map(|i| input[i % input.len()]).collect();
+    assert_eq!(streamed, [before, after].concat());
+    assert_eq!(r.run.router.inflight(), 0);
+    let metrics = call(&r, "GET", "/metrics", &[], "").await.body;
+    for line in [
+        "nitsum_requests_resumed_total{tier=\"strict\"} 1",
+        "nitsum_requests_error_total{tier=\"strict\"} 0",
+        "nitsum_requests_finished_total{tier=\"strict\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_whose_retries_are_spent_ends_with_an_error() {
+    let cfg = RouterConfig {
+        max_retries: 0,
+        ..config()
+    };
+    let r = start(cfg, &[paced(20), paced(20)]).await;
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}],
                       "max_tokens": 40, "ignore_eos": true, "stream": true});
     let mut s = send(&r, "POST", "/v1/chat/completions", &[], &body.to_string()).await;
-    // Kill the worker once some content has streamed (the echo starts with "user").
     let head = read_until(&mut s, "\"content\":\"s").await;
-    assert_eq!(r.mocks[0].stats.generates.load(Ordering::Relaxed), 1);
     r.mocks[0].kill();
     let resp = read_response_after(s, head).await;
     let data = resp.sse();
     assert_eq!(data.last().unwrap(), "[DONE]");
     let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
-    assert!(
-        last["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("died while streaming"),
-        "{last}"
-    );
-    // Some content was streamed before the failure, and the request was not retried.
-    assert!(data.len() > 4);
+    let why = last["error"]["message"].as_str().unwrap();
+    assert!(why.contains("worker 0 died"), "{last}");
     assert_eq!(r.mocks[1].stats.generates.load(Ordering::Relaxed), 0);
     assert_eq!(r.run.router.inflight(), 0);
     let metrics = call(&r, "GET", "/metrics", &[], "").await.body;

@@ -109,11 +109,10 @@ impl RouterState {
                         req: req.clone(),
                         leader: WorkerId::of_device(d.prefill_leader),
                         decode: d.decode_leader.map(WorkerId::of_device),
-                        streamed: false,
+                        generated: Vec::new(),
                         retries: 0,
                         start: Instant::now(),
                         first: None,
-                        tokens: 0,
                     },
                 );
             }
@@ -231,9 +230,8 @@ impl RouterState {
         }
         let e = st.inflight.get_mut(&id).expect("entry present");
         if !ids.is_empty() {
-            e.streamed = true;
             e.first.get_or_insert(now);
-            e.tokens += ids.len() as u64;
+            e.generated.extend_from_slice(&ids);
         }
         let event = match m.finish_reason.as_deref() {
             None => {
@@ -258,7 +256,7 @@ impl RouterState {
         let e = st.release(id).expect("entry present");
         st.dispatcher.complete(id);
         if matches!(event, Event::Tokens { .. }) {
-            self.stats_completion(&mut st, e.req.tier, e.tokens);
+            self.stats_completion(&mut st, e.req.tier, e.tokens());
         }
         drop(st);
         self.finish(e, event, now);
@@ -282,7 +280,7 @@ impl RouterState {
         let c = Completion {
             ttft_s: e.first.map(|f| (f - e.start).as_secs_f64()),
             e2e_s: (now - e.start).as_secs_f64(),
-            tokens: e.tokens,
+            tokens: e.tokens(),
         };
         if self.control {
             let arrival = e.start.saturating_duration_since(self.clock).as_secs_f64();
@@ -338,7 +336,7 @@ impl RouterState {
             return;
         };
         if why == EarlyEnd::StopString {
-            self.stats_completion(&mut st, e.req.tier, e.tokens);
+            self.stats_completion(&mut st, e.req.tier, e.tokens());
         }
         drop(st);
         match why {

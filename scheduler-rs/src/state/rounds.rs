@@ -190,7 +190,7 @@ impl RouterState {
             .iter()
             .map(|(&id, e)| InFlight {
                 tier: e.req.tier.index(),
-                generated: e.tokens as f64,
+                generated: e.tokens() as f64,
                 age_s: now.duration_since(e.start).as_secs_f64(),
                 feasible: st.dispatcher.holds(id),
             })
@@ -283,7 +283,7 @@ impl RouterState {
         let running: Vec<(&str, f64)> = st
             .inflight
             .values()
-            .map(|e| (names[e.req.tier.index()], e.tokens as f64))
+            .map(|e| (names[e.req.tier.index()], e.tokens() as f64))
             .collect();
         st.stats.snapshot(now, &running)
     }

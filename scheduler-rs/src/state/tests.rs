@@ -1,5 +1,5 @@
 //! RouterState invariants without a network: routing, never mixing outputs between workers,
-//! retry vs. explicit error when a worker dies, and charge release.
+//! retry, resume or completion when a worker dies, and charge release.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -129,16 +129,32 @@ async fn tokens_only_count_from_the_serving_worker() {
 }
 
 #[tokio::test]
-async fn dead_worker_requests_are_retried_or_failed() {
+async fn dead_worker_requests_are_retried_resumed_or_completed() {
     let cfg = RouterConfig {
         heartbeat_timeout_ms: 100,
         ..RouterConfig::default()
     };
     let (engine, mut rx) = RouterState::new(Arc::new(cfg));
     register(&engine, 0);
-    let mut streamed = engine.submit(submit()).unwrap();
+    let seeded = Submit {
+        sampling: Sampling {
+            seed: Some(7),
+            ..Sampling::default()
+        },
+        ..submit()
+    };
+    let mut streamed = engine.submit(seeded).unwrap();
     let mut waiting = engine.submit(submit()).unwrap();
+    let one = Submit {
+        sampling: Sampling {
+            max_tokens: 1,
+            ..Sampling::default()
+        },
+        ..submit()
+    };
+    let mut owed_nothing = engine.submit(one).unwrap();
     tokens(&engine, 0, streamed.id(), &[3], None);
+    tokens(&engine, 0, owed_nothing.id(), &[5], None); // its `length` died with worker 0
     register(&engine, 1);
     drain(&mut rx);
     // Worker 1 keeps beating; worker 0 falls silent.
@@ -157,33 +173,65 @@ async fn dead_worker_requests_are_retried_or_failed() {
         json!({"v": 1, "type": "heartbeat", "worker_id": 1}),
     );
     assert_eq!(engine.reap_dead(later), [WorkerId(0)]);
-    // The unstreamed request went to worker 1; the streaming one failed explicitly.
-    let sent = drain(&mut rx);
-    assert!(
-        sent.contains(&("1".into(), "generate".into(), engine.wire_id(waiting.id()))),
-        "{sent:?}"
-    );
+    // Both went to worker 1: the unstreamed request as it was, the streaming one resumed
+    // from its token (prompt extended, one token fewer owed, its seed advanced).
+    let generates: Vec<serde_json::Value> = drain_raw(&mut rx)
+        .into_iter()
+        .filter(|(to, v)| to == "1" && v["type"] == "generate")
+        .map(|(_, v)| v)
+        .collect();
+    let to_one = |h: &super::RequestHandle| {
+        generates
+            .iter()
+            .find(|v| v["request_id"] == engine.wire_id(h.id()).as_str())
+            .unwrap_or_else(|| panic!("{generates:?}"))
+    };
+    let g = to_one(&waiting);
     assert_eq!(
-        streamed.recv().await,
+        (g["input_ids"].clone(), g["sampling"]["max_tokens"].clone()),
+        (json!([1, 2]), json!(16))
+    );
+    let g = to_one(&streamed);
+    assert_eq!(g["input_ids"], json!([1, 2, 3]));
+    assert_eq!(g["sampling"]["max_tokens"], json!(15));
+    assert_eq!(g["sampling"]["seed"], json!(8));
+    assert_eq!(generates.len(), 2, "{generates:?}");
+    assert_eq!(
+        owed_nothing.recv().await,
         Some(Event::Tokens {
-            ids: vec![3],
+            ids: vec![5],
             finish: None
         })
     );
-    match streamed.recv().await {
-        Some(Event::Error(e)) => assert!(e.contains("died while streaming"), "{e}"),
-        other => panic!("expected an error, got {other:?}"),
-    }
-    tokens(&engine, 1, waiting.id(), &[4], Some("length"));
     assert_eq!(
-        waiting.recv().await,
+        owed_nothing.recv().await,
         Some(Event::Tokens {
-            ids: vec![4],
+            ids: vec![],
             finish: Some(FinishReason::Length)
         })
     );
+    tokens(&engine, 1, streamed.id(), &[4], Some("length"));
+    tokens(&engine, 1, waiting.id(), &[4], Some("length"));
+    for (h, want) in [
+        (&mut streamed, vec![vec![3], vec![4]]),
+        (&mut waiting, vec![vec![4]]),
+    ] {
+        for (i, ids) in want.iter().enumerate() {
+            let finish = (i + 1 == want.len()).then_some(FinishReason::Length);
+            assert_eq!(
+                h.recv().await,
+                Some(Event::Tokens {
+                    ids: ids.clone(),
+                    finish
+                })
+            );
+        }
+    }
     assert_eq!(engine.inflight(), 0);
     assert_eq!(engine.plan().groups.len(), 1);
+    let tm = engine.metrics.tier(TierId(0));
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((n(&tm.retries), n(&tm.resumed), n(&tm.finished)), (2, 1, 3));
 }
 
 #[tokio::test]

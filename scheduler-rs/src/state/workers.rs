@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Event, Inflight, RouterState, State};
+use std::sync::Arc;
+
+use super::{Event, FinishReason, Inflight, RouterState, State, Submit};
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Body};
@@ -94,8 +96,10 @@ impl RouterState {
         dead
     }
 
-    /// Requests served by `dead` workers: re-dispatch those that streamed nothing (up to
-    /// `max_retries`), end the others with an explicit error.
+    /// Requests served by `dead` workers: re-dispatch each (up to `max_retries` times) to a
+    /// live group, the others end with an explicit error. A request that has streamed tokens
+    /// resumes from them: its new worker prefills `input_ids ‖ generated` and generates only
+    /// what is left of `max_tokens`, so the client sees no token lost or repeated.
     fn orphan(&self, st: &mut State, dead: &[WorkerId], actions: &mut Vec<Action>) {
         let hit: Vec<u64> = st
             .inflight
@@ -108,31 +112,47 @@ impl RouterState {
         for id in hit {
             st.dispatcher.complete(id);
             let e = st.inflight.get_mut(&id).expect("listed above");
-            if !e.streamed && e.retries < self.cfg.max_retries {
+            let Some(rest) = resumed(&e.req, &e.generated) else {
+                // NOTE: all of max_tokens streamed; only the finishing message died with the
+                // worker. The request is complete.
+                let e = st.release(id).expect("listed above");
+                self.stats_completion(st, e.req.tier, e.tokens());
+                let done = Event::Tokens {
+                    ids: Vec::new(),
+                    finish: Some(FinishReason::Length),
+                };
+                actions.push(Action::End(e, done));
+                continue;
+            };
+            if e.retries < self.cfg.max_retries {
                 let tier = self.cfg.tier(e.req.tier);
                 if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background) {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
                     e.leader = WorkerId::of_device(d.prefill_leader);
                     e.decode = d.decode_leader.map(WorkerId::of_device);
-                    self.metrics
-                        .tier(e.req.tier)
-                        .retries
-                        .fetch_add(1, Ordering::Relaxed);
-                    actions.push(Action::Resend(id, e.req.clone(), identity, d));
+                    let tm = self.metrics.tier(e.req.tier);
+                    tm.retries.fetch_add(1, Ordering::Relaxed);
+                    if !e.generated.is_empty() {
+                        tm.resumed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    actions.push(Action::Resend(id, rest, identity, d));
                     continue;
                 }
             }
             let e = st.release(id).expect("listed above");
-            let why = if e.streamed {
-                format!("worker {} died while streaming this request", e.leader)
+            let why = if e.retries >= self.cfg.max_retries {
+                format!(
+                    "worker {} died and this request was already re-dispatched {} times",
+                    e.leader, e.retries
+                )
             } else {
                 format!(
                     "worker {} died and no other worker could take this request",
                     e.leader
                 )
             };
-            actions.push(Action::Fail(e, why));
+            actions.push(Action::End(e, Event::Error(why)));
         }
     }
 
@@ -140,7 +160,7 @@ impl RouterState {
         for a in actions {
             match a {
                 Action::Resend(id, req, identity, d) => self.send_generate(id, &req, identity, d),
-                Action::Fail(e, why) => self.finish(e, Event::Error(why), Instant::now()),
+                Action::End(e, event) => self.finish(e, event, Instant::now()),
             }
         }
     }
@@ -229,13 +249,35 @@ impl RouterState {
     }
 }
 
+/// What is left of `req` after `generated` was streamed: the prompt extended by the
+/// generated tokens and `max_tokens` reduced by their count. `None` when nothing is left
+/// (only the finishing message was lost with the worker).
+/// NOTE: greedy decoding continues exactly as it would have on the dead worker; a sampled
+/// request draws its remaining tokens afresh (a seeded one with its seed advanced by the
+/// tokens it has, so a given resume point stays reproducible).
+fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
+    if generated.is_empty() {
+        return Some(req.clone());
+    }
+    let n = u32::try_from(generated.len()).ok()?;
+    let left = req.sampling.max_tokens.checked_sub(n).filter(|&l| l > 0)?;
+    let mut input_ids = Vec::with_capacity(req.input_ids.len() + generated.len());
+    input_ids.extend_from_slice(&req.input_ids);
+    input_ids.extend_from_slice(generated);
+    let mut sampling = req.sampling.clone();
+    sampling.max_tokens = left;
+    sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
+    Some(Arc::new(Submit {
+        input_ids,
+        sampling,
+        tier: req.tier,
+    }))
+}
+
 /// Work decided under the lock and carried out after it is released.
 pub(super) enum Action {
-    Resend(
-        u64,
-        std::sync::Arc<super::Submit>,
-        Bytes,
-        crate::dispatch::Decision,
-    ),
-    Fail(Inflight, String),
+    /// Send `generate` for request `id` (a retry, or the rest of a resumed request).
+    Resend(u64, Arc<Submit>, Bytes, crate::dispatch::Decision),
+    /// Deliver a request's final event (it already left `inflight`).
+    End(Inflight, Event),
 }
