@@ -40,6 +40,10 @@ VARIANTS = {
     ),
     "qwen2-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**BASE)),
     "mha": lambda: LlamaForCausalLM(LlamaConfig(**{**BASE, "num_key_value_heads": 8})),
+    # room for an 8k-token prompt (the long-prompt fairness test)
+    "llama-long": lambda: LlamaForCausalLM(
+        LlamaConfig(**{**BASE, "max_position_embeddings": 8448})
+    ),
 }
 
 

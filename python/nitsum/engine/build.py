@@ -30,6 +30,8 @@ class EngineConfig:
     token_budget: int = 512
     max_context: int | None = None
     tp_levels: tuple[int, ...] = DEFAULT_TP_LEVELS
+    # Short prompts overtake long ones that can spare the tokens (engine/prompt_order.py).
+    overtaking: bool = True
 
 
 def build_model(
@@ -53,5 +55,5 @@ def build_engine(
     pool = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
     runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0))
     pages = PageAllocator(1, num_pages, ecfg.page_tokens).group((0,))
-    scheduler = Scheduler(pages, ecfg.max_batch, ecfg.token_budget)
+    scheduler = Scheduler(pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking)
     return Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)

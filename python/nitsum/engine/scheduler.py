@@ -5,6 +5,8 @@ Each step it (1) advances running sequences, decodes first, then prompts class b
 Nitsum §3.3.2) while the batch cap, token budget and free pages allow. When pages run out for
 a running sequence it preempts by recompute the lowest-priority, newest running sequence.
 A sequence that can no longer get its first token by its TTFT deadline is served last.
+Within a class, short prompts may overtake long ones that can spare the tokens
+(`prompt_order.py`), so one long prompt does not hold every short one behind it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from nitsum.engine.prompt_order import deadline_spare, overtaking_order
 from nitsum.engine.sequence import CLASS_RANK, CLASSES, Sequence, Status
 from nitsum.kv.pages import GroupPages
 
@@ -34,10 +37,19 @@ class Scheduled:
 class Scheduler:
     """Decides each step's batch. Owns page allocation for its sequences."""
 
-    def __init__(self, pages: GroupPages, max_batch: int = 64, token_budget: int = 512) -> None:
+    def __init__(
+        self,
+        pages: GroupPages,
+        max_batch: int = 64,
+        token_budget: int = 512,
+        overtaking: bool = True,
+    ) -> None:
         self.pages = pages
         self.max_batch = max_batch
         self.token_budget = token_budget
+        # Short prompts overtake long ones that can spare the tokens (`prompt_order.py`);
+        # False: plain FCFS within a class (scripts/bench_long_prompt.py compares the two).
+        self.overtaking = overtaking
         self.waiting: dict[str, deque[Sequence]] = {c: deque() for c in CLASSES}
         self.running: list[Sequence] = []
         # Durations (s) of recent steps that prefilled at least half a budget of prompt tokens.
@@ -131,16 +143,9 @@ class Scheduler:
         if not self.full_steps:
             return []
         step_s = min(self.full_steps)
-        # The order `schedule` gives prompt budget in: per class, started prompts, then
-        # admissions (counting a lower class ahead would overstate the wait).
-        order = [
-            seq
-            for klass in CLASSES[:-1]
-            for seq in (
-                *(s for s in self.running if s.klass == klass and s.remaining > 1),
-                *self.waiting[klass],
-            )
-        ]
+        # The order `schedule` gives prompt budget in (counting a lower class ahead would
+        # overstate the wait).
+        order = [seq for _, seqs in self._prompt_order(now, CLASSES[:-1]) for seq in seqs]
         ahead, hopeless = 0, []
         for seq in order:
             if seq.deadline is None or seq.num_computed >= len(seq.prompt_ids):
@@ -158,9 +163,40 @@ class Scheduler:
             seq.klass = CLASSES[-1]
         return hopeless
 
+    def _prompt_order(
+        self, now: float, classes: tuple[str, ...] = CLASSES
+    ) -> list[tuple[str, list[Sequence]]]:
+        """Per class, the prompts (started ones, then waiting ones) in the order `schedule`
+        gives them budget: FCFS, with short ones overtaking long ones that can spare it."""
+        short_max = self.token_budget // 2 if self.overtaking else 0
+        decodes = sum(1 for s in self.running if s.remaining <= 1)
+        per_step = max(1, self.token_budget - decodes)
+        slowest = max(self.full_steps, default=None)
+        out: list[tuple[str, list[Sequence]]] = []
+        higher = 0  # prompt tokens of the classes served before this one
+        for klass in classes:
+
+            def spare(seq: Sequence, ahead: int, klass: str = klass, higher: int = higher) -> int:
+                if klass == CLASSES[-1] or seq.deadline is None:
+                    return self.token_budget - short_max
+                if slowest is None:
+                    return 0  # no step measured yet: nothing is known to be spare
+                return deadline_spare(
+                    now, seq.deadline, slowest, per_step, higher + ahead, seq.remaining
+                )
+
+            fcfs = [
+                *(s for s in self.running if s.remaining > 1 and s.klass == klass),
+                *self.waiting[klass],
+            ]
+            order = overtaking_order(fcfs, lambda s: s.remaining, spare, short_max)
+            out.append((klass, order))
+            higher += sum(s.remaining for s in order)
+        return out
+
     def schedule(self) -> list[Scheduled]:
         """The next step's batch: decodes, then class by class the started prompts and the
-        admissions; allocates the pages it needs."""
+        admissions (`_prompt_order`); allocates the pages it needs."""
         now = time.monotonic()
         self.demote_late(now)
         self.demote_hopeless(now)
@@ -169,17 +205,20 @@ class Scheduler:
             [s for s in self.running if s.remaining <= 1], batch, self.token_budget
         )
         admitting = True
-        for klass in CLASSES:
-            started = [s for s in self.running if s.remaining > 1 and s.klass == klass]
-            budget = self._advance(started, batch, budget)
-            queue = self.waiting[klass]
-            while admitting and queue and budget > 0 and len(self.running) < self.max_batch:
-                seq = queue[0]
+        for klass, order in self._prompt_order(now):
+            for seq in order:
+                if budget == 0:
+                    break
+                if seq.status == Status.RUNNING:
+                    budget = self._advance([seq], batch, budget)
+                    continue
+                if not admitting or len(self.running) >= self.max_batch:
+                    continue
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
-                    admitting = False  # FIFO: nobody overtakes a sequence that does not fit yet
-                    break
-                queue.popleft()
+                    admitting = False  # nobody overtakes a sequence that does not fit yet
+                    continue
+                self.waiting[klass].remove(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
                 batch.append(Scheduled(seq, seq.num_computed, q_len))

@@ -78,7 +78,9 @@ class PoolEngine:
 
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
-        scheduler = Scheduler(pages, self.ecfg.max_batch, self.ecfg.token_budget)
+        scheduler = Scheduler(
+            pages, self.ecfg.max_batch, self.ecfg.token_budget, self.ecfg.overtaking
+        )
         runner = GroupRunner(self.pool, members, pages)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 

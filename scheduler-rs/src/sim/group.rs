@@ -13,6 +13,7 @@ use crate::dispatch::Class;
 use crate::plan::{GroupPlan, Role};
 use crate::profile::Profile;
 
+use super::prompt_order::{overtake, Pace};
 use super::reqs::Reqs;
 
 /// Simulated state of one request.
@@ -56,7 +57,7 @@ impl Stint {
     }
 }
 
-fn queue_of(class: Class) -> usize {
+pub(super) fn queue_of(class: Class) -> usize {
     match class {
         Class::Feasible => 0,
         Class::BestEffort => 1,
@@ -142,6 +143,8 @@ pub struct GroupSim {
     demoted: Vec<usize>,
     /// Reused by `start` for the prompt order (no allocation per iteration).
     order: Vec<usize>,
+    /// Scratch space of `prompt_order::overtake`.
+    scratch: Vec<usize>,
 }
 
 impl GroupSim {
@@ -170,6 +173,7 @@ impl GroupSim {
             demote_late: false,
             demoted: Vec::new(),
             order: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -288,17 +292,26 @@ impl GroupSim {
         // The decode batch is settled from here on: its step is computed once.
         let decode_ms = self.decode_ms(profile);
         let iteration_ms = self.iteration_ms(profile, decode_ms);
+        let pace = Pace {
+            budget: self.budget,
+            full_s: iteration_ms(f64::from(self.budget)) / 1000.0,
+            now: now.max(self.ready_at),
+        };
         if self.demote_late {
-            self.demote_hopeless(reqs, &iteration_ms, decode_ms, now);
+            self.demote_hopeless(reqs, &iteration_ms, decode_ms, pace);
         }
         let reqs: &Reqs = reqs;
         let mut it = Iteration::default();
         let mut budget = self.budget;
-        // Prompt tokens go to the highest class first (stable: FCFS within a class).
+        // Prompt tokens go to the highest class first (stable: FCFS within a class), short
+        // ones overtaking long ones that can spare it under Nitsum's local scheduler.
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend(self.prefilling.iter().copied());
         order.sort_by_key(|&r| queue_of(reqs[r].class));
+        if self.demote_late {
+            overtake(&mut order, reqs, pace, &mut self.scratch);
+        }
         it.decode = !self.running.is_empty();
         // NOTE: lower classes only get prompt tokens that keep the iteration within the
         // group's TPOT while feasible requests are in it: they run on leftover capacity.
@@ -379,7 +392,7 @@ impl GroupSim {
         reqs: &mut Reqs,
         iteration_ms: impl Fn(f64) -> f64,
         decode_ms: f64,
-        now: f64,
+        pace: Pace,
     ) {
         // NOTE: only admitted prompts are checked: they are what takes the budget, and there
         // are at most `batch_cap` of them (a waiting one is demoted at its deadline, by
@@ -393,7 +406,9 @@ impl GroupSim {
         if candidates.is_empty() {
             return;
         }
+        // The order `start` gives the budget in.
         candidates.sort_by_key(|&r| queue_of(reqs[r].class));
+        overtake(&mut candidates, reqs, pace, &mut self.scratch);
         let budget = f64::from(self.budget);
         let full_ms = iteration_ms(budget);
         // The last, partial iteration costs at least the decode step it rides on.
@@ -404,7 +419,7 @@ impl GroupSim {
             let tokens = ahead + f64::from(reqs[r].input - reqs[r].prefilled);
             let iterations = (tokens / budget).ceil().max(1.0);
             let first_token_ms = (iterations - 1.0) * full_ms + last_ms;
-            if now.max(self.ready_at) + first_token_ms / 1000.0 > reqs[r].deadline {
+            if pace.now + first_token_ms / 1000.0 > reqs[r].deadline {
                 hopeless.push(r);
             } else {
                 ahead = tokens;

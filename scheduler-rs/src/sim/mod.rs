@@ -14,6 +14,7 @@ mod group;
 pub mod lookahead;
 mod parallel;
 mod policy;
+mod prompt_order;
 mod reconfigure;
 mod report;
 mod reqs;

