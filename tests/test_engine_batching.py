@@ -72,7 +72,7 @@ def test_concurrent_requests_equal_solo_runs_and_transformers(tiny):
     assert set(reasons.values()) == {"length"}
     assert all(len(v) == 12 for v in together.values())
     assert solo["r3"] == hf_greedy(hf, ps[3], 12)
-    assert e.scheduler.pages.num_free == e.scheduler.pages.num_pages
+    assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
 
 
 def test_preemption_under_page_pressure_keeps_outputs(tiny):
@@ -89,7 +89,7 @@ def test_preemption_under_page_pressure_keeps_outputs(tiny):
         tight.add_request(f"r{i}", p, GREEDY)
     got, _ = run_to_completion(tight)
     assert got == ref
-    assert tight.scheduler.pages.num_free == tight.scheduler.pages.num_pages
+    assert tight.scheduler.num_reclaimable() == tight.scheduler.pages.num_pages
 
 
 def test_abort_frees_pages_and_spares_others(tiny):
@@ -110,7 +110,7 @@ def test_abort_frees_pages_and_spares_others(tiny):
     solo = engine_for(tiny)
     solo.add_request("r2", ps[2], GREEDY)
     assert run_to_completion(solo)[0]["r2"] == outs["r2"]
-    assert e.scheduler.pages.num_free == e.scheduler.pages.num_pages
+    assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
 
 
 @pytest.mark.parametrize(
@@ -269,7 +269,7 @@ def test_a_row_that_cannot_be_sampled_fails_only_its_own_request(tiny):
         ("good", [42], None),
     ]
     assert "bad" not in engine.seqs and engine.seqs["good"].output_ids == [42]
-    assert engine.scheduler.pages.num_free + len(engine.seqs["good"].pages) == (
+    assert engine.scheduler.num_reclaimable() + len(engine.seqs["good"].pages) == (
         engine.scheduler.pages.num_pages
     )
 

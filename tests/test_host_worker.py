@@ -197,6 +197,10 @@ def test_reconfigure_switches_tp_mid_stream_and_keeps_greedy_tokens(host, tiny):
     heartbeats_settle(router, free_pages=NUM_PAGES, running=0, waiting=0, epoch=4)
     assert not server.live and not pe.has_unfinished()
     for device, (used, owned) in pe.page_accounting().items():
+        assert used == owned, device  # the pages left are the groups' prefix caches
+    for engine in pe.engines.values():
+        engine.close()
+    for device, (used, owned) in pe.page_accounting().items():
         assert used == owned == set(), device
 
 

@@ -58,6 +58,16 @@ def assert_pages_consistent(pe):
         assert used == owned, f"device {device}: allocator and sequences disagree"
 
 
+def assert_all_pages_back(pe):
+    """Nothing leaked: with every request done, closing the groups (which frees their
+    prefix caches) leaves every page of every device free."""
+    assert_pages_consistent(pe)
+    for engine in pe.engines.values():
+        engine.close()
+    for device in range(pe.pool.num_devices):
+        assert pe.alloc.num_free(device) == NUM_PAGES
+
+
 def test_shards_are_views_and_no_group_is_created_later(pool):
     expected = len(TPTopology(4, (1, 2, 4)).aligned_groups())
     for d in range(4):
@@ -104,8 +114,7 @@ def test_switch_mid_decode_keeps_greedy_tokens(pool, tiny):
     drain(pe, out)
     assert out == ref
     assert all(r.moved_requests > 0 and r.bytes_moved > 0 for r in reports)
-    for device in range(4):
-        assert pe.alloc.num_free(device) == NUM_PAGES
+    assert_all_pages_back(pe)
 
 
 def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
@@ -145,8 +154,7 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     assert_pages_consistent(pe)
     drain(pe, out)
     assert out == ref
-    for device in range(4):
-        assert pe.alloc.num_free(device) == NUM_PAGES
+    assert_all_pages_back(pe)
 
 
 def test_tp_above_kv_heads_is_refused_clearly(tiny):

@@ -258,7 +258,7 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
     router.send(proto.generate("y", after, GREEDY))
     got = router.collect({"y"})["y"]
     assert [t for m in got for t in m["token_ids"]] == solo(tiny, after)
-    assert engine_of(server).pages.num_free == engine_of(server).pages.num_pages
+    assert engine_of(server).scheduler.num_reclaimable() == engine_of(server).pages.num_pages
 
 
 def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):

@@ -32,6 +32,9 @@ class EngineConfig:
     tp_levels: tuple[int, ...] = DEFAULT_TP_LEVELS
     # Short prompts overtake long ones that can spare the tokens (engine/prompt_order.py).
     overtaking: bool = True
+    # Keep finished sequences' full KV pages for prompts that start the same way
+    # (kv/prefix_cache.py).
+    prefix_caching: bool = True
 
 
 def build_model(
@@ -55,5 +58,7 @@ def build_engine(
     pool = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
     runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0))
     pages = PageAllocator(1, num_pages, ecfg.page_tokens).group((0,))
-    scheduler = Scheduler(pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking)
+    scheduler = Scheduler(
+        pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching
+    )
     return Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)

@@ -144,14 +144,33 @@ class Engine:
     def load(self) -> tuple[int, int, int]:
         """(running, waiting, free pages), for heartbeats."""
         s = self.scheduler
-        return len(s.running), s.num_waiting(), s.pages.num_free
+        return len(s.running), s.num_waiting(), s.num_reclaimable()
 
     # -- sequences moving between groups (pool/kv_move.py) --------------------------------------
     def detach(self, seq: Sequence) -> None:
         """Give `seq` up (its KV was copied to another group): forget it, free its pages."""
         self.scheduler.detach(seq)
         self.seqs.pop(seq.request_id, None)
-        self.scheduler.pages.release(seq.pages)
+        self.scheduler.free_pages(seq)
+
+    def cached_pages(self) -> set[int]:
+        """Pages the group's prefix cache holds (besides those its sequences own)."""
+        cache = self.scheduler.cache
+        return cache.pages() if cache is not None else set()
+
+    def num_evictable(self) -> int:
+        """Cached pages no sequence uses: free as soon as a sequence needs them."""
+        cache = self.scheduler.cache
+        return cache.num_evictable if cache is not None else 0
+
+    def cache_counters(self) -> tuple[int, int]:
+        """(prompt tokens looked up, tokens found) in the prefix cache so far."""
+        cache = self.scheduler.cache
+        return (cache.queries, cache.hits) if cache is not None else (0, 0)
+
+    def close(self) -> None:
+        """The group is dissolved: its idle cached pages go back to the allocator."""
+        self.scheduler.close()
 
     def adopt(self, seq: Sequence) -> None:
         """Take `seq` over from another group; its pages and layout are already ours."""

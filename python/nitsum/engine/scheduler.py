@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from nitsum.engine.prompt_order import deadline_spare, overtaking_order
 from nitsum.engine.sequence import CLASS_RANK, CLASSES, Sequence, Status
 from nitsum.kv.pages import GroupPages
+from nitsum.kv.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -43,8 +44,12 @@ class Scheduler:
         max_batch: int = 64,
         token_budget: int = 512,
         overtaking: bool = True,
+        prefix_caching: bool = True,
     ) -> None:
         self.pages = pages
+        # Full pages of finished and preempted sequences, reused by prompts that start with
+        # the same tokens (`kv/prefix_cache.py`); None: off.
+        self.cache = PrefixCache(pages.tokens_per_page) if prefix_caching else None
         self.max_batch = max_batch
         self.token_budget = token_budget
         # Short prompts overtake long ones that can spare the tokens (`prompt_order.py`);
@@ -214,8 +219,11 @@ class Scheduler:
                     continue
                 if not admitting or len(self.running) >= self.max_batch:
                     continue
+                self._reuse_prefix(seq)
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
+                    self._free(seq)  # back as it was: nothing computed, nothing held
+                    seq.num_computed = 0
                     admitting = False  # nobody overtakes a sequence that does not fit yet
                     continue
                 self.waiting[klass].remove(seq)
@@ -247,6 +255,9 @@ class Scheduler:
         """
         need = self.pages.pages_for(tokens) - len(seq.pages)
         while need > self.pages.num_free:
+            if self.cache is not None and self.cache.num_evictable:
+                self.pages.release(self.cache.evict(need - self.pages.num_free))
+                continue
             if protected is None:
                 return False
             keep = {id(s.seq) for s in protected} | {id(seq)}
@@ -273,6 +284,32 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting[seq.klass].appendleft(seq)
 
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Start a sequence with nothing computed after the longest cached prefix of its
+        tokens (its pages are shared, read-only)."""
+        if self.cache is None or seq.num_computed or seq.pages:
+            return
+        seq.pages = self.cache.match(seq.prompt_ids + seq.output_ids)
+        seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
+
     def _free(self, seq: Sequence) -> None:
-        self.pages.release(seq.pages)
+        """Let go of a sequence's pages: its full computed ones stay cached for reuse."""
+        if self.cache is None:
+            self.pages.release(seq.pages)
+        else:
+            tokens = seq.prompt_ids + seq.output_ids
+            self.pages.release(self.cache.release(seq.pages, tokens, seq.num_computed))
         seq.pages = []
+
+    def free_pages(self, seq: Sequence) -> None:
+        """Let go of the pages of a sequence that leaves this group (its KV moved)."""
+        self._free(seq)
+
+    def num_reclaimable(self) -> int:
+        """Pages free now or as soon as asked (idle cached pages)."""
+        return self.pages.num_free + (self.cache.num_evictable if self.cache else 0)
+
+    def close(self) -> None:
+        """The group is going away: give its idle cached pages back to the allocator."""
+        if self.cache is not None:
+            self.pages.release(self.cache.clear())

@@ -75,12 +75,13 @@ class PoolEngine:
         self.counters: dict[str, int] = dict.fromkeys(
             ("kv_handoffs", "kv_handoff_bytes", "reconfigurations", "kv_migrated_bytes"), 0
         )
+        # Prefix-cache (queries, hits) of engines already dissolved.
+        self.retired_cache = [0, 0]
 
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
-        scheduler = Scheduler(
-            pages, self.ecfg.max_batch, self.ecfg.token_budget, self.ecfg.overtaking
-        )
+        e = self.ecfg
+        scheduler = Scheduler(pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching)
         runner = GroupRunner(self.pool, members, pages)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 
@@ -194,6 +195,9 @@ class PoolEngine:
         # whole switch on the devices too: every context is warm and each step names the group
         # it runs under, so nothing is sent to them here.
         commit_moves(moves, new, new_pages, recompute)
+        for group, engine in self.engines.items():
+            if group not in new:
+                self._retire(engine)
         self.engines = new
         t_end = time.perf_counter()
         self.counters["reconfigurations"] += 1
@@ -240,11 +244,35 @@ class PoolEngine:
         self.counters["kv_handoffs"] += len(moves)
         self.counters["kv_handoff_bytes"] += moved
 
-    def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
-        """Per device: (pages marked used, pages owned by live sequences). Must be equal."""
-        owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
+    def _retire(self, engine: Engine) -> None:
+        """A dissolved group's engine: free its cached pages, keep its cache counters."""
+        queries, hits = engine.cache_counters()
+        self.retired_cache[0] += queries
+        self.retired_cache[1] += hits
+        engine.close()
+
+    def free_pages(self, device: int) -> int:
+        """Pages of `device` free now or as soon as its group needs them (idle cached ones)."""
+        cached = sum(e.num_evictable() for g, e in self.engines.items() if device in g)
+        return self.alloc.num_free(device) + cached
+
+    def all_counters(self) -> dict[str, int]:
+        """Cumulative counters for the `stats` message, prefix-cache lookups included
+        (`prefix_cache_queries` / `_hits`: prompt tokens looked up and found)."""
+        queries, hits = self.retired_cache
         for engine in self.engines.values():
+            q, h = engine.cache_counters()
+            queries, hits = queries + q, hits + h
+        return {**self.counters, "prefix_cache_queries": queries, "prefix_cache_hits": hits}
+
+    def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
+        """Per device: (pages marked used, pages owned by live sequences or held by a
+        group's prefix cache). Must be equal."""
+        owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
+        for members, engine in self.engines.items():
             for seq in engine.sequences():
                 for d in seq.layout.members:
                     owned[d] |= set(seq.pages)
+            for d in members:
+                owned[d] |= engine.cached_pages()
         return {d: (self.alloc.used(d), owned[d]) for d in owned}

@@ -93,7 +93,7 @@ class PoolBackend:
 
     def load(self, device: int) -> tuple[int, int, int]:
         group = self._group(device)
-        free = self.pe.alloc.num_free(device - self.first_id)
+        free = self.pe.free_pages(device - self.first_id)
         if group[0] != device - self.first_id:
             return 0, 0, free  # requests are counted on their group's leader only
         running, waiting, _ = self.pe.engines[group].load()
@@ -145,7 +145,7 @@ class PoolBackend:
         return dict(report.timings_ms)
 
     def counters(self) -> dict[str, int]:
-        return dict(self.pe.counters)
+        return self.pe.all_counters()
 
 
 def _abort(engine: Engine, request_id: str) -> None:

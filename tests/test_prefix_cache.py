@@ -1,0 +1,145 @@
+"""Prefix reuse across turns (issue 13, item 5): the cache's bookkeeping, then the engine on a
+tiny model: a second turn computes only its new tokens and answers exactly as a cold run; a
+prefix partly evicted is partly reused; a preempted sequence recomputes only what it lost."""
+
+import pytest
+import torch
+
+from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.kv.prefix_cache import PrefixCache
+from nitsum.sampling import SamplingParams
+from tiny import make_tiny
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+P = 4  # tokens per page
+
+
+def test_match_release_evict() -> None:
+    c = PrefixCache(P)
+    tokens = list(range(14))  # pages [0..3] [4..7] [8..11], 2 tokens on a partial page
+    # Nothing cached: a sequence that computed 13 tokens on pages 10, 11, 12, 13 releases
+    # them: its 3 full pages are kept, the partial one is freed.
+    assert c.match(tokens) == []
+    assert c.release([10, 11, 12, 13], tokens, computed=13) == [13]
+    assert (len(c), c.num_evictable, c.pages()) == (3, 3, {10, 11, 12})
+    # The same prefix again: all 3 pages, but at least one token is left to compute.
+    assert c.match(tokens) == [10, 11, 12]
+    assert c.match(tokens[:12]) == [10, 11]  # 12 tokens: the last page must be computed
+    assert c.match([0, 1, 2, 3, 9, 9, 9, 9, 9]) == [10]  # diverges in page 2
+    assert c.num_evictable == 0  # all referenced
+    assert (c.queries, c.hits) == (14 + 14 + 12 + 9, 0 + 12 + 8 + 4)
+    # Releasing the users makes them idle again; a duplicate full page is freed, not kept.
+    assert c.release([10, 11, 12], tokens, computed=12) == []
+    assert c.release([10, 11], tokens[:12], computed=11) == []
+    assert c.release([10, 20, 21], [0, 1, 2, 3] + [9] * 5, computed=8) == [21]
+    assert (len(c), c.num_evictable) == (4, 4)  # 10, 11, 12 and 20 (the [9,9,9,9] branch)
+    c.release(c.match(tokens), tokens, computed=13)  # the deep chain is the most recent
+    # Eviction: least recently used first and, within a chain, the deepest page first.
+    assert c.evict(1) == [20]
+    assert c.evict(1) == [12]
+    assert c.match(tokens) == [10, 11]
+    assert c.clear() == []  # referenced pages stay
+    c.release([10, 11], tokens, computed=8)
+    assert sorted(c.clear()) == [10, 11] and len(c) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny("llama-gqa")
+
+
+def engine_for(tiny, caching: bool = True, kv: int = 1 << 20, **kw):
+    hf, cfg = tiny
+    ecfg = EngineConfig(
+        kv_cache_bytes=kv, page_tokens=P, token_budget=64, prefix_caching=caching, **kw
+    )
+    return build_engine(cfg, hf.state_dict().items(), ecfg)
+
+
+def kv_bytes(cfg, pages: int) -> int:
+    """A KV budget of exactly `pages` pages (fp32, all layers, K and V)."""
+    return pages * 2 * cfg.num_layers * P * cfg.num_kv_heads * cfg.head_dim * 4
+
+
+def serve(engine, rid: str, prompt: list[int], params=GREEDY) -> tuple[list[int], int]:
+    """Run one request to the end: its tokens and the prompt tokens computed for it."""
+    engine.add_request(rid, prompt, params)
+    out: list[int] = []
+    computed = 0
+    while engine.has_unfinished():
+        batch = engine.begin_step()
+        computed += sum(s.q_len for s in batch if s.seq.request_id == rid and s.start < len(prompt))
+        for o in engine.end_step(batch, engine.runner.run(batch), 0.0):
+            out += o.new_token_ids
+    return out, computed
+
+
+def history(cfg, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
+
+
+def test_a_second_turn_computes_only_its_new_tokens(tiny) -> None:
+    hf, cfg = tiny
+    turn1 = history(cfg, 37, seed=1)
+    warm, cold = engine_for(tiny), engine_for(tiny, caching=False)
+    out1, computed1 = serve(warm, "t1", turn1)
+    assert computed1 == 37
+    # Turn 2: the whole of turn 1 (prompt and answer) plus a new user message.
+    turn2 = turn1 + out1 + history(cfg, 11, seed=2)
+    out2, computed2 = serve(warm, "t2", turn2)
+    ref2, cold2 = serve(cold, "t2", turn2)
+    assert out2 == ref2
+    assert cold2 == len(turn2) == 54
+    # Turn 1 computed 37 + 5 tokens of KV (its last answer token has none): 10 full pages.
+    assert computed2 == len(turn2) - 40 == 14
+    cache = warm.scheduler.cache
+    assert (cache.queries, cache.hits) == (37 + 54, 40)
+
+
+def test_a_partly_evicted_prefix_is_partly_reused_and_still_exact(tiny) -> None:
+    hf, cfg = tiny
+    turn1 = history(cfg, 40, seed=3)
+    engine = engine_for(tiny, kv=kv_bytes(cfg, 24))
+    assert engine.pages.num_pages == 24
+    out1, _ = serve(engine, "t1", turn1)
+    # 11 full pages cached. Another request of 60 tokens (15 pages + 1 for its answer) must
+    # evict 3 of them, the deepest first.
+    serve(engine, "other", history(cfg, 60, seed=4))
+    turn2 = turn1 + out1 + history(cfg, 6, seed=5)
+    out2, computed = serve(engine, "t2", turn2)
+    ref2, _ = serve(engine_for(tiny, caching=False), "t2", turn2)
+    assert out2 == ref2
+    assert 0 < len(turn2) - computed < 44, computed  # some pages reused, not all
+
+
+def test_a_preempted_sequence_recomputes_only_the_pages_it_lost(tiny) -> None:
+    """Recompute preemption keeps the victim's full pages in the cache: when it comes back,
+    it prefills only what was overwritten meanwhile; its tokens are unchanged."""
+    hf, cfg = tiny
+    engine = engine_for(tiny, kv=kv_bytes(cfg, 24), max_batch=2)
+    assert engine.pages.num_pages == 24
+    long = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    a, b = history(cfg, 40, seed=6), history(cfg, 30, seed=7)
+    ref = {
+        rid: serve(engine_for(tiny, caching=False), rid, p, long)[0]
+        for rid, p in (("a", a), ("b", b))
+    }
+    engine.add_request("a", a, long)
+    engine.add_request("b", b, long)
+    out: dict[str, list[int]] = {}
+    recomputed: dict[str, list[tuple[int, int]]] = {}  # (start, q_len) after its first token
+    while engine.has_unfinished():
+        batch = engine.begin_step()
+        for s in batch:
+            if out.get(s.seq.request_id) and s.q_len > 1:
+                recomputed.setdefault(s.seq.request_id, []).append((s.start, s.q_len))
+        for o in engine.end_step(batch, engine.runner.run(batch), 0.0):
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert out == ref
+    # One of them was preempted mid-decode and came back at a page boundary past 0, with
+    # fewer tokens to recompute than it had computed.
+    assert len(recomputed) == 1, recomputed
+    ((start, q_len),) = next(iter(recomputed.values()))
+    assert start > 0 and start % P == 0 and q_len < start, (start, q_len)
+    assert engine.scheduler.num_reclaimable() == engine.pages.num_pages
