@@ -71,6 +71,9 @@ def test_parse_generate_round_trips_sampling():
     )
     assert req.sampling == params and req.decode_target is None and req.ttft_ms is None
     assert proto.parse_generate({**msg, "ttft_ms": 250}).ttft_ms == 250.0
+    assert (req.priority, req.may_preempt) == (0, True)
+    got = proto.parse_generate({**msg, "priority": -4, "preempt": False})
+    assert (got.priority, got.may_preempt) == (-4, False)
     # Integer temperature from a loose encoder is accepted as a float.
     loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
     assert proto.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
@@ -92,6 +95,8 @@ def test_parse_generate_round_trips_sampling():
         ({"decode_target": "2"}, "decode_target"),
         ({"ttft_ms": 0}, "ttft_ms"),
         ({"ttft_ms": "100"}, "ttft_ms"),
+        ({"priority": 1.5}, "priority"),
+        ({"preempt": 1}, "preempt"),
     ],
 )
 def test_parse_generate_names_the_bad_field(change, field):

@@ -117,6 +117,7 @@ fn samples(
             max_inflight: None,
             max_tokens: None,
             reject_unattainable: false,
+            preempt: true,
         })
         .collect();
     let cfg = PlannerConfig::default();

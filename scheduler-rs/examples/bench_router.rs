@@ -74,6 +74,7 @@ fn make_request(i: usize, args: &Args) -> Submit {
             ..Sampling::default()
         },
         tier: TierId(0),
+        priority: 0,
     }
 }
 

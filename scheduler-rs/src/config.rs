@@ -200,6 +200,7 @@ pub fn default_tiers() -> Vec<Tier> {
         max_inflight: Some(DEFAULT_TIER_MAX_INFLIGHT),
         max_tokens: None,
         reject_unattainable: false,
+        preempt: true,
     };
     vec![
         tier("strict", 250.0, 25.0, false),

@@ -65,6 +65,8 @@ pub struct Submit {
     pub sampling: Sampling,
     /// The request's tier (resolved against the config's tiers).
     pub tier: TierId,
+    /// Within its class on the worker, lower is served first (vLLM's `priority`).
+    pub priority: i32,
 }
 
 /// Why a request left before its worker finished it.

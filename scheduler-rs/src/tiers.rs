@@ -30,6 +30,14 @@ pub struct Tier {
     /// `Retry-After` instead. Default false: it is served on leftover capacity.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reject_unattainable: bool,
+    /// Its requests may preempt running requests of a lower class or `priority` on their
+    /// worker to start at once (FastSwitch); false: they wait for room. Default true.
+    #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
+    pub preempt: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_weight() -> f64 {

@@ -139,6 +139,8 @@ fn cases() -> Vec<Case> {
         (json!({"stop": 5}), 400, "stop"),
         (json!({"stop": [1, 2]}), 400, "stop"),
         (json!({"seed": "abc"}), 400, "seed"),
+        (json!({"priority": "high"}), 400, "priority"),
+        (json!({"priority": 3_000_000_000_i64}), 400, "priority"),
         (json!({"logprobs": true}), 400, "logprobs"),
         (json!({"top_logprobs": 3}), 400, "top_logprobs"),
         (

@@ -51,6 +51,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
             ..Sampling::default()
         },
         tier,
+        priority: 0,
     };
     let Ok(mut h) = engine.submit(req) else {
         return false;

@@ -63,10 +63,14 @@ class Engine:
         klass: str = "feasible",
         tier: str = "",
         ttft_ms: float | None = None,
+        priority: int = 0,
+        may_preempt: bool = True,
     ) -> None:
         """Validate and queue a request; raises InvalidRequestError and changes nothing else.
 
         `ttft_ms`: the tier's TTFT target; a request not started within it is served last.
+        `priority`: lower is served first within its class; with `may_preempt` it preempts
+        running requests of a lower class or priority when it cannot get in otherwise.
         """
         if request_id in self.seqs:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -74,6 +78,7 @@ class Engine:
             raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
         self.validate(prompt_ids, sampling)
         seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
+        seq.priority, seq.may_preempt = priority, may_preempt
         if ttft_ms is not None:
             seq.deadline = seq.arrival + ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
@@ -163,10 +168,15 @@ class Engine:
         cache = self.scheduler.cache
         return cache.num_evictable if cache is not None else 0
 
-    def cache_counters(self) -> tuple[int, int]:
-        """(prompt tokens looked up, tokens found) in the prefix cache so far."""
+    def counters(self) -> dict[str, int]:
+        """Cumulative: prompt tokens looked up in / found in the prefix cache
+        (`prefix_cache_queries` / `_hits`), and preemptions (`num_preemptions`)."""
         cache = self.scheduler.cache
-        return (cache.queries, cache.hits) if cache is not None else (0, 0)
+        return {
+            "prefix_cache_queries": cache.queries if cache is not None else 0,
+            "prefix_cache_hits": cache.hits if cache is not None else 0,
+            "num_preemptions": self.scheduler.preemptions,
+        }
 
     def close(self) -> None:
         """The group is dissolved: its idle cached pages go back to the allocator."""

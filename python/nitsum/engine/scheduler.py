@@ -2,8 +2,11 @@
 
 Each step it (1) advances running sequences, decodes first, then prompts class by class,
 (2) admits waiting sequences class by class (feasible, then best-effort, then background,
-Nitsum §3.3.2) while the batch cap, token budget and free pages allow. When pages run out for
-a running sequence it preempts by recompute the lowest-priority, newest running sequence.
+Nitsum §3.3.2; within a class by `priority`, lower first) while the batch cap, token budget
+and free pages allow. A waiting sequence that cannot get in preempts running ones of a lower
+class or priority (FastSwitch §3, `_make_room`); when pages run out for a running sequence it
+preempts the lowest-priority, newest one. Preemption is by recompute, but the victim's full
+pages stay in the prefix cache: it recomputes only what was overwritten meanwhile.
 A sequence that can no longer get its first token by its TTFT deadline is served last.
 Within a class, short prompts may overtake long ones that can spare the tokens
 (`prompt_order.py`), so one long prompt does not hold every short one behind it.
@@ -59,6 +62,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Durations (s) of recent steps that prefilled at least half a budget of prompt tokens.
         self.full_steps: deque[float] = deque(maxlen=32)
+        # Sequences preempted so far (for pages or for priority).
+        self.preemptions = 0
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -190,10 +195,13 @@ class Scheduler:
                     now, seq.deadline, slowest, per_step, higher + ahead, seq.remaining
                 )
 
-            fcfs = [
-                *(s for s in self.running if s.remaining > 1 and s.klass == klass),
-                *self.waiting[klass],
-            ]
+            fcfs = sorted(
+                (
+                    *(s for s in self.running if s.remaining > 1 and s.klass == klass),
+                    *self.waiting[klass],
+                ),
+                key=lambda s: s.priority,  # stable: FCFS within a priority
+            )
             order = overtaking_order(fcfs, lambda s: s.remaining, spare, short_max)
             out.append((klass, order))
             higher += sum(s.remaining for s in order)
@@ -205,6 +213,7 @@ class Scheduler:
         now = time.monotonic()
         self.demote_late(now)
         self.demote_hopeless(now)
+        self._make_room()
         batch: list[Scheduled] = []
         budget = self._advance(
             [s for s in self.running if s.remaining <= 1], batch, self.token_budget
@@ -232,6 +241,39 @@ class Scheduler:
                 batch.append(Scheduled(seq, seq.num_computed, q_len))
                 budget -= q_len
         return batch
+
+    @staticmethod
+    def _rank(seq: Sequence) -> tuple[int, int]:
+        """Importance, lower first: class, then priority within the class."""
+        return CLASS_RANK[seq.klass], seq.priority
+
+    def _make_room(self) -> None:
+        """Priority preemption (FastSwitch §3; the simulator's `preempt_for_higher_classes`):
+        for the waiting sequences this step could admit, most important first, preempt the
+        least important running sequence (newest first) while the batch is full or the free
+        pages cannot hold the waiting one's first chunk.
+
+        NOTE: only a strictly lower class or priority gives way, never an equal one, so
+        sequences of one rank never preempt each other back and forth.
+        """
+        waiting = sorted(
+            (s for q in self.waiting.values() for s in q if s.may_preempt),
+            key=lambda s: (*self._rank(s), s.arrival),
+        )
+        budget = self.token_budget
+        for seq in waiting:
+            if budget <= 0:
+                return
+            first = min(seq.remaining, budget)
+            while len(self.running) >= self.max_batch or (
+                self.pages.pages_for(first) > self.num_reclaimable()
+            ):
+                rank = self._rank(seq)
+                victims = [r for r in self.running if self._rank(r) > rank]
+                if not victims:
+                    return  # the rest are at most as important as this one
+                self._preempt(max(victims, key=lambda r: (*self._rank(r), r.arrival)))
+            budget -= first
 
     def _advance(self, seqs: list[Sequence], batch: list[Scheduled], budget: int) -> int:
         """Give running `seqs` their next tokens (preempting outside `batch` for pages)."""
@@ -270,14 +312,16 @@ class Scheduler:
         return True
 
     def _pick_victim(self, keep: set[int]) -> Sequence | None:
-        """Lowest class, newest arrival first."""
+        """Lowest class and priority, newest arrival first."""
         candidates = [s for s in self.running if id(s) not in keep]
         if not candidates:
             return None
-        return max(candidates, key=lambda s: (CLASS_RANK[s.klass], s.arrival))
+        return max(candidates, key=lambda s: (*self._rank(s), s.arrival))
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: drop its KV; it re-prefills prompt + outputs later."""
+        """Recompute preemption: let go of its KV (its full pages stay cached); it
+        prefills prompt + outputs again later, from its longest cached prefix."""
+        self.preemptions += 1
         self.running.remove(seq)
         self._free(seq)
         seq.num_computed = 0

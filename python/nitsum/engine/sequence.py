@@ -47,6 +47,10 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     # Monotonic time by which the first token is due (arrival + the tier's TTFT); None: none.
     deadline: float | None = None
+    # Within its class, lower is served first (vLLM's `priority` convention).
+    priority: int = 0
+    # May preempt running sequences of a lower class or priority to get in (its tier's say).
+    may_preempt: bool = True
 
     @property
     def total_len(self) -> int:

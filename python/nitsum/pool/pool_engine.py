@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
@@ -75,8 +76,8 @@ class PoolEngine:
         self.counters: dict[str, int] = dict.fromkeys(
             ("kv_handoffs", "kv_handoff_bytes", "reconfigurations", "kv_migrated_bytes"), 0
         )
-        # Prefix-cache (queries, hits) of engines already dissolved.
-        self.retired_cache = [0, 0]
+        # `Engine.counters` of engines already dissolved.
+        self.retired: Counter[str] = Counter()
 
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
@@ -100,6 +101,8 @@ class PoolEngine:
         tier: str = "",
         decode_group: tuple[int, ...] | None = None,
         ttft_ms: float | None = None,
+        priority: int = 0,
+        may_preempt: bool = True,
     ) -> tuple[int, ...]:
         """Queue on `group` (default: the group with the fewest requests); returns the group.
 
@@ -112,7 +115,9 @@ class PoolEngine:
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
-        self.engines[group].add_request(request_id, prompt_ids, sampling, klass, tier, ttft_ms)
+        self.engines[group].add_request(
+            request_id, prompt_ids, sampling, klass, tier, ttft_ms, priority, may_preempt
+        )
         if decode_group is not None:
             self.decode_targets[request_id] = decode_group
         return group
@@ -245,10 +250,8 @@ class PoolEngine:
         self.counters["kv_handoff_bytes"] += moved
 
     def _retire(self, engine: Engine) -> None:
-        """A dissolved group's engine: free its cached pages, keep its cache counters."""
-        queries, hits = engine.cache_counters()
-        self.retired_cache[0] += queries
-        self.retired_cache[1] += hits
+        """A dissolved group's engine: free its cached pages, keep its counters."""
+        self.retired.update(engine.counters())
         engine.close()
 
     def free_pages(self, device: int) -> int:
@@ -257,13 +260,12 @@ class PoolEngine:
         return self.alloc.num_free(device) + cached
 
     def all_counters(self) -> dict[str, int]:
-        """Cumulative counters for the `stats` message, prefix-cache lookups included
-        (`prefix_cache_queries` / `_hits`: prompt tokens looked up and found)."""
-        queries, hits = self.retired_cache
+        """Cumulative counters for the `stats` message: the pool's own and its engines'
+        (`Engine.counters`), dissolved ones included."""
+        total = Counter(self.retired)
         for engine in self.engines.values():
-            q, h = engine.cache_counters()
-            queries, hits = queries + q, hits + h
-        return {**self.counters, "prefix_cache_queries": queries, "prefix_cache_hits": hits}
+            total.update(engine.counters())
+        return {**self.counters, **total}
 
     def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
         """Per device: (pages marked used, pages owned by live sequences or held by a

@@ -113,6 +113,8 @@ class PoolBackend:
             req.tier,
             decode_group=None if decode == group else decode,
             ttft_ms=req.ttft_ms,
+            priority=req.priority,
+            may_preempt=req.may_preempt,
         )
 
     def abort(self, request_id: str) -> None:

@@ -227,6 +227,8 @@ class GenerateRequest:
     klass: str
     decode_target: int | None
     ttft_ms: float | None = None
+    priority: int = 0
+    may_preempt: bool = True
 
 
 _SAMPLING_CHECKS = {
@@ -275,10 +277,15 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     ttft = msg.get("ttft_ms")
     if ttft is not None and not (_is_num(ttft) and ttft > 0):
         raise InvalidRequestError("ttft_ms", f"must be a positive number or null, got {ttft!r}")
+    priority = msg.get("priority", 0)
+    if not _is_int(priority):
+        raise InvalidRequestError("priority", f"must be an integer, got {priority!r}")
+    preempt = msg.get("preempt", True)
+    if not isinstance(preempt, bool):
+        raise InvalidRequestError("preempt", f"must be a boolean, got {preempt!r}")
     sampling = SamplingParams(**kwargs)
-    return GenerateRequest(
-        rid, ids, sampling, tier, klass, target, None if ttft is None else float(ttft)
-    )
+    ttft_ms = None if ttft is None else float(ttft)
+    return GenerateRequest(rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt)
 
 
 @dataclass(frozen=True)

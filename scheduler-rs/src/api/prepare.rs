@@ -25,6 +25,8 @@ pub struct SamplingInput {
     pub seed: Option<u64>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Within its class on the worker, lower is served first (vLLM's `priority`).
+    pub priority: Option<i64>,
 }
 
 impl SamplingInput {
@@ -44,6 +46,7 @@ impl SamplingInput {
             seed: c.seed,
             stop_token_ids: c.stop_token_ids.clone(),
             ignore_eos: c.ignore_eos,
+            priority: c.priority,
         }
     }
 }
@@ -196,6 +199,16 @@ pub fn build(
             }
         }
     }
+    let priority = match s.priority.map(i32::try_from) {
+        None => 0,
+        Some(Ok(p)) => p,
+        Some(Err(_)) => {
+            return Err(ApiError::invalid(
+                "priority",
+                "priority must be an integer in [-2147483648, 2147483647]",
+            ))
+        }
+    };
     Ok(Submit {
         input_ids,
         sampling: Sampling {
@@ -208,6 +221,7 @@ pub fn build(
             ignore_eos: s.ignore_eos,
         },
         tier,
+        priority,
     })
 }
 

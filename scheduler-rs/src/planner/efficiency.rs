@@ -172,6 +172,7 @@ mod tests {
             max_inflight: None,
             max_tokens: None,
             reject_unattainable: false,
+            preempt: true,
         };
         let d = TierDemand {
             tier: "t".into(),

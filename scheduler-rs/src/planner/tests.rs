@@ -29,6 +29,7 @@ fn tier(name: &str, ttft: f64, tpot: f64) -> Tier {
         max_inflight: None,
         max_tokens: None,
         reject_unattainable: false,
+        preempt: true,
     }
 }
 

@@ -63,6 +63,8 @@ pub struct CommonParams {
     pub stop_token_ids: Vec<u32>,
     /// Extension: the SLO tier (the `x-nitsum-tier` header wins).
     pub tier: Option<String>,
+    /// vLLM's extension: within its class on the worker, lower is served first.
+    pub priority: Option<i64>,
     /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
@@ -204,6 +206,8 @@ pub struct NativeGenerateRequest {
     #[serde(default)]
     pub stream: bool,
     pub tier: Option<String>,
+    /// Within its class on the worker, lower is served first (vLLM's convention).
+    pub priority: Option<i64>,
 }
 
 /// Parse a JSON body into `T`, mapping failures to the OpenAI error shape.

@@ -55,6 +55,10 @@ pub struct Generate<'a> {
     /// request that has not started within it last (it can no longer meet its SLO).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
+    /// Within its class, lower is served first (0 when absent).
+    pub priority: i32,
+    /// May preempt running requests of a lower class or priority (the tier's `preempt`).
+    pub preempt: bool,
 }
 
 /// One group of a `reconfigure` message.
@@ -362,6 +366,8 @@ mod tests {
             class: "feasible",
             decode_target: None,
             ttft_ms: None,
+            priority: -3,
+            preempt: false,
         });
         // Generic decode: keys are strings (a map, not an array).
         let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();
@@ -370,6 +376,8 @@ mod tests {
         assert_eq!(v["sampling"]["seed"], 7);
         assert!(v["decode_target"].is_null());
         assert_eq!(v["input_ids"], serde_json::json!([1, 2, 3]));
+        assert_eq!(v["priority"], -3);
+        assert_eq!(v["preempt"], false);
     }
 
     #[test]

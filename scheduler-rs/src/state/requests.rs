@@ -172,6 +172,8 @@ impl RouterState {
             ttft_ms: Some(self.cfg.tier(req.tier))
                 .filter(|t| !t.background && t.ttft_ms > 0.0)
                 .map(|t| t.ttft_ms),
+            priority: req.priority,
+            preempt: self.cfg.tier(req.tier).preempt,
         });
         self.send(identity, payload);
     }

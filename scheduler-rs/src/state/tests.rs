@@ -77,6 +77,7 @@ pub(super) fn submit() -> Submit {
         input_ids: vec![1, 2],
         sampling: Sampling::default(),
         tier: TierId(0),
+        priority: 0,
     }
 }
 
@@ -260,4 +261,31 @@ async fn dropping_a_handle_aborts_and_releases() {
         json!({"v": 1, "type": "heartbeat", "worker_id": 6}),
     );
     assert_eq!(engine.workers().len(), 1);
+}
+
+#[tokio::test]
+async fn generate_carries_the_priority_and_the_tiers_preempt_flag() {
+    let mut cfg = RouterConfig::default();
+    cfg.tiers[0].preempt = false;
+    let (engine, mut rx) = RouterState::new(Arc::new(cfg));
+    register(&engine, 0);
+    drain(&mut rx);
+    for (tier, priority, preempt) in [(0, 7, false), (1, -2, true)] {
+        let req = Submit {
+            tier: TierId(tier),
+            priority,
+            ..submit()
+        };
+        let _h = engine.submit(req).unwrap();
+        let sent = drain_raw(&mut rx);
+        let g = &sent
+            .iter()
+            .find(|(_, v)| v["type"] == "generate")
+            .unwrap()
+            .1;
+        assert_eq!(
+            (g["priority"].clone(), g["preempt"].clone()),
+            (json!(priority), json!(preempt))
+        );
+    }
 }

@@ -271,6 +271,7 @@ fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
         input_ids,
         sampling,
         tier: req.tier,
+        priority: req.priority,
     }))
 }
 
