@@ -231,6 +231,7 @@ def test_host_worker_command():
         "--served-model-name": "m",
         "--kv-cache-mb": "512",
         "--max-batch": "64",
+        "--host-kv-cache-mb": "256",
     }
 
 

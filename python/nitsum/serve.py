@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from nitsum.config import HOST_KV_CACHE_MB
 from nitsum.control_profile import ControlConfigError, choose_control_profile
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
@@ -116,6 +117,7 @@ def worker_command(
     cmd += ["--worker-id", str(worker_id), "--router", worker_addr, "--device", device]
     cmd += ["--served-model-name", served_model_name, "--threads", str(threads)]
     cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
+    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb)]
     return cmd
 
 
@@ -130,6 +132,7 @@ def host_worker_command(
     cmd += ["--worker-id", "0", "--devices", str(args.workers), "--router", worker_addr]
     cmd += ["--device", args.device, "--served-model-name", served_model_name]
     cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
+    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb)]
     return cmd
 
 
@@ -231,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, or cuda (worker i gets cuda:i)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
     p.add_argument("--kv-cache-mb", type=int, default=512)
+    p.add_argument(
+        "--host-kv-cache-mb",
+        type=int,
+        default=HOST_KV_CACHE_MB,
+        help="host memory per device for swapped-out KV (0: preemption recomputes)",
+    )
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")

@@ -11,6 +11,8 @@ from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig, mlp_blocks
 from nitsum.engine.engine import Engine
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduler import Scheduler
+from nitsum.engine.swap import SwapSpace
+from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
@@ -35,6 +37,10 @@ class EngineConfig:
     # Keep finished sequences' full KV pages for prompts that start the same way
     # (kv/prefix_cache.py).
     prefix_caching: bool = True
+    # Host memory per device for the KV of swapped-out sequences (kv/host_pool.py); 0: none,
+    # preemption always recomputes. (`nitsum serve` and the worker default to
+    # config.HOST_KV_CACHE_MB.)
+    host_kv_cache_bytes: int = 0
 
 
 def build_model(
@@ -56,9 +62,15 @@ def build_engine(
     model = build_model(cfg, tensors, ecfg)
     num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
     pool = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
-    runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0))
+    host_pages = host_pages_in(pool, ecfg.host_kv_cache_bytes)
+    host = HostKVPool(pool, host_pages) if host_pages else None
+    runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0), host)
     pages = PageAllocator(1, num_pages, ecfg.page_tokens).group((0,))
+    swap = None
+    if host_pages:
+        host_view = PageAllocator(1, host_pages, ecfg.page_tokens).group((0,))
+        swap = SwapSpace(host_view, pool.page_bytes * 2 * cfg.num_layers)
     scheduler = Scheduler(
-        pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching
+        pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap
     )
     return Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)

@@ -53,6 +53,10 @@ class Engine:
         )
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
+        # Pages copied to / from the host tier, bytes and copies (runs of pages) so far.
+        self.swap_counters = dict.fromkeys(
+            ("swap_out_pages", "swap_in_pages", "swap_bytes", "swap_copies"), 0
+        )
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(
@@ -170,12 +174,15 @@ class Engine:
 
     def counters(self) -> dict[str, int]:
         """Cumulative: prompt tokens looked up in / found in the prefix cache
-        (`prefix_cache_queries` / `_hits`), and preemptions (`num_preemptions`)."""
+        (`prefix_cache_queries` / `_hits`), preemptions (`num_preemptions`, of which by swap
+        `num_preemptions_swap`) and the host tier's traffic (`swap_*`)."""
         cache = self.scheduler.cache
         return {
             "prefix_cache_queries": cache.queries if cache is not None else 0,
             "prefix_cache_hits": cache.hits if cache is not None else 0,
             "num_preemptions": self.scheduler.preemptions,
+            "num_preemptions_swap": self.scheduler.swapped,
+            **self.swap_counters,
         }
 
     def close(self) -> None:
@@ -204,7 +211,20 @@ class Engine:
     def begin_step(self) -> list[Scheduled]:
         """The next step's batch (empty: nothing to do). A caller that runs the forward
         itself (a pool running groups concurrently) ends the step with `end_step`."""
-        return self.scheduler.schedule()
+        batch = self.scheduler.schedule()
+        out, into = self.scheduler.take_swaps()
+        if not (out or into):
+            self.scheduler.swaps_done()
+            return batch
+        # NOTE: before the forward: a page swapped out may be written by this very step.
+        started = time.perf_counter()
+        stats = self.runner.swap(out, into)
+        self.scheduler.swaps_done(stats.bytes, time.perf_counter() - started)
+        self.swap_counters["swap_out_pages"] += len(out)
+        self.swap_counters["swap_in_pages"] += len(into)
+        self.swap_counters["swap_bytes"] += stats.bytes
+        self.swap_counters["swap_copies"] += stats.copies
+        return batch
 
     def end_step(
         self, batch: list[Scheduled], tokens: list[int], seconds: float

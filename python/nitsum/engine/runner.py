@@ -8,6 +8,7 @@ import torch
 
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
+from nitsum.kv.host_pool import HostKVPool, SwapStats
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
@@ -22,14 +23,22 @@ class Runner(Protocol):
         """Forward `batch`; one sampled token per sampling entry, in batch order."""
         ...
 
+    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
+        """Copy (device page, host page) pairs `out` to host, then (host page, device page)
+        pairs `into` back, on every device of the group."""
+        ...
+
 
 class ModelRunner:
     """Executes scheduled batches. `ctx` is swapped on a TP switch; nothing else changes."""
 
-    def __init__(self, model: LlamaModel, pool: KVPool, ctx: TPContext) -> None:
+    def __init__(
+        self, model: LlamaModel, pool: KVPool, ctx: TPContext, host: HostKVPool | None = None
+    ) -> None:
         self.model = model
         self.pool = pool
         self.ctx = ctx
+        self.host = host
 
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         return build_step_inputs(batch, self.pool.tokens_per_page(self.ctx.tp))
@@ -53,6 +62,11 @@ class ModelRunner:
     def run(self, batch: list[Scheduled]) -> list[int]:
         """Forward the batch and return one sampled token per sampling sequence."""
         return sample_batch(self.forward(self.prepare(batch)), batch)
+
+    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
+        if self.host is None:
+            raise RuntimeError("this device has no host KV tier")
+        return self.host.swap(out, into)
 
 
 def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from nitsum.engine.prompt_order import deadline_spare, overtaking_order
 from nitsum.engine.sequence import CLASS_RANK, CLASSES, Sequence, Status
+from nitsum.engine.swap import SwapSpace
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.prefix_cache import PrefixCache
 
@@ -48,6 +49,7 @@ class Scheduler:
         token_budget: int = 512,
         overtaking: bool = True,
         prefix_caching: bool = True,
+        swap: SwapSpace | None = None,
     ) -> None:
         self.pages = pages
         # Full pages of finished and preempted sequences, reused by prompts that start with
@@ -62,8 +64,16 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Durations (s) of recent steps that prefilled at least half a budget of prompt tokens.
         self.full_steps: deque[float] = deque(maxlen=32)
-        # Sequences preempted so far (for pages or for priority).
+        # Sequences preempted so far (for pages or for priority), and how many of them swapped.
         self.preemptions = 0
+        self.swapped = 0
+        # The host tier (None: preemption always recomputes) and the copies this step needs:
+        # (device page, host page) out, (host page, device page) in, host pages to free once
+        # the copies ran (`take_swaps`).
+        self.swap = swap
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.host_done: list[int] = []
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -98,13 +108,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting[seq.klass]:
             self.waiting[seq.klass].remove(seq)
-
-    def release_all(self) -> list[Sequence]:
-        """Hand every sequence over (running first, in order); pages stay with them."""
-        seqs = self.running + [s for c in CLASSES for s in self.waiting[c]]
-        self.running = []
-        self.waiting = {c: deque() for c in CLASSES}
-        return seqs
 
     def has_work(self) -> bool:
         return bool(self.running) or any(self.waiting.values())
@@ -228,13 +231,18 @@ class Scheduler:
                     continue
                 if not admitting or len(self.running) >= self.max_batch:
                     continue
+                swapped = bool(seq.host_pages)
                 self._reuse_prefix(seq)
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
-                    self._free(seq)  # back as it was: nothing computed, nothing held
-                    seq.num_computed = 0
+                    # Back as it was: nothing held on the device (its KV, if any, on host).
+                    self._free_device(seq)
+                    if not swapped:
+                        seq.num_computed = 0
                     admitting = False  # nobody overtakes a sequence that does not fit yet
                     continue
+                if swapped:
+                    self._plan_swap_in(seq)
                 self.waiting[klass].remove(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
@@ -319,31 +327,107 @@ class Scheduler:
         return max(candidates, key=lambda s: (*self._rank(s), s.arrival))
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: let go of its KV (its full pages stay cached); it
-        prefills prompt + outputs again later, from its longest cached prefix."""
+        """Preempt by swap when that is cheaper (`_swap_is_cheaper`: its KV is copied to host
+        pages before this step's forward), else by recompute. Either way its full device pages
+        stay cached, so what nobody overwrites meanwhile needs neither."""
         self.preemptions += 1
         self.running.remove(seq)
-        self._free(seq)
-        seq.num_computed = 0
+        if self._swap_is_cheaper(seq):
+            assert self.swap is not None
+            seq.host_pages = self.swap.host.allocate(len(seq.pages))
+            self.swap_out += zip(seq.pages, seq.host_pages, strict=True)
+            self.swapped += 1
+            self._free_device(seq)
+        else:
+            self._free(seq)
+            seq.num_computed = 0
         seq.status = Status.WAITING
         self.waiting[seq.klass].appendleft(seq)
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Start a sequence with nothing computed after the longest cached prefix of its
         tokens (its pages are shared, read-only)."""
+        if seq.host_pages:
+            # Swapped out: its pages still cached on the device need no copy back.
+            if self.cache is not None:
+                seq.pages = self.cache.match(seq.prompt_ids + seq.output_ids)
+            cached = len(seq.pages) * self.pages.tokens_per_page
+            if cached >= seq.num_computed:  # the device still holds all it had, or more
+                seq.num_computed = cached
+                self._release_host(seq)
+            return
         if self.cache is None or seq.num_computed or seq.pages:
             return
         seq.pages = self.cache.match(seq.prompt_ids + seq.output_ids)
         seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
 
-    def _free(self, seq: Sequence) -> None:
-        """Let go of a sequence's pages: its full computed ones stay cached for reuse."""
+    def _plan_swap_in(self, seq: Sequence) -> None:
+        """`seq` was admitted with its device pages reserved: copy back, before this step's
+        forward, the host pages of the part the prefix cache did not still hold."""
+        start = self._cached_prefix_pages(seq)
+        self.swap_in += zip(
+            seq.host_pages[start:], seq.pages[start : len(seq.host_pages)], strict=True
+        )
+        self._release_host(seq)
+
+    def _cached_prefix_pages(self, seq: Sequence) -> int:
+        """How many leading pages of `seq` are shared cached pages (valid on the device)."""
+        if self.cache is None:
+            return 0
+        held = self.cache.pages()
+        n = 0
+        while n < len(seq.pages) and seq.pages[n] in held:
+            n += 1
+        return n
+
+    def _release_host(self, seq: Sequence) -> None:
+        """Free `seq`'s host pages once this step's copies have run."""
+        self.host_done += seq.host_pages
+        seq.host_pages = []
+
+    def take_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The copies the last `schedule` needs before its forward: (device page, host page)
+        out, then (host page, device page) in. The caller runs them, then `swaps_done`."""
+        out, into = self.swap_out, self.swap_in
+        self.swap_out, self.swap_in = [], []
+        return out, into
+
+    def swaps_done(self, nbytes: int = 0, seconds: float = 0.0) -> None:
+        """The copies ran: free the host pages they read; fold their timing into the
+        copy-speed estimate."""
+        if self.swap is not None:
+            self.swap.host.release(self.host_done)
+            self.swap.observe(nbytes, seconds)
+        self.host_done = []
+
+    def _swap_is_cheaper(self, seq: Sequence) -> bool:
+        """Swap `seq` out rather than recompute it later: its KV fits the host tier and two
+        copies of its pages cost less than prefilling its tokens again."""
+        if self.swap is None or seq.num_computed == 0 or not seq.pages:
+            return False
+        if self.swap.host.num_free < len(seq.pages):
+            return False
+        if not self.full_steps:  # no step timed yet: swap what is longer than a few pages
+            return seq.num_computed >= 4 * self.pages.tokens_per_page
+        step_s = sorted(self.full_steps)[len(self.full_steps) // 2]
+        recompute_s = seq.num_computed / self.token_budget * step_s
+        return 2 * self.swap.seconds(len(seq.pages)) < recompute_s
+
+    def _free_device(self, seq: Sequence) -> None:
+        """Let go of a sequence's device pages: its full computed ones stay cached."""
         if self.cache is None:
             self.pages.release(seq.pages)
         else:
             tokens = seq.prompt_ids + seq.output_ids
             self.pages.release(self.cache.release(seq.pages, tokens, seq.num_computed))
         seq.pages = []
+
+    def _free(self, seq: Sequence) -> None:
+        """Let go of everything a sequence holds, on the device and on host."""
+        self._free_device(seq)
+        if seq.host_pages and self.swap is not None:
+            self.swap.host.release(seq.host_pages)
+            seq.host_pages = []
 
     def free_pages(self, seq: Sequence) -> None:
         """Let go of the pages of a sequence that leaves this group (its KV moved)."""

@@ -51,6 +51,8 @@ class Sequence:
     priority: int = 0
     # May preempt running sequences of a lower class or priority to get in (its tier's say).
     may_preempt: bool = True
+    # Host pages holding its first `num_computed` tokens' KV while it is swapped out.
+    host_pages: list[int] = field(default_factory=list)
 
     @property
     def total_len(self) -> int:

@@ -58,6 +58,11 @@ class KVPool:
         per_page = 2 * cfg.num_layers * page_tokens * cfg.num_kv_heads * cfg.head_dim
         return max(1, nbytes // (per_page * dtype.itemsize))
 
+    @staticmethod
+    def page_bytes_of(cfg: ModelConfig, page_tokens: int, dtype: torch.dtype) -> int:
+        """Bytes of one page on one device: all layers, K and V."""
+        return 2 * cfg.num_layers * page_tokens * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+
     @property
     def page_bytes(self) -> int:
         """Bytes of one page in one layer for K (the same for V)."""

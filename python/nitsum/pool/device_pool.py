@@ -13,6 +13,7 @@ import torch
 
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
+from nitsum.kv.host_pool import SwapStats
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
@@ -95,6 +96,10 @@ class DevicePool:
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
         """Logits from the group leader (every member must be drained)."""
+        return self._replies(members)[0]
+
+    def _replies(self, members: tuple[int, ...]) -> list[Any]:
+        """Every member's reply, in order; the first DeviceError once all are drained."""
         replies, error = [], None
         for d in members:  # NOTE: drain every member even after an error, or pipes desync
             try:
@@ -103,7 +108,15 @@ class DevicePool:
                 error = error or e
         if error is not None:
             raise error
-        return replies[0]
+        return replies
+
+    def swap(
+        self, members: tuple[int, ...], out: list[tuple[int, int]], into: list[tuple[int, int]]
+    ) -> SwapStats:
+        """Every member copies its shard of the pages (same ids on every member)."""
+        self.send_many(members, "swap", out, into)
+        replies = self._replies(members)
+        return SwapStats(sum(r.bytes for r in replies), sum(r.copies for r in replies))
 
     # -- reconfiguration ---------------------------------------------------------------------
     def migrate(

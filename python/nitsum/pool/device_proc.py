@@ -22,6 +22,7 @@ from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
 from nitsum.engine.load import load_model
 from nitsum.engine.runner import ModelRunner
+from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
@@ -86,6 +87,8 @@ class Device:
                 )
                 self.runners[members] = ModelRunner(self.model, self.pool, ctx)
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
+        host_pages = host_pages_in(self.pool, spec.ecfg.host_kv_cache_bytes)
+        self.host = HostKVPool(self.pool, host_pages) if host_pages else None
 
     def handle(self, cmd: str, args: tuple) -> Any:
         """Serve one command of the controller (`DevicePool`)."""
@@ -96,6 +99,11 @@ class Device:
                 runner.hidden(inputs)  # the leader samples; the others join its collectives
                 return None
             return runner.forward(inputs).cpu()
+        if cmd == "swap":
+            if self.host is None:
+                raise RuntimeError(f"device {self.device} has no host KV tier")
+            out, into = args
+            return self.host.swap(out, into)
         if cmd == "migrate":
             pieces, mode, fail = args
             return self.transfer.run(pieces, mode, fail)

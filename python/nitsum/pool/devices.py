@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     import torch
 
     from nitsum.engine.step_inputs import StepInputs
+    from nitsum.kv.host_pool import SwapStats
     from nitsum.pool.kv_transfer import TransferStats
     from nitsum.pool.migration_plan import Piece
 
@@ -28,6 +29,13 @@ class Devices(Protocol):
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
         """The launched step's float32 logits of the sampled rows (from the group leader)."""
+        ...
+
+    def swap(
+        self, members: tuple[int, ...], out: list[tuple[int, int]], into: list[tuple[int, int]]
+    ) -> SwapStats:
+        """Copy (device page, host page) pairs `out` to each member's host KV tier, then
+        (host page, device page) pairs `into` back (kv/host_pool.py)."""
         ...
 
     def migrate(

@@ -58,6 +58,9 @@ def transfer_moves(
     for seq, target, _ in moves:
         if seq.num_computed == 0:
             continue
+        if seq.host_pages:  # swapped out: host KV stays with its device; recompute instead
+            recompute.add(seq.request_id)
+            continue
         pages = engines[target].pages
         try:
             new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))

@@ -18,6 +18,7 @@ from nitsum.engine.build import EngineConfig, build_model
 from nitsum.engine.load import load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
+from nitsum.kv.host_pool import HostKVPool, SwapStats, host_pages_in
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.context import build_context
 from nitsum.pool.device_pool import DeviceError
@@ -44,7 +45,9 @@ class LocalDevice:
         self.levels = (1,)
         model = build_model(cfg, tensors, ecfg)
         kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
-        self.runner = ModelRunner(model, kv, build_context(cfg, model.weights, 1, 0))
+        host_pages = host_pages_in(kv, ecfg.host_kv_cache_bytes)
+        host = HostKVPool(kv, host_pages) if host_pages else None
+        self.runner = ModelRunner(model, kv, build_context(cfg, model.weights, 1, 0), host)
         self._launched: StepInputs | None = None
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
@@ -62,6 +65,13 @@ class LocalDevice:
                 return self.runner.forward(inputs)
         except Exception as e:  # noqa: BLE001 - a failing step fails its group, not the worker
             raise DeviceError(f"{type(e).__name__}: {e}") from e
+
+    def swap(
+        self, members: tuple[int, ...], out: list[tuple[int, int]], into: list[tuple[int, int]]
+    ) -> SwapStats:
+        if members != ONLY_GROUP:
+            raise DeviceError(f"device 0: no group {members}")
+        return self.runner.swap(out, into)
 
     def migrate(
         self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None

@@ -18,7 +18,10 @@ from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
+from nitsum.engine.swap import SwapSpace
+from nitsum.kv.host_pool import SwapStats
 from nitsum.kv.pages import GroupPages, PageAllocator
+from nitsum.kv.pool import KVPool
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices
@@ -49,6 +52,9 @@ class GroupRunner:
         self.pool.launch_step(self.members, self.prepare(batch))
         return sample_batch(self.pool.collect_step(self.members), batch)
 
+    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
+        return self.pool.swap(self.members, out, into)
+
 
 class PoolEngine:
     """Serves requests on TP groups of a pool of devices and switches TP between steps."""
@@ -69,6 +75,13 @@ class PoolEngine:
         self.topology = TPTopology.of(cfg, pool.num_devices, pool.levels)
         self.allowed = self.topology.levels
         self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens)
+        # The host KV tier's pages (every device has as many; kv/host_pool.py), if any.
+        probe = KVPool.page_bytes_of(cfg, ecfg.page_tokens, ecfg.dtype)
+        host_pages = ecfg.host_kv_cache_bytes // probe if ecfg.host_kv_cache_bytes > 0 else 0
+        self.page_bytes = probe
+        self.host_alloc = (
+            PageAllocator(pool.num_devices, host_pages, ecfg.page_tokens) if host_pages else None
+        )
         self.topology.check(groups)
         self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
         self.decode_targets: dict[str, tuple[int, ...]] = {}
@@ -82,7 +95,12 @@ class PoolEngine:
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
         e = self.ecfg
-        scheduler = Scheduler(pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching)
+        swap = None
+        if self.host_alloc is not None:
+            swap = SwapSpace(self.host_alloc.group(members), self.page_bytes)
+        scheduler = Scheduler(
+            pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching, swap
+        )
         runner = GroupRunner(self.pool, members, pages)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from nitsum.config import HOST_KV_CACHE_MB
+
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
 
 
@@ -28,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="model name sent in register")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda:0, ...)")
     p.add_argument("--kv-cache-mb", type=int, default=512, help="KV pool size in MiB")
+    p.add_argument(
+        "--host-kv-cache-mb",
+        type=int,
+        default=HOST_KV_CACHE_MB,
+        help="host memory per device for swapped-out KV, MiB (0: preemption recomputes)",
+    )
     p.add_argument("--page-tokens", type=int, default=16, help="tokens per KV page at TP 1")
     p.add_argument("--max-batch", type=int, default=64, help="running sequences cap")
     p.add_argument("--token-budget", type=int, default=512, help="tokens per step")
@@ -79,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ecfg = EngineConfig(
         device=args.device,
         kv_cache_bytes=args.kv_cache_mb << 20,
+        host_kv_cache_bytes=args.host_kv_cache_mb << 20,
         page_tokens=args.page_tokens,
         max_batch=args.max_batch,
         token_budget=args.token_budget,

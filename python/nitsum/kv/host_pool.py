@@ -1,0 +1,70 @@
+"""A device's host KV tier: where the KV of swapped-out sequences waits (FastSwitch §3).
+
+Host pages have the device pages' size and layout (`KVPool.storage`: layers × K/V × pages ×
+elements), so a swap is a copy of page ranges between the two tensors: host memory is pinned
+on CUDA (asynchronous DMA), a plain separate buffer on CPU devices, with the same path and
+bookkeeping. Runs of consecutive page ids move as one copy (`runs`), so a sequence whose
+pages were allocated together moves in a few large copies instead of one per page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nitsum.kv.pool import KVPool
+
+
+def runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) of the maximal runs where both id lists step by one."""
+    out: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst, strict=True):
+        if out and out[-1][0] + out[-1][2] == s and out[-1][1] + out[-1][2] == d:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((s, d, 1))
+    return out
+
+
+@dataclass
+class SwapStats:
+    """What one swap call moved."""
+
+    bytes: int = 0
+    copies: int = 0
+
+
+def host_pages_in(pool: KVPool, nbytes: int) -> int:
+    """Host pages shaped like `pool`'s that fit in `nbytes` (0 bytes: no host tier)."""
+    return nbytes // (pool.page_bytes * 2 * pool.cfg.num_layers) if nbytes > 0 else 0
+
+
+class HostKVPool:
+    """`num_pages` host pages shaped like `pool`'s device pages."""
+
+    def __init__(self, pool: KVPool, num_pages: int) -> None:
+        pinned = pool.storage.is_cuda
+        shape = (*pool.storage.shape[:2], num_pages, pool.storage.shape[3])
+        # NOTE: `empty`: a page is read only after a swap-out wrote it, and untouched host
+        # memory is not committed on CPU.
+        self.storage = torch.empty(shape, dtype=pool.storage.dtype, device="cpu", pin_memory=pinned)
+        self.pool = pool
+        self.num_pages = num_pages
+
+    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
+        """Copy device page → host page for each pair of `out`, then host → device for each
+        pair of `into` (NOTE: in that order: a page swapped out may be swapped into in the
+        same call)."""
+        stats = SwapStats()
+        dev = self.pool.storage
+        for pairs, src, dst in ((out, dev, self.storage), (into, self.storage, dev)):
+            if not pairs:
+                continue
+            for s, d, n in runs([p[0] for p in pairs], [p[1] for p in pairs]):
+                dst[:, :, d : d + n].copy_(src[:, :, s : s + n], non_blocking=dev.is_cuda)
+                stats.copies += 1
+                stats.bytes += n * dev.shape[0] * dev.shape[1] * dev.shape[3] * dev.element_size()
+        if dev.is_cuda:
+            torch.cuda.current_stream(dev.device).synchronize()
+        return stats
