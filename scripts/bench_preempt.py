@@ -6,7 +6,8 @@
    background conversations with long contexts keep the engine full; strict requests arrive
    every `--gap` seconds and preempt them. Reported for the strict tier: P50/P95/P99 TTFT and
    P99 time between tokens; and total tokens/s; with preemption by recompute (no host tier)
-   and by swap (host tier on). The prefix cache is on in both.
+   and by swap (host tier on); recompute also without the prefix cache (vLLM's recompute
+   preemption: everything is prefilled again).
 
     python scripts/bench_preempt.py [--strict 24] [--gap 0.4]
 """
@@ -62,44 +63,45 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def workload(model_dir, host_mb: int, n_strict: int, gap: float) -> dict[str, float]:
+def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -> dict[str, float]:
     ecfg = EngineConfig(
-        kv_cache_bytes=48 << 20, max_batch=8, token_budget=512, host_kv_cache_bytes=host_mb << 20
+        kv_cache_bytes=args.kv_mb << 20,
+        max_batch=args.batch,
+        token_budget=512,
+        host_kv_cache_bytes=host_mb << 20,
+        prefix_caching=caching,
     )
     engine = open_local_engine(model_dir, ecfg)
     vocab = engine.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
-    bg_params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
-    strict_params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    bg_params = SamplingParams(max_tokens=args.bg_tokens, temperature=0, ignore_eos=True)
+    strict_params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
     def ids(n: int) -> list[int]:
         return torch.randint(100, vocab - 100, (n,), generator=g).tolist()
 
-    n_bg = 0
-
-    def add_background() -> None:
-        nonlocal n_bg
-        engine.add_request(f"bg{n_bg}", ids(900), bg_params, klass="background", tier="bg")
-        n_bg += 1
-
-    for _ in range(8):
-        add_background()
+    for i in range(args.background):
+        engine.add_request(f"bg{i}", ids(args.bg_prompt), bg_params, klass="background", tier="bg")
     arrival: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     gaps: list[float] = []
     tokens = 0
+    # The strict requests start once the background conversations that fit are all decoding.
+    running = engine.engines[(0,)].scheduler.running
+    while not running or any(s.remaining > 1 for s in running):
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
     t0 = time.monotonic()
-    next_at = t0 + 2.0  # let the background fill the engine first
+    next_at = t0
     sent = 0
-    while sent < n_strict or any(r.startswith("s") for r in engine.engines[(0,)].seqs):
+    while sent < args.strict or any(r.startswith("s") for r in engine.engines[(0,)].seqs):
         now = time.monotonic()
-        if sent < n_strict and now >= next_at:
+        if sent < args.strict and now >= next_at:
             rid = f"s{sent}"
-            engine.add_request(rid, ids(64), strict_params, klass="feasible", tier="strict")
+            engine.add_request(rid, ids(48), strict_params, klass="feasible", tier="strict")
             arrival[rid] = now
             sent += 1
-            next_at += gap
+            next_at += args.gap
         for o in engine.step():
             now = time.monotonic()
             tokens += len(o.new_token_ids)
@@ -108,8 +110,6 @@ def workload(model_dir, host_mb: int, n_strict: int, gap: float) -> dict[str, fl
                     gaps.append(now - last[o.request_id])
                 first.setdefault(o.request_id, now)
                 last[o.request_id] = now
-            if o.finished and o.request_id.startswith("bg"):
-                add_background()  # keep the engine full
     elapsed = time.monotonic() - t0
     ttft = [first[r] - arrival[r] for r in arrival]
     c = engine.all_counters()
@@ -126,23 +126,35 @@ def workload(model_dir, host_mb: int, n_strict: int, gap: float) -> dict[str, fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--strict", type=int, default=24, help="strict requests")
-    ap.add_argument("--gap", type=float, default=0.4, help="seconds between strict arrivals")
+    ap.add_argument("--strict", type=int, default=30, help="strict requests (8 tokens each)")
+    ap.add_argument("--gap", type=float, default=0.6, help="seconds between strict arrivals")
+    ap.add_argument("--background", type=int, default=10, help="background conversations")
+    ap.add_argument("--bg-prompt", type=int, default=800, help="their context (tokens)")
+    ap.add_argument("--bg-tokens", type=int, default=400, help="their output (tokens)")
+    ap.add_argument("--batch", type=int, default=6, help="the engine's max batch")
+    ap.add_argument("--kv-mb", type=int, default=160, help="device KV pool (MiB)")
     args = ap.parse_args()
     model_dir = resolve_model_dir(None)
     copy_speed(ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text())))
-    rec = workload(model_dir, 0, args.strict, args.gap)
-    swp = workload(model_dir, 512, args.strict, args.gap)
-    for name, r in (("recompute", rec), ("swap", swp)):
+    modes = {
+        "recompute, no prefix cache": workload(model_dir, 0, False, args),
+        "recompute": workload(model_dir, 0, True, args),
+        "swap": workload(model_dir, 1024, True, args),
+    }
+    for name, r in modes.items():
         print(
-            f"{name:9s}: strict TTFT p50 {r['p50'] * 1e3:.0f} p95 {r['p95'] * 1e3:.0f} "
+            f"{name:26s}: strict TTFT p50 {r['p50'] * 1e3:.0f} p95 {r['p95'] * 1e3:.0f} "
             f"p99 {r['p99'] * 1e3:.0f} ms, TBT p99 {r['tbt99'] * 1e3:.0f} ms; "
-            f"{r['tok_s']:.0f} tok/s; preemptions {r['preempt']} ({r['swapped']} by swap)"
+            f"{r['tok_s']:.1f} tok/s; preemptions {r['preempt']} ({r['swapped']} by swap)"
         )
-    print(
-        f"swap vs recompute: strict P99 TTFT {rec['p99'] / swp['p99']:.2f}x better, "
-        f"P99 TBT {rec['tbt99'] / swp['tbt99']:.2f}x, throughput {swp['tok_s'] / rec['tok_s']:.2f}x"
-    )
+    swp = modes["swap"]
+    for name in ("recompute, no prefix cache", "recompute"):
+        rec = modes[name]
+        print(
+            f"swap vs {name}: strict P99 TTFT {rec['p99'] / swp['p99']:.2f}x better, "
+            f"P99 TBT {rec['tbt99'] / swp['tbt99']:.2f}x, throughput "
+            f"{swp['tok_s'] / rec['tok_s']:.2f}x"
+        )
 
 
 if __name__ == "__main__":
