@@ -8,7 +8,7 @@ import torch
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
-from tiny import make_tiny
+from tiny import hf_greedy, make_tiny
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -47,12 +47,6 @@ def assume_full_steps_take(engine, seconds: float) -> None:
     tiny model take milliseconds)."""
     engine.scheduler.full_steps.clear()
     engine.scheduler.full_steps.append(seconds)
-
-
-def hf_greedy(hf, ids, n):
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids) :].tolist()
 
 
 def test_concurrent_requests_equal_solo_runs_and_transformers(tiny):

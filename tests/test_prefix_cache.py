@@ -3,12 +3,12 @@ tiny model: a second turn computes only its new tokens and answers exactly as a 
 prefix partly evicted is partly reused; a preempted sequence recomputes only what it lost."""
 
 import pytest
-import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.kv.prefix_cache import PrefixCache
 from nitsum.sampling import SamplingParams
 from tiny import make_tiny
+from tiny import random_prompt as history
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 P = 4  # tokens per page
@@ -72,11 +72,6 @@ def serve(engine, rid: str, prompt: list[int], params=GREEDY) -> tuple[list[int]
         for o in engine.end_step(batch, engine.runner.run(batch), 0.0):
             out += o.new_token_ids
     return out, computed
-
-
-def history(cfg, n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
 
 
 def test_a_second_turn_computes_only_its_new_tokens(tiny) -> None:

@@ -2,11 +2,11 @@
 starts at once, the requests it displaced finish later with unchanged tokens."""
 
 import pytest
-import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.sampling import SamplingParams
-from tiny import make_tiny
+from tiny import hf_greedy, make_tiny, run_arrivals
+from tiny import random_prompt as prompt
 
 LONG = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
@@ -22,41 +22,13 @@ def engine_for(tiny, **kw):
     return build_engine(cfg, hf.state_dict().items(), ecfg)
 
 
-def prompt(cfg, n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
-
-
-def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids) :].tolist()
-
-
-def run(engine, arrivals: dict[int, list[tuple]]) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Step to the end, adding `arrivals[step]` (add_request args) before that step; returns
-    every request's tokens and the step each got its first token at."""
-    out: dict[str, list[int]] = {}
-    first: dict[str, int] = {}
-    step = 0
-    while engine.has_unfinished() or any(s >= step for s in arrivals):
-        for args, kw in arrivals.get(step, []):
-            engine.add_request(*args, **kw)
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.new_token_ids:
-                first.setdefault(o.request_id, step)
-        step += 1
-    return out, first
-
-
 def test_a_strict_request_at_a_full_engine_preempts_background_ones(tiny) -> None:
     hf, cfg = tiny
     ps = {r: prompt(cfg, 9 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
     engine = engine_for(tiny, max_batch=2)
     bg = [((r, ps[r], LONG, "background", "background"), {}) for r in ("bg0", "bg1")]
     strict = [(("strict", ps["strict"], LONG, "feasible", "strict"), {})]
-    out, first = run(engine, {0: bg, 3: strict})
+    out, first = run_arrivals(engine, {0: bg, 3: strict})
     assert first["strict"] == 3, first  # admitted in the step it arrived
     assert engine.scheduler.preemptions == 1
     for r, p in ps.items():
@@ -77,7 +49,7 @@ def test_priority_within_a_class(tiny, newcomer: dict, preempts: bool) -> None:
     hf, cfg = tiny
     engine = engine_for(tiny, max_batch=1)
     a, b = prompt(cfg, 10, seed=3), prompt(cfg, 12, seed=4)
-    out, first = run(
+    out, first = run_arrivals(
         engine,
         {
             0: [(("a", a, LONG, "feasible", "t"), {"priority": 5})],

@@ -9,7 +9,7 @@ import torch
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.prompt_order import deadline_spare, overtaking_order
 from nitsum.sampling import SamplingParams
-from tiny import make_tiny
+from tiny import hf_greedy, make_tiny
 
 SHORT = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 LONG_TOKENS = 8000
@@ -76,12 +76,6 @@ def run_out(engine, max_steps: int = 200) -> tuple[dict[str, int], dict[str, lis
             if o.new_token_ids:
                 first.setdefault(o.request_id, step)
     raise AssertionError(f"unfinished after {max_steps} steps: {first}")
-
-
-def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids) :].tolist()
 
 
 @pytest.mark.parametrize("klass", ["background", "no-ttft"])

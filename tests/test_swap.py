@@ -8,7 +8,8 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.kv.host_pool import HostKVPool, runs
 from nitsum.kv.pool import KVPool
 from nitsum.sampling import SamplingParams
-from tiny import make_tiny
+from tiny import hf_greedy, make_tiny, run_arrivals
+from tiny import random_prompt as prompt
 
 P = 4
 LONG = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -58,32 +59,6 @@ def engine_for(tiny, pages: int, host_pages: int, **kw):
     return build_engine(cfg, hf.state_dict().items(), ecfg)
 
 
-def prompt(cfg, n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
-
-
-def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids) :].tolist()
-
-
-def run(engine, arrivals: dict[int, list[tuple]]) -> tuple[dict[str, list[int]], dict[str, int]]:
-    out: dict[str, list[int]] = {}
-    first: dict[str, int] = {}
-    step = 0
-    while engine.has_unfinished() or any(s >= step for s in arrivals):
-        for args in arrivals.get(step, []):
-            engine.add_request(*args)
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.new_token_ids:
-                first.setdefault(o.request_id, step)
-        step += 1
-    return out, first
-
-
 @pytest.mark.parametrize("caching", [False, True])
 def test_a_strict_request_swaps_background_ones_out_and_they_finish_unchanged(
     tiny, caching: bool
@@ -96,8 +71,9 @@ def test_a_strict_request_swaps_background_ones_out_and_they_finish_unchanged(
     engine = engine_for(tiny, pages=64, host_pages=32, max_batch=2, prefix_caching=caching)
     engine.scheduler.swap.bytes_per_s = 1e15  # copies cost nothing: always swap
     ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
-    bg = [(r, ps[r], LONG, "background", "background") for r in ("bg0", "bg1")]
-    out, first = run(engine, {0: bg, 12: [("strict", ps["strict"], LONG, "feasible", "s")]})
+    bg = [((r, ps[r], LONG, "background", "background"), {}) for r in ("bg0", "bg1")]
+    strict = [(("strict", ps["strict"], LONG, "feasible", "s"), {})]
+    out, first = run_arrivals(engine, {0: bg, 12: strict})
     assert first["strict"] == 12, first
     for r, p in ps.items():
         assert out[r] == hf_greedy(hf, p, 24), r
@@ -121,11 +97,11 @@ def test_short_contexts_recompute_and_abort_frees_host_pages(tiny) -> None:
     s = engine.scheduler
     # Copies slower than recomputing (its 40-token prompt timed a full step): recompute.
     s.swap.bytes_per_s = 1.0
-    out, _ = run(
+    out, _ = run_arrivals(
         engine,
         {
-            0: [("bg", prompt(cfg, 40, 1), LONG, "background", "b")],
-            3: [("strict", prompt(cfg, 9, 2), LONG, "feasible", "s")],
+            0: [(("bg", prompt(cfg, 40, 1), LONG, "background", "b"), {})],
+            3: [(("strict", prompt(cfg, 9, 2), LONG, "feasible", "s"), {})],
         },
     )
     assert (s.preemptions, s.swapped) == (1, 0)
@@ -139,7 +115,7 @@ def test_short_contexts_recompute_and_abort_frees_host_pages(tiny) -> None:
     assert s.swapped == 1 and s.swap.host.num_free < s.swap.host.num_pages
     assert engine.abort("bg2")
     assert s.swap.host.num_free == s.swap.host.num_pages
-    run(engine, {})
+    run_arrivals(engine, {})
     assert s.num_reclaimable() == s.pages.num_pages
 
 

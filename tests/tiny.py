@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -58,6 +59,38 @@ def make_tiny(variant: str = "llama-gqa", seed: int = 0):
                 p.add_(torch.randn_like(p) * 0.1)
     cfg = ModelConfig.from_hf(model.config.to_dict() | {"architectures": [type(model).__name__]})
     return model, cfg
+
+
+def random_prompt(cfg: ModelConfig, n: int, seed: int) -> list[int]:
+    """`n` random token ids of `cfg`'s vocabulary (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
+
+
+def hf_greedy(hf: torch.nn.Module, ids: list[int], n: int) -> list[int]:
+    """Transformers' greedy continuation of `ids`: the reference tokens."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
+    return out[0, len(ids) :].tolist()
+
+
+def run_arrivals(
+    engine: Any, arrivals: dict[int, list[tuple[tuple, dict]]]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Step `engine` to the end, adding `arrivals[step]` ((args, kwargs) of `add_request`)
+    before that step; every request's tokens and the step it got its first token at."""
+    out: dict[str, list[int]] = {}
+    first: dict[str, int] = {}
+    step = 0
+    while engine.has_unfinished() or any(s >= step for s in arrivals):
+        for args, kw in arrivals.get(step, []):
+            engine.add_request(*args, **kw)
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.new_token_ids:
+                first.setdefault(o.request_id, step)
+        step += 1
+    return out, first
 
 
 # A 4-device CPU pool of the "llama-gqa" tiny model (4 KV heads: TP 1/2/4), shared by the TP
