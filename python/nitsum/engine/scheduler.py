@@ -316,7 +316,7 @@ class Scheduler:
                 return False
             self._preempt(victim)
         if need > 0:
-            seq.pages.extend(self.pages.allocate(need))
+            seq.pages.extend(self.pages.allocate(need, seq.pages[-1] if seq.pages else None))
         return True
 
     def _pick_victim(self, keep: set[int]) -> Sequence | None:

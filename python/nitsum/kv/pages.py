@@ -69,18 +69,60 @@ class GroupPages:
     def num_free(self) -> int:
         return int(self._free_mask().sum())
 
-    def allocate(self, n: int) -> list[int]:
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
+        """`n` pages, in as few runs of consecutive ids as the free pages allow (`page_runs`);
+        with `after` (a sequence's last page), the pages right after it first, so a sequence
+        that grows keeps extending its run.
+
+        NOTE (coarse page groups, FastSwitch §3.2): a sequence whose pages form a few runs
+        moves (swap, migration) in a few large copies instead of one per page.
+        """
         if n <= 0:
             return []
-        ids = np.flatnonzero(self._free_mask())[:n]
+        free = self._free_mask()
+        ids = page_runs(free, n, after)
         if len(ids) < n:
             raise OutOfPages(f"asked for {n} pages, {len(ids)} free on all of {self.members}")
         self.alloc.free[np.ix_(self.members, ids)] = False
-        return ids.tolist()
+        return ids
 
     def release(self, pages: list[int]) -> None:
         if pages:
             self.alloc.free[np.ix_(self.members, pages)] = True
+
+
+def free_runs(free: np.ndarray) -> list[tuple[int, int]]:
+    """(start, length) of every maximal run of free pages, in id order."""
+    padded = np.concatenate(([False], free, [False]))
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    starts, ends = edges[::2], edges[1::2]
+    return list(zip(starts.tolist(), (ends - starts).tolist(), strict=True))
+
+
+def page_runs(free: np.ndarray, n: int, after: int | None = None) -> list[int]:
+    """Up to `n` free page ids: first those right after `after` while they are free, then
+    the smallest free run that holds the rest (best fit), else the largest runs first."""
+    out: list[int] = []
+    if after is not None:
+        p = after + 1
+        while len(out) < n and p < len(free) and free[p]:
+            out.append(p)
+            p += 1
+    need = n - len(out)
+    if need == 0:
+        return out
+    taken = set(out)
+    runs = [(s, ln) for s, ln in free_runs(free) if s not in taken]
+    fits = [r for r in runs if r[1] >= need]
+    if fits:
+        start, _ = min(fits, key=lambda r: (r[1], r[0]))
+        return out + list(range(start, start + need))
+    for start, length in sorted(runs, key=lambda r: (-r[1], r[0])):
+        take = min(length, n - len(out))
+        out += range(start, start + take)
+        if len(out) == n:
+            break
+    return out
 
 
 def context_slots(pages: list[int], length: int, tokens_per_page: int) -> torch.Tensor:
