@@ -141,6 +141,7 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
         pe = PoolEngine(pool, cfg, ecfg, 64, [(0, 1)])
         pe.engines[(0, 1)].scheduler.swap.bytes_per_s = 1e15
         out: dict[str, list[int]] = {}
+        peak = {"kv_cache_usage_perc": 0, "host_kv_usage_perc": 0}
         for step in range(200):
             if step == 0:
                 for r in ("bg0", "bg1"):
@@ -151,6 +152,7 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
                 break
             for o in pe.step():
                 out.setdefault(o.request_id, []).extend(o.new_token_ids)
+            peak = {k: max(v, pe.usage()[k]) for k, v in peak.items()}
         c = pe.all_counters()
         for d, (used, owned) in pe.page_accounting().items():
             assert used == owned == set(), d
@@ -161,3 +163,7 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
     # each of the two devices moved its half-head page of the full page size.
     assert (c["swap_out_pages"], c["swap_in_pages"]) == (5, 5)
     assert c["swap_bytes"] == 2 * 10 * kv_bytes(cfg, 1)
+    # Usage gauges: bg1's 5 pages held 5 of 32 host pages (16%) while it was swapped out;
+    # nothing is held at the end.
+    assert peak["host_kv_usage_perc"] == 16 and peak["kv_cache_usage_perc"] > 0, peak
+    assert (c["kv_cache_usage_perc"], c["host_kv_usage_perc"]) == (0, 0)

@@ -283,7 +283,20 @@ class PoolEngine:
         total = Counter(self.retired)
         for engine in self.engines.values():
             total.update(engine.counters())
-        return {**self.counters, **total}
+        return {**self.counters, **total, **self.usage()}
+
+    def usage(self) -> dict[str, int]:
+        """Gauges, vLLM-style: device KV pages in use (`kv_cache_usage_perc`; idle cached
+        pages count as free) and host-tier pages in use (`host_kv_usage_perc`), percent over
+        all devices."""
+        pages = self.alloc.num_pages * self.pool.num_devices
+        free = sum(self.free_pages(d) for d in range(self.pool.num_devices))
+        out = {"kv_cache_usage_perc": round(100 * (pages - free) / pages)}
+        if self.host_alloc is not None:
+            host = self.host_alloc.num_pages * self.pool.num_devices
+            host_free = sum(self.host_alloc.num_free(d) for d in range(self.pool.num_devices))
+            out["host_kv_usage_perc"] = round(100 * (host - host_free) / host)
+        return out
 
     def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
         """Per device: (pages marked used, pages owned by live sequences or held by a
