@@ -189,6 +189,7 @@ fn dispatcher_only(replicas: u32, n: u64, window: u64) -> f64 {
     let req = DispatchRequest {
         tier: "strict",
         background: false,
+        affinity: None,
     };
     let t = Instant::now();
     for i in 0..n {

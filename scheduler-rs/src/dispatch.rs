@@ -37,7 +37,15 @@ impl Class {
 pub struct DispatchRequest<'a> {
     pub tier: &'a str,
     pub background: bool,
+    /// The group leader that probably holds the prompt's prefix in its KV cache
+    /// (`prefix_index.rs`): preferred when it is a candidate and not much busier.
+    pub affinity: Option<u32>,
 }
+
+/// How much busier than the least loaded candidate the affinity group may be and still be
+/// chosen: this fraction of its capacity, or this many requests when it is unbounded.
+const AFFINITY_SLACK: f64 = 0.25;
+const AFFINITY_SLACK_REQUESTS: f64 = 4.0;
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +159,8 @@ impl Dispatcher {
         let (prefill, class) = if req.background {
             (self.next_background()?, Class::Background)
         } else {
-            match self.least_loaded(|g| g.prefills() && g.serves(req.tier) && g.has_room()) {
+            let feasible = |g: &GroupLoad| g.prefills() && g.serves(req.tier) && g.has_room();
+            match self.prefer(req.affinity, self.least_loaded(feasible), feasible) {
                 Some(leader) => (leader, Class::Feasible),
                 None => (self.next_spill()?, Class::BestEffort),
             }
@@ -211,6 +220,31 @@ impl Dispatcher {
             }
         }
         self.charged.insert(id, (prefill, decode));
+    }
+
+    /// `affinity` instead of `best` when it matches `pred` and is at most the slack busier.
+    fn prefer(
+        &self,
+        affinity: Option<u32>,
+        best: Option<u32>,
+        pred: impl Fn(&GroupLoad) -> bool,
+    ) -> Option<u32> {
+        let (Some(a), Some(b)) = (affinity, best) else {
+            return best;
+        };
+        let Some(g) = self.groups.get(&a).filter(|g| pred(g)) else {
+            return best;
+        };
+        let slack = if g.capacity().is_finite() {
+            AFFINITY_SLACK
+        } else {
+            AFFINITY_SLACK_REQUESTS
+        };
+        if g.load() <= self.groups[&b].load() + slack {
+            Some(a)
+        } else {
+            best
+        }
     }
 
     /// The matching group with the lowest load; ties go to the earlier group in plan order.
@@ -281,6 +315,7 @@ mod tests {
         DispatchRequest {
             tier,
             background: false,
+            affinity: None,
         }
     }
 
@@ -341,6 +376,7 @@ mod tests {
         let bg = DispatchRequest {
             tier: "batch",
             background: true,
+            affinity: None,
         };
         let picks: Vec<_> = (0..4).map(|i| d.dispatch(i, &bg).unwrap()).collect();
         assert_eq!(
@@ -386,7 +422,8 @@ mod tests {
                 100,
                 &DispatchRequest {
                     tier: "b",
-                    background: true
+                    background: true,
+                    affinity: None,
                 }
             )
             .is_none());

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod mock_worker;
 pub mod plan;
 pub mod planner;
+pub mod prefix_index;
 pub mod profile;
 pub mod protocols;
 #[cfg(feature = "python")]

@@ -135,6 +135,8 @@ struct State {
     history: std::collections::VecDeque<rounds::PlanRecord>,
     /// Which connection serves which worker id, and pending handshake challenges.
     sessions: crate::worker_auth::Sessions,
+    /// Which group last got each prompt prefix (cache-aware dispatch).
+    prefixes: crate::prefix_index::PrefixIndex,
 }
 
 /// Per-group numbers for `/metrics`.

@@ -263,6 +263,7 @@ impl<'a> Cluster<'a> {
         let req = DispatchRequest {
             tier: &tier.name,
             background: tier.background || self.reqs[r].leftover,
+            affinity: None,
         };
         let Some(d) = self.dispatcher.dispatch(r as u64, &req) else {
             self.reqs[r].dropped = true;

@@ -91,6 +91,7 @@ impl Cluster<'_> {
             let req = DispatchRequest {
                 tier: &tier.name,
                 background: tier.background,
+                affinity: None,
             };
             match self.dispatcher.dispatch(r as u64, &req) {
                 Some(d) => {

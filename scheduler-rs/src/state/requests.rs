@@ -11,6 +11,7 @@ use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState,
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::Completion;
+use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
 use crate::worker_auth::Rejection;
 
@@ -82,6 +83,7 @@ impl RouterState {
         let (tx, rx) = mpsc::unbounded_channel();
         let tier = self.cfg.tier(req.tier);
         let tm = self.metrics.tier(req.tier);
+        let keys = prefix_keys(&req.input_ids);
         let placed = {
             let mut guard = self.lock();
             let st = &mut *guard;
@@ -93,7 +95,7 @@ impl RouterState {
                 });
             }
             self.stats_arrival(st, req.tier, req.input_ids.len());
-            let placed = Self::place(st, id, &tier.name, tier.background);
+            let placed = Self::place(st, id, &tier.name, tier.background, &keys);
             if let Some((_, d)) = &placed {
                 if tier.reject_unattainable && d.class == Class::BestEffort {
                     st.dispatcher.complete(id);
@@ -138,10 +140,18 @@ impl RouterState {
         id: u64,
         tier: &str,
         background: bool,
+        keys: &[u64],
     ) -> Option<(Bytes, Decision)> {
-        let d = st
-            .dispatcher
-            .dispatch(id, &DispatchRequest { tier, background })?;
+        let affinity = st.prefixes.lookup(keys).map(|(leader, _)| leader);
+        let req = DispatchRequest {
+            tier,
+            background,
+            affinity,
+        };
+        let d = st.dispatcher.dispatch(id, &req)?;
+        // NOTE: the prefill group will hold this prompt's KV: later prompts that start the
+        // same way go there when they can (prefix_index.rs).
+        st.prefixes.record(keys, d.prefill_leader);
         // NOTE: only feasible work is charged against a group's SLO bandwidth, as in the
         // simulator: best-effort and background requests run on leftover capacity, and
         // charging them would let a spill backlog mark every later request infeasible.

@@ -289,3 +289,52 @@ async fn generate_carries_the_priority_and_the_tiers_preempt_flag() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_prompt_goes_where_its_prefix_went_unless_that_group_is_much_busier() {
+    let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
+    register(&engine, 0);
+    register(&engine, 1);
+    drain(&mut rx);
+    let with_prompt = |ids: Vec<u32>| Submit {
+        input_ids: ids,
+        ..submit()
+    };
+    let history: Vec<u32> = (0..150).collect();
+    let target = |h: &super::RequestHandle, rx: &mut _| {
+        let sent = drain_raw(rx);
+        let (to, _) = sent
+            .iter()
+            .find(|(_, v)| v["request_id"] == engine.wire_id(h.id()).as_str())
+            .unwrap();
+        to.clone()
+    };
+    let a = engine.submit(with_prompt(history.clone())).unwrap();
+    assert_eq!(target(&a, &mut rx), "0"); // a tie: the first group
+                                          // The next turn (the history and more): worker 1 is less loaded, worker 0 has its prefix.
+    let mut turn2 = history.clone();
+    turn2.extend(500..600);
+    let b = engine.submit(with_prompt(turn2.clone())).unwrap();
+    assert_eq!(target(&b, &mut rx), "0");
+    // An unrelated prompt balances as before.
+    let c = engine.submit(with_prompt((1000..1200).collect())).unwrap();
+    assert_eq!(target(&c, &mut rx), "1");
+    // Worker 0 more than 4 requests busier than worker 1: the prefix gives way to balance.
+    let _held: Vec<_> = (0..4)
+        .map(|i| {
+            engine
+                .submit(with_prompt(history[..64 + i].to_vec()))
+                .unwrap()
+        })
+        .collect();
+    let d = engine.submit(with_prompt(turn2)).unwrap();
+    assert_eq!(
+        engine
+            .groups()
+            .iter()
+            .map(|g| g.assigned)
+            .collect::<Vec<_>>(),
+        [6, 2]
+    );
+    assert_eq!(target(&d, &mut rx), "1");
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::{Event, FinishReason, Inflight, RouterState, State, Submit};
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
+use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::{self as wire, Body};
 use crate::registry::WorkerInfo;
 
@@ -126,7 +127,9 @@ impl RouterState {
             };
             if e.retries < self.cfg.max_retries {
                 let tier = self.cfg.tier(e.req.tier);
-                if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background) {
+                let keys = prefix_keys(&rest.input_ids);
+                if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background, &keys)
+                {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
                     e.leader = WorkerId::of_device(d.prefill_leader);
