@@ -8,8 +8,10 @@
    P99 time between tokens; and total tokens/s; with preemption by recompute (no host tier)
    and by swap (host tier on); recompute also without the prefix cache (vLLM's recompute
    preemption: everything is prefilled again).
+   `--workload markov`: FastSwitch's Markov priority trace instead (multi-turn
+   conversations whose turns' `priority` keeps switching; see `markov_workload`).
 
-    python scripts/bench_preempt.py [--strict 24] [--gap 0.4]
+    python scripts/bench_preempt.py [--strict 30] [--gap 0.6] [--workload markov]
 """
 
 from __future__ import annotations
@@ -124,6 +126,85 @@ def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -
     }
 
 
+def markov_workload(
+    model_dir, host_mb: int, caching: bool, args: argparse.Namespace
+) -> dict[str, float]:
+    """FastSwitch's Markov priority trace: `--conversations` multi-turn conversations run turn
+    after turn; each turn's `priority` (0 high, 1 low, one class) follows a per-conversation
+    two-state Markov chain (stay with probability 0.7), so priorities keep changing and the
+    engine keeps preempting low turns for high ones. Reported for the high-priority turns after
+    each conversation's first (those all arrive at once, at the start)."""
+    import random
+
+    ecfg = EngineConfig(
+        kv_cache_bytes=args.kv_mb << 20,
+        max_batch=args.batch,
+        token_budget=512,
+        host_kv_cache_bytes=host_mb << 20,
+        prefix_caching=caching,
+    )
+    engine = open_local_engine(model_dir, ecfg)
+    vocab = engine.cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    rng = random.Random(0)
+    answer = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(100, vocab - 100, (n,), generator=g).tolist()
+
+    history = {c: ids(600) for c in range(args.conversations)}
+    priority = {c: rng.randint(0, 1) for c in range(args.conversations)}
+    turn = dict.fromkeys(history, 0)
+    arrival: dict[str, float] = {}
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    gaps: list[float] = []
+    outs: dict[str, list[int]] = {}
+    high: set[str] = set()
+    tokens = 0
+
+    def submit(c: int) -> None:
+        rid = f"c{c}t{turn[c]}"
+        engine.add_request(rid, history[c], answer, klass="feasible", priority=priority[c])
+        arrival[rid] = time.monotonic()
+        if priority[c] == 0 and turn[c] > 0:  # later turns: the cold start's queue aside
+            high.add(rid)
+
+    for c in history:
+        submit(c)
+    t0 = time.monotonic()
+    while engine.has_unfinished():
+        for o in engine.step():
+            now = time.monotonic()
+            tokens += len(o.new_token_ids)
+            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.new_token_ids:
+                if o.request_id in first and o.request_id in high:
+                    gaps.append(now - last[o.request_id])
+                first.setdefault(o.request_id, now)
+                last[o.request_id] = now
+            if o.finished:
+                c = int(o.request_id[1:].split("t")[0])
+                turn[c] += 1
+                if turn[c] < args.turns:  # the next turn: the answer and a new message
+                    history[c] = history[c] + outs[o.request_id] + ids(64)
+                    stay = rng.random() < 0.7
+                    priority[c] = priority[c] if stay else 1 - priority[c]
+                    submit(c)
+    elapsed = time.monotonic() - t0
+    ttft = [first[r] - arrival[r] for r in high]
+    c = engine.all_counters()
+    return {
+        "p50": pct(ttft, 0.5),
+        "p95": pct(ttft, 0.95),
+        "p99": pct(ttft, 0.99),
+        "tbt99": pct(gaps, 0.99),
+        "tok_s": tokens / elapsed,
+        "preempt": c["num_preemptions"],
+        "swapped": c["num_preemptions_swap"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--strict", type=int, default=30, help="strict requests (8 tokens each)")
@@ -133,17 +214,24 @@ def main() -> None:
     ap.add_argument("--bg-tokens", type=int, default=400, help="their output (tokens)")
     ap.add_argument("--batch", type=int, default=6, help="the engine's max batch")
     ap.add_argument("--kv-mb", type=int, default=160, help="device KV pool (MiB)")
+    ap.add_argument(
+        "--workload", choices=("tiers", "markov"), default="tiers", help="see the docstring"
+    )
+    ap.add_argument("--conversations", type=int, default=12, help="markov: conversations")
+    ap.add_argument("--turns", type=int, default=3, help="markov: turns per conversation")
     args = ap.parse_args()
     model_dir = resolve_model_dir(None)
     copy_speed(ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text())))
+    run = workload if args.workload == "tiers" else markov_workload
+    who = "strict" if args.workload == "tiers" else "high-priority"
     modes = {
-        "recompute, no prefix cache": workload(model_dir, 0, False, args),
-        "recompute": workload(model_dir, 0, True, args),
-        "swap": workload(model_dir, 1024, True, args),
+        "recompute, no prefix cache": run(model_dir, 0, False, args),
+        "recompute": run(model_dir, 0, True, args),
+        "swap": run(model_dir, 1024, True, args),
     }
     for name, r in modes.items():
         print(
-            f"{name:26s}: strict TTFT p50 {r['p50'] * 1e3:.0f} p95 {r['p95'] * 1e3:.0f} "
+            f"{name:26s}: {who} TTFT p50 {r['p50'] * 1e3:.0f} p95 {r['p95'] * 1e3:.0f} "
             f"p99 {r['p99'] * 1e3:.0f} ms, TBT p99 {r['tbt99'] * 1e3:.0f} ms; "
             f"{r['tok_s']:.1f} tok/s; preemptions {r['preempt']} ({r['swapped']} by swap)"
         )
@@ -151,7 +239,7 @@ def main() -> None:
     for name in ("recompute, no prefix cache", "recompute"):
         rec = modes[name]
         print(
-            f"swap vs {name}: strict P99 TTFT {rec['p99'] / swp['p99']:.2f}x better, "
+            f"swap vs {name}: {who} P99 TTFT {rec['p99'] / swp['p99']:.2f}x better, "
             f"P99 TBT {rec['tbt99'] / swp['tbt99']:.2f}x, throughput "
             f"{swp['tok_s'] / rec['tok_s']:.2f}x"
         )
