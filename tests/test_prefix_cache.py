@@ -138,3 +138,32 @@ def test_a_preempted_sequence_recomputes_only_the_pages_it_lost(tiny) -> None:
     ((start, q_len),) = next(iter(recomputed.values()))
     assert start > 0 and start % P == 0 and q_len < start, (start, q_len)
     assert engine.scheduler.num_reclaimable() == engine.pages.num_pages
+
+
+def test_kv_moves_into_a_group_evict_its_idle_cached_pages(tiny) -> None:
+    """A P/D handoff into a decode group whose pool is full of idle cached pages evicts them
+    instead of falling back to recompute; tokens are unchanged."""
+    from nitsum.pool.pool_engine import PoolEngine
+    from tiny import POOL_DEVICES, hf_greedy, tiny_device_pool
+
+    hf, cfg = tiny
+    ecfg = EngineConfig(page_tokens=P, token_budget=64, tp_levels=(1, 2, 4))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    with tiny_device_pool(tiny) as pool:
+        assert pool.num_devices == POOL_DEVICES
+        pe = PoolEngine(pool, cfg, ecfg, 24, [(0,), (1,), (2,), (3,)])
+        # Fill device 1's pool with idle cached pages: three 30-token requests there.
+        for i in range(3):
+            pe.add_request(f"fill{i}", history(cfg, 30, seed=10 + i), params, group=(1,))
+        while pe.has_unfinished():
+            pe.step()
+        assert pe.engines[(1,)].num_evictable() >= 18
+        p = history(cfg, 40, seed=20)
+        pe.add_request("pd", p, params, group=(0,), decode_group=(1,))
+        out: list[int] = []
+        while pe.has_unfinished():
+            out += [t for o in pe.step() for t in o.new_token_ids]
+        assert out == hf_greedy(hf, p, 8)
+        assert pe.counters["kv_handoff_bytes"] > 0  # its KV moved: not recomputed
+        for d, (used, owned) in pe.page_accounting().items():
+            assert used == owned, d

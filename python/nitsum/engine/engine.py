@@ -189,6 +189,10 @@ class Engine:
         """The group is dissolved: its idle cached pages go back to the allocator."""
         self.scheduler.close()
 
+    def reclaim(self, pages: int) -> None:
+        """Free `pages` pages of the group if idle cached ones allow (before a KV move in)."""
+        self.scheduler.reclaim(pages)
+
     def adopt(self, seq: Sequence) -> None:
         """Take `seq` over from another group; its pages and layout are already ours."""
         self.seqs[seq.request_id] = seq

@@ -433,6 +433,12 @@ class Scheduler:
         """Let go of the pages of a sequence that leaves this group (its KV moved)."""
         self._free(seq)
 
+    def reclaim(self, pages: int) -> None:
+        """Evict idle cached pages until `pages` are free (or nothing idle is left): for
+        callers that allocate from this group's pages directly (a KV move into it)."""
+        while self.cache is not None and self.pages.num_free < pages and self.cache.num_evictable:
+            self.pages.release(self.cache.evict(pages - self.pages.num_free))
+
     def num_reclaimable(self) -> int:
         """Pages free now or as soon as asked (idle cached pages)."""
         return self.pages.num_free + (self.cache.num_evictable if self.cache else 0)

@@ -62,8 +62,10 @@ def transfer_moves(
             recompute.add(seq.request_id)
             continue
         pages = engines[target].pages
+        need = pages.pages_for(seq.num_computed)
+        engines[target].reclaim(need)  # NOTE: idle cached pages give way to moved KV
         try:
-            new_pages[seq.request_id] = pages.allocate(pages.pages_for(seq.num_computed))
+            new_pages[seq.request_id] = pages.allocate(need)
         except OutOfPages:
             recompute.add(seq.request_id)  # soft preempt: drop KV, re-prefill later
             continue

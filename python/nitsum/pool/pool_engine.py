@@ -202,6 +202,11 @@ class PoolEngine:
                 load[target] += 1
                 moves.append((seq, target, engine))
         # 2-3. Allocate, plan and transfer; on failure everything stays as it was.
+        # NOTE: the vanishing groups' idle cached pages are freed first (their devices'
+        # pages are what the new groups allocate from); pages a moving sequence shares stay.
+        for group, engine in self.engines.items():
+            if group not in new:
+                engine.close()
         try:
             new_pages, recompute, moved, t_plan = transfer_moves(
                 self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, new, mode, fail
