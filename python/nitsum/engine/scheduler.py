@@ -264,6 +264,10 @@ class Scheduler:
         NOTE: only a strictly lower class or priority gives way, never an equal one, so
         sequences of one rank never preempt each other back and forth.
         """
+        if len(self.running) < self.max_batch and (
+            self.pages.num_free >= self.pages.pages_for(self.token_budget)
+        ):
+            return  # room for a whole step of new tokens: nobody needs to give way
         waiting = sorted(
             (s for q in self.waiting.values() for s in q if s.may_preempt),
             key=lambda s: (*self._rank(s), s.arrival),
