@@ -216,14 +216,17 @@ class Engine:
         """The next step's batch (empty: nothing to do). A caller that runs the forward
         itself (a pool running groups concurrently) ends the step with `end_step`."""
         batch = self.scheduler.schedule()
-        out, into = self.scheduler.take_swaps()
+        swap = self.scheduler.swap
+        if swap is None:
+            return batch
+        out, into = swap.take()
         if not (out or into):
-            self.scheduler.swaps_done()
+            swap.copied(0, 0.0)  # host pages of sequences found whole in the prefix cache
             return batch
         # NOTE: before the forward: a page swapped out may be written by this very step.
         started = time.perf_counter()
         stats = self.runner.swap(out, into)
-        self.scheduler.swaps_done(stats.bytes, time.perf_counter() - started)
+        swap.copied(stats.bytes, time.perf_counter() - started)
         self.swap_counters["swap_out_pages"] += len(out)
         self.swap_counters["swap_in_pages"] += len(into)
         self.swap_counters["swap_bytes"] += stats.bytes

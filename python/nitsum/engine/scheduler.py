@@ -67,13 +67,9 @@ class Scheduler:
         # Sequences preempted so far (for pages or for priority), and how many of them swapped.
         self.preemptions = 0
         self.swapped = 0
-        # The host tier (None: preemption always recomputes) and the copies this step needs:
-        # (device page, host page) out, (host page, device page) in, host pages to free once
-        # the copies ran (`take_swaps`).
+        # The host tier and the copies planned for the next step (None: preemption always
+        # recomputes). The engine runs the copies before the step's forward.
         self.swap = swap
-        self.swap_out: list[tuple[int, int]] = []
-        self.swap_in: list[tuple[int, int]] = []
-        self.host_done: list[int] = []
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -233,6 +229,7 @@ class Scheduler:
                     continue
                 swapped = bool(seq.host_pages)
                 self._reuse_prefix(seq)
+                cached = len(seq.pages)  # still valid on the device: no copy back
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
                     # Back as it was: nothing held on the device (its KV, if any, on host).
@@ -241,8 +238,10 @@ class Scheduler:
                         seq.num_computed = 0
                     admitting = False  # nobody overtakes a sequence that does not fit yet
                     continue
-                if swapped:
-                    self._plan_swap_in(seq)
+                if swapped and self.swap is not None:
+                    host = seq.host_pages
+                    self.swap.swap_in(host[cached:], seq.pages[cached : len(host)])
+                    self._release_host(seq)
                 self.waiting[klass].remove(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
@@ -309,9 +308,11 @@ class Scheduler:
         """
         need = self.pages.pages_for(tokens) - len(seq.pages)
         while need > self.pages.num_free:
-            if self.cache is not None and self.cache.num_evictable:
-                self.pages.release(self.cache.evict(need - self.pages.num_free))
-                continue
+            # NOTE: idle cached pages go first, before anybody is preempted; a victim's
+            # pages become idle cached ones, evicted on the next round of this loop.
+            self.reclaim(need)
+            if need <= self.pages.num_free:
+                break
             if protected is None:
                 return False
             keep = {id(s.seq) for s in protected} | {id(seq)}
@@ -336,10 +337,8 @@ class Scheduler:
         stay cached, so what nobody overwrites meanwhile needs neither."""
         self.preemptions += 1
         self.running.remove(seq)
-        if self._swap_is_cheaper(seq):
-            assert self.swap is not None
-            seq.host_pages = self.swap.host.allocate(len(seq.pages))
-            self.swap_out += zip(seq.pages, seq.host_pages, strict=True)
+        if self.swap is not None and self._swap_is_cheaper(seq):
+            seq.host_pages = self.swap.swap_out(seq.pages)
             self.swapped += 1
             self._free_device(seq)
         else:
@@ -365,44 +364,11 @@ class Scheduler:
         seq.pages = self.cache.match(seq.prompt_ids + seq.output_ids)
         seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
 
-    def _plan_swap_in(self, seq: Sequence) -> None:
-        """`seq` was admitted with its device pages reserved: copy back, before this step's
-        forward, the host pages of the part the prefix cache did not still hold."""
-        start = self._cached_prefix_pages(seq)
-        self.swap_in += zip(
-            seq.host_pages[start:], seq.pages[start : len(seq.host_pages)], strict=True
-        )
-        self._release_host(seq)
-
-    def _cached_prefix_pages(self, seq: Sequence) -> int:
-        """How many leading pages of `seq` are shared cached pages (valid on the device)."""
-        if self.cache is None:
-            return 0
-        held = self.cache.pages()
-        n = 0
-        while n < len(seq.pages) and seq.pages[n] in held:
-            n += 1
-        return n
-
     def _release_host(self, seq: Sequence) -> None:
         """Free `seq`'s host pages once this step's copies have run."""
-        self.host_done += seq.host_pages
-        seq.host_pages = []
-
-    def take_swaps(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """The copies the last `schedule` needs before its forward: (device page, host page)
-        out, then (host page, device page) in. The caller runs them, then `swaps_done`."""
-        out, into = self.swap_out, self.swap_in
-        self.swap_out, self.swap_in = [], []
-        return out, into
-
-    def swaps_done(self, nbytes: int = 0, seconds: float = 0.0) -> None:
-        """The copies ran: free the host pages they read; fold their timing into the
-        copy-speed estimate."""
         if self.swap is not None:
-            self.swap.host.release(self.host_done)
-            self.swap.observe(nbytes, seconds)
-        self.host_done = []
+            self.swap.free_after_copies(seq.host_pages)
+        seq.host_pages = []
 
     def _swap_is_cheaper(self, seq: Sequence) -> bool:
         """Swap `seq` out rather than recompute it later: its KV fits the host tier and two
