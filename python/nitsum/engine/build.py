@@ -62,14 +62,14 @@ def build_engine(
     model = build_model(cfg, tensors, ecfg)
     num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
     pool = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
-    host_pages = host_pages_in(pool, ecfg.host_kv_cache_bytes)
+    host_pages = host_pages_in(ecfg.host_kv_cache_bytes, pool.bytes_per_page)
     host = HostKVPool(pool, host_pages) if host_pages else None
     runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0), host)
     pages = PageAllocator(1, num_pages, ecfg.page_tokens).group((0,))
     swap = None
     if host_pages:
         host_view = PageAllocator(1, host_pages, ecfg.page_tokens).group((0,))
-        swap = SwapSpace(host_view, pool.page_bytes * 2 * cfg.num_layers)
+        swap = SwapSpace(host_view, pool.bytes_per_page)
     scheduler = Scheduler(
         pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap
     )

@@ -35,9 +35,10 @@ class SwapStats:
     copies: int = 0
 
 
-def host_pages_in(pool: KVPool, nbytes: int) -> int:
-    """Host pages shaped like `pool`'s that fit in `nbytes` (0 bytes: no host tier)."""
-    return nbytes // (pool.page_bytes * 2 * pool.cfg.num_layers) if nbytes > 0 else 0
+def host_pages_in(nbytes: int, page_bytes: int) -> int:
+    """Host pages of `page_bytes` bytes (a device page: `KVPool.bytes_per_page`) that fit in
+    `nbytes` (0 bytes: no host tier)."""
+    return nbytes // page_bytes if nbytes > 0 else 0
 
 
 class HostKVPool:
@@ -64,7 +65,7 @@ class HostKVPool:
             for s, d, n in runs([p[0] for p in pairs], [p[1] for p in pairs]):
                 dst[:, :, d : d + n].copy_(src[:, :, s : s + n], non_blocking=dev.is_cuda)
                 stats.copies += 1
-                stats.bytes += n * dev.shape[0] * dev.shape[1] * dev.shape[3] * dev.element_size()
+                stats.bytes += n * self.pool.bytes_per_page
         if dev.is_cuda:
             torch.cuda.current_stream(dev.device).synchronize()
         return stats

@@ -55,13 +55,17 @@ class KVPool:
     @staticmethod
     def pages_in(cfg: ModelConfig, nbytes: int, page_tokens: int, dtype: torch.dtype) -> int:
         """How many pages (all layers, K and V) fit in about `nbytes` bytes."""
-        per_page = 2 * cfg.num_layers * page_tokens * cfg.num_kv_heads * cfg.head_dim
-        return max(1, nbytes // (per_page * dtype.itemsize))
+        return max(1, nbytes // KVPool.page_bytes_of(cfg, page_tokens, dtype))
 
     @staticmethod
     def page_bytes_of(cfg: ModelConfig, page_tokens: int, dtype: torch.dtype) -> int:
         """Bytes of one page on one device: all layers, K and V."""
         return 2 * cfg.num_layers * page_tokens * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+
+    @property
+    def bytes_per_page(self) -> int:
+        """Bytes of one page on this device: all layers, K and V (`page_bytes_of`)."""
+        return 2 * self.cfg.num_layers * self.page_bytes
 
     @property
     def page_bytes(self) -> int:

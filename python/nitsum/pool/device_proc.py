@@ -87,7 +87,7 @@ class Device:
                 )
                 self.runners[members] = ModelRunner(self.model, self.pool, ctx)
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
-        host_pages = host_pages_in(self.pool, spec.ecfg.host_kv_cache_bytes)
+        host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
         self.host = HostKVPool(self.pool, host_pages) if host_pages else None
 
     def handle(self, cmd: str, args: tuple) -> Any:

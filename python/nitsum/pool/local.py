@@ -45,7 +45,7 @@ class LocalDevice:
         self.levels = (1,)
         model = build_model(cfg, tensors, ecfg)
         kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
-        host_pages = host_pages_in(kv, ecfg.host_kv_cache_bytes)
+        host_pages = host_pages_in(ecfg.host_kv_cache_bytes, kv.bytes_per_page)
         host = HostKVPool(kv, host_pages) if host_pages else None
         self.runner = ModelRunner(model, kv, build_context(cfg, model.weights, 1, 0), host)
         self._launched: StepInputs | None = None

@@ -19,7 +19,7 @@ from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.engine.swap import SwapSpace
-from nitsum.kv.host_pool import SwapStats
+from nitsum.kv.host_pool import SwapStats, host_pages_in
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.topology import TPTopology
@@ -76,9 +76,8 @@ class PoolEngine:
         self.allowed = self.topology.levels
         self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens)
         # The host KV tier's pages (every device has as many; kv/host_pool.py), if any.
-        probe = KVPool.page_bytes_of(cfg, ecfg.page_tokens, ecfg.dtype)
-        host_pages = ecfg.host_kv_cache_bytes // probe if ecfg.host_kv_cache_bytes > 0 else 0
-        self.page_bytes = probe
+        self.page_bytes = KVPool.page_bytes_of(cfg, ecfg.page_tokens, ecfg.dtype)
+        host_pages = host_pages_in(ecfg.host_kv_cache_bytes, self.page_bytes)
         self.host_alloc = (
             PageAllocator(pool.num_devices, host_pages, ecfg.page_tokens) if host_pages else None
         )
