@@ -65,7 +65,8 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -> dict[str, float]:
+def open_engine(model_dir, host_mb: int, caching: bool, args: argparse.Namespace):
+    """One engine of batch `--batch` and `--kv-mb` of device KV, `host_mb` of host tier."""
     ecfg = EngineConfig(
         kv_cache_bytes=args.kv_mb << 20,
         max_batch=args.batch,
@@ -73,7 +74,25 @@ def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -
         host_kv_cache_bytes=host_mb << 20,
         prefix_caching=caching,
     )
-    engine = open_local_engine(model_dir, ecfg)
+    return open_local_engine(model_dir, ecfg)
+
+
+def report(engine, ttft: list[float], gaps: list[float], tok_s: float) -> dict[str, float]:
+    """TTFT percentiles, P99 time between tokens, throughput and preemption counts."""
+    c = engine.all_counters()
+    return {
+        "p50": pct(ttft, 0.5),
+        "p95": pct(ttft, 0.95),
+        "p99": pct(ttft, 0.99),
+        "tbt99": pct(gaps, 0.99),
+        "tok_s": tok_s,
+        "preempt": c["num_preemptions"],
+        "swapped": c["num_preemptions_swap"],
+    }
+
+
+def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -> dict[str, float]:
+    engine = open_engine(model_dir, host_mb, caching, args)
     vocab = engine.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     bg_params = SamplingParams(max_tokens=args.bg_tokens, temperature=0, ignore_eos=True)
@@ -114,16 +133,7 @@ def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -
                 last[o.request_id] = now
     elapsed = time.monotonic() - t0
     ttft = [first[r] - arrival[r] for r in arrival]
-    c = engine.all_counters()
-    return {
-        "p50": pct(ttft, 0.5),
-        "p95": pct(ttft, 0.95),
-        "p99": pct(ttft, 0.99),
-        "tbt99": pct(gaps, 0.99),
-        "tok_s": tokens / elapsed,
-        "preempt": c["num_preemptions"],
-        "swapped": c["num_preemptions_swap"],
-    }
+    return report(engine, ttft, gaps, tokens / elapsed)
 
 
 def markov_workload(
@@ -136,14 +146,7 @@ def markov_workload(
     each conversation's first (those all arrive at once, at the start)."""
     import random
 
-    ecfg = EngineConfig(
-        kv_cache_bytes=args.kv_mb << 20,
-        max_batch=args.batch,
-        token_budget=512,
-        host_kv_cache_bytes=host_mb << 20,
-        prefix_caching=caching,
-    )
-    engine = open_local_engine(model_dir, ecfg)
+    engine = open_engine(model_dir, host_mb, caching, args)
     vocab = engine.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     rng = random.Random(0)
@@ -193,16 +196,7 @@ def markov_workload(
                     submit(c)
     elapsed = time.monotonic() - t0
     ttft = [first[r] - arrival[r] for r in high]
-    c = engine.all_counters()
-    return {
-        "p50": pct(ttft, 0.5),
-        "p95": pct(ttft, 0.95),
-        "p99": pct(ttft, 0.99),
-        "tbt99": pct(gaps, 0.99),
-        "tok_s": tokens / elapsed,
-        "preempt": c["num_preemptions"],
-        "swapped": c["num_preemptions_swap"],
-    }
+    return report(engine, ttft, gaps, tokens / elapsed)
 
 
 def main() -> None:
