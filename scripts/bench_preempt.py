@@ -5,9 +5,10 @@
 2. A priority workload on the embedded SmolLM2-135M-Instruct (CPU, one engine, batch 8):
    background conversations with long contexts keep the engine full; strict requests arrive
    every `--gap` seconds and preempt them. Reported for the strict tier: P50/P95/P99 TTFT and
-   P99 time between tokens; and total tokens/s; with preemption by recompute (no host tier)
-   and by swap (host tier on); recompute also without the prefix cache (vLLM's recompute
-   preemption: everything is prefilled again).
+   P99/P99.9 time between tokens; and total tokens/s; with preemption by recompute (no host
+   tier) and by swap (host tier on); recompute also without the prefix cache (vLLM's
+   recompute preemption: everything is prefilled again); swap with every swap-in synchronous
+   (the step waits for the copy) against the adaptive swap manager (engine/swap.py).
    `--workload markov`: FastSwitch's Markov priority trace instead (multi-turn
    conversations whose turns' `priority` keeps switching; see `markov_workload`).
 
@@ -65,34 +66,40 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def open_engine(model_dir, host_mb: int, caching: bool, args: argparse.Namespace):
-    """One engine of batch `--batch` and `--kv-mb` of device KV, `host_mb` of host tier."""
+def open_engine(model_dir, host_mb: int, caching: bool, args: argparse.Namespace, swap: str):
+    """One engine of batch `--batch` and `--kv-mb` of device KV, `host_mb` of host tier,
+    swap-ins `swap` ("auto", "sync" or "async")."""
     ecfg = EngineConfig(
         kv_cache_bytes=args.kv_mb << 20,
         max_batch=args.batch,
         token_budget=512,
         host_kv_cache_bytes=host_mb << 20,
         prefix_caching=caching,
+        swap_mode=swap,
     )
     return open_local_engine(model_dir, ecfg)
 
 
 def report(engine, ttft: list[float], gaps: list[float], tok_s: float) -> dict[str, float]:
-    """TTFT percentiles, P99 time between tokens, throughput and preemption counts."""
+    """TTFT percentiles, P99 and P99.9 time between tokens, throughput, preemption counts."""
     c = engine.all_counters()
     return {
         "p50": pct(ttft, 0.5),
         "p95": pct(ttft, 0.95),
         "p99": pct(ttft, 0.99),
         "tbt99": pct(gaps, 0.99),
+        "tbt999": pct(gaps, 0.999),
+        "waits": c["swap_waits"],
         "tok_s": tok_s,
         "preempt": c["num_preemptions"],
         "swapped": c["num_preemptions_swap"],
     }
 
 
-def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -> dict[str, float]:
-    engine = open_engine(model_dir, host_mb, caching, args)
+def workload(
+    model_dir, host_mb: int, caching: bool, args: argparse.Namespace, swap: str = "auto"
+) -> dict[str, float]:
+    engine = open_engine(model_dir, host_mb, caching, args, swap)
     vocab = engine.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     bg_params = SamplingParams(max_tokens=args.bg_tokens, temperature=0, ignore_eos=True)
@@ -137,7 +144,7 @@ def workload(model_dir, host_mb: int, caching: bool, args: argparse.Namespace) -
 
 
 def markov_workload(
-    model_dir, host_mb: int, caching: bool, args: argparse.Namespace
+    model_dir, host_mb: int, caching: bool, args: argparse.Namespace, swap: str = "auto"
 ) -> dict[str, float]:
     """FastSwitch's Markov priority trace: `--conversations` multi-turn conversations run turn
     after turn; each turn's `priority` (0 high, 1 low, one class) follows a per-conversation
@@ -146,7 +153,7 @@ def markov_workload(
     each conversation's first (those all arrive at once, at the start)."""
     import random
 
-    engine = open_engine(model_dir, host_mb, caching, args)
+    engine = open_engine(model_dir, host_mb, caching, args, swap)
     vocab = engine.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     rng = random.Random(0)
@@ -221,21 +228,23 @@ def main() -> None:
     modes = {
         "recompute, no prefix cache": run(model_dir, 0, False, args),
         "recompute": run(model_dir, 0, True, args),
+        "swap, synchronous": run(model_dir, 1024, True, args, "sync"),
         "swap": run(model_dir, 1024, True, args),
     }
     for name, r in modes.items():
         print(
             f"{name:26s}: {who} TTFT p50 {r['p50'] * 1e3:.0f} p95 {r['p95'] * 1e3:.0f} "
-            f"p99 {r['p99'] * 1e3:.0f} ms, TBT p99 {r['tbt99'] * 1e3:.0f} ms; "
-            f"{r['tok_s']:.1f} tok/s; preemptions {r['preempt']} ({r['swapped']} by swap)"
+            f"p99 {r['p99'] * 1e3:.0f} ms, TBT p99 {r['tbt99'] * 1e3:.0f} "
+            f"p99.9 {r['tbt999'] * 1e3:.0f} ms; {r['tok_s']:.1f} tok/s; preemptions "
+            f"{r['preempt']} ({r['swapped']} by swap, steps waiting for a copy {r['waits']})"
         )
     swp = modes["swap"]
-    for name in ("recompute, no prefix cache", "recompute"):
+    for name in ("recompute, no prefix cache", "recompute", "swap, synchronous"):
         rec = modes[name]
         print(
             f"swap vs {name}: {who} P99 TTFT {rec['p99'] / swp['p99']:.2f}x better, "
-            f"P99 TBT {rec['tbt99'] / swp['tbt99']:.2f}x, throughput "
-            f"{swp['tok_s'] / rec['tok_s']:.2f}x"
+            f"P99 TBT {rec['tbt99'] / swp['tbt99']:.2f}x, P99.9 TBT "
+            f"{rec['tbt999'] / swp['tbt999']:.2f}x, throughput {swp['tok_s'] / rec['tok_s']:.2f}x"
         )
 
 

@@ -41,6 +41,9 @@ class EngineConfig:
     # preemption always recomputes. (`nitsum serve` and the worker default to
     # config.HOST_KV_CACHE_MB.)
     host_kv_cache_bytes: int = 0
+    # Swap-ins: "auto" (asynchronous unless a synchronous copy is cheaper, engine/swap.py),
+    # "sync" or "async".
+    swap_mode: str = "auto"
 
 
 def build_model(
@@ -69,7 +72,7 @@ def build_engine(
     swap = None
     if host_pages:
         host_view = PageAllocator(1, host_pages, ecfg.page_tokens).group((0,))
-        swap = SwapSpace(host_view, pool.bytes_per_page)
+        swap = SwapSpace(host_view, pages, pool.bytes_per_page, ecfg.swap_mode)
     scheduler = Scheduler(
         pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap
     )

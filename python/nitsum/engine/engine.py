@@ -9,6 +9,7 @@ from nitsum.config import ModelConfig
 from nitsum.engine.runner import Runner
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
+from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.pool import KVLayout
@@ -53,10 +54,8 @@ class Engine:
         )
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
-        # Pages copied to / from the host tier, bytes and copies (runs of pages) so far.
-        self.swap_counters = dict.fromkeys(
-            ("swap_out_pages", "swap_in_pages", "swap_bytes", "swap_copies"), 0
-        )
+        if scheduler.swap is not None:
+            scheduler.swap.copier = runner  # the group's copy threads run its swaps
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(
@@ -175,14 +174,15 @@ class Engine:
     def counters(self) -> dict[str, int]:
         """Cumulative: prompt tokens looked up in / found in the prefix cache
         (`prefix_cache_queries` / `_hits`), preemptions (`num_preemptions`, of which by swap
-        `num_preemptions_swap`) and the host tier's traffic (`swap_*`)."""
-        cache = self.scheduler.cache
+        `num_preemptions_swap`) and the host tier's traffic (`swap_*`: pages out and in,
+        bytes and copies done, steps that waited for a copy)."""
+        cache, swap = self.scheduler.cache, self.scheduler.swap
         return {
             "prefix_cache_queries": cache.queries if cache is not None else 0,
             "prefix_cache_hits": cache.hits if cache is not None else 0,
             "num_preemptions": self.scheduler.preemptions,
             "num_preemptions_swap": self.scheduler.swapped,
-            **self.swap_counters,
+            **(swap.counters if swap is not None else dict.fromkeys(SWAP_COUNTERS, 0)),
         }
 
     def close(self) -> None:
@@ -214,23 +214,20 @@ class Engine:
 
     def begin_step(self) -> list[Scheduled]:
         """The next step's batch (empty: nothing to do). A caller that runs the forward
-        itself (a pool running groups concurrently) ends the step with `end_step`."""
-        batch = self.scheduler.schedule()
+        itself (a pool running groups concurrently) ends the step with `end_step`.
+
+        Swaps (engine/swap.py): the copies that finished let their sequences join this batch;
+        the copies this batch planned start before its forward, which waits for them only if
+        a swap-in of this batch is synchronous.
+        """
         swap = self.scheduler.swap
-        if swap is None:
-            return batch
-        out, into = swap.take()
-        if not (out or into):
-            swap.copied(0, 0.0)  # host pages of sequences found whole in the prefix cache
-            return batch
-        # NOTE: before the forward: a page swapped out may be written by this very step.
-        started = time.perf_counter()
-        stats = self.runner.swap(out, into)
-        swap.copied(stats.bytes, time.perf_counter() - started)
-        self.swap_counters["swap_out_pages"] += len(out)
-        self.swap_counters["swap_in_pages"] += len(into)
-        self.swap_counters["swap_bytes"] += stats.bytes
-        self.swap_counters["swap_copies"] += stats.copies
+        if swap is not None:
+            swap.poll()
+        batch = self.scheduler.schedule()
+        if swap is not None:
+            swap.submit()
+            if not batch:
+                swap.wait_loading()  # nothing runs until a swap-in is done: no busy loop
         return batch
 
     def end_step(

@@ -8,8 +8,9 @@ import torch
 
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
-from nitsum.kv.host_pool import HostKVPool, SwapStats
+from nitsum.kv.host_pool import HostKVPool
 from nitsum.kv.pool import KVPool
+from nitsum.kv.swap_copier import SwapCopier, SwapProgress
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
 from nitsum.sampling import sample
@@ -23,9 +24,17 @@ class Runner(Protocol):
         """Forward `batch`; one sampled token per sampling entry, in batch order."""
         ...
 
-    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
-        """Copy (device page, host page) pairs `out` to host, then (host page, device page)
-        pairs `into` back, on every device of the group."""
+    def start_swap(
+        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
+    ) -> None:
+        """Start copying (device page, host page) pairs `out` to host, then (host page, device
+        page) pairs `into` back, on every device of the group, off the step path
+        (kv/swap_copier.py); returns at once."""
+        ...
+
+    def swap_progress(self, wait_for: int | None = None) -> SwapProgress:
+        """The group's swap progress (`SwapProgress`); with `wait_for`, once that ticket is
+        done on every device."""
         ...
 
 
@@ -38,7 +47,7 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.ctx = ctx
-        self.host = host
+        self.copier = SwapCopier(host) if host is not None else None
 
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         return build_step_inputs(batch, self.pool.tokens_per_page(self.ctx.tp))
@@ -63,10 +72,18 @@ class ModelRunner:
         """Forward the batch and return one sampled token per sampling sequence."""
         return sample_batch(self.forward(self.prepare(batch)), batch)
 
-    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
-        if self.host is None:
+    def start_swap(
+        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
+    ) -> None:
+        self._copier().start(ticket, out, into)
+
+    def swap_progress(self, wait_for: int | None = None) -> SwapProgress:
+        return self._copier().progress(wait_for)
+
+    def _copier(self) -> SwapCopier:
+        if self.copier is None:
             raise RuntimeError("this device has no host KV tier")
-        return self.host.swap(out, into)
+        return self.copier
 
 
 def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:

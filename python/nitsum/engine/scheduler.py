@@ -64,6 +64,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Durations (s) of recent steps that prefilled at least half a budget of prompt tokens.
         self.full_steps: deque[float] = deque(maxlen=32)
+        # Durations (s) of recent steps of any size (the cost of a synchronous swap-in).
+        self.steps: deque[float] = deque(maxlen=16)
         # Sequences preempted so far (for pages or for priority), and how many of them swapped.
         self.preemptions = 0
         self.swapped = 0
@@ -133,6 +135,7 @@ class Scheduler:
 
     def step_done(self, batch: list[Scheduled], seconds: float) -> None:
         """Record how long a step took (the estimate behind `demote_hopeless`)."""
+        self.steps.append(seconds)
         prompt_tokens = sum(s.q_len for s in batch if s.start < len(s.seq.prompt_ids))
         if 2 * prompt_tokens >= self.token_budget:
             self.full_steps.append(seconds)
@@ -227,27 +230,36 @@ class Scheduler:
                     continue
                 if not admitting or len(self.running) >= self.max_batch:
                     continue
-                swapped = bool(seq.host_pages)
                 self._reuse_prefix(seq)
                 cached = len(seq.pages)  # still valid on the device: no copy back
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
                     # Back as it was: nothing held on the device (its KV, if any, on host).
                     self._free_device(seq)
-                    if not swapped:
+                    if not seq.host_pages:
                         seq.num_computed = 0
                     admitting = False  # nobody overtakes a sequence that does not fit yet
                     continue
-                if swapped and self.swap is not None:
-                    host = seq.host_pages
-                    self.swap.swap_in(host[cached:], seq.pages[cached : len(host)])
-                    self._release_host(seq)
                 self.waiting[klass].remove(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
+                if seq.host_pages and not self._swap_in(seq, cached, batch):
+                    continue  # it joins a later step, once its KV is back
                 batch.append(Scheduled(seq, seq.num_computed, q_len))
                 budget -= q_len
         return batch
+
+    def _swap_in(self, seq: Sequence, cached: int, batch: list[Scheduled]) -> bool:
+        """Copy back the host pages of `seq` past its `cached` ones still on the device;
+        True if synchronously (it runs in this step), False if it waits for the copy."""
+        assert self.swap is not None
+        host = seq.host_pages
+        steps = sorted(self.steps)
+        step_s = steps[len(steps) // 2] if steps else None
+        sync = self.swap.sync_is_cheaper(len(host) - cached, len(batch), step_s)
+        self.swap.swap_in(seq, host[cached:], seq.pages[cached : len(host)], sync)
+        self._release_host(seq)
+        return sync
 
     @staticmethod
     def _rank(seq: Sequence) -> tuple[int, int]:
@@ -291,8 +303,8 @@ class Scheduler:
         for seq in seqs:
             if budget == 0:
                 break
-            if seq not in self.running:  # preempted by an earlier reservation of this step
-                continue
+            if seq not in self.running or seq.loading:
+                continue  # preempted by an earlier reservation of this step, or still loading
             q_len = min(seq.remaining, budget)
             if not self._reserve(seq, seq.num_computed + q_len, protected=batch):
                 continue
@@ -365,9 +377,9 @@ class Scheduler:
         seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
 
     def _release_host(self, seq: Sequence) -> None:
-        """Free `seq`'s host pages once this step's copies have run."""
+        """Free `seq`'s host pages once this step's copies have started."""
         if self.swap is not None:
-            self.swap.free_after_copies(seq.host_pages)
+            self.swap.free_after_start(seq.host_pages)
         seq.host_pages = []
 
     def _swap_is_cheaper(self, seq: Sequence) -> bool:
@@ -385,6 +397,8 @@ class Scheduler:
 
     def _free_device(self, seq: Sequence) -> None:
         """Let go of a sequence's device pages: its full computed ones stay cached."""
+        if seq.loading and self.swap is not None:
+            self.swap.wait(seq)  # NOTE: its pages are not valid (cacheable) before that
         if self.cache is None:
             self.pages.release(seq.pages)
         else:
@@ -414,6 +428,8 @@ class Scheduler:
         return self.pages.num_free + (self.cache.num_evictable if self.cache else 0)
 
     def close(self) -> None:
-        """The group is going away: give its idle cached pages back to the allocator."""
+        """The group is going away: finish its copies, give its idle cached pages back."""
+        if self.swap is not None:
+            self.swap.settle()
         if self.cache is not None:
             self.pages.release(self.cache.clear())

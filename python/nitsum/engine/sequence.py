@@ -53,6 +53,8 @@ class Sequence:
     may_preempt: bool = True
     # Host pages holding its first `num_computed` tokens' KV while it is swapped out.
     host_pages: list[int] = field(default_factory=list)
+    # Running, but its KV is still being copied back from host: not scheduled until done.
+    loading: bool = False
 
     @property
     def total_len(self) -> int:

@@ -7,6 +7,8 @@ inputs. A group therefore allocates only ids that are free on all its members.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -31,6 +33,9 @@ class PageAllocator:
         self.num_pages = num_pages
         self.base_page_tokens = base_page_tokens
         self.free = np.ones((num_devices, num_pages), dtype=bool)
+        # Copies in flight that read or write each page (engine/swap.py): a free page that is
+        # held is handed out only once they are done.
+        self.held = np.zeros((num_devices, num_pages), dtype=np.int32)
 
     def group(self, members: tuple[int, ...]) -> GroupPages:
         return GroupPages(self, members)
@@ -49,6 +54,9 @@ class GroupPages:
         self.alloc = alloc
         self.members = list(members)
         self.tp = len(members)
+        # Waits for the copies in flight (their held pages become free to hand out); set by
+        # the group's swap manager, None: nothing is ever held.
+        self.settle: Callable[[], None] | None = None
 
     @property
     def num_pages(self) -> int:
@@ -80,7 +88,11 @@ class GroupPages:
         if n <= 0:
             return []
         free = self._free_mask()
-        ids = page_runs(free, n, after)
+        ids = page_runs(free & ~self._held_mask(), n, after)
+        if len(ids) < n and self.settle is not None and int(free.sum()) >= n:
+            # NOTE: the free pages left are held by copies in flight: wait for them.
+            self.settle()
+            ids = page_runs(self._free_mask() & ~self._held_mask(), n, after)
         if len(ids) < n:
             raise OutOfPages(f"asked for {n} pages, {len(ids)} free on all of {self.members}")
         self.alloc.free[np.ix_(self.members, ids)] = False
@@ -89,6 +101,18 @@ class GroupPages:
     def release(self, pages: list[int]) -> None:
         if pages:
             self.alloc.free[np.ix_(self.members, pages)] = True
+
+    def _held_mask(self) -> np.ndarray:
+        return (self.alloc.held[self.members] > 0).any(axis=0)
+
+    def hold(self, pages: list[int]) -> None:
+        """Copies in flight use `pages`: hand none of them out (once free) until `unhold`."""
+        for d in self.members:
+            np.add.at(self.alloc.held[d], pages, 1)
+
+    def unhold(self, pages: list[int]) -> None:
+        for d in self.members:
+            np.subtract.at(self.alloc.held[d], pages, 1)
 
 
 def free_runs(free: np.ndarray) -> list[tuple[int, int]]:

@@ -13,7 +13,7 @@ import torch
 
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.host_pool import SwapStats
+from nitsum.kv.swap_copier import SwapProgress
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
@@ -110,13 +110,21 @@ class DevicePool:
             raise error
         return replies
 
-    def swap(
-        self, members: tuple[int, ...], out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> SwapStats:
-        """Every member copies its shard of the pages (same ids on every member)."""
-        self.send_many(members, "swap", out, into)
-        replies = self._replies(members)
-        return SwapStats(sum(r.bytes for r in replies), sum(r.copies for r in replies))
+    def start_swap(
+        self,
+        members: tuple[int, ...],
+        ticket: int,
+        out: list[tuple[int, int]],
+        into: list[tuple[int, int]],
+    ) -> None:
+        """Every member queues the copies of its shard of the pages (same ids on every
+        member) on its copy thread; the replies come as soon as they are queued."""
+        self.send_many(members, "swap_start", ticket, out, into)
+        self._replies(members)
+
+    def swap_progress(self, members: tuple[int, ...], wait_for: int | None = None) -> SwapProgress:
+        self.send_many(members, "swap_progress", wait_for)
+        return SwapProgress.of_group(self._replies(members))
 
     # -- reconfiguration ---------------------------------------------------------------------
     def migrate(

@@ -24,6 +24,7 @@ from nitsum.engine.load import load_model
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pool import KVPool
+from nitsum.kv.swap_copier import SwapCopier
 from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
 from nitsum.parallel.topology import TPTopology
@@ -88,7 +89,9 @@ class Device:
                 self.runners[members] = ModelRunner(self.model, self.pool, ctx)
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
         host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
-        self.host = HostKVPool(self.pool, host_pages) if host_pages else None
+        host = HostKVPool(self.pool, host_pages) if host_pages else None
+        # The host tier's copy thread (None: no host tier).
+        self.copier = SwapCopier(host) if host is not None else None
 
     def handle(self, cmd: str, args: tuple) -> Any:
         """Serve one command of the controller (`DevicePool`)."""
@@ -99,11 +102,12 @@ class Device:
                 runner.hidden(inputs)  # the leader samples; the others join its collectives
                 return None
             return runner.forward(inputs).cpu()
-        if cmd == "swap":
-            if self.host is None:
+        if cmd in ("swap_start", "swap_progress"):
+            if self.copier is None:
                 raise RuntimeError(f"device {self.device} has no host KV tier")
-            out, into = args
-            return self.host.swap(out, into)
+            if cmd == "swap_start":
+                return self.copier.start(*args)
+            return self.copier.progress(*args)
         if cmd == "migrate":
             pieces, mode, fail = args
             return self.transfer.run(pieces, mode, fail)
@@ -135,6 +139,8 @@ def device_main(device: int, spec: DeviceSpec, source: ModelSource, conn: Connec
     while True:
         cmd, args = pickle.loads(conn.recv_bytes())
         if cmd == "stop":
+            if dev.copier is not None:
+                dev.copier.close()
             break
         try:
             with torch.inference_mode():

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     import torch
 
     from nitsum.engine.step_inputs import StepInputs
-    from nitsum.kv.host_pool import SwapStats
+    from nitsum.kv.swap_copier import SwapProgress
     from nitsum.pool.kv_transfer import TransferStats
     from nitsum.pool.migration_plan import Piece
 
@@ -31,11 +31,21 @@ class Devices(Protocol):
         """The launched step's float32 logits of the sampled rows (from the group leader)."""
         ...
 
-    def swap(
-        self, members: tuple[int, ...], out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> SwapStats:
-        """Copy (device page, host page) pairs `out` to each member's host KV tier, then
-        (host page, device page) pairs `into` back (kv/host_pool.py)."""
+    def start_swap(
+        self,
+        members: tuple[int, ...],
+        ticket: int,
+        out: list[tuple[int, int]],
+        into: list[tuple[int, int]],
+    ) -> None:
+        """Start copying (device page, host page) pairs `out` to each member's host KV tier,
+        then (host page, device page) pairs `into` back, on each member's copy thread
+        (kv/swap_copier.py); `ticket` is greater than every earlier one. Returns at once."""
+        ...
+
+    def swap_progress(self, members: tuple[int, ...], wait_for: int | None = None) -> SwapProgress:
+        """The last ticket every member finished and what finished since the last call; with
+        `wait_for`, once that ticket is done."""
         ...
 
     def migrate(

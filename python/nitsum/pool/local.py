@@ -18,8 +18,9 @@ from nitsum.engine.build import EngineConfig, build_model
 from nitsum.engine.load import load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.host_pool import HostKVPool, SwapStats, host_pages_in
+from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pool import KVPool
+from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
@@ -66,12 +67,24 @@ class LocalDevice:
         except Exception as e:  # noqa: BLE001 - a failing step fails its group, not the worker
             raise DeviceError(f"{type(e).__name__}: {e}") from e
 
-    def swap(
-        self, members: tuple[int, ...], out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> SwapStats:
+    def start_swap(
+        self,
+        members: tuple[int, ...],
+        ticket: int,
+        out: list[tuple[int, int]],
+        into: list[tuple[int, int]],
+    ) -> None:
+        self._check(members)
+        self.runner.start_swap(ticket, out, into)
+
+    def swap_progress(self, members: tuple[int, ...], wait_for: int | None = None) -> SwapProgress:
+        self._check(members)
+        return self.runner.swap_progress(wait_for)
+
+    @staticmethod
+    def _check(members: tuple[int, ...]) -> None:
         if members != ONLY_GROUP:
             raise DeviceError(f"device 0: no group {members}")
-        return self.runner.swap(out, into)
 
     def migrate(
         self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
@@ -82,7 +95,9 @@ class LocalDevice:
         return []
 
     def close(self) -> None:
-        """Nothing to stop (no processes)."""
+        """Stop the copy thread (no processes)."""
+        if self.runner.copier is not None:
+            self.runner.copier.close()
 
     def __enter__(self) -> LocalDevice:
         return self

@@ -19,9 +19,10 @@ from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.engine.swap import SwapSpace
-from nitsum.kv.host_pool import SwapStats, host_pages_in
+from nitsum.kv.host_pool import host_pages_in
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.kv.pool import KVPool
+from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices
@@ -52,8 +53,13 @@ class GroupRunner:
         self.pool.launch_step(self.members, self.prepare(batch))
         return sample_batch(self.pool.collect_step(self.members), batch)
 
-    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
-        return self.pool.swap(self.members, out, into)
+    def start_swap(
+        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
+    ) -> None:
+        self.pool.start_swap(self.members, ticket, out, into)
+
+    def swap_progress(self, wait_for: int | None = None) -> SwapProgress:
+        return self.pool.swap_progress(self.members, wait_for)
 
 
 class PoolEngine:
@@ -96,7 +102,7 @@ class PoolEngine:
         e = self.ecfg
         swap = None
         if self.host_alloc is not None:
-            swap = SwapSpace(self.host_alloc.group(members), self.page_bytes)
+            swap = SwapSpace(self.host_alloc.group(members), pages, self.page_bytes, e.swap_mode)
         scheduler = Scheduler(
             pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching, swap
         )
@@ -258,7 +264,9 @@ class PoolEngine:
                     continue
                 if target is None or target == group:
                     continue
-                if seq.num_computed >= len(seq.prompt_ids) and seq.remaining == 1:
+                # NOTE: not while its KV is still being copied back from host.
+                done = seq.num_computed >= len(seq.prompt_ids) and not seq.loading
+                if done and seq.remaining == 1:
                     moves.append((seq, target, engine))
         if not moves:
             return
