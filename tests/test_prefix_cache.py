@@ -167,3 +167,53 @@ def test_kv_moves_into_a_group_evict_its_idle_cached_pages(tiny) -> None:
         assert pe.counters["kv_handoff_bytes"] > 0  # its KV moved: not recomputed
         for d, (used, owned) in pe.page_accounting().items():
             assert used == owned, d
+
+
+def test_pages_evicted_to_the_host_tier_come_back(tiny) -> None:
+    """With a host tier, the pages eviction takes from turn 1 move to host instead of being
+    dropped: turn 2 loads them back and computes only its new tokens, exactly."""
+    hf, cfg = tiny
+    turn1 = history(cfg, 40, seed=3)
+    engine = engine_for(tiny, kv=kv_bytes(cfg, 24), host_kv_cache_bytes=kv_bytes(cfg, 8))
+    cache = engine.scheduler.cache
+    out1, _ = serve(engine, "t1", turn1)
+    # As in the test above: 11 full pages cached, another request evicts some of them; here
+    # they move to host.
+    serve(engine, "other", history(cfg, 60, seed=4))
+    moved = cache.num_host
+    assert moved > 0 and engine.scheduler.swap.counters["swap_out_pages"] == moved
+    turn2 = turn1 + out1 + history(cfg, 6, seed=5)
+    out2, computed = serve(engine, "t2", turn2)
+    ref2, _ = serve(engine_for(tiny, caching=False), "t2", turn2)
+    assert out2 == ref2
+    # Turn 1 left 40 + 5 tokens of KV: 11 full pages, all reused (44 tokens).
+    assert computed == len(turn2) - 44, computed
+    assert cache.host_hits >= moved * P
+    c = engine.counters()
+    assert c["swap_in_pages"] >= moved and c["prefix_cache_host_hits"] == cache.host_hits
+    s = engine.scheduler
+    assert s.num_reclaimable() == s.pages.num_pages
+    assert s.swap.host.num_free + cache.num_host == s.swap.host.num_pages
+
+
+def test_host_entries_load_evict_and_drop() -> None:
+    c = PrefixCache(P)
+    tokens = list(range(13))  # 3 full pages
+    c.release([10, 11, 12], tokens, computed=12)
+    # Evicting two pages (deepest first) moves them to host pages 0 and 1.
+    host = iter([0, 1])
+    assert c.evict(2, lambda page: next(host)) == [12, 11]
+    assert (c.num_evictable, c.num_host, c.pages()) == (1, 2, {10})
+    # Without a loader the match stops at the host pages; with one it loads them back.
+    assert c.match(tokens) == [10]
+    loads: list[int] = []
+    # (page 11 went to host page 1, the deeper page 12 to host page 0)
+    assert c.match(tokens, lambda h: loads.append(h) or 20 + h) == [10, 21, 20]
+    assert loads == [1, 0] and c.num_host == 0 and c.host_hits == 2 * P
+    c.release([10, 21, 20], tokens, computed=12)
+    c.release([10], tokens, computed=4)
+    # Dropping host entries: no room on host (demote gives None) drops the entry.
+    assert c.evict(1, lambda page: None) == [20]
+    assert c.evict(1, lambda page: 5) == [21] and c.num_host == 1
+    assert c.evict_host(3) == [5] and c.num_host == 0
+    assert c.match(tokens) == [10]

@@ -159,7 +159,7 @@ class Engine:
         """Give `seq` up (its KV was copied to another group): forget it, free its pages."""
         self.scheduler.detach(seq)
         self.seqs.pop(seq.request_id, None)
-        self.scheduler.free_pages(seq)
+        self.scheduler.kv.free(seq)
 
     def cached_pages(self) -> set[int]:
         """Pages the group's prefix cache holds (besides those its sequences own)."""
@@ -171,15 +171,22 @@ class Engine:
         cache = self.scheduler.cache
         return cache.num_evictable if cache is not None else 0
 
+    def num_host_cached(self) -> int:
+        """Host pages holding cached prefix pages (free as soon as a swap needs them)."""
+        cache = self.scheduler.cache
+        return cache.num_host if cache is not None else 0
+
     def counters(self) -> dict[str, int]:
         """Cumulative: prompt tokens looked up in / found in the prefix cache
-        (`prefix_cache_queries` / `_hits`), preemptions (`num_preemptions`, of which by swap
+        (`prefix_cache_queries` / `_hits`, of the hits those loaded back from the host tier
+        `prefix_cache_host_hits`), preemptions (`num_preemptions`, of which by swap
         `num_preemptions_swap`) and the host tier's traffic (`swap_*`: pages out and in,
         bytes and copies done, steps that waited for a copy)."""
         cache, swap = self.scheduler.cache, self.scheduler.swap
         return {
             "prefix_cache_queries": cache.queries if cache is not None else 0,
             "prefix_cache_hits": cache.hits if cache is not None else 0,
+            "prefix_cache_host_hits": cache.host_hits if cache is not None else 0,
             "num_preemptions": self.scheduler.preemptions,
             "num_preemptions_swap": self.scheduler.swapped,
             **(swap.counters if swap is not None else dict.fromkeys(SWAP_COUNTERS, 0)),
@@ -187,11 +194,11 @@ class Engine:
 
     def close(self) -> None:
         """The group is dissolved: its idle cached pages go back to the allocator."""
-        self.scheduler.close()
+        self.scheduler.kv.close()
 
     def reclaim(self, pages: int) -> None:
         """Free `pages` pages of the group if idle cached ones allow (before a KV move in)."""
-        self.scheduler.reclaim(pages)
+        self.scheduler.kv.reclaim(pages)
 
     def adopt(self, seq: Sequence) -> None:
         """Take `seq` over from another group; its pages and layout are already ours."""

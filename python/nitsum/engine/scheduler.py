@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from nitsum.engine.kv_space import KVSpace
 from nitsum.engine.prompt_order import deadline_spare, overtaking_order
 from nitsum.engine.sequence import CLASS_RANK, CLASSES, Sequence, Status
 from nitsum.engine.swap import SwapSpace
@@ -51,10 +52,12 @@ class Scheduler:
         prefix_caching: bool = True,
         swap: SwapSpace | None = None,
     ) -> None:
-        self.pages = pages
         # Full pages of finished and preempted sequences, reused by prompts that start with
         # the same tokens (`kv/prefix_cache.py`); None: off.
-        self.cache = PrefixCache(pages.tokens_per_page) if prefix_caching else None
+        cache = PrefixCache(pages.tokens_per_page) if prefix_caching else None
+        # Where the sequences' KV lives (device pages, prefix cache, host tier).
+        self.kv = KVSpace(pages, cache, swap)
+        self.pages, self.cache, self.swap = pages, cache, swap
         self.max_batch = max_batch
         self.token_budget = token_budget
         # Short prompts overtake long ones that can spare the tokens (`prompt_order.py`);
@@ -69,9 +72,6 @@ class Scheduler:
         # Sequences preempted so far (for pages or for priority), and how many of them swapped.
         self.preemptions = 0
         self.swapped = 0
-        # The host tier and the copies planned for the next step (None: preemption always
-        # recomputes). The engine runs the copies before the step's forward.
-        self.swap = swap
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -83,13 +83,13 @@ class Scheduler:
         for seq in self.running:
             if seq.request_id == request_id:
                 self.running.remove(seq)
-                self._free(seq)
+                self.kv.free(seq)
                 return seq
         for queue in self.waiting.values():
             for seq in queue:
                 if seq.request_id == request_id:
                     queue.remove(seq)
-                    self._free(seq)
+                    self.kv.free(seq)
                     return seq
         return None
 
@@ -230,12 +230,12 @@ class Scheduler:
                     continue
                 if not admitting or len(self.running) >= self.max_batch:
                     continue
-                self._reuse_prefix(seq)
+                self.kv.reuse_prefix(seq)
                 cached = len(seq.pages)  # still valid on the device: no copy back
                 q_len = min(seq.remaining, budget)
                 if not self._reserve(seq, seq.num_computed + q_len, protected=None):
                     # Back as it was: nothing held on the device (its KV, if any, on host).
-                    self._free_device(seq)
+                    self.kv.free_device(seq)
                     if not seq.host_pages:
                         seq.num_computed = 0
                     admitting = False  # nobody overtakes a sequence that does not fit yet
@@ -243,23 +243,13 @@ class Scheduler:
                 self.waiting[klass].remove(seq)
                 seq.status = Status.RUNNING
                 self.running.append(seq)
-                if seq.host_pages and not self._swap_in(seq, cached, batch):
+                if seq.host_pages and not self.kv.swap_in(
+                    seq, cached, len(batch), median(self.steps)
+                ):
                     continue  # it joins a later step, once its KV is back
                 batch.append(Scheduled(seq, seq.num_computed, q_len))
                 budget -= q_len
         return batch
-
-    def _swap_in(self, seq: Sequence, cached: int, batch: list[Scheduled]) -> bool:
-        """Copy back the host pages of `seq` past its `cached` ones still on the device;
-        True if synchronously (it runs in this step), False if it waits for the copy."""
-        assert self.swap is not None
-        host = seq.host_pages
-        steps = sorted(self.steps)
-        step_s = steps[len(steps) // 2] if steps else None
-        sync = self.swap.sync_is_cheaper(len(host) - cached, len(batch), step_s)
-        self.swap.swap_in(seq, host[cached:], seq.pages[cached : len(host)], sync)
-        self._release_host(seq)
-        return sync
 
     @staticmethod
     def _rank(seq: Sequence) -> tuple[int, int]:
@@ -318,13 +308,8 @@ class Scheduler:
         With `protected` given, running sequences outside it (and other than `seq`) may be
         preempted to make room; with None nobody is.
         """
-        need = self.pages.pages_for(tokens) - len(seq.pages)
-        while need > self.pages.num_free:
-            # NOTE: idle cached pages go first, before anybody is preempted; a victim's
-            # pages become idle cached ones, evicted on the next round of this loop.
-            self.reclaim(need)
-            if need <= self.pages.num_free:
-                break
+        # NOTE: a victim's pages become idle cached ones, evicted on the next round.
+        while not self.kv.allocate(seq, tokens):
             if protected is None:
                 return False
             keep = {id(s.seq) for s in protected} | {id(seq)}
@@ -332,8 +317,6 @@ class Scheduler:
             if victim is None:
                 return False
             self._preempt(victim)
-        if need > 0:
-            seq.pages.extend(self.pages.allocate(need, seq.pages[-1] if seq.pages else None))
         return True
 
     def _pick_victim(self, keep: set[int]) -> Sequence | None:
@@ -344,92 +327,25 @@ class Scheduler:
         return max(candidates, key=lambda s: (*self._rank(s), s.arrival))
 
     def _preempt(self, seq: Sequence) -> None:
-        """Preempt by swap when that is cheaper (`_swap_is_cheaper`: its KV is copied to host
-        pages before this step's forward), else by recompute. Either way its full device pages
-        stay cached, so what nobody overwrites meanwhile needs neither."""
+        """Preempt by swap when that is cheaper (`KVSpace.swap_is_cheaper`: its KV is copied
+        to host pages), else by recompute. Either way its full device pages stay cached, so
+        what nobody overwrites meanwhile needs neither."""
         self.preemptions += 1
         self.running.remove(seq)
-        if self.swap is not None and self._swap_is_cheaper(seq):
-            seq.host_pages = self.swap.swap_out(seq.pages)
+        step_s = median(self.full_steps)
+        if self.kv.swap_is_cheaper(seq, step_s, self.token_budget) and self.kv.swap_out(seq):
             self.swapped += 1
-            self._free_device(seq)
         else:
-            self._free(seq)
+            self.kv.free(seq)
             seq.num_computed = 0
         seq.status = Status.WAITING
         self.waiting[seq.klass].appendleft(seq)
 
-    def _reuse_prefix(self, seq: Sequence) -> None:
-        """Start a sequence with nothing computed after the longest cached prefix of its
-        tokens (its pages are shared, read-only)."""
-        if seq.host_pages:
-            # Swapped out: its pages still cached on the device need no copy back.
-            if self.cache is not None:
-                seq.pages = self.cache.match(seq.prompt_ids + seq.output_ids)
-            cached = len(seq.pages) * self.pages.tokens_per_page
-            if cached >= seq.num_computed:  # the device still holds all it had, or more
-                seq.num_computed = cached
-                self._release_host(seq)
-            return
-        if self.cache is None or seq.num_computed or seq.pages:
-            return
-        seq.pages = self.cache.match(seq.prompt_ids + seq.output_ids)
-        seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
-
-    def _release_host(self, seq: Sequence) -> None:
-        """Free `seq`'s host pages once this step's copies have started."""
-        if self.swap is not None:
-            self.swap.free_after_start(seq.host_pages)
-        seq.host_pages = []
-
-    def _swap_is_cheaper(self, seq: Sequence) -> bool:
-        """Swap `seq` out rather than recompute it later: its KV fits the host tier and two
-        copies of its pages cost less than prefilling its tokens again."""
-        if self.swap is None or seq.num_computed == 0 or not seq.pages:
-            return False
-        if self.swap.host.num_free < len(seq.pages):
-            return False
-        if not self.full_steps:  # no step timed yet: swap what is longer than a few pages
-            return seq.num_computed >= 4 * self.pages.tokens_per_page
-        step_s = sorted(self.full_steps)[len(self.full_steps) // 2]
-        recompute_s = seq.num_computed / self.token_budget * step_s
-        return 2 * self.swap.seconds(len(seq.pages)) < recompute_s
-
-    def _free_device(self, seq: Sequence) -> None:
-        """Let go of a sequence's device pages: its full computed ones stay cached."""
-        if seq.loading and self.swap is not None:
-            self.swap.wait(seq)  # NOTE: its pages are not valid (cacheable) before that
-        if self.cache is None:
-            self.pages.release(seq.pages)
-        else:
-            tokens = seq.prompt_ids + seq.output_ids
-            self.pages.release(self.cache.release(seq.pages, tokens, seq.num_computed))
-        seq.pages = []
-
-    def _free(self, seq: Sequence) -> None:
-        """Let go of everything a sequence holds, on the device and on host."""
-        self._free_device(seq)
-        if seq.host_pages and self.swap is not None:
-            self.swap.host.release(seq.host_pages)
-            seq.host_pages = []
-
-    def free_pages(self, seq: Sequence) -> None:
-        """Let go of the pages of a sequence that leaves this group (its KV moved)."""
-        self._free(seq)
-
-    def reclaim(self, pages: int) -> None:
-        """Evict idle cached pages until `pages` are free (or nothing idle is left): for
-        callers that allocate from this group's pages directly (a KV move into it)."""
-        while self.cache is not None and self.pages.num_free < pages and self.cache.num_evictable:
-            self.pages.release(self.cache.evict(pages - self.pages.num_free))
-
     def num_reclaimable(self) -> int:
         """Pages free now or as soon as asked (idle cached pages)."""
-        return self.pages.num_free + (self.cache.num_evictable if self.cache else 0)
+        return self.kv.num_reclaimable()
 
-    def close(self) -> None:
-        """The group is going away: finish its copies, give its idle cached pages back."""
-        if self.swap is not None:
-            self.swap.settle()
-        if self.cache is not None:
-            self.pages.release(self.cache.clear())
+
+def median(xs: deque[float]) -> float | None:
+    """The median of recent step times (None: none yet)."""
+    return sorted(xs)[len(xs) // 2] if xs else None

@@ -112,6 +112,14 @@ class SwapSpace:
             seq.loading = True
             self.loading.append(seq)
 
+    def load(self, host_page: int, device_page: int) -> None:
+        """Copy a cached prefix page from host back into `device_page` before this step's
+        forward (a sequence of this step reads it), then free the host page."""
+        self.into.append((host_page, device_page))
+        self._hold([device_page])
+        self.wait_now = True
+        self.release.append(host_page)
+
     def free_after_start(self, host_pages: list[int]) -> None:
         """Free `host_pages` once the next ticket has started.
 

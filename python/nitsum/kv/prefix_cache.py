@@ -5,6 +5,10 @@ by the tokens they hold, so a later prompt that starts with the same tokens skip
 One cache per TP group: a page holds `tokens_per_page` tokens laid out for that group (its KV
 layout tag), so a prefix written at TP 2 on devices (0, 1) is found only by that group.
 
+Two tiers (FastSwitch §3.3): a page evicted from the device may move to a host page instead of
+being dropped (`evict(..., demote)`); a later match loads it back into a device page (`match(...,
+load)`). The caller does the copies (engine/swap.py); the cache only keeps where each page is.
+
 NOTE (invariants):
 - Only *full* pages are cached; a page is keyed by (its parent's node id, its tokens): the
   whole prefix up to and including it, matched exactly (dict equality, no hash collisions).
@@ -13,11 +17,14 @@ NOTE (invariants):
   sequence only ever writes the slots from its `num_computed` on.
 - A cached page with no sequence referencing it is *evictable* (least recently used first);
   evicting gives it back to the group's allocator. Pages referenced by a sequence stay.
+- An entry is on the device (`page`) or on host (`host`), never both. Host entries are never
+  referenced: a match loads them back to the device first. They are evicted in LRU order too.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -26,12 +33,14 @@ ROOT = -1
 
 @dataclass
 class Entry:
-    """One cached page: `node` (unique id), `page` (page id), `refs` (sequences using it)."""
+    """One cached page: `node` (unique id), `page` (device page id, None while on host),
+    `refs` (sequences using it), `host` (host page id while on host)."""
 
     node: int
-    page: int
+    page: int | None
     key: tuple[int, tuple[int, ...]]
     refs: int = 0
+    host: int | None = None
 
 
 class PrefixCache:
@@ -43,10 +52,15 @@ class PrefixCache:
         self.by_page: dict[int, Entry] = {}
         # Entries no sequence uses, least recently used first.
         self.idle: OrderedDict[int, Entry] = OrderedDict()
+        # Entries on host, by host page, and least recently used first.
+        self.by_host: dict[int, Entry] = {}
+        self.host_idle: OrderedDict[int, Entry] = OrderedDict()
         self._next_node = 0
-        # Tokens looked up and tokens found (vLLM's prefix_cache_queries / _hits).
+        # Tokens looked up and tokens found (vLLM's prefix_cache_queries / _hits), and of
+        # those found, the ones loaded back from host.
         self.queries = 0
         self.hits = 0
+        self.host_hits = 0
 
     def __len__(self) -> int:
         return len(self.by_page)
@@ -54,6 +68,11 @@ class PrefixCache:
     @property
     def num_evictable(self) -> int:
         return len(self.idle)
+
+    @property
+    def num_host(self) -> int:
+        """Host pages the cache holds (all evictable)."""
+        return len(self.host_idle)
 
     def pages(self) -> set[int]:
         """Every page the cache holds."""
@@ -63,9 +82,12 @@ class PrefixCache:
         p = self.tokens_per_page
         return [tuple(tokens[i : i + p]) for i in range(0, len(tokens) - p + 1, p)]
 
-    def match(self, tokens: Seq[int]) -> list[int]:
+    def match(self, tokens: Seq[int], load: Callable[[int], int | None] | None = None) -> list[int]:
         """Pages holding the longest cached prefix of `tokens` that leaves at least one token
-        to compute (the step that samples needs it); each gets one more reference."""
+        to compute (the step that samples needs it); each gets one more reference.
+
+        A page on host is loaded back with `load(host page)`: it returns the device page the
+        caller copies it into (None: no room, the prefix ends there)."""
         self.queries += len(tokens)
         got: list[int] = []
         parent = ROOT
@@ -73,6 +95,23 @@ class PrefixCache:
             e = self.by_key.get((parent, chunk))
             if e is None:
                 break
+            if e.page is None:
+                if load is None or e.host is None:
+                    break
+                # NOTE: out of the host maps first, so the evictions `load` may cause
+                # cannot take the page being loaded.
+                host, e.host = e.host, None
+                del self.by_host[host]
+                del self.host_idle[e.node]
+                page = load(host)
+                if page is None:  # back on host, as recently used
+                    e.host = host
+                    self.by_host[host] = e
+                    self.host_idle[e.node] = e
+                    break
+                e.page = page
+                self.by_page[page] = e
+                self.host_hits += self.tokens_per_page
             self._ref(e)
             got.append(e.page)
             parent = e.node
@@ -120,17 +159,38 @@ class PrefixCache:
             self.idle[e.node] = e
         return free
 
-    def evict(self, n: int) -> list[int]:
-        """Drop up to `n` idle pages, least recently used first; returns their page ids."""
+    def evict(self, n: int, demote: Callable[[int], int | None] | None = None) -> list[int]:
+        """Free up to `n` idle device pages, least recently used first; returns their ids.
+        With `demote`, an evicted page's entry moves to the host page `demote(page)` returns
+        (the caller copies it there; None: dropped)."""
         out: list[int] = []
         while self.idle and len(out) < n:
             _, e = self.idle.popitem(last=False)
+            assert e.page is not None
+            page, e.page = e.page, None
+            del self.by_page[page]
+            out.append(page)
+            e.host = demote(page) if demote is not None else None
+            if e.host is None:
+                del self.by_key[e.key]
+            else:
+                self.by_host[e.host] = e
+                self.host_idle[e.node] = e
+        return out
+
+    def evict_host(self, n: int) -> list[int]:
+        """Drop up to `n` host entries, least recently used first; returns their host pages."""
+        out: list[int] = []
+        while self.host_idle and len(out) < n:
+            _, e = self.host_idle.popitem(last=False)
+            assert e.host is not None
             del self.by_key[e.key]
-            del self.by_page[e.page]
-            out.append(e.page)
+            del self.by_host[e.host]
+            out.append(e.host)
         return out
 
     def clear(self) -> list[int]:
-        """Drop every idle page (the group is going away); returns their page ids.
-        NOTE: referenced pages stay until their sequences release them."""
+        """Drop every idle device page (the group is going away); returns their page ids.
+        NOTE: referenced pages stay until their sequences release them; host entries stay
+        until `evict_host`."""
         return self.evict(len(self.idle))

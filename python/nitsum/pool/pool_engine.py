@@ -298,15 +298,16 @@ class PoolEngine:
         return {**self.counters, **total, **self.usage()}
 
     def usage(self) -> dict[str, int]:
-        """Gauges, vLLM-style: device KV pages in use (`kv_cache_usage_perc`; idle cached
-        pages count as free) and host-tier pages in use (`host_kv_usage_perc`), percent over
-        all devices."""
+        """Gauges, vLLM-style: device KV pages in use (`kv_cache_usage_perc`) and host-tier
+        pages in use (`host_kv_usage_perc`), percent over all devices; cached prefix pages
+        no sequence uses count as free on both."""
         pages = self.alloc.num_pages * self.pool.num_devices
         free = sum(self.free_pages(d) for d in range(self.pool.num_devices))
         out = {"kv_cache_usage_perc": round(100 * (pages - free) / pages)}
         if self.host_alloc is not None:
             host = self.host_alloc.num_pages * self.pool.num_devices
             host_free = sum(self.host_alloc.num_free(d) for d in range(self.pool.num_devices))
+            host_free += sum(e.num_host_cached() * len(g) for g, e in self.engines.items())
             out["host_kv_usage_perc"] = round(100 * (host - host_free) / host)
         return out
 

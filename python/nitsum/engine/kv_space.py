@@ -1,0 +1,171 @@
+"""Where a TP group's sequences keep their KV: device pages, the prefix cache, the host tier.
+
+The scheduler decides who runs and who gives way; this is how a sequence's KV follows those
+decisions: a prompt starts after its longest cached prefix (loading pages the cache moved to
+host back first), a preempted sequence's KV goes to host or is dropped, its full pages stay
+cached either way, and a sequence coming back copies from host only what the device lost.
+
+NOTE: a page a sequence owns holds KV for its tokens from `num_computed` down; cached pages
+it shares are read-only (kv/prefix_cache.py). A swapped-out sequence's `host_pages` hold
+its first `num_computed` tokens. Copies are planned here and run by the swap manager
+(engine/swap.py).
+"""
+
+from __future__ import annotations
+
+from nitsum.engine.sequence import Sequence
+from nitsum.engine.swap import SwapSpace
+from nitsum.kv.pages import GroupPages
+from nitsum.kv.prefix_cache import PrefixCache
+
+
+class KVSpace:
+    """A group's device pages (`pages`), prefix cache (`cache`, None: off) and host tier
+    (`swap`, None: preemption always recomputes)."""
+
+    def __init__(
+        self, pages: GroupPages, cache: PrefixCache | None, swap: SwapSpace | None
+    ) -> None:
+        self.pages = pages
+        self.cache = cache
+        self.swap = swap
+
+    # -- a sequence starting or coming back -----------------------------------------------------
+    def reuse_prefix(self, seq: Sequence) -> None:
+        """Start a sequence with nothing computed after the longest cached prefix of its
+        tokens (its pages are shared, read-only); a swapped-out one takes back its pages the
+        device still caches."""
+        tokens = seq.prompt_ids + seq.output_ids
+        if seq.host_pages:
+            if self.cache is not None:
+                seq.pages = self.cache.match(tokens)
+            cached = len(seq.pages) * self.pages.tokens_per_page
+            if cached >= seq.num_computed:  # the device still holds all it had, or more
+                seq.num_computed = cached
+                self.release_host(seq)
+            return
+        if self.cache is None or seq.num_computed or seq.pages:
+            return
+        seq.pages = self.cache.match(tokens, self._load if self.swap is not None else None)
+        seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
+
+    def allocate(self, seq: Sequence, tokens: int) -> bool:
+        """Give `seq` pages for `tokens` tokens if free (or idle cached) ones allow."""
+        need = self.pages.pages_for(tokens) - len(seq.pages)
+        if need > self.pages.num_free:
+            self.reclaim(need)  # NOTE: idle cached pages go first, before anybody's KV
+        if need > self.pages.num_free:
+            return False
+        if need > 0:
+            seq.pages.extend(self.pages.allocate(need, seq.pages[-1] if seq.pages else None))
+        return True
+
+    def swap_in(self, seq: Sequence, cached: int, others: int, step_s: float | None) -> bool:
+        """Copy back `seq`'s host pages past its `cached` ones still on the device (into the
+        pages it was just given); True if synchronously, in this step with `others`, False if
+        it waits for the copy (`Sequence.loading`)."""
+        assert self.swap is not None
+        host = seq.host_pages
+        sync = self.swap.sync_is_cheaper(len(host) - cached, others, step_s)
+        self.swap.swap_in(seq, host[cached:], seq.pages[cached : len(host)], sync)
+        self.release_host(seq)
+        return sync
+
+    def _load(self, host_page: int) -> int | None:
+        """A device page for a cached prefix page on host, copied back before this step's
+        forward (None: no room for it). An idle cached page may give way (to host)."""
+        assert self.swap is not None
+        self.reclaim(1)
+        if self.pages.num_free == 0:
+            return None
+        (page,) = self.pages.allocate(1)
+        self.swap.load(host_page, page)
+        return page
+
+    # -- a sequence giving way ------------------------------------------------------------------
+    def swap_is_cheaper(self, seq: Sequence, step_s: float | None, budget: int) -> bool:
+        """Swap `seq` out rather than recompute it later: its KV fits the host tier and two
+        copies of its pages cost less than prefilling its tokens again (`budget` tokens a
+        full step of `step_s` seconds; None: no step timed yet)."""
+        if self.swap is None or seq.num_computed == 0 or not seq.pages:
+            return False
+        host_cached = self.cache.num_host if self.cache is not None else 0
+        if self.swap.host.num_free + host_cached < len(seq.pages):
+            return False
+        if step_s is None:  # swap what is longer than a few pages
+            return seq.num_computed >= 4 * self.pages.tokens_per_page
+        recompute_s = seq.num_computed / budget * step_s
+        return 2 * self.swap.seconds(len(seq.pages)) < recompute_s
+
+    def swap_out(self, seq: Sequence) -> bool:
+        """Copy `seq`'s KV to host and let its device pages go (False: no room on host)."""
+        if self.swap is None or not self._host_room(len(seq.pages)):
+            return False
+        seq.host_pages = self.swap.swap_out(seq.pages)
+        self.free_device(seq)
+        return True
+
+    def _host_room(self, pages: int) -> bool:
+        """Free `pages` host pages, evicting cached prefix pages on host if need be."""
+        assert self.swap is not None
+        short = pages - self.swap.host.num_free
+        if short > 0 and self.cache is not None:
+            self.swap.host.release(self.cache.evict_host(short))
+        return self.swap.host.num_free >= pages
+
+    def _demote(self, page: int) -> int | None:
+        """A host page for an idle cached page evicted from the device, copied out by the
+        next ticket (None: no host tier or no room; the page's entry is dropped)."""
+        if self.swap is None or self.cache is None:
+            return None
+        if self.swap.host.num_free == 0:
+            self.swap.host.release(self.cache.evict_host(1))
+        if self.swap.host.num_free == 0:
+            return None
+        return self.swap.swap_out([page])[0]
+
+    # -- letting go -----------------------------------------------------------------------------
+    def release_host(self, seq: Sequence) -> None:
+        """Free `seq`'s host pages once this step's copies have started."""
+        if self.swap is not None:
+            self.swap.free_after_start(seq.host_pages)
+        seq.host_pages = []
+
+    def free_device(self, seq: Sequence) -> None:
+        """Let go of a sequence's device pages: its full computed ones stay cached."""
+        if seq.loading and self.swap is not None:
+            self.swap.wait(seq)  # NOTE: its pages are not valid (cacheable) before that
+        if self.cache is None:
+            self.pages.release(seq.pages)
+        else:
+            tokens = seq.prompt_ids + seq.output_ids
+            self.pages.release(self.cache.release(seq.pages, tokens, seq.num_computed))
+        seq.pages = []
+
+    def free(self, seq: Sequence) -> None:
+        """Let go of everything a sequence holds, on the device and on host."""
+        self.free_device(seq)
+        if seq.host_pages and self.swap is not None:
+            self.swap.host.release(seq.host_pages)
+            seq.host_pages = []
+
+    def reclaim(self, pages: int) -> None:
+        """Evict idle cached pages until `pages` are free (or nothing idle is left).
+
+        NOTE: with a host tier the evicted pages move there (`_demote`), so a later prompt
+        can still reuse them."""
+        while self.cache is not None and self.pages.num_free < pages and self.cache.num_evictable:
+            self.pages.release(self.cache.evict(pages - self.pages.num_free, self._demote))
+
+    def num_reclaimable(self) -> int:
+        """Pages free now or as soon as asked (idle cached pages)."""
+        return self.pages.num_free + (self.cache.num_evictable if self.cache else 0)
+
+    def close(self) -> None:
+        """The group is going away: finish its copies, give its idle cached pages back."""
+        if self.swap is not None:
+            self.swap.settle()
+        if self.cache is not None:
+            self.pages.release(self.cache.clear())
+            if self.swap is not None:
+                self.swap.host.release(self.cache.evict_host(self.cache.num_host))
