@@ -5,6 +5,10 @@ The embedded SmolLM2-135M-Instruct on CPU, one engine. Each conversation's first
 back plus a 32-token message (what a chat client does). Reported: the second turn's TTFT and
 the prompt tokens computed for it, with the prefix cache on and off (kv/prefix_cache.py).
 
+Then the turns interleaved (every first turn, then every second turn) on a device KV pool
+that holds about two histories (`--small-kv-mb`): the first conversations' pages are evicted
+before their second turn; with the host tier (`--host-mb`) they move there and come back.
+
     python scripts/bench_prefix.py [--history 1200] [--conversations 4]
 """
 
@@ -39,43 +43,77 @@ def turn(engine, rid: str, prompt: list[int]) -> tuple[list[int], float, int]:
     return out, ttft, len(prompt) - (engine.all_counters()["prefix_cache_hits"] - hits)
 
 
-def run(model_dir, caching: bool, history: int, n: int) -> tuple[list[float], list[int], list]:
-    engine = open_local_engine(model_dir, EngineConfig(prefix_caching=caching))
+def run(
+    model_dir, caching: bool, history: int, n: int, ecfg: EngineConfig | None = None
+) -> tuple[list[float], list[int], list]:
+    """Each conversation's two turns in a row; with `ecfg`, every first turn, then every
+    second turn."""
+    interleaved = ecfg is not None
+    ecfg = ecfg or EngineConfig()
+    ecfg.prefix_caching = caching
+    engine = open_local_engine(model_dir, ecfg)
     vocab = engine.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
+
+    def ids(k: int) -> list[int]:
+        return torch.randint(100, vocab - 100, (k,), generator=g).tolist()
+
+    firsts = [ids(history) for _ in range(n)]
+    news = [ids(NEW_MESSAGE) for _ in range(n)]
     ttfts, computed, outs = [], [], []
-    for c in range(n):
-        first = torch.randint(100, vocab - 100, (history,), generator=g).tolist()
-        answer, _, _ = turn(engine, f"c{c}-1", first)
-        second = (
-            first + answer + torch.randint(100, vocab - 100, (NEW_MESSAGE,), generator=g).tolist()
-        )
-        out, ttft, done = turn(engine, f"c{c}-2", second)
+    answers: dict[int, list[int]] = {}
+    if interleaved:
+        order = [(c, t) for t in (1, 2) for c in range(n)]
+    else:
+        order = [(c, t) for c in range(n) for t in (1, 2)]
+    for c, t in order:
+        if t == 1:
+            answers[c], _, _ = turn(engine, f"c{c}-1", firsts[c])
+            continue
+        out, ttft, done = turn(engine, f"c{c}-2", firsts[c] + answers[c] + news[c])
         ttfts.append(ttft)
         computed.append(done)
         outs.append(out)
     return ttfts, computed, outs
 
 
+def line(name: str, cold: tuple, warm: tuple) -> None:
+    med = statistics.median
+    print(
+        f"{name}: turn-2 TTFT median {med(cold[0]) * 1e3:.0f} ms -> {med(warm[0]) * 1e3:.0f} ms "
+        f"({med(cold[0]) / med(warm[0]):.1f}x better); prompt tokens computed "
+        f"{sum(cold[1])} -> {sum(warm[1])} ({1 - sum(warm[1]) / sum(cold[1]):.0%} saved)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--history", type=int, default=1200)
     ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--small-kv-mb", type=int, default=128, help="interleaved: device KV")
+    ap.add_argument("--host-mb", type=int, default=512, help="interleaved: host tier")
     args = ap.parse_args()
     model_dir = resolve_model_dir(None)
-    cold = run(model_dir, False, args.history, args.conversations)
-    warm = run(model_dir, True, args.history, args.conversations)
+    n, h = args.conversations, args.history
+    cold = run(model_dir, False, h, n)
+    warm = run(model_dir, True, h, n)
     assert warm[2] == cold[2], "reuse changed the answers"
-    med = statistics.median
     print(
-        f"{args.conversations} conversations, {args.history}-token first turn, "
-        f"turn 2 = turn 1 + 16-token answer + {NEW_MESSAGE} new tokens (same answers both ways)"
+        f"{n} conversations, {h}-token first turn, turn 2 = turn 1 + 16-token answer + "
+        f"{NEW_MESSAGE} new tokens (same answers every way)"
     )
-    print(
-        f"turn-2 TTFT median {med(cold[0]) * 1e3:.0f} ms -> {med(warm[0]) * 1e3:.0f} ms "
-        f"({med(cold[0]) / med(warm[0]):.1f}x better); prompt tokens computed "
-        f"{sum(cold[1])} -> {sum(warm[1])} ({1 - sum(warm[1]) / sum(cold[1]):.0%} saved)"
-    )
+    line("turn after turn", cold, warm)
+
+    def small(host_mb: int) -> EngineConfig:
+        return EngineConfig(
+            kv_cache_bytes=args.small_kv_mb << 20, host_kv_cache_bytes=host_mb << 20
+        )
+
+    device_only = run(model_dir, True, h, n, small(0))
+    with_host = run(model_dir, True, h, n, small(args.host_mb))
+    assert device_only[2] == with_host[2] == cold[2], "reuse changed the answers"
+    line(f"interleaved, {args.small_kv_mb} MiB device KV, cache on device only", cold, device_only)
+    line(f"interleaved, the same + {args.host_mb} MiB host tier", cold, with_host)
 
 
 if __name__ == "__main__":
