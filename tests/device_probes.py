@@ -3,6 +3,8 @@ picklable by reference because the device process imports this module by name.""
 
 from __future__ import annotations
 
+import time
+
 from nitsum.pool.device_proc import Device
 
 
@@ -16,3 +18,20 @@ def shards_share_storage(device: Device, members: tuple[int, ...]) -> bool:
         and s.down_t.untyped_storage().data_ptr() == f.down_t.untyped_storage().data_ptr()
         for s, f in zip(ctx.layers, full, strict=True)
     )
+
+
+def slow_steps(device: Device, seconds: float) -> None:
+    """Every forward of this device takes `seconds` longer (a replica lagging behind; 0:
+    back to normal)."""
+    for runner in device.runners.values():
+        plain = runner.__dict__.pop("hidden", None)
+        plain = getattr(plain, "plain", runner.hidden)
+        if seconds <= 0:
+            continue
+
+        def hidden(inputs, plain=plain):
+            time.sleep(seconds)
+            return plain(inputs)
+
+        hidden.plain = plain
+        runner.hidden = hidden

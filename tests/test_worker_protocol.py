@@ -74,6 +74,8 @@ def test_parse_generate_round_trips_sampling():
     assert (req.priority, req.may_preempt) == (0, True)
     got = proto.parse_generate({**msg, "priority": -4, "preempt": False})
     assert (got.priority, got.may_preempt) == (-4, False)
+    assert req.bind_tp is None
+    assert proto.parse_generate({**msg, "bind_tp": 2}).bind_tp == 2
     # Integer temperature from a loose encoder is accepted as a float.
     loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
     assert proto.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
@@ -97,6 +99,8 @@ def test_parse_generate_round_trips_sampling():
         ({"ttft_ms": "100"}, "ttft_ms"),
         ({"priority": 1.5}, "priority"),
         ({"preempt": 1}, "preempt"),
+        ({"bind_tp": 0}, "bind_tp"),
+        ({"bind_tp": "2"}, "bind_tp"),
     ],
 )
 def test_parse_generate_names_the_bad_field(change, field):

@@ -118,6 +118,7 @@ fn samples(
             max_tokens: None,
             reject_unattainable: false,
             preempt: true,
+            bind_tp: None,
         })
         .collect();
     let cfg = PlannerConfig::default();

@@ -201,6 +201,7 @@ pub fn default_tiers() -> Vec<Tier> {
         max_tokens: None,
         reject_unattainable: false,
         preempt: true,
+        bind_tp: None,
     };
     vec![
         tier("strict", 250.0, 25.0, false),
@@ -354,6 +355,9 @@ impl RouterConfig {
         for (i, t) in self.tiers.iter().enumerate() {
             if self.tiers[..i].iter().any(|o| o.name == t.name) {
                 bail!("config: duplicate tier {:?}", t.name);
+            }
+            if t.bind_tp == Some(0) {
+                bail!("config: tier {:?}: bind_tp must be at least 1", t.name);
             }
         }
         let known = |name: &str| self.tiers.iter().any(|t| t.name == name);

@@ -34,6 +34,11 @@ pub struct Tier {
     /// worker to start at once (FastSwitch); false: they wait for room. Default true.
     #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
     pub preempt: bool,
+    /// Its requests run on a TP group of this size bound for them on their worker, for
+    /// their lifetime (Flying Serving's priority binding: a premium tier at TP k while the
+    /// plan keeps DP replicas). None: on the group they are dispatched to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind_tp: Option<u32>,
 }
 
 fn yes() -> bool {

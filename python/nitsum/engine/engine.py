@@ -137,6 +137,15 @@ class Engine:
     def max_batch(self, n: int) -> None:
         self.scheduler.max_batch = n
 
+    def admit_only(self, request_ids: set[str] | None) -> None:
+        """Start only these requests from now on (None: any); running ones go on."""
+        self.scheduler.admit_only = request_ids
+
+    def settle_swaps(self) -> None:
+        """Finish every swap copy in flight (before other groups use the same devices)."""
+        if self.scheduler.swap is not None:
+            self.scheduler.swap.settle()
+
     def request_ids(self) -> list[str]:
         """Every request the engine holds, waiting or running."""
         return list(self.seqs)

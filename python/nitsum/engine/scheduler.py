@@ -72,6 +72,9 @@ class Scheduler:
         # Sequences preempted so far (for pages or for priority), and how many of them swapped.
         self.preemptions = 0
         self.swapped = 0
+        # Requests that may start now (None: any). A soft TP binding (pool/binding.py) drains
+        # the replicas it borrows: only its own requests start there meanwhile.
+        self.admit_only: set[str] | None = None
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -230,6 +233,8 @@ class Scheduler:
                     continue
                 if not admitting or len(self.running) >= self.max_batch:
                     continue
+                if self.admit_only is not None and seq.request_id not in self.admit_only:
+                    continue
                 self.kv.reuse_prefix(seq)
                 cached = len(seq.pages)  # still valid on the device: no copy back
                 q_len = min(seq.remaining, budget)
@@ -269,8 +274,14 @@ class Scheduler:
             self.pages.num_free >= self.pages.pages_for(self.token_budget)
         ):
             return  # room for a whole step of new tokens: nobody needs to give way
+        allowed = self.admit_only
         waiting = sorted(
-            (s for q in self.waiting.values() for s in q if s.may_preempt),
+            (
+                s
+                for q in self.waiting.values()
+                for s in q
+                if s.may_preempt and (allowed is None or s.request_id in allowed)
+            ),
             key=lambda s: (*self._rank(s), s.arrival),
         )
         budget = self.token_budget

@@ -19,11 +19,13 @@ from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.engine.swap import SwapSpace
+from nitsum.errors import InvalidRequestError
 from nitsum.kv.host_pool import host_pages_in
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.topology import TPTopology
+from nitsum.pool.binding import Binder
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices
 from nitsum.pool.kv_move import (
@@ -96,6 +98,8 @@ class PoolEngine:
         )
         # `Engine.counters` of engines already dissolved.
         self.retired: Counter[str] = Counter()
+        # Per-request TP bindings borrowing the plan's groups (pool/binding.py).
+        self.binder = Binder(self)
 
     def _engine(self, members: tuple[int, ...]) -> Engine:
         pages = self.alloc.group(members)
@@ -113,6 +117,22 @@ class PoolEngine:
     def groups(self) -> list[tuple[int, ...]]:
         return list(self.engines)
 
+    def _all(self) -> list[tuple[tuple[int, ...], Engine]]:
+        """The plan's engines and the bindings' (whose devices overlap them)."""
+        return [*self.engines.items(), *self.binder.engines()]
+
+    def max_servable_tokens(self) -> int:
+        """The longest context (prompt + output) the pool's KV can hold: a page holds TP
+        times the tokens at TP, so a group of the largest level holds the most."""
+        return self.alloc.num_pages * self.alloc.base_page_tokens * max(self.allowed)
+
+    def _context_tp(self, tokens: int) -> int:
+        """The smallest TP level whose group's pages hold `tokens` tokens (the largest if
+        none does)."""
+        pages, base = self.alloc.num_pages, self.alloc.base_page_tokens
+        fits = [tp for tp in sorted(self.allowed) if -(-tokens // (base * tp)) <= pages]
+        return fits[0] if fits else max(self.allowed)
+
     # -- requests ----------------------------------------------------------------------------
     def add_request(
         self,
@@ -126,37 +146,69 @@ class PoolEngine:
         ttft_ms: float | None = None,
         priority: int = 0,
         may_preempt: bool = True,
+        bind_tp: int | None = None,
+        bind_hard: bool | None = None,
     ) -> tuple[int, ...]:
-        """Queue on `group` (default: the group with the fewest requests); returns the group.
+        """Queue on `group` (default: the group with the fewest requests); returns the group
+        it runs on.
 
         With `decode_group`, `group` only prefills: once the prompt is done and the first token
         sampled, the request's KV moves to `decode_group`, which decodes the rest.
+        A request runs on a TP group bound for it (pool/binding.py) when it asks for one
+        (`bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one `group`'s
+        KV; the binding is hard (`bind_hard`; default: when it has a TTFT target) or soft.
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
-        if any(request_id in e.request_ids() for e in self.engines.values()):
+        if any(request_id in e.request_ids() for _, e in self._all()):
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
-        self.engines[group].add_request(
-            request_id, prompt_ids, sampling, klass, tier, ttft_ms, priority, may_preempt
-        )
+        engine = self.engines[group]
+        if bind_tp is not None and bind_tp not in self.allowed:
+            # NOTE: a tier's `bind_tp` the pool cannot form: the nearest level below it.
+            level = max((lv for lv in self.allowed if lv <= bind_tp), default=1)
+            log.warning("bind_tp %d is not a TP level of this pool; binding %d", bind_tp, level)
+            self.binder.counters["tp_binds_clamped"] += 1
+            bind_tp = level
+        context = min(len(prompt_ids) + sampling.max_tokens, engine.max_context)
+        need = self._context_tp(context)
+        tp = max(bind_tp or 1, need)
+        if tp > len(group):
+            hard = bind_hard if bind_hard is not None else ttft_ms is not None
+            fits_replica = need <= len(group)
+            group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
+        try:
+            engine.add_request(
+                request_id, prompt_ids, sampling, klass, tier, ttft_ms, priority, may_preempt
+            )
+        except InvalidRequestError:
+            self.binder.drop(request_id)
+            self.binder.release()  # a binding made for it alone is undone
+            raise
         if decode_group is not None:
             self.decode_targets[request_id] = decode_group
         return group
 
     def abort(self, request_id: str) -> bool:
         self.decode_targets.pop(request_id, None)
-        return any(e.abort(request_id) for e in self.engines.values())
+        self.binder.drop(request_id)
+        return any(e.abort(request_id) for _, e in self._all())
 
     def has_unfinished(self) -> bool:
-        return any(e.has_unfinished() for e in self.engines.values())
+        return any(e.has_unfinished() for _, e in self._all())
 
     def step(self) -> list[RequestOutput]:
-        """One iteration on every group; groups run concurrently on their devices."""
+        """One iteration on every group; groups run concurrently on their devices.
+
+        NOTE: the plan's groups lent to a formed binding sit out; a binding forms and is
+        released only here, between iterations (pool/binding.py)."""
+        self.binder.form()
+        paused = self.binder.paused()
+        active = [(g, e) for g, e in self.engines.items() if g not in paused]
         launched: list[tuple[Engine, list[Scheduled]]] = []
         started = time.monotonic()
-        for members, engine in self.engines.items():
+        for members, engine in active + self.binder.active():
             batch = engine.begin_step()
             if batch:
                 inputs = build_step_inputs(batch, engine.pages.tokens_per_page)
@@ -180,7 +232,9 @@ class PoolEngine:
         for out in outputs:
             if out.finished:
                 self.decode_targets.pop(out.request_id, None)
+                self.binder.drop(out.request_id)
         self._hand_off_prefilled()
+        self.binder.release()
         return outputs
 
     # -- reconfiguration ---------------------------------------------------------------------
@@ -193,6 +247,12 @@ class PoolEngine:
         """Switch the pool to `groups` at this iteration boundary, migrating running KV."""
         t0 = time.perf_counter()
         self.topology.check(groups)
+        if self.binder.bindings:
+            # NOTE: the plan owns the layout, but a binding has borrowed part of it; the
+            # next window's plan comes when it has been given back.
+            return ReconfigureReport(
+                False, self.groups, error="a TP binding is active; the plan waits for it"
+            )
         kept = {g: e for g, e in self.engines.items() if g in groups}
         new = {g: kept.get(g) or self._engine(g) for g in groups}
         # 1. Assign every sequence of a vanishing group to a new group that shares devices.
@@ -286,16 +346,16 @@ class PoolEngine:
 
     def free_pages(self, device: int) -> int:
         """Pages of `device` free now or as soon as its group needs them (idle cached ones)."""
-        cached = sum(e.num_evictable() for g, e in self.engines.items() if device in g)
+        cached = sum(e.num_evictable() for g, e in self._all() if device in g)
         return self.alloc.num_free(device) + cached
 
     def all_counters(self) -> dict[str, int]:
         """Cumulative counters for the `stats` message: the pool's own and its engines'
         (`Engine.counters`), dissolved ones included."""
         total = Counter(self.retired)
-        for engine in self.engines.values():
+        for _, engine in self._all():
             total.update(engine.counters())
-        return {**self.counters, **total, **self.usage()}
+        return {**self.counters, **self.binder.counters, **total, **self.usage()}
 
     def usage(self) -> dict[str, int]:
         """Gauges, vLLM-style: device KV pages in use (`kv_cache_usage_perc`) and host-tier
@@ -307,7 +367,7 @@ class PoolEngine:
         if self.host_alloc is not None:
             host = self.host_alloc.num_pages * self.pool.num_devices
             host_free = sum(self.host_alloc.num_free(d) for d in range(self.pool.num_devices))
-            host_free += sum(e.num_host_cached() * len(g) for g, e in self.engines.items())
+            host_free += sum(e.num_host_cached() * len(g) for g, e in self._all())
             out["host_kv_usage_perc"] = round(100 * (host - host_free) / host)
         return out
 
@@ -315,7 +375,7 @@ class PoolEngine:
         """Per device: (pages marked used, pages owned by live sequences or held by a
         group's prefix cache). Must be equal."""
         owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
-        for members, engine in self.engines.items():
+        for members, engine in self._all():
             for seq in engine.sequences():
                 for d in seq.layout.members:
                     owned[d] |= set(seq.pages)

@@ -89,7 +89,10 @@ class PoolBackend:
     def capacity(self) -> tuple[int, int, list[int]]:
         engine = next(iter(self.pe.engines.values()))
         tokens = self.pe.alloc.num_pages * self.pe.alloc.base_page_tokens
-        return tokens, engine.max_context, sorted(engine.eos_token_ids)
+        # NOTE: a request longer than one device's KV runs on a bound TP group
+        # (pool/binding.py), so the context served is what the largest group holds.
+        context = min(engine.max_context, self.pe.max_servable_tokens())
+        return tokens, context, sorted(engine.eos_token_ids)
 
     def load(self, device: int) -> tuple[int, int, int]:
         group = self._group(device)
@@ -115,6 +118,7 @@ class PoolBackend:
             ttft_ms=req.ttft_ms,
             priority=req.priority,
             may_preempt=req.may_preempt,
+            bind_tp=req.bind_tp,
         )
 
     def abort(self, request_id: str) -> None:

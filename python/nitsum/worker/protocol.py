@@ -229,6 +229,8 @@ class GenerateRequest:
     ttft_ms: float | None = None
     priority: int = 0
     may_preempt: bool = True
+    # Run on a TP group of this size bound for the request (its tier's `bind_tp`).
+    bind_tp: int | None = None
 
 
 _SAMPLING_CHECKS = {
@@ -283,9 +285,14 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     preempt = msg.get("preempt", True)
     if not isinstance(preempt, bool):
         raise InvalidRequestError("preempt", f"must be a boolean, got {preempt!r}")
+    bind_tp = msg.get("bind_tp")
+    if bind_tp is not None and not (_is_int(bind_tp) and bind_tp >= 1):
+        raise InvalidRequestError("bind_tp", f"must be a positive integer, got {bind_tp!r}")
     sampling = SamplingParams(**kwargs)
     ttft_ms = None if ttft is None else float(ttft)
-    return GenerateRequest(rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt)
+    return GenerateRequest(
+        rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt, bind_tp
+    )
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ mod tests {
             max_tokens: None,
             reject_unattainable: false,
             preempt: true,
+            bind_tp: None,
         };
         let d = TierDemand {
             tier: "t".into(),

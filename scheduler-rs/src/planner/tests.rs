@@ -30,6 +30,7 @@ fn tier(name: &str, ttft: f64, tpot: f64) -> Tier {
         max_tokens: None,
         reject_unattainable: false,
         preempt: true,
+        bind_tp: None,
     }
 }
 

@@ -59,6 +59,9 @@ pub struct Generate<'a> {
     pub priority: i32,
     /// May preempt running requests of a lower class or priority (the tier's `preempt`).
     pub preempt: bool,
+    /// Run on a TP group of this size bound for the request (the tier's `bind_tp`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind_tp: Option<u32>,
 }
 
 /// One group of a `reconfigure` message.
@@ -368,6 +371,7 @@ mod tests {
             ttft_ms: None,
             priority: -3,
             preempt: false,
+            bind_tp: Some(2),
         });
         // Generic decode: keys are strings (a map, not an array).
         let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();
@@ -378,6 +382,7 @@ mod tests {
         assert_eq!(v["input_ids"], serde_json::json!([1, 2, 3]));
         assert_eq!(v["priority"], -3);
         assert_eq!(v["preempt"], false);
+        assert_eq!(v["bind_tp"], 2);
     }
 
     #[test]

@@ -184,6 +184,7 @@ impl RouterState {
                 .map(|t| t.ttft_ms),
             priority: req.priority,
             preempt: self.cfg.tier(req.tier).preempt,
+            bind_tp: self.cfg.tier(req.tier).bind_tp,
         });
         self.send(identity, payload);
     }

@@ -264,9 +264,10 @@ async fn dropping_a_handle_aborts_and_releases() {
 }
 
 #[tokio::test]
-async fn generate_carries_the_priority_and_the_tiers_preempt_flag() {
+async fn generate_carries_the_priority_and_the_tiers_preempt_and_bind_tp() {
     let mut cfg = RouterConfig::default();
     cfg.tiers[0].preempt = false;
+    cfg.tiers[0].bind_tp = Some(2);
     let (engine, mut rx) = RouterState::new(Arc::new(cfg));
     register(&engine, 0);
     drain(&mut rx);
@@ -287,6 +288,9 @@ async fn generate_carries_the_priority_and_the_tiers_preempt_flag() {
             (g["priority"].clone(), g["preempt"].clone()),
             (json!(priority), json!(preempt))
         );
+        // Absent unless the tier binds (the default tiers do not).
+        let bind = if tier == 0 { json!(2) } else { json!(null) };
+        assert_eq!(g.get("bind_tp").cloned().unwrap_or(json!(null)), bind);
     }
 }
 

@@ -1,0 +1,192 @@
+"""Per-request TP binding (Flying Serving §2.3, §4.2, §5): DP replicas of the plan bound into
+a TP group for the requests that need it, and released to DP when those finish.
+
+The window planner owns the layout (`PoolEngine.reconfigure`); a binding only *borrows* the
+plan's groups inside one aligned block of devices and gives them back, with nothing rebuilt:
+every device already holds the full weights and a warm context for the bound group (the
+shard views and communicators of TP switching), so binding is bookkeeping at an iteration
+boundary. The replicas' requests keep their KV in their own layout: pages of every layout tag
+live in one allocator, and the bound group takes only pages free on all its members.
+
+- **Hard** (latency-oriented requests): the replicas stop at once; their running requests
+  pause with their KV intact and resume after release (nothing recomputed).
+- **Soft** (throughput-oriented): busy replicas finish what they run and start nothing new;
+  an idle replica starts the request in DP mode meanwhile. The group forms once every
+  replica is idle; the request's KV then moves to the TP layout (the migration of TP
+  switching) and it goes on there.
+
+NOTE (no deadlock under skew): the controller is the only one that launches steps, one
+iteration at a time, and a step it launches on a group reaches every member in the same
+order. A bound group runs only in iterations where none of its replicas runs, so no rank
+ever waits in a collective for a peer that is busy in another one; a slow replica only
+delays the iteration boundary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nitsum.config import ModelConfig
+from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine import Engine
+from nitsum.errors import InvalidRequestError
+from nitsum.parallel.topology import TPTopology
+from nitsum.pool.devices import Devices
+from nitsum.pool.kv_move import Move, commit_moves, transfer_moves
+
+Group = tuple[int, ...]
+
+
+class Pool(Protocol):
+    """What a binder needs of its PoolEngine (pool/pool_engine.py)."""
+
+    pool: Devices
+    cfg: ModelConfig
+    ecfg: EngineConfig
+    topology: TPTopology
+    engines: dict[Group, Engine]
+    counters: dict[str, int]
+    retired: Counter[str]
+
+    def _engine(self, members: Group) -> Engine: ...
+
+
+@dataclass
+class Binding:
+    """A TP group over the plan's `replicas`, with its own scheduler (`engine`) over the same
+    pages; `requests` are the ones it serves."""
+
+    members: Group
+    replicas: list[Group]
+    engine: Engine
+    hard: bool
+    formed: bool = False
+    requests: set[str] = field(default_factory=set)
+    # Soft: requests started in DP mode on an idle replica until the group forms.
+    started: dict[str, Group] = field(default_factory=dict)
+
+
+class Binder:
+    """The bindings of one PoolEngine: bind, form, release."""
+
+    def __init__(self, pe: Pool) -> None:
+        self.pe = pe
+        self.bindings: list[Binding] = []
+        self.counters = dict.fromkeys(
+            ("tp_binds", "tp_binds_soft", "tp_bound_requests", "tp_binds_clamped"), 0
+        )
+
+    # -- what runs ----------------------------------------------------------------------------
+    def paused(self) -> set[Group]:
+        """Plan groups lent to a formed binding: not stepped."""
+        return {g for b in self.bindings if b.formed for g in b.replicas}
+
+    def engines(self) -> list[tuple[Group, Engine]]:
+        """Every binding's engine (formed or not: an unformed one may hold queued requests)."""
+        return [(b.members, b.engine) for b in self.bindings]
+
+    def active(self) -> list[tuple[Group, Engine]]:
+        return [(b.members, b.engine) for b in self.bindings if b.formed]
+
+    # -- binding --------------------------------------------------------------------------------
+    def serve(
+        self, tp: int, near: Group, request_id: str, hard: bool, fits_replica: bool
+    ) -> tuple[Group, Engine]:
+        """The engine a request bound at TP `tp` near plan group `near` is queued on: the
+        bound group's, or (soft, the group not formed yet, the request fits one replica) an
+        idle replica's, where it starts in DP mode."""
+        b = self._binding(tp, near, hard)
+        b.requests.add(request_id)
+        self.counters["tp_bound_requests"] += 1
+        if not b.formed and fits_replica:
+            idle = [g for g in b.replicas if not self.pe.engines[g].running()]
+            if idle:
+                b.started[request_id] = idle[0]
+                self._drain(b)
+                return idle[0], self.pe.engines[idle[0]]
+        return b.members, b.engine
+
+    def _binding(self, tp: int, near: Group, hard: bool) -> Binding:
+        members = self.pe.topology.group_of(near[0], tp)
+        for b in self.bindings:
+            if b.members == members:
+                return b
+            if set(b.members) & set(members):
+                if set(members) <= set(b.members):
+                    return b  # a larger binding holds these devices: serve there
+                raise InvalidRequestError(
+                    "bind_tp", f"devices {members} are bound as {b.members} until it finishes"
+                )
+        if members[-1] >= self.pe.pool.num_devices:
+            raise InvalidRequestError("bind_tp", f"the pool has no aligned group {members}")
+        replicas = [g for g in self.pe.engines if set(g) & set(members)]
+        if any(not set(g) <= set(members) for g in replicas):
+            raise InvalidRequestError("bind_tp", f"the plan's groups straddle {members}")
+        b = Binding(members, replicas, self.pe._engine(members), hard)
+        self.bindings.append(b)
+        self.counters["tp_binds"] += 1
+        if hard:
+            self._form(b)  # NOTE: requests are added between steps: an iteration boundary
+        else:
+            self.counters["tp_binds_soft"] += 1
+            self._drain(b)
+        return b
+
+    def _drain(self, b: Binding) -> None:
+        """Soft: the replicas start nothing but the binding's own requests from now on."""
+        for g in b.replicas:
+            own = {r for r, at in b.started.items() if at == g}
+            self.pe.engines[g].admit_only(own)
+
+    # -- forming and releasing (at iteration boundaries) ----------------------------------------
+    def form(self) -> None:
+        """Form every soft binding whose replicas now run only its own requests."""
+        for b in self.bindings:
+            if not b.formed and all(
+                {s.request_id for s in self.pe.engines[g].running()} <= set(b.started)
+                for g in b.replicas
+            ):
+                self._form(b)
+
+    def _form(self, b: Binding) -> None:
+        for g in b.replicas:
+            # NOTE: copies in flight on the replicas hold pages the bound group might take.
+            self.pe.engines[g].settle_swaps()
+            self.pe.engines[g].admit_only(None)
+        moves: list[Move] = []
+        for request_id, g in b.started.items():
+            source = self.pe.engines[g]
+            seq = next((s for s in source.sequences() if s.request_id == request_id), None)
+            if seq is not None:
+                moves.append((seq, b.members, source))
+        if moves:
+            targets = {b.members: b.engine}
+            pe = self.pe
+            new_pages, recompute, moved, _ = transfer_moves(
+                pe.pool, pe.cfg.num_kv_heads, pe.ecfg.page_tokens, moves, targets
+            )
+            commit_moves(moves, targets, new_pages, recompute)
+            pe.counters["kv_migrated_bytes"] += moved
+        b.started.clear()
+        b.formed = True
+
+    def release(self) -> None:
+        """Give back the replicas of every binding whose requests all finished (a soft one's
+        may all have finished in DP mode before it formed)."""
+        for b in list(self.bindings):
+            if b.engine.has_unfinished() or (not b.formed and b.requests):
+                continue
+            for g in b.replicas:
+                self.pe.engines[g].admit_only(None)
+            self.pe.retired.update(b.engine.counters())
+            b.engine.close()
+            self.bindings.remove(b)
+
+    def drop(self, request_id: str) -> None:
+        """`request_id` left (finished or aborted) before its group formed."""
+        for b in self.bindings:
+            b.requests.discard(request_id)
+            if b.started.pop(request_id, None) is not None and not b.formed:
+                self._drain(b)
