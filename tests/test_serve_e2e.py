@@ -34,7 +34,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import torch
 
+from nitsum.config import ModelConfig
+from nitsum.kv.pool import KVPool
 from nitsum.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -359,8 +362,12 @@ def test_health_models_plan(
     assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["workers"] == 2, r.text
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
-    window = json.loads((smollm2_dir / "config.json").read_text())["max_position_embeddings"]
-    assert models.data[0].model_extra["max_model_len"] == window
+    hf_config = json.loads((smollm2_dir / "config.json").read_text())
+    window = hf_config["max_position_embeddings"]
+    # One-device workers: the context is capped by what one device's KV holds (256 MiB).
+    held = KVPool.pages_in(ModelConfig.from_hf(hf_config), 256 << 20, 16, torch.float32) * 16
+    assert held < window
+    assert models.data[0].model_extra["max_model_len"] == held
     plan = http.get("/admin/plan", timeout=10).json()
     assert sorted(g["members"] for g in plan["groups"]) == [[0], [1]], plan
     assert sorted(w["id"] for w in plan["workers"]) == [0, 1], plan

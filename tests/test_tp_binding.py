@@ -182,3 +182,28 @@ def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:
             assert run.out[r] == hf_greedy(hf, ps[r], n), r
     finally:
         pool.call(0, "probe", device_probes.slow_steps, (0.0,))
+
+
+def test_light_load_binds_idle_replicas_for_a_strict_request(pool, tiny) -> None:
+    """The load trigger: with every replica idle a request with a TTFT target runs bound at
+    TP 2; with one replica busy it stays DP (and one without a TTFT target always does)."""
+    from dataclasses import replace
+
+    hf, cfg = tiny
+    pe = PoolEngine(pool, cfg, replace(ECFG, bind_idle=True), PAGES, [(0,), (1,)])
+    ps = [prompt(cfg, 16, seed=40 + i) for i in range(3)]
+    assert pe.add_request("idle", ps[0], greedy(4), group=(0,), ttft_ms=500) == (0, 1)
+    assert pe.add_request("bulk", ps[1], greedy(4), group=(1,)) == (1,)  # no TTFT: DP
+    out: dict[str, list[int]] = {}
+    while pe.has_unfinished():
+        for o in pe.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    pe.add_request("busy", ps[1], greedy(30), group=(1,))
+    pe.step()
+    assert pe.add_request("strict", ps[2], greedy(4), group=(0,), ttft_ms=500) == (0,)
+    while pe.has_unfinished():
+        for o in pe.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert out["idle"] == hf_greedy(hf, ps[0], 4)
+    assert out["strict"] == hf_greedy(hf, ps[2], 4)
+    assert pe.all_counters()["tp_binds"] == 1

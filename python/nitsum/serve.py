@@ -133,6 +133,8 @@ def host_worker_command(
     cmd += ["--device", args.device, "--served-model-name", served_model_name]
     cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
     cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb)]
+    if args.bind_idle:
+        cmd += ["--bind-idle"]
     return cmd
 
 
@@ -241,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="host memory per device for swapped-out KV (0: preemption recomputes)",
     )
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument(
+        "--bind-idle",
+        action="store_true",
+        help="with --tp-switching: under light load, run a strict request on a TP group bound "
+        "from idle devices (docs/architecture.md, 'Per-request TP binding')",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
     p.add_argument(

@@ -245,6 +245,17 @@ impl RouterState {
             .collect()
     }
 
+    /// The longest context a live worker says it serves (`register`'s `max_context`: a host
+    /// worker's is what its largest TP group's KV holds); None: none said.
+    pub fn worker_max_context(&self) -> Option<u64> {
+        self.lock()
+            .registry
+            .iter()
+            .map(|(_, w)| w.info.max_context)
+            .filter(|&c| c > 0)
+            .max()
+    }
+
     /// Per-group load for `/metrics`.
     pub fn groups(&self) -> Vec<GroupSnapshot> {
         let st = self.lock();

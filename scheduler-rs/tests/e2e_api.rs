@@ -682,3 +682,27 @@ async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
                          "logprobs": null, "suffix": ""});
     assert_eq!(post(&r, "/v1/completions", neutral).await.status, 200);
 }
+
+#[tokio::test]
+async fn models_report_the_longest_context_a_worker_serves() {
+    // The tiny model's window is 64 tokens; a worker whose largest TP group holds 40 caps it.
+    let r = start(config(), &[MockOptions::default()]).await;
+    let models = call(&r, "GET", "/v1/models", &[], "").await.json();
+    assert_eq!(models["data"][0]["max_model_len"], 64);
+    let small = MockOptions {
+        max_context: 40,
+        ..MockOptions::default()
+    };
+    let r = start(config(), &[small]).await;
+    let models = call(&r, "GET", "/v1/models", &[], "").await.json();
+    assert_eq!(models["data"][0]["max_model_len"], 40);
+    // A prompt beyond it is refused by the router, with the limit.
+    let body = json!({"model": "tiny", "prompt": vec![1u32; 45], "max_tokens": 1}).to_string();
+    let long = call(&r, "POST", "/v1/completions", &[], &body).await;
+    assert_eq!(err(&long).0, 400);
+    assert!(
+        long.body.contains("maximum context length is 40"),
+        "{}",
+        long.body
+    );
+}

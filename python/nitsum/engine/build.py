@@ -44,6 +44,9 @@ class EngineConfig:
     # Swap-ins: "auto" (asynchronous unless a synchronous copy is cheaper, engine/swap.py),
     # "sync" or "async".
     swap_mode: str = "auto"
+    # Under light load, run a request with a TTFT target on a TP group bound from idle
+    # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
+    bind_idle: bool = False
 
 
 def build_model(

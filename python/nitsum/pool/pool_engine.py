@@ -126,6 +126,24 @@ class PoolEngine:
         times the tokens at TP, so a group of the largest level holds the most."""
         return self.alloc.num_pages * self.alloc.base_page_tokens * max(self.allowed)
 
+    def _idle_level(self, group: tuple[int, ...]) -> int:
+        """The largest TP level whose aligned block around `group` holds only plan groups
+        with no request at all and no binding (`group`'s own level if none).
+
+        NOTE (the load trigger): under load some replica is always busy, so everything stays
+        DP; a binding made here borrows idle devices for one request and gives them back."""
+        busy = {d for b in self.binder.bindings for d in b.members}
+        for tp in sorted(self.allowed, reverse=True):
+            if tp <= len(group):
+                break
+            block = set(self.topology.group_of(group[0], tp))
+            inside = [(g, e) for g, e in self.engines.items() if set(g) & block]
+            if block.isdisjoint(busy) and all(
+                set(g) <= block and not e.request_ids() for g, e in inside
+            ):
+                return tp
+        return len(group)
+
     def _context_tp(self, tokens: int) -> int:
         """The smallest TP level whose group's pages hold `tokens` tokens (the largest if
         none does)."""
@@ -171,9 +189,17 @@ class PoolEngine:
             log.warning("bind_tp %d is not a TP level of this pool; binding %d", bind_tp, level)
             self.binder.counters["tp_binds_clamped"] += 1
             bind_tp = level
+        if len(prompt_ids) >= self.max_servable_tokens():
+            raise InvalidRequestError(
+                "prompt",
+                f"has {len(prompt_ids)} tokens; the largest TP group's KV holds "
+                f"{self.max_servable_tokens()} and at least one token must be generated",
+            )
         context = min(len(prompt_ids) + sampling.max_tokens, engine.max_context)
         need = self._context_tp(context)
         tp = max(bind_tp or 1, need)
+        if tp <= len(group) and self.ecfg.bind_idle and ttft_ms is not None:
+            tp = self._idle_level(group)
         if tp > len(group):
             hard = bind_hard if bind_hard is not None else ttft_ms is not None
             fits_replica = need <= len(group)

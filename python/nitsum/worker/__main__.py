@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=HOST_KV_CACHE_MB,
         help="host memory per device for swapped-out KV, MiB (0: preemption recomputes)",
     )
+    p.add_argument(
+        "--bind-idle",
+        action="store_true",
+        help="under light load, bind idle devices into a TP group for a request with a TTFT "
+        "target (per-request TP binding's load trigger; needs --devices > 1)",
+    )
     p.add_argument("--page-tokens", type=int, default=16, help="tokens per KV page at TP 1")
     p.add_argument("--max-batch", type=int, default=64, help="running sequences cap")
     p.add_argument("--token-budget", type=int, default=512, help="tokens per step")
@@ -92,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         max_batch=args.max_batch,
         token_budget=args.token_budget,
         max_context=args.max_context,
+        bind_idle=args.bind_idle,
     )
     backend: PoolBackend
     try:

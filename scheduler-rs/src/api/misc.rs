@@ -10,12 +10,19 @@ use serde_json::json;
 
 use super::{unix_now, AppState};
 
-/// `GET /v1/models`: the one served model.
+/// `GET /v1/models`: the one served model. `max_model_len` is the longest context the
+/// deployment serves: the model's window, capped by the most any live worker holds (a worker
+/// whose largest TP group's KV holds less says so in `register`).
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let window = state.model.as_ref().map(|m| m.max_context as u64);
+    let max_model_len = match (window, state.router.worker_max_context()) {
+        (Some(w), Some(c)) => Some(w.min(c)),
+        (w, c) => w.or(c),
+    };
     axum::Json(json!({"object": "list", "data": [{
         "id": state.served_model(), "object": "model", "created": unix_now(),
         "owned_by": "nitsum",
-        "max_model_len": state.model.as_ref().map(|m| m.max_context),
+        "max_model_len": max_model_len,
     }]}))
     .into_response()
 }

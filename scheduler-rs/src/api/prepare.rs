@@ -138,7 +138,14 @@ pub fn build(
             ));
         }
     }
-    let max_context = model.map_or(usize::MAX, |m| m.max_context);
+    // NOTE: capped by the most any worker's KV holds (its largest TP group's), so a prompt
+    // no worker can serve is refused here, with the limit, rather than failing there.
+    let max_context = model.map_or(usize::MAX, |m| m.max_context).min(
+        state
+            .router
+            .worker_max_context()
+            .map_or(usize::MAX, |c| c as usize),
+    );
     let prompt = input_ids.len();
     if prompt >= max_context {
         return Err(ApiError::invalid(
