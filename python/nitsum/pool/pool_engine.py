@@ -117,7 +117,7 @@ class PoolEngine:
     def groups(self) -> list[tuple[int, ...]]:
         return list(self.engines)
 
-    def _all(self) -> list[tuple[tuple[int, ...], Engine]]:
+    def every_engine(self) -> list[tuple[tuple[int, ...], Engine]]:
         """The plan's engines and the bindings' (whose devices overlap them)."""
         return [*self.engines.items(), *self.binder.engines()]
 
@@ -178,7 +178,7 @@ class PoolEngine:
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
-        if any(request_id in e.request_ids() for _, e in self._all()):
+        if any(request_id in e.request_ids() for _, e in self.every_engine()):
             raise ValueError(f"request {request_id!r} is already running")
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
@@ -219,10 +219,10 @@ class PoolEngine:
     def abort(self, request_id: str) -> bool:
         self.decode_targets.pop(request_id, None)
         self.binder.drop(request_id)
-        return any(e.abort(request_id) for _, e in self._all())
+        return any(e.abort(request_id) for _, e in self.every_engine())
 
     def has_unfinished(self) -> bool:
-        return any(e.has_unfinished() for _, e in self._all())
+        return any(e.has_unfinished() for _, e in self.every_engine())
 
     def step(self) -> list[RequestOutput]:
         """One iteration on every group; groups run concurrently on their devices.
@@ -372,14 +372,14 @@ class PoolEngine:
 
     def free_pages(self, device: int) -> int:
         """Pages of `device` free now or as soon as its group needs them (idle cached ones)."""
-        cached = sum(e.num_evictable() for g, e in self._all() if device in g)
+        cached = sum(e.num_evictable() for g, e in self.every_engine() if device in g)
         return self.alloc.num_free(device) + cached
 
     def all_counters(self) -> dict[str, int]:
         """Cumulative counters for the `stats` message: the pool's own and its engines'
         (`Engine.counters`), dissolved ones included."""
         total = Counter(self.retired)
-        for _, engine in self._all():
+        for _, engine in self.every_engine():
             total.update(engine.counters())
         return {**self.counters, **self.binder.counters, **total, **self.usage()}
 
@@ -393,7 +393,7 @@ class PoolEngine:
         if self.host_alloc is not None:
             host = self.host_alloc.num_pages * self.pool.num_devices
             host_free = sum(self.host_alloc.num_free(d) for d in range(self.pool.num_devices))
-            host_free += sum(e.num_host_cached() * len(g) for g, e in self._all())
+            host_free += sum(e.num_host_cached() * len(g) for g, e in self.every_engine())
             out["host_kv_usage_perc"] = round(100 * (host - host_free) / host)
         return out
 
@@ -401,7 +401,7 @@ class PoolEngine:
         """Per device: (pages marked used, pages owned by live sequences or held by a
         group's prefix cache). Must be equal."""
         owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
-        for members, engine in self._all():
+        for members, engine in self.every_engine():
             for seq in engine.sequences():
                 for d in seq.layout.members:
                     owned[d] |= set(seq.pages)

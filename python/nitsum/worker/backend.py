@@ -100,6 +100,10 @@ class PoolBackend:
         if group[0] != device - self.first_id:
             return 0, 0, free  # requests are counted on their group's leader only
         running, waiting, _ = self.pe.engines[group].load()
+        for members, engine in self.pe.binder.engines():
+            if members[0] == group[0]:  # a binding's requests count on its leader too
+                r, w, _ = engine.load()
+                running, waiting = running + r, waiting + w
         return running, waiting, free
 
     def add(self, device: int, req: GenerateRequest) -> None:
@@ -122,7 +126,8 @@ class PoolBackend:
         )
 
     def abort(self, request_id: str) -> None:
-        for engine in self.pe.engines.values():
+        self.pe.binder.drop(request_id)
+        for _, engine in self.pe.every_engine():
             _abort(engine, request_id)
 
     def has_unfinished(self) -> bool:
@@ -132,10 +137,10 @@ class PoolBackend:
         return self.pe.step()
 
     def running(self) -> list[str]:
-        return [s.request_id for e in self.pe.engines.values() for s in e.running()]
+        return [s.request_id for _, e in self.pe.every_engine() for s in e.running()]
 
     def requests(self) -> list[str]:
-        return [rid for e in self.pe.engines.values() for rid in e.request_ids()]
+        return [rid for _, e in self.pe.every_engine() for rid in e.request_ids()]
 
     def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
         groups = [tuple(d - self.first_id for d in g) for g in plan.groups]
