@@ -8,7 +8,7 @@ import torch
 
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
-from nitsum.kv.host_pool import HostKVPool
+from nitsum.kv.host_pool import HostKVPool, PageCopies
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapCopier, SwapProgress
 from nitsum.models.llama import LlamaModel
@@ -24,9 +24,7 @@ class Runner(Protocol):
         """Forward `batch`; one sampled token per sampling entry, in batch order."""
         ...
 
-    def start_swap(
-        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> None:
+    def start_swap(self, ticket: int, out: PageCopies, into: PageCopies) -> None:
         """Start copying (device page, host page) pairs `out` to host, then (host page, device
         page) pairs `into` back, on every device of the group, off the step path
         (kv/swap_copier.py); returns at once."""
@@ -72,9 +70,7 @@ class ModelRunner:
         """Forward the batch and return one sampled token per sampling sequence."""
         return sample_batch(self.forward(self.prepare(batch)), batch)
 
-    def start_swap(
-        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> None:
+    def start_swap(self, ticket: int, out: PageCopies, into: PageCopies) -> None:
         self._copier().start(ticket, out, into)
 
     def swap_progress(self, wait_for: int | None = None) -> SwapProgress:

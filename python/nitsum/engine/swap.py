@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nitsum.engine.sequence import Sequence
+from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.swap_copier import SwapProgress
 
@@ -44,9 +45,7 @@ COUNTERS = ("swap_out_pages", "swap_in_pages", "swap_bytes", "swap_copies", "swa
 class Copier(Protocol):
     """The group's copy threads (an engine's runner)."""
 
-    def start_swap(
-        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> None: ...
+    def start_swap(self, ticket: int, out: PageCopies, into: PageCopies) -> None: ...
 
     def swap_progress(self, wait_for: int | None = None) -> SwapProgress: ...
 
@@ -76,8 +75,8 @@ class SwapSpace:
     # Planned for the next ticket: (device, host) copies out, then (host, device) copies in,
     # the device pages they touch, the sequences loading, host pages to free once started,
     # and whether the step waits for the ticket.
-    out: list[tuple[int, int]] = field(default_factory=list)
-    into: list[tuple[int, int]] = field(default_factory=list)
+    out: PageCopies = field(default_factory=list)
+    into: PageCopies = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     loading: list[Sequence] = field(default_factory=list)
     release: list[int] = field(default_factory=list)

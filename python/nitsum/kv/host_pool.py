@@ -15,6 +15,9 @@ import torch
 
 from nitsum.kv.pool import KVPool
 
+# (source page, destination page) pairs of one direction of a swap.
+PageCopies = list[tuple[int, int]]
+
 
 def runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     """(src start, dst start, length) of the maximal runs where both id lists step by one."""
@@ -53,7 +56,7 @@ class HostKVPool:
         self.pool = pool
         self.num_pages = num_pages
 
-    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> SwapStats:
+    def swap(self, out: PageCopies, into: PageCopies) -> SwapStats:
         """Copy device page → host page for each pair of `out`, then host → device for each
         pair of `into` (NOTE: in that order: a page swapped out may be swapped into in the
         same call)."""

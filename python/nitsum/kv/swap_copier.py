@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitsum.kv.host_pool import HostKVPool, SwapStats
+from nitsum.kv.host_pool import HostKVPool, PageCopies, SwapStats
 
 
 @dataclass
@@ -51,8 +51,8 @@ class SwapProgress:
 @dataclass
 class _Job:
     ticket: int
-    out: list[tuple[int, int]]
-    into: list[tuple[int, int]]
+    out: PageCopies
+    into: PageCopies
     # CUDA: the compute stream's point the copies must wait for (the pages' last writes).
     after: torch.cuda.Event | None = None
 
@@ -74,7 +74,7 @@ class SwapCopier:
         self._thread = threading.Thread(target=self._run, name="swap-copier", daemon=True)
         self._thread.start()
 
-    def start(self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
+    def start(self, ticket: int, out: PageCopies, into: PageCopies) -> None:
         """Queue (device page, host page) copies `out`, then (host page, device page) copies
         `into`, under `ticket` (greater than every earlier one); returns at once."""
         after = None

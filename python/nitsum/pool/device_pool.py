@@ -13,6 +13,7 @@ import torch
 
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
+from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
@@ -111,11 +112,7 @@ class DevicePool:
         return replies
 
     def start_swap(
-        self,
-        members: tuple[int, ...],
-        ticket: int,
-        out: list[tuple[int, int]],
-        into: list[tuple[int, int]],
+        self, members: tuple[int, ...], ticket: int, out: PageCopies, into: PageCopies
     ) -> None:
         """Every member queues the copies of its shard of the pages (same ids on every
         member) on its copy thread; the replies come as soon as they are queued."""

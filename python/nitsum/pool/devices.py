@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     import torch
 
     from nitsum.engine.step_inputs import StepInputs
+    from nitsum.kv.host_pool import PageCopies
     from nitsum.kv.swap_copier import SwapProgress
     from nitsum.pool.kv_transfer import TransferStats
     from nitsum.pool.migration_plan import Piece
@@ -32,11 +33,7 @@ class Devices(Protocol):
         ...
 
     def start_swap(
-        self,
-        members: tuple[int, ...],
-        ticket: int,
-        out: list[tuple[int, int]],
-        into: list[tuple[int, int]],
+        self, members: tuple[int, ...], ticket: int, out: PageCopies, into: PageCopies
     ) -> None:
         """Start copying (device page, host page) pairs `out` to each member's host KV tier,
         then (host page, device page) pairs `into` back, on each member's copy thread

@@ -18,7 +18,7 @@ from nitsum.engine.build import EngineConfig, build_model
 from nitsum.engine.load import load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.host_pool import HostKVPool, host_pages_in
+from nitsum.kv.host_pool import HostKVPool, PageCopies, host_pages_in
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
@@ -68,11 +68,7 @@ class LocalDevice:
             raise DeviceError(f"{type(e).__name__}: {e}") from e
 
     def start_swap(
-        self,
-        members: tuple[int, ...],
-        ticket: int,
-        out: list[tuple[int, int]],
-        into: list[tuple[int, int]],
+        self, members: tuple[int, ...], ticket: int, out: PageCopies, into: PageCopies
     ) -> None:
         self._check(members)
         self.runner.start_swap(ticket, out, into)

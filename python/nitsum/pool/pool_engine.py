@@ -20,7 +20,7 @@ from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.engine.swap import SwapSpace
 from nitsum.errors import InvalidRequestError
-from nitsum.kv.host_pool import host_pages_in
+from nitsum.kv.host_pool import PageCopies, host_pages_in
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
@@ -55,9 +55,7 @@ class GroupRunner:
         self.pool.launch_step(self.members, self.prepare(batch))
         return sample_batch(self.pool.collect_step(self.members), batch)
 
-    def start_swap(
-        self, ticket: int, out: list[tuple[int, int]], into: list[tuple[int, int]]
-    ) -> None:
+    def start_swap(self, ticket: int, out: PageCopies, into: PageCopies) -> None:
         self.pool.start_swap(self.members, ticket, out, into)
 
     def swap_progress(self, wait_for: int | None = None) -> SwapProgress:
