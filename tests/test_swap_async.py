@@ -194,3 +194,21 @@ def test_abort_while_loading_waits_for_the_copy(tiny) -> None:
     assert "bg1" not in t.engine.seqs
     assert t.out["bg0"] == hf_greedy(hf, t.ps["bg0"], 64)
     assert t.out["strict"] == hf_greedy(hf, t.ps["strict"], 16)
+
+
+def test_a_copy_out_of_a_page_being_copied_into_goes_in_the_next_ticket() -> None:
+    """Within a ticket copies out run first: swapping out (or demoting) a page the planned
+    ticket copies into starts that ticket first, so the copy out reads the loaded data."""
+    from nitsum.engine.sequence import Sequence
+
+    device = PageAllocator(1, 8, P).group((0,))
+    swap = SwapSpace(PageAllocator(1, 8, P).group((0,)), device, page_bytes=1)
+    swap.copier = copier = FakeCopier()
+    seq = Sequence("s", [1, 2, 3], SamplingParams())
+    pages = device.allocate(2)
+    swap.swap_in(seq, [5, 6], pages, sync=False)
+    assert copier.started == [] and seq.loading
+    swap.swap_out(pages[1:])  # preempted again in the same pass
+    assert len(copier.started) == 1 and swap.out == [(pages[1], swap.out[0][1])]
+    swap.submit()
+    assert len(copier.started) == 2 and copier.started[0] < copier.started[1]

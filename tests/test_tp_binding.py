@@ -207,3 +207,34 @@ def test_light_load_binds_idle_replicas_for_a_strict_request(pool, tiny) -> None
     assert out["idle"] == hf_greedy(hf, ps[0], 4)
     assert out["strict"] == hf_greedy(hf, ps[2], 4)
     assert pe.all_counters()["tp_binds"] == 1
+
+
+def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
+    """With the prefix cache on, finished requests leave the replicas' pages cached; a long
+    request bound later still gets them (the replicas' idle cached pages give way when the
+    group forms), and an abort of the last bound request releases the binding at once."""
+    from dataclasses import replace
+
+    hf, cfg = tiny
+    pe = PoolEngine(pool, cfg, replace(ECFG, prefix_caching=True), PAGES, [(0,), (1,)])
+    for i, g in enumerate(((0,), (1,))):
+        pe.add_request(f"warm{i}", prompt(cfg, 64, seed=50 + i), greedy(4), group=g)
+    while pe.has_unfinished():
+        pe.step()
+    assert all(e.num_evictable() >= 15 for e in pe.engines.values())
+    long = prompt(cfg, 100, seed=52)
+    pe.add_request("long", long, greedy(20), ttft_ms=5000)
+    out: list[int] = []
+    for _ in range(100):
+        if not pe.has_unfinished():
+            break
+        out += [t for o in pe.step() for t in o.new_token_ids]
+    assert out == hf_greedy(hf, long, 20)
+    pe.step()
+    assert not pe.binder.bindings
+    pe.add_request("gone", prompt(cfg, 8, seed=53), greedy(4), bind_tp=2, ttft_ms=500)
+    assert pe.binder.bindings and pe.binder.paused() == {(0,), (1,)}
+    assert pe.abort("gone")
+    assert not pe.binder.bindings and not pe.binder.paused()
+    c = pe.all_counters()
+    assert (c["tp_binds"], c["tp_bound_requests"]) == (2, 2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.swap import SwapSpace
-from nitsum.kv.pages import GroupPages
+from nitsum.kv.pages import GroupPages, OutOfPages
 from nitsum.kv.prefix_cache import PrefixCache
 
 
@@ -57,7 +57,11 @@ class KVSpace:
         if need > self.pages.num_free:
             return False
         if need > 0:
-            seq.pages.extend(self.pages.allocate(need, seq.pages[-1] if seq.pages else None))
+            try:
+                new = self.pages.allocate(need, seq.pages[-1] if seq.pages else None)
+            except OutOfPages:  # free, but held by another group's copies in flight
+                return False
+            seq.pages.extend(new)
         return True
 
     def swap_in(self, seq: Sequence, cached: int, others: int, step_s: float | None) -> bool:
@@ -78,7 +82,10 @@ class KVSpace:
         self.reclaim(1)
         if self.pages.num_free == 0:
             return None
-        (page,) = self.pages.allocate(1)
+        try:
+            (page,) = self.pages.allocate(1)
+        except OutOfPages:  # free, but held by another group's copies in flight
+            return None
         self.swap.load(host_page, page)
         return page
 

@@ -92,7 +92,13 @@ class SwapSpace:
     # -- planning (the scheduler, while it builds a step) --------------------------------------
     def swap_out(self, device_pages: list[int]) -> list[int]:
         """Host pages for `device_pages`, copied out by the next ticket (the device pages are
-        held until then, so they can be released at once)."""
+        held until then, so they can be released at once).
+
+        NOTE: within a ticket copies out run first; a page the planned ticket copies *into*
+        (a swap-in or a prefix load of this very pass) must be read after that copy, so the
+        planned ticket starts first and this copy goes in the next one (FIFO after it)."""
+        if not {d for _, d in self.into}.isdisjoint(device_pages):
+            self.submit()
         host_pages = self.host.allocate(len(device_pages))
         self.out += zip(device_pages, host_pages, strict=True)
         self._hold(device_pages)

@@ -64,6 +64,8 @@ class Binding:
     hard: bool
     formed: bool = False
     requests: set[str] = field(default_factory=set)
+    # Counted in `tp_binds` (once its first request was accepted).
+    counted: bool = False
     # Soft: requests started in DP mode on an idle replica until the group forms.
     started: dict[str, Group] = field(default_factory=dict)
 
@@ -99,7 +101,6 @@ class Binder:
         idle replica's, where it starts in DP mode."""
         b = self._binding(tp, near, hard)
         b.requests.add(request_id)
-        self.counters["tp_bound_requests"] += 1
         if not b.formed and fits_replica:
             idle = [g for g in b.replicas if not self.pe.engines[g].running()]
             if idle:
@@ -126,13 +127,21 @@ class Binder:
             raise InvalidRequestError("bind_tp", f"the plan's groups straddle {members}")
         b = Binding(members, replicas, self.pe._engine(members), hard)
         self.bindings.append(b)
-        self.counters["tp_binds"] += 1
         if hard:
             self._form(b)  # NOTE: requests are added between steps: an iteration boundary
         else:
-            self.counters["tp_binds_soft"] += 1
             self._drain(b)
         return b
+
+    def admitted(self, request_id: str) -> None:
+        """`request_id`, bound, was accepted by its engine: count it (and its binding)."""
+        for b in self.bindings:
+            if request_id in b.requests:
+                self.counters["tp_bound_requests"] += 1
+                if not b.counted:
+                    b.counted = True
+                    self.counters["tp_binds"] += 1
+                    self.counters["tp_binds_soft"] += not b.hard
 
     def _drain(self, b: Binding) -> None:
         """Soft: the replicas start nothing but the binding's own requests from now on."""
@@ -152,9 +161,12 @@ class Binder:
 
     def _form(self, b: Binding) -> None:
         for g in b.replicas:
-            # NOTE: copies in flight on the replicas hold pages the bound group might take.
-            self.pe.engines[g].settle_swaps()
-            self.pe.engines[g].admit_only(None)
+            replica = self.pe.engines[g]
+            # NOTE: the replicas' idle cached pages go (to host, if any), or the bound group
+            # could never get them; then their copies finish: they hold pages it might take.
+            replica.reclaim(self.pe.alloc.num_pages)
+            replica.settle_swaps()
+            replica.admit_only(None)
         moves: list[Move] = []
         for request_id, g in b.started.items():
             source = self.pe.engines[g]
@@ -171,6 +183,17 @@ class Binder:
             pe.counters["kv_migrated_bytes"] += moved
         b.started.clear()
         b.formed = True
+
+    def step_done(self) -> None:
+        """After a step: a formed binding that has requests but ran none is short of pages
+        the paused replicas' sequences hold, so it turns soft (the replicas finish what they
+        run and start nothing new) and forms again once they are drained; then `release`."""
+        for b in self.bindings:
+            e = b.engine
+            if b.formed and e.has_unfinished() and not e.running():
+                b.formed, b.hard = False, False
+                self._drain(b)
+        self.release()
 
     def release(self) -> None:
         """Give back the replicas of every binding whose requests all finished (a soft one's

@@ -210,6 +210,7 @@ class PoolEngine:
             self.binder.drop(request_id)
             self.binder.release()  # a binding made for it alone is undone
             raise
+        self.binder.admitted(request_id)
         if decode_group is not None:
             self.decode_targets[request_id] = decode_group
         return group
@@ -217,7 +218,9 @@ class PoolEngine:
     def abort(self, request_id: str) -> bool:
         self.decode_targets.pop(request_id, None)
         self.binder.drop(request_id)
-        return any(e.abort(request_id) for _, e in self.every_engine())
+        found = any(e.abort(request_id) for _, e in self.every_engine())
+        self.binder.release()  # NOTE: nothing may step again soon to release it
+        return found
 
     def has_unfinished(self) -> bool:
         return any(e.has_unfinished() for _, e in self.every_engine())
@@ -258,7 +261,7 @@ class PoolEngine:
                 self.decode_targets.pop(out.request_id, None)
                 self.binder.drop(out.request_id)
         self._hand_off_prefilled()
-        self.binder.release()
+        self.binder.step_done()
         return outputs
 
     # -- reconfiguration ---------------------------------------------------------------------
@@ -338,7 +341,10 @@ class PoolEngine:
         """Move requests whose prefill finished on a prefill group to their decode group,
         with the same pack / pipelined transfer / unpack path as a TP migration."""
         moves: list[Move] = []
+        paused = self.binder.paused()
         for group, engine in self.engines.items():
+            if group in paused:
+                continue  # NOTE: its devices are lent to a binding: nothing moves from there
             for seq in engine.running():
                 target = self.decode_targets.get(seq.request_id)
                 if target is not None and target not in self.engines:
@@ -346,7 +352,7 @@ class PoolEngine:
                     # decodes where it is (a prefill group can decode, only less efficiently).
                     del self.decode_targets[seq.request_id]
                     continue
-                if target is None or target == group:
+                if target is None or target == group or target in paused:
                     continue
                 # NOTE: not while its KV is still being copied back from host.
                 done = seq.num_computed >= len(seq.prompt_ids) and not seq.loading

@@ -129,6 +129,7 @@ class PoolBackend:
         self.pe.binder.drop(request_id)
         for _, engine in self.pe.every_engine():
             _abort(engine, request_id)
+        self.pe.binder.release()
 
     def has_unfinished(self) -> bool:
         return self.pe.has_unfinished()
@@ -149,7 +150,7 @@ class PoolBackend:
         except ValueError as e:  # TPTopology.check: unaligned, overlapping or unsupported TP
             raise PlanRefused(str(e)) from e
         if not report.ok:  # the transfer failed and was rolled back
-            raise PlanRefused(f"KV migration failed, plan rolled back: {report.error}")
+            raise PlanRefused(f"plan not applied, nothing changed: {report.error}")
         for local, g in zip(groups, plan.groups, strict=True):
             cap = plan.max_batch(g) or self.max_batch
             self.pe.engines[local].max_batch = min(self.max_batch, cap)
