@@ -238,3 +238,27 @@ def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
     assert not pe.binder.bindings and not pe.binder.paused()
     c = pe.all_counters()
     assert (c["tp_binds"], c["tp_bound_requests"]) == (2, 2)
+
+
+def test_a_group_failing_to_begin_a_step_fails_alone(run, tiny) -> None:
+    """A group whose step cannot begin (e.g. a swap copy failed) fails its own requests
+    with an error; the other group's launched step is still collected and it finishes."""
+    hf, cfg = tiny
+    ps = [prompt(cfg, 12, seed=60 + i) for i in range(2)]
+    run.pe.add_request("ok", ps[0], greedy(6), group=(0,))
+    run.pe.add_request("bad", ps[1], greedy(6), group=(1,))
+    broken = run.pe.engines[(1,)]
+
+    def fail():
+        raise RuntimeError("swap copy failed: boom")
+
+    broken.begin_step = fail
+    outs = run.pe.step()
+    for o in outs:
+        run.out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    assert [(o.request_id, o.finish_reason) for o in outs if o.request_id == "bad"] == [
+        ("bad", "error")
+    ]
+    del broken.begin_step
+    run.finish()
+    assert run.out["ok"] == hf_greedy(hf, ps[0], 6)

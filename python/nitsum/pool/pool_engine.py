@@ -234,14 +234,21 @@ class PoolEngine:
         paused = self.binder.paused()
         active = [(g, e) for g, e in self.engines.items() if g not in paused]
         launched: list[tuple[Engine, list[Scheduled]]] = []
+        outputs: list[RequestOutput] = []
         started = time.monotonic()
         for members, engine in active + self.binder.active():
-            batch = engine.begin_step()
+            try:
+                batch = engine.begin_step()
+            except (DeviceError, RuntimeError) as e:
+                # NOTE: e.g. a swap copy failed: this group's requests fail, and the groups
+                # already launched are still collected (their devices' replies keep order).
+                log.error("group %s failed to begin a step: %s", members, e)
+                outputs += self._fail_all(engine, f"engine step failed: {e}")
+                continue
             if batch:
                 inputs = build_step_inputs(batch, engine.pages.tokens_per_page)
                 self.pool.launch_step(members, inputs)
                 launched.append((members, engine, batch))
-        outputs: list[RequestOutput] = []
         for members, engine, batch in launched:
             try:
                 logits = self.pool.collect_step(members)
@@ -262,6 +269,19 @@ class PoolEngine:
                 self.binder.drop(out.request_id)
         self._hand_off_prefilled()
         self.binder.step_done()
+        return outputs
+
+    @staticmethod
+    def _fail_all(engine: Engine, why: str) -> list[RequestOutput]:
+        """End every request of `engine` with an error (forgotten if even an abort fails)."""
+        outputs = []
+        for rid in engine.request_ids():
+            try:
+                engine.abort(rid)
+            except Exception:  # noqa: BLE001 - its state is unknown: never step it again
+                log.exception("abort(%r) failed", rid)
+                engine.forget(rid)
+            outputs.append(RequestOutput(rid, [], "error", why))
         return outputs
 
     # -- reconfiguration ---------------------------------------------------------------------
