@@ -7,7 +7,7 @@ import pytest
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.kv.prefix_cache import PrefixCache
 from nitsum.sampling import SamplingParams
-from tiny import make_tiny
+from tiny import kv_bytes, make_tiny
 from tiny import random_prompt as history
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -54,11 +54,6 @@ def engine_for(tiny, caching: bool = True, kv: int = 1 << 20, **kw):
         kv_cache_bytes=kv, page_tokens=P, token_budget=64, prefix_caching=caching, **kw
     )
     return build_engine(cfg, hf.state_dict().items(), ecfg)
-
-
-def kv_bytes(cfg, pages: int) -> int:
-    """A KV budget of exactly `pages` pages (fp32, all layers, K and V)."""
-    return pages * 2 * cfg.num_layers * P * cfg.num_kv_heads * cfg.head_dim * 4
 
 
 def serve(engine, rid: str, prompt: list[int], params=GREEDY) -> tuple[list[int], int]:

@@ -8,7 +8,7 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.kv.host_pool import HostKVPool, runs
 from nitsum.kv.pool import KVPool
 from nitsum.sampling import SamplingParams
-from tiny import hf_greedy, make_tiny, run_arrivals
+from tiny import hf_greedy, kv_bytes, make_tiny, run_arrivals
 from tiny import random_prompt as prompt
 
 P = 4
@@ -41,10 +41,6 @@ def test_host_pool_moves_exact_bytes_in_runs(tiny) -> None:
 @pytest.fixture(scope="module")
 def tiny():
     return make_tiny("llama-gqa")
-
-
-def kv_bytes(cfg, pages: int) -> int:
-    return pages * KVPool.page_bytes_of(cfg, P, torch.float32)
 
 
 def engine_for(tiny, pages: int, host_pages: int, **kw):

@@ -15,7 +15,7 @@ from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapCopier, SwapProgress
 from nitsum.sampling import SamplingParams
-from tiny import hf_greedy, make_tiny
+from tiny import hf_greedy, kv_bytes, make_tiny
 from tiny import random_prompt as prompt
 
 P = 4
@@ -123,10 +123,9 @@ class Loading:
 
     def __init__(self, tiny) -> None:
         hf, cfg = tiny
-        page = KVPool.page_bytes_of(cfg, P, torch.float32)
         ecfg = EngineConfig(
-            kv_cache_bytes=64 * page,
-            host_kv_cache_bytes=32 * page,
+            kv_cache_bytes=kv_bytes(cfg, 64),
+            host_kv_cache_bytes=kv_bytes(cfg, 32),
             page_tokens=P,
             token_budget=64,
             max_batch=2,

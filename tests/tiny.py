@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
+from nitsum.kv.pool import KVPool
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 
@@ -65,6 +66,11 @@ def random_prompt(cfg: ModelConfig, n: int, seed: int) -> list[int]:
     """`n` random token ids of `cfg`'s vocabulary (seeded)."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist()
+
+
+def kv_bytes(cfg: ModelConfig, pages: int, page_tokens: int = 4) -> int:
+    """A KV budget of exactly `pages` pages (fp32, all layers, K and V)."""
+    return pages * KVPool.page_bytes_of(cfg, page_tokens, torch.float32)
 
 
 def hf_greedy(hf: torch.nn.Module, ids: list[int], n: int) -> list[int]:

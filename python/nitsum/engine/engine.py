@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -217,6 +220,16 @@ class Engine:
     def forget(self, request_id: str) -> None:
         """Never step `request_id` again, whatever state it is in (after a failed abort)."""
         self.seqs.pop(request_id, None)
+
+    def abort_or_forget(self, request_id: str) -> bool:
+        """`abort`, and if even that fails (the engine is upset), `forget`: a request taken
+        out is never stepped again either way."""
+        try:
+            return self.abort(request_id)
+        except Exception:
+            log.exception("abort(%r) failed", request_id)
+            self.forget(request_id)
+            return True
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

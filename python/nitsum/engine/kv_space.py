@@ -123,11 +123,7 @@ class KVSpace:
     def _demote(self, page: int) -> int | None:
         """A host page for an idle cached page evicted from the device, copied out by the
         next ticket (None: no host tier or no room; the page's entry is dropped)."""
-        if self.swap is None or self.cache is None:
-            return None
-        if self.swap.host.num_free == 0:
-            self.swap.host.release(self.cache.evict_host(1))
-        if self.swap.host.num_free == 0:
+        if self.swap is None or self.cache is None or not self._host_room(1):
             return None
         return self.swap.swap_out([page])[0]
 

@@ -5,8 +5,9 @@ Each step it (1) advances running sequences, decodes first, then prompts class b
 Nitsum §3.3.2; within a class by `priority`, lower first) while the batch cap, token budget
 and free pages allow. A waiting sequence that cannot get in preempts running ones of a lower
 class or priority (FastSwitch §3, `_make_room`); when pages run out for a running sequence it
-preempts the lowest-priority, newest one. Preemption is by recompute, but the victim's full
-pages stay in the prefix cache: it recomputes only what was overwritten meanwhile.
+preempts the lowest-priority, newest one. Preemption is by swap or recompute, whichever costs
+less; the victim's full pages stay in the prefix cache either way, so it recomputes or copies
+back only what was overwritten meanwhile (`kv_space.py`).
 A sequence that can no longer get its first token by its TTFT deadline is served last.
 Within a class, short prompts may overtake long ones that can spare the tokens
 (`prompt_order.py`), so one long prompt does not hold every short one behind it.
@@ -57,7 +58,6 @@ class Scheduler:
         cache = PrefixCache(pages.tokens_per_page) if prefix_caching else None
         # Where the sequences' KV lives (device pages, prefix cache, host tier).
         self.kv = KVSpace(pages, cache, swap)
-        self.pages, self.cache, self.swap = pages, cache, swap
         self.max_batch = max_batch
         self.token_budget = token_budget
         # Short prompts overtake long ones that can spare the tokens (`prompt_order.py`);
@@ -75,6 +75,18 @@ class Scheduler:
         # Requests that may start now (None: any). A soft TP binding (pool/binding.py) drains
         # the replicas it borrows: only its own requests start there meanwhile.
         self.admit_only: set[str] | None = None
+
+    @property
+    def pages(self) -> GroupPages:
+        return self.kv.pages
+
+    @property
+    def cache(self) -> PrefixCache | None:
+        return self.kv.cache
+
+    @property
+    def swap(self) -> SwapSpace | None:
+        return self.kv.swap
 
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

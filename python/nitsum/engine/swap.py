@@ -105,7 +105,7 @@ class SwapSpace:
         return host_pages
 
     def swap_in(
-        self, seq: Sequence, host_pages: list[int], device_pages: list[int], sync: bool
+        self, seq: Sequence | None, host_pages: list[int], device_pages: list[int], sync: bool
     ) -> None:
         """Copy `host_pages` back into `device_pages` (`seq`'s own); with `sync` this step
         waits for the copy, else `seq` waits (`loading`) until its ticket is done."""
@@ -114,16 +114,15 @@ class SwapSpace:
         if sync:
             self.wait_now = True
         else:
+            assert seq is not None, "an asynchronous swap-in loads a sequence"
             seq.loading = True
             self.loading.append(seq)
 
     def load(self, host_page: int, device_page: int) -> None:
         """Copy a cached prefix page from host back into `device_page` before this step's
         forward (a sequence of this step reads it), then free the host page."""
-        self.into.append((host_page, device_page))
-        self._hold([device_page])
-        self.wait_now = True
-        self.release.append(host_page)
+        self.swap_in(None, [host_page], [device_page], sync=True)
+        self.free_after_start([host_page])
 
     def free_after_start(self, host_pages: list[int]) -> None:
         """Free `host_pages` once the next ticket has started.

@@ -24,6 +24,7 @@ delays the iteration boundary.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -32,11 +33,13 @@ from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine
 from nitsum.errors import InvalidRequestError
+from nitsum.kv.pages import PageAllocator
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.devices import Devices
 from nitsum.pool.kv_move import Move, commit_moves, transfer_moves
 
 Group = tuple[int, ...]
+log = logging.getLogger(__name__)
 
 
 class Pool(Protocol):
@@ -46,6 +49,8 @@ class Pool(Protocol):
     cfg: ModelConfig
     ecfg: EngineConfig
     topology: TPTopology
+    allowed: tuple[int, ...]
+    alloc: PageAllocator
     engines: dict[Group, Engine]
     counters: dict[str, int]
     retired: Counter[str]
@@ -91,6 +96,51 @@ class Binder:
 
     def active(self) -> list[tuple[Group, Engine]]:
         return [(b.members, b.engine) for b in self.bindings if b.formed]
+
+    # -- which level a request runs at ---------------------------------------------------------
+    def levels(
+        self, group: Group, context: int, bind_tp: int | None, latency: bool
+    ) -> tuple[int, int]:
+        """(the TP level a request queued on plan group `group` runs at, the level its
+        `context` tokens (prompt + `max_tokens`) need). The triggers: the context; its tier's
+        `bind_tp` (a level the pool lacks: the largest one below it); with a TTFT target
+        (`latency`) and `EngineConfig.bind_idle`, the largest idle level (`_idle_level`)."""
+        allowed = self.pe.allowed
+        if bind_tp is not None and bind_tp not in allowed:
+            level = max((lv for lv in allowed if lv <= bind_tp), default=1)
+            log.warning("bind_tp %d is not a TP level of this pool; binding %d", bind_tp, level)
+            self.counters["tp_binds_clamped"] += 1
+            bind_tp = level
+        need = self._context_tp(context)
+        tp = max(bind_tp or 1, need)
+        if tp <= len(group) and self.pe.ecfg.bind_idle and latency:
+            tp = self._idle_level(group)
+        return tp, need
+
+    def _idle_level(self, group: Group) -> int:
+        """The largest TP level whose aligned block around `group` holds only plan groups
+        with no request at all and no binding (`group`'s own level if none).
+
+        NOTE (the load trigger): under load some replica is always busy, so everything stays
+        DP; a binding made here borrows idle devices for one request and gives them back."""
+        busy = {d for b in self.bindings for d in b.members}
+        for tp in sorted(self.pe.allowed, reverse=True):
+            if tp <= len(group):
+                break
+            block = set(self.pe.topology.group_of(group[0], tp))
+            inside = [(g, e) for g, e in self.pe.engines.items() if set(g) & block]
+            if block.isdisjoint(busy) and all(
+                set(g) <= block and not e.request_ids() for g, e in inside
+            ):
+                return tp
+        return len(group)
+
+    def _context_tp(self, tokens: int) -> int:
+        """The smallest TP level whose group's pages hold `tokens` tokens (the largest if
+        none does)."""
+        pages, base = self.pe.alloc.num_pages, self.pe.alloc.base_page_tokens
+        fits = [tp for tp in sorted(self.pe.allowed) if -(-tokens // (base * tp)) <= pages]
+        return fits[0] if fits else max(self.pe.allowed)
 
     # -- binding --------------------------------------------------------------------------------
     def serve(

@@ -124,31 +124,6 @@ class PoolEngine:
         times the tokens at TP, so a group of the largest level holds the most."""
         return self.alloc.num_pages * self.alloc.base_page_tokens * max(self.allowed)
 
-    def _idle_level(self, group: tuple[int, ...]) -> int:
-        """The largest TP level whose aligned block around `group` holds only plan groups
-        with no request at all and no binding (`group`'s own level if none).
-
-        NOTE (the load trigger): under load some replica is always busy, so everything stays
-        DP; a binding made here borrows idle devices for one request and gives them back."""
-        busy = {d for b in self.binder.bindings for d in b.members}
-        for tp in sorted(self.allowed, reverse=True):
-            if tp <= len(group):
-                break
-            block = set(self.topology.group_of(group[0], tp))
-            inside = [(g, e) for g, e in self.engines.items() if set(g) & block]
-            if block.isdisjoint(busy) and all(
-                set(g) <= block and not e.request_ids() for g, e in inside
-            ):
-                return tp
-        return len(group)
-
-    def _context_tp(self, tokens: int) -> int:
-        """The smallest TP level whose group's pages hold `tokens` tokens (the largest if
-        none does)."""
-        pages, base = self.alloc.num_pages, self.alloc.base_page_tokens
-        fits = [tp for tp in sorted(self.allowed) if -(-tokens // (base * tp)) <= pages]
-        return fits[0] if fits else max(self.allowed)
-
     # -- requests ----------------------------------------------------------------------------
     def add_request(
         self,
@@ -181,12 +156,6 @@ class PoolEngine:
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
         engine = self.engines[group]
-        if bind_tp is not None and bind_tp not in self.allowed:
-            # NOTE: a tier's `bind_tp` the pool cannot form: the nearest level below it.
-            level = max((lv for lv in self.allowed if lv <= bind_tp), default=1)
-            log.warning("bind_tp %d is not a TP level of this pool; binding %d", bind_tp, level)
-            self.binder.counters["tp_binds_clamped"] += 1
-            bind_tp = level
         if len(prompt_ids) >= self.max_servable_tokens():
             raise InvalidRequestError(
                 "prompt",
@@ -194,10 +163,7 @@ class PoolEngine:
                 f"{self.max_servable_tokens()} and at least one token must be generated",
             )
         context = min(len(prompt_ids) + sampling.max_tokens, engine.max_context)
-        need = self._context_tp(context)
-        tp = max(bind_tp or 1, need)
-        if tp <= len(group) and self.ecfg.bind_idle and ttft_ms is not None:
-            tp = self._idle_level(group)
+        tp, need = self.binder.levels(group, context, bind_tp, ttft_ms is not None)
         if tp > len(group):
             hard = bind_hard if bind_hard is not None else ttft_ms is not None
             fits_replica = need <= len(group)
@@ -216,9 +182,10 @@ class PoolEngine:
         return group
 
     def abort(self, request_id: str) -> bool:
+        """Take a request out (freeing its pages), even if its engine is upset."""
         self.decode_targets.pop(request_id, None)
         self.binder.drop(request_id)
-        found = any(e.abort(request_id) for _, e in self.every_engine())
+        found = any(e.abort_or_forget(request_id) for _, e in self.every_engine())
         self.binder.release()  # NOTE: nothing may step again soon to release it
         return found
 
@@ -273,14 +240,10 @@ class PoolEngine:
 
     @staticmethod
     def _fail_all(engine: Engine, why: str) -> list[RequestOutput]:
-        """End every request of `engine` with an error (forgotten if even an abort fails)."""
+        """End every request of `engine` with an error."""
         outputs = []
         for rid in engine.request_ids():
-            try:
-                engine.abort(rid)
-            except Exception:  # noqa: BLE001 - its state is unknown: never step it again
-                log.exception("abort(%r) failed", rid)
-                engine.forget(rid)
+            engine.abort_or_forget(rid)
             outputs.append(RequestOutput(rid, [], "error", why))
         return outputs
 

@@ -7,17 +7,14 @@ owns the engines. Device ids here are the router's worker ids.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Protocol
 
-from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine import RequestOutput
 from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.protocol import GenerateRequest
 
 if TYPE_CHECKING:
     from nitsum.pool.pool_engine import PoolEngine
-
-log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
@@ -126,10 +123,7 @@ class PoolBackend:
         )
 
     def abort(self, request_id: str) -> None:
-        self.pe.binder.drop(request_id)
-        for _, engine in self.pe.every_engine():
-            _abort(engine, request_id)
-        self.pe.binder.release()
+        self.pe.abort(request_id)
 
     def has_unfinished(self) -> bool:
         return self.pe.has_unfinished()
@@ -158,11 +152,3 @@ class PoolBackend:
 
     def counters(self) -> dict[str, int]:
         return self.pe.all_counters()
-
-
-def _abort(engine: Engine, request_id: str) -> None:
-    try:
-        engine.abort(request_id)
-    except Exception:
-        log.exception("abort(%r) failed", request_id)
-        engine.forget(request_id)  # never step it again, whatever its pages say
