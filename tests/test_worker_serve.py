@@ -289,3 +289,16 @@ def test_a_busy_port_is_refused_before_starting_anything():
         with pytest.raises(serve.ServeError, match=f"127.0.0.1:{port}.*--port"):
             serve.check_port_free("127.0.0.1", port)
     serve.check_port_free("127.0.0.1", port)  # free again
+
+
+def test_bind_idle_reaches_the_host_worker_and_negative_host_kv_is_refused() -> None:
+    from nitsum.worker.__main__ import build_parser as worker_parser
+
+    args = serve.build_parser().parse_args(["--workers", "2", "--tp-switching", "--bind-idle"])
+    cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+    assert cmd[-1] == "--bind-idle"
+    worker = worker_parser().parse_args(["--model", "/m", *cmd[cmd.index("--worker-id") :]])
+    assert worker.bind_idle and worker.host_kv_cache_mb == 256
+    for parser in (serve.build_parser(), worker_parser()):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--host-kv-cache-mb", "-1"])

@@ -18,6 +18,15 @@ DEFAULT_TP_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 8)
 HOST_KV_CACHE_MB = 256
 
 
+def mebibytes(text: str) -> int:
+    """An argparse type for a size in MiB: an integer ≥ 0 (a negative one is refused, not
+    read as 0)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0 MiB, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a Llama-family decoder. Nothing here depends on the TP degree."""

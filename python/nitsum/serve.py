@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from nitsum.config import HOST_KV_CACHE_MB
+from nitsum.config import HOST_KV_CACHE_MB, mebibytes
 from nitsum.control_profile import ControlConfigError, choose_control_profile
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-mb", type=int, default=512)
     p.add_argument(
         "--host-kv-cache-mb",
-        type=int,
+        type=mebibytes,
         default=HOST_KV_CACHE_MB,
         help="host memory per device for swapped-out KV (0: preemption recomputes)",
     )

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from nitsum.config import HOST_KV_CACHE_MB
+from nitsum.config import HOST_KV_CACHE_MB, mebibytes
 
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
 
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-mb", type=int, default=512, help="KV pool size in MiB")
     p.add_argument(
         "--host-kv-cache-mb",
-        type=int,
+        type=mebibytes,
         default=HOST_KV_CACHE_MB,
         help="host memory per device for swapped-out KV, MiB (0: preemption recomputes)",
     )
