@@ -35,3 +35,21 @@ def slow_steps(device: Device, seconds: float) -> None:
 
         hidden.plain = plain
         runner.hidden = hidden
+
+
+def kv_slots(device: Device, pages: list[int], tokens: int, local_heads: int):
+    """A copy of this device's K/V of the first `tokens` tokens stored in `pages` by a rank
+    holding `local_heads` KV heads: (layers, 2, tokens, local_heads, head_dim)."""
+    kv = device.pool.storage[:, :, pages]
+    layers, hd = kv.shape[0], device.cfg.head_dim
+    return kv.reshape(layers, 2, -1, local_heads, hd)[:, :, :tokens].clone()
+
+
+def weight_bytes(device: Device) -> tuple[int, bool]:
+    """(bytes of this device's weight tensors, whether every warm context's shards are views of
+    them): one full copy serves every TP level and SP."""
+    full = device.model.weights
+    shared = all(
+        shards_share_storage(device, members) for members in device.runners if len(members) > 1
+    )
+    return full.nbytes(), shared

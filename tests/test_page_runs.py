@@ -26,7 +26,7 @@ def test_random_allocations_stay_consistent_and_merge_back() -> None:
     exact, a sequence holds few runs (about 1.6 on average; 2.8 when every allocation takes
     the lowest free ids), and once all is freed the pool is one run again."""
     rng = random.Random(0)
-    alloc = PageAllocator(2, 256, 4)
+    alloc = PageAllocator(2, 256, 4, 4)
     group = alloc.group((0, 1))
     held: list[list[int]] = []
     mean_runs = []

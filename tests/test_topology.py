@@ -19,7 +19,9 @@ def test_levels_are_what_the_model_allows_and_the_pool_holds() -> None:
     smollm_like = cfg(9, 3)  # SmolLM2-135M: 9 query heads, 3 KV heads
     assert TPTopology.of(smollm_like, 4).levels == (1, 3)
     assert TPTopology.of(smollm_like, 2).levels == (1,)
-    assert TPTopology.of(cfg(8, 4), 8).levels == (1, 2, 4)
+    # 8 replicates each of the 4 KV heads on 2 ranks; (4, 2) stops at 4 (query heads).
+    assert TPTopology.of(cfg(8, 4), 8).levels == (1, 2, 4, 8)
+    assert TPTopology.of(cfg(4, 2), 8).levels == (1, 2, 4)
     assert TPTopology.of(cfg(8, 4), 8, candidates=(2,)).levels == (1, 2)
 
 

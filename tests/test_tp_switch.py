@@ -157,10 +157,13 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     assert_all_pages_back(pe)
 
 
-def test_tp_above_kv_heads_is_refused_clearly(tiny):
+def test_tp_levels_outside_the_heads_are_refused_clearly(tiny):
+    """TP 8 replicates the 4 KV heads (tests/test_kv_replication.py); 3 and 16 cannot run."""
     from nitsum.parallel.shard import HeadRange
 
     _, cfg = tiny
-    assert cfg.allowed_tp_levels((1, 2, 4, 8)) == (1, 2, 4)
-    with pytest.raises(ValueError, match="KV heads \\(4\\).*replication is not implemented"):
-        HeadRange.of(cfg, 8, 0)
+    assert cfg.allowed_tp_levels((1, 2, 3, 4, 8, 16)) == (1, 2, 4, 8)
+    with pytest.raises(ValueError, match="KV heads \\(4\\) or be a multiple"):
+        HeadRange.of(cfg, 3, 0)
+    with pytest.raises(ValueError, match="query heads \\(8\\)"):
+        HeadRange.of(cfg, 16, 0)

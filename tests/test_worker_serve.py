@@ -302,3 +302,26 @@ def test_bind_idle_reaches_the_host_worker_and_negative_host_kv_is_refused() -> 
     for parser in (serve.build_parser(), worker_parser()):
         with pytest.raises(SystemExit):
             parser.parse_args(["--host-kv-cache-mb", "-1"])
+
+
+def test_shift_threshold_reaches_the_host_worker(tmp_path: Path) -> None:
+    """A flag wins; without one, the control profile's measured crossovers are passed; the
+    worker parses either back into the same rule."""
+    from nitsum.parallel.shift import ShiftRule
+    from nitsum.worker.__main__ import build_parser as worker_parser
+
+    def worker_rule(argv: list[str], profile: Path | None = None) -> ShiftRule:
+        args = serve.build_parser().parse_args(["--workers", "4", "--tp-switching", *argv])
+        if args.shift_threshold is None:
+            args.shift_threshold = serve.profile_shift_rule(profile)
+        cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+        worker = worker_parser().parse_args(["--model", "/m", *cmd[cmd.index("--worker-id") :]])
+        return worker.shift_threshold
+
+    assert worker_rule(["--shift-threshold", "off,4=32"]) == ShiftRule(None, {4: 32})
+    profile = tmp_path / "p.json"
+    profile.write_text('{"shift_threshold": {"2": 64, "4": null}}')
+    assert worker_rule([], profile) == ShiftRule(by_size={2: 64, 4: None})
+    assert worker_rule([]) == ShiftRule()  # no profile: the worker's default
+    with pytest.raises(SystemExit):
+        serve.build_parser().parse_args(["--shift-threshold", "1=8"])

@@ -42,6 +42,9 @@ VARIANTS = {
     ),
     "qwen2-bias": lambda: Qwen2ForCausalLM(Qwen2Config(**BASE)),
     "mha": lambda: LlamaForCausalLM(LlamaConfig(**{**BASE, "num_key_value_heads": 8})),
+    # 2 KV heads for 8 query heads: TP 4 replicates each KV head on 2 ranks.
+    "llama-kv2": lambda: LlamaForCausalLM(LlamaConfig(**{**BASE, "num_key_value_heads": 2})),
+    "qwen2-kv2": lambda: Qwen2ForCausalLM(Qwen2Config(**{**BASE, "num_key_value_heads": 2})),
     # room for an 8k-token prompt (the long-prompt fairness test)
     "llama-long": lambda: LlamaForCausalLM(
         LlamaConfig(**{**BASE, "max_position_embeddings": 8448})

@@ -93,28 +93,59 @@ class ModelConfig:
         """Query heads per KV head (GQA group size)."""
         return self.num_heads // self.num_kv_heads
 
-    def allowed_tp_levels(self, candidates: tuple[int, ...] = DEFAULT_TP_LEVELS) -> tuple[int, ...]:
-        """TP levels whose shards are whole KV-head groups and whole MLP blocks.
+    def kv_split(self, tp: int) -> int:
+        """Distinct KV-head shards at TP `tp` (`kv_split`)."""
+        return kv_split(self.num_kv_heads, tp)
 
-        NOTE: a level must divide the KV heads (so each rank owns whole GQA groups and the fused
-        qkv shard stays one contiguous slice) and the intermediate size. KV-head replication
-        for levels above the KV-head count is refused for now (architecture §3 allows either).
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads one rank holds at TP `tp` (`kv_heads_per_rank`)."""
+        return kv_heads_per_rank(self.num_kv_heads, tp)
+
+    def tp_level_problem(self, tp: int) -> str | None:
+        """Why this model cannot run at TP `tp`, or None when it can.
+
+        NOTE: a level either divides the KV heads (each rank owns whole GQA groups) or is a
+        multiple of them (KV-head replication: each rank owns one KV head, recomputed on
+        tp / num_kv_heads ranks, and a slice of its group's query heads); in both cases it must
+        divide the query heads and the intermediate size.
         """
-        levels = [
-            p
-            for p in sorted(set(candidates) | {1})
-            if self.num_kv_heads % p == 0 and self.intermediate_size % p == 0
-        ]
-        return tuple(levels)
+        hkv, hq, inter = self.num_kv_heads, self.num_heads, self.intermediate_size
+        if tp < 1:
+            return "it must be >= 1"
+        if hkv % tp and tp % hkv:
+            return (
+                f"it must divide the KV heads ({hkv}) or be a multiple of them "
+                "(KV-head replication)"
+            )
+        if hq % tp:
+            return f"it must divide the query heads ({hq})"
+        if inter % tp:
+            return f"it must divide the intermediate size ({inter})"
+        return None
+
+    def allowed_tp_levels(self, candidates: tuple[int, ...] = DEFAULT_TP_LEVELS) -> tuple[int, ...]:
+        """The candidate levels (and 1) this model can run at (`tp_level_problem`)."""
+        return tuple(p for p in sorted(set(candidates) | {1}) if self.tp_level_problem(p) is None)
 
     def check_tp_level(self, tp: int) -> None:
         """Raise a clear ValueError when this model cannot run at TP `tp`."""
-        if tp < 1 or self.num_kv_heads % tp or self.num_heads % tp or self.intermediate_size % tp:
-            raise ValueError(
-                f"TP {tp} is not supported for this model: it must divide the KV heads "
-                f"({self.num_kv_heads}), query heads ({self.num_heads}) and intermediate size "
-                f"({self.intermediate_size}); KV-head replication is not implemented"
-            )
+        problem = self.tp_level_problem(tp)
+        if problem is not None:
+            raise ValueError(f"TP {tp} is not supported for this model: {problem}")
+
+
+def kv_split(num_kv_heads: int, tp: int) -> int:
+    """Distinct KV-head shards at TP `tp`: `tp` when it divides the KV heads, else (KV-head
+    replication) one per KV head, each held by `tp / num_kv_heads` ranks."""
+    return min(tp, num_kv_heads)
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
+    """KV heads one rank holds (and stores per token in its pages) at TP `tp`.
+
+    NOTE: `kv_split(H, tp) * kv_heads_per_rank(H, tp) == H` at every allowed level.
+    """
+    return max(1, num_kv_heads // tp)
 
 
 def mlp_blocks(cfg: ModelConfig, levels: tuple[int, ...]) -> int:

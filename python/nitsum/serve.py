@@ -38,6 +38,7 @@ from types import FrameType
 
 from nitsum.config import HOST_KV_CACHE_MB, mebibytes
 from nitsum.control_profile import ControlConfigError, choose_control_profile
+from nitsum.parallel.shift import ShiftRule, shift_rule
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
 from nitsum.worker.supervise import Restarts
@@ -135,7 +136,16 @@ def host_worker_command(
     cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb)]
     if args.bind_idle:
         cmd += ["--bind-idle"]
+    if args.shift_threshold is not None:
+        cmd += ["--shift-threshold", args.shift_threshold.spec()]
     return cmd
+
+
+def profile_shift_rule(profile: Path | None) -> ShiftRule | None:
+    """The shift rule a measured profile's crossovers give (None: it has none)."""
+    if profile is None:
+        return None
+    return ShiftRule.from_profile(json.loads(profile.read_text()))
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -249,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tp-switching: under light load, run a strict request on a TP group bound "
         "from idle devices (docs/architecture.md, 'Per-request TP binding')",
     )
+    p.add_argument(
+        "--shift-threshold",
+        type=shift_rule,
+        default=None,
+        help="with --tp-switching: batched tokens above which a TP group runs the iteration as "
+        "sequence parallelism (N, off, or SIZE=N per group size, comma-separated); default: "
+        "the control profile's measured crossovers, else the worker's default",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
     p.add_argument(
@@ -282,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for level, message in choice.messages:
         log.log(level, "%s", message)
+    if args.shift_threshold is None:
+        args.shift_threshold = profile_shift_rule(choice.profile)
     host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)
     if host_worker and args.tp_switching is None:
         log.info(

@@ -47,6 +47,13 @@ pub struct ProfileFile {
     pub tp_levels: Vec<u32>,
     pub prefill: BTreeMap<String, Vec<PrefillPoint>>,
     pub decode: BTreeMap<String, Vec<DecodePoint>>,
+    /// The same points with the group run as sequence parallelism (levels ≥ 2, optional):
+    /// a group shifts to SP when it batches many tokens, so its latency at a point is the
+    /// better of the two modes (Shift Parallelism; `python/nitsum/parallel/shift.py`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sp_prefill: BTreeMap<String, Vec<PrefillPoint>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sp_decode: BTreeMap<String, Vec<DecodePoint>>,
 }
 
 /// Decode points of one context value, sorted by batch.
@@ -119,13 +126,34 @@ impl Profile {
                 .decode
                 .get(&key)
                 .with_context(|| format!("profile: no decode points for tp {tp}"))?;
-            let prefill = prefill_curve(prefill).with_context(|| format!("prefill tp {tp}"))?;
+            let mut prefill = prefill_curve(prefill).with_context(|| format!("prefill tp {tp}"))?;
+            let mut decode = decode_rows(decode).with_context(|| format!("decode tp {tp}"))?;
+            // NOTE: the runtime shifts by batched tokens at the measured crossover, so at
+            // every point the group runs the faster of TP and SP.
+            if let Some(sp) = file.sp_prefill.get(&key) {
+                let sp = prefill_curve(sp).with_context(|| format!("sp_prefill tp {tp}"))?;
+                prefill = lower_envelope(&prefill, &sp);
+            }
+            if let Some(sp) = file.sp_decode.get(&key) {
+                let sp = decode_rows(sp).with_context(|| format!("sp_decode tp {tp}"))?;
+                for row in &mut decode {
+                    for p in &mut row.points {
+                        p.1 = p.1.min(rows_ms(&sp, p.0, row.context));
+                    }
+                }
+            }
             let curves = Curves {
                 prefill_fixed_ms: fixed_part(&prefill),
                 prefill,
-                decode: decode_rows(decode).with_context(|| format!("decode tp {tp}"))?,
+                decode,
             };
             levels.insert(tp, curves);
+        }
+        for key in file.sp_prefill.keys().chain(file.sp_decode.keys()) {
+            ensure!(
+                key != "1" && levels.keys().any(|tp| tp.to_string() == *key),
+                "profile: SP points for level {key}, which is not a TP level >= 2 of the profile"
+            );
         }
         Ok(Profile {
             device: file.device.clone(),
@@ -172,21 +200,7 @@ impl Profile {
 
     /// Latency (ms) of one decode step of `batch` sequences at `context` tokens at TP `tp`.
     pub fn decode_ms(&self, tp: u32, batch: f64, context: f64) -> f64 {
-        let rows = &self.levels[&tp].decode;
-        let at = |r: &DecodeRow| interp(&r.points, batch);
-        let i = rows.partition_point(|r| r.context <= context);
-        if rows.len() == 1 || i == 0 {
-            return at(&rows[0]);
-        }
-        // Segment [lo, hi] around `context`; past the last row, extrapolate from the last two.
-        let (lo, hi) = if i == rows.len() {
-            (&rows[i - 2], &rows[i - 1])
-        } else {
-            (&rows[i - 1], &rows[i])
-        };
-        let (a, b) = (at(lo), at(hi));
-        let w = (context - lo.context) / (hi.context - lo.context);
-        (a + w * (b - a)).max(a.min(b))
+        rows_ms(&self.levels[&tp].decode, batch, context)
     }
 
     /// Largest profiled decode batch at TP `tp`: the planner does not extrapolate past it.
@@ -197,6 +211,34 @@ impl Profile {
             .flat_map(|r| r.points.iter().map(|p| p.0))
             .fold(1.0, f64::max)
     }
+}
+
+/// Bilinear decode latency over rows sorted by context (see the module docs).
+fn rows_ms(rows: &[DecodeRow], batch: f64, context: f64) -> f64 {
+    let at = |r: &DecodeRow| interp(&r.points, batch);
+    let i = rows.partition_point(|r| r.context <= context);
+    if rows.len() == 1 || i == 0 {
+        return at(&rows[0]);
+    }
+    // Segment [lo, hi] around `context`; past the last row, extrapolate from the last two.
+    let (lo, hi) = if i == rows.len() {
+        (&rows[i - 2], &rows[i - 1])
+    } else {
+        (&rows[i - 1], &rows[i])
+    };
+    let (a, b) = (at(lo), at(hi));
+    let w = (context - lo.context) / (hi.context - lo.context);
+    (a + w * (b - a)).max(a.min(b))
+}
+
+/// The pointwise minimum of two curves, at the union of their points.
+fn lower_envelope(a: &[(f64, f64)], b: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut xs: Vec<f64> = a.iter().chain(b).map(|p| p.0).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    xs.into_iter()
+        .map(|x| (x, interp(a, x).min(interp(b, x))))
+        .collect()
 }
 
 fn check_point(x: f64, ms: f64, what: &str) -> Result<()> {
@@ -302,6 +344,53 @@ mod tests {
         assert_eq!(p.prefill_extra_ms(1, 200.0), 20.0);
         assert_eq!(p.prefill_fixed_ms(2), 6.0);
         assert_eq!(p.prefill_extra_ms(2, 50.0), 0.0);
+    }
+
+    #[test]
+    fn sp_points_make_each_point_the_faster_mode() {
+        let mut file: ProfileFile = serde_json::from_str(SAMPLE).unwrap();
+        // SP at TP 2: slower at 100 prompt tokens, faster at 400; decode faster at batch 1.
+        file.sp_prefill.insert(
+            "2".into(),
+            vec![
+                PrefillPoint {
+                    tokens: 100.0,
+                    ms: 8.0,
+                },
+                PrefillPoint {
+                    tokens: 400.0,
+                    ms: 12.0,
+                },
+            ],
+        );
+        file.sp_decode.insert(
+            "2".into(),
+            vec![DecodePoint {
+                batch: 1.0,
+                context: 100.0,
+                ms: 2.0,
+            }],
+        );
+        let p = Profile::from_file(file.clone()).unwrap();
+        assert_eq!(p.prefill_ms(2, 100.0), 6.0); // TP wins
+        assert_eq!(p.prefill_ms(2, 400.0), 6.0); // TP's single point holds at 6 < 12
+        assert_eq!(p.decode_ms(2, 1.0, 100.0), 2.0); // SP wins
+        assert_eq!(p.prefill_ms(1, 300.0), 30.0); // other levels untouched
+                                                  // A round trip through the file keeps the SP points (the lookahead rebuilds from it).
+        let again: ProfileFile =
+            serde_json::from_str(&serde_json::to_string(p.file()).unwrap()).unwrap();
+        assert_eq!(again.sp_decode["2"].len(), 1);
+        // SP at TP 1, or at a level the profile lacks, is refused.
+        let mut bad = file;
+        bad.sp_prefill.insert(
+            "1".into(),
+            vec![PrefillPoint {
+                tokens: 1.0,
+                ms: 1.0,
+            }],
+        );
+        let e = format!("{:#}", Profile::from_file(bad).unwrap_err());
+        assert!(e.contains("SP points for level 1"), "{e}");
     }
 
     #[test]

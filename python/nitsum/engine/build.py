@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,6 +17,7 @@ from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import build_context
+from nitsum.parallel.shift import ShiftRule
 from nitsum.weights.layout import build_weights
 
 
@@ -47,6 +48,8 @@ class EngineConfig:
     # Under light load, run a request with a TTFT target on a TP group bound from idle
     # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
     bind_idle: bool = False
+    # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
+    shift: ShiftRule = field(default_factory=ShiftRule)
 
 
 def build_model(
@@ -71,10 +74,10 @@ def build_engine(
     host_pages = host_pages_in(ecfg.host_kv_cache_bytes, pool.bytes_per_page)
     host = HostKVPool(pool, host_pages) if host_pages else None
     runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0), host)
-    pages = PageAllocator(1, num_pages, ecfg.page_tokens).group((0,))
+    pages = PageAllocator(1, num_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,))
     swap = None
     if host_pages:
-        host_view = PageAllocator(1, host_pages, ecfg.page_tokens).group((0,))
+        host_view = PageAllocator(1, host_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,))
         swap = SwapSpace(host_view, pages, pool.bytes_per_page, ecfg.swap_mode)
     scheduler = Scheduler(
         pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap

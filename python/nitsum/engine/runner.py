@@ -20,6 +20,10 @@ class Runner(Protocol):
     """What an Engine needs of its runner (a ModelRunner on one device; a pool's GroupRunner
     on a TP group's devices)."""
 
+    def prepare(self, batch: list[Scheduled]) -> StepInputs:
+        """The model inputs of `batch` (and the group's mode for this step: TP or SP)."""
+        ...
+
     def run(self, batch: list[Scheduled]) -> list[int]:
         """Forward `batch`; one sampled token per sampling entry, in batch order."""
         ...
@@ -52,11 +56,12 @@ class ModelRunner:
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits of the sampled rows (identical on every rank of the group)."""
-        return self.model.logits(self.hidden(inputs)[inputs.sample_rows])
+        return self.model.logits(self.hidden(inputs))
 
     def hidden(self, inputs: StepInputs) -> torch.Tensor:
-        """The step's last hidden states (a rank that is not its group's leader needs only
-        these: its collectives are in the forward, the logits are the leader's)."""
+        """The step's last hidden states of the sampled rows (a rank that is not its group's
+        leader needs only these: its collectives are in the forward, the logits are the
+        leader's)."""
         device = self.model.weights.embed.device
         return self.model.forward(
             self.ctx,
@@ -64,6 +69,8 @@ class ModelRunner:
             inputs.positions.to(device),
             inputs.meta.to(device),
             self.pool,
+            inputs.sample_rows,
+            inputs.sequence_parallel,
         )
 
     def run(self, batch: list[Scheduled]) -> list[int]:

@@ -17,9 +17,13 @@ class StepInputs:
     positions: torch.Tensor  # (tokens,) long
     meta: AttentionMetadata
     sample_rows: list[int]  # rows whose logits are sampled, in batch order
+    # Run the group as sequence parallelism this step (parallel/shift.py decides); TP if False.
+    sequence_parallel: bool = False
 
 
-def build_step_inputs(batch: list[Scheduled], tokens_per_page: int) -> StepInputs:
+def build_step_inputs(
+    batch: list[Scheduled], tokens_per_page: int, sequence_parallel: bool = False
+) -> StepInputs:
     """NOTE: `batch` must be decode-first (all q_len == 1 entries with context before it)."""
     ids: list[int] = []
     positions: list[int] = []
@@ -65,4 +69,5 @@ def build_step_inputs(batch: list[Scheduled], tokens_per_page: int) -> StepInput
         torch.tensor(positions, dtype=torch.long),
         meta,
         sample_rows,
+        sequence_parallel,
     )

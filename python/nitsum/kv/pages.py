@@ -12,14 +12,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from nitsum.config import kv_split
 
-def tokens_per_page(base_page_tokens: int, tp: int) -> int:
-    """Tokens a page holds at TP `tp`.
 
-    NOTE: a page has a fixed size in bytes; at TP `tp` a device stores `kv_heads / tp` heads
-    per token, so the same page holds `tp` times the tokens it holds at TP 1.
+def tokens_per_page(base_page_tokens: int, shards: int) -> int:
+    """Tokens a page holds in a layout of `shards` distinct KV-head shards (`config.kv_split`
+    of the TP degree: the degree itself, or the KV heads when it replicates them).
+
+    NOTE: a page has a fixed size in bytes; a device stores `kv_heads / shards` heads per
+    token, so the same page holds `shards` times the tokens it holds at TP 1.
     """
-    return base_page_tokens * tp
+    return base_page_tokens * shards
 
 
 class OutOfPages(RuntimeError):
@@ -29,9 +32,18 @@ class OutOfPages(RuntimeError):
 class PageAllocator:
     """Free/used state of `num_pages` pages on each of `num_devices` devices."""
 
-    def __init__(self, num_devices: int, num_pages: int, base_page_tokens: int) -> None:
+    def __init__(
+        self,
+        num_devices: int,
+        num_pages: int,
+        base_page_tokens: int,
+        num_kv_heads: int,
+    ) -> None:
         self.num_pages = num_pages
         self.base_page_tokens = base_page_tokens
+        # The model's KV heads: a TP level above them replicates heads, so its pages hold no
+        # more tokens than at TP = num_kv_heads.
+        self.num_kv_heads = num_kv_heads
         self.free = np.ones((num_devices, num_pages), dtype=bool)
         # Copies in flight that read or write each page (engine/swap.py): a free page that is
         # held is handed out only once they are done.
@@ -39,6 +51,10 @@ class PageAllocator:
 
     def group(self, members: tuple[int, ...]) -> GroupPages:
         return GroupPages(self, members)
+
+    def tokens_per_page(self, tp: int) -> int:
+        """Tokens per page in a group of `tp` devices."""
+        return tokens_per_page(self.base_page_tokens, kv_split(self.num_kv_heads, tp))
 
     def used(self, device: int) -> set[int]:
         return set(np.flatnonzero(~self.free[device]).tolist())
@@ -65,7 +81,7 @@ class GroupPages:
     @property
     def tokens_per_page(self) -> int:
         """Tokens per page at this group's TP degree (pages hold fewer heads per token)."""
-        return tokens_per_page(self.alloc.base_page_tokens, self.tp)
+        return self.alloc.tokens_per_page(self.tp)
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.tokens_per_page)

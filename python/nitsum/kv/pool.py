@@ -1,8 +1,9 @@
 """A device's paged KV pool: fixed-size pages whose token capacity scales with TP.
 
 A page holds `page_elems` elements per layer for K and for V. At TP p a rank stores
-`kv_heads / p` heads per token, so one page holds `p ×` the tokens it holds at TP 1
-(Flying Serving's KV adaptor). The pool itself never changes shape on a TP switch.
+`kv_heads_per_rank(p)` heads per token, so one page holds `kv_split(p) ×` the tokens it holds
+at TP 1 (Flying Serving's KV adaptor; `p ×` unless p replicates KV heads). The pool itself
+never changes shape on a TP switch.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from nitsum.kv.pages import tokens_per_page
 
 @dataclass(frozen=True)
 class KVLayout:
-    """The TP group a request's KV was written under: rank r of `members` holds KV heads
-    [r·H/tp, (r+1)·H/tp) of every token, in the same page ids on every member."""
+    """The TP group a request's KV was written under: rank r of `members` holds the KV heads
+    `parallel.shard.kv_head_range(H, tp, r)` of every token, in the same page ids on every
+    member."""
 
     members: tuple[int, ...] = (0,)
 
@@ -73,7 +75,8 @@ class KVPool:
         return self.page_elems * self.storage.element_size()
 
     def tokens_per_page(self, tp: int) -> int:
-        return tokens_per_page(self.base_page_tokens, tp)
+        """Tokens one page holds at TP `tp`."""
+        return tokens_per_page(self.base_page_tokens, self.cfg.kv_split(tp))
 
     def kv(self, layer: int, local_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Flat (slots, local_kv_heads, head_dim) views of one layer's K and V pages."""

@@ -15,6 +15,7 @@ from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_re
 from nitsum.kv.pool import KVPool
 from nitsum.models.rope import Rotary
 from nitsum.parallel.context import TPContext
+from nitsum.parallel.sequence import SPComm, TokenSplit
 from nitsum.weights.layout import LayerWeights, ModelWeights
 
 
@@ -46,8 +47,19 @@ class LlamaModel:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv: KVPool,
+        rows: list[int] | None = None,
+        sequence_parallel: bool = False,
     ) -> torch.Tensor:
-        """Hidden states (tokens, hidden) after the final norm; identical on every rank."""
+        """Hidden states after the final norm of the rows `rows` (all when None), identical on
+        every rank.
+
+        `sequence_parallel`: run the group's ranks in SP (each runs the dense layers on its
+        chunk of the tokens with the full weights; parallel/sequence.py) instead of TP. Both
+        write the same KV into the same pages.
+        """
+        if sequence_parallel and ctx.sp is not None:
+            rows = list(range(input_ids.shape[0])) if rows is None else rows
+            return self._forward_sp(ctx, ctx.sp, input_ids, positions, meta, kv, rows)
         cfg = self.cfg
         h = F.embedding(input_ids, self.weights.embed)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
@@ -56,7 +68,40 @@ class LlamaModel:
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             h = h + self._attention(ctx, layer, x, cos, sin, k_cache, v_cache, meta)
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            h = h + self._mlp(ctx, layer, x)
+            h = h + ctx.all_reduce(self.mlp(layer, x))
+        h = h if rows is None else h[rows]
+        return rms_norm(h, self.weights.final_norm, cfg.rms_norm_eps)
+
+    def _forward_sp(
+        self,
+        ctx: TPContext,
+        sp: SPComm,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: KVPool,
+        rows: list[int],
+    ) -> torch.Tensor:
+        """The SP forward: dense layers on this rank's chunk with the full weights; attention
+        over every token with the rank's own heads (TP's KV layout), between two all-to-alls."""
+        cfg, hd, heads = self.cfg, self.cfg.head_dim, ctx.heads
+        split = TokenSplit(input_ids.shape[0], sp.ranks)
+        h = F.embedding(split.take(input_ids, sp.rank), self.weights.embed)
+        # Rotary runs after the all-to-all, on every token, as in TP.
+        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        q_per_group = heads.q_heads // heads.kv_heads
+        for i, layer in enumerate(self.weights.layers):
+            k_cache, v_cache = kv.kv(i, heads.kv_heads)
+            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+            qkv = sp.scatter_heads(F.linear(x, layer.qkv, layer.qkv_bias), split, hd)
+            qkv = qkv.view(-1, heads.kv_heads, q_per_group + 2, hd)
+            q = qkv[:, :, :q_per_group].reshape(-1, heads.q_heads, hd)
+            k, v = qkv[:, :, q_per_group], qkv[:, :, q_per_group + 1]
+            o = self.attend(q, k, v, cos, sin, k_cache, v_cache, meta)
+            h = h + sp.gather_tokens(o, split) @ layer.o_t
+            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
+            h = h + self.mlp(layer, x)
+        h = sp.gather_rows(h, split, rows)
         return rms_norm(h, self.weights.final_norm, cfg.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -75,16 +120,40 @@ class LlamaModel:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         groups, r, hd = ctx.heads.kv_heads, self.cfg.num_kv_groups, self.cfg.head_dim
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(-1, groups, r + 2, hd)
-        q = qkv[:, :, :r].reshape(-1, groups * r, hd)
-        k, v = qkv[:, :, r], qkv[:, :, r + 1]
+        if layer.kv_proj is not None:
+            # A replica of a shared KV head (TP > KV heads): its q rows and the head's k/v
+            # rows are two views (parallel/shard.py); the k/v are recomputed on every replica.
+            q = F.linear(x, layer.qkv, layer.qkv_bias).view(-1, ctx.heads.q_heads, hd)
+            kv = F.linear(x, layer.kv_proj, layer.kv_bias).view(-1, 1, 2, hd)
+            k, v = kv[:, :, 0], kv[:, :, 1]
+        else:
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(-1, groups, r + 2, hd)
+            q = qkv[:, :, :r].reshape(-1, groups * r, hd)
+            k, v = qkv[:, :, r], qkv[:, :, r + 1]
+        o = self.attend(q, k, v, cos, sin, k_cache, v_cache, meta)
+        return ctx.all_reduce(o @ layer.o_t)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Rotary, KV write and paged attention over a rank's own heads of every token:
+        (tokens, heads·hd). The same under TP and SP (the KV layout is the same)."""
         q = Rotary.apply(q, cos, sin)
         k = Rotary.apply(k, cos, sin)
         o = paged_attention_ref(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
-        return ctx.all_reduce(o.view(o.shape[0], -1) @ layer.o_t)
+        return o.view(o.shape[0], -1)
 
-    def _mlp(self, ctx: TPContext, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+    def mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        """The MLP over `layer`'s rows: partial sums for a TP shard, whole for full weights."""
         block = self.cfg.intermediate_size // self.weights.mlp_blocks
         gu = F.linear(x, layer.gate_up).view(x.shape[0], -1, 2, block)
         act = (F.silu(gu[:, :, 0]) * gu[:, :, 1]).reshape(x.shape[0], -1)
-        return ctx.all_reduce(act @ layer.down_t)
+        return act @ layer.down_t

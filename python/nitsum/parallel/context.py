@@ -1,4 +1,5 @@
-"""A warm per-TP execution context: everything a rank needs to run one TP level."""
+"""A warm per-TP execution context: everything a rank needs to run one group level, in TP or
+in SP (the same heads, hence the same KV layout)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import ModelConfig
+from nitsum.parallel.sequence import SPComm, build_sp_comm
 from nitsum.parallel.shard import HeadRange, shard_views
 from nitsum.weights.layout import LayerWeights, ModelWeights
 
@@ -24,6 +26,8 @@ class TPContext:
     layers: list[LayerWeights]
     members: tuple[int, ...] = (0,)
     group: dist.ProcessGroup | None = None
+    # The same group run as sequence parallelism (parallel/sequence.py); None at TP 1.
+    sp: SPComm | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0})
 
     @property
@@ -59,4 +63,5 @@ def build_context(
     if tp > 1 and group is None:
         raise ValueError("a TP>1 context needs its process group")
     members = members if members is not None else tuple(range(tp))
-    return TPContext(heads, shard_views(weights, tp, rank), members, group)
+    sp = build_sp_comm(cfg, tp, rank, group, weights.embed.device)
+    return TPContext(heads, shard_views(weights, tp, rank), members, group, sp)

@@ -138,8 +138,12 @@ class Binder:
     def _context_tp(self, tokens: int) -> int:
         """The smallest TP level whose group's pages hold `tokens` tokens (the largest if
         none does)."""
-        pages, base = self.pe.alloc.num_pages, self.pe.alloc.base_page_tokens
-        fits = [tp for tp in sorted(self.pe.allowed) if -(-tokens // (base * tp)) <= pages]
+        alloc = self.pe.alloc
+        fits = [
+            tp
+            for tp in sorted(self.pe.allowed)
+            if -(-tokens // alloc.tokens_per_page(tp)) <= alloc.num_pages
+        ]
         return fits[0] if fits else max(self.pe.allowed)
 
     # -- binding --------------------------------------------------------------------------------

@@ -116,6 +116,9 @@ class Device:
                 "groups_created": CommPool.created,
                 "contexts": sorted(self.runners),
                 "all_reduce": sum(r.ctx.stats["all_reduce"] for r in self.runners.values()),
+                "all_to_all": sum(
+                    r.ctx.sp.stats["all_to_all"] for r in self.runners.values() if r.ctx.sp
+                ),
                 "storage_ptr": self.pool.storage.data_ptr(),
             }
         if cmd == "probe":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
+from nitsum.config import kv_heads_per_rank
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
 from nitsum.pool.migration_plan import Piece
 
@@ -64,8 +65,12 @@ class KVTransfer:
             torch.empty(elems, dtype=storage.dtype, device=storage.device) for _ in range(2)
         ]
 
+    def _local_heads(self, tp: int) -> int:
+        """KV heads per token in this device's pages at TP `tp`."""
+        return kv_heads_per_rank(self.kv_heads, tp)
+
     def _view(self, tp: int) -> torch.Tensor:
-        return slot_view(self.storage, self.kv_heads // tp, self.head_dim)
+        return slot_view(self.storage, self._local_heads(tp), self.head_dim)
 
     def _tokens_per_chunk(self, heads: int) -> int:
         per_token = self.storage.shape[0] * 2 * heads * self.head_dim * self.storage.element_size()
@@ -161,7 +166,7 @@ class KVTransfer:
         view = self._view(p.src_tp if sending else p.dst_tp)
         slots = p.src_slots if sending else p.dst_slots
         head = p.src_head if sending else p.dst_head
-        src_tokens_per_page = self.storage.shape[3] // (self.kv_heads // p.src_tp * self.head_dim)
+        src_tokens_per_page = self.storage.shape[3] // (self._local_heads(p.src_tp) * self.head_dim)
         src_pages = torch.div(p.src_slots, src_tokens_per_page, rounding_mode="floor")
         cuts = (torch.nonzero(src_pages[1:] != src_pages[:-1]).flatten() + 1).tolist()
         bounds = [0, *cuts, p.tokens]

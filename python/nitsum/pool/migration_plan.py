@@ -1,9 +1,10 @@
 """Which (token, head) ranges of a sequence's KV move where when its TP layout changes.
 
 The plan is the intersection of old and new head ownership (ReMP §3.5 generalizes it to
-layers for PP): rank r of a TP-p group owns KV heads [r·H/p, (r+1)·H/p) of every token.
-Pieces that share geometry are merged across sequences, so each (src, dst) device pair
-moves one aggregated stream.
+layers for PP): rank r of a TP-p group holds KV heads `kv_head_range(H, p, r)` of every token
+(parallel/shard.py; at a level above H, several ranks hold the same head). Pieces that share
+geometry are merged across sequences, so each (src, dst) device pair moves one aggregated
+stream.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from nitsum.config import kv_split
 from nitsum.kv.pages import context_slots, tokens_per_page
+from nitsum.parallel.shard import kv_head_range, kv_replicas
 
 
 @dataclass(frozen=True)
@@ -64,29 +67,43 @@ class Piece:
 def plan_pieces(
     kv_heads: int, base_page_tokens: int, tokens: int, old: Placement, new: Placement
 ) -> list[Piece]:
-    """Pieces that rebuild `tokens` tokens of KV from `old` into `new`."""
-    src_slots = context_slots(list(old.pages), tokens, tokens_per_page(base_page_tokens, old.tp))
-    dst_slots = context_slots(list(new.pages), tokens, tokens_per_page(base_page_tokens, new.tp))
-    h_old, h_new = kv_heads // old.tp, kv_heads // new.tp
+    """Pieces that rebuild `tokens` tokens of KV from `old` into `new`.
+
+    NOTE: every new rank gets each head it holds exactly once, even when several new ranks
+    hold it (replication); a head several old ranks hold is read from one of them: the
+    destination device itself when it is one (a local copy), else the first.
+    """
+    src_slots = context_slots(
+        list(old.pages), tokens, tokens_per_page(base_page_tokens, kv_split(kv_heads, old.tp))
+    )
+    dst_slots = context_slots(
+        list(new.pages), tokens, tokens_per_page(base_page_tokens, kv_split(kv_heads, new.tp))
+    )
+    replicas = kv_replicas(kv_heads, old.tp)
     pieces = []
-    for r_old, src in enumerate(old.members):
-        for r_new, dst in enumerate(new.members):
-            lo = max(r_old * h_old, r_new * h_new)
-            hi = min((r_old + 1) * h_old, (r_new + 1) * h_new)
-            if lo < hi:
-                pieces.append(
-                    Piece(
-                        src,
-                        dst,
-                        old.tp,
-                        lo - r_old * h_old,
-                        new.tp,
-                        lo - r_new * h_new,
-                        hi - lo,
-                        src_slots,
-                        dst_slots,
-                    )
+    for r_new, dst in enumerate(new.members):
+        want = kv_head_range(kv_heads, new.tp, r_new)
+        # One representative rank per distinct old shard (its replicas hold the same heads).
+        for first in range(0, old.tp, replicas):
+            holders = old.members[first : first + replicas]
+            have = kv_head_range(kv_heads, old.tp, first)
+            lo, hi = max(have.start, want.start), min(have.stop, want.stop)
+            if lo >= hi:
+                continue
+            src = dst if dst in holders else holders[0]
+            pieces.append(
+                Piece(
+                    src,
+                    dst,
+                    old.tp,
+                    lo - have.start,
+                    new.tp,
+                    lo - want.start,
+                    hi - lo,
+                    src_slots,
+                    dst_slots,
                 )
+            )
     return pieces
 
 

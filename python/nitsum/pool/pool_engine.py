@@ -24,6 +24,7 @@ from nitsum.kv.host_pool import PageCopies, host_pages_in
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
+from nitsum.parallel.shift import ShiftRule
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.binding import Binder
 from nitsum.pool.device_pool import DeviceError
@@ -43,13 +44,28 @@ log = logging.getLogger(__name__)
 class GroupRunner:
     """Runs a group's steps on its member devices (all ranks get identical inputs)."""
 
-    def __init__(self, pool: Devices, members: tuple[int, ...], pages: GroupPages) -> None:
+    def __init__(
+        self,
+        pool: Devices,
+        members: tuple[int, ...],
+        pages: GroupPages,
+        shift: ShiftRule,
+        counters: dict[str, int],
+    ) -> None:
         self.pool = pool
         self.members = members
         self.pages = pages
+        self.shift = shift
+        self.counters = counters
 
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
-        return build_step_inputs(batch, self.pages.tokens_per_page)
+        """The step's inputs; a group of ≥ 2 devices runs it as SP or TP by the shift rule
+        (counted in `sp_steps` / `tp_steps`)."""
+        tokens = sum(item.q_len for item in batch)
+        sp = self.shift.sequence_parallel(len(self.members), tokens)
+        if len(self.members) > 1:
+            self.counters["sp_steps" if sp else "tp_steps"] += 1
+        return build_step_inputs(batch, self.pages.tokens_per_page, sp)
 
     def run(self, batch: list[Scheduled]) -> list[int]:
         self.pool.launch_step(self.members, self.prepare(batch))
@@ -80,20 +96,30 @@ class PoolEngine:
         self.eos = eos_token_ids
         self.topology = TPTopology.of(cfg, pool.num_devices, pool.levels)
         self.allowed = self.topology.levels
-        self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens)
+        self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens, cfg.num_kv_heads)
         # The host KV tier's pages (every device has as many; kv/host_pool.py), if any.
         self.page_bytes = KVPool.page_bytes_of(cfg, ecfg.page_tokens, ecfg.dtype)
         host_pages = host_pages_in(ecfg.host_kv_cache_bytes, self.page_bytes)
         self.host_alloc = (
-            PageAllocator(pool.num_devices, host_pages, ecfg.page_tokens) if host_pages else None
+            PageAllocator(pool.num_devices, host_pages, ecfg.page_tokens, cfg.num_kv_heads)
+            if host_pages
+            else None
         )
         self.topology.check(groups)
-        self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
         self.decode_targets: dict[str, tuple[int, ...]] = {}
         # Cumulative counters, reported to the router in `stats` messages (`/metrics`).
         self.counters: dict[str, int] = dict.fromkeys(
-            ("kv_handoffs", "kv_handoff_bytes", "reconfigurations", "kv_migrated_bytes"), 0
+            (
+                "kv_handoffs",
+                "kv_handoff_bytes",
+                "reconfigurations",
+                "kv_migrated_bytes",
+                "sp_steps",
+                "tp_steps",
+            ),
+            0,
         )
+        self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
         # `Engine.counters` of engines already dissolved.
         self.retired: Counter[str] = Counter()
         # Per-request TP bindings borrowing the plan's groups (pool/binding.py).
@@ -108,7 +134,7 @@ class PoolEngine:
         scheduler = Scheduler(
             pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching, swap
         )
-        runner = GroupRunner(self.pool, members, pages)
+        runner = GroupRunner(self.pool, members, pages, e.shift, self.counters)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 
     @property
@@ -120,9 +146,9 @@ class PoolEngine:
         return [*self.engines.items(), *self.binder.engines()]
 
     def max_servable_tokens(self) -> int:
-        """The longest context (prompt + output) the pool's KV can hold: a page holds TP
-        times the tokens at TP, so a group of the largest level holds the most."""
-        return self.alloc.num_pages * self.alloc.base_page_tokens * max(self.allowed)
+        """The longest context (prompt + output) the pool's KV can hold: a page holds more
+        tokens at a higher TP, so a group of the largest level holds the most."""
+        return self.alloc.num_pages * self.alloc.tokens_per_page(max(self.allowed))
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(
@@ -213,7 +239,7 @@ class PoolEngine:
                 outputs += self._fail_all(engine, f"engine step failed: {e}")
                 continue
             if batch:
-                inputs = build_step_inputs(batch, engine.pages.tokens_per_page)
+                inputs = engine.runner.prepare(batch)
                 self.pool.launch_step(members, inputs)
                 launched.append((members, engine, batch))
         for members, engine, batch in launched:

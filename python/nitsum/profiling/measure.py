@@ -2,7 +2,9 @@
 
 Each point runs real forwards on a DevicePool group (all ranks in lockstep): prefill of a
 batch of prompt tokens, and one decode step of `batch` sequences at `context` tokens each.
-The KV contents are whatever the pages hold: latency does not depend on the values.
+Groups of ≥ 2 devices are measured twice, as TP and as SP (the SP stage): the crossover of the
+two is the group's shift threshold (parallel/shift.py). The KV contents are whatever the
+pages hold: latency does not depend on the values.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from nitsum.config import ModelConfig
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_step_inputs
+from nitsum.parallel.shift import crossover
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 
@@ -29,7 +32,7 @@ DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 DECODE_CONTEXTS = (128, 512, 1024)
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> float:
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -39,11 +42,17 @@ def _timed(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-class _Step:
+class GroupStep:
     """One forward of sequences given as (context, q_len) on `group`, repeatable; `release`
     frees the pages it holds."""
 
-    def __init__(self, pe: PoolEngine, group: tuple[int, ...], items: list[tuple[int, int]]):
+    def __init__(
+        self,
+        pe: PoolEngine,
+        group: tuple[int, ...],
+        items: list[tuple[int, int]],
+        sequence_parallel: bool = False,
+    ):
         self.pe, self.group = pe, group
         self.pages = pe.alloc.group(group)
         self.batch = []
@@ -51,7 +60,7 @@ class _Step:
             seq = Sequence(f"p{i}", [1] * ctx, SamplingParams(temperature=0))
             seq.pages = self.pages.allocate(self.pages.pages_for(ctx))
             self.batch.append(Scheduled(seq, ctx - q_len, q_len))
-        self.inputs = build_step_inputs(self.batch, self.pages.tokens_per_page)
+        self.inputs = build_step_inputs(self.batch, self.pages.tokens_per_page, sequence_parallel)
 
     def __call__(self) -> object:
         self.pe.pool.launch_step(self.group, self.inputs)
@@ -60,6 +69,46 @@ class _Step:
     def release(self) -> None:
         for item in self.batch:
             self.pages.release(item.seq.pages)
+
+
+def _sweep(
+    pe: PoolEngine,
+    tp: int,
+    sp: bool,
+    repeats: int,
+    prefill_tokens: tuple[int, ...],
+    batches: tuple[int, ...],
+    contexts: tuple[int, ...],
+    bar: tqdm,
+) -> tuple[list[dict], list[dict]]:
+    """Prefill and decode points of the group of devices 0..tp-1 in one mode."""
+    group = tuple(range(tp))
+    prefill = []
+    for n in prefill_tokens:
+        fn = GroupStep(pe, group, [(n, n)], sp)
+        prefill.append({"tokens": n, "ms": round(median_ms(fn, repeats), 3)})
+        fn.release()
+        bar.update()
+    decode = []
+    for b in batches:
+        for c in contexts:
+            fn = GroupStep(pe, group, [(c, 1)] * b, sp)
+            decode.append({"batch": b, "context": c, "ms": round(median_ms(fn, repeats), 3)})
+            fn.release()
+            bar.update()
+    return prefill, decode
+
+
+def shift_threshold(
+    prefill: list[dict], decode: list[dict], sp_prefill: list[dict], sp_decode: list[dict]
+) -> int | None:
+    """Batched tokens above which a group runs SP (None: TP only), fitted over every measured
+    point of both modes: a prefill of n tokens batches n, a decode step of b sequences b."""
+    sp_at = {("p", p["tokens"]): p["ms"] for p in sp_prefill}
+    sp_at |= {("d", p["batch"], p["context"]): p["ms"] for p in sp_decode}
+    points = [(p["tokens"], p["ms"], sp_at[("p", p["tokens"])]) for p in prefill]
+    points += [(p["batch"], p["ms"], sp_at[("d", p["batch"], p["context"])]) for p in decode]
+    return crossover(points)
 
 
 def measure_profile(
@@ -72,28 +121,26 @@ def measure_profile(
     batches: tuple[int, ...] = DECODE_BATCHES,
     contexts: tuple[int, ...] = DECODE_CONTEXTS,
 ) -> dict:
-    """Sweep every TP level the pool allows; returns a `nitsum-profile/1` dict."""
+    """Sweep every TP level the pool allows, groups of ≥ 2 devices in TP and in SP; returns a
+    `nitsum-profile/1` dict."""
     levels = list(pe.allowed)
     prefill: dict[str, list[dict]] = {}
     decode: dict[str, list[dict]] = {}
-    points = len(levels) * (len(prefill_tokens) + len(batches) * len(contexts))
+    sp_prefill: dict[str, list[dict]] = {}
+    sp_decode: dict[str, list[dict]] = {}
+    thresholds: dict[str, int | None] = {}
+    per_mode = len(prefill_tokens) + len(batches) * len(contexts)
+    points = sum(per_mode * (2 if tp > 1 else 1) for tp in levels)
+    grid = (prefill_tokens, batches, contexts)
     with tqdm(total=points, desc="profiling", unit="pt") as bar:
         for tp in levels:
-            group = tuple(range(tp))
-            prefill[str(tp)] = []
-            for n in prefill_tokens:
-                fn = _Step(pe, group, [(n, n)])
-                prefill[str(tp)].append({"tokens": n, "ms": round(_timed(fn, repeats), 3)})
-                fn.release()
-                bar.update()
-            decode[str(tp)] = []
-            for b in batches:
-                for c in contexts:
-                    fn = _Step(pe, group, [(c, 1)] * b)
-                    ms = _timed(fn, repeats)
-                    decode[str(tp)].append({"batch": b, "context": c, "ms": round(ms, 3)})
-                    fn.release()
-                    bar.update()
+            key = str(tp)
+            prefill[key], decode[key] = _sweep(pe, tp, False, repeats, *grid, bar)
+            if tp > 1:
+                sp_prefill[key], sp_decode[key] = _sweep(pe, tp, True, repeats, *grid, bar)
+                thresholds[key] = shift_threshold(
+                    prefill[key], decode[key], sp_prefill[key], sp_decode[key]
+                )
     return {
         "schema": "nitsum-profile/1",
         "device": device_kind,
@@ -111,4 +158,8 @@ def measure_profile(
         "tp_levels": levels,
         "prefill": prefill,
         "decode": decode,
+        "sp_prefill": sp_prefill,
+        "sp_decode": sp_decode,
+        # Batched tokens above which each group size runs SP (null: TP only).
+        "shift_threshold": thresholds,
     }

@@ -1,8 +1,10 @@
 """The one full weight copy of a device, stored so any TP shard is a contiguous view.
 
 Layouts (rows are output features, `hd` = head_dim, `r` = query heads per KV head):
-- `qkv`:     per KV-head group g: [q heads of g (r·hd rows), k_g (hd), v_g (hd)]. Ranks own
-             whole groups, so a rank's q, k and v rows are one contiguous slice.
+- `qkv`:     per KV-head group g: [q heads of g (r·hd rows), k_g (hd), v_g (hd)]. A rank that
+             owns whole groups has its q, k and v rows in one contiguous slice; a rank sharing
+             a replicated KV head (TP > KV heads) has two: its q rows and [k_g, v_g]
+             (parallel/shard.py).
 - `o_t`:     o_proj transposed, (H·hd, D): a rank's input features are contiguous rows.
 - `gate_up`: the intermediate dim cut into `blocks` blocks, stored [gate_b, up_b] per block,
              so a rank's gate and up rows are one contiguous slice.
@@ -31,6 +33,10 @@ class LayerWeights:
     o_t: torch.Tensor
     gate_up: torch.Tensor
     down_t: torch.Tensor
+    # Only in the shard of a rank sharing a replicated KV head: the [k_g, v_g] rows (2·hd) of
+    # its KV head g, apart from its q rows in `qkv` (views of the same full tensor).
+    kv_proj: torch.Tensor | None = None
+    kv_bias: torch.Tensor | None = None
 
 
 @dataclass
@@ -42,6 +48,8 @@ class ModelWeights:
     final_norm: torch.Tensor
     lm_head: torch.Tensor
     mlp_blocks: int
+    # The geometry the layouts follow (shard views need it).
+    cfg: ModelConfig
 
     def tensors(self) -> Iterable[torch.Tensor]:
         """Every stored tensor once (tied embeddings count once)."""
@@ -133,4 +141,4 @@ def build_weights(
     final_norm = take("model.norm.weight")
     if hf:
         raise ValueError(f"unexpected tensors in checkpoint: {sorted(hf)[:5]}")
-    return ModelWeights(embed, layers, final_norm, lm_head, mlp_blocks)
+    return ModelWeights(embed, layers, final_norm, lm_head, mlp_blocks, cfg)

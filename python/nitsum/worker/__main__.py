@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from nitsum.config import HOST_KV_CACHE_MB, mebibytes
+from nitsum.parallel.shift import DEFAULT_SHIFT_THRESHOLD, ShiftRule, shift_rule
 
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
 
@@ -41,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="under light load, bind idle devices into a TP group for a request with a TTFT "
         "target (per-request TP binding's load trigger; needs --devices > 1)",
+    )
+    p.add_argument(
+        "--shift-threshold",
+        type=shift_rule,
+        default=ShiftRule(),
+        help="batched tokens above which a TP group runs the iteration as sequence "
+        "parallelism: N, off (TP only), or per group size SIZE=N, comma-separated "
+        f"(default {DEFAULT_SHIFT_THRESHOLD}; `nitsum serve` passes a profile's crossovers)",
     )
     p.add_argument("--page-tokens", type=int, default=16, help="tokens per KV page at TP 1")
     p.add_argument("--max-batch", type=int, default=64, help="running sequences cap")
@@ -99,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         token_budget=args.token_budget,
         max_context=args.max_context,
         bind_idle=args.bind_idle,
+        shift=args.shift_threshold,
     )
     backend: PoolBackend
     try:

@@ -236,6 +236,38 @@ mod tests {
     }
 
     #[test]
+    fn a_group_that_shifts_to_sp_plans_the_faster_mode_per_stage() {
+        // TP 2: prefill 10 ms + 0.1 ms/token; as SP: 12 ms + 0.05 ms/token (faster past 40
+        // tokens). Decode as SP is slower: the decode stage keeps TP's curve.
+        let file = |sp: &str| {
+            format!(
+                r#"{{"schema": "nitsum-profile/1", "device": "t", "model": "m", "tp_levels": [2],
+                "prefill": {{"2": [{{"tokens": 1, "ms": 10.1}}, {{"tokens": 1001, "ms": 110.1}}]}},
+                "decode": {{"2": [{{"batch": 1, "context": 10, "ms": 11}}, {{"batch": 64, "context": 10, "ms": 74}}]}}
+                {sp}}}"#
+            )
+        };
+        let tp_only = Profile::from_json(&file("")).unwrap();
+        let shift = Profile::from_json(&file(
+            r#", "sp_prefill": {"2": [{"tokens": 1, "ms": 12.05}, {"tokens": 1001, "ms": 62.05}]},
+            "sp_decode": {"2": [{"batch": 1, "context": 10, "ms": 30}, {"batch": 64, "context": 10, "ms": 90}]}"#,
+        ))
+        .unwrap();
+        let s = shape(190.0, 40.5, 100.0, 11.0);
+        let (a, b) = (
+            prefill(&tp_only, 2, &s, 0.5, 64).unwrap(),
+            prefill(&shift, 2, &s, 0.5, 64).unwrap(),
+        );
+        // 8 prompts in 90 ms under TP; SP batches 16 (1600 tokens: 92 ms ≤ 95) in 92 ms.
+        assert!(b.rps > 1.5 * a.rps, "{a:?} {b:?}");
+        let (a, b) = (
+            decode(&tp_only, 2, &s).unwrap(),
+            decode(&shift, 2, &s).unwrap(),
+        );
+        assert_eq!((a.rps, a.batch_cap), (b.rps, b.batch_cap));
+    }
+
+    #[test]
     fn mixed_prompt_load_fits_the_chunk_budget() {
         let p = linear_profile();
         // TPOT alone allows b = 25 (250 prompt tokens per iteration); a 100-token budget
