@@ -45,6 +45,8 @@ VARIANTS = {
     # 2 KV heads for 8 query heads: TP 4 replicates each KV head on 2 ranks.
     "llama-kv2": lambda: LlamaForCausalLM(LlamaConfig(**{**BASE, "num_key_value_heads": 2})),
     "qwen2-kv2": lambda: Qwen2ForCausalLM(Qwen2Config(**{**BASE, "num_key_value_heads": 2})),
+    # 4 layers: pipelines of 2 and 4 stages
+    "llama-deep": lambda: LlamaForCausalLM(LlamaConfig(**{**BASE, "num_hidden_layers": 4})),
     # room for an 8k-token prompt (the long-prompt fairness test)
     "llama-long": lambda: LlamaForCausalLM(
         LlamaConfig(**{**BASE, "max_position_embeddings": 8448})

@@ -61,17 +61,24 @@ class ModelRunner:
     def hidden(self, inputs: StepInputs) -> torch.Tensor:
         """The step's last hidden states of the sampled rows (a rank that is not its group's
         leader needs only these: its collectives are in the forward, the logits are the
-        leader's)."""
+        leader's). A pipeline stage runs the micro-batches in order; only the last stage's
+        rows are the step's (the others return none)."""
         device = self.model.weights.embed.device
-        return self.model.forward(
-            self.ctx,
-            inputs.input_ids.to(device),
-            inputs.positions.to(device),
-            inputs.meta.to(device),
-            self.pool,
-            inputs.sample_rows,
-            inputs.sequence_parallel,
-        )
+        parts = [
+            self.model.forward(
+                self.ctx,
+                part.input_ids.to(device),
+                part.positions.to(device),
+                part.meta.to(device),
+                self.pool,
+                part.sample_rows,
+                part.sequence_parallel,
+            )
+            for part in inputs.parts
+        ]
+        if self.ctx.stage is not None:
+            self.ctx.stage.finish()
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def run(self, batch: list[Scheduled]) -> list[int]:
         """Forward the batch and return one sampled token per sampling sequence."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,48 @@ class StepInputs:
     sample_rows: list[int]  # rows whose logits are sampled, in batch order
     # Run the group as sequence parallelism this step (parallel/shift.py decides); TP if False.
     sequence_parallel: bool = False
+    # A pipeline's micro-batches, in order (their rows concatenated are this batch's); empty:
+    # one batch. NOTE: a stage runs them one after the other, handing each to the next stage
+    # without waiting, so the stages work on different micro-batches at once.
+    micro: list[StepInputs] = field(default_factory=list)
+    # A pipeline step: the TP degree of its stages (the group is then its members as
+    # len(members) // stage_tp stages); 0: the group is one TP group.
+    stage_tp: int = 0
+
+    @property
+    def parts(self) -> list[StepInputs]:
+        """The batches a forward runs: the micro-batches, or this one."""
+        return self.micro or [self]
+
+
+def split_batch(batch: list[Scheduled], parts: int) -> list[list[Scheduled]]:
+    """`batch` cut into at most `parts` contiguous runs of about equal tokens (a pipeline's
+    micro-batches; each stays decode-first, and their order is the batch's)."""
+    parts = max(1, min(parts, len(batch)))
+    total = sum(item.q_len for item in batch)
+    out: list[list[Scheduled]] = [[]]
+    done = 0
+    for i, item in enumerate(batch):
+        left = len(batch) - i  # items from here on, this one included
+        cut = done >= total * len(out) / parts and out[-1]
+        if cut and len(out) < parts or out[-1] and parts - len(out) >= left:
+            out.append([])
+        out[-1].append(item)
+        done += item.q_len
+    return out
+
+
+def build_pipeline_inputs(
+    batch: list[Scheduled], tokens_per_page: int, stage_tp: int, micro_batches: int
+) -> StepInputs:
+    """A pipeline's step (stages of `stage_tp` devices): the whole batch's inputs with
+    `micro_batches` micro-batches."""
+    inputs = build_step_inputs(batch, tokens_per_page)
+    inputs.stage_tp = stage_tp
+    parts = split_batch(batch, micro_batches)
+    if len(parts) > 1:
+        inputs.micro = [build_step_inputs(part, tokens_per_page) for part in parts]
+    return inputs
 
 
 def build_step_inputs(

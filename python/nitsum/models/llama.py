@@ -58,17 +58,25 @@ class LlamaModel:
         write the same KV into the same pages.
         """
         if sequence_parallel and ctx.sp is not None:
+            # NOTE: ctx.sp is None in a pipeline (build_context): stages run TP.
             rows = list(range(input_ids.shape[0])) if rows is None else rows
             return self._forward_sp(ctx, ctx.sp, input_ids, positions, meta, kv, rows)
-        cfg = self.cfg
-        h = F.embedding(input_ids, self.weights.embed)
+        cfg, stage = self.cfg, ctx.stage
+        if stage is None or stage.first:
+            h = F.embedding(input_ids, self.weights.embed)
+        else:
+            h = stage.recv(input_ids.shape[0], cfg.hidden_size, self.weights.embed)
         cos, sin = self.rotary.cos_sin(positions, h.dtype)
-        for i, layer in enumerate(ctx.layers):
+        for i in range(len(ctx.layers)) if stage is None else stage.layers:
+            layer = ctx.layers[i]
             k_cache, v_cache = kv.kv(i, ctx.heads.kv_heads)
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             h = h + self._attention(ctx, layer, x, cos, sin, k_cache, v_cache, meta)
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
             h = h + ctx.all_reduce(self.mlp(layer, x))
+        if stage is not None and not stage.last:
+            stage.send(h)  # NOTE: only the last stage's hidden states are the step's
+            return h[:0]
         h = h if rows is None else h[rows]
         return rms_norm(h, self.weights.final_norm, cfg.rms_norm_eps)
 

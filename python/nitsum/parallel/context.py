@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import ModelConfig
+from nitsum.parallel.pipeline import Stage
 from nitsum.parallel.sequence import SPComm, build_sp_comm
 from nitsum.parallel.shard import HeadRange, shard_views
 from nitsum.weights.layout import LayerWeights, ModelWeights
@@ -28,6 +29,8 @@ class TPContext:
     group: dist.ProcessGroup | None = None
     # The same group run as sequence parallelism (parallel/sequence.py); None at TP 1.
     sp: SPComm | None = None
+    # This rank's pipeline stage in a (tp, pp) group (parallel/pipeline.py); None: one stage.
+    stage: Stage | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0})
 
     @property
@@ -41,6 +44,11 @@ class TPContext:
     @property
     def leader(self) -> int:
         return self.members[0]
+
+    @property
+    def samples(self) -> bool:
+        """Whether this rank returns the step's logits: TP rank 0 of the last stage."""
+        return self.rank == 0 and (self.stage is None or self.stage.last)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum partial results of a row-parallel layer across the group (in place)."""
@@ -57,11 +65,14 @@ def build_context(
     rank: int,
     members: tuple[int, ...] | None = None,
     group: dist.ProcessGroup | None = None,
+    stage: Stage | None = None,
 ) -> TPContext:
-    """Build the warm context of (tp, rank); `members` are the group's device ids."""
+    """Build the warm context of (tp, rank); `members` are the group's device ids (stage-major
+    for a pipeline, whose `stage` is this rank's and `group` its stage's TP group)."""
     heads = HeadRange.of(cfg, tp, rank)
     if tp > 1 and group is None:
         raise ValueError("a TP>1 context needs its process group")
     members = members if members is not None else tuple(range(tp))
-    sp = build_sp_comm(cfg, tp, rank, group, weights.embed.device)
-    return TPContext(heads, shard_views(weights, tp, rank), members, group, sp)
+    # NOTE: a pipeline's stages run TP only (SP shifts a whole group's tokens; not combined).
+    sp = build_sp_comm(cfg, tp, rank, group, weights.embed.device) if stage is None else None
+    return TPContext(heads, shard_views(weights, tp, rank), members, group, sp, stage)

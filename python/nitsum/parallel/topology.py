@@ -46,6 +46,21 @@ class TPTopology:
             for start in range(0, self.num_devices - p + 1, p)
         ]
 
+    def pipelines(
+        self, num_layers: int, pp_levels: tuple[int, ...]
+    ) -> list[tuple[tuple[int, ...], int]]:
+        """Every (members, tp) of a pipeline: `pp` ≥ 2 stages of an allowed TP level, on an
+        aligned block of tp·pp devices (stage-major; each stage an aligned TP group), for each
+        depth of `pp_levels` that the pool and the model's layers allow."""
+        out = []
+        for pp in sorted(set(pp_levels)):
+            for tp in self.levels:
+                n = tp * pp
+                if pp < 2 or pp > num_layers or n > self.num_devices:
+                    continue
+                out += [(tuple(range(k, k + n)), tp) for k in range(0, self.num_devices - n + 1, n)]
+        return out
+
     def check(self, groups: list[tuple[int, ...]]) -> None:
         """Raise ValueError unless `groups` are disjoint aligned blocks of allowed levels."""
         seen: set[int] = set()

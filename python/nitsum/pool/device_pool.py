@@ -96,8 +96,9 @@ class DevicePool:
         self.send_many(members, "step", members, inputs)
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
-        """Logits from the group leader (every member must be drained)."""
-        return self._replies(members)[0]
+        """Logits from the member that samples (TP rank 0 of the last stage; every member
+        must be drained)."""
+        return next(r for r in self._replies(members) if r is not None)
 
     def _replies(self, members: tuple[int, ...]) -> list[Any]:
         """Every member's reply, in order; the first DeviceError once all are drained."""

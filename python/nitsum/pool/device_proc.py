@@ -27,6 +27,7 @@ from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapCopier
 from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
+from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 
@@ -54,6 +55,7 @@ class DeviceSpec:
     num_pages: int
     init_method: str
     threads: int = 1
+    pp_levels: tuple[int, ...] = DEFAULT_PP_LEVELS
 
 
 class Device:
@@ -87,6 +89,24 @@ class Device:
                     self.comms.get(members),
                 )
                 self.runners[members] = ModelRunner(self.model, self.pool, ctx)
+        # Pipelines (parallel/pipeline.py) by (members, tp): stages of TP groups above.
+        self.pipelines: dict[tuple[tuple[int, ...], int], ModelRunner] = {}
+        for members, tp in topology.pipelines(cfg.num_layers, spec.pp_levels):
+            if device in members:
+                stage = build_stage(cfg.num_layers, tp, members, device)
+                assert stage is not None
+                i = members.index(device)
+                tp_group = members[i - i % tp : i - i % tp + tp]
+                ctx = build_context(
+                    cfg,
+                    self.model.weights,
+                    tp,
+                    i % tp,
+                    members,
+                    self.comms.get(tp_group),
+                    stage,
+                )
+                self.pipelines[(members, tp)] = ModelRunner(self.model, self.pool, ctx)
         self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
         host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
         host = HostKVPool(self.pool, host_pages) if host_pages else None
@@ -97,9 +117,12 @@ class Device:
         """Serve one command of the controller (`DevicePool`)."""
         if cmd == "step":
             members, inputs = args
-            runner = self.runners[members]
-            if runner.ctx.rank != 0:
-                runner.hidden(inputs)  # the leader samples; the others join its collectives
+            if inputs.stage_tp:
+                runner = self.pipelines[(members, inputs.stage_tp)]
+            else:
+                runner = self.runners[members]
+            if not runner.ctx.samples:
+                runner.hidden(inputs)  # one rank samples; the others join its collectives
                 return None
             return runner.forward(inputs).cpu()
         if cmd in ("swap_start", "swap_progress"):
@@ -120,6 +143,10 @@ class Device:
                     r.ctx.sp.stats["all_to_all"] for r in self.runners.values() if r.ctx.sp
                 ),
                 "storage_ptr": self.pool.storage.data_ptr(),
+                "pipelines": sorted(self.pipelines),
+                "p2p_sends": sum(
+                    r.ctx.stage.stats["p2p_sends"] for r in self.pipelines.values() if r.ctx.stage
+                ),
             }
         if cmd == "probe":
             # Tests and benchmarks: run a module-level function on this device's state.
