@@ -130,8 +130,8 @@ def test_page_capacity_follows_the_kv_split(tiny):
 
 
 def test_plan_reads_each_head_once_preferring_a_local_replica():
-    def plan(old, new):  # 2 KV heads, 4-token base pages, 5 tokens
-        pieces = plan_pieces(2, 4, 5, Placement(old, (0, 1)), Placement(new, (2, 3)))
+    def plan(old, new):  # 2 KV heads, 2 layers, 4-token base pages, 5 tokens
+        pieces = plan_pieces(2, 2, 4, 5, Placement(old, (0, 1)), Placement(new, (2, 3)))
         return sorted((p.src, p.dst, p.src_head, p.dst_head, p.heads) for p in pieces)
 
     # TP 1 → 4: every replica gets its head (head 1 lies at local head 1 of device 0).

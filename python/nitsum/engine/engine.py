@@ -88,7 +88,8 @@ class Engine:
         if ttft_ms is not None:
             seq.deadline = seq.arrival + ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
-        seq.layout = KVLayout(tuple(self.scheduler.pages.members))
+        pages = self.scheduler.pages
+        seq.layout = KVLayout(tuple(pages.members), pages.stage_tp)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 

@@ -49,8 +49,9 @@ class PageAllocator:
         # held is handed out only once they are done.
         self.held = np.zeros((num_devices, num_pages), dtype=np.int32)
 
-    def group(self, members: tuple[int, ...]) -> GroupPages:
-        return GroupPages(self, members)
+    def group(self, members: tuple[int, ...], tp: int | None = None) -> GroupPages:
+        """The view of the group `members` (a pipeline's: stages of `tp` devices)."""
+        return GroupPages(self, members, tp)
 
     def tokens_per_page(self, tp: int) -> int:
         """Tokens per page in a group of `tp` devices."""
@@ -64,15 +65,26 @@ class PageAllocator:
 
 
 class GroupPages:
-    """A TP group's view of the allocator: mirrored pages on all `members`."""
+    """A group's view of the allocator: mirrored pages on all `members`.
 
-    def __init__(self, alloc: PageAllocator, members: tuple[int, ...]) -> None:
+    NOTE: in a pipeline (`tp` < len(members)) every stage uses the same page ids and writes
+    only its own layers' part of them, so a page holds the tokens of its stage's TP degree.
+    """
+
+    def __init__(
+        self, alloc: PageAllocator, members: tuple[int, ...], tp: int | None = None
+    ) -> None:
         self.alloc = alloc
         self.members = list(members)
-        self.tp = len(members)
+        self.tp = tp or len(members)
         # Waits for the copies in flight (their held pages become free to hand out); set by
         # the group's swap manager, None: nothing is ever held.
         self.settle: Callable[[], None] | None = None
+
+    @property
+    def stage_tp(self) -> int:
+        """The TP degree of a pipeline's stages; 0 for a TP group (`KVLayout.stage_tp`)."""
+        return self.tp if self.tp < len(self.members) else 0
 
     @property
     def num_pages(self) -> int:

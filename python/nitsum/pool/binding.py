@@ -230,11 +230,9 @@ class Binder:
         if moves:
             targets = {b.members: b.engine}
             pe = self.pe
-            new_pages, recompute, moved, _ = transfer_moves(
-                pe.pool, pe.cfg.num_kv_heads, pe.ecfg.page_tokens, moves, targets
-            )
-            commit_moves(moves, targets, new_pages, recompute)
-            pe.counters["kv_migrated_bytes"] += moved
+            outcome = transfer_moves(pe.pool, pe.cfg, pe.ecfg.page_tokens, moves, targets)
+            commit_moves(moves, targets, outcome)
+            pe.counters["kv_migrated_bytes"] += outcome.bytes_moved
         b.started.clear()
         b.formed = True
 

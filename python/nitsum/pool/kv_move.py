@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from nitsum.config import ModelConfig
 from nitsum.engine.engine import Engine
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
@@ -31,32 +32,54 @@ class ReconfigureReport:
     groups: list[tuple[int, ...]]
     moved_requests: int = 0
     recomputed_requests: int = 0
+    # Sent to other devices plus copied within one; `bytes_sent`: only bytes whose owner
+    # changed.
     bytes_moved: int = 0
+    bytes_sent: int = 0
+    # Requests preempted for lack of pages in their new group, lowest priority first.
+    preempted: list[str] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
 
+@dataclass
+class MoveOutcome:
+    """What `transfer_moves` did: the new pages by request, the requests to recompute (no KV
+    kept), bytes sent to other devices (their owner changed) and copied within one, and when
+    its plan was done."""
+
+    new_pages: dict[str, list[int]]
+    recompute: set[str]
+    bytes_sent: int
+    bytes_local: int
+    plan_end: float
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_sent + self.bytes_local
+
+
 def transfer_moves(
     pool: Devices,
-    num_kv_heads: int,
+    cfg: ModelConfig,
     page_tokens: int,
     moves: list[Move],
     engines: dict[tuple[int, ...], Engine],
     mode: str = "pipelined",
     fail: tuple[int, int] | None = None,
-) -> tuple[dict[str, list[int]], set[str], int, float]:
-    """Allocate target pages, plan pieces and move the KV of `moves`.
+    preempt: set[str] | frozenset[str] = frozenset(),
+) -> MoveOutcome:
+    """Allocate target pages, plan pieces and move the KV of `moves`, in their order (pages go
+    to the first ones); the requests in `preempt` keep no KV (they recompute).
 
-    Returns (new pages by request, requests to recompute, bytes moved (sent to other devices
-    and copied locally), plan end time).
     NOTE: source pages are only read; on TransferFailed the new pages are released and
     every sequence still owns its old, intact KV.
     """
     pieces: list[Piece] = []
     new_pages: dict[str, list[int]] = {}
-    recompute: set[str] = set()
+    recompute: set[str] = set(preempt)
     for seq, target, _ in moves:
-        if seq.num_computed == 0:
+        if seq.num_computed == 0 or seq.request_id in preempt:
             continue
         if seq.host_pages:  # swapped out: host KV stays with its device; recompute instead
             recompute.add(seq.request_id)
@@ -69,33 +92,41 @@ def transfer_moves(
         except OutOfPages:
             recompute.add(seq.request_id)  # soft preempt: drop KV, re-prefill later
             continue
-        old = Placement(seq.layout.members, tuple(seq.pages))
-        placement = Placement(target, tuple(new_pages[seq.request_id]))
-        pieces += plan_pieces(num_kv_heads, page_tokens, seq.num_computed, old, placement)
+        old = Placement(seq.layout.members, tuple(seq.pages), seq.layout.stage_tp)
+        placement = Placement(target, tuple(new_pages[seq.request_id]), pages.stage_tp)
+        pieces += plan_pieces(
+            cfg.num_kv_heads, cfg.num_layers, page_tokens, seq.num_computed, old, placement
+        )
     pieces = aggregate(pieces)
-    t_plan = time.perf_counter()
+    plan_end = time.perf_counter()
     try:
         stats = pool.migrate(pieces, mode, fail) if pieces else []
     except TransferFailed:
-        for seq, target, _ in moves:
-            if seq.request_id in new_pages:
-                engines[target].pages.release(new_pages[seq.request_id])
+        release_new_pages(moves, engines, new_pages)
         raise
-    moved = sum(s.bytes_sent + s.bytes_copied_locally for s in stats)
-    return new_pages, recompute, moved, t_plan
+    sent = sum(s.bytes_sent for s in stats)
+    local = sum(s.bytes_copied_locally for s in stats)
+    return MoveOutcome(new_pages, recompute, sent, local, plan_end)
+
+
+def release_new_pages(
+    moves: list[Move], engines: dict[tuple[int, ...], Engine], new_pages: dict[str, list[int]]
+) -> None:
+    """Give back the target pages of a transfer that will not be committed."""
+    for seq, target, _ in moves:
+        if seq.request_id in new_pages:
+            engines[target].pages.release(new_pages[seq.request_id])
 
 
 def commit_moves(
-    moves: list[Move],
-    engines: dict[tuple[int, ...], Engine],
-    new_pages: dict[str, list[int]],
-    recompute: set[str],
+    moves: list[Move], engines: dict[tuple[int, ...], Engine], outcome: MoveOutcome
 ) -> None:
     """Hand every moved sequence to its target engine with its new pages and layout."""
+    new_pages, recompute = outcome.new_pages, outcome.recompute
     for seq, target, source in moves:
         source.detach(seq)
         seq.pages = new_pages.get(seq.request_id, [])
-        seq.layout = KVLayout(target)
+        seq.layout = KVLayout(target, engines[target].pages.stage_tp)
         if seq.request_id in recompute:
             seq.num_computed, seq.status = 0, Status.WAITING
         engines[target].adopt(seq)

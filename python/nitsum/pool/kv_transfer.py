@@ -69,11 +69,15 @@ class KVTransfer:
         """KV heads per token in this device's pages at TP `tp`."""
         return kv_heads_per_rank(self.kv_heads, tp)
 
-    def _view(self, tp: int) -> torch.Tensor:
-        return slot_view(self.storage, self._local_heads(tp), self.head_dim)
+    def _view(self, tp: int, p: Piece) -> torch.Tensor:
+        """The piece's layers of this device's storage as (layers, 2, slots, heads, hd) at TP
+        `tp`."""
+        view = slot_view(self.storage, self._local_heads(tp), self.head_dim)
+        return view[p.layers(view.shape[0])]
 
-    def _tokens_per_chunk(self, heads: int) -> int:
-        per_token = self.storage.shape[0] * 2 * heads * self.head_dim * self.storage.element_size()
+    def _tokens_per_chunk(self, p: Piece) -> int:
+        layers = len(range(self.storage.shape[0])[p.layers(self.storage.shape[0])])
+        per_token = layers * 2 * p.heads * self.head_dim * self.storage.element_size()
         return max(1, self.chunk_bytes // per_token)
 
     def run(
@@ -111,9 +115,9 @@ class KVTransfer:
 
     def _local(self, p: Piece, stats: TransferStats) -> None:
         """Same device: a gather + scatter, never a send."""
-        src = self._view(p.src_tp)[:, :, :, p.src_head : p.src_head + p.heads]
+        src = self._view(p.src_tp, p)[:, :, :, p.src_head : p.src_head + p.heads]
         block = src.index_select(2, p.src_slots)
-        unpack_ref(self._view(p.dst_tp), p.dst_slots, p.dst_head, p.heads, block)
+        unpack_ref(self._view(p.dst_tp, p), p.dst_slots, p.dst_head, p.heads, block)
         stats.bytes_copied_locally += block.numel() * block.element_size()
 
     def _pipelined(self, p: Piece, stats: TransferStats, stop: int | None) -> bool:
@@ -121,11 +125,11 @@ class KVTransfer:
 
         Returns False when stopped early by an injected failure.
         """
-        chunks = _chunks(p, self._tokens_per_chunk(p.heads))
+        chunks = _chunks(p, self._tokens_per_chunk(p))
         if stop is not None:
             chunks = chunks[:stop]
         sending = p.src == self.device
-        view = self._view(p.src_tp if sending else p.dst_tp)
+        view = self._view(p.src_tp if sending else p.dst_tp, p)
         layers = view.shape[0]
 
         def elems(c: slice) -> int:
@@ -163,7 +167,7 @@ class KVTransfer:
     def _per_page(self, p: Piece, stats: TransferStats) -> None:
         """Baseline: one message per (source page, layer, K/V) fragment, as pages lie in memory."""
         sending = p.src == self.device
-        view = self._view(p.src_tp if sending else p.dst_tp)
+        view = self._view(p.src_tp if sending else p.dst_tp, p)
         slots = p.src_slots if sending else p.dst_slots
         head = p.src_head if sending else p.dst_head
         src_tokens_per_page = self.storage.shape[3] // (self._local_heads(p.src_tp) * self.head_dim)

@@ -1,33 +1,47 @@
-"""Which (token, head) ranges of a sequence's KV move where when its TP layout changes.
+"""Which (layer, token, head) ranges of a sequence's KV move where when its layout changes.
 
-The plan is the intersection of old and new head ownership (ReMP §3.5 generalizes it to
-layers for PP): rank r of a TP-p group holds KV heads `kv_head_range(H, p, r)` of every token
-(parallel/shard.py; at a level above H, several ranks hold the same head). Pieces that share
-geometry are merged across sequences, so each (src, dst) device pair moves one aggregated
-stream.
+The plan is the intersection of old and new ownership in two dimensions (ReMP §3.5): a
+pipeline stage owns a contiguous layer range (`parallel.pipeline.stage_layers`), and within a
+stage, rank r of its TP degree p holds KV heads `kv_head_range(H, p, r)` of every token
+(parallel/shard.py; at a level above H, several ranks hold the same head). A TP group is the
+one-stage case. Every byte lands once on each new owner: a new rank gets each (layer, head) it
+holds exactly once, read from one old holder (the destination itself when it is one, a local
+copy). Pieces that share geometry are merged across sequences, so each (src, dst) device pair
+moves one aggregated stream.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from nitsum.config import kv_split
 from nitsum.kv.pages import context_slots, tokens_per_page
+from nitsum.parallel.pipeline import stage_layers
 from nitsum.parallel.shard import kv_head_range, kv_replicas
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a sequence's KV lives: a TP group (tp = len(members)) and its mirrored pages."""
+    """Where a sequence's KV lives: a group (stages of `tp` devices, stage-major; one stage
+    when `stage_tp` is 0) and its mirrored pages."""
 
     members: tuple[int, ...]
     pages: tuple[int, ...]
+    stage_tp: int = 0
 
     @property
     def tp(self) -> int:
-        return len(self.members)
+        return self.stage_tp or len(self.members)
+
+    @property
+    def pp(self) -> int:
+        return len(self.members) // self.tp
+
+    def stage(self, s: int) -> tuple[int, ...]:
+        """The members of stage `s`."""
+        return self.members[s * self.tp : (s + 1) * self.tp]
 
 
 @dataclass
@@ -47,6 +61,13 @@ class Piece:
     heads: int
     src_slots: torch.Tensor
     dst_slots: torch.Tensor
+    # Layers [first_layer, end_layer) of the model; end_layer 0: every layer.
+    first_layer: int = 0
+    end_layer: int = 0
+
+    def layers(self, num_layers: int) -> slice:
+        """The piece's layers as a slice of a device's (layers, ...) storage."""
+        return slice(self.first_layer, self.end_layer or num_layers)
 
     def geometry(self) -> tuple[int, ...]:
         return (
@@ -57,6 +78,8 @@ class Piece:
             self.dst_tp,
             self.dst_head,
             self.heads,
+            self.first_layer,
+            self.end_layer,
         )
 
     @property
@@ -65,12 +88,17 @@ class Piece:
 
 
 def plan_pieces(
-    kv_heads: int, base_page_tokens: int, tokens: int, old: Placement, new: Placement
+    kv_heads: int,
+    num_layers: int,
+    base_page_tokens: int,
+    tokens: int,
+    old: Placement,
+    new: Placement,
 ) -> list[Piece]:
     """Pieces that rebuild `tokens` tokens of KV from `old` into `new`.
 
-    NOTE: every new rank gets each head it holds exactly once, even when several new ranks
-    hold it (replication); a head several old ranks hold is read from one of them: the
+    NOTE: every new rank gets each (layer, head) it holds exactly once, even when several new
+    ranks hold it (replication); a head several old ranks hold is read from one of them: the
     destination device itself when it is one (a local copy), else the first.
     """
     src_slots = context_slots(
@@ -81,29 +109,40 @@ def plan_pieces(
     )
     replicas = kv_replicas(kv_heads, old.tp)
     pieces = []
-    for r_new, dst in enumerate(new.members):
-        want = kv_head_range(kv_heads, new.tp, r_new)
-        # One representative rank per distinct old shard (its replicas hold the same heads).
-        for first in range(0, old.tp, replicas):
-            holders = old.members[first : first + replicas]
-            have = kv_head_range(kv_heads, old.tp, first)
-            lo, hi = max(have.start, want.start), min(have.stop, want.stop)
-            if lo >= hi:
+    for s_new in range(new.pp):
+        wanted_layers = stage_layers(num_layers, new.pp, s_new)
+        for s_old in range(old.pp):
+            had_layers = stage_layers(num_layers, old.pp, s_old)
+            first = max(wanted_layers.start, had_layers.start)
+            end = min(wanted_layers.stop, had_layers.stop)
+            if first >= end:
                 continue
-            src = dst if dst in holders else holders[0]
-            pieces.append(
-                Piece(
-                    src,
-                    dst,
-                    old.tp,
-                    lo - have.start,
-                    new.tp,
-                    lo - want.start,
-                    hi - lo,
-                    src_slots,
-                    dst_slots,
-                )
-            )
+            holders_stage = old.stage(s_old)
+            for r_new, dst in enumerate(new.stage(s_new)):
+                want = kv_head_range(kv_heads, new.tp, r_new)
+                # One representative rank per distinct old shard (replicas hold the same).
+                for r_first in range(0, old.tp, replicas):
+                    holders = holders_stage[r_first : r_first + replicas]
+                    have = kv_head_range(kv_heads, old.tp, r_first)
+                    lo, hi = max(have.start, want.start), min(have.stop, want.stop)
+                    if lo >= hi:
+                        continue
+                    src = dst if dst in holders else holders[0]
+                    pieces.append(
+                        Piece(
+                            src,
+                            dst,
+                            old.tp,
+                            lo - have.start,
+                            new.tp,
+                            lo - want.start,
+                            hi - lo,
+                            src_slots,
+                            dst_slots,
+                            first,
+                            end,
+                        )
+                    )
     return pieces
 
 
@@ -117,5 +156,5 @@ def aggregate(pieces: list[Piece]) -> list[Piece]:
         group = merged[geom]
         src = torch.cat([p.src_slots for p in group])
         dst = torch.cat([p.dst_slots for p in group])
-        out.append(Piece(*geom, src, dst))
+        out.append(replace(group[0], src_slots=src, dst_slots=dst))
     return out

@@ -17,13 +17,14 @@ from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
-from nitsum.engine.step_inputs import StepInputs, build_step_inputs
+from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
 from nitsum.engine.swap import SwapSpace
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.host_pool import PageCopies, host_pages_in
 from nitsum.kv.pages import GroupPages, PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
+from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
 from nitsum.parallel.shift import ShiftRule
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.binding import Binder
@@ -35,7 +36,7 @@ from nitsum.pool.kv_move import (
     commit_moves,
     transfer_moves,
 )
-from nitsum.pool.kv_transfer import TransferFailed
+from nitsum.pool.switch import Switch
 from nitsum.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,11 @@ class GroupRunner:
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         """The step's inputs; a group of ≥ 2 devices runs it as SP or TP by the shift rule
         (counted in `sp_steps` / `tp_steps`)."""
+        if self.pages.stage_tp:
+            # A pipeline: one micro-batch per stage keeps every stage busy.
+            stages = len(self.members) // self.pages.tp
+            self.counters["pp_steps"] += 1
+            return build_pipeline_inputs(batch, self.pages.tokens_per_page, self.pages.tp, stages)
         tokens = sum(item.q_len for item in batch)
         sp = self.shift.sequence_parallel(len(self.members), tokens)
         if len(self.members) > 1:
@@ -116,6 +122,7 @@ class PoolEngine:
                 "kv_migrated_bytes",
                 "sp_steps",
                 "tp_steps",
+                "pp_steps",
             ),
             0,
         )
@@ -124,18 +131,39 @@ class PoolEngine:
         self.retired: Counter[str] = Counter()
         # Per-request TP bindings borrowing the plan's groups (pool/binding.py).
         self.binder = Binder(self)
+        # The last reconfigurations: outcome, preemptions and phase timings (pool/switch.py).
+        self.switch_log: list[dict] = []
 
-    def _engine(self, members: tuple[int, ...]) -> Engine:
-        pages = self.alloc.group(members)
+    def _engine(self, members: tuple[int, ...], stage_tp: int = 0) -> Engine:
+        """A new engine for the group `members` (a pipeline of stages of `stage_tp` devices
+        when it is not 0)."""
+        pages = self.alloc.group(members, stage_tp or None)
         e = self.ecfg
         swap = None
         if self.host_alloc is not None:
-            swap = SwapSpace(self.host_alloc.group(members), pages, self.page_bytes, e.swap_mode)
+            host = self.host_alloc.group(members, stage_tp or None)
+            swap = SwapSpace(host, pages, self.page_bytes, e.swap_mode)
         scheduler = Scheduler(
             pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching, swap
         )
         runner = GroupRunner(self.pool, members, pages, e.shift, self.counters)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
+
+    def stage_tp(self, members: tuple[int, ...]) -> int:
+        """The stage TP degree of the group `members` (0: a TP group, not a pipeline)."""
+        return self.engines[members].pages.stage_tp
+
+    def _check_pipelines(self, pipelines: dict[tuple[int, ...], int]) -> None:
+        """ValueError unless every (members, stage TP) has warm contexts on its devices."""
+        known = set(self.topology.pipelines(self.cfg.num_layers, DEFAULT_PP_LEVELS))
+        for members, tp in pipelines.items():
+            if (members, tp) not in known:
+                raise ValueError(
+                    f"no pipeline of {len(members) // max(tp, 1)} stages of TP {tp} on "
+                    f"{members}: stages must be allowed TP levels, depth in "
+                    f"{DEFAULT_PP_LEVELS} and at most the {self.cfg.num_layers} layers, on an "
+                    "aligned block"
+                )
 
     @property
     def groups(self) -> list[tuple[int, ...]]:
@@ -279,71 +307,20 @@ class PoolEngine:
         groups: list[tuple[int, ...]],
         mode: str = "pipelined",
         fail: tuple[int, int] | None = None,
+        pipelines: dict[tuple[int, ...], int] | None = None,
+        fail_phase: str | None = None,
     ) -> ReconfigureReport:
-        """Switch the pool to `groups` at this iteration boundary, migrating running KV."""
-        t0 = time.perf_counter()
-        self.topology.check(groups)
-        if self.binder.bindings:
-            # NOTE: the plan owns the layout, but a binding has borrowed part of it; the
-            # next window's plan comes when it has been given back.
-            return ReconfigureReport(
-                False, self.groups, error="a TP binding is active; the plan waits for it"
-            )
-        kept = {g: e for g, e in self.engines.items() if g in groups}
-        new = {g: kept.get(g) or self._engine(g) for g in groups}
-        # 1. Assign every sequence of a vanishing group to a new group that shares devices.
-        moves: list[Move] = []
-        load = {g: len(e.request_ids()) for g, e in new.items()}
-        for old_group, engine in self.engines.items():
-            if old_group in kept:
-                continue
-            for seq in engine.sequences():
-                near = [g for g in groups if set(g) & set(old_group)] or list(groups)
-                target = min(near, key=lambda g: load[g])
-                load[target] += 1
-                moves.append((seq, target, engine))
-        # 2-3. Allocate, plan and transfer; on failure everything stays as it was.
-        # NOTE: the vanishing groups' idle cached pages are freed first (their devices'
-        # pages are what the new groups allocate from); pages a moving sequence shares stay.
-        for group, engine in self.engines.items():
-            if group not in new:
-                engine.close()
-        try:
-            new_pages, recompute, moved, t_plan = transfer_moves(
-                self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, new, mode, fail
-            )
-        except TransferFailed as e:
-            return ReconfigureReport(
-                False,
-                self.groups,
-                error=str(e),
-                timings_ms={"total": (time.perf_counter() - t0) * 1e3},
-            )
-        t_transfer = time.perf_counter()
-        # 4. Commit: new pages, layouts and groups become active together. NOTE: that is the
-        # whole switch on the devices too: every context is warm and each step names the group
-        # it runs under, so nothing is sent to them here.
-        commit_moves(moves, new, new_pages, recompute)
-        for group, engine in self.engines.items():
-            if group not in new:
-                self._retire(engine)
-        self.engines = new
-        t_end = time.perf_counter()
-        self.counters["reconfigurations"] += 1
-        self.counters["kv_migrated_bytes"] += moved
-        return ReconfigureReport(
-            True,
-            groups,
-            moved_requests=len(new_pages),
-            recomputed_requests=len(recompute),
-            bytes_moved=moved,
-            timings_ms={
-                "plan": (t_plan - t0) * 1e3,
-                "transfer": (t_transfer - t_plan) * 1e3,
-                "commit_activate": (t_end - t_transfer) * 1e3,
-                "total": (t_end - t0) * 1e3,
-            },
-        )
+        """Switch the pool to `groups` at this iteration boundary, migrating running KV, as a
+        transaction (pool/switch.py). `pipelines` maps the groups that are pipelines to their
+        stages' TP degree; `fail` / `fail_phase` inject failures (tests)."""
+        return Switch(self, groups, pipelines or {}).run(mode, fail, fail_phase)
+
+    def plan_switch(
+        self, groups: list[tuple[int, ...]], pipelines: dict[tuple[int, ...], int] | None = None
+    ) -> list[str]:
+        """The running requests a switch to `groups` would preempt for lack of pages, lowest
+        priority first (the capacity check, before anything changes)."""
+        return Switch(self, groups, pipelines or {}).capacity()
 
     # -- prefill/decode disaggregation -------------------------------------------------------
     def _hand_off_prefilled(self) -> None:
@@ -369,14 +346,12 @@ class PoolEngine:
                     moves.append((seq, target, engine))
         if not moves:
             return
-        new_pages, recompute, moved, _ = transfer_moves(
-            self.pool, self.cfg.num_kv_heads, self.ecfg.page_tokens, moves, self.engines
-        )
-        commit_moves(moves, self.engines, new_pages, recompute)
+        outcome = transfer_moves(self.pool, self.cfg, self.ecfg.page_tokens, moves, self.engines)
+        commit_moves(moves, self.engines, outcome)
         for seq, _, _ in moves:
             del self.decode_targets[seq.request_id]
         self.counters["kv_handoffs"] += len(moves)
-        self.counters["kv_handoff_bytes"] += moved
+        self.counters["kv_handoff_bytes"] += outcome.bytes_moved
 
     def _retire(self, engine: Engine) -> None:
         """A dissolved group's engine: free its cached pages, keep its counters."""

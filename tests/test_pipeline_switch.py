@@ -1,0 +1,158 @@
+"""Switching between TP and (tp, pp) pipelines mid-decode on 4 CPU devices: 2-D KV migration
+(layers x heads), the capacity check, and the switch as a transaction (failure per phase)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from nitsum.parallel.pipeline import stage_layers
+from nitsum.parallel.shard import kv_head_range
+from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.device_proc import ModelSource
+from nitsum.pool.pool_engine import PoolEngine
+from nitsum.sampling import SamplingParams
+from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, make_tiny, random_prompt
+
+ALL = (0, 1, 2, 3)
+TP4 = ([ALL], {})
+TP2_PP2 = ([ALL], {ALL: 2})
+TP1_PP4 = ([ALL], {ALL: 1})
+ECFG = replace(POOL_ECFG, prefix_caching=False)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_pool():
+    hf, cfg = make_tiny("llama-deep")  # 4 layers, 4 KV heads
+    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
+    with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
+        yield hf, cfg, pool
+
+
+def drain(pe, out, steps=None):
+    n = 0
+    while pe.has_unfinished() and (steps is None or n < steps):
+        for o in pe.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        n += 1
+    return out
+
+
+def assert_pages_consistent(pe):
+    for device, (used, owned) in pe.page_accounting().items():
+        assert used == owned, f"device {device}: allocator and sequences disagree"
+
+
+def owned(cfg, layout_groups, pipelines):
+    """(device -> set of (layer, KV head)) a layout gives each device."""
+    out: dict[int, set[tuple[int, int]]] = {}
+    for members in layout_groups:
+        tp = pipelines.get(members) or len(members)
+        pp = len(members) // tp
+        for i, d in enumerate(members):
+            layers = stage_layers(cfg.num_layers, pp, i // tp)
+            heads = kv_head_range(cfg.num_kv_heads, tp, i % tp)
+            out[d] = {(layer, h) for layer in layers for h in heads}
+    return out
+
+
+def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
+    """TP4 → (2,2) → (1,4) → TP4, a few decode steps in each: HF's greedy tokens, the allocator
+    agrees with every sequence after each switch, and the bytes sent are exactly the
+    (layer, head) slices whose owner changed."""
+    hf, cfg, pool = tiny_pool
+    prompts = [random_prompt(cfg, 5 + 3 * i, 40 + i) for i in range(4)]
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
+    for i, p in enumerate(prompts):
+        pe.add_request(f"r{i}", p, greedy(16))
+    out: dict[str, list[int]] = {}
+    current = TP4
+    slice_bytes = 2 * cfg.head_dim * 4  # one (layer, head) of one token: K and V, fp32
+    for layout in (TP2_PP2, TP1_PP4, TP4):
+        drain(pe, out, steps=3)
+        tokens = sum(s.num_computed for e in pe.engines.values() for s in e.sequences())
+        before, after = owned(cfg, *current), owned(cfg, *layout)
+        changed = sum(len(after[d] - before[d]) for d in after)
+        report = pe.reconfigure(layout[0], pipelines=layout[1])
+        assert report.ok, report.error
+        assert pe.stage_tp(ALL) == layout[1].get(ALL, 0)
+        assert_pages_consistent(pe)
+        assert report.bytes_sent == changed * tokens * slice_bytes
+        current = layout
+    drain(pe, out)
+    assert out == {f"r{i}": hf_greedy(hf, p, 16) for i, p in enumerate(prompts)}
+    assert pe.counters["pp_steps"] > 0
+    assert [entry["ok"] for entry in pe.switch_log] == [True] * 3
+
+
+def test_shrinking_switch_preempts_exactly_the_predicted_requests(tiny_pool):
+    """A (1,4) pipeline's pages hold 4x fewer tokens than TP4's: switching a full TP4 group to
+    it preempts the lowest-priority requests, exactly those `plan_switch` named, and they
+    finish later with HF's tokens."""
+    hf, cfg, pool = tiny_pool
+    pages = 36  # TP4: 16 tokens a page; (1,4): 4
+    pe = PoolEngine(pool, cfg, ECFG, pages, [ALL])
+    prompts = [random_prompt(cfg, 30, 60 + i) for i in range(6)]
+    for i, p in enumerate(prompts):
+        # r0 is the most important (lowest priority value), r5 the least.
+        pe.add_request(f"r{i}", p, greedy(8), priority=i)
+    out = drain(pe, {}, steps=4)  # every prompt prefilled (64 tokens a step), then decoding
+    computed = sorted(s.num_computed for s in pe.engines[ALL].sequences())
+    assert computed[0] >= 30 and computed[-1] <= 32 + 1
+    predicted = pe.plan_switch(*TP1_PP4)
+    # 31-33 tokens need 8-9 pages at (1,4) and 3 at TP4. NOTE: the TP4 pages stay allocated
+    # until the commit (the transfer reads them), so 36 - 6 * 3 = 18 pages take 2 requests:
+    # the 4 of lowest priority go, lowest first.
+    assert predicted == ["r5", "r4", "r3", "r2"]
+    report = pe.reconfigure(TP1_PP4[0], pipelines=TP1_PP4[1])
+    assert report.ok, report.error
+    assert report.preempted == predicted
+    assert_pages_consistent(pe)
+    drain(pe, out)
+    assert out == {f"r{i}": hf_greedy(hf, p, 8) for i, p in enumerate(prompts)}
+
+
+@pytest.mark.parametrize("phase", ["plan", "capacity", "transfer", "commit", "after_commit"])
+def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
+    """A failure injected in each phase: before the commit point the old layout stays whole
+    (groups, pages, tokens); after it the new layout is in force."""
+    hf, cfg, pool = tiny_pool
+    prompts = [random_prompt(cfg, 9, 80 + i) for i in range(3)]
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
+    for i, p in enumerate(prompts):
+        pe.add_request(f"r{i}", p, greedy(10))
+    out = drain(pe, {}, steps=3)
+    before = pe.page_accounting()
+    layouts = {s.request_id: s.layout for e in pe.engines.values() for s in e.sequences()}
+    if phase == "transfer":
+        report = pe.reconfigure(TP2_PP2[0], fail=(1, 0), pipelines=TP2_PP2[1])
+    else:
+        report = pe.reconfigure(TP2_PP2[0], pipelines=TP2_PP2[1], fail_phase=phase)
+    assert report.error is not None and ("failed" in report.error or phase in report.error)
+    if phase == "after_commit":
+        assert report.ok and pe.stage_tp(ALL) == 2
+        assert all(s.layout.stage_tp == 2 for e in pe.engines.values() for s in e.sequences())
+    else:
+        assert not report.ok and pe.stage_tp(ALL) == 0
+        assert pe.page_accounting() == before
+        assert {s.request_id: s.layout for e in pe.engines.values() for s in e.sequences()} == (
+            layouts
+        )
+    assert pe.switch_log[-1]["ok"] == report.ok
+    drain(pe, out)
+    assert out == {f"r{i}": hf_greedy(hf, p, 10) for i, p in enumerate(prompts)}
+    assert_pages_consistent(pe)
+
+
+def test_unknown_pipelines_are_refused_clearly(tiny_pool):
+    _, cfg, pool = tiny_pool
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
+    with pytest.raises(ValueError, match="no pipeline of 3 stages of TP 1"):
+        pe.reconfigure([(0, 1, 2)], pipelines={(0, 1, 2): 1})
+    with pytest.raises(ValueError, match="does not have"):
+        pe.reconfigure([ALL], pipelines={(0, 1): 1})
+    assert torch.equal(torch.tensor(pe.groups), torch.tensor([ALL]))
