@@ -95,7 +95,8 @@ def interleaved_ms(
 
 
 def calibrate(pe: PoolEngine, group: tuple[int, ...], rounds: int) -> int | None:
-    """The crossover from both modes' medians (as `nitsum profile` computes it)."""
+    """The crossover fitted (as `nitsum profile` fits it) to the best of a few interleaved
+    rounds of both modes at every point."""
     both = {"tp": False, "sp": True}
     decode = {m: [] for m in both}
     prefill = {m: [] for m in both}

@@ -67,6 +67,11 @@ def test_a_model_no_profile_describes_runs_static_with_a_warning(tmp_path: Path)
     odd.mkdir()
     four_kv = model(odd, "SmolLM2-135M-Instruct", num_key_value_heads=4)
     assert "TP levels [3]" in mismatch(json.loads(SHIPPED.read_text()), four_kv)
+    # TP 3 above one KV head replicates it: a level the model can run, so the profile fits.
+    mqa = tmp_path / "z"
+    mqa.mkdir()
+    one_kv = model(mqa, "SmolLM2-135M-Instruct", num_key_value_heads=1)
+    assert mismatch(json.loads(SHIPPED.read_text()), one_kv) is None
 
 
 def test_cuda_has_no_measured_profile(tmp_path: Path) -> None:

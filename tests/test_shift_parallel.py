@@ -9,6 +9,7 @@ from nitsum.engine.build import EngineConfig
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.sequence import TokenSplit, head_rows_by_rank
+from nitsum.parallel.shard import HeadRange
 from nitsum.parallel.shift import ShiftRule, crossover
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -19,6 +20,7 @@ from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, make_tiny, random_prompt
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 ALWAYS_SP, NEVER_SP = ShiftRule(threshold=0), ShiftRule(threshold=None)
+ALL = (0, 1, 2, 3)
 
 
 @pytest.fixture(scope="module", params=["llama-gqa", "llama-kv2"])
@@ -105,6 +107,7 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
         pe.add_request(f"r{i}", p, GREEDY)
     out: dict[str, list[int]] = {}
     step = 0
+    before = pool.call(0, "stats")
     while pe.has_unfinished():
         # Two steps SP, two steps TP, ...: the KV written in one mode is read in the other.
         pe.engines[(0, 1, 2, 3)].runner.shift = ALWAYS_SP if step // 2 % 2 == 0 else NEVER_SP
@@ -113,6 +116,11 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
         step += 1
     assert out == {f"r{i}": hf_greedy(hf, p, GREEDY.max_tokens) for i, p in enumerate(ps)}
     assert pe.counters["sp_steps"] >= 4 and pe.counters["tp_steps"] >= 4
+    # Both modes ran on the devices: all-to-alls for SP steps, all-reduces for TP steps.
+    after = pool.call(0, "stats")
+    layers = cfg.num_layers
+    assert after["all_to_all"] - before["all_to_all"] == 2 * layers * pe.counters["sp_steps"]
+    assert after["all_reduce"] - before["all_reduce"] == 2 * layers * pe.counters["tp_steps"]
 
 
 def test_sp_writes_the_kv_tp_writes(tiny_pool):
@@ -130,12 +138,32 @@ def test_sp_writes_the_kv_tp_writes(tiny_pool):
     assert tp_seq.pages == sp_seq.pages  # both groups' allocators were fresh
     assert pe.counters["sp_steps"] == 1 and pe.counters["tp_steps"] == 1
     for sp_dev, tp_dev in ((0, 2), (1, 3)):
-        local_heads = cfg.num_kv_heads // 2
+        local_heads = HeadRange.of(cfg, 2, 0).kv_heads
         sp_kv = pool.call(sp_dev, "probe", kv_slots, (sp_seq.pages, len(ids), local_heads))
         tp_kv = pool.call(tp_dev, "probe", kv_slots, (tp_seq.pages, len(ids), local_heads))
         assert sp_kv.abs().sum() > 0
         assert torch.equal(sp_kv[0], tp_kv[0])
         assert torch.allclose(sp_kv, tp_kv, atol=1e-5)
+
+
+def test_sp_writes_the_kv_tp_writes_on_four_ranks(tiny_pool):
+    """The same at 4 ranks (for the 2-KV-head model a replicated layout: each KV head on two
+    ranks): SP, then TP into the same pages; every rank's K/V agree."""
+    hf, cfg, pool = tiny_pool
+    pe = engine(pool, cfg, [ALL], ALWAYS_SP)
+    ids = random_prompt(cfg, 17, 4)
+    seq = Sequence("x", ids, GREEDY)
+    one_step(pe, ALL, [(seq, 0, len(ids))])
+    local_heads = HeadRange.of(cfg, 4, 0).kv_heads
+    sp_kv = [pool.call(d, "probe", kv_slots, (seq.pages, len(ids), local_heads)) for d in ALL]
+    pe.engines[ALL].runner.shift = NEVER_SP
+    one_step(pe, ALL, [(Sequence("y", ids, GREEDY, pages=list(seq.pages)), 0, len(ids))])
+    assert pe.counters["sp_steps"] == 1 and pe.counters["tp_steps"] == 1
+    for d in ALL:
+        tp_kv = pool.call(d, "probe", kv_slots, (seq.pages, len(ids), local_heads))
+        assert sp_kv[d].abs().sum() > 0
+        assert torch.equal(sp_kv[d][0], tp_kv[0])
+        assert torch.allclose(sp_kv[d], tp_kv, atol=1e-5)
 
 
 def test_token_split_and_head_rows():

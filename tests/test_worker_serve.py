@@ -323,5 +323,15 @@ def test_shift_threshold_reaches_the_host_worker(tmp_path: Path) -> None:
     profile.write_text('{"shift_threshold": {"2": 64, "4": null}}')
     assert worker_rule([], profile) == ShiftRule(by_size={2: 64, 4: None})
     assert worker_rule([]) == ShiftRule()  # no profile: the worker's default
+    # An unreadable or malformed profile leaves the worker's default (the router reports it).
+    assert worker_rule([], tmp_path / "missing.json") == ShiftRule()
+    profile.write_text('{"shift_threshold": {"x": 3}}')
+    assert worker_rule([], profile) == ShiftRule()
     with pytest.raises(SystemExit):
         serve.build_parser().parse_args(["--shift-threshold", "1=8"])
+
+
+def test_a_bad_shift_threshold_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        serve.build_parser().parse_args(["--shift-threshold", "1=8"])
+    assert "group sizes start at 2" in capsys.readouterr().err

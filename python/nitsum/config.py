@@ -102,26 +102,8 @@ class ModelConfig:
         return kv_heads_per_rank(self.num_kv_heads, tp)
 
     def tp_level_problem(self, tp: int) -> str | None:
-        """Why this model cannot run at TP `tp`, or None when it can.
-
-        NOTE: a level either divides the KV heads (each rank owns whole GQA groups) or is a
-        multiple of them (KV-head replication: each rank owns one KV head, recomputed on
-        tp / num_kv_heads ranks, and a slice of its group's query heads); in both cases it must
-        divide the query heads and the intermediate size.
-        """
-        hkv, hq, inter = self.num_kv_heads, self.num_heads, self.intermediate_size
-        if tp < 1:
-            return "it must be >= 1"
-        if hkv % tp and tp % hkv:
-            return (
-                f"it must divide the KV heads ({hkv}) or be a multiple of them "
-                "(KV-head replication)"
-            )
-        if hq % tp:
-            return f"it must divide the query heads ({hq})"
-        if inter % tp:
-            return f"it must divide the intermediate size ({inter})"
-        return None
+        """Why this model cannot run at TP `tp`, or None when it can (`tp_level_problem`)."""
+        return tp_level_problem(self.num_kv_heads, self.num_heads, self.intermediate_size, tp)
 
     def allowed_tp_levels(self, candidates: tuple[int, ...] = DEFAULT_TP_LEVELS) -> tuple[int, ...]:
         """The candidate levels (and 1) this model can run at (`tp_level_problem`)."""
@@ -132,6 +114,28 @@ class ModelConfig:
         problem = self.tp_level_problem(tp)
         if problem is not None:
             raise ValueError(f"TP {tp} is not supported for this model: {problem}")
+
+
+def tp_level_problem(num_kv_heads: int, num_heads: int, intermediate: int, tp: int) -> str | None:
+    """Why a model of these shapes cannot run at TP `tp`, or None when it can.
+
+    NOTE: a level either divides the KV heads (each rank owns whole GQA groups) or is a
+    multiple of them (KV-head replication: each rank owns one KV head, recomputed on
+    tp / num_kv_heads ranks, and a slice of its group's query heads); in both cases it must
+    divide the query heads and the intermediate size.
+    """
+    if tp < 1:
+        return "it must be >= 1"
+    if num_kv_heads % tp and tp % num_kv_heads:
+        return (
+            f"it must divide the KV heads ({num_kv_heads}) or be a multiple of them "
+            "(KV-head replication)"
+        )
+    if num_heads % tp:
+        return f"it must divide the query heads ({num_heads})"
+    if intermediate % tp:
+        return f"it must divide the intermediate size ({intermediate})"
+    return None
 
 
 def kv_split(num_kv_heads: int, tp: int) -> int:

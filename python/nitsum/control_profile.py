@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nitsum
+from nitsum.config import tp_level_problem
 
 # The repository's profiles/ (source checkout or editable install: python/nitsum/../../profiles).
 SHIPPED_PROFILES = Path(nitsum.__file__).resolve().parents[2] / "profiles"
@@ -52,7 +53,7 @@ def profile_dirs(cwd: Path | None = None) -> list[Path]:
     return dirs
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -69,16 +70,20 @@ def mismatch(profile: dict, model_dir: Path) -> str | None:
     name = profile.get("model")
     if name != model_dir.name:
         return f"it profiles {name!r}, not {model_dir.name!r}"
-    cfg = _read_json(model_dir / "config.json") or {}
+    cfg = read_json(model_dir / "config.json") or {}
     window = cfg.get("max_position_embeddings")
     max_context = profile.get("max_context")
     if max_context is not None and window is not None and int(max_context) != int(window):
         return f"its context window {max_context} is not the model's {window}"
-    kv = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
-    if isinstance(kv, int):
-        bad = [t for t in profile.get("tp_levels", []) if kv % int(t)]
+    # NOTE: an absent intermediate size (0) divides by every level: only the heads decide.
+    heads, inter = cfg.get("num_attention_heads"), cfg.get("intermediate_size", 0)
+    kv = cfg.get("num_key_value_heads") or heads
+    if isinstance(kv, int) and isinstance(heads, int) and isinstance(inter, int):
+        levels = [int(t) for t in profile.get("tp_levels", [])]
+        bad = [t for t in levels if tp_level_problem(kv, heads, inter, t)]
         if bad:
-            return f"its TP levels {bad} do not divide the model's {kv} KV heads"
+            why = tp_level_problem(kv, heads, inter, bad[0])
+            return f"the model cannot run its TP levels {bad}: {why}"
     return None
 
 
@@ -88,7 +93,7 @@ def find_profile(model_dir: Path, dirs: Sequence[Path]) -> Path | None:
     found: list[tuple[int, int, Path]] = []
     for order, d in enumerate(dirs):
         for path in sorted(d.glob("*.json")):
-            p = _read_json(path)
+            p = read_json(path)
             if p is None or p.get("analytic") or not str(p.get("device", "")).startswith("cpu"):
                 continue
             if mismatch(p, model_dir) is None:
@@ -101,7 +106,7 @@ def config_profile(config: str | None) -> str | None:
     router reports a broken config itself)."""
     if not config:
         return None
-    data = _read_json(Path(config).expanduser())
+    data = read_json(Path(config).expanduser())
     value = (data or {}).get("profile")
     return str(value) if value else None
 
@@ -135,7 +140,7 @@ def choose_control_profile(
     if profile:
         path = Path(profile).expanduser()
         msgs = [(info, f"control loop on: planning every window with {path}")]
-        data = _read_json(path)
+        data = read_json(path)
         why = mismatch(data, model_dir) if data is not None else None
         if why:
             msgs.append((warn, f"{path} may not describe {model_dir.name}: {why}"))
@@ -159,7 +164,7 @@ def choose_control_profile(
         )
         return ControlChoice(False, None, [(warn, msg)])
     msgs = [(info, f"control loop on: planning every window with {found} (see /admin/plan)")]
-    measured_on = (_read_json(found) or {}).get("device")
+    measured_on = (read_json(found) or {}).get("device")
     host = f"cpu-{os.cpu_count()}core"
     if measured_on != host:
         msgs.append(

@@ -37,7 +37,12 @@ from pathlib import Path
 from types import FrameType
 
 from nitsum.config import HOST_KV_CACHE_MB, mebibytes
-from nitsum.control_profile import ControlConfigError, choose_control_profile
+from nitsum.control_profile import (
+    ControlConfigError,
+    choose_control_profile,
+    config_profile,
+    read_json,
+)
 from nitsum.parallel.shift import ShiftRule, shift_rule
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
@@ -141,11 +146,15 @@ def host_worker_command(
     return cmd
 
 
-def profile_shift_rule(profile: Path | None) -> ShiftRule | None:
-    """The shift rule a measured profile's crossovers give (None: it has none)."""
-    if profile is None:
+def profile_shift_rule(profile: Path | str | None) -> ShiftRule | None:
+    """The shift rule a measured profile's crossovers give (None: no profile, an unreadable
+    one (the router reports it) or one without crossovers; a malformed one is logged)."""
+    data = read_json(Path(profile).expanduser()) if profile else None
+    try:
+        return ShiftRule.from_profile(data) if data else None
+    except ValueError as e:
+        log.warning("profile %s: %s; the worker's default shift threshold is used", profile, e)
         return None
-    return ShiftRule.from_profile(json.loads(profile.read_text()))
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -301,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     for level, message in choice.messages:
         log.log(level, "%s", message)
     if args.shift_threshold is None:
-        args.shift_threshold = profile_shift_rule(choice.profile)
+        args.shift_threshold = profile_shift_rule(choice.profile or config_profile(args.config))
     host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)
     if host_worker and args.tp_switching is None:
         log.info(

@@ -54,6 +54,11 @@ pub struct ProfileFile {
     pub sp_prefill: BTreeMap<String, Vec<PrefillPoint>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub sp_decode: BTreeMap<String, Vec<DecodePoint>>,
+    /// Batched tokens above which the runtime runs a group of that size as SP (`null`: TP
+    /// only). With it, each point takes the mode the runtime picks there; without it, the
+    /// faster of the two.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shift_threshold: BTreeMap<String, Option<f64>>,
 }
 
 /// Decode points of one context value, sorted by batch.
@@ -128,17 +133,19 @@ impl Profile {
                 .with_context(|| format!("profile: no decode points for tp {tp}"))?;
             let mut prefill = prefill_curve(prefill).with_context(|| format!("prefill tp {tp}"))?;
             let mut decode = decode_rows(decode).with_context(|| format!("decode tp {tp}"))?;
-            // NOTE: the runtime shifts by batched tokens at the measured crossover, so at
-            // every point the group runs the faster of TP and SP.
+            // NOTE: the runtime picks SP when an iteration batches more tokens than the
+            // group size's threshold; each point is planned in the mode it runs in (the
+            // faster of the two when the profile gives no threshold).
+            let mode = Shift::of(file.shift_threshold.get(&key));
             if let Some(sp) = file.sp_prefill.get(&key) {
                 let sp = prefill_curve(sp).with_context(|| format!("sp_prefill tp {tp}"))?;
-                prefill = lower_envelope(&prefill, &sp);
+                prefill = mode.combine(&prefill, &sp);
             }
             if let Some(sp) = file.sp_decode.get(&key) {
                 let sp = decode_rows(sp).with_context(|| format!("sp_decode tp {tp}"))?;
                 for row in &mut decode {
                     for p in &mut row.points {
-                        p.1 = p.1.min(rows_ms(&sp, p.0, row.context));
+                        p.1 = mode.pick(p.0, p.1, rows_ms(&sp, p.0, row.context));
                     }
                 }
             }
@@ -231,14 +238,44 @@ fn rows_ms(rows: &[DecodeRow], batch: f64, context: f64) -> f64 {
     (a + w * (b - a)).max(a.min(b))
 }
 
-/// The pointwise minimum of two curves, at the union of their points.
-fn lower_envelope(a: &[(f64, f64)], b: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let mut xs: Vec<f64> = a.iter().chain(b).map(|p| p.0).collect();
-    xs.sort_by(f64::total_cmp);
-    xs.dedup();
-    xs.into_iter()
-        .map(|x| (x, interp(a, x).min(interp(b, x))))
-        .collect()
+/// How a group of one size picks between TP and SP per iteration.
+#[derive(Debug, Clone, Copy)]
+enum Shift {
+    /// SP above this many batched tokens.
+    Above(f64),
+    /// Never SP (the profile's threshold is null).
+    TpOnly,
+    /// No threshold given: the faster of the two at every point.
+    Faster,
+}
+
+impl Shift {
+    fn of(threshold: Option<&Option<f64>>) -> Self {
+        match threshold {
+            Some(Some(t)) => Shift::Above(*t),
+            Some(None) => Shift::TpOnly,
+            None => Shift::Faster,
+        }
+    }
+
+    /// The latency at `tokens` batched tokens, given both modes' latencies there.
+    fn pick(self, tokens: f64, tp_ms: f64, sp_ms: f64) -> f64 {
+        match self {
+            Shift::Above(t) if tokens > t => sp_ms,
+            Shift::Above(_) | Shift::TpOnly => tp_ms,
+            Shift::Faster => tp_ms.min(sp_ms),
+        }
+    }
+
+    /// The curve the group runs, at the union of the two curves' points.
+    fn combine(self, tp: &[(f64, f64)], sp: &[(f64, f64)]) -> Vec<(f64, f64)> {
+        let mut xs: Vec<f64> = tp.iter().chain(sp).map(|p| p.0).collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        xs.into_iter()
+            .map(|x| (x, self.pick(x, interp(tp, x), interp(sp, x))))
+            .collect()
+    }
 }
 
 fn check_point(x: f64, ms: f64, what: &str) -> Result<()> {
@@ -380,6 +417,17 @@ mod tests {
         let again: ProfileFile =
             serde_json::from_str(&serde_json::to_string(p.file()).unwrap()).unwrap();
         assert_eq!(again.sp_decode["2"].len(), 1);
+        // With the runtime's threshold, each point is the mode it runs in: SP above 50
+        // tokens, so 100 prompt tokens run (and are planned) as SP even though TP is faster.
+        let mut shifted = file.clone();
+        shifted.shift_threshold.insert("2".into(), Some(50.0));
+        let p = Profile::from_file(shifted.clone()).unwrap();
+        assert_eq!(p.prefill_ms(2, 100.0), 8.0);
+        assert_eq!(p.decode_ms(2, 1.0, 100.0), 3.0); // 1 token: TP
+        shifted.shift_threshold.insert("2".into(), None); // TP only
+        let p = Profile::from_file(shifted).unwrap();
+        assert_eq!(p.decode_ms(2, 1.0, 100.0), 3.0);
+        assert_eq!(p.prefill_ms(2, 100.0), 6.0);
         // SP at TP 1, or at a level the profile lacks, is refused.
         let mut bad = file;
         bad.sp_prefill.insert(

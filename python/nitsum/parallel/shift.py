@@ -9,6 +9,7 @@ batched tokens with a threshold, the crossover of the two modes' measured latenc
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -71,11 +72,15 @@ class ShiftRule:
 
     @classmethod
     def from_profile(cls, profile: Mapping[str, object]) -> ShiftRule | None:
-        """The rule a measured profile's `shift_threshold` gives (None when it has none)."""
+        """The rule a measured profile's `shift_threshold` gives (None when it has none).
+        ValueError on a malformed one (sizes ≥ 2, thresholds integers ≥ 0 or null)."""
         measured = profile.get("shift_threshold")
-        if not isinstance(measured, Mapping) or not measured:
+        if measured is None or measured == {}:
             return None
-        return cls(by_size={int(size): tokens for size, tokens in measured.items()})
+        if not isinstance(measured, Mapping):
+            raise ValueError("shift_threshold must map group sizes to tokens")
+        spec = ",".join(f"{size}={'off' if t is None else t}" for size, t in measured.items())
+        return cls(by_size=cls.parse(spec).by_size)
 
 
 def crossover(points: list[tuple[int, float, float]]) -> int | None:
@@ -101,5 +106,8 @@ def crossover(points: list[tuple[int, float, float]]) -> int | None:
 
 
 def shift_rule(text: str) -> ShiftRule:
-    """argparse type of `--shift-threshold` (`ShiftRule.parse`)."""
-    return ShiftRule.parse(text)
+    """argparse type of `--shift-threshold` (`ShiftRule.parse`; its message on an error)."""
+    try:
+        return ShiftRule.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
