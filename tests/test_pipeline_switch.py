@@ -6,13 +6,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nitsum.parallel.pipeline import stage_layers
-from nitsum.parallel.shard import kv_head_range
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
-from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, make_tiny, random_prompt
+from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, layout_slices, make_tiny, random_prompt
 
 ALL = (0, 1, 2, 3)
 TP4 = ([ALL], {})
@@ -47,19 +45,6 @@ def assert_pages_consistent(pe):
         assert used == owned, f"device {device}: allocator and sequences disagree"
 
 
-def owned(cfg, layout_groups, pipelines):
-    """(device -> set of (layer, KV head)) a layout gives each device."""
-    out: dict[int, set[tuple[int, int]]] = {}
-    for members in layout_groups:
-        tp = pipelines.get(members) or len(members)
-        pp = len(members) // tp
-        for i, d in enumerate(members):
-            layers = stage_layers(cfg.num_layers, pp, i // tp)
-            heads = kv_head_range(cfg.num_kv_heads, tp, i % tp)
-            out[d] = {(layer, h) for layer in layers for h in heads}
-    return out
-
-
 def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
     """TP4 → (2,2) → (1,4) → TP4, a few decode steps in each: HF's greedy tokens, the allocator
     agrees with every sequence after each switch, and the bytes sent are exactly the
@@ -75,7 +60,7 @@ def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
     for layout in (TP2_PP2, TP1_PP4, TP4):
         drain(pe, out, steps=3)
         tokens = sum(s.num_computed for e in pe.engines.values() for s in e.sequences())
-        before, after = owned(cfg, *current), owned(cfg, *layout)
+        before, after = layout_slices(cfg, *current), layout_slices(cfg, *layout)
         changed = sum(len(after[d] - before[d]) for d in after)
         report = pe.reconfigure(layout[0], pipelines=layout[1])
         assert report.ok, report.error

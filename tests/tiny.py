@@ -118,3 +118,22 @@ def tiny_device_pool(tiny: tuple) -> Iterator[DevicePool]:
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     with DevicePool(POOL_DEVICES, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
         yield pool
+
+
+def layout_slices(
+    cfg: ModelConfig, groups: list[tuple[int, ...]], pipelines: dict[tuple[int, ...], int]
+) -> dict[int, set[tuple[int, int]]]:
+    """(device -> the (layer, KV head) slices it holds) in a layout of TP groups and pipelines
+    (an independent count of what a 2-D migration must move: the slices a device gains)."""
+    from nitsum.parallel.pipeline import stage_layers
+    from nitsum.parallel.shard import kv_head_range
+
+    out: dict[int, set[tuple[int, int]]] = {}
+    for members in groups:
+        tp = pipelines.get(members) or len(members)
+        pp = len(members) // tp
+        for i, d in enumerate(members):
+            layers = stage_layers(cfg.num_layers, pp, i // tp)
+            heads = kv_head_range(cfg.num_kv_heads, tp, i % tp)
+            out[d] = {(layer, h) for layer in layers for h in heads}
+    return out

@@ -22,7 +22,8 @@ from nitsum import __version__
 from nitsum.config import ModelConfig
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
-from nitsum.engine.step_inputs import build_step_inputs
+from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
+from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
 from nitsum.parallel.shift import crossover
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -52,15 +53,23 @@ class GroupStep:
         group: tuple[int, ...],
         items: list[tuple[int, int]],
         sequence_parallel: bool = False,
+        stage_tp: int = 0,
     ):
+        """`stage_tp`: run `group` as a pipeline of stages of that many devices, one
+        micro-batch per stage (as the engine does)."""
         self.pe, self.group = pe, group
-        self.pages = pe.alloc.group(group)
+        self.pages = pe.alloc.group(group, stage_tp or None)
         self.batch = []
         for i, (ctx, q_len) in enumerate(items):
             seq = Sequence(f"p{i}", [1] * ctx, SamplingParams(temperature=0))
             seq.pages = self.pages.allocate(self.pages.pages_for(ctx))
             self.batch.append(Scheduled(seq, ctx - q_len, q_len))
-        self.inputs = build_step_inputs(self.batch, self.pages.tokens_per_page, sequence_parallel)
+        tpp = self.pages.tokens_per_page
+        if stage_tp:
+            stages = len(group) // stage_tp
+            self.inputs = build_pipeline_inputs(self.batch, tpp, stage_tp, stages)
+        else:
+            self.inputs = build_step_inputs(self.batch, tpp, sequence_parallel)
 
     def __call__(self) -> object:
         self.pe.pool.launch_step(self.group, self.inputs)
@@ -73,26 +82,28 @@ class GroupStep:
 
 def _sweep(
     pe: PoolEngine,
-    tp: int,
+    size: int,
     sp: bool,
     repeats: int,
     prefill_tokens: tuple[int, ...],
     batches: tuple[int, ...],
     contexts: tuple[int, ...],
     bar: tqdm,
+    stage_tp: int = 0,
 ) -> tuple[list[dict], list[dict]]:
-    """Prefill and decode points of the group of devices 0..tp-1 in one mode."""
-    group = tuple(range(tp))
+    """Prefill and decode points of the group of devices 0..size-1 in one mode (TP, SP, or a
+    pipeline of stages of `stage_tp` devices)."""
+    group = tuple(range(size))
     prefill = []
     for n in prefill_tokens:
-        fn = GroupStep(pe, group, [(n, n)], sp)
+        fn = GroupStep(pe, group, [(n, n)], sp, stage_tp)
         prefill.append({"tokens": n, "ms": round(median_ms(fn, repeats), 3)})
         fn.release()
         bar.update()
     decode = []
     for b in batches:
         for c in contexts:
-            fn = GroupStep(pe, group, [(c, 1)] * b, sp)
+            fn = GroupStep(pe, group, [(c, 1)] * b, sp, stage_tp)
             decode.append({"batch": b, "context": c, "ms": round(median_ms(fn, repeats), 3)})
             fn.release()
             bar.update()
@@ -129,8 +140,16 @@ def measure_profile(
     sp_prefill: dict[str, list[dict]] = {}
     sp_decode: dict[str, list[dict]] = {}
     thresholds: dict[str, int | None] = {}
+    pp_prefill: dict[str, list[dict]] = {}
+    pp_decode: dict[str, list[dict]] = {}
+    # One pipeline of each shape (the first block of devices), e.g. "2x2": TP 2 x PP 2.
+    shapes = {
+        f"{tp}x{len(members) // tp}": (len(members), tp)
+        for members, tp in pe.topology.pipelines(cfg.num_layers, DEFAULT_PP_LEVELS)
+        if members[0] == 0
+    }
     per_mode = len(prefill_tokens) + len(batches) * len(contexts)
-    points = sum(per_mode * (2 if tp > 1 else 1) for tp in levels)
+    points = sum(per_mode * (2 if tp > 1 else 1) for tp in levels) + per_mode * len(shapes)
     grid = (prefill_tokens, batches, contexts)
     with tqdm(total=points, desc="profiling", unit="pt") as bar:
         for tp in levels:
@@ -141,6 +160,8 @@ def measure_profile(
                 thresholds[key] = shift_threshold(
                     prefill[key], decode[key], sp_prefill[key], sp_decode[key]
                 )
+        for key, (size, stage_tp) in shapes.items():
+            pp_prefill[key], pp_decode[key] = _sweep(pe, size, False, repeats, *grid, bar, stage_tp)
     return {
         "schema": "nitsum-profile/1",
         "device": device_kind,
@@ -162,4 +183,8 @@ def measure_profile(
         "sp_decode": sp_decode,
         # Batched tokens above which each group size runs SP (null: TP only).
         "shift_threshold": thresholds,
+        # Pipelines ("TPxPP": stages of TP devices), one micro-batch per stage.
+        "pipelines": sorted(shapes),
+        "pp_prefill": pp_prefill,
+        "pp_decode": pp_decode,
     }
