@@ -22,8 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.engine.build import EngineConfig  # noqa: E402
 from nitsum.errors import InvalidRequestError  # noqa: E402
@@ -31,7 +29,7 @@ from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
-from tiny import random_prompt  # noqa: E402
+from tiny import random_llama, random_prompt  # noqa: E402
 
 P = 4
 ECFG = EngineConfig(page_tokens=P, token_budget=128, tp_levels=(1, 2), prefix_caching=False)
@@ -146,28 +144,6 @@ def longest(pool: DevicePool, cfg, pages: int) -> None:
     )
 
 
-def model(hidden: int, layers: int):
-    """A random Llama of 8 heads and 4 KV heads (HF model, our config)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from nitsum.config import ModelConfig
-
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=128,
-            hidden_size=hidden,
-            intermediate_size=hidden * 11 // 4,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            max_position_embeddings=8448,
-        )
-    ).eval()
-    cfg = hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]}
-    return hf, ModelConfig.from_hf(cfg)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--binds", type=int, default=100)
@@ -177,7 +153,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     args = ap.parse_args()
-    hf, cfg = model(args.hidden, args.layers)
+    hf, cfg = random_llama(args.hidden, args.layers, vocab=128, max_positions=8448)
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     pages = 512
     with DevicePool(2, source, ECFG, pages, levels=(1, 2)) as pool:

@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.config import ModelConfig  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
@@ -34,33 +32,13 @@ from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.profiling.measure import GroupStep  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
-from tiny import layout_slices, random_prompt  # noqa: E402
+from tiny import layout_slices, random_llama, random_prompt  # noqa: E402
 
 ALL = (0, 1, 2, 3)
 # (label, stage TP: 0 for a TP group)
 LAYOUTS = [("TP4 (4,1)", 0), ("(2,2)", 2), ("(1,4)", 1), ("TP4 (4,1)", 0)]
 ECFG = EngineConfig(page_tokens=16, tp_levels=(1, 2, 4), prefix_caching=False)
 PAGES = 1024
-
-
-def model(hidden: int, layers: int):
-    """A random Llama of 8 heads and 4 KV heads (HF model, our config)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=512,
-            hidden_size=hidden,
-            intermediate_size=hidden * 11 // 4,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            max_position_embeddings=4096,
-        )
-    ).eval()
-    cfg = hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]}
-    return hf, ModelConfig.from_hf(cfg)
 
 
 def pipelines(stage_tp: int) -> dict[tuple[int, ...], int]:
@@ -146,7 +124,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
-    hf, cfg = model(args.hidden, args.layers)
+    hf, cfg = random_llama(args.hidden, args.layers)
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     with DevicePool(4, source, ECFG, PAGES, levels=(1, 2, 4)) as pool:
         times = switches(pool, cfg, args.requests)

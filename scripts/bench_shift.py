@@ -24,11 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import weight_bytes  # noqa: E402
-from nitsum.config import ModelConfig  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
 from nitsum.parallel.shift import ShiftRule  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
@@ -36,31 +33,11 @@ from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.profiling.measure import GroupStep, shift_threshold  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
-from tiny import random_prompt  # noqa: E402
+from tiny import random_llama, random_prompt  # noqa: E402
 
 DECODE_BATCHES = (1, 4, 16, 64, 256)
 PREFILL_TOKENS = (64, 256, 1024, 2048)
 CONTEXT = 256
-
-
-def model(hidden: int, layers: int, kv_heads: int):
-    """A random Llama of 8 heads (HF model, our config)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=512,
-            hidden_size=hidden,
-            intermediate_size=hidden * 11 // 4,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            num_key_value_heads=kv_heads,
-            max_position_embeddings=4096,
-        )
-    ).eval()
-    cfg = hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]}
-    return hf, ModelConfig.from_hf(cfg)
 
 
 def points() -> list[tuple[str, int, list[tuple[int, int]]]]:
@@ -171,7 +148,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
-    hf, cfg = model(args.hidden, args.layers, args.kv_heads)
+    hf, cfg = random_llama(args.hidden, args.layers, args.kv_heads)
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     levels = (1, args.devices)
     ecfg = EngineConfig(page_tokens=16, tp_levels=levels, prefix_caching=False)

@@ -18,7 +18,16 @@ from nitsum.pool.migration_plan import Placement, plan_pieces
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.weights.layout import build_weights
-from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, make_tiny, random_prompt, tiny_device_pool
+from tiny import (
+    POOL_ECFG,
+    POOL_PAGES,
+    assert_pages_consistent,
+    drain,
+    hf_greedy,
+    make_tiny,
+    random_prompt,
+    tiny_device_pool,
+)
 
 # TP only: every step of a group runs as TP (the shift rule's SP path is tested elsewhere).
 ECFG = replace(POOL_ECFG, shift=ShiftRule(threshold=None))
@@ -39,20 +48,6 @@ def pool(tiny):
 
 def prompts(cfg, n=6):
     return [random_prompt(cfg, 5 + 4 * i, seed=11 + i) for i in range(n)]
-
-
-def drain(engine, out, steps=None):
-    n = 0
-    while engine.has_unfinished() and (steps is None or n < steps):
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-        n += 1
-    return out
-
-
-def assert_pages_consistent(pe):
-    for device, (used, owned) in pe.page_accounting().items():
-        assert used == owned, f"device {device}: allocator and sequences disagree"
 
 
 def test_levels_head_ranges_and_refusals(tiny):

@@ -2,7 +2,6 @@
 micro-batches in flight, and the layer / batch partitions."""
 
 import pytest
-import torch
 
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
@@ -12,7 +11,7 @@ from nitsum.parallel.pipeline import build_stage, stage_layers
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.sampling import SamplingParams
-from tiny import POOL_ECFG, POOL_PAGES, make_tiny, random_prompt
+from tiny import POOL_ECFG, POOL_PAGES, assert_last_logits, make_tiny, random_prompt
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 MEMBERS = (0, 1, 2, 3)
@@ -58,19 +57,11 @@ def test_pipeline_logits_equal_tp1(tiny_pool, members, stage_tp):
     # Each non-last rank sent each micro-batch once.
     sent = sum(pool.call(d, "stats")["p2p_sends"] for d in members) - before
     assert sent == 2 * stage_tp * (stages - 1)
-    with torch.no_grad():
-        ref_a = hf(torch.tensor([a])).logits[0, -1]
-        ref_b = hf(torch.tensor([b])).logits[0, -1]
-    assert (logits[0] - ref_a).abs().max().item() <= 1e-4
-    assert (logits[1] - ref_b).abs().max().item() <= 1e-4
+    assert_last_logits(hf, logits, [a, b])
     sa.output_ids.append(7)
     sb.output_ids.append(9)
     logits, _ = pipeline_step(pool, cfg, members, stage_tp, [sa, sb], [len(a), len(b)], 2)
-    with torch.no_grad():
-        ref_a = hf(torch.tensor([a + [7]])).logits[0, -1]
-        ref_b = hf(torch.tensor([b + [9]])).logits[0, -1]
-    assert (logits[0] - ref_a).abs().max().item() <= 1e-4
-    assert (logits[1] - ref_b).abs().max().item() <= 1e-4
+    assert_last_logits(hf, logits, [a + [7], b + [9]])
 
 
 def test_stage_layers_and_neighbours():

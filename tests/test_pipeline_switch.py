@@ -10,7 +10,16 @@ from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
-from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, layout_slices, make_tiny, random_prompt
+from tiny import (
+    POOL_ECFG,
+    POOL_PAGES,
+    assert_pages_consistent,
+    drain,
+    hf_greedy,
+    layout_slices,
+    make_tiny,
+    random_prompt,
+)
 
 ALL = (0, 1, 2, 3)
 TP4 = ([ALL], {})
@@ -29,20 +38,6 @@ def tiny_pool():
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
         yield hf, cfg, pool
-
-
-def drain(pe, out, steps=None):
-    n = 0
-    while pe.has_unfinished() and (steps is None or n < steps):
-        for o in pe.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-        n += 1
-    return out
-
-
-def assert_pages_consistent(pe):
-    for device, (used, owned) in pe.page_accounting().items():
-        assert used == owned, f"device {device}: allocator and sequences disagree"
 
 
 def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):

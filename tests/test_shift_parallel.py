@@ -16,7 +16,7 @@ from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.profiling.measure import shift_threshold
 from nitsum.sampling import SamplingParams
-from tiny import POOL_ECFG, POOL_PAGES, hf_greedy, make_tiny, random_prompt
+from tiny import POOL_ECFG, POOL_PAGES, assert_last_logits, hf_greedy, make_tiny, random_prompt
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 ALWAYS_SP, NEVER_SP = ShiftRule(threshold=0), ShiftRule(threshold=None)
@@ -67,21 +67,13 @@ def test_sp_logits_equal_tp1(tiny_pool, group):
     after = pool.call(0, "stats")
     assert after["all_to_all"] - before["all_to_all"] == 2 * cfg.num_layers
     assert after["all_reduce"] == before["all_reduce"]
-    with torch.no_grad():
-        ref_a = hf(torch.tensor([a])).logits[0, -1]
-        ref_b = hf(torch.tensor([b])).logits[0, -1]
-    assert (logits[0] - ref_a).abs().max().item() <= 1e-4
-    assert (logits[1] - ref_b).abs().max().item() <= 1e-4
+    assert_last_logits(hf, logits, [a, b])
     # Decode step over the cached prefix: 2 tokens for 2 or 4 ranks (padding rows).
     sa.output_ids.append(7)
     sb.output_ids.append(9)
     logits, inputs = one_step(pe, group, [(sa, len(a), 1), (sb, len(b), 1)])
     assert inputs.sequence_parallel and len(inputs.input_ids) < len(group) + 1
-    with torch.no_grad():
-        ref_a = hf(torch.tensor([a + [7]])).logits[0, -1]
-        ref_b = hf(torch.tensor([b + [9]])).logits[0, -1]
-    assert (logits[0] - ref_a).abs().max().item() <= 1e-4
-    assert (logits[1] - ref_b).abs().max().item() <= 1e-4
+    assert_last_logits(hf, logits, [a + [7], b + [9]])
     assert pe.counters["sp_steps"] == 2 and pe.counters["tp_steps"] == 0
 
 

@@ -10,7 +10,14 @@ from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
-from tiny import POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
+from tiny import (
+    POOL_ECFG,
+    POOL_PAGES,
+    assert_pages_consistent,
+    drain,
+    make_tiny,
+    tiny_device_pool,
+)
 
 ECFG, NUM_PAGES = POOL_ECFG, POOL_PAGES
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -41,21 +48,6 @@ def reference_tokens(tiny, ps):
     for i, p in enumerate(ps):
         e.add_request(f"r{i}", p, GREEDY)
     return drain(e)
-
-
-def drain(engine, out=None, steps=None):
-    out = {} if out is None else out
-    n = 0
-    while engine.has_unfinished() and (steps is None or n < steps):
-        for o in engine.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-        n += 1
-    return out
-
-
-def assert_pages_consistent(pe):
-    for device, (used, owned) in pe.page_accounting().items():
-        assert used == owned, f"device {device}: allocator and sequences disagree"
 
 
 def assert_all_pages_back(pe):

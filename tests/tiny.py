@@ -67,6 +67,27 @@ def make_tiny(variant: str = "llama-gqa", seed: int = 0):
     return model, cfg
 
 
+def random_llama(
+    hidden: int, layers: int, kv_heads: int = 4, vocab: int = 512, max_positions: int = 4096
+) -> tuple[torch.nn.Module, ModelConfig]:
+    """A random Llama of 8 heads sized for benchmarks (HF model in eval mode, our config);
+    the MLP is 11/4 of the hidden size, as Llama's."""
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=hidden * 11 // 4,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_positions,
+        )
+    ).eval()
+    cfg = hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]}
+    return hf, ModelConfig.from_hf(cfg)
+
+
 def random_prompt(cfg: ModelConfig, n: int, seed: int) -> list[int]:
     """`n` random token ids of `cfg`'s vocabulary (seeded)."""
     g = torch.Generator().manual_seed(seed)
@@ -83,6 +104,32 @@ def hf_greedy(hf: torch.nn.Module, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None)
     return out[0, len(ids) :].tolist()
+
+
+def assert_last_logits(hf: torch.nn.Module, logits: torch.Tensor, prompts: list[list[int]]):
+    """Row i of `logits` is HF's logits after `prompts[i]` (within 1e-4, fp32)."""
+    with torch.no_grad():
+        for row, ids in zip(logits, prompts, strict=True):
+            ref = hf(torch.tensor([ids])).logits[0, -1]
+            assert (row - ref).abs().max().item() <= 1e-4
+
+
+def drain(engine: Any, out: dict[str, list[int]] | None = None, steps: int | None = None):
+    """Step `engine` until it is done (or for `steps` steps), collecting every request's
+    tokens into `out`."""
+    out = {} if out is None else out
+    n = 0
+    while engine.has_unfinished() and (steps is None or n < steps):
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        n += 1
+    return out
+
+
+def assert_pages_consistent(pe: Any) -> None:
+    """Every device's allocator agrees with the pages its sequences and caches own."""
+    for device, (used, owned) in pe.page_accounting().items():
+        assert used == owned, f"device {device}: allocator and sequences disagree"
 
 
 def run_arrivals(

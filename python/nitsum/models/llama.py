@@ -26,6 +26,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def split_qkv(
+    qkv: torch.Tensor, groups: int, q_per_group: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (tokens, groups·q_per_group, hd), k and v (tokens, groups, hd) of fused rows laid out
+    per KV group as [its q heads, k, v] (weights/layout.py)."""
+    qkv = qkv.view(-1, groups, q_per_group + 2, head_dim)
+    q = qkv[:, :, :q_per_group].reshape(-1, groups * q_per_group, head_dim)
+    return q, qkv[:, :, q_per_group], qkv[:, :, q_per_group + 1]
+
+
 class LlamaModel:
     """Llama / Qwen2 / Mistral decoder over fused, TP-agnostic weights."""
 
@@ -102,9 +112,7 @@ class LlamaModel:
             k_cache, v_cache = kv.kv(i, heads.kv_heads)
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = sp.scatter_heads(F.linear(x, layer.qkv, layer.qkv_bias), split, hd)
-            qkv = qkv.view(-1, heads.kv_heads, q_per_group + 2, hd)
-            q = qkv[:, :, :q_per_group].reshape(-1, heads.q_heads, hd)
-            k, v = qkv[:, :, q_per_group], qkv[:, :, q_per_group + 1]
+            q, k, v = split_qkv(qkv, heads.kv_heads, q_per_group, hd)
             o = self.attend(q, k, v, cos, sin, k_cache, v_cache, meta)
             h = h + sp.gather_tokens(o, split) @ layer.o_t
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
@@ -135,9 +143,7 @@ class LlamaModel:
             kv = F.linear(x, layer.kv_proj, layer.kv_bias).view(-1, 1, 2, hd)
             k, v = kv[:, :, 0], kv[:, :, 1]
         else:
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(-1, groups, r + 2, hd)
-            q = qkv[:, :, :r].reshape(-1, groups * r, hd)
-            k, v = qkv[:, :, r], qkv[:, :, r + 1]
+            q, k, v = split_qkv(F.linear(x, layer.qkv, layer.qkv_bias), groups, r, hd)
         o = self.attend(q, k, v, cos, sin, k_cache, v_cache, meta)
         return ctx.all_reduce(o @ layer.o_t)
 
