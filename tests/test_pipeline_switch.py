@@ -136,3 +136,29 @@ def test_unknown_pipelines_are_refused_clearly(tiny_pool):
     with pytest.raises(ValueError, match="does not have"):
         pe.reconfigure([ALL], pipelines={(0, 1): 1})
     assert torch.equal(torch.tensor(pe.groups), torch.tensor([ALL]))
+
+
+def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
+    """A rank that crashed: the switch fails cleanly (nothing is sent to the live ranks, so
+    none waits on a dead peer) and the host keeps the old layout and pages."""
+    hf, cfg = make_tiny("llama-deep")
+    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
+    with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
+        pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0, 1), (2, 3)])
+        for i in range(4):
+            pe.add_request(f"r{i}", random_prompt(cfg, 9, 90 + i), greedy(10))
+        drain(pe, {}, steps=3)
+        before = pe.page_accounting()
+        pool.procs[3].kill()
+        pool.procs[3].join()
+        report = pe.reconfigure([ALL], pipelines={ALL: 2})
+        assert not report.ok and "device 3 is gone" in report.error
+        assert pe.groups == [(0, 1), (2, 3)] and pe.page_accounting() == before
+        # The live group still serves; the dead one's requests fail with an error.
+        finals = {}
+        while pe.has_unfinished():
+            for o in pe.step():
+                if o.finished:
+                    finals[o.request_id] = o.finish_reason
+        assert sorted(finals.values()).count("length") == 2
+        assert sorted(finals.values()).count("error") == 2

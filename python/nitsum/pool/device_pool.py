@@ -72,15 +72,28 @@ class DevicePool:
 
     # -- messaging ---------------------------------------------------------------------------
     def send(self, device: int, cmd: str, *args: Any) -> None:
-        self.conns[device].send_bytes(pickle.dumps((cmd, args)))
+        self.send_many((device,), cmd, *args)
 
     def send_many(self, devices: tuple[int, ...] | list[int], cmd: str, *args: Any) -> None:
+        """Send one command to every device of `devices`, or to none: DeviceError when one of
+        them is gone (its process died), before anything is sent, so no live device starts a
+        collective or a transfer its dead peer will never join."""
+        dead = [d for d in devices if not self.procs[d].is_alive()]
+        if dead:
+            raise DeviceError(f"device {dead[0]} is gone (its process exited)")
         data = pickle.dumps((cmd, args))  # pickled once for the whole group
         for d in devices:
-            self.conns[d].send_bytes(data)
+            try:
+                self.conns[d].send_bytes(data)
+            except OSError as e:
+                raise DeviceError(f"device {d} is gone: {e}") from e
 
     def _reply(self, device: int) -> Any:
-        status, value = pickle.loads(self.conns[device].recv_bytes())
+        try:
+            raw = self.conns[device].recv_bytes()
+        except (EOFError, OSError) as e:
+            raise DeviceError(f"device {device} is gone: {type(e).__name__}") from e
+        status, value = pickle.loads(raw)
         if status == "transfer_failed":
             raise TransferFailed(value)
         if status != "ok":

@@ -17,7 +17,6 @@ from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
 from nitsum.kv.pool import KVLayout
 from nitsum.pool.devices import Devices
-from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece, Placement, aggregate, plan_pieces
 
 # A sequence, the group it moves to, and the engine it leaves.
@@ -72,8 +71,9 @@ def transfer_moves(
     """Allocate target pages, plan pieces and move the KV of `moves`, in their order (pages go
     to the first ones); the requests in `preempt` keep no KV (they recompute).
 
-    NOTE: source pages are only read; on TransferFailed the new pages are released and
-    every sequence still owns its old, intact KV.
+    NOTE: source pages are only read; when the transfer fails (TransferFailed, or DeviceError
+    for a device gone) the new pages are released and every sequence still owns its old,
+    intact KV.
     """
     pieces: list[Piece] = []
     new_pages: dict[str, list[int]] = {}
@@ -101,7 +101,7 @@ def transfer_moves(
     plan_end = time.perf_counter()
     try:
         stats = pool.migrate(pieces, mode, fail) if pieces else []
-    except TransferFailed:
+    except Exception:  # TransferFailed, or DeviceError (a device gone): nothing committed
         release_new_pages(moves, engines, new_pages)
         raise
     sent = sum(s.bytes_sent for s in stats)

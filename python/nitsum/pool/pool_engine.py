@@ -267,8 +267,12 @@ class PoolEngine:
                 outputs += self._fail_all(engine, f"engine step failed: {e}")
                 continue
             if batch:
-                inputs = engine.runner.prepare(batch)
-                self.pool.launch_step(members, inputs)
+                try:
+                    self.pool.launch_step(members, engine.runner.prepare(batch))
+                except DeviceError as e:  # e.g. a member's process is gone: nothing was sent
+                    log.error("group %s could not start a step: %s", members, e)
+                    outputs += self._fail_batch(engine, batch, f"engine step failed: {e}")
+                    continue
                 launched.append((members, engine, batch))
         for members, engine, batch in launched:
             try:
@@ -277,9 +281,7 @@ class PoolEngine:
                 # A failing group fails only its own requests; the other groups carry on.
                 log.error("group %s failed a step: %s", members, e)
                 why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
-                for item in batch:
-                    if engine.abort(item.seq.request_id):
-                        outputs.append(RequestOutput(item.seq.request_id, [], "error", why))
+                outputs += self._fail_batch(engine, batch, why)
                 continue
             # Groups run concurrently: each one's step ends by its collect.
             tokens = sample_batch(logits, batch)
@@ -291,6 +293,15 @@ class PoolEngine:
         self._hand_off_prefilled()
         self.binder.step_done()
         return outputs
+
+    @staticmethod
+    def _fail_batch(engine: Engine, batch: list[Scheduled], why: str) -> list[RequestOutput]:
+        """End the requests of a step that failed with an error."""
+        return [
+            RequestOutput(item.seq.request_id, [], "error", why)
+            for item in batch
+            if engine.abort(item.seq.request_id)
+        ]
 
     @staticmethod
     def _fail_all(engine: Engine, why: str) -> list[RequestOutput]:
