@@ -162,3 +162,29 @@ def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
                     finals[o.request_id] = o.finish_reason
         assert sorted(finals.values()).count("length") == 2
         assert sorted(finals.values()).count("error") == 2
+
+
+def test_a_reshaped_group_gives_its_cache_back_and_keeps_its_counters(tiny_pool):
+    """The same devices from TP4 to a (1,4) pipeline with the prefix cache on: the old engine
+    is retired like a vanishing one (its cached pages freed first, counted in plan_switch; its
+    counters kept), and nothing leaks."""
+    hf, cfg, pool = tiny_pool
+    pe = PoolEngine(pool, cfg, POOL_ECFG, 46, [ALL])  # the cache on
+    done = [random_prompt(cfg, 24, 100 + i) for i in range(2)]
+    for i, p in enumerate(done):
+        pe.add_request(f"d{i}", p, greedy(2))
+    drain(pe, {})  # finished: their full pages stay cached
+    assert pe.engines[ALL].cached_pages()
+    prompts = [random_prompt(cfg, 30, 110 + i) for i in range(4)]
+    for i, p in enumerate(prompts):
+        pe.add_request(f"r{i}", p, greedy(6), priority=i)
+    out = drain(pe, {}, steps=3)
+    queries = pe.all_counters()["prefix_cache_queries"]
+    predicted = pe.plan_switch(*TP1_PP4)
+    report = pe.reconfigure(TP1_PP4[0], pipelines=TP1_PP4[1])
+    assert report.ok and report.preempted == predicted
+    assert_pages_consistent(pe)
+    assert pe.all_counters()["prefix_cache_queries"] >= queries
+    drain(pe, out)
+    assert out == {f"r{i}": hf_greedy(hf, p, 6) for i, p in enumerate(prompts)}
+    assert_pages_consistent(pe)

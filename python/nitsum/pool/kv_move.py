@@ -17,6 +17,7 @@ from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
 from nitsum.kv.pool import KVLayout
 from nitsum.pool.devices import Devices
+from nitsum.pool.kv_transfer import TransferStats
 from nitsum.pool.migration_plan import Piece, Placement, aggregate, plan_pieces
 
 # A sequence, the group it moves to, and the engine it leaves.
@@ -75,11 +76,35 @@ def transfer_moves(
     for a device gone) the new pages are released and every sequence still owns its old,
     intact KV.
     """
-    pieces: list[Piece] = []
     new_pages: dict[str, list[int]] = {}
     recompute: set[str] = set(preempt)
+    try:
+        plan_end, stats = _allocate_and_move(
+            pool, cfg, page_tokens, moves, engines, mode, fail, new_pages, recompute
+        )
+    except Exception:  # TransferFailed, DeviceError (a device gone), ...: nothing committed
+        release_new_pages(moves, engines, new_pages)
+        raise
+    sent = sum(s.bytes_sent for s in stats)
+    local = sum(s.bytes_copied_locally for s in stats)
+    return MoveOutcome(new_pages, recompute, sent, local, plan_end)
+
+
+def _allocate_and_move(
+    pool: Devices,
+    cfg: ModelConfig,
+    page_tokens: int,
+    moves: list[Move],
+    engines: dict[tuple[int, ...], Engine],
+    mode: str,
+    fail: tuple[int, int] | None,
+    new_pages: dict[str, list[int]],
+    recompute: set[str],
+) -> tuple[float, list[TransferStats]]:
+    """`transfer_moves`' allocation, plan and transfer; fills `new_pages` and `recompute`."""
+    pieces: list[Piece] = []
     for seq, target, _ in moves:
-        if seq.num_computed == 0 or seq.request_id in preempt:
+        if seq.num_computed == 0 or seq.request_id in recompute:
             continue
         if seq.host_pages:  # swapped out: host KV stays with its device; recompute instead
             recompute.add(seq.request_id)
@@ -99,14 +124,7 @@ def transfer_moves(
         )
     pieces = aggregate(pieces)
     plan_end = time.perf_counter()
-    try:
-        stats = pool.migrate(pieces, mode, fail) if pieces else []
-    except Exception:  # TransferFailed, or DeviceError (a device gone): nothing committed
-        release_new_pages(moves, engines, new_pages)
-        raise
-    sent = sum(s.bytes_sent for s in stats)
-    local = sum(s.bytes_copied_locally for s in stats)
-    return MoveOutcome(new_pages, recompute, sent, local, plan_end)
+    return plan_end, pool.migrate(pieces, mode, fail) if pieces else []
 
 
 def release_new_pages(

@@ -218,7 +218,9 @@ class PoolEngine:
             )
         context = min(len(prompt_ids) + sampling.max_tokens, engine.max_context)
         tp, need = self.binder.levels(group, context, bind_tp, ttft_ms is not None)
-        if tp > len(group):
+        # NOTE: a pipeline is never a binding's replica (bindings merge TP groups); a request
+        # its pages cannot hold is refused by its engine with the pages it needs.
+        if tp > len(group) and not engine.pages.stage_tp:
             hard = bind_hard if bind_hard is not None else ttft_ms is not None
             fits_replica = need <= len(group)
             group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)

@@ -30,7 +30,6 @@ from nitsum.pool.kv_move import (
     release_new_pages,
     transfer_moves,
 )
-from nitsum.pool.kv_transfer import TransferFailed
 
 if TYPE_CHECKING:
     from nitsum.config import ModelConfig
@@ -197,7 +196,7 @@ class Switch:
             # pages are what the new groups allocate from); pages a moving sequence shares
             # stay. A rollback keeps their engines, only without that cache.
             for group, engine in pe.engines.items():
-                if group not in targets:
+                if targets.get(group) is not engine:  # vanishing, or reshaped (same devices)
                     engine.close()
             preempt = self._short(moves, pe.alloc.free, lambda e: e.num_evictable())
             phase("capacity")
@@ -206,7 +205,7 @@ class Switch:
             )
             phase("transfer")
             phase("commit", timed=False)  # the last point a failure rolls back from
-        except (TransferFailed, SwitchFault, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - any failure before the commit rolls back
             if outcome is not None:
                 release_new_pages(moves, targets, outcome.new_pages)
             timings["total"] = (time.perf_counter() - t[0]) * 1e3
@@ -214,7 +213,7 @@ class Switch:
         # Commit: new pages, layouts and groups become active together.
         commit_moves(moves, targets, outcome)
         for group, engine in pe.engines.items():
-            if group not in targets:
+            if targets.get(group) is not engine:
                 pe._retire(engine)
         pe.engines = targets
         phase("commit_activate")
