@@ -253,7 +253,7 @@ def test_abort_reaches_a_request_that_moved_groups(host):
     [
         ([[1, 2], [0], [3]], "not an aligned block"),
         ([[0, 1, 2], [3]], "TP 3 not in the allowed levels"),
-        (plan([[0, 1]], tp=4), "tp 4 != its 2 members"),
+        (plan([[0, 1]], tp=4), "tp 4 x pp 1 != its 2 members"),
         ([[2, 3], [3]], "more than one group"),
         ([[3, 4]], "spans devices of another worker process"),
     ],
@@ -320,3 +320,23 @@ def test_nitsum_worker_devices_2_process_switches_tp_and_stops_its_devices(tiny,
             proc.kill()
         proc.wait(10)
         router.close()
+
+
+def test_a_plan_with_a_pipeline_switches_to_it_mid_stream(host, tiny):
+    """The router's plan names a (2, 2) pipeline (`pp`): the worker switches to it and back
+    mid-stream, and every request's tokens are the reference's."""
+    router, server, pe, _ = host
+    reqs = {f"p{i}": (prompt(6 + 5 * i, seed=40 + i), greedy(30)) for i in range(4)}
+    ref = reference(tiny, reqs)
+    for i, (rid, (ids, params)) in enumerate(reqs.items()):
+        router.send(proto.generate(rid, ids, params, klass="feasible"), router.ids[i])
+    pipeline = [g | {"tp": 2, "pp": 2} for g in plan([[0, 1, 2, 3]])]
+    for epoch, (layout, after) in enumerate(((pipeline, 4), (plan(TP1), 12)), start=2):
+        router.pump(lambda k=after: all(len(router.tokens.get(r, [])) >= k for r in reqs))
+        acks = router.reconfigure(epoch, layout)
+        assert all((a["ok"], a["error"]) == (True, None) for a in acks.values()), acks
+        expect = 2 if layout is pipeline else 0
+        assert all(pe.stage_tp(g) == expect for g in pe.groups)
+    router.pump(lambda: set(router.finals) >= set(reqs))
+    assert {rid: router.tokens[rid] for rid in reqs} == ref
+    assert pe.all_counters()["pp_steps"] > 0

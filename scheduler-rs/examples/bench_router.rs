@@ -178,6 +178,7 @@ fn dispatcher_only(replicas: u32, n: u64, window: u64) -> f64 {
         .map(|i| GroupPlan {
             members: vec![i],
             tp: 1,
+            pp: 1,
             role: Role::Mixed,
             tiers: vec!["strict".into(), "relaxed".into()],
             accepts_background: true,

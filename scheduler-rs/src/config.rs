@@ -293,6 +293,7 @@ impl RouterConfig {
                 .into_iter()
                 .map(|g| GroupPlan {
                     tp: g.members.len() as u32,
+                    pp: 1,
                     members: g.members,
                     role: g.role,
                     tiers: if g.tiers.is_empty() {

@@ -303,6 +303,7 @@ mod tests {
         GroupPlan {
             members: members.to_vec(),
             tp: members.len() as u32,
+            pp: 1,
             role,
             tiers: tiers.iter().map(|s| s.to_string()).collect(),
             accepts_background: bg,

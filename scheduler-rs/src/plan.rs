@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::profile::Shape;
+
 /// What a group does with the requests routed to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -21,8 +23,11 @@ pub enum Role {
 pub struct GroupPlan {
     /// Device (worker) ids, contiguous and aligned to `tp` (`members[0] % tp == 0`).
     pub members: Vec<u32>,
-    /// Tensor-parallel degree; equals `members.len()`.
+    /// Tensor-parallel degree (of each stage, in a pipeline); `members.len() == tp * pp`.
     pub tp: u32,
+    /// Pipeline stages of `tp` devices, members stage-major (1: a TP group).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub pp: u32,
     pub role: Role,
     /// Tiers this group is planned for (names from the tier config). Empty: best-effort only.
     pub tiers: Vec<String>,
@@ -38,7 +43,28 @@ pub struct GroupPlan {
     pub max_inflight: f64,
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 impl GroupPlan {
+    /// The group's parallel shape (its profile key).
+    pub fn shape(&self) -> Shape {
+        Shape {
+            tp: self.tp,
+            pp: self.pp,
+        }
+    }
+
+    /// Devices the group takes: `tp · pp`.
+    pub fn devices(&self) -> u32 {
+        self.tp * self.pp
+    }
+
     /// The group leader: the worker that receives `generate` for the group.
     pub fn leader(&self) -> u32 {
         self.members[0]
@@ -57,7 +83,7 @@ impl GroupPlan {
         } else {
             self.tiers.join("+")
         };
-        format!("{role}{}@{}:{tiers}", self.tp, self.leader())
+        format!("{role}{}@{}:{tiers}", self.shape().key(), self.leader())
     }
 }
 

@@ -15,6 +15,45 @@ use serde::{Deserialize, Serialize};
 /// Schema tag every profile must carry.
 pub const SCHEMA: &str = "nitsum-profile/1";
 
+/// A group's parallel shape: `pp` pipeline stages of `tp` devices each (`pp` 1: a TP group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Shape {
+    pub tp: u32,
+    pub pp: u32,
+}
+
+impl Shape {
+    /// Devices a group of this shape takes.
+    pub fn devices(self) -> u32 {
+        self.tp * self.pp
+    }
+
+    /// The profile's key: `"2"` for TP 2, `"2x2"` for two stages of TP 2.
+    pub fn key(self) -> String {
+        if self.pp == 1 {
+            self.tp.to_string()
+        } else {
+            format!("{}x{}", self.tp, self.pp)
+        }
+    }
+
+    /// Parse a `pipelines` key, `"TPxPP"`.
+    fn parse(key: &str) -> Option<Self> {
+        let (tp, pp) = key.split_once('x')?;
+        let shape = Shape {
+            tp: tp.parse().ok()?,
+            pp: pp.parse().ok()?,
+        };
+        (shape.tp >= 1 && shape.pp >= 2).then_some(shape)
+    }
+}
+
+impl From<u32> for Shape {
+    fn from(tp: u32) -> Self {
+        Shape { tp, pp: 1 }
+    }
+}
+
 /// One prefill measurement: a forward over `tokens` prompt tokens took `ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PrefillPoint {
@@ -59,6 +98,13 @@ pub struct ProfileFile {
     /// faster of the two.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shift_threshold: BTreeMap<String, Option<f64>>,
+    /// Pipelines measured (`"TPxPP"`: PP stages of TP devices), with their points keyed so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pipelines: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pp_prefill: BTreeMap<String, Vec<PrefillPoint>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pp_decode: BTreeMap<String, Vec<DecodePoint>>,
 }
 
 /// Decode points of one context value, sorted by batch.
@@ -87,7 +133,8 @@ pub struct Profile {
     pub model: String,
     pub analytic: bool,
     pub max_context: Option<f64>,
-    levels: BTreeMap<u32, Curves>,
+    /// TP levels (pp 1) and pipelines.
+    levels: BTreeMap<Shape, Curves>,
     /// The validated file (the lookahead's simulations are configured with it).
     file: ProfileFile,
 }
@@ -154,13 +201,32 @@ impl Profile {
                 prefill,
                 decode,
             };
-            levels.insert(tp, curves);
+            levels.insert(Shape::from(tp), curves);
         }
         for key in file.sp_prefill.keys().chain(file.sp_decode.keys()) {
             ensure!(
-                key != "1" && levels.keys().any(|tp| tp.to_string() == *key),
+                key != "1" && levels.keys().any(|s| s.key() == *key),
                 "profile: SP points for level {key}, which is not a TP level >= 2 of the profile"
             );
+        }
+        for key in &file.pipelines {
+            let shape = Shape::parse(key)
+                .with_context(|| format!("profile: pipeline {key:?} is not \"TPxPP\", PP >= 2"))?;
+            let prefill = file
+                .pp_prefill
+                .get(key)
+                .with_context(|| format!("profile: no prefill points for pipeline {key}"))?;
+            let decode = file
+                .pp_decode
+                .get(key)
+                .with_context(|| format!("profile: no decode points for pipeline {key}"))?;
+            let prefill = prefill_curve(prefill).with_context(|| format!("prefill {key}"))?;
+            let curves = Curves {
+                prefill_fixed_ms: fixed_part(&prefill),
+                prefill,
+                decode: decode_rows(decode).with_context(|| format!("decode {key}"))?,
+            };
+            levels.insert(shape, curves);
         }
         Ok(Profile {
             device: file.device.clone(),
@@ -174,45 +240,59 @@ impl Profile {
 
     /// TP levels the profile covers, ascending.
     pub fn tp_levels(&self) -> Vec<u32> {
-        self.levels.keys().copied().collect()
+        self.levels
+            .keys()
+            .filter(|s| s.pp == 1)
+            .map(|s| s.tp)
+            .collect()
+    }
+
+    /// Every shape the profile covers (TP levels and pipelines), by devices, then depth.
+    pub fn shapes(&self) -> Vec<Shape> {
+        let mut out: Vec<Shape> = self.levels.keys().copied().collect();
+        out.sort_by_key(|s| (s.devices(), s.pp));
+        out
     }
 
     pub fn has_tp(&self, tp: u32) -> bool {
-        self.levels.contains_key(&tp)
+        self.levels.contains_key(&Shape::from(tp))
     }
 
-    /// Latency (ms) of one prefill forward over `tokens` prompt tokens at TP `tp`.
-    /// Panics if `tp` is not in the profile (callers pick from `tp_levels`).
-    pub fn prefill_ms(&self, tp: u32, tokens: f64) -> f64 {
-        interp(&self.levels[&tp].prefill, tokens)
+    /// Latency (ms) of one prefill forward over `tokens` prompt tokens in a group of `shape`
+    /// (a TP level or a pipeline). Panics if the profile lacks it (callers pick from
+    /// `shapes` or `tp_levels`).
+    pub fn prefill_ms(&self, shape: impl Into<Shape>, tokens: f64) -> f64 {
+        interp(&self.levels[&shape.into()].prefill, tokens)
     }
 
-    /// Fixed part of a prefill forward at TP `tp`: the curve extrapolated linearly to zero
-    /// tokens from its first two points, clamped to `[0, first point]`. On a GPU this is
-    /// mostly the weight read, which a mixed iteration pays once for decode and prefill.
-    pub fn prefill_fixed_ms(&self, tp: u32) -> f64 {
-        self.levels[&tp].prefill_fixed_ms
+    /// Fixed part of a prefill forward: the curve extrapolated linearly to zero tokens from
+    /// its first two points, clamped to `[0, first point]`. On a GPU this is mostly the weight
+    /// read, which a mixed iteration pays once for decode and prefill.
+    pub fn prefill_fixed_ms(&self, shape: impl Into<Shape>) -> f64 {
+        self.levels[&shape.into()].prefill_fixed_ms
     }
 
     /// Extra latency (ms) of `tokens` prompt tokens riding in a decode iteration:
     /// `prefill_ms − prefill_fixed_ms` (the decode step already pays the fixed part).
-    pub fn prefill_extra_ms(&self, tp: u32, tokens: f64) -> f64 {
+    pub fn prefill_extra_ms(&self, shape: impl Into<Shape>, tokens: f64) -> f64 {
         if tokens <= 0.0 {
             return 0.0;
         }
         // NOTE: the simulator's hottest call (prompt chunk sizing): one level lookup.
-        let curves = &self.levels[&tp];
+        let curves = &self.levels[&shape.into()];
         (interp(&curves.prefill, tokens) - curves.prefill_fixed_ms).max(0.0)
     }
 
-    /// Latency (ms) of one decode step of `batch` sequences at `context` tokens at TP `tp`.
-    pub fn decode_ms(&self, tp: u32, batch: f64, context: f64) -> f64 {
-        rows_ms(&self.levels[&tp].decode, batch, context)
+    /// Latency (ms) of one decode step of `batch` sequences at `context` tokens.
+    /// NOTE: a pipeline's measured step includes its bubbles and stage hand-offs (one
+    /// micro-batch per stage), so nothing is added for them here.
+    pub fn decode_ms(&self, shape: impl Into<Shape>, batch: f64, context: f64) -> f64 {
+        rows_ms(&self.levels[&shape.into()].decode, batch, context)
     }
 
-    /// Largest profiled decode batch at TP `tp`: the planner does not extrapolate past it.
-    pub fn max_batch(&self, tp: u32) -> f64 {
-        self.levels[&tp]
+    /// Largest profiled decode batch: the planner does not extrapolate past it.
+    pub fn max_batch(&self, shape: impl Into<Shape>) -> f64 {
+        self.levels[&shape.into()]
             .decode
             .iter()
             .flat_map(|r| r.points.iter().map(|p| p.0))
@@ -439,6 +519,43 @@ mod tests {
         );
         let e = format!("{:#}", Profile::from_file(bad).unwrap_err());
         assert!(e.contains("SP points for level 1"), "{e}");
+    }
+
+    #[test]
+    fn pipelines_are_shapes_of_their_own() {
+        let mut file: ProfileFile = serde_json::from_str(SAMPLE).unwrap();
+        file.pipelines = vec!["1x2".into()];
+        file.pp_prefill.insert(
+            "1x2".into(),
+            vec![PrefillPoint {
+                tokens: 100.0,
+                ms: 4.0,
+            }],
+        );
+        file.pp_decode.insert(
+            "1x2".into(),
+            vec![DecodePoint {
+                batch: 1.0,
+                context: 100.0,
+                ms: 2.5,
+            }],
+        );
+        let p = Profile::from_file(file.clone()).unwrap();
+        let pipe = Shape { tp: 1, pp: 2 };
+        assert_eq!(p.prefill_ms(pipe, 100.0), 4.0);
+        assert_eq!(p.decode_ms(pipe, 1.0, 100.0), 2.5);
+        assert_eq!(p.decode_ms(2, 1.0, 100.0), 3.0); // TP 2, same devices: its own curve
+        assert_eq!(p.tp_levels(), vec![1, 2]);
+        assert_eq!(p.shapes(), vec![Shape::from(1), Shape::from(2), pipe]);
+        assert_eq!((pipe.devices(), pipe.key()), (2, "1x2".to_string()));
+        let mut bad = file.clone();
+        bad.pipelines = vec!["2".into()];
+        let e = format!("{:#}", Profile::from_file(bad).unwrap_err());
+        assert!(e.contains("is not \"TPxPP\""), "{e}");
+        let mut missing = file;
+        missing.pp_decode.clear();
+        let e = format!("{:#}", Profile::from_file(missing).unwrap_err());
+        assert!(e.contains("no decode points for pipeline 1x2"), "{e}");
     }
 
     #[test]

@@ -298,6 +298,7 @@ impl RouterState {
         GroupPlan {
             members: vec![worker.device()],
             tp: 1,
+            pp: 1,
             role: Role::Mixed,
             tiers: self
                 .cfg

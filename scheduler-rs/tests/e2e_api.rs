@@ -380,6 +380,7 @@ async fn static_plan_groups_need_all_members_and_set_decode_target() {
     let group = |members: &[u32], role| GroupPlan {
         members: members.to_vec(),
         tp: members.len() as u32,
+        pp: 1,
         role,
         tiers: vec!["strict".into()],
         accepts_background: false,

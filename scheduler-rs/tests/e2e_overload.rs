@@ -101,6 +101,7 @@ async fn a_tier_that_rejects_unattainable_requests_refuses_what_its_slo_bandwidt
     cfg.static_plan = Some(vec![GroupPlan {
         members: vec![0],
         tp: 1,
+        pp: 1,
         role: Role::Mixed,
         tiers: vec!["strict".into()],
         accepts_background: true,

@@ -37,6 +37,8 @@ class LocalPlan:
 
     groups: list[tuple[int, ...]]
     assignments: dict[int, Assignment]
+    # The groups that are pipelines, and their stages' TP degree.
+    pipelines: dict[tuple[int, ...], int] = field(default_factory=dict)
 
     def max_batch(self, group: tuple[int, ...]) -> int | None:
         """The plan's batch cap of `group` (held by its leader's assignment)."""
@@ -45,17 +47,22 @@ class LocalPlan:
 
 def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
     """The groups of `groups` that contain one of `device_ids`; PlanRefused when the plan
-    puts a device in two groups, a group's `tp` disagrees with its members, or a group mixes
-    these devices with devices of another process."""
+    puts a device in two groups, a group's `tp` · `pp` disagrees with its members, or a group
+    mixes these devices with devices of another process."""
     mine = set(device_ids)
     out: list[tuple[int, ...]] = []
+    pipelines: dict[tuple[int, ...], int] = {}
     assignments: dict[int, Assignment] = {}
     for g in groups:
         members = tuple(sorted(g.members))
         if not mine & set(members):
             continue
-        if len(set(members)) != len(members) or g.tp != len(members):
-            raise PlanRefused(f"group {list(g.members)}: tp {g.tp} != its {len(members)} members")
+        if len(set(members)) != len(members) or g.tp * g.pp != len(members):
+            raise PlanRefused(
+                f"group {list(g.members)}: tp {g.tp} x pp {g.pp} != its {len(members)} members"
+            )
+        if g.pp > 1:
+            pipelines[members] = g.tp
         if not set(members) <= mine:
             raise PlanRefused(
                 f"group {list(members)} spans devices of another worker process "
@@ -70,4 +77,4 @@ def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
         if d not in assignments:
             assignments[d] = Assignment()
             out.append((d,))
-    return LocalPlan(sorted(out), assignments)
+    return LocalPlan(sorted(out), assignments, pipelines)

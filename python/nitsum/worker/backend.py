@@ -139,8 +139,9 @@ class PoolBackend:
 
     def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
         groups = [tuple(d - self.first_id for d in g) for g in plan.groups]
+        pipelines = {tuple(d - self.first_id for d in g): tp for g, tp in plan.pipelines.items()}
         try:
-            report = self.pe.reconfigure(groups, self.mode)
+            report = self.pe.reconfigure(groups, self.mode, pipelines=pipelines)
         except ValueError as e:  # TPTopology.check: unaligned, overlapping or unsupported TP
             raise PlanRefused(str(e)) from e
         if not report.ok:  # the transfer failed and was rolled back

@@ -305,6 +305,7 @@ class Group:
     tiers: list[str]
     accepts_background: bool
     max_batch: int | None = None  # optional extension: the local scheduler's batch cap
+    pp: int = 1  # pipeline stages of `tp` devices, members stage-major (1: a TP group)
 
 
 def parse_reconfigure(msg: dict[str, Any]) -> tuple[int, list[Group]]:
@@ -332,6 +333,9 @@ def parse_reconfigure(msg: dict[str, Any]) -> tuple[int, list[Group]]:
         cap = g.get("max_batch")
         if cap is not None and (not _is_int(cap) or cap < 1):
             raise ProtocolError(f"{where}.max_batch must be an integer >= 1, got {cap!r}")
+        pp = g.get("pp", 1)
+        if not _is_int(pp) or pp < 1:
+            raise ProtocolError(f"{where}.pp must be an integer >= 1, got {pp!r}")
         background = bool(g.get("accepts_background", True))
-        groups.append(Group(g["members"], g["tp"], g["role"], tiers, background, cap))
+        groups.append(Group(g["members"], g["tp"], g["role"], tiers, background, cap, pp))
     return epoch, groups

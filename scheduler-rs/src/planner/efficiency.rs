@@ -21,7 +21,7 @@
 //!   real) prefills at most that many prompt tokens per iteration, so a larger `b` plans a
 //!   prompt rate the group can never prefill and its queue (TTFT) grows without bound.
 
-use crate::profile::Profile;
+use crate::profile::{Profile, Shape};
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
@@ -85,11 +85,12 @@ fn largest(hi: u32, ok: impl Fn(f64) -> bool) -> Option<u32> {
 /// Prefill-only group of TP `tp`. `None` when one prompt alone misses TTFT.
 pub fn prefill(
     p: &Profile,
-    tp: u32,
+    group: impl Into<Shape>,
     s: &TierShape,
     slack: f64,
     max_n: u32,
 ) -> Option<GroupEstimate> {
+    let tp = group.into();
     // A batch of n prompts, one of them from the tail.
     let lat = |n: f64| p.prefill_ms(tp, (n - 1.0) * s.prompt + s.prompt_tail);
     let (n, utilization) = match largest(max_n, |n| lat(n) <= slack * s.ttft_ms) {
@@ -115,7 +116,8 @@ pub fn prefill(
 }
 
 /// Decode-only group of TP `tp`. `None` when even batch 1 misses TPOT.
-pub fn decode(p: &Profile, tp: u32, s: &TierShape) -> Option<GroupEstimate> {
+pub fn decode(p: &Profile, group: impl Into<Shape>, s: &TierShape) -> Option<GroupEstimate> {
+    let tp = group.into();
     let step = |b: f64| p.decode_ms(tp, b, s.context);
     let b = f64::from(largest(p.max_batch(tp) as u32, |b| step(b) <= s.tpot_ms)?);
     let ms = step(b);
@@ -128,7 +130,13 @@ pub fn decode(p: &Profile, tp: u32, s: &TierShape) -> Option<GroupEstimate> {
 
 /// Mixed (prefill + decode) group of TP `tp`. `None` when no batch meets both SLOs.
 /// `chunk_tokens` is the local scheduler's prefill token budget per iteration.
-pub fn mixed(p: &Profile, tp: u32, s: &TierShape, chunk_tokens: f64) -> Option<GroupEstimate> {
+pub fn mixed(
+    p: &Profile,
+    group: impl Into<Shape>,
+    s: &TierShape,
+    chunk_tokens: f64,
+) -> Option<GroupEstimate> {
+    let tp = group.into();
     let iter =
         |b: f64| p.decode_ms(tp, b, s.context) + p.prefill_extra_ms(tp, b * s.prompt / s.steps);
     let fits = |b: f64| iter(b) <= s.tpot_ms && b * s.prompt / s.steps <= chunk_tokens;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::plan::{Plan, Role};
-use crate::profile::Profile;
+use crate::profile::{Profile, Shape};
 use crate::stats::{LengthStats, TierDemand};
 use crate::tiers::Tier;
 
@@ -21,12 +21,12 @@ pub(super) fn plan_fresh(
     devices: u32,
     previous: Option<&Plan>,
     cfg: &PlannerConfig,
-    levels: &[u32],
+    levels: &[Shape],
 ) -> Planned {
     let mut rates = Vec::with_capacity(tiers.len());
     let mut weights = Vec::with_capacity(tiers.len());
     let mut units: Vec<Unit> = Vec::new();
-    let mut best_mixed: Vec<Option<(u32, f64)>> = Vec::with_capacity(tiers.len());
+    let mut best_mixed: Vec<Option<(Shape, f64)>> = Vec::with_capacity(tiers.len());
     for (i, tier) in tiers.iter().enumerate() {
         let d = by_name.get(tier.name.as_str());
         rates.push(planned_rate(tier, d, cfg));
@@ -36,11 +36,11 @@ pub(super) fn plan_fresh(
             continue;
         };
         let shape = shape(tier, d, cfg);
-        let mut pre: Vec<(u32, GroupEstimate)> = Vec::new();
-        let mut dec: Vec<(u32, GroupEstimate)> = Vec::new();
+        let mut pre: Vec<(Shape, GroupEstimate)> = Vec::new();
+        let mut dec: Vec<(Shape, GroupEstimate)> = Vec::new();
         for &t in levels {
             if let Some(e) = efficiency::mixed(profile, t, &shape, cfg.chunk_tokens) {
-                let per_dev = e.rps / f64::from(t);
+                let per_dev = e.rps / f64::from(t.devices());
                 if best_mixed[i].is_none_or(|(_, b)| per_dev > b) {
                     best_mixed[i] = Some((t, per_dev));
                 }
@@ -64,7 +64,7 @@ pub(super) fn plan_fresh(
         let u = &units[k];
         for g in &u.groups {
             wanted.push(Wanted {
-                tp: g.tp,
+                shape: g.shape,
                 role: g.role,
                 tiers: vec![tiers[u.tier].name.clone()],
                 accepts_background: false,
@@ -89,14 +89,16 @@ pub(super) fn plan_fresh(
     .or(levels.first().copied());
     let mut any_leftover = false;
     for &t in levels.iter().rev() {
-        if leftover_tp.is_some_and(|l| t > l) {
+        // The leftover shape itself, then smaller ones (never another of the same size).
+        let skip = |l: Shape| t.devices() > l.devices() || (t.devices() == l.devices() && t != l);
+        if leftover_tp.is_some_and(skip) {
             continue;
         }
-        while free >= t {
-            free -= t;
+        while free >= t.devices() {
+            free -= t.devices();
             any_leftover = true;
             wanted.push(Wanted {
-                tp: t,
+                shape: t,
                 role: Role::Mixed,
                 tiers: Vec::new(),
                 accepts_background: true,
@@ -122,8 +124,8 @@ pub(super) fn plan_fresh(
 /// only slow the greedy down.
 fn bundles(
     i: usize,
-    pre: &[(u32, GroupEstimate)],
-    dec: &[(u32, GroupEstimate)],
+    pre: &[(Shape, GroupEstimate)],
+    dec: &[(Shape, GroupEstimate)],
     devices: u32,
 ) -> Vec<Unit> {
     let (mut best, mut smallest): (Option<Unit>, Option<Unit>) = (None, None);
@@ -139,7 +141,7 @@ fn bundles(
                 best = Some(u.clone());
             }
             // The fewest devices any bundle of this pair can use: one group of each.
-            let Some(one) = Unit::disaggregated(i, p, d, p.0 + d.0) else {
+            let Some(one) = Unit::disaggregated(i, p, d, p.0.devices() + d.0.devices()) else {
                 continue;
             };
             let better = smallest
@@ -161,9 +163,9 @@ fn bundles(
 fn idle_level(
     profile: &Profile,
     tiers: &[Tier],
-    levels: &[u32],
+    levels: &[Shape],
     cfg: &PlannerConfig,
-) -> Option<u32> {
+) -> Option<Shape> {
     let tightest = tiers
         .iter()
         .filter(|t| !t.background)
@@ -180,7 +182,7 @@ fn idle_level(
         .iter()
         .filter_map(|&t| {
             efficiency::mixed(profile, t, &shape, cfg.chunk_tokens)
-                .map(|e| (t, e.rps / f64::from(t)))
+                .map(|e| (t, e.rps / f64::from(t.devices())))
         })
         .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
         .map(|(t, _)| t)

@@ -6,6 +6,7 @@
 //! prefill/decode balance of the planner's step 2 (architecture §4) without orphan stages.
 
 use crate::plan::Role;
+use crate::profile::Shape;
 
 use super::efficiency::GroupEstimate;
 
@@ -15,7 +16,8 @@ pub const MAX_PAIR: u32 = 4;
 /// One group inside a unit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UnitGroup {
-    pub tp: u32,
+    /// A TP level or a pipeline.
+    pub shape: Shape,
     pub role: Role,
     pub est: GroupEstimate,
 }
@@ -33,15 +35,16 @@ pub struct Unit {
 
 impl Unit {
     /// One mixed group.
-    pub fn mixed(tier: usize, tp: u32, est: GroupEstimate) -> Self {
+    pub fn mixed(tier: usize, shape: impl Into<Shape>, est: GroupEstimate) -> Self {
+        let shape = shape.into();
         Unit {
             tier,
             groups: vec![UnitGroup {
-                tp,
+                shape,
                 role: Role::Mixed,
                 est,
             }],
-            devices: tp,
+            devices: shape.devices(),
             rps: est.rps,
         }
     }
@@ -51,10 +54,12 @@ impl Unit {
     /// when not even one group of each fits.
     pub fn disaggregated(
         tier: usize,
-        (tp_p, p): (u32, GroupEstimate),
-        (tp_d, d): (u32, GroupEstimate),
+        (shape_p, p): (impl Into<Shape>, GroupEstimate),
+        (shape_d, d): (impl Into<Shape>, GroupEstimate),
         max_devices: u32,
     ) -> Option<Self> {
+        let (shape_p, shape_d): (Shape, Shape) = (shape_p.into(), shape_d.into());
+        let (tp_p, tp_d) = (shape_p.devices(), shape_d.devices());
         let mut best: Option<(f64, u32, u32)> = None;
         for np in 1..=MAX_PAIR {
             for nd in 1..=MAX_PAIR {
@@ -70,9 +75,9 @@ impl Unit {
         }
         let (_, np, nd) = best?;
         let mut groups = Vec::with_capacity((np + nd) as usize);
-        let stage = |tp, role, est| UnitGroup { tp, role, est };
-        groups.extend((0..np).map(|_| stage(tp_p, Role::Prefill, p)));
-        groups.extend((0..nd).map(|_| stage(tp_d, Role::Decode, d)));
+        let stage = |shape, role, est| UnitGroup { shape, role, est };
+        groups.extend((0..np).map(|_| stage(shape_p, Role::Prefill, p)));
+        groups.extend((0..nd).map(|_| stage(shape_d, Role::Decode, d)));
         Some(Unit {
             tier,
             groups,

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use crate::plan::{Plan, Role};
-use crate::profile::Profile;
+use crate::profile::{Profile, Shape};
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
@@ -62,7 +62,7 @@ pub fn reevaluate(
     devices: u32,
     prev: &Plan,
     cfg: &PlannerConfig,
-    levels: &[u32],
+    levels: &[Shape],
 ) -> Option<Reevaluated> {
     let index: HashMap<&str, usize> = tiers
         .iter()
@@ -73,12 +73,12 @@ pub fn reevaluate(
     // (max_rps, max_inflight) refreshed per group; cloned into a plan only on success.
     let mut fresh = Vec::with_capacity(prev.groups.len());
     let mut batch_caps = Vec::with_capacity(prev.groups.len());
-    let mut memo: HashMap<(usize, u32, Role), Option<efficiency::GroupEstimate>> = HashMap::new();
+    let mut memo: HashMap<(usize, Shape, Role), Option<efficiency::GroupEstimate>> = HashMap::new();
     for g in &prev.groups {
-        let ok = g.tp as usize == g.members.len()
-            && levels.contains(&g.tp)
-            && g.leader() % g.tp == 0
-            && g.leader() + g.tp <= devices
+        let ok = g.devices() as usize == g.members.len()
+            && levels.contains(&g.shape())
+            && g.leader() % g.devices() == 0
+            && g.leader() + g.devices() <= devices
             && g.members.iter().zip(g.leader()..).all(|(&m, k)| m == k)
             && g.members
                 .iter()
@@ -101,14 +101,15 @@ pub fn reevaluate(
         }
         // NOTE: groups share few distinct (tier, TP, role) shapes; estimating each once keeps
         // a failed reuse cheap at 1024 devices.
-        let est = *memo.entry((i, g.tp, g.role)).or_insert_with(|| {
+        let est = *memo.entry((i, g.shape(), g.role)).or_insert_with(|| {
             let s = shape(&tiers[i], d, cfg);
-            match g.role {
-                Role::Mixed => efficiency::mixed(profile, g.tp, &s, cfg.chunk_tokens),
+            let (role, g) = (g.role, g.shape());
+            match role {
+                Role::Mixed => efficiency::mixed(profile, g, &s, cfg.chunk_tokens),
                 Role::Prefill => {
-                    efficiency::prefill(profile, g.tp, &s, cfg.prefill_slack, cfg.max_prefill_batch)
+                    efficiency::prefill(profile, g, &s, cfg.prefill_slack, cfg.max_prefill_batch)
                 }
-                Role::Decode => efficiency::decode(profile, g.tp, &s),
+                Role::Decode => efficiency::decode(profile, g, &s),
             }
         });
         let est = est?;

@@ -14,7 +14,7 @@ pub mod strategy;
 use std::collections::HashMap;
 
 use crate::plan::Plan;
-use crate::profile::Profile;
+use crate::profile::{Profile, Shape};
 use crate::stats::{LengthStats, TierDemand};
 use crate::tiers::Tier;
 
@@ -110,6 +110,24 @@ pub fn candidate_levels(profile: &Profile, cfg: &PlannerConfig, devices: u32) ->
     out
 }
 
+/// Candidate group shapes of the adaptive planner: the TP chain of `candidate_levels`, plus
+/// the profile's pipelines whose device count is one of its levels (so sizes stay a
+/// divisibility chain), unless `cfg.tp_levels` restricts the plan to TP levels.
+pub fn candidate_shapes(profile: &Profile, cfg: &PlannerConfig, devices: u32) -> Vec<Shape> {
+    let levels = candidate_levels(profile, cfg, devices);
+    let mut out: Vec<Shape> = levels.iter().map(|&t| Shape::from(t)).collect();
+    if cfg.tp_levels.is_none() {
+        out.extend(
+            profile
+                .shapes()
+                .into_iter()
+                .filter(|s| s.pp > 1 && levels.contains(&s.devices())),
+        );
+    }
+    out.sort_by_key(|s| (s.devices(), s.pp));
+    out
+}
+
 /// A tier's planning shape under `cfg` (SLOs scaled by `slo_margin`). Lengths not observed
 /// yet take `cfg.prior_lengths`.
 /// NOTE: output lengths come from completions, so a tier's first window has arrivals but no
@@ -141,7 +159,7 @@ pub fn plan(
     previous: Option<&Plan>,
     cfg: &PlannerConfig,
 ) -> Planned {
-    let levels = candidate_levels(profile, cfg, devices);
+    let levels = candidate_shapes(profile, cfg, devices);
     let by_name: HashMap<&str, &TierDemand> = demand.iter().map(|d| (d.tier.as_str(), d)).collect();
     let kept = previous
         .filter(|_| cfg.keep_utilization > 0.0)

@@ -15,11 +15,13 @@
 use std::collections::HashMap;
 
 use crate::plan::{GroupPlan, Plan, Role};
+use crate::profile::Shape;
 
 /// A group the planner wants, before it has devices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Wanted {
-    pub tp: u32,
+    /// TP level, or pipeline (stages of TP devices).
+    pub shape: Shape,
     pub role: Role,
     pub tiers: Vec<String>,
     pub accepts_background: bool,
@@ -32,8 +34,9 @@ pub struct Wanted {
 impl Wanted {
     fn into_group(self, start: u32) -> (GroupPlan, f64) {
         let group = GroupPlan {
-            members: (start..start + self.tp).collect(),
-            tp: self.tp,
+            members: (start..start + self.shape.devices()).collect(),
+            tp: self.shape.tp,
+            pp: self.shape.pp,
             role: self.role,
             tiers: self.tiers,
             accepts_background: self.accepts_background,
@@ -47,7 +50,7 @@ impl Wanted {
 /// Place `wanted` on `n` devices. Returns groups sorted by leader, each with its batch cap.
 pub fn place(mut wanted: Vec<Wanted>, n: u32, previous: Option<&Plan>) -> Vec<(GroupPlan, f64)> {
     // Largest first, stable: equal inputs give equal placements.
-    wanted.sort_by_key(|w| std::cmp::Reverse(w.tp));
+    wanted.sort_by_key(|w| std::cmp::Reverse((w.shape.devices(), w.shape.pp)));
     let placed = previous
         .and_then(|prev| place_keeping(&wanted, n, prev))
         .unwrap_or_else(|| pack(&wanted));
@@ -67,7 +70,7 @@ fn pack(wanted: &[Wanted]) -> Vec<u32> {
         .iter()
         .map(|w| {
             let s = at;
-            at += w.tp;
+            at += w.shape.devices();
             s
         })
         .collect()
@@ -82,23 +85,23 @@ fn place_keeping(wanted: &[Wanted], n: u32, prev: &Plan) -> Option<Vec<u32>> {
         .groups
         .iter()
         .filter(|g| {
-            g.tp as usize == g.members.len()
-                && g.tp > 0
-                && g.leader() % g.tp == 0
-                && g.leader() + g.tp <= n
+            g.devices() as usize == g.members.len()
+                && g.devices() > 0
+                && g.leader() % g.devices() == 0
+                && g.leader() + g.devices() <= n
                 && g.members.iter().zip(g.leader()..).all(|(&m, k)| m == k)
         })
         .collect();
     let mut claimed = vec![false; old.len()];
-    let mut by_exact: HashMap<(u32, Role, &[String]), Vec<usize>> = HashMap::new();
-    let mut by_tp: HashMap<u32, Vec<usize>> = HashMap::new();
+    let mut by_exact: HashMap<(Shape, Role, &[String]), Vec<usize>> = HashMap::new();
+    let mut by_shape: HashMap<Shape, Vec<usize>> = HashMap::new();
     // Reverse so `pop` yields previous groups in plan order.
     for (k, g) in old.iter().enumerate().rev() {
         by_exact
-            .entry((g.tp, g.role, g.tiers.as_slice()))
+            .entry((g.shape(), g.role, g.tiers.as_slice()))
             .or_default()
             .push(k);
-        by_tp.entry(g.tp).or_default().push(k);
+        by_shape.entry(g.shape()).or_default().push(k);
     }
     let take = |s: u32, tp: u32, free: &mut [bool]| -> bool {
         let r = s as usize..(s + tp) as usize;
@@ -110,9 +113,9 @@ fn place_keeping(wanted: &[Wanted], n: u32, prev: &Plan) -> Option<Vec<u32>> {
         }
     };
     for (w, slot) in wanted.iter().zip(start.iter_mut()) {
-        if let Some(list) = by_exact.get_mut(&(w.tp, w.role, w.tiers.as_slice())) {
+        if let Some(list) = by_exact.get_mut(&(w.shape, w.role, w.tiers.as_slice())) {
             while let Some(k) = list.pop() {
-                if !claimed[k] && take(old[k].leader(), w.tp, &mut free) {
+                if !claimed[k] && take(old[k].leader(), w.shape.devices(), &mut free) {
                     claimed[k] = true;
                     *slot = Some(old[k].leader());
                     break;
@@ -124,9 +127,9 @@ fn place_keeping(wanted: &[Wanted], n: u32, prev: &Plan) -> Option<Vec<u32>> {
         if slot.is_some() {
             continue;
         }
-        if let Some(list) = by_tp.get_mut(&w.tp) {
+        if let Some(list) = by_shape.get_mut(&w.shape) {
             while let Some(k) = list.pop() {
-                if !claimed[k] && take(old[k].leader(), w.tp, &mut free) {
+                if !claimed[k] && take(old[k].leader(), w.shape.devices(), &mut free) {
                     claimed[k] = true;
                     *slot = Some(old[k].leader());
                     break;
@@ -141,15 +144,16 @@ fn place_keeping(wanted: &[Wanted], n: u32, prev: &Plan) -> Option<Vec<u32>> {
         if slot.is_some() {
             continue;
         }
-        let c = cursor.entry(w.tp).or_insert(0);
-        while *c + w.tp <= n && !take(*c, w.tp, &mut free) {
-            *c += w.tp;
+        let size = w.shape.devices();
+        let c = cursor.entry(size).or_insert(0);
+        while *c + size <= n && !take(*c, size, &mut free) {
+            *c += size;
         }
-        if *c + w.tp > n {
+        if *c + size > n {
             return None;
         }
         *slot = Some(*c);
-        *c += w.tp;
+        *c += size;
     }
     start.into_iter().collect()
 }
@@ -160,7 +164,7 @@ mod tests {
 
     fn want(tp: u32, tier: &str) -> Wanted {
         Wanted {
-            tp,
+            shape: Shape::from(tp),
             role: Role::Mixed,
             tiers: vec![tier.to_string()],
             accepts_background: false,

@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::plan::{Plan, Role};
-use crate::profile::Profile;
+use crate::profile::{Profile, Shape};
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
@@ -90,7 +90,7 @@ pub fn static_tp(tiers: &[Tier], devices: u32, tp: u32, previous: Option<&Plan>)
     let names: Vec<String> = tiers.iter().map(|t| t.name.clone()).collect();
     let wanted = (0..devices / tp.max(1))
         .map(|_| Wanted {
-            tp,
+            shape: Shape::from(tp),
             role: Role::Mixed,
             tiers: names.clone(),
             accepts_background: true,
@@ -141,7 +141,7 @@ pub fn split(
                 (t, (e.rps, e.rps * e.residence_s, e.batch_cap))
             });
         let w = Wanted {
-            tp,
+            shape: Shape::from(tp),
             role: Role::Mixed,
             tiers: vec![tier.name.clone()],
             accepts_background: true,

@@ -358,6 +358,7 @@ fn under_overload_a_new_plan_must_serve_clearly_more_to_replace_the_old() {
     prev.groups.push(GroupPlan {
         members: vec![3],
         tp: 1,
+        pp: 1,
         role: Role::Mixed,
         tiers: Vec::new(),
         accepts_background: true,
@@ -377,4 +378,63 @@ fn under_overload_a_new_plan_must_serve_clearly_more_to_replace_the_old() {
     assert_eq!(count(&kept.plan, "A"), 3);
     assert_eq!(kept.plan.epoch, prev.epoch + 1);
     assert!((kept.plan.groups[0].max_rps - 125.0 / 3.0).abs() < 1e-6);
+}
+
+/// TP 1 and 2 as `linear` (TP 2 no faster than TP 1), and a pipeline of two TP-1 stages
+/// ("1x2") whose steps cost half as much: under tier A's TPOT a TP-1 group batches 5 (25 rps
+/// a device), the pipeline 16 (about 38 rps a device).
+fn with_pipeline(pipelines: bool) -> Profile {
+    let pp = if pipelines {
+        r#", "pipelines": ["1x2"],
+        "pp_prefill": {"1x2": [{"tokens": 1, "ms": 5.05}, {"tokens": 1001, "ms": 55.05}]},
+        "pp_decode": {"1x2": [{"batch": 1, "context": 10, "ms": 5.5}, {"batch": 64, "context": 10, "ms": 37}]}"#
+    } else {
+        ""
+    };
+    Profile::from_json(&format!(
+        r#"{{"schema": "nitsum-profile/1", "device": "t", "model": "m", "tp_levels": [1, 2],
+        "prefill": {{"1": [{{"tokens": 1, "ms": 10.1}}, {{"tokens": 1001, "ms": 110.1}}],
+                     "2": [{{"tokens": 1, "ms": 10.1}}, {{"tokens": 1001, "ms": 110.1}}]}},
+        "decode": {{"1": [{{"batch": 1, "context": 10, "ms": 11}}, {{"batch": 64, "context": 10, "ms": 74}}],
+                    "2": [{{"batch": 1, "context": 10, "ms": 11}}, {{"batch": 64, "context": 10, "ms": 74}}]}}
+        {pp}}}"#
+    ))
+    .unwrap()
+}
+
+#[test]
+fn the_planner_picks_a_pipeline_when_the_profile_makes_it_the_most_efficient() {
+    let tiers = [tier("A", 1000.0, 21.0)];
+    let d = [demand("A", 1000.0, 100.0, 11.0)];
+    let out = plan(&with_pipeline(true), &tiers, &d, 4, None, &mixed_only());
+    let shapes: Vec<(u32, u32, usize)> = out
+        .plan
+        .groups
+        .iter()
+        .map(|g| (g.tp, g.pp, g.members.len()))
+        .collect();
+    assert_eq!(shapes, vec![(1, 2, 2), (1, 2, 2)], "{:?}", out.plan.groups);
+    assert_eq!(out.plan.groups[1].members, vec![2, 3]);
+    // The reconfigure message carries the shape; a TP-only plan omits `pp`.
+    let wire: serde_json::Value = rmp_serde::from_slice(
+        &crate::protocols::worker::encode_reconfigure(&out.plan, |_| None),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            wire["groups"][0]["tp"].as_u64(),
+            wire["groups"][0]["pp"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+    // Without the pipeline in the profile: TP groups only.
+    let out = plan(&with_pipeline(false), &tiers, &d, 4, None, &mixed_only());
+    assert!(out.plan.groups.iter().all(|g| g.pp == 1));
+    // A static strategy (`tp_levels` set) never plans pipelines.
+    let fixed = PlannerConfig {
+        tp_levels: Some(vec![1]),
+        ..mixed_only()
+    };
+    let out = plan(&with_pipeline(true), &tiers, &d, 4, None, &fixed);
+    assert!(out.plan.groups.iter().all(|g| g.pp == 1 && g.tp == 1));
 }

@@ -64,11 +64,18 @@ pub struct Generate<'a> {
     pub bind_tp: Option<u32>,
 }
 
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 /// One group of a `reconfigure` message.
 #[derive(Debug, Serialize)]
 pub struct WireGroup<'a> {
     pub members: &'a [u32],
     pub tp: u32,
+    /// Pipeline stages of `tp` devices (members stage-major); absent: 1, a TP group.
+    #[serde(skip_serializing_if = "is_one")]
+    pub pp: u32,
     pub role: Role,
     pub tiers: &'a [String],
     pub accepts_background: bool,
@@ -210,6 +217,7 @@ pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<
             .map(|g| WireGroup {
                 members: &g.members,
                 tp: g.tp,
+                pp: g.pp,
                 role: g.role,
                 tiers: &g.tiers,
                 accepts_background: g.accepts_background,

@@ -362,14 +362,14 @@ impl GroupSim {
         }
         let b = self.running.len() as f64;
         let total = self.context_base + self.running.len() as i64 * self.steps as i64;
-        profile.decode_ms(self.plan.tp, b, total as f64 / b)
+        profile.decode_ms(self.plan.shape(), b, total as f64 / b)
     }
 
     /// Iteration latency (ms) as a function of the prompt tokens beside the current decode
     /// batch, whose step is `decode_ms` (a mixed iteration pays the forward's fixed part
     /// once: `prefill_extra_ms`).
     fn iteration_ms<'p>(&self, profile: &'p Profile, decode_ms: f64) -> impl Fn(f64) -> f64 + 'p {
-        let (tp, decoding) = (self.plan.tp, !self.running.is_empty());
+        let (tp, decoding) = (self.plan.shape(), !self.running.is_empty());
         move |tokens| {
             if decoding {
                 decode_ms + profile.prefill_extra_ms(tp, tokens)

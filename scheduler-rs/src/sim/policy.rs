@@ -82,7 +82,12 @@ pub fn static_plan(cfg: &SimConfig, profile: &Profile) -> Result<Planned> {
             let mut used = vec![false; cfg.devices as usize];
             for g in &plan.groups {
                 check_tp(profile, g.tp, cfg.devices)?;
-                let ok = g.members.len() == g.tp as usize
+                ensure!(
+                    g.pp == 1 || profile.shapes().contains(&g.shape()),
+                    "fixed plan: the profile has no pipeline {}",
+                    g.shape().key()
+                );
+                let ok = g.members.len() == g.devices() as usize
                     && g.members.iter().all(|&m| {
                         m < cfg.devices && !std::mem::replace(&mut used[m as usize], true)
                     });

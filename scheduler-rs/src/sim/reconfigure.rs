@@ -23,15 +23,17 @@ impl Cluster<'_> {
             let cap = if *cap > 0.0 {
                 *cap
             } else {
-                self.profile.max_batch(g.tp)
+                self.profile.max_batch(g.shape())
             };
             let budget = match g.role {
                 Role::Prefill => self.cfg.prefill_budget_tokens,
                 _ => self.cfg.chunk_tokens,
             };
+            // NOTE: the same devices in another shape (TP <-> pipeline) move their KV.
+            let same = |e: &GroupSim| e.plan.members == g.members && e.plan.shape() == g.shape();
             let keep = old
                 .get(&l)
-                .is_some_and(|e| e.plan.members == g.members && e.plan.role == g.role);
+                .is_some_and(|e| same(e) && e.plan.role == g.role);
             let engine = if keep {
                 let mut e = old.remove(&l).expect("checked");
                 e.plan = g.clone();
@@ -39,9 +41,9 @@ impl Cluster<'_> {
                 e
             } else {
                 changed = true;
-                let same_devices = old.get(&l).is_some_and(|e| e.plan.members == g.members);
+                let same_devices = old.get(&l).is_some_and(same);
                 let pause = if pay && !same_devices {
-                    self.moved += u64::from(g.tp);
+                    self.moved += u64::from(g.devices());
                     self.cfg.switch_ms / 1000.0
                 } else {
                     0.0

@@ -212,6 +212,7 @@ fn one_device_group() -> crate::plan::GroupPlan {
     crate::plan::GroupPlan {
         members: vec![0],
         tp: 1,
+        pp: 1,
         role: crate::plan::Role::Mixed,
         tiers: vec!["t".into()],
         accepts_background: true,

@@ -206,8 +206,19 @@ impl RouterState {
         let mut guard = self.lock();
         let st = &mut *guard;
         let same_shape = |a: &GroupPlan, b: &GroupPlan| {
-            (&a.members, a.tp, a.role, &a.tiers, a.accepts_background)
-                == (&b.members, b.tp, b.role, &b.tiers, b.accepts_background)
+            (
+                &a.members,
+                a.shape(),
+                a.role,
+                &a.tiers,
+                a.accepts_background,
+            ) == (
+                &b.members,
+                b.shape(),
+                b.role,
+                &b.tiers,
+                b.accepts_background,
+            )
         };
         let close_cap =
             |g: &GroupPlan, c: f64| match (st.max_batch.get(&g.members).copied(), cap(c)) {

@@ -16,6 +16,7 @@ fn group(members: &[u32], tiers: &[&str]) -> GroupPlan {
     GroupPlan {
         members: members.to_vec(),
         tp: members.len() as u32,
+        pp: 1,
         role: Role::Mixed,
         tiers: tiers.iter().map(|s| s.to_string()).collect(),
         accepts_background: true,
