@@ -1,13 +1,15 @@
-"""Paged attention, torch reference (CPU and any device).
+"""Paged attention: the step's plan (`AttentionMetadata`) and the torch implementation (CPU and
+any device; the reference the Triton kernels in `paged_attention_triton.py` are tested against).
 
 Queries of one engine step are laid out decode-first: rows [0, n_decode) are single-token
-decode queries, then each prefill chunk's rows. K/V live in a flat slot space
-(page * tokens_per_page + offset) of the KV pool.
+decode queries, then each prefill chunk's rows. K/V live in pages of `page_tokens` tokens
+(at the step's TP level); a flat slot is `page * page_tokens + offset`. Attention reads a
+sequence's context page by page (one index per page, not per token), never the whole pool.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -15,12 +17,17 @@ import torch.nn.functional as F
 
 @dataclass
 class PrefillSegment:
-    """One prefill chunk: its query rows and its whole context's slots."""
+    """One prefill chunk: its query rows and its whole context's pages."""
 
     row_start: int
     q_len: int
-    context_slots: torch.Tensor  # (ctx_len,) long, oldest first; last q_len are this chunk
-    causal_mask: torch.Tensor | None  # (q_len, ctx_len) bool; None when ctx_len == q_len
+    ctx_len: int  # the chunk's last position + 1; the last q_len positions are this chunk
+    pages: torch.Tensor  # (ceil(ctx_len / page_tokens),) long: the context's pages, in order
+
+    @property
+    def start(self) -> int:
+        """Position of the chunk's first token (tokens before it are cached context)."""
+        return self.ctx_len - self.q_len
 
 
 @dataclass
@@ -28,31 +35,68 @@ class AttentionMetadata:
     """Per-step attention plan, built once and shared by every layer."""
 
     slot_mapping: torch.Tensor  # (tokens,) long: where each new token's K/V is written
+    page_tokens: int  # tokens per page at the step's TP level
     n_decode: int
-    decode_slots: torch.Tensor  # (n_decode, max_ctx) long, padded with slot 0
-    decode_mask: torch.Tensor  # (n_decode, 1, 1, max_ctx) bool: True = attend
+    decode_pages: torch.Tensor  # (n_decode, max_pages) long page table, padded with page 0
+    decode_lens: torch.Tensor  # (n_decode,) long: context length of each decode query
+    decode_max_len: int  # max of decode_lens, known on the host (reading it would sync CUDA)
     prefills: list[PrefillSegment]
 
     def to(self, device: torch.device | str) -> AttentionMetadata:
         """The same plan with every tensor on `device` (a no-op on CPU)."""
         if torch.device(device).type == "cpu":
             return self
-        segs = [
-            PrefillSegment(
-                s.row_start,
-                s.q_len,
-                s.context_slots.to(device),
-                None if s.causal_mask is None else s.causal_mask.to(device),
-            )
-            for s in self.prefills
-        ]
-        return AttentionMetadata(
-            self.slot_mapping.to(device),
-            self.n_decode,
-            self.decode_slots.to(device),
-            self.decode_mask.to(device),
-            segs,
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        segs = [replace(s, pages=s.pages.to(device)) for s in self.prefills]
+        return replace(self, prefills=segs, **moved)
+
+
+def gather_pages(cache: torch.Tensor, pages: torch.Tensor, page_tokens: int) -> torch.Tensor:
+    """(*pages.shape[:-1], n_pages · page_tokens, heads, hd): the pages of a flat
+    (slots, heads, hd) cache, in order. Copies whole pages (one index each)."""
+    paged = cache.view(-1, page_tokens, *cache.shape[1:])
+    out = paged.index_select(0, pages.flatten())
+    return out.view(*pages.shape[:-1], pages.shape[-1] * page_tokens, *cache.shape[1:])
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Scaled dot-product attention with GQA: q (B, Hq, L, hd), k/v (B, Hkv, C, hd); `mask`
+    (bool, True = attend) broadcasts to (B, 1, L, C); `causal` aligns the last query with the
+    last key (queries are the context's last L positions). Returns (B, Hq, L, hd)."""
+    length, ctx = q.shape[2], k.shape[2]
+    if causal and length != ctx:
+        # NOTE: SDPA's is_causal aligns the first query with the first key, not the last.
+        mask, causal = torch.ones(length, ctx, dtype=torch.bool, device=q.device).tril(ctx - length), False
+    if q.dtype == torch.float32 or q.device.type != "cpu":
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
         )
+    # NOTE: on CPU, SDPA in bf16/fp16 is 4-8x slower than two batched matmuls with the
+    # softmax in fp32 (as SDPA computes it), so low precision takes this path there.
+    b, hq, _, hd = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, (hq // hkv) * length, hd)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float().view(b, hkv, hq // hkv, length, ctx)
+    scores = scores * scale
+    if causal:
+        mask = torch.ones(length, ctx, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        m = mask if mask.dim() == 4 else mask.view(1, 1, length, ctx)  # (B | 1, 1, L, C)
+        scores = scores.masked_fill(~m.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(scores, -1).to(q.dtype).view(b, hkv, -1, ctx)
+    return torch.matmul(probs, v).view(b, hq, length, hd)
 
 
 def paged_attention_ref(
@@ -73,37 +117,25 @@ def paged_attention_ref(
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
-    gqa = q.shape[1] != k.shape[1]
     if meta.n_decode:
-        nd = meta.n_decode
-        flat = meta.decode_slots.flatten()
-        shape = (nd, meta.decode_slots.shape[1], *k_cache.shape[1:])
-        kd = k_cache.index_select(0, flat).view(shape).transpose(1, 2)  # (nd, kv, ctx, hd)
-        vd = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
-        qd = q[:nd].unsqueeze(2)  # (nd, q_heads, 1, hd)
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=gqa
-        )
+        nd, page = meta.n_decode, meta.page_tokens
+        max_ctx = meta.decode_max_len
+        kd = gather_pages(k_cache, meta.decode_pages, page)[:, :max_ctx].transpose(1, 2)
+        vd = gather_pages(v_cache, meta.decode_pages, page)[:, :max_ctx].transpose(1, 2)
+        mask = torch.arange(max_ctx, device=q.device) < meta.decode_lens[:, None]
+        od = attend(q[:nd].unsqueeze(2), kd, vd, scale, mask.view(nd, 1, 1, max_ctx))
         out[:nd] = od.squeeze(2)
     for seg in meta.prefills:
         rows = slice(seg.row_start, seg.row_start + seg.q_len)
         qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, q_heads, q_len, hd)
-        if seg.causal_mask is None:
+        if seg.start == 0:
             # Whole context is this chunk: no need to read back what we just wrote.
             kp, vp = k[rows], v[rows]
         else:
-            kp = k_cache.index_select(0, seg.context_slots)
-            vp = v_cache.index_select(0, seg.context_slots)
+            kp = gather_pages(k_cache, seg.pages, meta.page_tokens)[: seg.ctx_len]
+            vp = gather_pages(v_cache, seg.pages, meta.page_tokens)[: seg.ctx_len]
         kp = kp.transpose(0, 1).unsqueeze(0)
         vp = vp.transpose(0, 1).unsqueeze(0)
-        op = F.scaled_dot_product_attention(
-            qp,
-            kp,
-            vp,
-            attn_mask=seg.causal_mask,
-            is_causal=seg.causal_mask is None,
-            scale=scale,
-            enable_gqa=gqa,
-        )
+        op = attend(qp, kp, vp, scale, causal=True)
         out[rows] = op.squeeze(0).transpose(0, 1)
     return out

@@ -71,39 +71,36 @@ def build_step_inputs(
     positions: list[int] = []
     slots: list[torch.Tensor] = []
     sample_rows: list[int] = []
-    decode_ctx: list[torch.Tensor] = []
+    decode_pages: list[list[int]] = []
+    decode_lens: list[int] = []
     prefills: list[PrefillSegment] = []
-    n_decode = 0
     for item in batch:
         seq, start, q_len = item.seq, item.start, item.q_len
         ctx_len = start + q_len
         row = len(ids)
         ids.extend(seq.token_slice(start, q_len))
         positions.extend(range(start, ctx_len))
-        ctx = context_slots(seq.pages, ctx_len, tokens_per_page)
-        slots.append(ctx[start:])
+        pages = seq.pages[: -(-ctx_len // tokens_per_page)]
+        slots.append(context_slots(pages, ctx_len, tokens_per_page, start))
         if q_len == 1 and start > 0 and not prefills:
-            n_decode += 1
-            decode_ctx.append(ctx)
+            decode_pages.append(pages)
+            decode_lens.append(ctx_len)
         else:
-            mask = None
-            if start > 0:
-                # Query i (absolute position start+i) sees keys 0..start+i.
-                mask = torch.arange(ctx_len)[None, :] <= torch.arange(start, ctx_len)[:, None]
-            prefills.append(PrefillSegment(row, q_len, ctx, mask))
+            prefills.append(
+                PrefillSegment(row, q_len, ctx_len, torch.tensor(pages, dtype=torch.long))
+            )
         if item.sample:
             sample_rows.append(row + q_len - 1)
-    max_ctx = max((len(c) for c in decode_ctx), default=0)
-    decode_slots = torch.zeros(n_decode, max_ctx, dtype=torch.long)
-    decode_mask = torch.zeros(n_decode, 1, 1, max_ctx, dtype=torch.bool)
-    for i, c in enumerate(decode_ctx):
-        decode_slots[i, : len(c)] = c
-        decode_mask[i, ..., : len(c)] = True
+    width = max(map(len, decode_pages), default=0)
     meta = AttentionMetadata(
         slot_mapping=torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long),
-        n_decode=n_decode,
-        decode_slots=decode_slots,
-        decode_mask=decode_mask,
+        page_tokens=tokens_per_page,
+        n_decode=len(decode_pages),
+        decode_pages=torch.tensor(
+            [p + [0] * (width - len(p)) for p in decode_pages], dtype=torch.long
+        ).view(len(decode_pages), width),
+        decode_lens=torch.tensor(decode_lens, dtype=torch.long),
+        decode_max_len=max(decode_lens, default=0),
         prefills=prefills,
     )
     return StepInputs(

@@ -177,8 +177,11 @@ def page_runs(free: np.ndarray, n: int, after: int | None = None) -> list[int]:
     return out
 
 
-def context_slots(pages: list[int], length: int, tokens_per_page: int) -> torch.Tensor:
-    """Slots of positions [0, length) for a sequence owning `pages`."""
-    n_pages = (length + tokens_per_page - 1) // tokens_per_page
-    base = torch.tensor(pages[:n_pages], dtype=torch.long)[:, None] * tokens_per_page
-    return (base + torch.arange(tokens_per_page)).flatten()[:length]
+def context_slots(
+    pages: list[int], length: int, tokens_per_page: int, start: int = 0
+) -> torch.Tensor:
+    """Slots of positions [start, length) for a sequence owning `pages`."""
+    pos = torch.arange(start, length)
+    first = start // tokens_per_page
+    table = torch.tensor(pages[first : -(-length // tokens_per_page)], dtype=torch.long)
+    return table[pos // tokens_per_page - first] * tokens_per_page + pos % tokens_per_page

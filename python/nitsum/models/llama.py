@@ -44,6 +44,11 @@ class LlamaModel:
         self.weights = weights
         self.rotary = Rotary(cfg, weights.embed.device)
         self.scale = cfg.head_dim**-0.5
+        self.paged_attention = paged_attention_ref
+        if weights.embed.is_cuda:  # attend over the pages in place (kernels/)
+            from nitsum.kernels.paged_attention_triton import paged_attention_triton
+
+            self.paged_attention = paged_attention_triton
 
     @property
     def dtype(self) -> torch.dtype:
@@ -162,7 +167,7 @@ class LlamaModel:
         (tokens, heads·hd). The same under TP and SP (the KV layout is the same)."""
         q = Rotary.apply(q, cos, sin)
         k = Rotary.apply(k, cos, sin)
-        o = paged_attention_ref(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
+        o = self.paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
         return o.view(o.shape[0], -1)
 
     def mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
