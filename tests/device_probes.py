@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from nitsum.pool.device_proc import Device
 
 
@@ -53,3 +55,19 @@ def weight_bytes(device: Device) -> tuple[int, bool]:
         shards_share_storage(device, members) for members in device.runners if len(members) > 1
     )
     return full.nbytes(), shared
+
+
+def fill_kv(device: Device, seed: int, chunk_bytes: int) -> None:
+    """Fill the device's KV storage with seeded random values; set its transfer chunk size."""
+    g = torch.Generator().manual_seed(seed)
+    storage = device.pool.storage
+    storage.copy_(torch.randn(storage.shape, generator=g, dtype=storage.dtype))
+    device.transfer.chunk_bytes = chunk_bytes
+
+
+def kv_of_slots(device: Device, slots: torch.Tensor) -> torch.Tensor:
+    """The device's K/V at `slots` (TP-1 layout): (layers, 2, len(slots), heads, hd)."""
+    from nitsum.kernels.kv_pack import slot_view
+
+    view = slot_view(device.pool.storage, device.cfg.num_kv_heads, device.cfg.head_dim)
+    return view.index_select(2, slots).clone()

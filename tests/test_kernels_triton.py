@@ -1,12 +1,15 @@
-"""Triton kernels against their torch references, on CPU through Triton's interpreter."""
+"""Triton kernels against their torch references: on CPU through Triton's interpreter
+(conftest.py switches it on), on CUDA compiled."""
 
 import os
 
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref  # noqa: E402
 from nitsum.kernels.kv_pack_triton import pack_triton, unpack_triton  # noqa: E402
@@ -16,17 +19,17 @@ from nitsum.kernels.kv_pack_triton import pack_triton, unpack_triton  # noqa: E4
 def test_pack_unpack_match_reference(local_heads, head, heads):
     g = torch.Generator().manual_seed(0)
     layers, pages, page_elems, hd = 3, 6, 4 * 4 * 8, 8
-    storage = torch.randn(layers, 2, pages, page_elems, generator=g)
+    storage = torch.randn(layers, 2, pages, page_elems, generator=g).to(DEV)
     view = slot_view(storage, local_heads, hd)
-    slots = torch.randperm(view.shape[2], generator=g)[:9]
-    out_ref = torch.empty(4096)
-    out_tri = torch.full((4096,), float("nan"))
+    slots = torch.randperm(view.shape[2], generator=g)[:9].to(DEV)
+    out_ref = torch.empty(4096, device=DEV)
+    out_tri = torch.full((4096,), float("nan"), device=DEV)
     ref = pack_ref(view, slots, head, heads, out_ref)
     tri = pack_triton(view, slots, head, heads, out_tri)
     assert torch.equal(ref, tri)
 
     dst_ref, dst_tri = torch.zeros_like(storage), torch.zeros_like(storage)
-    targets = torch.randperm(view.shape[2], generator=g)[:9]
+    targets = torch.randperm(view.shape[2], generator=g)[:9].to(DEV)
     unpack_ref(slot_view(dst_ref, local_heads, hd), targets, head, heads, ref)
     unpack_triton(slot_view(dst_tri, local_heads, hd), targets, head, heads, tri)
     assert torch.equal(dst_ref, dst_tri)
@@ -69,7 +72,8 @@ def _paged_case(g, page_tokens: int, q_heads: int, kv_heads: int, hd: int, dtype
     q = torch.randn(row, q_heads, hd, generator=g).to(dtype)
     k = torch.randn(row, kv_heads, hd, generator=g).to(dtype)
     v = torch.randn(row, kv_heads, hd, generator=g).to(dtype)
-    return q, k, v, k_cache, v_cache, meta
+    tensors = [t.to(DEV) for t in (q, k, v, k_cache, v_cache)]
+    return (*tensors, meta.to(DEV))
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,13 @@
 import pytest
 import torch
 
-from device_probes import shards_share_storage
+from device_probes import fill_kv, kv_of_slots, shards_share_storage
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import TPTopology
+from nitsum.pool.kv_transfer import TransferFailed
+from nitsum.pool.migration_plan import Piece
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from tiny import (
@@ -159,3 +161,37 @@ def test_tp_levels_outside_the_heads_are_refused_clearly(tiny):
         HeadRange.of(cfg, 3, 0)
     with pytest.raises(ValueError, match="query heads \\(8\\)"):
         HeadRange.of(cfg, 16, 0)
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "pipelined_socket", "per_page"])
+def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
+    """Device processes of one host hand chunks over through shared memory ("pipelined"),
+    or over gloo: the same bytes land in the same slots either way. Chunks are made small, so
+    the double buffers are reused many times; a failure stops both ends at the same chunk."""
+    _, cfg = tiny
+    slot_bytes = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+    pool.call(0, "probe", fill_kv, (3, 5 * slot_bytes))  # 5 tokens a chunk
+    pool.call(1, "probe", fill_kv, (4, 5 * slot_bytes))
+    g = torch.Generator().manual_seed(1)
+    src = torch.randperm(NUM_PAGES * 4, generator=g)[:97]
+    dst = torch.randperm(NUM_PAGES * 4, generator=g)[:97]
+    piece = Piece(0, 1, 1, 0, 1, 0, cfg.num_kv_heads, src, dst)
+    want = pool.call(0, "probe", kv_of_slots, (src,))
+    try:
+        sent, received = pool.migrate([piece], mode)
+        assert torch.equal(pool.call(1, "probe", kv_of_slots, (dst,)), want)
+        assert sent.bytes_sent == received.bytes_received == 97 * slot_bytes
+        chunks = 97 if mode == "per_page" else 20
+        assert sent.messages >= chunks and received.messages >= chunks
+        assert received.shm_messages == (20 if mode == "pipelined" else 0)
+        if mode != "per_page":
+            # An injected failure after 3 chunks: both ends stop there, the caller is told,
+            # and the next migration (fresh chunk names) is whole again.
+            with pytest.raises(TransferFailed):
+                pool.migrate([piece], mode, fail=(0, 3))
+            pool.call(1, "probe", fill_kv, (4, 5 * slot_bytes))
+            pool.migrate([piece], mode)
+            assert torch.equal(pool.call(1, "probe", kv_of_slots, (dst,)), want)
+    finally:
+        for d in (0, 1):
+            pool.call(d, "probe", fill_kv, (d, 8 << 20))  # back to the default chunk

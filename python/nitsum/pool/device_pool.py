@@ -64,6 +64,7 @@ class DevicePool:
             self.conns.append(parent)
             self.procs.append(proc)
         self.contexts: list[list[tuple[int, ...]]] = []
+        self._migrations = 0
         for d, conn in enumerate(self.conns):
             if not conn.poll(start_timeout):
                 self.close()
@@ -146,7 +147,8 @@ class DevicePool:
         All replies are drained even on failure, so the pool stays usable for a rollback.
         """
         devices = sorted({p.src for p in pieces} | {p.dst for p in pieces})
-        self.send_many(devices, "migrate", pieces, mode, fail)
+        self._migrations += 1  # names this migration's chunks in shared memory
+        self.send_many(devices, "migrate", pieces, mode, fail, self._migrations)
         stats, failure = [], None
         for d in devices:
             try:

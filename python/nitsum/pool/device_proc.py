@@ -30,6 +30,7 @@ from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
+from nitsum.pool.shm_staging import SharedStaging
 
 
 @dataclass
@@ -107,11 +108,42 @@ class Device:
                     stage,
                 )
                 self.pipelines[(members, tp)] = ModelRunner(self.model, self.pool, ctx)
-        self.transfer = KVTransfer(self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device)
+        self.transfer = KVTransfer(
+            self.pool.storage,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            device,
+            staging=self._shared_staging(spec) if spec.world > 1 else None,
+        )
         host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
         host = HostKVPool(self.pool, host_pages) if host_pages else None
         # The host tier's copy thread (None: no host tier).
         self.copier = SwapCopier(host) if host is not None else None
+
+    def _shared_staging(self, spec: DeviceSpec) -> SharedStaging | None:
+        """Transfer staging in shared memory, mapped by every peer (CPU devices of one host);
+        None on CUDA or where any device cannot share (then every device uses the socket).
+
+        NOTE: collective over the world group: every device calls it once at start-up.
+        """
+        staging = None
+        if not spec.ecfg.device.startswith("cuda"):
+            try:
+                elems = KVTransfer.CHUNK_BYTES // self.pool.storage.element_size()
+                staging = SharedStaging(elems, self.pool.storage.dtype)
+            except OSError:
+                staging = None
+        handles: list[Any] = [None] * spec.world
+        dist.all_gather_object(handles, staging.handle() if staging is not None else None)
+        if staging is None or any(h is None for h in handles):
+            return None
+        try:
+            staging.attach(dict(enumerate(handles)))
+            ok = torch.ones(1)
+        except (OSError, RuntimeError):
+            ok = torch.zeros(1)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # all map their peers, or none uses them
+        return staging if ok.item() == 1 else None
 
     def handle(self, cmd: str, args: tuple) -> Any:
         """Serve one command of the controller (`DevicePool`)."""
@@ -132,8 +164,8 @@ class Device:
                 return self.copier.start(*args)
             return self.copier.progress(*args)
         if cmd == "migrate":
-            pieces, mode, fail = args
-            return self.transfer.run(pieces, mode, fail)
+            pieces, mode, fail, migration = args
+            return self.transfer.run(pieces, mode, fail, migration)
         if cmd == "stats":
             return {
                 "groups_created": CommPool.created,

@@ -1,12 +1,16 @@
 """Executes migration pieces on one device: aggregated, double-buffered, pipelined.
 
 Every device gets the same ordered list of pieces and acts on those it sends or receives.
+Between devices of one host on CPU the chunks go through shared memory (`shm_staging.py`:
+the receiver unpacks from the sender's staging buffers); otherwise over the process group
+(gloo sockets on CPU; NCCL on CUDA, which itself moves peer to peer within a host).
 NOTE: processing pieces in one global order makes blocking point-to-point transfers
 deadlock-free: the earliest unfinished piece always has both of its devices waiting on it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -16,6 +20,14 @@ import torch.distributed as dist
 from nitsum.config import kv_heads_per_rank
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
 from nitsum.pool.migration_plan import Piece
+from nitsum.pool.shm_staging import SharedStaging, StagingTimeout, token_of
+
+# Transfer modes: "pipelined" (shared memory where both ends have it, else the socket),
+# "pipelined_socket" (the process group even where memory is shared: the benchmark's
+# baseline), "per_page" (one message per page fragment: the naive baseline).
+MODES = ("pipelined", "pipelined_socket", "per_page")
+# One staging buffer: large enough to amortize a message, small enough to stay in cache.
+CHUNK_BYTES = 8 << 20
 
 
 class TransferFailed(RuntimeError):
@@ -28,6 +40,7 @@ class TransferStats:
     bytes_received: int = 0
     bytes_copied_locally: int = 0
     messages: int = 0
+    shm_messages: int = 0  # of `messages`, the chunks handed over through shared memory
     seconds: float = 0.0
 
 
@@ -41,13 +54,16 @@ def _chunks(piece: Piece, tokens_per_chunk: int) -> list[slice]:
 class KVTransfer:
     """Moves KV between this device's pool storage and its peers."""
 
+    CHUNK_BYTES = CHUNK_BYTES
+
     def __init__(
         self,
         storage: torch.Tensor,
         kv_heads: int,
         head_dim: int,
         device: int,
-        chunk_bytes: int = 8 << 20,
+        chunk_bytes: int = CHUNK_BYTES,
+        staging: SharedStaging | None = None,
     ) -> None:
         self.storage = storage
         self.kv_heads = kv_heads
@@ -61,9 +77,14 @@ class KVTransfer:
             from nitsum.kernels.kv_pack_triton import pack_triton, unpack_triton
 
             self.pack, self.unpack = pack_triton, unpack_triton
-        self.buffers = [
-            torch.empty(elems, dtype=storage.dtype, device=storage.device) for _ in range(2)
-        ]
+        self.staging = staging
+        if staging is not None:  # the shared staging buffers serve the socket path too
+            assert staging.elems == elems and staging.dtype == storage.dtype
+            self.buffers = list(staging.buffers)
+        else:
+            self.buffers = [
+                torch.empty(elems, dtype=storage.dtype, device=storage.device) for _ in range(2)
+            ]
 
     def _local_heads(self, tp: int) -> int:
         """KV heads per token in this device's pages at TP `tp`."""
@@ -81,14 +102,24 @@ class KVTransfer:
         return max(1, self.chunk_bytes // per_token)
 
     def run(
-        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+        self,
+        pieces: list[Piece],
+        mode: str = "pipelined",
+        fail: tuple[int, int] | None = None,
+        migration: int = 0,
     ) -> TransferStats:
         """Run every piece this device takes part in.
 
         `fail = (piece_index, chunk)` injects a transfer failure: both ends of that piece stop
         after `chunk` chunks, every other piece still completes (so no peer is left waiting),
-        and then TransferFailed is raised so the caller rolls back.
+        and then TransferFailed is raised so the caller rolls back. `migration`: a number the
+        controller gives each migration (the same on every device), naming its chunks in
+        shared memory.
         """
+        if mode not in MODES:
+            raise ValueError(f"unknown transfer mode {mode!r}; one of {MODES}")
+        if self.staging is not None:
+            self.staging.reset()
         stats = TransferStats()
         t0 = time.perf_counter()
         failed = False
@@ -102,8 +133,14 @@ class KVTransfer:
                     src_slots=piece.src_slots.to(self.storage.device),
                     dst_slots=piece.dst_slots.to(self.storage.device),
                 )
+            peer = piece.dst if piece.src == self.device else piece.src
             if piece.src == piece.dst:
                 self._local(piece, stats)
+            elif mode == "pipelined" and self.staging is not None and peer in self.staging.peers:
+                try:
+                    failed |= not self._shared(piece, stats, stop, migration, index)
+                except StagingTimeout as e:
+                    raise TransferFailed(str(e)) from e
             elif mode == "per_page":
                 self._per_page(piece, stats)
             else:
@@ -119,6 +156,38 @@ class KVTransfer:
         block = src.index_select(2, p.src_slots)
         unpack_ref(self._view(p.dst_tp, p), p.dst_slots, p.dst_head, p.heads, block)
         stats.bytes_copied_locally += block.numel() * block.element_size()
+
+    def _shared(
+        self, p: Piece, stats: TransferStats, stop: int | None, migration: int, index: int
+    ) -> bool:
+        """Double-buffered through shared memory: the sender packs chunk i + 1 into its other
+        staging buffer while the receiver unpacks chunk i from the first.
+
+        Returns False when stopped early by an injected failure.
+        """
+        assert self.staging is not None
+        chunks = _chunks(p, self._tokens_per_chunk(p))
+        if stop is not None:
+            chunks = chunks[:stop]
+        sending = p.src == self.device
+        view = self._view(p.src_tp if sending else p.dst_tp, p)
+        for i, c in enumerate(chunks):
+            token = token_of(migration, index, i)
+            if sending:
+                b, buf = self.staging.put_buffer()
+                block = self.pack(view, p.src_slots[c], p.src_head, p.heads, buf)
+                self.staging.publish(b, token)
+                stats.bytes_sent += block.numel() * block.element_size()
+            else:
+                b, buf = self.staging.take(p.src, token)
+                shape = (view.shape[0], 2, c.stop - c.start, p.heads, self.head_dim)
+                block = buf[: math.prod(shape)].view(shape)
+                self.unpack(view, p.dst_slots[c], p.dst_head, p.heads, block)
+                self.staging.release(p.src, b, token)
+                stats.bytes_received += block.numel() * block.element_size()
+            stats.messages += 1
+            stats.shm_messages += 1
+        return stop is None
 
     def _pipelined(self, p: Piece, stats: TransferStats, stop: int | None) -> bool:
         """Double-buffered: pack (or unpack) one chunk while the other is on the wire.
