@@ -218,7 +218,9 @@ def test_tp_switching_starts_one_host_worker_for_all_devices(launch, tmp_path):
 
 
 def test_host_worker_command():
-    args = serve.build_parser().parse_args(["--workers", "4", "--tp-switching"])
+    args = serve.build_parser().parse_args(
+        ["--workers", "4", "--tp-switching", "--dtype", "bfloat16"]
+    )
     cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
     assert cmd[1:3] == ["-m", "nitsum.worker"]
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
@@ -232,7 +234,11 @@ def test_host_worker_command():
         "--kv-cache-mb": "512",
         "--max-batch": "64",
         "--host-kv-cache-mb": "256",
+        "--dtype": "bfloat16",
     }
+    from nitsum.worker.__main__ import build_parser as worker_parser
+
+    assert worker_parser().parse_args(cmd[3:]).dtype == "bfloat16"
 
 
 def test_router_resolution_and_command(tmp_path, monkeypatch):

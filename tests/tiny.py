@@ -159,11 +159,11 @@ POOL_PAGES = 256
 
 
 @contextmanager
-def tiny_device_pool(tiny: tuple) -> Iterator[DevicePool]:
+def tiny_device_pool(tiny: tuple, ecfg: EngineConfig = POOL_ECFG) -> Iterator[DevicePool]:
     """Device processes for `tiny = make_tiny(...)`, stopped on exit."""
     hf, cfg = tiny
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
-    with DevicePool(POOL_DEVICES, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
+    with DevicePool(POOL_DEVICES, source, ecfg, POOL_PAGES, levels=(1, 2, 4)) as pool:
         yield pool
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from nitsum.config import HOST_KV_CACHE_MB, mebibytes
+from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.control_profile import (
     ControlConfigError,
     choose_control_profile,
@@ -123,7 +123,7 @@ def worker_command(
     cmd += ["--worker-id", str(worker_id), "--router", worker_addr, "--device", device]
     cmd += ["--served-model-name", served_model_name, "--threads", str(threads)]
     cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
-    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb)]
+    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
     return cmd
 
 
@@ -138,7 +138,7 @@ def host_worker_command(
     cmd += ["--worker-id", "0", "--devices", str(args.workers), "--router", worker_addr]
     cmd += ["--device", args.device, "--served-model-name", served_model_name]
     cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
-    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb)]
+    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
     if args.bind_idle:
         cmd += ["--bind-idle"]
     if args.shift_threshold is not None:
@@ -255,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, or cuda (worker i gets cuda:i)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
     p.add_argument("--kv-cache-mb", type=int, default=512)
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="weights, activations and KV (bfloat16: about 2.6x the decode speed of float32 "
+        "on a CPU with AVX512-BF16, half the memory)",
+    )
     p.add_argument(
         "--host-kv-cache-mb",
         type=mebibytes,

@@ -50,6 +50,17 @@ class EngineConfig:
     bind_idle: bool = False
     # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
     shift: ShiftRule = field(default_factory=ShiftRule)
+    # Record decode steps per warm context and batch bucket at start-up (engine/graphs.py):
+    # None = on CUDA only (CUDA graphs); True elsewhere runs the same static-buffer path
+    # eagerly (tests).
+    decode_graphs: bool | None = None
+
+    @property
+    def records_decode(self) -> bool:
+        """Whether devices record decode steps (`decode_graphs`, resolved)."""
+        if self.decode_graphs is None:
+            return self.device.startswith("cuda")
+        return self.decode_graphs
 
 
 def build_model(

@@ -6,6 +6,7 @@ from typing import Protocol
 
 import torch
 
+from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.host_pool import HostKVPool, PageCopies
@@ -44,19 +45,36 @@ class ModelRunner:
     """Executes scheduled batches. `ctx` is swapped on a TP switch; nothing else changes."""
 
     def __init__(
-        self, model: LlamaModel, pool: KVPool, ctx: TPContext, host: HostKVPool | None = None
+        self,
+        model: LlamaModel,
+        pool: KVPool,
+        ctx: TPContext,
+        host: HostKVPool | None = None,
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
         self.ctx = ctx
         self.copier = SwapCopier(host) if host is not None else None
+        # The context's recorded decode steps (engine/graphs.py), built with it at start-up.
+        self.graphs = graphs
 
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         return build_step_inputs(batch, self.pool.tokens_per_page(self.ctx.tp))
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits of the sampled rows (identical on every rank of the group)."""
+        if self.graphs is not None and self.graphs.fits(inputs):
+            return self.graphs.run(inputs)
         return self.model.logits(self.hidden(inputs))
+
+    def join(self, inputs: StepInputs) -> None:
+        """Run a step on a rank that does not sample: its collectives, not its logits (a
+        recorded step holds both, and every rank of the group must replay the same one)."""
+        if self.graphs is not None and self.graphs.fits(inputs):
+            self.graphs.run(inputs)
+        else:
+            self.hidden(inputs)
 
     def hidden(self, inputs: StepInputs) -> torch.Tensor:
         """The step's last hidden states of the sampled rows (a rank that is not its group's

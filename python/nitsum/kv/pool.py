@@ -49,6 +49,7 @@ class KVPool:
         page_tokens: int = 16,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        scratch_page: bool = False,
     ) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError("num_pages and page_tokens must be >= 1")
@@ -56,8 +57,16 @@ class KVPool:
         self.num_pages = num_pages
         self.base_page_tokens = page_tokens
         self.page_elems = page_tokens * cfg.num_kv_heads * cfg.head_dim
+        # One page past the allocator's, owned by no sequence: padding rows of a recorded
+        # decode step write their K/V there (engine/graphs.py).
+        self.scratch_page: int | None = num_pages if scratch_page else None
         self.storage = torch.zeros(
-            cfg.num_layers, 2, num_pages, self.page_elems, dtype=dtype, device=device
+            cfg.num_layers,
+            2,
+            num_pages + int(scratch_page),
+            self.page_elems,
+            dtype=dtype,
+            device=device,
         )
 
     @staticmethod

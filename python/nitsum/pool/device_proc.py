@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
+from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
 from nitsum.engine.load import load_model
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.host_pool import HostKVPool, host_pages_in
@@ -73,9 +74,11 @@ class Device:
         topology = TPTopology.of(cfg, spec.world, spec.levels)
         self.comms = CommPool(topology)
         self.model = build_model(cfg, tensors, spec.ecfg)
+        ecfg = spec.ecfg
         self.pool = KVPool(
-            cfg, spec.num_pages, spec.ecfg.page_tokens, spec.ecfg.dtype, spec.ecfg.device
+            cfg, spec.num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_decode
         )
+        memory_pool = graph_memory_pool(ecfg.device)
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
@@ -89,7 +92,18 @@ class Device:
                     members,
                     self.comms.get(members),
                 )
-                self.runners[members] = ModelRunner(self.model, self.pool, ctx)
+                graphs = (
+                    DecodeGraphs(
+                        self.model,
+                        ctx,
+                        self.pool,
+                        decode_context(cfg, ecfg.max_context),
+                        memory_pool=memory_pool,
+                    )
+                    if ecfg.records_decode
+                    else None
+                )
+                self.runners[members] = ModelRunner(self.model, self.pool, ctx, graphs=graphs)
         # Pipelines (parallel/pipeline.py) by (members, tp): stages of TP groups above.
         self.pipelines: dict[tuple[tuple[int, ...], int], ModelRunner] = {}
         for members, tp in topology.pipelines(cfg.num_layers, spec.pp_levels):
@@ -154,7 +168,7 @@ class Device:
             else:
                 runner = self.runners[members]
             if not runner.ctx.samples:
-                runner.hidden(inputs)  # one rank samples; the others join its collectives
+                runner.join(inputs)  # one rank samples; the others join its collectives
                 return None
             return runner.forward(inputs).cpu()
         if cmd in ("swap_start", "swap_progress"):
@@ -175,6 +189,10 @@ class Device:
                     r.ctx.sp.stats["all_to_all"] for r in self.runners.values() if r.ctx.sp
                 ),
                 "storage_ptr": self.pool.storage.data_ptr(),
+                "graph_captures": DecodeGraphs.captures,
+                "graph_replays": sum(
+                    r.graphs.replays for r in self.runners.values() if r.graphs is not None
+                ),
                 "pipelines": sorted(self.pipelines),
                 "p2p_sends": sum(
                     r.ctx.stage.stats["p2p_sends"] for r in self.pipelines.values() if r.ctx.stage
@@ -194,6 +212,7 @@ def device_main(device: int, spec: DeviceSpec, source: ModelSource, conn: Connec
     try:
         CommPool.guard_group_creation()  # this process is only a device
         dev = Device(device, spec, source)
+        DecodeGraphs.freeze()  # a switch selects recorded steps; it never records
         conn.send_bytes(pickle.dumps(("ok", sorted(dev.runners))))
     except Exception:  # noqa: BLE001 - report start-up failures to the controller
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))

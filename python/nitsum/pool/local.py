@@ -15,6 +15,7 @@ import torch
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
+from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
 from nitsum.engine.load import load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
@@ -45,10 +46,17 @@ class LocalDevice:
     ) -> None:
         self.levels = (1,)
         model = build_model(cfg, tensors, ecfg)
-        kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
+        kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_decode)
         host_pages = host_pages_in(ecfg.host_kv_cache_bytes, kv.bytes_per_page)
         host = HostKVPool(kv, host_pages) if host_pages else None
-        self.runner = ModelRunner(model, kv, build_context(cfg, model.weights, 1, 0), host)
+        ctx = build_context(cfg, model.weights, 1, 0)
+        graphs = None
+        if ecfg.records_decode:
+            memory_pool = graph_memory_pool(ecfg.device)
+            graphs = DecodeGraphs(
+                model, ctx, kv, decode_context(cfg, ecfg.max_context), memory_pool=memory_pool
+            )
+        self.runner = ModelRunner(model, kv, ctx, host, graphs)
         self._launched: StepInputs | None = None
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from nitsum.config import HOST_KV_CACHE_MB, mebibytes
+from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import DEFAULT_SHIFT_THRESHOLD, ShiftRule, shift_rule
 
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="model name sent in register")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda:0, ...)")
     p.add_argument("--kv-cache-mb", type=int, default=512, help="KV pool size in MiB")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="weights, activations and KV")
     p.add_argument(
         "--host-kv-cache-mb",
         type=mebibytes,
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     ecfg = EngineConfig(
+        dtype=getattr(torch, args.dtype),
         device=args.device,
         kv_cache_bytes=args.kv_cache_mb << 20,
         host_kv_cache_bytes=args.host_kv_cache_mb << 20,

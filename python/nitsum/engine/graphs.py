@@ -1,0 +1,172 @@
+"""Decode steps captured once per warm context and batch-size bucket (CUDA graphs).
+
+A context's `DecodeGraphs` is built with the context, at start-up: for each bucket it runs a
+decode step over static input buffers (token ids, positions, KV slots, page table, context
+lengths) and records it. A step then copies its inputs into the buffers, pads the batch up to
+the bucket and replays. A TP switch selects another context's graphs; nothing is captured
+after start-up (`DecodeGraphs.freeze`, asserted like the communicator pool's groups).
+
+Padding rows decode token 0 at position 0 with a context of one token, writing their K/V to
+the pool's scratch page, which no sequence ever owns.
+
+On CUDA a recording is a `torch.cuda.CUDAGraph` (attention then runs the Triton kernel,
+whose loop bounds live on the device, so one graph serves every context length). Elsewhere it
+is the same forward called eagerly over the static buffers: no speed-up, but the same buffer
+and padding path, which is how CPU tests check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from nitsum.config import ModelConfig
+from nitsum.engine.step_inputs import StepInputs
+from nitsum.kernels.paged_attention import AttentionMetadata
+from nitsum.kv.pool import KVPool
+from nitsum.models.llama import LlamaModel
+from nitsum.parallel.context import TPContext
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def decode_context(cfg: ModelConfig, max_context: int | None) -> int:
+    """The longest context a recorded step's page table covers (the engine's window)."""
+    return min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+
+
+def graph_memory_pool(device: str) -> object:
+    """One CUDA graph memory pool a device's recordings share (one context runs at a time,
+    so they may reuse each other's memory); None off CUDA."""
+    return torch.cuda.graph_pool_handle() if device.startswith("cuda") else None
+
+
+class CaptureAfterStartup(RuntimeError):
+    """A decode graph was to be captured after start-up (on the switch or step path)."""
+
+
+class Recording:
+    """One recorded decode step: a CUDA graph, or the forward itself off CUDA."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], device: torch.device, pool: object) -> None:
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.fn = fn
+        if device.type == "cuda":
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                fn()  # warm-up: Triton compiles, allocators settle
+            torch.cuda.current_stream(device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.out = fn()
+        else:
+            self.out = fn()
+
+    def replay(self) -> torch.Tensor:
+        if self.graph is None:
+            self.out = self.fn()
+        else:
+            self.graph.replay()
+        return self.out
+
+
+class DecodeGraphs:
+    """Recorded decode steps of one context (TP level and rank), by batch-size bucket."""
+
+    captures = 0  # recordings made in this process
+    _frozen = False
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        ctx: TPContext,
+        pool: KVPool,
+        max_context: int,
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+        memory_pool: object = None,
+    ) -> None:
+        if DecodeGraphs._frozen:
+            raise CaptureAfterStartup("decode graphs are captured at start-up only")
+        if pool.scratch_page is None:
+            raise ValueError("decode graphs need a KV pool with a scratch page")
+        self.model, self.ctx, self.pool = model, ctx, pool
+        self.buckets = tuple(sorted(buckets))
+        self.page_tokens = pool.tokens_per_page(ctx.tp)
+        self.max_pages = -(-max_context // self.page_tokens)
+        dev = model.weights.embed.device
+        top = self.buckets[-1]
+        long = dict(dtype=torch.long, device=dev)
+        self.input_ids = torch.zeros(top, **long)
+        self.positions = torch.zeros(top, **long)
+        self.slots = torch.zeros(top, **long)
+        self.pages = torch.zeros(top, self.max_pages, **long)
+        self.lens = torch.ones(top, **long)
+        self._pad(0)
+        self.recordings = {b: Recording(self._step(b), dev, memory_pool) for b in self.buckets}
+        self.replays = 0
+        DecodeGraphs.captures += len(self.buckets)
+
+    @classmethod
+    def freeze(cls) -> None:
+        """No capture after this (called once every context's graphs exist)."""
+        cls._frozen = True
+
+    def _pad(self, n: int) -> None:
+        """Rows from `n` on: token 0 at position 0, one token of context in the scratch page."""
+        scratch = self.pool.scratch_page
+        assert scratch is not None
+        self.input_ids[n:] = 0
+        self.positions[n:] = 0
+        self.slots[n:] = scratch * self.page_tokens
+        self.pages[n:] = scratch
+        self.lens[n:] = 1
+
+    def _step(self, b: int) -> Callable[[], torch.Tensor]:
+        meta = AttentionMetadata(
+            slot_mapping=self.slots[:b],
+            page_tokens=self.page_tokens,
+            n_decode=b,
+            decode_pages=self.pages[:b],
+            decode_lens=self.lens[:b],
+            decode_max_len=self.max_pages * self.page_tokens,
+            prefills=[],
+        )
+
+        def step() -> torch.Tensor:
+            ids, pos = self.input_ids[:b], self.positions[:b]
+            hidden = self.model.forward(self.ctx, ids, pos, meta, self.pool)
+            return self.model.logits(hidden)
+
+        return step
+
+    def fits(self, inputs: StepInputs) -> bool:
+        """Whether `inputs` is a plain decode step a recording can run (every row decodes and
+        samples, TP mode, within the largest bucket and the page table)."""
+        meta = inputs.meta
+        n = meta.n_decode
+        return (
+            n > 0
+            and not meta.prefills
+            and not inputs.micro
+            and not inputs.sequence_parallel
+            and n <= self.buckets[-1]
+            and len(inputs.sample_rows) == n
+            and meta.decode_pages.shape[1] <= self.max_pages
+            and meta.page_tokens == self.page_tokens
+        )
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Float32 logits of the step's rows (NOTE: `fits(inputs)` must hold)."""
+        meta, n = inputs.meta, inputs.meta.n_decode
+        bucket = next(b for b in self.buckets if b >= n)
+        width = meta.decode_pages.shape[1]
+        self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:n].copy_(inputs.positions, non_blocking=True)
+        self.slots[:n].copy_(meta.slot_mapping, non_blocking=True)
+        self.pages[:n, :width].copy_(meta.decode_pages, non_blocking=True)
+        self.lens[:n].copy_(meta.decode_lens, non_blocking=True)
+        self._pad(n)
+        self.replays += 1
+        return self.recordings[bucket].replay()[:n]
