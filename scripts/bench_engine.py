@@ -9,8 +9,9 @@ prompt. Reported per batch, best of `--repeats` interleaved runs:
 - decode-only tok/s: the engine's steps once every request has its first token; for
   transformers, generate(64) minus generate(1) on the same prompts;
 - at batch 16, the matmul limit: the decode step's GEMMs alone (every linear layer and the LM
-  head at M = 16 with this model's weights, F.linear) and the fraction of it the engine's
-  decode step reaches;
+  head at M = 16 with this model's weights) with the engine's GEMM (oneDNN in fp32 on CPU:
+  kernels/linear.py) and the fraction of it the engine's decode step reaches; and the same
+  GEMMs through F.linear (MKL), which transformers runs;
 - bf16 weights and KV: the engine at batch 1 against the fp32 engine (and transformers bf16).
 
     python scripts/bench_engine.py [--batches 1 16 64] [--repeats 2]
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from nitsum.kernels.linear import linear
 from nitsum.llm import LLM
 from nitsum.sampling import SamplingParams
 
@@ -83,8 +86,9 @@ def theirs(hf: torch.nn.Module, batch: list[list[int]]) -> tuple[float, float]:
     return len(batch) * OUT_LEN / whole, len(batch) * (OUT_LEN - 1) / max(whole - first, 1e-9)
 
 
-def matmul_limit(llm: LLM, m: int, repeats: int) -> float:
-    """Seconds of one decode step's GEMMs at M = `m` (every layer's linears, the LM head)."""
+def matmul_limit(llm: LLM, m: int, repeats: int, gemm: Callable = linear) -> float:
+    """Seconds of one decode step's GEMMs at M = `m` (every layer's linears, the LM head),
+    by `gemm`: the engine's (`kernels.linear`: oneDNN in fp32 on CPU) or `F.linear`'s."""
     model = llm.engine.pool.runner.model  # type: ignore[attr-defined]
     w = model.weights
     # NOTE: o_proj and down_proj are stored (in, out) (their TP shards are row views).
@@ -96,7 +100,7 @@ def matmul_limit(llm: LLM, m: int, repeats: int) -> float:
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
         for t in mats:
-            F.linear(xs[t.shape[1]], t)
+            gemm(xs[t.shape[1]], t)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -133,10 +137,13 @@ def main() -> None:
         )
         if n == 16:
             limit = matmul_limit(llm, 16, args.repeats)
+            mkl = matmul_limit(llm, 16, args.repeats, F.linear)
             step = 16 / a_dec
             print(
-                f"  matmul limit at 16: {limit * 1e3:.1f} ms/step = {16 / limit:.0f} tok/s; "
-                f"engine decode step {step * 1e3:.1f} ms: {limit / step:.0%} of the limit"
+                f"  matmul limit at 16 (the engine's GEMM): {limit * 1e3:.1f} ms/step = "
+                f"{16 / limit:.0f} tok/s; engine decode step {step * 1e3:.1f} ms: "
+                f"{limit / step:.0%} of the limit. (F.linear's GEMM, which transformers "
+                f"runs: {mkl * 1e3:.1f} ms/step)"
             )
     if args.no_bf16:
         return

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from nitsum.config import ModelConfig
+from nitsum.kernels.linear import linear
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.kv.pool import KVPool
 from nitsum.models.rope import Rotary
@@ -27,13 +28,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def split_qkv(
-    qkv: torch.Tensor, groups: int, q_per_group: int, head_dim: int
+    qkv: torch.Tensor,
+    groups: int,
+    q_per_group: int,
+    head_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (tokens, groups·q_per_group, hd), k and v (tokens, groups, hd) of fused rows laid out
-    per KV group as [its q heads, k, v] (weights/layout.py)."""
+    per KV group as [its q heads, k, v] (weights/layout.py), with rotary applied to q and k
+    (in one pass: they are adjacent in each group)."""
     qkv = qkv.view(-1, groups, q_per_group + 2, head_dim)
-    q = qkv[:, :, :q_per_group].reshape(-1, groups * q_per_group, head_dim)
-    return q, qkv[:, :, q_per_group], qkv[:, :, q_per_group + 1]
+    qk = Rotary.apply(qkv[:, :, : q_per_group + 1], cos[:, None], sin[:, None])
+    q = qk[:, :, :q_per_group].reshape(-1, groups * q_per_group, head_dim)
+    return q, qk[:, :, q_per_group], qkv[:, :, q_per_group + 1]
 
 
 class LlamaModel:
@@ -86,9 +94,9 @@ class LlamaModel:
             layer = ctx.layers[i]
             k_cache, v_cache = kv.kv(i, ctx.heads.kv_heads)
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            h = h + self._attention(ctx, layer, x, cos, sin, k_cache, v_cache, meta)
+            h += self._attention(ctx, layer, x, cos, sin, k_cache, v_cache, meta)
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            h = h + ctx.all_reduce(self.mlp(layer, x))
+            h += ctx.all_reduce(self.mlp(layer, x))
         if stage is not None and not stage.last:
             stage.send(h)  # NOTE: only the last stage's hidden states are the step's
             return h[:0]
@@ -116,10 +124,10 @@ class LlamaModel:
         for i, layer in enumerate(self.weights.layers):
             k_cache, v_cache = kv.kv(i, heads.kv_heads)
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            qkv = sp.scatter_heads(F.linear(x, layer.qkv, layer.qkv_bias), split, hd)
-            q, k, v = split_qkv(qkv, heads.kv_heads, q_per_group, hd)
-            o = self.attend(q, k, v, cos, sin, k_cache, v_cache, meta)
-            h = h + sp.gather_tokens(o, split) @ layer.o_t
+            qkv = sp.scatter_heads(linear(x, layer.qkv, layer.qkv_bias), split, hd)
+            q, k, v = split_qkv(qkv, heads.kv_heads, q_per_group, hd, cos, sin)
+            o = self.attend(q, k, v, k_cache, v_cache, meta)
+            h = h + linear(sp.gather_tokens(o, split), layer.o_t.t())
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
             h = h + self.mlp(layer, x)
         h = sp.gather_rows(h, split, rows)
@@ -127,7 +135,7 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits for the given rows (LM head is replicated on every rank)."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        return linear(hidden, self.weights.lm_head).float()
 
     def _attention(
         self,
@@ -144,35 +152,32 @@ class LlamaModel:
         if layer.kv_proj is not None:
             # A replica of a shared KV head (TP > KV heads): its q rows and the head's k/v
             # rows are two views (parallel/shard.py); the k/v are recomputed on every replica.
-            q = F.linear(x, layer.qkv, layer.qkv_bias).view(-1, ctx.heads.q_heads, hd)
-            kv = F.linear(x, layer.kv_proj, layer.kv_bias).view(-1, 1, 2, hd)
-            k, v = kv[:, :, 0], kv[:, :, 1]
+            q = linear(x, layer.qkv, layer.qkv_bias).view(-1, ctx.heads.q_heads, hd)
+            kv = linear(x, layer.kv_proj, layer.kv_bias).view(-1, 1, 2, hd)
+            q, k, v = Rotary.apply(q, cos, sin), Rotary.apply(kv[:, :, 0], cos, sin), kv[:, :, 1]
         else:
-            q, k, v = split_qkv(F.linear(x, layer.qkv, layer.qkv_bias), groups, r, hd)
-        o = self.attend(q, k, v, cos, sin, k_cache, v_cache, meta)
-        return ctx.all_reduce(o @ layer.o_t)
+            qkv = linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = split_qkv(qkv, groups, r, hd, cos, sin)
+        o = self.attend(q, k, v, k_cache, v_cache, meta)
+        return ctx.all_reduce(linear(o, layer.o_t.t()))
 
     def attend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """Rotary, KV write and paged attention over a rank's own heads of every token:
-        (tokens, heads·hd). The same under TP and SP (the KV layout is the same)."""
-        q = Rotary.apply(q, cos, sin)
-        k = Rotary.apply(k, cos, sin)
+        """KV write and paged attention over a rank's own heads of every token (q and k
+        rotated): (tokens, heads·hd). The same under TP and SP (the KV layout is the same)."""
         o = self.paged_attention(q, k, v.contiguous(), k_cache, v_cache, meta, self.scale)
         return o.view(o.shape[0], -1)
 
     def mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """The MLP over `layer`'s rows: partial sums for a TP shard, whole for full weights."""
         block = self.cfg.intermediate_size // self.weights.mlp_blocks
-        gu = F.linear(x, layer.gate_up).view(x.shape[0], -1, 2, block)
+        gu = linear(x, layer.gate_up).view(x.shape[0], -1, 2, block)
         act = (F.silu(gu[:, :, 0]) * gu[:, :, 1]).reshape(x.shape[0], -1)
-        return act @ layer.down_t
+        return linear(act, layer.down_t.t())
