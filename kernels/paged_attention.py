@@ -9,7 +9,7 @@ sequence's context page by page (one index per page, not per token), never the w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,18 @@ class AttentionMetadata:
     decode_lens: torch.Tensor  # (n_decode,) long: context length of each decode query
     decode_max_len: int  # max of decode_lens, known on the host (reading it would sync CUDA)
     prefills: list[PrefillSegment]
+    # The decode rows' additive mask, made once per step by the first layer that needs it.
+    _decode_bias: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def decode_bias(self) -> torch.Tensor:
+        """(n_decode, 1, 1, decode_max_len) float32: 0 where a decode row attends, -inf past
+        its context (one mask for every layer of the step)."""
+        if self._decode_bias is None:
+            keys = torch.arange(self.decode_max_len, device=self.decode_lens.device)
+            bias = torch.zeros(self.n_decode, 1, 1, self.decode_max_len, device=keys.device)
+            past = keys >= self.decode_lens[:, None]
+            self._decode_bias = bias.masked_fill_(past.view(bias.shape), float("-inf"))
+        return self._decode_bias
 
     def to(self, device: torch.device | str) -> AttentionMetadata:
         """The same plan with every tensor on `device` (a no-op on CPU)."""
@@ -55,7 +67,7 @@ class AttentionMetadata:
         moved = {
             f.name: getattr(self, f.name).to(device)
             for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
+            if f.init and isinstance(getattr(self, f.name), torch.Tensor)
         }
         segs = [replace(s, pages=s.pages.to(device)) for s in self.prefills]
         return replace(self, prefills=segs, **moved)
@@ -78,7 +90,8 @@ def attend(
     causal: bool = False,
 ) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q (B, Hq, L, hd), k/v (B, Hkv, C, hd); `mask`
-    (bool, True = attend) broadcasts to (B, 1, L, C); `causal` aligns the last query with the
+    (bool, True = attend; or float32, added to the scores) broadcasts to (B, 1, L, C);
+    `causal` aligns the last query with the
     last key (queries are the context's last L positions). Returns (B, Hq, L, hd)."""
     length, ctx = q.shape[2], k.shape[2]
     if causal and length != ctx:
@@ -106,7 +119,10 @@ def attend(
         mask = torch.ones(length, ctx, dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         m = mask if mask.dim() == 4 else mask.view(1, 1, length, ctx)  # (B | 1, 1, L, C)
-        scores = scores.masked_fill(~m.unsqueeze(1), float("-inf"))
+        if m.dtype == torch.bool:
+            scores = scores.masked_fill(~m.unsqueeze(1), float("-inf"))
+        else:
+            scores = scores + m.unsqueeze(1)
     probs = torch.softmax(scores, -1).to(q.dtype).view(b, hkv, -1, ctx)
     return torch.matmul(probs, v).view(b, hq, length, hd)
 
@@ -128,15 +144,16 @@ def paged_attention_ref(
     # index_copy_/index_select are much faster than advanced indexing on CPU.
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if meta.prefills else q
     if meta.n_decode:
         nd, page = meta.n_decode, meta.page_tokens
         max_ctx = meta.decode_max_len
         kd = gather_pages(k_cache, meta.decode_pages, page)[:, :max_ctx].transpose(1, 2)
         vd = gather_pages(v_cache, meta.decode_pages, page)[:, :max_ctx].transpose(1, 2)
-        mask = torch.arange(max_ctx, device=q.device) < meta.decode_lens[:, None]
-        od = attend(q[:nd].unsqueeze(2), kd, vd, scale, mask.view(nd, 1, 1, max_ctx))
-        out[:nd] = od.squeeze(2)
+        od = attend(q[:nd].unsqueeze(2), kd, vd, scale, meta.decode_bias()).squeeze(2)
+        if not meta.prefills:
+            return od
+        out[:nd] = od
     for seg in meta.prefills:
         rows = slice(seg.row_start, seg.row_start + seg.q_len)
         qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, q_heads, q_len, hd)

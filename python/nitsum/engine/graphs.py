@@ -124,17 +124,17 @@ class DecodeGraphs:
         self.lens[n:] = 1
 
     def _step(self, b: int) -> Callable[[], torch.Tensor]:
-        meta = AttentionMetadata(
-            slot_mapping=self.slots[:b],
-            page_tokens=self.page_tokens,
-            n_decode=b,
-            decode_pages=self.pages[:b],
-            decode_lens=self.lens[:b],
-            decode_max_len=self.max_pages * self.page_tokens,
-            prefills=[],
-        )
-
         def step() -> torch.Tensor:
+            # NOTE: a plan per call (it caches per-step masks); a CUDA graph records one call.
+            meta = AttentionMetadata(
+                slot_mapping=self.slots[:b],
+                page_tokens=self.page_tokens,
+                n_decode=b,
+                decode_pages=self.pages[:b],
+                decode_lens=self.lens[:b],
+                decode_max_len=self.max_pages * self.page_tokens,
+                prefills=[],
+            )
             ids, pos = self.input_ids[:b], self.positions[:b]
             hidden = self.model.forward(self.ctx, ids, pos, meta, self.pool)
             return self.model.logits(hidden)

@@ -22,6 +22,8 @@ from nitsum.weights.layout import LayerWeights, ModelWeights
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32, as HF does."""
+    if x.dtype == torch.float32:  # one fused op, the same arithmetic
+        return F.rms_norm(x, weight.shape, weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
