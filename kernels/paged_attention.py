@@ -96,7 +96,10 @@ def attend(
     length, ctx = q.shape[2], k.shape[2]
     if causal and length != ctx:
         # NOTE: SDPA's is_causal aligns the first query with the first key, not the last.
-        mask, causal = torch.ones(length, ctx, dtype=torch.bool, device=q.device).tril(ctx - length), False
+        mask, causal = (
+            torch.ones(length, ctx, dtype=torch.bool, device=q.device).tril(ctx - length),
+            False,
+        )
     gqa = q.shape[1] != k.shape[1]
     if q.dtype == torch.float32 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(

@@ -27,9 +27,18 @@ PRECISION: tl.constexpr = tl.constexpr("ieee")
 
 
 @triton.jit
-def _slots(table_row, pos, page_tokens, valid):
-    page = tl.load(table_row + pos // page_tokens, mask=valid, other=0)
-    return page * page_tokens + pos % page_tokens
+def _kv_block(
+    k_cache, v_cache, table_row, pos, ok, page_tokens, kv_head, d, d_ok, stride_ks, stride_kh
+):
+    """K and V (fp32, (positions, hd)) at positions `pos` (where `ok`) of one KV head of a
+    sequence whose page table row is `table_row`; zeros elsewhere."""
+    page = tl.load(table_row + pos // page_tokens, mask=ok, other=0)
+    slot = page * page_tokens + pos % page_tokens
+    off = slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
+    valid = ok[:, None] & d_ok[None, :]
+    kb = tl.load(k_cache + off, mask=valid, other=0.0).to(tl.float32)
+    vb = tl.load(v_cache + off, mask=valid, other=0.0).to(tl.float32)
+    return kb, vb
 
 
 @triton.jit
@@ -70,11 +79,9 @@ def _decode_kernel(
     for start in range(0, length, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         ok = pos < length
-        slot = _slots(table, pos, page_tokens, ok)
-        kv_off = slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
-        kv_ok = ok[:, None] & d_ok[None, :]
-        kb = tl.load(k_cache + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
-        vb = tl.load(v_cache + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
+        kb, vb = _kv_block(
+            k_cache, v_cache, table, pos, ok, page_tokens, kv_head, d, d_ok, stride_ks, stride_kh
+        )
         scores = tl.sum(qv[:, None, :] * kb[None, :, :], axis=2) * scale  # (R, N)
         scores = tl.where(ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -136,11 +143,9 @@ def _prefill_kernel(
     for start in range(0, end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         ok = pos < end
-        slot = _slots(table, pos, page_tokens, ok)
-        kv_off = slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
-        kv_ok = ok[:, None] & d_ok[None, :]
-        kb = tl.load(k_cache + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
-        vb = tl.load(v_cache + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
+        kb, vb = _kv_block(
+            k_cache, v_cache, table, pos, ok, page_tokens, kv_head, d, d_ok, stride_ks, stride_kh
+        )
         scores = tl.dot(qv, tl.trans(kb), input_precision=PRECISION) * scale  # (M, N)
         visible = (pos[None, :] <= q_pos[:, None]) & ok[None, :]
         scores = tl.where(visible, scores, float("-inf"))
