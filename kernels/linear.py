@@ -31,5 +31,7 @@ _ONEDNN = torch.backends.mkldnn.is_available() and _onednn_linear_works()
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias), like `F.linear`; weight (out, in), any strides."""
     if _ONEDNN and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0]:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        # NOTE: oneDNN reads the bias as contiguous (a strided one gives wrong sums).
+        b = bias.contiguous() if bias is not None else None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, b, "none", [], "")
     return F.linear(x, weight, bias)

@@ -16,6 +16,8 @@ Tests run both on CPU under `TRITON_INTERPRET=1` against the torch reference.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -47,11 +49,11 @@ def _decode_kernel(
     k_cache,  # (slots, kv_heads, hd)
     v_cache,
     out,
-    pages,  # (n_decode, max_pages) page table
+    pages,  # (n_decode, max_pages) page table, rows `stride_pages` apart
     lens,  # (n_decode,)
     scale,
     page_tokens,
-    max_pages,
+    stride_pages,  # page table row stride
     head_dim,
     q_per_kv: tl.constexpr,
     stride_qt,
@@ -72,7 +74,7 @@ def _decode_kernel(
     q_ptr = q + seq * stride_qt + heads[:, None] * stride_qh + d[None, :]
     qv = tl.load(q_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     length = tl.load(lens + seq)
-    table = pages + seq * max_pages
+    table = pages + seq * stride_pages
     m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     s = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
@@ -101,13 +103,13 @@ def _prefill_kernel(
     k_cache,
     v_cache,
     out,
-    pages,  # (chunks, max_pages) page table
+    pages,  # (chunks, max_pages) page table, rows `stride_pages` apart
     row_starts,  # (chunks,) first query row of each chunk
     q_lens,
     ctx_lens,
     scale,
     page_tokens,
-    max_pages,
+    stride_pages,  # page table row stride
     head_dim,
     q_per_kv,
     stride_qt,
@@ -134,7 +136,7 @@ def _prefill_kernel(
     q_pos = ctx_len - q_len + i  # absolute positions of the queries
     q_ptr = q + (row0 + i)[:, None] * stride_qt + head * stride_qh + d[None, :]
     qv = tl.load(q_ptr, mask=i_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    table = pages + chunk * max_pages
+    table = pages + chunk * stride_pages
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     s = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -180,7 +182,7 @@ def decode_attention_triton(
         return
     r = hq // hkv
     _decode_kernel[(n, hkv)](
-        q, k_cache, v_cache, out, pages, lens, scale, page_tokens, pages.shape[1], hd, r,
+        q, k_cache, v_cache, out, pages, lens, scale, page_tokens, pages.stride(0), hd, r,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         BLOCK_R=max(2, triton.next_power_of_2(r)), BLOCK_N=32,
         BLOCK_D=max(16, triton.next_power_of_2(hd)),
@@ -214,7 +216,7 @@ def prefill_attention_triton(
     blocks = triton.cdiv(max(s.q_len for s in segs), block_m)
     _prefill_kernel[(len(segs), blocks, hq)](
         q, k_cache, v_cache, out, table, ints[0], ints[1], ints[2], scale, meta.page_tokens,
-        width, hd, hq // k_cache.shape[1], q.stride(0), q.stride(1), k_cache.stride(0),
+        table.stride(0), hd, hq // k_cache.shape[1], q.stride(0), q.stride(1), k_cache.stride(0),
         k_cache.stride(1), BLOCK_M=block_m, BLOCK_N=32, BLOCK_D=max(16, triton.next_power_of_2(hd)),
     )  # fmt: skip
 
@@ -232,10 +234,15 @@ def paged_attention_triton(
     the cache, then attend in place over the pages."""
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    # NOTE: the kernels address `out` with q's strides and head dims with unit stride.
     q = q.contiguous()
     out = torch.empty_like(q)
-    decode_attention_triton(
-        q, k_cache, v_cache, meta.decode_pages, meta.decode_lens, meta.page_tokens, scale, out
-    )
-    prefill_attention_triton(q, k_cache, v_cache, meta, scale, out)
+    assert k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
+    # Triton launches on the current device: make it the tensors'.
+    on_device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
+    with on_device:
+        decode_attention_triton(
+            q, k_cache, v_cache, meta.decode_pages, meta.decode_lens, meta.page_tokens, scale, out
+        )
+        prefill_attention_triton(q, k_cache, v_cache, meta, scale, out)
     return out

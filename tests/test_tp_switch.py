@@ -195,3 +195,30 @@ def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
     finally:
         for d in (0, 1):
             pool.call(d, "probe", fill_kv, (d, 8 << 20))  # back to the default chunk
+
+
+def test_shared_memory_pieces_both_ways_and_repeated(pool, tiny):
+    """One migration where device 0 sends, then receives, then sends to another peer (its
+    staging buffers reused across pieces), repeated: chunk names never match a leftover."""
+    _, cfg = tiny
+    slot_bytes = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+    for d in (0, 1, 2):
+        pool.call(d, "probe", fill_kv, (10 + d, 7 * slot_bytes))
+    g = torch.Generator().manual_seed(2)
+    src = [torch.randperm(NUM_PAGES * 4, generator=g)[:n] for n in (13, 5, 20)]
+    dst = [torch.randperm(NUM_PAGES * 4, generator=g)[:n] for n in (13, 5, 20)]
+    ends = [(0, 1), (1, 0), (0, 2)]
+    pieces = [
+        Piece(a, b, 1, 0, 1, 0, cfg.num_kv_heads, s, t)
+        for (a, b), s, t in zip(ends, src, dst, strict=True)
+    ]
+    try:
+        for _ in range(3):
+            want = [pool.call(a, "probe", kv_of_slots, (s,)) for (a, _), s in zip(ends, src)]
+            stats = pool.migrate(pieces)
+            for (_, b), t, w in zip(ends, dst, want, strict=True):
+                assert torch.equal(pool.call(b, "probe", kv_of_slots, (t,)), w)
+            assert sum(s.shm_messages for s in stats) == 2 * (2 + 1 + 3)  # both ends count
+    finally:
+        for d in (0, 1, 2):
+            pool.call(d, "probe", fill_kv, (d, 8 << 20))

@@ -53,14 +53,16 @@ class Recording:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.fn = fn
         if device.type == "cuda":
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                fn()  # warm-up: Triton compiles, allocators settle
-            torch.cuda.current_stream(device).wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.out = fn()
+            # NOTE: under the weights' device: capture, Triton and NCCL use the current one.
+            with torch.cuda.device(device):
+                stream = torch.cuda.Stream(device)
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):
+                    fn()  # warm-up: Triton compiles, allocators settle
+                torch.cuda.current_stream(device).wait_stream(stream)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+                    self.out = fn()
         else:
             self.out = fn()
 
@@ -96,6 +98,7 @@ class DecodeGraphs:
         self.page_tokens = pool.tokens_per_page(ctx.tp)
         self.max_pages = -(-max_context // self.page_tokens)
         dev = model.weights.embed.device
+        self.cuda = dev.type == "cuda"
         top = self.buckets[-1]
         long = dict(dtype=torch.long, device=dev)
         self.input_ids = torch.zeros(top, **long)
@@ -103,6 +106,8 @@ class DecodeGraphs:
         self.slots = torch.zeros(top, **long)
         self.pages = torch.zeros(top, self.max_pages, **long)
         self.lens = torch.ones(top, **long)
+        # Off CUDA nothing is captured, so a call attends only over the step's own pages.
+        self._width, self._max_len = self.max_pages, self.max_pages * self.page_tokens
         self._pad(0)
         self.recordings = {b: Recording(self._step(b), dev, memory_pool) for b in self.buckets}
         self.replays = 0
@@ -125,14 +130,16 @@ class DecodeGraphs:
 
     def _step(self, b: int) -> Callable[[], torch.Tensor]:
         def step() -> torch.Tensor:
-            # NOTE: a plan per call (it caches per-step masks); a CUDA graph records one call.
+            # NOTE: a plan per call (it caches per-step masks); a CUDA graph records one call,
+            # over the whole page table (the Triton kernel bounds its loops on the device).
+            width = self.max_pages if self.cuda else self._width
             meta = AttentionMetadata(
                 slot_mapping=self.slots[:b],
                 page_tokens=self.page_tokens,
                 n_decode=b,
-                decode_pages=self.pages[:b],
+                decode_pages=self.pages[:b, :width],
                 decode_lens=self.lens[:b],
-                decode_max_len=self.max_pages * self.page_tokens,
+                decode_max_len=self.max_pages * self.page_tokens if self.cuda else self._max_len,
                 prefills=[],
             )
             ids, pos = self.input_ids[:b], self.positions[:b]
@@ -168,5 +175,7 @@ class DecodeGraphs:
         self.pages[:n, :width].copy_(meta.decode_pages, non_blocking=True)
         self.lens[:n].copy_(meta.decode_lens, non_blocking=True)
         self._pad(n)
+        self._width, self._max_len = width, meta.decode_max_len
         self.replays += 1
-        return self.recordings[bucket].replay()[:n]
+        # NOTE: a copy: the recording's output is overwritten by the next replay.
+        return self.recordings[bucket].replay()[:n].clone()

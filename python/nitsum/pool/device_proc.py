@@ -11,7 +11,7 @@ import os
 import pickle
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -65,6 +65,11 @@ class Device:
 
     def __init__(self, device: int, spec: DeviceSpec, source: ModelSource) -> None:
         self.device = device
+        if spec.ecfg.device.startswith("cuda"):
+            # NOTE: rank r is GPU r of the host, and the current device (Triton launches,
+            # CUDA graph capture and NCCL all use the current device).
+            spec = replace(spec, ecfg=replace(spec.ecfg, device=f"cuda:{device}"))
+            torch.cuda.set_device(device)
         backend = "nccl" if spec.ecfg.device.startswith("cuda") else "gloo"
         dist.init_process_group(
             backend, init_method=spec.init_method, rank=device, world_size=spec.world
@@ -122,12 +127,13 @@ class Device:
                     stage,
                 )
                 self.pipelines[(members, tp)] = ModelRunner(self.model, self.pool, ctx)
+        cuda = spec.ecfg.device.startswith("cuda")  # the same on every rank: no handshake
         self.transfer = KVTransfer(
             self.pool.storage,
             cfg.num_kv_heads,
             cfg.head_dim,
             device,
-            staging=self._shared_staging(spec) if spec.world > 1 else None,
+            staging=self._shared_staging(spec) if spec.world > 1 and not cuda else None,
         )
         host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
         host = HostKVPool(self.pool, host_pages) if host_pages else None
@@ -136,16 +142,16 @@ class Device:
 
     def _shared_staging(self, spec: DeviceSpec) -> SharedStaging | None:
         """Transfer staging in shared memory, mapped by every peer (CPU devices of one host);
-        None on CUDA or where any device cannot share (then every device uses the socket).
+        None where any device cannot share (then every device uses the socket).
 
         NOTE: collective over the world group: every device calls it once at start-up.
         """
         staging = None
-        if not spec.ecfg.device.startswith("cuda"):
+        if SharedStaging.supported():
             try:
                 elems = KVTransfer.CHUNK_BYTES // self.pool.storage.element_size()
                 staging = SharedStaging(elems, self.pool.storage.dtype)
-            except OSError:
+            except (OSError, RuntimeError):  # torch.from_file raises RuntimeError
                 staging = None
         handles: list[Any] = [None] * spec.world
         dist.all_gather_object(handles, staging.handle() if staging is not None else None)

@@ -9,7 +9,9 @@ that before it packs into b again. So the pack of one chunk overlaps the unpack 
 as over a socket, but no byte is copied through the kernel.
 
 NOTE: x86 makes stores visible in program order, so a flag written after a finished copy is
-never seen before the copied bytes (a weaker memory model would need a fence here).
+never seen before the copied bytes; elsewhere (ARM) that needs fences, so `supported()` is
+x86 only and other hosts use the socket. A peer silent for `WAIT_TIMEOUT_S` fails the
+transfer (the pool rolls back); until then its partners wait.
 NOTE: tokens are unique per (migration, piece, chunk), so a flag left over from an earlier
 migration never matches.
 """
@@ -17,6 +19,7 @@ migration never matches.
 from __future__ import annotations
 
 import os
+import platform
 import time
 from collections.abc import Callable
 
@@ -58,6 +61,15 @@ class SharedStaging:
         self.flags = _map(os.getpid(), self.flag_fd, 4, torch.int64)
         self.peers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._next = 0  # the buffer the next put uses
+
+    @staticmethod
+    def supported() -> bool:
+        """Linux (memfd, /proc) on x86, whose in-order stores the flag hand-off relies on."""
+        return (
+            hasattr(os, "memfd_create")
+            and os.path.isdir("/proc/self/fd")
+            and platform.machine().lower() in ("x86_64", "amd64")
+        )
 
     def handle(self) -> tuple[int, int, int]:
         """What a peer needs to map this device's staging: (pid, buffers fd, flags fd)."""

@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda:"):
+        torch.cuda.set_device(torch.device(args.device))  # Triton and graphs use the current
     ecfg = EngineConfig(
         dtype=getattr(torch, args.dtype),
         device=args.device,
