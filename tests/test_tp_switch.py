@@ -214,7 +214,10 @@ def test_shared_memory_pieces_both_ways_and_repeated(pool, tiny):
     ]
     try:
         for _ in range(3):
-            want = [pool.call(a, "probe", kv_of_slots, (s,)) for (a, _), s in zip(ends, src)]
+            want = [
+                pool.call(a, "probe", kv_of_slots, (s,))
+                for (a, _), s in zip(ends, src, strict=True)
+            ]
             stats = pool.migrate(pieces)
             for (_, b), t, w in zip(ends, dst, want, strict=True):
                 assert torch.equal(pool.call(b, "probe", kv_of_slots, (t,)), w)
