@@ -22,11 +22,11 @@ from dataclasses import replace
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench_engine import PROMPT_LEN, ours, theirs  # scripts/ is on the path
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.pool.local import local_engine
-from nitsum.sampling import SamplingParams
 
 SHAPES = {
     "8b": dict(
@@ -49,52 +49,12 @@ SHAPES = {
         max_position_embeddings=2048,
     ),
 }
-PROMPT, NEW = 128, 64
+PROMPT = PROMPT_LEN  # and 64 new tokens (bench_engine's)
 
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def engine_rate(engine, prompts: list[list[int]], device: str) -> float:
-    """Decode-only tok/s: steps once every request has its first token."""
-    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    tag = time.monotonic_ns()
-    for i, p in enumerate(prompts):
-        engine.add_request(f"{tag}-{i}", p, params)
-    started: set[str] = set()
-    t0, tokens = 0.0, 0
-    while engine.has_unfinished():
-        outs = engine.step()
-        if len(started) == len(prompts):
-            t0 = t0 or time.perf_counter()
-            tokens += sum(len(o.new_token_ids) for o in outs)
-        started |= {o.request_id for o in outs}
-    sync(device)
-    return tokens / (time.perf_counter() - t0)
-
-
-def hf_rate(hf, prompts: list[list[int]], device: str) -> float:
-    ids = torch.tensor(prompts, device=device)
-
-    def run(n: int) -> float:
-        sync(device)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        sync(device)
-        return time.perf_counter() - t0
-
-    first, whole = run(1), run(NEW)
-    return len(prompts) * (NEW - 1) / (whole - first)
 
 
 def attention_bench(device: str, dtype: torch.dtype, contexts: list[int]) -> None:
@@ -162,9 +122,9 @@ def main() -> None:
             torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).tolist() for _ in range(b)
         ]
         rates = {
-            "graphs": engine_rate(graphs, prompts, args.device),
-            "eager": engine_rate(eager, prompts, args.device),
-            "transformers": hf_rate(hf, prompts, args.device),
+            "graphs": ours(graphs, prompts)[1],
+            "eager": ours(eager, prompts)[1],
+            "transformers": theirs(hf, prompts)[1],
         }
         print(
             f"[decode] batch {b:>3}: nitsum with graphs {rates['graphs']:8.1f} tok/s | without "
