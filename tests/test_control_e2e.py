@@ -4,7 +4,10 @@ A tiny random Llama (8 heads, 4 KV heads: TP 1/2/4) with the embedded model's to
 behind the real router. The profile is synthetic: prefill is costly per token, so a mixed
 iteration carrying a prefill chunk misses the strict TTFT, and only TP 2 decodes within the
 strict TPOT. A strict load therefore gets a prefill/decode split with a TP-2 decode group; a
-relaxed-heavy load gets mixed groups back (TP 1 or TP 2: both meet the relaxed TPOT). The real
+relaxed-heavy load undoes it: mixed groups at a moderate relaxed rate (TP 1 or TP 2: both meet
+the relaxed TPOT), or, at a high one, a relaxed split of its own (the profile's prefill is
+costly, so the planner may rightly split relaxed P/D too; how high the closed-loop rate gets
+depends on how fast the engine serves). The real
 host worker hands prefilled KV to the decode group and migrates running KV on each switch:
 every response must still equal the greedy output of a single-device engine, and every request
 sent must end in exactly one completion or one explicit HTTP error, counted on both sides
@@ -184,10 +187,13 @@ def strict_split_with_tp2(p: dict) -> bool:
     )
 
 
-def all_mixed(p: dict) -> bool:
-    """No prefill/decode split left: every group serves both phases (at whichever TP the
-    chooser prefers; relaxed TPOT is met at TP 1 and TP 2 alike, so either may win)."""
-    return bool(p["groups"]) and all(g["role"] == "mixed" for g in p["groups"])
+def strict_split_undone(p: dict) -> bool:
+    """The plan serves relaxed and keeps no group for strict prefill or decode (mixed groups,
+    or a relaxed split of the planner's own: see the module docstring)."""
+    groups = p["groups"]
+    serves_relaxed = any("relaxed" in g["tiers"] for g in groups)
+    strict_roles = {g["role"] for g in groups if "strict" in g["tiers"]}
+    return serves_relaxed and not strict_roles & {"prefill", "decode"}
 
 
 def worker_stat(url: str, name: str) -> float:
@@ -246,7 +252,7 @@ def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path)
         time.sleep(0.2)
     assert worker_stat(server, "kv_handoffs") > 0
     assert worker_stat(server, "kv_handoff_bytes") > 0
-    # Relaxed-heavy load until the split is undone (mixed groups only). NOTE: bounded in time,
+    # Relaxed-heavy load until the strict split is undone. NOTE: bounded in time,
     # not in rounds: the planner must see the strict demand leave its windows, and with the
     # prefix cache (every request here has the same prompt) a round can take only a few
     # windows; ten rounds sometimes ended first.
@@ -254,7 +260,7 @@ def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path)
     while time.monotonic() < deadline:
         offer(client, "relaxed", 60, results, concurrency=4)
         offer(client, "background", 5, results)
-        if all_mixed(plan(server)):
+        if strict_split_undone(plan(server)):
             seen_back = True
             break
     assert seen_back, plan(server)
@@ -284,5 +290,5 @@ def test_tier_mix_shift_changes_tp_and_the_pd_split(server: str, tiny_dir: Path)
     history = plan(server)["history"]
     applied = [h["groups"] for h in history if h["result"] == "applied"]
     assert any(strict_split_with_tp2({"groups": g}) for g in applied), applied
-    assert any(all_mixed({"groups": g}) for g in applied), applied
+    assert any(strict_split_undone({"groups": g}) for g in applied), applied
     assert worker_stat(server, "reconfigurations") >= len(applied) >= 2
