@@ -125,7 +125,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
         };
         mocks = mock_worker::spawn_many(&worker_endpoint, cfg.mock_workers, &opts).await?;
     }
-    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+    let listener = api::listen::bind(&cfg.listen)
         .await
         .with_context(|| format!("binding HTTP at {}", cfg.listen))?;
     let http_addr = listener.local_addr()?;

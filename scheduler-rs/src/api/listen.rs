@@ -25,6 +25,37 @@ use crate::errors::ApiError;
 /// Largest request body, as axum's default `DefaultBodyLimit` (2 MiB).
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
+/// Pending-connection queue asked of the kernel (it caps this at `net.core.somaxconn`).
+///
+/// NOTE: when a burst of clients connects faster than the accept loop runs, connections past
+/// the queue have their SYN dropped and retry only after the 1 s TCP retransmit timeout, so
+/// a short queue turns a burst into a one-second stall for everyone, /health included.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Bind the HTTP listener on `addr` (`host:port`) with [`LISTEN_BACKLOG`].
+pub async fn bind(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As std's and tokio's own bind: a restarted router may reuse a port in TIME_WAIT.
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    }))
+}
+
 /// Serve `app` on `listener` until the task is aborted.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router, read_timeout: Duration) {
     loop {
