@@ -47,8 +47,27 @@ class AttentionMetadata:
     decode_lens: torch.Tensor  # (n_decode,) long: context length of each decode query
     decode_max_len: int  # max of decode_lens, known on the host (reading it would sync CUDA)
     prefills: list[PrefillSegment]
-    # The decode rows' additive mask, made once per step by the first layer that needs it.
+    # Made once per step by the first layer that needs them: the decode rows' additive mask,
+    # the prefill chunks' batched page table (Triton).
     _decode_bias: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _prefill_table: tuple[torch.Tensor, torch.Tensor] | None = field(
+        default=None, init=False, repr=False
+    )
+
+    def prefill_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pages, ints): every prefill chunk's pages as rows of one table padded with page 0,
+        and (3, chunks) of their first rows, query lengths and context lengths; on the pages'
+        device."""
+        if self._prefill_table is None:
+            segs = self.prefills
+            dev = segs[0].pages.device
+            width = max(len(s.pages) for s in segs)
+            table = torch.zeros(len(segs), width, dtype=torch.long, device=dev)
+            for i, s in enumerate(segs):
+                table[i, : len(s.pages)] = s.pages
+            ints = [[s.row_start for s in segs], [s.q_len for s in segs], [s.ctx_len for s in segs]]
+            self._prefill_table = table, torch.tensor(ints, dtype=torch.long).to(dev)
+        return self._prefill_table
 
     def decode_bias(self) -> torch.Tensor:
         """(n_decode, 1, 1, decode_max_len) float32: 0 where a decode row attends, -inf past

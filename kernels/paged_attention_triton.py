@@ -203,15 +203,7 @@ def prefill_attention_triton(
     segs = meta.prefills
     if not segs:
         return
-    dev = q.device
-    width = max(len(s.pages) for s in segs)
-    table = torch.zeros(len(segs), width, dtype=torch.long, device=dev)
-    for i, s in enumerate(segs):
-        table[i, : len(s.pages)] = s.pages
-    ints = torch.tensor(
-        [[s.row_start for s in segs], [s.q_len for s in segs], [s.ctx_len for s in segs]],
-        dtype=torch.long,
-    ).to(dev)
+    table, ints = meta.prefill_table()
     hq, hd = q.shape[1], q.shape[2]
     blocks = triton.cdiv(max(s.q_len for s in segs), block_m)
     _prefill_kernel[(len(segs), blocks, hq)](

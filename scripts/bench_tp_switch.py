@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from device_probes import fill_kv, kv_equal  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
-from nitsum.kernels.kv_pack import slot_view  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import Device, ModelSource  # noqa: E402
 from nitsum.pool.migration_plan import Piece  # noqa: E402
@@ -55,26 +55,6 @@ def bench_activation(switches: int) -> None:
         f"p99 {pct(times, 0.99):.2f} ms (target < 5 ms p50; Flying Serving 15 ms); "
         f"process groups created during the switches: {sum(after) - sum(before)}"
     )
-
-
-# Probes: run inside a device process (`pool.call(d, "probe", fn, args)`).
-def kv_pattern(device: Device, seed: int) -> torch.Tensor:
-    """Deterministic random KV of the device's storage shape, reproducible on another device."""
-    g = torch.Generator().manual_seed(seed)
-    storage = device.pool.storage
-    return torch.randn(storage.shape, generator=g, dtype=storage.dtype)
-
-
-def fill_kv(device: Device, seed: int) -> None:
-    device.pool.storage.copy_(kv_pattern(device, seed))
-
-
-def kv_equal(device: Device, seed: int, src: torch.Tensor, dst: torch.Tensor) -> bool:
-    """Do our `dst` slots hold what a device filled with `seed` holds at `src` slots (TP 1)?"""
-    heads, hd = device.cfg.num_kv_heads, device.cfg.head_dim
-    ref = slot_view(kv_pattern(device, seed), heads, hd)
-    mine = slot_view(device.pool.storage, heads, hd)
-    return bool(torch.equal(mine[:, :, dst], ref[:, :, src]))
 
 
 def bulk_send(device: Device, peer: int, nbytes: int, sending: bool) -> float:

@@ -8,6 +8,7 @@ import time
 import torch
 
 from nitsum.pool.device_proc import Device
+from nitsum.pool.kv_transfer import KVTransfer
 
 
 def shards_share_storage(device: Device, members: tuple[int, ...]) -> bool:
@@ -57,12 +58,27 @@ def weight_bytes(device: Device) -> tuple[int, bool]:
     return full.nbytes(), shared
 
 
-def fill_kv(device: Device, seed: int, chunk_bytes: int) -> None:
-    """Fill the device's KV storage with seeded random values; set its transfer chunk size."""
+def kv_pattern(device: Device, seed: int) -> torch.Tensor:
+    """Seeded random KV of the device's storage shape, reproducible on another device."""
     g = torch.Generator().manual_seed(seed)
     storage = device.pool.storage
-    storage.copy_(torch.randn(storage.shape, generator=g, dtype=storage.dtype))
+    return torch.randn(storage.shape, generator=g, dtype=storage.dtype)
+
+
+def fill_kv(device: Device, seed: int, chunk_bytes: int = KVTransfer.CHUNK_BYTES) -> None:
+    """Fill the device's KV storage with `kv_pattern(seed)`; set its transfer chunk size."""
+    device.pool.storage.copy_(kv_pattern(device, seed))
     device.transfer.chunk_bytes = chunk_bytes
+
+
+def kv_equal(device: Device, seed: int, src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Do our `dst` slots hold what a device filled with `seed` holds at `src` (TP-1 layout)?"""
+    from nitsum.kernels.kv_pack import slot_view
+
+    heads, hd = device.cfg.num_kv_heads, device.cfg.head_dim
+    ref = slot_view(kv_pattern(device, seed), heads, hd)
+    mine = slot_view(device.pool.storage, heads, hd)
+    return bool(torch.equal(mine[:, :, dst], ref[:, :, src]))
 
 
 def kv_of_slots(device: Device, slots: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from nitsum import serve
 
@@ -237,8 +238,12 @@ def test_host_worker_command():
         "--dtype": "bfloat16",
     }
     from nitsum.worker.__main__ import build_parser as worker_parser
+    from nitsum.worker.__main__ import engine_config
 
-    assert worker_parser().parse_args(cmd[3:]).dtype == "bfloat16"
+    ecfg = engine_config(worker_parser().parse_args(cmd[3:]))
+    assert ecfg.dtype is torch.bfloat16  # the flag reaches the engine, not only the parser
+    assert (ecfg.kv_cache_bytes, ecfg.host_kv_cache_bytes) == (512 << 20, 256 << 20)
+    assert (ecfg.max_batch, ecfg.device) == (64, "cpu")
 
 
 def test_router_resolution_and_command(tmp_path, monkeypatch):

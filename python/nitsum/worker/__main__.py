@@ -11,9 +11,13 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import DEFAULT_SHIFT_THRESHOLD, ShiftRule, shift_rule
+
+if TYPE_CHECKING:
+    from nitsum.engine.build import EngineConfig
 
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
 
@@ -78,6 +82,26 @@ def worker_secret(path: str | None) -> bytes | None:
     return text.strip().encode() or None
 
 
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings the parsed worker flags ask for (every engine flag lands here)."""
+    import torch
+
+    from nitsum.engine.build import EngineConfig
+
+    return EngineConfig(
+        dtype=getattr(torch, args.dtype),
+        device=args.device,
+        kv_cache_bytes=args.kv_cache_mb << 20,
+        host_kv_cache_bytes=args.host_kv_cache_mb << 20,
+        page_tokens=args.page_tokens,
+        max_batch=args.max_batch,
+        token_budget=args.token_budget,
+        max_context=args.max_context,
+        bind_idle=args.bind_idle,
+        shift=args.shift_threshold,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, load the model, serve until `shutdown`, SIGTERM or SIGINT."""
     args = build_parser().parse_args(argv)
@@ -87,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     import torch
 
-    from nitsum.engine.build import EngineConfig
     from nitsum.engine.load import resolve_model_dir
     from nitsum.pool.device_pool import DeviceError
     from nitsum.pool.local import open_local_engine
@@ -102,18 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda:"):
         torch.cuda.set_device(torch.device(args.device))  # Triton and graphs use the current
-    ecfg = EngineConfig(
-        dtype=getattr(torch, args.dtype),
-        device=args.device,
-        kv_cache_bytes=args.kv_cache_mb << 20,
-        host_kv_cache_bytes=args.host_kv_cache_mb << 20,
-        page_tokens=args.page_tokens,
-        max_batch=args.max_batch,
-        token_budget=args.token_budget,
-        max_context=args.max_context,
-        bind_idle=args.bind_idle,
-        shift=args.shift_threshold,
-    )
+    ecfg = engine_config(args)
     backend: PoolBackend
     try:
         model_dir = resolve_model_dir(args.model)
