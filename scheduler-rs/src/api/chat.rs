@@ -53,7 +53,7 @@ fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
 }
 
 /// Render the conversation with the model's chat template.
-fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
+pub(super) fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }

@@ -51,11 +51,19 @@ impl SamplingInput {
     }
 }
 
-/// 404 unless `model` is absent or the served model name.
+/// 400 when `model` is absent (as OpenAI: clients that forget it should hear so), 404 unless
+/// it is the served model name.
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
+        None => Err(ApiError::invalid(
+            "model",
+            format!(
+                "you must provide a model parameter (this server serves {:?})",
+                state.served_model()
+            ),
+        )),
         Some(m) if m != state.served_model() => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
+        Some(_) => Ok(()),
     }
 }
 
@@ -87,7 +95,7 @@ pub fn openai_common(
     check_model(state, common.model.as_deref())?;
     check_n(common.n)?;
     if let Some((field, why)) = crate::protocols::openai::unsupported(common) {
-        return Err(ApiError::invalid(field, why));
+        return Err(ApiError::invalid(&field, why));
     }
     Ok(tier)
 }

@@ -14,7 +14,6 @@ use serde_json::Value;
 
 use super::output::{Piece, TextStream};
 
-/// Endpoint-specific chunk formatting.
 /// The final `stream_options.include_usage` chunk of an OpenAI stream (no choices, usage only);
 /// empty when the client did not ask for it.
 pub fn usage_chunk(
@@ -34,6 +33,7 @@ pub fn usage_chunk(
     ]
 }
 
+/// Endpoint-specific chunk formatting.
 pub trait ChunkFormat: Send + 'static {
     /// Chunks sent before any output (e.g. the assistant role).
     fn start(&mut self, _ts: &TextStream) -> Vec<Value> {

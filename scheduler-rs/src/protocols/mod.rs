@@ -1,4 +1,5 @@
 //! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
 
+pub mod extensions;
 pub mod openai;
 pub mod worker;

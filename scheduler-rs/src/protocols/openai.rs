@@ -1,7 +1,9 @@
 //! OpenAI-compatible request types (`/v1/chat/completions`, `/v1/completions`) and the
-//! SGLang-style native `/generate` request. Unknown fields are ignored, like OpenAI does;
-//! known OpenAI fields Nitsum does not implement are read only to refuse them by name when they
-//! ask for something (`unsupported`), never silently ignored.
+//! SGLang-style native `/generate` request. Nothing a client sends is silently ignored: known
+//! fields Nitsum does not implement are read only to refuse them by name when they ask for
+//! something (`unsupported`), and an unknown field is refused by name, as OpenAI does
+//! (`unrecognized`), unless it is a vLLM/SGLang extension sent at its neutral value
+//! (`protocols::extensions`).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -76,6 +78,10 @@ pub struct CommonParams {
     pub logit_bias: Option<Value>,
     pub presence_penalty: Option<Value>,
     pub frequency_penalty: Option<Value>,
+    /// Every other field, checked by `unrecognized`.
+    /// NOTE: declared last: serde hands a flattened map only what no named field took.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 impl CommonParams {
@@ -100,10 +106,10 @@ pub fn not_supported(name: &str) -> String {
     format!("`{name}` is not supported by this server")
 }
 
-/// The first unimplemented field that asks for something, with why: clients send most of
-/// them with neutral defaults (`logprobs: false`, `best_of: 1`, penalties 0, `tools: []`),
-/// which are accepted.
-pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
+/// The first unimplemented or unknown field that asks for something, with why: clients send
+/// most of them with neutral defaults (`logprobs: false`, `best_of: 1`, penalties 0,
+/// `tools: []`), which are accepted.
+pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
     let truthy = |v: &Option<Value>| match v {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Number(n)) => n.as_f64() != Some(0.0),
@@ -133,7 +139,8 @@ pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
     checks
         .into_iter()
         .find(|&(_, asks)| asks)
-        .map(|(name, _)| (name, not_supported(name)))
+        .map(|(name, _)| (name.to_string(), not_supported(name)))
+        .or_else(|| super::extensions::refused(&c.extra))
 }
 
 /// Chat roles the templates know.
