@@ -1,0 +1,48 @@
+"""The batched token mask: rows with a grammar keep only the tokens it allows next."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llguidance
+import torch
+
+from nitsum.structured.matcher import GrammarMatcher
+
+_executor: llguidance.LLExecutor | None = None
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _exec() -> llguidance.LLExecutor:
+    global _executor
+    if _executor is None:
+        # NOTE: a small pool: the worker's CPU cores are mostly the model's.
+        _executor = llguidance.LLExecutor(num_threads=2)
+    return _executor
+
+
+def allowed(matchers: Sequence[GrammarMatcher], vocab: int) -> torch.Tensor:
+    """(len(matchers), vocab) bool: the tokens each matcher allows next (ids beyond the
+    tokenizer's vocabulary never)."""
+    words = (max(vocab, *(m.vocab_size for m in matchers)) + 31) // 32
+    bits = torch.zeros((len(matchers), words), dtype=torch.int32)
+    # NOTE: llguidance writes each row's mask (its tokenizer's words) `words` int32 apart;
+    # the logits may cover more ids (padded embeddings) or fewer than the tokenizer.
+    _exec().unsafe_compute_mask_ptr(
+        [(m.inner, i) for i, m in enumerate(matchers)], bits.data_ptr(), words * 4, len(matchers)
+    )
+    unpacked = (bits.unsqueeze(-1) >> _BITS) & 1  # arithmetic shift: the sign bit too
+    return unpacked.reshape(len(matchers), words * 32)[:, :vocab].bool()
+
+
+def apply_grammars(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> None:
+    """Set to -inf, in place, the logits each row's grammar forbids; rows without one (None)
+    are untouched. One mask computation for the whole batch."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return
+    ok = allowed([matchers[i] for i in rows], logits.shape[-1])
+    index = torch.tensor(rows, device=logits.device)
+    sub = logits.index_select(0, index)
+    sub.masked_fill_(~ok.to(logits.device), float("-inf"))
+    logits.index_copy_(0, index, sub)
