@@ -10,6 +10,7 @@ mod native;
 pub mod output;
 pub mod prepare;
 mod sse;
+mod tool_reply;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,4 +1,6 @@
 //! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
 
 pub mod openai;
+pub mod structured;
+pub mod tools;
 pub mod worker;
