@@ -13,6 +13,7 @@ from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams, sample
 from nitsum.structured import compiler
 from nitsum.structured.compiler import GrammarCompiler
+from nitsum.structured.mask import apply_grammars
 from nitsum.structured.spec import GrammarSpec
 from structured_helpers import EOS, tokenizer_json
 
@@ -47,11 +48,10 @@ def test_mask_allows_exactly_the_grammars_next_tokens(comp, tok) -> None:
     m = comp.matcher(spec(SCHEMA))
     assert m.consume(tok.encode('{"n": ', add_special_tokens=False).ids)
     vocab = comp.vocab_size
-    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
-    before = logits.clone()
+    before = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
     # Row 1 has no grammar; row 2 is a fresh matcher for any JSON object.
     fresh = comp.matcher(GrammarSpec("json_object"))
-    sample(logits, [SamplingParams(temperature=0)] * 3, [None] * 3, [m, None, fresh])
+    logits = apply_grammars(before, [m, None, fresh])
     finite = set(torch.isfinite(logits[0]).nonzero().flatten().tolist())
     assert finite == allowed_by_matcher(m, vocab)
     # Only the digits 3..7 may come next (each allowed token is one of them, alone).
@@ -81,6 +81,17 @@ def test_greedy_under_the_mask_picks_the_best_allowed_token(comp, tok) -> None:
         row[0, tok.token_to_id("9")] = 100.0
         (t,) = sample(row, [SamplingParams(temperature=1.0)], [g], [m])
         assert tok.decode([t]) in {"3", "4", "5", "6", "7"}
+
+
+def test_the_workers_inference_tensors_can_be_masked(comp, tok) -> None:
+    # The worker's forward runs under inference_mode; sampling happens outside it.
+    m = comp.matcher(spec(SCHEMA))
+    m.consume(tok.encode('{"n": ', add_special_tokens=False).ids)
+    with torch.inference_mode():
+        logits = torch.zeros(2, comp.vocab_size)
+        logits[:, tok.token_to_id("9")] = 50.0
+    out = sample(logits, [SamplingParams(temperature=0)] * 2, [None] * 2, [m, None])
+    assert out == [tok.token_to_id("3"), tok.token_to_id("9")]
 
 
 def test_eos_is_allowed_only_once_the_object_is_complete(comp, tok) -> None:
@@ -122,3 +133,19 @@ def test_wire_round_trip_and_no_compiler() -> None:
     compiler.use(None)
     with pytest.raises(InvalidRequestError, match="no tokenizer"):
         compiler.current()
+
+
+def test_generate_carries_the_grammar_to_the_workers_sampling_params() -> None:
+    from nitsum.worker import protocol
+
+    g = GrammarSpec("json_schema", json.dumps(SCHEMA), replay=2)
+    msg = protocol.decode(
+        protocol.encode(protocol.generate("r", [1, 2, 3], SamplingParams(grammar=g)))
+    )
+    assert msg["grammar"] == {"kind": "json_schema", "schema": json.dumps(SCHEMA), "replay": 2}
+    assert protocol.parse_generate(msg).sampling.grammar == g
+    plain = protocol.decode(protocol.encode(protocol.generate("r", [1], SamplingParams())))
+    assert "grammar" not in plain and protocol.parse_generate(plain).sampling.grammar is None
+    with pytest.raises(InvalidRequestError) as e:
+        protocol.parse_generate({**plain, "grammar": {"kind": "lark"}})
+    assert e.value.field == "response_format"

@@ -75,10 +75,8 @@ def sample(
     grammars: Sequence[GrammarMatcher | None] = (),
 ) -> list[int]:
     """One token per row of float32 `logits` (rows, vocab); `SAMPLE_FAILED` for a row that
-    could not be sampled. Rows with a grammar matcher sample only tokens it allows next
-    (`logits` is masked in place)."""
-    if any(g is not None for g in grammars):
-        apply_grammars(logits, grammars)
+    could not be sampled. Rows with a grammar matcher sample only tokens it allows next."""
+    logits = apply_grammars(logits, grammars)
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:

@@ -35,14 +35,16 @@ def allowed(matchers: Sequence[GrammarMatcher], vocab: int) -> torch.Tensor:
     return unpacked.reshape(len(matchers), words * 32)[:, :vocab].bool()
 
 
-def apply_grammars(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> None:
-    """Set to -inf, in place, the logits each row's grammar forbids; rows without one (None)
-    are untouched. One mask computation for the whole batch."""
+def apply_grammars(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> torch.Tensor:
+    """`logits` with -inf where each row's grammar forbids a token; rows without one (None)
+    are unchanged. One mask computation for the whole batch.
+
+    NOTE: out of place: the worker's logits are inference tensors, which may not be
+    updated in place outside inference mode.
+    """
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
-        return
-    ok = allowed([matchers[i] for i in rows], logits.shape[-1])
-    index = torch.tensor(rows, device=logits.device)
-    sub = logits.index_select(0, index)
-    sub.masked_fill_(~ok.to(logits.device), float("-inf"))
-    logits.index_copy_(0, index, sub)
+        return logits
+    forbid = torch.zeros(logits.shape, dtype=torch.bool)
+    forbid[rows] = ~allowed([matchers[i] for i in rows], logits.shape[-1])
+    return logits.masked_fill(forbid.to(logits.device), float("-inf"))
