@@ -10,7 +10,8 @@ import torch
 from nitsum.structured.matcher import GrammarMatcher
 
 _executor: llguidance.LLExecutor | None = None
-_BITS = torch.arange(32, dtype=torch.int32)
+# Row i: the 8 bits of byte value i, least significant first (llguidance's bit order).
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
 
 
 def _exec() -> llguidance.LLExecutor:
@@ -31,8 +32,10 @@ def allowed(matchers: Sequence[GrammarMatcher], vocab: int) -> torch.Tensor:
     _exec().unsafe_compute_mask_ptr(
         [(m.inner, i) for i, m in enumerate(matchers)], bits.data_ptr(), words * 4, len(matchers)
     )
-    unpacked = (bits.unsqueeze(-1) >> _BITS) & 1  # arithmetic shift: the sign bit too
-    return unpacked.reshape(len(matchers), words * 32)[:, :vocab].bool()
+    # NOTE: token t is bit t % 32 of word t // 32; on a little-endian host that is bit
+    # t % 8 of byte t // 8, so a byte-to-bits table unpacks the mask in one gather.
+    unpacked = _BYTE_BITS[bits.view(torch.uint8).long()]
+    return unpacked.reshape(len(matchers), words * 32)[:, :vocab]
 
 
 def apply_grammars(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> torch.Tensor:
