@@ -3,7 +3,8 @@
 
 use serde_json::{json, Value};
 
-use crate::protocols::tools::{forced_call, hermes_calls, ToolCall, Tools};
+use crate::protocols::tool_calls::{forced_call, hermes_calls, ToolCall};
+use crate::protocols::tools::Tools;
 
 /// How a reply's text is read for calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

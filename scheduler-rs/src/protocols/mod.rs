@@ -2,5 +2,6 @@
 
 pub mod openai;
 pub mod structured;
+pub mod tool_calls;
 pub mod tools;
 pub mod worker;
