@@ -67,6 +67,8 @@ pub struct Submit {
     pub tier: TierId,
     /// Within its class on the worker, lower is served first (vLLM's `priority`).
     pub priority: i32,
+    /// Structured output: the grammar the output must match (protocols/structured.rs).
+    pub grammar: Option<crate::protocols::structured::Grammar>,
 }
 
 /// Why a request left before its worker finished it.

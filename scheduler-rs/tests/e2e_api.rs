@@ -647,7 +647,10 @@ async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"response_format": {"type": "json_object"}})),
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}),
+            ),
             "response_format",
         ),
         (

@@ -158,7 +158,7 @@ fn cases() -> Vec<Case> {
         ),
         (json!({"tool_choice": "required"}), 400, "tool_choice"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}),
             400,
             "response_format",
         ),

@@ -52,6 +52,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
         },
         tier,
         priority: 0,
+        grammar: None,
     };
     let Ok(mut h) = engine.submit(req) else {
         return false;

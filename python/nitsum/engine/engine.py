@@ -15,6 +15,7 @@ from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
+from nitsum.structured.start import grammar_finish, start_grammar
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,13 @@ class Engine:
         if klass not in CLASSES:
             raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
         self.validate(prompt_ids, sampling)
+        grammar = start_grammar(sampling.grammar, prompt_ids)
         seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
         seq.priority, seq.may_preempt = priority, may_preempt
         if ttft_ms is not None:
             seq.deadline = seq.arrival + ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
+        seq.grammar = grammar
         pages = self.scheduler.pages
         seq.layout = KVLayout(tuple(pages.members), pages.stage_tp)
         self.seqs[request_id] = seq
@@ -283,9 +286,12 @@ class Engine:
                 continue
             seq.output_ids.append(token)
             reason = self._finish_reason(seq, token)
+            error = None
+            if reason is None and seq.grammar is not None:
+                reason, error = grammar_finish(seq.grammar, token)
             if reason is not None:
                 self._finish(seq, reason)
-            outputs.append(RequestOutput(seq.request_id, [token], reason))
+            outputs.append(RequestOutput(seq.request_id, [token], reason, error))
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:

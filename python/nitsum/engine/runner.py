@@ -117,4 +117,9 @@ class ModelRunner:
 def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
     """Sample the rows of `logits` for the entries of `batch` that sample, in order."""
     seqs = [s.seq for s in batch if s.sample]
-    return sample(logits, [s.sampling for s in seqs], [s.generator for s in seqs])
+    return sample(
+        logits,
+        [s.sampling for s in seqs],
+        [s.generator for s in seqs],
+        [s.grammar for s in seqs],
+    )

@@ -16,6 +16,7 @@ import msgpack
 from nitsum.engine.sequence import CLASSES
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
+from nitsum.structured.spec import GrammarSpec
 
 PROTOCOL_VERSION = 1
 SECRET_ENV = "NITSUM_WORKER_SECRET"  # the shared worker secret (docs/security.md)
@@ -162,6 +163,7 @@ def generate(
     klass: str = "feasible",
     decode_target: int | None = None,
 ) -> dict[str, Any]:
+    grammar = sampling.grammar if isinstance(sampling, SamplingParams) else None
     if isinstance(sampling, SamplingParams):
         sampling = {
             "max_tokens": sampling.max_tokens,
@@ -180,6 +182,7 @@ def generate(
         tier=tier,
         decode_target=decode_target,
         **{"class": klass},
+        **({} if grammar is None else {"grammar": grammar.to_wire()}),
     )
 
 
@@ -288,6 +291,8 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     bind_tp = msg.get("bind_tp")
     if bind_tp is not None and not (_is_int(bind_tp) and bind_tp >= 1):
         raise InvalidRequestError("bind_tp", f"must be a positive integer, got {bind_tp!r}")
+    # Structured output rides in SamplingParams inside the worker (it goes wherever they go).
+    kwargs["grammar"] = GrammarSpec.from_wire(msg.get("grammar"))
     sampling = SamplingParams(**kwargs)
     ttft_ms = None if ttft is None else float(ttft)
     return GenerateRequest(

@@ -11,9 +11,12 @@ use serde_json::{json, Value};
 use super::output::{Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::sse::{self, ChunkFormat};
+use super::tool_reply::{self, CallFormat};
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
+use crate::protocols::structured::{self, Grammar};
+use crate::protocols::tools::{self, Tools};
 
 /// Message content as plain text: a string, or the concatenated `text` parts.
 fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
@@ -52,8 +55,13 @@ fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
     }
 }
 
-/// Render the conversation with the model's chat template.
-pub(super) fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
+/// Render the conversation with the model's chat template (showing it `tools`, if any: a
+/// template that does not read `tools` cannot, which is a 400 naming `tools`).
+pub(super) fn render(
+    state: &AppState,
+    messages: &[ChatMessage],
+    tools: Option<&Tools>,
+) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
@@ -62,6 +70,12 @@ pub(super) fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Strin
         .as_deref()
         .and_then(|m| m.template.as_ref())
         .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    if tools.is_some() && !template.supports_tools() {
+        return Err(ApiError::invalid(
+            "tools",
+            "this model's chat template does not support tools (it never renders `tools`)",
+        ));
+    }
     let mut msgs = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         if !crate::protocols::openai::CHAT_ROLES.contains(&m.role.as_str()) {
@@ -80,7 +94,7 @@ pub(super) fn render(state: &AppState, messages: &[ChatMessage]) -> Result<Strin
         msgs.push(Value::Object(obj));
     }
     template
-        .render(&msgs, true)
+        .render_with_tools(&msgs, true, tools.map(|t| t.list.as_slice()))
         .map_err(|e| ApiError::invalid("messages", format!("chat template error: {e}")))
 }
 
@@ -89,6 +103,9 @@ struct ChatChunks {
     model: String,
     created: u64,
     include_usage: bool,
+    /// Set when tool calls are read from the reply: its text is held back until the end.
+    calls: Option<CallFormat>,
+    held: String,
 }
 
 impl ChatChunks {
@@ -106,6 +123,17 @@ impl ChunkFormat for ChatChunks {
 
     fn piece(&mut self, _ts: &TextStream, p: &Piece) -> Vec<Value> {
         let mut out = Vec::new();
+        if let Some(format) = self.calls {
+            // NOTE: a call is only known once its text is complete, so nothing streams before.
+            self.held.push_str(&p.text);
+            if let Some(f) = p.finish {
+                let text = std::mem::take(&mut self.held);
+                let (deltas, finish) = tool_reply::final_deltas(format, &self.id, text, f);
+                out.extend(deltas.into_iter().map(|d| self.chunk(d, None)));
+                out.push(self.chunk(json!({}), Some(finish)));
+            }
+            return out;
+        }
         if !p.text.is_empty() {
             out.push(self.chunk(json!({"content": p.text}), None));
         }
@@ -144,10 +172,13 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         .messages
         .as_deref()
         .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
-    let prompt = render(&state, messages)?;
+    let tools = tools::parse(req.common.tools.as_ref(), req.common.tool_choice.as_ref())
+        .map_err(|(field, why)| ApiError::invalid(field, why))?;
+    let mut sampling = SamplingInput::from_common(&req.common);
+    sampling.grammar = grammar(&req, tools.as_ref())?;
+    let prompt = render(&state, messages, tools.as_ref())?;
     // NOTE: the template already inserts BOS where the model wants it.
     let ids = prepare::encode(&state, &prompt, false, "messages").await?;
-    let sampling = SamplingInput::from_common(&req.common);
     let stops = req.common.stop_strings();
     let mut ts = prepare::start(&state, tier, ids, "messages", &sampling, stops)?;
     let fmt = ChatChunks {
@@ -155,16 +186,42 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
+        calls: CallFormat::of(tools.as_ref()),
+        held: String::new(),
     };
     if req.common.stream {
         return Ok(sse::respond(ts, fmt));
     }
     let (text, _ids, finish) = ts.collect().await?;
+    let (message, finish) = tool_reply::message(fmt.calls, &fmt.id, text, finish);
     Ok(axum::Json(json!({
         "id": fmt.id, "object": "chat.completion", "created": fmt.created, "model": fmt.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": null, "finish_reason": finish}],
         "usage": ts.usage(),
     }))
     .into_response())
+}
+
+/// The grammar the reply must match: `response_format`'s, or a forced tool call's (the two
+/// do not combine: a call is JSON of its own shape).
+fn grammar(
+    req: &ChatCompletionRequest,
+    tools: Option<&Tools>,
+) -> Result<Option<Grammar>, ApiError> {
+    let format = structured::response_format(req.common.response_format.as_ref())
+        .map_err(|why| ApiError::invalid(structured::FIELD, why))?;
+    let call = match tools {
+        Some(t) => t
+            .grammar()
+            .map_err(|(field, why)| ApiError::invalid(field, why))?,
+        None => None,
+    };
+    match (format, call) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            structured::FIELD,
+            "cannot be combined with a tool_choice that forces a call",
+        )),
+        (format, call) => Ok(format.or(call)),
+    }
 }

@@ -111,6 +111,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let mut sampling = SamplingInput::from_common(&req.common);
     // OpenAI's default for /v1/completions is 16 tokens.
     sampling.default_max_tokens = Some(16);
+    sampling.grammar = structured_only(&req.common)?;
     let stops = req.common.stop_strings();
     let mut ts = prepare::start(&state, tier, ids, "prompt", &sampling, stops)?;
     let mut fmt = CompletionChunks {
@@ -131,4 +132,21 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         "usage": ts.usage(),
     }))
     .into_response())
+}
+
+/// `response_format`'s grammar; `tools` (a chat feature: calls need a chat template) refused.
+fn structured_only(
+    c: &crate::protocols::openai::CommonParams,
+) -> Result<Option<crate::protocols::structured::Grammar>, ApiError> {
+    use crate::protocols::{structured, tools};
+    let tools = tools::parse(c.tools.as_ref(), c.tool_choice.as_ref())
+        .map_err(|(field, why)| ApiError::invalid(field, why))?;
+    if tools.is_some() {
+        return Err(ApiError::invalid(
+            "tools",
+            "tools are supported by /v1/chat/completions only",
+        ));
+    }
+    structured::response_format(c.response_format.as_ref())
+        .map_err(|why| ApiError::invalid(structured::FIELD, why))
 }

@@ -11,6 +11,7 @@ pub mod output;
 pub mod prepare;
 mod sse;
 mod tokens;
+mod tool_reply;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -94,6 +94,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         stop_token_ids: sp.stop_token_ids.clone(),
         ignore_eos: sp.ignore_eos,
         priority: req.priority,
+        grammar: None,
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     let mut ts = prepare::start(&state, tier, ids, field, &sampling, stops)?;

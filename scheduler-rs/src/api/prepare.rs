@@ -27,6 +27,8 @@ pub struct SamplingInput {
     pub ignore_eos: bool,
     /// Within its class on the worker, lower is served first (vLLM's `priority`).
     pub priority: Option<i64>,
+    /// Structured output: the grammar the output must match (set by the endpoint).
+    pub grammar: Option<crate::protocols::structured::Grammar>,
 }
 
 impl SamplingInput {
@@ -47,6 +49,7 @@ impl SamplingInput {
             stop_token_ids: c.stop_token_ids.clone(),
             ignore_eos: c.ignore_eos,
             priority: c.priority,
+            grammar: None,
         }
     }
 }
@@ -237,6 +240,7 @@ pub fn build(
         },
         tier,
         priority,
+        grammar: s.grammar.clone(),
     })
 }
 

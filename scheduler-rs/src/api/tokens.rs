@@ -74,7 +74,7 @@ async fn run_tokenize(
                 ));
             }
             // NOTE: as a chat completion tokenizes it: the template inserts BOS itself.
-            let text = render(&state, &messages)?;
+            let text = render(&state, &messages, None)?;
             prepare::encode(&state, &text, false, "messages").await?
         }
         (Some(_), Some(_)) => {

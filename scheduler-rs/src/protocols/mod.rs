@@ -2,4 +2,7 @@
 
 pub mod extensions;
 pub mod openai;
+pub mod structured;
+pub mod tool_calls;
+pub mod tools;
 pub mod worker;

@@ -2,7 +2,7 @@
 //! SGLang-style native `/generate` request. Nothing a client sends is silently ignored: known
 //! fields Nitsum does not implement are read only to refuse them by name when they ask for
 //! something (`unsupported`), and an unknown field is refused by name, as OpenAI does
-//! (`unrecognized`), unless it is a vLLM/SGLang extension sent at its neutral value
+//! (`extensions::refused`), unless it is a vLLM/SGLang extension sent at its neutral value
 //! (`protocols::extensions`).
 
 use serde::Deserialize;
@@ -67,18 +67,19 @@ pub struct CommonParams {
     pub tier: Option<String>,
     /// vLLM's extension: within its class on the worker, lower is served first.
     pub priority: Option<i64>,
-    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
-    pub logprobs: Option<Value>,
-    pub top_logprobs: Option<Value>,
+    /// Structured output and tool calling (protocols/structured.rs, protocols/tools.rs).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,
+    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
     pub logit_bias: Option<Value>,
     pub presence_penalty: Option<Value>,
     pub frequency_penalty: Option<Value>,
-    /// Every other field, checked by `unrecognized`.
+    /// Every other field, checked by `extensions::refused`.
     /// NOTE: declared last: serde hands a flattened map only what no named field took.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
@@ -120,16 +121,11 @@ pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
     };
     let not =
         |v: &Option<Value>, neutral: &[Value]| truthy(v) && !neutral.contains(v.as_ref().unwrap());
-    let text_format = serde_json::json!({"type": "text"});
-    let checks: [(&'static str, bool); 10] = [
+    // NOTE: `tools`, `tool_choice` and `response_format` are implemented (protocols/tools.rs,
+    // protocols/structured.rs) and checked where they are used.
+    let checks: [(&'static str, bool); 7] = [
         ("logprobs", truthy(&c.logprobs)),
         ("top_logprobs", truthy(&c.top_logprobs)),
-        ("tools", truthy(&c.tools)),
-        (
-            "tool_choice",
-            not(&c.tool_choice, &[Value::from("none"), Value::from("auto")]),
-        ),
-        ("response_format", not(&c.response_format, &[text_format])),
         ("best_of", not(&c.best_of, &[Value::from(1)])),
         ("suffix", truthy(&c.suffix)),
         ("logit_bias", truthy(&c.logit_bias)),

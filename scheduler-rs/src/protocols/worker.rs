@@ -62,6 +62,9 @@ pub struct Generate<'a> {
     /// Run on a TP group of this size bound for the request (the tier's `bind_tp`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bind_tp: Option<u32>,
+    /// Structured output: the grammar the output must match (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<&'a super::structured::Grammar>,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -380,6 +383,7 @@ mod tests {
             priority: -3,
             preempt: false,
             bind_tp: Some(2),
+            grammar: None,
         });
         // Generic decode: keys are strings (a map, not an array).
         let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();

@@ -185,6 +185,7 @@ impl RouterState {
             priority: req.priority,
             preempt: self.cfg.tier(req.tier).preempt,
             bind_tp: self.cfg.tier(req.tier).bind_tp,
+            grammar: req.grammar.as_ref(),
         });
         self.send(identity, payload);
     }

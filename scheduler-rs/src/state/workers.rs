@@ -258,7 +258,7 @@ impl RouterState {
 /// NOTE: greedy decoding continues exactly as it would have on the dead worker; a sampled
 /// request draws its remaining tokens afresh (a seeded one with its seed advanced by the
 /// tokens it has, so a given resume point stays reproducible).
-fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
+pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
     if generated.is_empty() {
         return Some(req.clone());
     }
@@ -270,11 +270,18 @@ fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = left;
     sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
+    // NOTE: the new worker's grammar matcher replays the generated tokens, so it goes on
+    // from where the output is in the grammar.
+    let grammar = req.grammar.clone().map(|mut g| {
+        g.replay += n;
+        g
+    });
     Some(Arc::new(Submit {
         input_ids,
         sampling,
         tier: req.tier,
         priority: req.priority,
+        grammar,
     }))
 }
 
