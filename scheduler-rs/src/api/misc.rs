@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::{unix_now, AppState};
+use crate::metrics::engine::EngineGauges;
 
 /// `GET /v1/models`: the one served model. `max_model_len` is the longest context the
 /// deployment serves: the model's window, capped by the most any live worker holds (a worker
@@ -142,6 +143,11 @@ fn render_gauges(state: &AppState, out: &mut String) {
         }
     }
     let stats = e.worker_stats();
+    let (running, waiting) = groups
+        .iter()
+        .fold((0, 0), |(r, w), g| (r + g.running, w + g.waiting));
+    let engine = EngineGauges::of(running, waiting, &stats);
+    e.metrics.vllm.render(out, &engine);
     if !stats.is_empty() {
         gauge(
             out,
