@@ -286,3 +286,26 @@ def test_a_started_lower_class_prompt_does_not_count_ahead_of_a_feasible_one(tin
     assert engine.seqs["f"].num_computed == 8, "the feasible prompt got the budget"
     outs, _ = run_to_completion(engine)
     assert outs["f"] == hf_greedy(hf, ps[1], 12)
+
+
+def test_first_output_reports_how_long_the_request_queued(tiny):
+    """`queue_s` (sent to the router as `queue_ms`, the queue / prefill split of `/metrics`)
+    rides on a request's first output only, and covers its wait behind a full batch."""
+    e = engine_for(tiny, max_batch=1)
+    p = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    e.add_request("a", [1, 2, 3], p)
+    t_b = time.monotonic()
+    e.add_request("b", [4, 5, 6], p)
+    seen: dict[str, list[float | None]] = {}
+    a_done = None
+    while e.has_unfinished():
+        for o in e.step():
+            seen.setdefault(o.request_id, []).append(o.queue_s)
+            if o.request_id == "a" and o.finished:
+                a_done = time.monotonic()
+    assert [q is not None for q in seen["a"]] == [True, False, False]
+    assert [q is not None for q in seen["b"]] == [True, False, False]
+    # b could only start once a was done (max_batch 1): it queued at least that long.
+    assert a_done is not None
+    assert seen["b"][0] >= a_done - t_b - 1e-3
+    assert seen["a"][0] < seen["b"][0]

@@ -42,6 +42,9 @@ def test_worker_messages_carry_the_documented_fields():
         "error": None,
         "prompt_tokens": 4,
     }
+    # A request's first tokens may carry its queue time; absent otherwise (backward compatible).
+    first = roundtrip(proto.tokens(3, "r", [5], prompt_tokens=4, queue_ms=12.5))
+    assert first["queue_ms"] == 12.5 and "queue_ms" not in t
     hb = roundtrip(proto.heartbeat(1, running=2, waiting=3, free_pages=4, epoch=5))
     assert [hb[k] for k in ("running", "waiting", "free_pages", "epoch")] == [2, 3, 4, 5]
     reg = roundtrip(proto.register(0, "cpu", "m", [1], 640, 2048, [2]))

@@ -42,6 +42,13 @@ pub struct MockOptions {
     pub model: String,
     /// Shared secret to answer the router's `challenge` with (docs/security.md).
     pub secret: Option<WorkerSecret>,
+    /// `queue_ms` sent with each request's first tokens (as a worker reports its queue time).
+    pub queue_ms: Option<f64>,
+    /// Send a `stats` message with every heartbeat, shaped like a host worker's: cumulative
+    /// `prefix_cache_queries` (prompt tokens received), `prefix_cache_hits` (half of them,
+    /// rounded down per request), `num_preemptions` (one per `generate`) and the gauge
+    /// `kv_cache_usage_perc` (25).
+    pub report_stats: bool,
 }
 
 impl Default for MockOptions {
@@ -58,6 +65,8 @@ impl Default for MockOptions {
             ignore_reconfigure: false,
             model: "nitsum".into(),
             secret: None,
+            queue_ms: None,
+            report_stats: false,
         }
     }
 }
@@ -77,6 +86,9 @@ pub struct MockStats {
     pub last_generate: Mutex<Option<(String, String, Option<WorkerId>)>>,
     /// (input_ids, max_tokens) of the last `generate`.
     pub last_input: Mutex<Option<(Vec<u32>, u32)>>,
+    /// Prompt tokens received, and half of each prompt's (rounded down), summed.
+    pub prompt_tokens: AtomicU64,
+    pub half_prompt_tokens: AtomicU64,
 }
 
 /// A running mock worker.
@@ -136,6 +148,8 @@ struct Tokens<'a> {
     finish_reason: Option<&'a str>,
     error: Option<&'a str>,
     prompt_tokens: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_ms: Option<f64>,
 }
 
 fn encode<T: Serialize>(v: &T) -> ZmqMessage {
@@ -217,9 +231,12 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                             Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
                         let sampling = m.sampling.take().unwrap_or_default();
                         *stats.last_input.lock().unwrap() = Some((m.input_ids.clone(), sampling.max_tokens));
+                        let n = m.input_ids.len() as u64;
+                        stats.prompt_tokens.fetch_add(n, Ordering::Relaxed);
+                        stats.half_prompt_tokens.fetch_add(n / 2, Ordering::Relaxed);
                         let (out, finish) = plan_output(&m.input_ids, &sampling);
                         if opts.step_delay.is_zero() {
-                            for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), opts.tokens_per_message) {
+                            for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), &opts) {
                                 let _ = sock.send(msg).await;
                             }
                         } else {
@@ -259,6 +276,14 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                 let hb = serde_json::json!({"v": PROTOCOL_VERSION, "type": "heartbeat", "worker_id": id,
                     "running": 0, "waiting": 0, "free_pages": 1000, "epoch": 0});
                 let _ = sock.send(encode(&hb)).await;
+                if opts.report_stats && registered {
+                    let s = serde_json::json!({"v": PROTOCOL_VERSION, "type": "stats", "worker_id": id,
+                        "prefix_cache_queries": stats.prompt_tokens.load(Ordering::Relaxed),
+                        "prefix_cache_hits": stats.half_prompt_tokens.load(Ordering::Relaxed),
+                        "num_preemptions": stats.generates.load(Ordering::Relaxed),
+                        "kv_cache_usage_perc": 25});
+                    let _ = sock.send(encode(&s)).await;
+                }
                 // Re-register until acknowledged (the router may have started after us).
                 if !registered && ticks.is_multiple_of(4) {
                     let _ = sock.send(encode(&register)).await;
@@ -274,8 +299,9 @@ fn chunks(
     out: &[u32],
     finish: &str,
     prompt: usize,
-    per: usize,
+    opts: &MockOptions,
 ) -> Vec<ZmqMessage> {
+    let per = opts.tokens_per_message;
     let per = if per == 0 { out.len().max(1) } else { per };
     let parts: Vec<&[u32]> = if out.is_empty() {
         vec![&[][..]]
@@ -296,6 +322,7 @@ fn chunks(
                 finish_reason: (i + 1 == n).then_some(finish),
                 error: None,
                 prompt_tokens: prompt,
+                queue_ms: opts.queue_ms.filter(|_| i == 0),
             })
         })
         .collect()
@@ -310,14 +337,7 @@ async fn paced(
     aborted: Arc<Mutex<HashSet<String>>>,
     tx: mpsc::UnboundedSender<ZmqMessage>,
 ) {
-    for msg in chunks(
-        id,
-        &m.request_id,
-        &out,
-        finish,
-        m.input_ids.len(),
-        opts.tokens_per_message,
-    ) {
+    for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), &opts) {
         tokio::time::sleep(opts.step_delay).await;
         if aborted.lock().unwrap().remove(&m.request_id) {
             let ack = Tokens {
@@ -329,6 +349,7 @@ async fn paced(
                 finish_reason: Some("abort"),
                 error: None,
                 prompt_tokens: m.input_ids.len(),
+                queue_ms: None,
             };
             let _ = tx.send(encode(&ack));
             return;

@@ -97,6 +97,10 @@ struct Inflight {
     retries: u32,
     start: Instant,
     first: Option<Instant>,
+    /// When its latest tokens arrived (inter-token latency).
+    last: Option<Instant>,
+    /// Seconds its worker held it before its first scheduled step (`queue_ms`, if sent).
+    queue_s: Option<f64>,
 }
 
 impl Inflight {
@@ -192,7 +196,7 @@ impl RouterState {
             ..StatsConfig::default()
         });
         let engine = RouterState {
-            metrics: Metrics::new(&cfg.tiers),
+            metrics: Metrics::new(&cfg.tiers, &cfg.served_model_name),
             control: cfg.profile.is_some(),
             cfg,
             state: Mutex::new(State {

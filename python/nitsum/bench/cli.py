@@ -11,7 +11,8 @@ Workloads whose tier mix shifts (same syntax as `nitsum simulate`, docs/planner.
 one trace per tier: `--tier-source strict=azure-code --tier-source relaxed=azure-conv:offset=0.5`.
 
 Without a server: `--dry-run` prints what would be sent; `--compare A.json B.json --plot P`
-plots earlier results; `--plan-log F --plot-plan P` plots a saved plan timeline.
+plots earlier results (`--plot-tiers P.svg`: per-tier goodput, attainment and p90 latency vs
+their SLOs); `--plan-log F --plot-plan P` plots a saved plan timeline.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from tqdm import tqdm
 from nitsum.bench.bursty import BurstySpec, UniformLengths
 from nitsum.bench.mixes import tier_shares
 from nitsum.bench.planlog import load_plan_log, save_plan_log
-from nitsum.bench.plot import plot_goodput_vs_rate, plot_plan_timeline
+from nitsum.bench.plot import load_results, plot_goodput_vs_rate, plot_plan_timeline
 from nitsum.bench.replay import ReplayConfig, completions_url, run_replay
 from nitsum.bench.report import format_summary, summarize
+from nitsum.bench.tier_plot import plot_tiers
 from nitsum.bench.tiers import DEFAULT_TIERS, TierSpec, load_tiers_file, parse_tier_arg
 from nitsum.bench.traces import TraceError
 from nitsum.bench.workload import Workload, WorkloadSpec, build_workload, run_requests
@@ -138,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--chunk-times", action="store_true", help="keep per-chunk times in --out")
     o.add_argument("--plot", type=Path, help="goodput vs rate PNG")
     o.add_argument("--plot-plan", type=Path, help="plan timeline PNG (needs --plan-url)")
+    o.add_argument(
+        "--plot-tiers",
+        type=Path,
+        help="per-tier goodput, attainment and p90 TTFT/TPOT vs rate (.svg or .png); with "
+        "--compare, of the first results file",
+    )
     o.add_argument("--compare", type=Path, nargs="+", help="plot these results into --plot")
     o.add_argument("--plan-log", type=Path, help="plot this saved timeline into --plot-plan")
     return p
@@ -235,10 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.compare or args.plan_log:
         if args.compare:
-            if not args.plot:
-                print("nitsum bench: --compare needs --plot", file=sys.stderr)
+            if not (args.plot or args.plot_tiers):
+                print("nitsum bench: --compare needs --plot or --plot-tiers", file=sys.stderr)
                 return 2
-            plot_goodput_vs_rate(list(args.compare), args.plot)
+            if args.plot:
+                plot_goodput_vs_rate(list(args.compare), args.plot)
+            if args.plot_tiers:
+                plot_tiers(load_results(args.compare[0]), args.plot_tiers)
         if args.plan_log:
             plot_plan_timeline(load_plan_log(args.plan_log), args.plot_plan or Path("plan.png"))
         return 0
@@ -303,4 +314,6 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(results, indent=1))
     if args.plot:
         plot_goodput_vs_rate([results], args.plot)
+    if args.plot_tiers:
+        plot_tiers(results, args.plot_tiers)
     return 0 if any(r["summary"]["n_ok"] for r in runs) else 1

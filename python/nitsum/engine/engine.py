@@ -29,6 +29,8 @@ class RequestOutput:
     finish_reason: str | None = None
     # Why, when `finish_reason` is "error" and the engine knows (else None).
     error: str | None = None
+    # On a request's first token: seconds from its arrival to its first scheduled step.
+    queue_s: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -291,7 +293,10 @@ class Engine:
                 reason, error = grammar_finish(seq.grammar, token)
             if reason is not None:
                 self._finish(seq, reason)
-            outputs.append(RequestOutput(seq.request_id, [token], reason, error))
+            out = RequestOutput(seq.request_id, [token], reason, error)
+            if len(seq.output_ids) == 1 and seq.first_scheduled is not None:
+                out.queue_s = max(0.0, seq.first_scheduled - seq.arrival)
+            outputs.append(out)
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:

@@ -259,6 +259,8 @@ class Scheduler:
                     continue
                 self.waiting[klass].remove(seq)
                 seq.status = Status.RUNNING
+                if seq.first_scheduled is None:
+                    seq.first_scheduled = now
                 self.running.append(seq)
                 if seq.host_pages and not self.kv.swap_in(
                     seq, cached, len(batch), median(self.steps)

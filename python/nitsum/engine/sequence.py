@@ -48,6 +48,8 @@ class Sequence:
     # Structured output: where the output is in its grammar (None: unconstrained).
     grammar: GrammarMatcher | None = None
     arrival: float = field(default_factory=time.monotonic)
+    # Monotonic time it was first scheduled (left the waiting queue); None: not yet.
+    first_scheduled: float | None = None
     # Monotonic time by which the first token is due (arrival + the tier's TTFT); None: none.
     deadline: float | None = None
     # Within its class, lower is served first (vLLM's `priority` convention).

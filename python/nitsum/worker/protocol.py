@@ -120,9 +120,12 @@ def tokens(
     prompt_tokens: int,
     finish_reason: str | None = None,
     error: str | None = None,
+    queue_ms: float | None = None,
 ) -> dict[str, Any]:
-    """New token ids of one request; the last message of a request has a `finish_reason`."""
+    """New token ids of one request; the last message of a request has a `finish_reason`.
+    `queue_ms` (with a request's first tokens): how long it waited before its first step."""
     assert finish_reason is None or finish_reason in FINISH_REASONS, finish_reason
+    extra = {} if queue_ms is None else {"queue_ms": queue_ms}
     return _msg(
         "tokens",
         worker_id=worker_id,
@@ -131,6 +134,7 @@ def tokens(
         finish_reason=finish_reason,
         error=error,
         prompt_tokens=prompt_tokens,
+        **extra,
     )
 
 

@@ -293,8 +293,11 @@ class WorkerServer:
         new: dict[str, list[int]] = {}
         reasons: dict[str, str] = {}
         errors: dict[str, str] = {}
+        queued: dict[str, float] = {}
         for out in outputs:  # one message per request per step, whatever the engine yields
             new.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.queue_s is not None:
+                queued[out.request_id] = out.queue_s * 1e3
             if out.finish_reason is not None:
                 reasons[out.request_id] = out.finish_reason
             if out.error is not None:
@@ -304,10 +307,12 @@ class WorkerServer:
                 log.error("engine produced tokens for unknown request %r", rid)
             elif rid in reasons:
                 failed = errors.get(rid, "the engine failed this request (see the worker log)")
-                self._final(rid, ids, reasons[rid], failed if reasons[rid] == "error" else None)
+                error = failed if reasons[rid] == "error" else None
+                self._final(rid, ids, reasons[rid], error, queued.get(rid))
             else:
                 device, prompt_tokens = self.live[rid]
-                self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens))
+                msg = proto.tokens(device, rid, ids, prompt_tokens, queue_ms=queued.get(rid))
+                self.links[device].send(msg)
 
     def _fail(self, rid: str, error: str) -> None:
         """End one request with an error."""
@@ -319,6 +324,14 @@ class WorkerServer:
         for rid in list(self.live):
             self._fail(rid, error)
 
-    def _final(self, rid: str, ids: list[int], reason: str, error: str | None) -> None:
+    def _final(
+        self,
+        rid: str,
+        ids: list[int],
+        reason: str,
+        error: str | None,
+        queue_ms: float | None = None,
+    ) -> None:
         device, prompt_tokens = self.live.pop(rid)
-        self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens, reason, error))
+        msg = proto.tokens(device, rid, ids, prompt_tokens, reason, error, queue_ms)
+        self.links[device].send(msg)

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
+use crate::metrics::engine::EngineGauges;
 
 /// The longest context the deployment serves: the model's window, capped by the most any live
 /// worker holds (a worker whose largest TP group's KV holds less says so in `register`).
@@ -164,6 +165,11 @@ fn render_gauges(state: &AppState, out: &mut String) {
         }
     }
     let stats = e.worker_stats();
+    let (running, waiting) = groups
+        .iter()
+        .fold((0, 0), |(r, w), g| (r + g.running, w + g.waiting));
+    let engine = EngineGauges::of(running, waiting, &stats);
+    e.metrics.vllm.render(out, &engine);
     if !stats.is_empty() {
         gauge(
             out,

@@ -301,6 +301,9 @@ pub struct Tokens {
     pub finish_reason: Option<String>,
     pub error: Option<String>,
     pub prompt_tokens: Option<u32>,
+    /// Milliseconds the worker held the request before its first scheduled step (optional;
+    /// sent with the request's first tokens): the queue / prefill split of `/metrics`.
+    pub queue_ms: Option<f64>,
 }
 
 /// `reconfigured`: the ack of a `reconfigure`.

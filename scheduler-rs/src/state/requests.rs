@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
+use crate::metrics::vllm::FinishedReason;
 use crate::metrics::Completion;
 use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
@@ -115,6 +116,8 @@ impl RouterState {
                         retries: 0,
                         start: Instant::now(),
                         first: None,
+                        last: None,
+                        queue_s: None,
                     },
                 );
             }
@@ -243,8 +246,17 @@ impl RouterState {
             }
         }
         let e = st.inflight.get_mut(&id).expect("entry present");
+        if let Some(q) = m.queue_ms.filter(|q| q.is_finite() && *q >= 0.0) {
+            e.queue_s.get_or_insert(q / 1e3);
+        }
         if !ids.is_empty() {
+            if e.first.is_none() {
+                self.metrics.vllm.on_prefilled(e.req.input_ids.len());
+            }
             e.first.get_or_insert(now);
+            let gap = e.last.map(|t| (now - t).as_secs_f64());
+            self.metrics.vllm.on_tokens(ids.len(), gap);
+            e.last = Some(now);
             e.generated.extend_from_slice(&ids);
         }
         let event = match m.finish_reason.as_deref() {
@@ -279,22 +291,31 @@ impl RouterState {
     /// Deliver the final event of a request that already left `inflight` and record it.
     pub(super) fn finish(&self, e: Inflight, event: Event, now: Instant) {
         match &event {
-            Event::Tokens { .. } => self.record(e.req.tier, &e, now),
+            Event::Tokens { finish, .. } => {
+                let reason = match finish {
+                    Some(FinishReason::Length) => FinishedReason::Length,
+                    Some(FinishReason::Stop) | None => FinishedReason::Stop,
+                };
+                self.record(e.req.tier, &e, now, reason);
+            }
             Event::Error(_) => {
                 self.metrics
                     .tier(e.req.tier)
                     .errors
                     .fetch_add(1, Ordering::Relaxed);
+                self.metrics.vllm.count(FinishedReason::Error);
             }
         }
         let _ = e.tx.send(event);
     }
 
-    pub(super) fn record(&self, tier: TierId, e: &Inflight, now: Instant) {
+    pub(super) fn record(&self, tier: TierId, e: &Inflight, now: Instant, why: FinishedReason) {
         let c = Completion {
             ttft_s: e.first.map(|f| (f - e.start).as_secs_f64()),
             e2e_s: (now - e.start).as_secs_f64(),
             tokens: e.tokens(),
+            prompt_tokens: e.req.input_ids.len() as u64,
+            queue_s: e.queue_s,
         };
         if self.control {
             let arrival = e.start.saturating_duration_since(self.clock).as_secs_f64();
@@ -306,7 +327,8 @@ impl RouterState {
             }
             st.outcomes.push_back((arrival, tier, met));
         }
-        self.metrics.record_completion(tier, self.cfg.tier(tier), c);
+        self.metrics
+            .record_completion(tier, self.cfg.tier(tier), c, why);
     }
 
     /// Refuse new requests from now on (shutdown); those in flight go on.
@@ -354,14 +376,18 @@ impl RouterState {
         }
         drop(st);
         match why {
-            EarlyEnd::StopString => self.record(e.req.tier, &e, Instant::now()),
+            EarlyEnd::StopString => {
+                self.record(e.req.tier, &e, Instant::now(), FinishedReason::Stop)
+            }
             EarlyEnd::Cancelled => {
+                self.metrics.vllm.count(FinishedReason::Abort);
                 self.metrics
                     .tier(e.req.tier)
                     .cancelled
                     .fetch_add(1, Ordering::Relaxed);
             }
             EarlyEnd::TimedOut => {
+                self.metrics.vllm.count(FinishedReason::Abort);
                 self.metrics
                     .tier(e.req.tier)
                     .timed_out

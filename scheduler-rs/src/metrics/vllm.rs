@@ -1,0 +1,161 @@
+//! vLLM-compatible metrics: the `vllm:*` families a stock vLLM Grafana dashboard queries,
+//! labelled `model_name`, exported beside Nitsum's own `nitsum_*` (docs/metrics.md).
+//!
+//! Names, types, units and buckets follow vLLM v1's Prometheus logger: seconds for times,
+//! tokens for counts, KV usage as a fraction (1 = full). Request-level numbers are measured
+//! by the router; engine-level ones (running / waiting, KV usage, preemptions, prefix cache)
+//! come from the workers' heartbeats and `stats` messages (docs/protocol.md).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::histogram::{label_value, Histogram};
+use super::Completion;
+
+/// `vllm:time_to_first_token_seconds` buckets (vLLM's).
+pub const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// Inter-token and per-request time-per-output-token buckets (vLLM's).
+pub const TOKEN_TIME_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Request-phase latency buckets: e2e, queue, prefill, decode, inference (vLLM's).
+pub const LATENCY_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+/// Per-request token-count buckets: vLLM's 1-2-5 series (it stops at the model's context;
+/// a fixed top here, the `+Inf` bucket takes the rest).
+pub const LENGTH_BUCKETS: [f64; 16] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0,
+];
+
+/// How a request ended: vLLM's `finished_reason` label of `vllm:request_success_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishedReason {
+    /// An EOS or stop token, or a stop string the router matched.
+    Stop,
+    /// `max_tokens` or the context window.
+    Length,
+    /// The client went away or the request ran past its deadline.
+    Abort,
+    /// A worker failure the router could not recover from.
+    Error,
+}
+
+impl FinishedReason {
+    pub const ALL: [FinishedReason; 4] = [
+        FinishedReason::Stop,
+        FinishedReason::Length,
+        FinishedReason::Abort,
+        FinishedReason::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishedReason::Stop => "stop",
+            FinishedReason::Length => "length",
+            FinishedReason::Abort => "abort",
+            FinishedReason::Error => "error",
+        }
+    }
+}
+
+/// The router-measured request metrics in vLLM's names.
+#[derive(Debug)]
+pub struct VllmMetrics {
+    /// `model_name="…"`: the label every series carries.
+    pub(super) labels: String,
+    pub ttft: Histogram,
+    /// Gap between consecutive token deliveries, per token (`vllm:inter_token_latency_seconds`,
+    /// also under vLLM's older name `vllm:time_per_output_token_seconds`).
+    pub itl: Histogram,
+    /// Per request: (e2e − TTFT) / (output tokens − 1).
+    pub request_tpot: Histogram,
+    pub e2e: Histogram,
+    /// Time the worker held the request before its first scheduled step (reported by the
+    /// worker as `queue_ms`); prefill = TTFT − queue, inference = e2e − queue.
+    pub queue: Histogram,
+    pub prefill: Histogram,
+    pub decode: Histogram,
+    pub inference: Histogram,
+    pub prompt_len: Histogram,
+    pub generation_len: Histogram,
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    /// Ended requests, indexed by `FinishedReason as usize`.
+    ended: [AtomicU64; 4],
+}
+
+impl VllmMetrics {
+    pub fn new(model_name: &str) -> Self {
+        VllmMetrics {
+            labels: format!("model_name=\"{}\"", label_value(model_name)),
+            ttft: Histogram::new(&TTFT_BUCKETS),
+            itl: Histogram::new(&TOKEN_TIME_BUCKETS),
+            request_tpot: Histogram::new(&TOKEN_TIME_BUCKETS),
+            e2e: Histogram::new(&LATENCY_BUCKETS),
+            queue: Histogram::new(&LATENCY_BUCKETS),
+            prefill: Histogram::new(&LATENCY_BUCKETS),
+            decode: Histogram::new(&LATENCY_BUCKETS),
+            inference: Histogram::new(&LATENCY_BUCKETS),
+            prompt_len: Histogram::new(&LENGTH_BUCKETS),
+            generation_len: Histogram::new(&LENGTH_BUCKETS),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            ended: Default::default(),
+        }
+    }
+
+    /// `n` tokens of a request arrived, `gap_s` after its previous ones (None for its first
+    /// message: that gap is the TTFT). Each token of the message counts as one inter-token
+    /// interval of `gap_s / n`.
+    pub fn on_tokens(&self, n: usize, gap_s: Option<f64>) {
+        self.generation_tokens
+            .fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(gap) = gap_s.filter(|_| n > 0) {
+            for _ in 0..n {
+                self.itl.observe(gap / n as f64);
+            }
+        }
+    }
+
+    /// A request's prompt was prefilled (its first token arrived).
+    pub fn on_prefilled(&self, prompt_tokens: usize) {
+        self.prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    }
+
+    /// A request finished with a completion.
+    pub fn on_completion(&self, c: &Completion, reason: FinishedReason) {
+        self.count(reason);
+        self.e2e.observe(c.e2e_s);
+        self.prompt_len.observe(c.prompt_tokens as f64);
+        self.generation_len.observe(c.tokens as f64);
+        let Some(ttft) = c.ttft_s else { return };
+        self.ttft.observe(ttft);
+        self.decode.observe((c.e2e_s - ttft).max(0.0));
+        if let Some(tpot) = c.tpot_s() {
+            self.request_tpot.observe(tpot);
+        }
+        // NOTE: without a worker-reported queue time the split is unknown: not guessed.
+        if let Some(q) = c.queue_s {
+            self.queue.observe(q);
+            self.prefill.observe((ttft - q).max(0.0));
+            self.inference.observe((c.e2e_s - q).max(0.0));
+        }
+    }
+
+    /// A request ended for `reason` (also called by `on_completion`).
+    pub fn count(&self, reason: FinishedReason) {
+        self.ended[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests ended for `reason` so far.
+    pub fn ended(&self, reason: FinishedReason) -> u64 {
+        self.ended[reason as usize].load(Ordering::Relaxed)
+    }
+}
