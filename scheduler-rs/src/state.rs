@@ -166,6 +166,8 @@ pub struct RouterState {
 }
 
 mod handle;
+#[cfg(test)]
+mod handoff_tests;
 mod handshake;
 #[cfg(test)]
 mod handshake_tests;

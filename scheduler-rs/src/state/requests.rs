@@ -242,6 +242,12 @@ impl RouterState {
             }
         }
         let e = st.inflight.get_mut(&id).expect("entry present");
+        if Some(worker) == e.decode && worker != e.leader {
+            // NOTE: a decode target streams only once the KV was handed to it across
+            // processes (P/D across hosts); the prefill side is done with the request, so
+            // its death no longer concerns it.
+            e.leader = worker;
+        }
         if !ids.is_empty() {
             e.first.get_or_insert(now);
             e.generated.extend_from_slice(&ids);
