@@ -39,6 +39,9 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 TAG = 7  # every handoff message travels on this tag
+# NOTE: an idle peer's next header may be days away; gloo applies the group's timeout to a
+# wait without one, so the header wait names this one explicitly.
+IDLE_WAIT = timedelta(days=365)
 STORE_PREFIX = "nitsum-kv"
 
 
@@ -64,11 +67,14 @@ class KVPeers:
         rank: int,
         world: int,
         device_ids: list[int],
-        timeout_s: float = 30.0,
+        timeout_s: float = 5.0,
         stall_s: float = 0.0,
+        rendezvous_s: float = 300.0,
     ) -> None:
         """Join the group at `addr` as `rank` of `world` (rank 0 hosts the store) serving
-        `device_ids`. `timeout_s` bounds the rendezvous and every message of a transfer;
+        `device_ids`. `timeout_s` bounds every message of a transfer (keep it under the
+        router's heartbeat timeout: a send blocks this process's loop), `rendezvous_s` the
+        wait for every process at start-up;
         `stall_s` (tests only) sleeps between a handoff's metadata and its KV, so a test can
         kill the sender mid-transfer."""
         if not 0 <= rank < world:
@@ -77,7 +83,8 @@ class KVPeers:
         self.rank, self.world = rank, world
         self.timeout = timedelta(seconds=timeout_s)
         self.stall_s = stall_s
-        store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=self.timeout)
+        wait = timedelta(seconds=rendezvous_s)
+        store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=wait)
         self.store = dist.PrefixStore(STORE_PREFIX, store)
         self.store.set(f"ids/{rank}", json.dumps(device_ids))
         # Worker id -> the rank of the process that serves it.
@@ -85,7 +92,7 @@ class KVPeers:
         for r in range(world):
             for d in json.loads(self.store.get(f"ids/{r}")):
                 self.owner[int(d)] = r
-        self.pg = dist.ProcessGroupGloo(self.store, rank, world, self.timeout)
+        self.pg = dist.ProcessGroupGloo(self.store, rank, world, wait)
         self._sent = 0
         self._inbox: queue.Queue[tuple[dict[str, Any], torch.Tensor]] = queue.Queue()
         self.lost: set[int] = set()  # ranks whose connection broke
@@ -152,7 +159,7 @@ class KVPeers:
         while True:
             header = torch.zeros(3, dtype=torch.int64)
             try:
-                self.pg.recv([header], src, TAG).wait()  # NOTE: idle peers wait here, unbounded
+                self.pg.recv([header], src, TAG).wait(IDLE_WAIT)
             except RuntimeError as e:
                 self.lost.add(src)
                 log.warning("KV transport: rank %d lost: %s", src, e)

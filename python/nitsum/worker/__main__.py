@@ -78,8 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-timeout-s",
         type=float,
-        default=30.0,
-        help="bound on the KV transport's rendezvous and on each message of a handoff",
+        default=5.0,
+        help="bound on each message of a KV handoff (below the router's heartbeat timeout: "
+        "a send holds this process's loop)",
+    )
+    p.add_argument(
+        "--kv-rendezvous-s",
+        type=float,
+        default=300.0,
+        help="how long to wait at start-up for every process of --kv-peers",
     )
     p.add_argument("--log-level", default="INFO")
     return p
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.kv_timeout_s,
                 # Tests only: stall between a handoff's metadata and its KV (kill mid-transfer).
                 stall_s=float(os.environ.get("NITSUM_TEST_KV_STALL_S", "0")),
+                rendezvous_s=args.kv_rendezvous_s,
             )
         except (ValueError, RuntimeError) as e:  # a bad address, or no rendezvous in time
             print(f"nitsum worker: --kv-peers {args.kv_peers}: {e}", file=sys.stderr)
