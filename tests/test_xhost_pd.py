@@ -2,7 +2,8 @@
 the KV transport (pool/peers.py) on loopback, a tiny random model.
 
 A request prefilled in one process decodes in another with the tokens of a mixed run (greedy
-and seeded), and a prefill process killed in the middle of a handoff loses no request.
+and seeded), and killing either the prefill or the decode process in the middle of a handoff
+loses no request.
 Every wait is bounded.
 """
 
@@ -122,7 +123,7 @@ def start(tmp: Path, model: Path, plan: list[dict], env: dict[int, dict[str, str
             "--config",
             str(config),
             "--heartbeat-timeout-ms",
-            "1500",
+            "4000",
             "--log-level",
             "warn",
         ],
@@ -290,3 +291,37 @@ def test_a_host_that_dies_mid_transfer_loses_no_request(cluster: Cluster, model_
     assert cluster.workers[1].poll() is None and cluster.workers[2].poll() is None
     again = cluster.generate(reqs["r0"][0], 7, temperature=0)
     assert again["output_ids"] == want["r0"]
+
+
+# Process A stalls 2 s (under the router's heartbeat timeout) between a handoff's metadata and
+# its KV: the test kills the decode process B there.
+KILL_DECODE = (KILL[0], {0: {"NITSUM_TEST_KV_STALL_S": "2"}})
+
+
+@pytest.mark.parametrize("cluster", [KILL_DECODE], indirect=True)
+def test_a_decode_host_that_dies_mid_transfer_loses_no_request(
+    cluster: Cluster, model_dir: Path
+) -> None:
+    import concurrent.futures as cf
+
+    reqs = {
+        f"d{i}": (
+            prompt(9 + 4 * i, 40 + i),
+            SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+        )
+        for i in range(3)
+    }
+    want = reference(model_dir, reqs)
+    with cf.ThreadPoolExecutor(len(reqs)) as pool:
+        futures = {
+            rid: pool.submit(cluster.generate, ids, sp.max_tokens, temperature=0)
+            for rid, (ids, sp) in reqs.items()
+        }
+        wait(lambda: "sending KV of" in cluster.log(0), 30, "a handoff under way on host A")
+        cluster.workers[1].kill()  # the receiver, mid-transfer
+        got = {rid: f.result(timeout=60) for rid, f in futures.items()}
+    assert {rid: g["output_ids"] for rid, g in got.items()} == want
+    # A's send failed, so A decoded its requests itself; B adopted none.
+    stats = cluster.stats()
+    assert stats[("0", "kv_remote_failed")] >= 1 and stats[("0", "kv_remote_out")] == 0
+    assert cluster.workers[0].poll() is None
