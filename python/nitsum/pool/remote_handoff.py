@@ -38,10 +38,9 @@ class RemoteHandoffs:
     one. `moved()` tells the server which ids left (no final message here) and which arrived
     (and on which worker id they stream)."""
 
-    def __init__(self, pe: PoolEngine, peers: KVPeers, first_id: int) -> None:
+    def __init__(self, pe: PoolEngine, peers: KVPeers) -> None:
         self.pe = pe
         self.peers = peers
-        self.first_id = first_id
         self.targets: dict[str, int] = {}  # request id -> decode target (a remote worker id)
         self._left: list[str] = []
         self._came: list[tuple[str, int, int]] = []  # (request id, worker id, prompt tokens)
@@ -82,6 +81,10 @@ class RemoteHandoffs:
         for out in outputs:
             if out.finished:
                 self.targets.pop(out.request_id, None)
+        # NOTE: only a first token sampled in this very step is still unsent (held back
+        # below); a request that got past it here (its group was lent to a binding at the
+        # time) decodes here, or the receiver would stream that token twice.
+        fresh = {o.request_id for o in outputs if o.new_token_ids}
         paused = self.pe.binder.paused()
         left: set[str] = set()
         for group, engine in list(self.pe.engines.items()):
@@ -93,7 +96,8 @@ class RemoteHandoffs:
                 if target is None or not done or seq.remaining != 1:
                     continue
                 del self.targets[seq.request_id]  # NOTE: one try; a failure decodes here
-                if self._send(seq, engine, target):
+                first = len(seq.output_ids) == 1 and seq.request_id in fresh
+                if first and self._send(seq, engine, target):
                     left.add(seq.request_id)
         return [o for o in outputs if o.request_id not in left]
 

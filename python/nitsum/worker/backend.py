@@ -94,7 +94,7 @@ class PoolBackend:
         """Hand KV to and take it from other host worker processes over `peers`."""
         from nitsum.pool.remote_handoff import RemoteHandoffs
 
-        self.remote = RemoteHandoffs(self.pe, peers, self.first_id)
+        self.remote = RemoteHandoffs(self.pe, peers)
 
     def _group(self, device: int) -> tuple[int, ...]:
         local = device - self.first_id
