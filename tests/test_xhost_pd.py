@@ -242,12 +242,14 @@ def test_prefilled_on_host_a_decodes_on_host_b_with_the_tokens_of_a_mixed_run(
     assert {rid: g["output_ids"] for rid, g in got.items()} == want
     assert all(g["meta_info"]["finish_reason"]["type"] == "length" for g in got.values())
     # Every request left process A after its prefill and was adopted by process B.
-    stats = wait(
-        lambda: (s := cluster.stats()).get(("1", "kv_remote_in")) == len(reqs) and s,
-        10,
-        "the decode host's stats",
-    )
-    assert stats[("0", "kv_remote_out")] == len(reqs)
+    # (stats ride each process's heartbeats: wait for ones sent after the last handoff)
+    done = {("0", "kv_remote_out"): len(reqs), ("1", "kv_remote_in"): len(reqs)}
+
+    def settled() -> dict[tuple[str, str], float] | None:
+        s = cluster.stats()
+        return s if all(s.get(k) == v for k, v in done.items()) else None
+
+    stats = wait(settled, 10, "both hosts' stats")
     assert stats.get(("1", "kv_remote_out"), 0) == 0 and stats[("0", "kv_remote_failed")] == 0
     # KV bytes: 2 layers x K,V x 4 heads x 8 dims x 4 bytes per prompt token.
     per_token = 2 * 2 * 4 * 8 * 4
@@ -322,6 +324,11 @@ def test_a_decode_host_that_dies_mid_transfer_loses_no_request(
         got = {rid: f.result(timeout=60) for rid, f in futures.items()}
     assert {rid: g["output_ids"] for rid, g in got.items()} == want
     # A's send failed, so A decoded its requests itself; B adopted none.
-    stats = cluster.stats()
-    assert stats[("0", "kv_remote_failed")] >= 1 and stats[("0", "kv_remote_out")] == 0
+    # (stats ride the heartbeats: wait for one sent after the failure)
+    stats = wait(
+        lambda: (s := cluster.stats()).get(("0", "kv_remote_failed"), 0) >= 1 and s,
+        10,
+        "host A's stats",
+    )
+    assert stats[("0", "kv_remote_out")] == 0
     assert cluster.workers[0].poll() is None
