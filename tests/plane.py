@@ -89,6 +89,9 @@ class EchoBackend:
     def counters(self) -> dict[str, int]:
         return {}
 
+    def moved(self) -> tuple[list[str], list[tuple[str, int, int]]]:
+        return [], []  # one process: nothing is handed to or from another
+
 
 class Router:
     """`nitsum-router` on free loopback ports with the shared secret in its environment."""

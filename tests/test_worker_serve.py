@@ -346,3 +346,26 @@ def test_a_bad_shift_threshold_says_why(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         serve.build_parser().parse_args(["--shift-threshold", "1=8"])
     assert "group sizes start at 2" in capsys.readouterr().err
+
+
+def test_kv_transport_joins_worker_processes_and_a_restart_runs_without_it(capsys) -> None:
+    args = serve.build_parser().parse_args(["--workers", "3", "--kv-transport"])
+    args.kv_peers_addr = "tcp://127.0.0.1:4242"
+    cmd = serve.worker_command(2, Path("/m"), "tcp://x:1", "m", args)
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
+    assert (flags["--kv-peers"], flags["--kv-rank"], flags["--kv-world"]) == (
+        "tcp://127.0.0.1:4242",
+        "2",
+        "3",
+    )
+    from nitsum.worker.__main__ import build_parser as worker_parser
+
+    parsed = worker_parser().parse_args(cmd[3:])
+    assert (parsed.kv_peers, parsed.kv_rank, parsed.kv_world) == ("tcp://127.0.0.1:4242", 2, 3)
+    restart = serve.without_kv_transport(cmd)
+    assert not set(restart) & {"--kv-peers", "--kv-rank", "--kv-world", "tcp://127.0.0.1:4242"}
+    assert restart == serve.worker_command(2, Path("/m"), "tcp://x:1", "m", args)[: len(restart)]
+    # One host worker hands KV between its devices itself: the flag is refused, not ignored.
+    code = serve.main(["--kv-transport", "--tp-switching", "--port", str(free_port())])
+    assert code == 2
+    assert "--kv-transport joins worker processes" in capsys.readouterr().err

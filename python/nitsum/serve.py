@@ -124,7 +124,31 @@ def worker_command(
     cmd += ["--served-model-name", served_model_name, "--threads", str(threads)]
     cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
     cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
+    if getattr(args, "kv_peers_addr", None):
+        cmd += ["--kv-peers", args.kv_peers_addr, "--kv-rank", str(worker_id)]
+        cmd += ["--kv-world", str(args.workers)]
     return cmd
+
+
+KV_FLAGS = ("--kv-peers", "--kv-rank", "--kv-world")
+
+
+def without_kv_transport(cmd: list[str]) -> list[str]:
+    """`cmd` without the KV transport flags (and their values).
+
+    NOTE: a restarted worker cannot rejoin the transport's process group (formed once), so
+    it runs without one; it registers no `kv_transport`, and the router then plans no P/D
+    across processes (docs/serving.md, "Several hosts")."""
+    out: list[str] = []
+    skip = False
+    for arg in cmd:
+        if skip:
+            skip = False
+        elif arg in KV_FLAGS:
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 def host_worker_command(
@@ -155,6 +179,13 @@ def profile_shift_rule(profile: Path | str | None) -> ShiftRule | None:
     except ValueError as e:
         log.warning("profile %s: %s; the worker's default shift threshold is used", profile, e)
         return None
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for the KV transport's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -283,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
         "sequence parallelism (N, off, or SIZE=N per group size, comma-separated); default: "
         "the control profile's measured crossovers, else the worker's default",
     )
+    p.add_argument(
+        "--kv-transport",
+        action="store_true",
+        help="with --no-tp-switching: join the worker processes by a KV transport on a free "
+        "loopback port, so the planner may split prefill/decode across them (a restarted "
+        "worker runs without it, which turns such splits off)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
     p.add_argument(
@@ -325,6 +363,14 @@ def main(argv: list[str] | None = None) -> int:
             "prefill/decode (--no-tp-switching: one worker process per device)",
             args.workers,
         )
+    if args.kv_transport and host_worker:
+        print(
+            "nitsum serve: --kv-transport joins worker processes; one host worker serves "
+            "every device here and hands KV between them itself (use --no-tp-switching)",
+            file=sys.stderr,
+        )
+        return 2
+    args.kv_peers_addr = f"tcp://127.0.0.1:{free_port()}" if args.kv_transport else None
     name = args.served_model_name or model_dir.name
     url = f"http://{args.host}:{args.port}"
     children = Children(grace_s=args.stop_timeout)
@@ -381,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.error("%s exited with code %s; serving with the others", who, code)
                     reported.add(who)
             for who in restarts.due():
-                children.spawn(who, workers[who], env=env)
+                children.spawn(who, without_kv_transport(workers[who]), env=env)
                 restarts.started(who)
             time.sleep(0.5)
     except _Stop:

@@ -134,28 +134,18 @@ pub async fn step(
 }
 
 /// The planner settings for the pool in `view`: the TP levels every worker registered
-/// within the operator's allowed set, and no disaggregation across host worker processes.
+/// within the operator's allowed set, and no disaggregation across host worker processes
+/// that share no KV transport.
 fn planner_config(engine: &RouterState, view: &PlanningView) -> PlannerConfig {
-    let mut cfg = engine.cfg.planner.clone();
-    cfg.tp_levels = Some(match cfg.tp_levels.take() {
-        Some(allowed) => view
-            .tp_levels
-            .iter()
-            .copied()
-            .filter(|t| allowed.contains(t))
-            .collect(),
-        None => view.tp_levels.clone(),
-    });
-    if !view.single_domain && cfg.disaggregation {
-        // NOTE: KV moves only inside one host worker process; a prefill group in one and its
-        // decode group in another would decode the request itself, off the plan.
-        cfg.disaggregation = false;
-        if !WARNED_DOMAINS.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(
-                "control: workers span several host worker processes; prefill/decode \
-                 disaggregation is off (no KV transport between processes yet)"
-            );
-        }
+    let cfg = engine.cfg.planner.for_pool(&view.tp_levels, view.kv_linked);
+    if engine.cfg.planner.disaggregation
+        && !cfg.disaggregation
+        && !WARNED_DOMAINS.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        tracing::warn!(
+            "control: workers span several host worker processes without one KV transport \
+             (--kv-peers); prefill/decode disaggregation is off"
+        );
     }
     cfg
 }

@@ -169,7 +169,9 @@ impl Dispatcher {
             let tier_decode =
                 self.least_loaded(|g| g.plan.role == Role::Decode && g.serves(req.tier));
             let fallback = || self.least_loaded(|g| g.plan.role == Role::Decode);
-            Some(tier_decode.or_else(fallback)?)
+            // NOTE: with no decode group left (its host died) the prefill group decodes the
+            // request itself, as a worker does without a `decode_target`: never refuse it.
+            tier_decode.or_else(fallback)
         } else {
             None
         };
@@ -405,6 +407,17 @@ mod tests {
         assert_eq!(d.assigned(0), 2);
         d.complete(0);
         assert_eq!((d.assigned(0), d.assigned(2), d.assigned(3)), (1, 0, 1));
+    }
+
+    #[test]
+    fn a_prefill_group_without_any_decode_group_decodes_itself() {
+        // The decode host died: the plan kept only the prefill group.
+        let plan = Plan {
+            epoch: 2,
+            groups: vec![group(&[0, 1], Role::Prefill, &["strict"], false, 4.0)],
+        };
+        let d = Dispatcher::new(&plan).dispatch(0, &req("strict")).unwrap();
+        assert_eq!((d.prefill_leader, d.decode_leader), (0, None));
     }
 
     #[test]

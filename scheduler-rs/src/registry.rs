@@ -21,6 +21,9 @@ pub struct WorkerInfo {
     pub kv_capacity_tokens: u64,
     pub max_context: u64,
     pub eos_token_ids: Vec<u32>,
+    /// The KV transport between host worker processes it joined (`register`'s
+    /// `kv_transport`); `None`: KV leaves its domain never.
+    pub kv_transport: Option<String>,
 }
 
 impl WorkerInfo {
@@ -33,6 +36,7 @@ impl WorkerInfo {
             kv_capacity_tokens: m.kv_capacity_tokens.unwrap_or(0),
             max_context: m.max_context.unwrap_or(0),
             eos_token_ids: m.eos_token_ids.clone().unwrap_or_default(),
+            kv_transport: m.kv_transport.clone(),
         }
     }
 }
@@ -150,9 +154,10 @@ pub struct PoolShape {
     /// TP levels every worker registered (`[1]` for one that sent none) whose aligned blocks
     /// never cross a domain boundary, ascending.
     pub tp_levels: Vec<u32>,
-    /// Whether all workers share one domain: only then can a prefill group hand KV to any
-    /// decode group (there is no KV transport between host worker processes yet).
-    pub single_domain: bool,
+    /// Whether every prefill group can hand KV to every decode group: all workers share one
+    /// domain, or every worker joined the same KV transport between host worker processes
+    /// (P/D across hosts; a TP group still never spans domains, see `tp_levels`).
+    pub kv_linked: bool,
 }
 
 impl Registry {
@@ -161,6 +166,7 @@ impl Registry {
         let mut devices = 0u32;
         let mut levels: Option<Vec<u32>> = None;
         let mut domains: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
+        let mut transports: Vec<Option<&str>> = Vec::new();
         // NOTE: device `d` is worker `d` (see `WorkerId`): the pool is the run of registered
         // ids from 0.
         while let Some(w) = self.get(WorkerId::of_device(devices)) {
@@ -174,6 +180,7 @@ impl Registry {
                 Some(l) => l.into_iter().filter(|t| mine.contains(t)).collect(),
             });
             domains.entry(w.info.domain).or_default().push(devices);
+            transports.push(w.info.kv_transport.as_deref());
             devices += 1;
         }
         // NOTE: aligned TP-t blocks stay inside a domain iff every domain is a contiguous run
@@ -193,7 +200,9 @@ impl Registry {
         PoolShape {
             devices,
             tp_levels,
-            single_domain: domains.len() <= 1,
+            // NOTE: one transport for all, so any prefill group reaches any decode group.
+            kv_linked: domains.len() <= 1
+                || (transports[0].is_some() && transports.windows(2).all(|w| w[0] == w[1])),
         }
     }
 }
@@ -221,13 +230,13 @@ mod tests {
         let one = with_domains(&[Some(0); 4], &[1, 2, 4]);
         let shape = one.pool_shape();
         assert_eq!(
-            (shape.devices, shape.tp_levels.clone(), shape.single_domain),
+            (shape.devices, shape.tp_levels.clone(), shape.kv_linked),
             (4, vec![1, 2, 4], true)
         );
         // Two host workers of 2 devices: TP 4 would span both; no P/D across them.
         let two = with_domains(&[Some(0), Some(0), Some(2), Some(2)], &[1, 2, 4]);
         assert_eq!(two.pool_shape().tp_levels, [1, 2]);
-        assert!(!two.pool_shape().single_domain);
+        assert!(!two.pool_shape().kv_linked);
         // Domains of 3 and 1 devices: TP 2 would straddle ids 2-3.
         let odd = with_domains(&[Some(0), Some(0), Some(0), Some(3)], &[1, 2]);
         assert_eq!(odd.pool_shape().tp_levels, [1]);
@@ -238,7 +247,28 @@ mod tests {
         );
         // Separate single-device workers (`nitsum serve` without --tp-switching).
         let solo = with_domains(&[Some(0), Some(1)], &[1]).pool_shape();
-        assert_eq!((solo.tp_levels, solo.single_domain), (vec![1], false));
+        assert_eq!((solo.tp_levels, solo.kv_linked), (vec![1], false));
+    }
+
+    #[test]
+    fn one_kv_transport_links_domains_for_pd_but_tp_stays_inside_each() {
+        let mut r = with_domains(&[Some(0), Some(0), Some(2), Some(2)], &[1, 2, 4]);
+        let join = |r: &mut Registry, id: u32, transport: Option<&str>| {
+            let mut info = r.get(WorkerId(id)).expect("registered").info.clone();
+            info.kv_transport = transport.map(str::to_owned);
+            r.register(WorkerId(id), Bytes::new(), info, Instant::now());
+        };
+        for id in 0..4 {
+            join(&mut r, id, Some("tcp://10.0.0.1:29600"));
+        }
+        let shape = r.pool_shape();
+        // P/D may span the two processes; a TP-4 group still may not.
+        assert_eq!((shape.tp_levels, shape.kv_linked), (vec![1, 2], true));
+        // One worker on another transport (or none) unlinks them.
+        join(&mut r, 3, Some("tcp://10.0.0.9:29600"));
+        assert!(!r.pool_shape().kv_linked);
+        join(&mut r, 3, None);
+        assert!(!r.pool_shape().kv_linked);
     }
 
     #[test]

@@ -172,6 +172,8 @@ pub struct RouterState {
 }
 
 mod handle;
+#[cfg(test)]
+mod handoff_tests;
 mod handshake;
 #[cfg(test)]
 mod handshake_tests;

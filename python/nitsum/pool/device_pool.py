@@ -159,6 +159,25 @@ class DevicePool:
             raise failure
         return stats
 
+    # -- KV to / from another host worker process (kv_wire.py) -----------------------------
+    def kv_out(self, pieces: list[Piece]) -> list[torch.Tensor]:
+        mine = {d: [p for p in pieces if p.src == d] for d in sorted({p.src for p in pieces})}
+        for d, own in mine.items():
+            self.send(d, "kv_out", own)
+        replies = self._replies(tuple(mine))  # NOTE: every device is drained, even on error
+        blocks = {d: iter(r) for d, r in zip(mine, replies, strict=True)}
+        return [next(blocks[p.src]) for p in pieces]
+
+    def kv_in(self, pieces: list[Piece], blocks: list[torch.Tensor]) -> None:
+        mine: dict[int, tuple[list[Piece], list[torch.Tensor]]] = {}
+        for p, b in zip(pieces, blocks, strict=True):
+            own = mine.setdefault(p.dst, ([], []))
+            own[0].append(p)
+            own[1].append(b)
+        for d, (own, own_blocks) in mine.items():
+            self.send(d, "kv_in", own, own_blocks)
+        self._replies(tuple(mine))
+
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():

@@ -31,6 +31,7 @@ from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
 from nitsum.parallel.topology import TPTopology
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
+from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.shm_staging import SharedStaging
 
 
@@ -186,6 +187,10 @@ class Device:
         if cmd == "migrate":
             pieces, mode, fail, migration = args
             return self.transfer.run(pieces, mode, fail, migration)
+        if cmd == "kv_out":
+            return pack_pieces(self.transfer, *args)
+        if cmd == "kv_in":
+            return unpack_pieces(self.transfer, *args)
         if cmd == "stats":
             return {
                 "groups_created": CommPool.created,

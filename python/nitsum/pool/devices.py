@@ -51,6 +51,15 @@ class Devices(Protocol):
         """Move KV pieces between (or within) devices; all or nothing (TransferFailed)."""
         ...
 
+    def kv_out(self, pieces: list[Piece]) -> list[torch.Tensor]:
+        """Pack the pieces into CPU blocks (layers, 2, tokens, heads, head_dim), each from
+        its `src` device, in order (kv_wire.py: KV leaving for another host)."""
+        ...
+
+    def kv_in(self, pieces: list[Piece], blocks: list[torch.Tensor]) -> None:
+        """Unpack each block into its piece's `dst` device (KV from another host)."""
+        ...
+
     def close(self) -> None:
         """Stop the devices (processes, if any)."""
         ...

@@ -90,7 +90,7 @@ class KVTransfer:
         """KV heads per token in this device's pages at TP `tp`."""
         return kv_heads_per_rank(self.kv_heads, tp)
 
-    def _view(self, tp: int, p: Piece) -> torch.Tensor:
+    def view(self, tp: int, p: Piece) -> torch.Tensor:
         """The piece's layers of this device's storage as (layers, 2, slots, heads, hd) at TP
         `tp`."""
         view = slot_view(self.storage, self._local_heads(tp), self.head_dim)
@@ -152,9 +152,9 @@ class KVTransfer:
 
     def _local(self, p: Piece, stats: TransferStats) -> None:
         """Same device: a gather + scatter, never a send."""
-        src = self._view(p.src_tp, p)[:, :, :, p.src_head : p.src_head + p.heads]
+        src = self.view(p.src_tp, p)[:, :, :, p.src_head : p.src_head + p.heads]
         block = src.index_select(2, p.src_slots)
-        unpack_ref(self._view(p.dst_tp, p), p.dst_slots, p.dst_head, p.heads, block)
+        unpack_ref(self.view(p.dst_tp, p), p.dst_slots, p.dst_head, p.heads, block)
         stats.bytes_copied_locally += block.numel() * block.element_size()
 
     def _shared(
@@ -170,7 +170,7 @@ class KVTransfer:
         if stop is not None:
             chunks = chunks[:stop]
         sending = p.src == self.device
-        view = self._view(p.src_tp if sending else p.dst_tp, p)
+        view = self.view(p.src_tp if sending else p.dst_tp, p)
         for i, c in enumerate(chunks):
             token = token_of(migration, index, i)
             if sending:
@@ -198,7 +198,7 @@ class KVTransfer:
         if stop is not None:
             chunks = chunks[:stop]
         sending = p.src == self.device
-        view = self._view(p.src_tp if sending else p.dst_tp, p)
+        view = self.view(p.src_tp if sending else p.dst_tp, p)
         layers = view.shape[0]
 
         def elems(c: slice) -> int:
@@ -236,7 +236,7 @@ class KVTransfer:
     def _per_page(self, p: Piece, stats: TransferStats) -> None:
         """Baseline: one message per (source page, layer, K/V) fragment, as pages lie in memory."""
         sending = p.src == self.device
-        view = self._view(p.src_tp if sending else p.dst_tp, p)
+        view = self.view(p.src_tp if sending else p.dst_tp, p)
         slots = p.src_slots if sending else p.dst_slots
         head = p.src_head if sending else p.dst_head
         src_tokens_per_page = self.storage.shape[3] // (self._local_heads(p.src_tp) * self.head_dim)

@@ -24,7 +24,8 @@ from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
 from nitsum.pool.device_pool import DeviceError
-from nitsum.pool.kv_transfer import TransferFailed, TransferStats
+from nitsum.pool.kv_transfer import KVTransfer, TransferFailed, TransferStats
+from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.pool_engine import PoolEngine
 
@@ -57,6 +58,8 @@ class LocalDevice:
                 model, ctx, kv, decode_context(cfg, ecfg.max_context), memory_pool=memory_pool
             )
         self.runner = ModelRunner(model, kv, ctx, host, graphs)
+        # Packs and unpacks KV leaving for / coming from another host worker (kv_wire.py).
+        self.transfer = KVTransfer(kv.storage, cfg.num_kv_heads, cfg.head_dim, 0, chunk_bytes=0)
         self._launched: StepInputs | None = None
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
@@ -97,6 +100,16 @@ class LocalDevice:
         if pieces:
             raise TransferFailed("a pool of one device has nowhere to move KV")
         return []
+
+    def kv_out(self, pieces: list[Piece]) -> list[torch.Tensor]:
+        for p in pieces:
+            self._check((p.src,))
+        return pack_pieces(self.transfer, pieces)
+
+    def kv_in(self, pieces: list[Piece], blocks: list[torch.Tensor]) -> None:
+        for p in pieces:
+            self._check((p.dst,))
+        unpack_pieces(self.transfer, pieces, blocks)
 
     def close(self) -> None:
         """Stop the copy thread (no processes)."""

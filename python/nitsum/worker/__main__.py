@@ -67,6 +67,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding the shared worker secret (default: the NITSUM_WORKER_SECRET "
         "environment variable; never pass the secret itself on the command line)",
     )
+    p.add_argument(
+        "--kv-peers",
+        default=None,
+        help="tcp://HOST:PORT: the rendezvous of the KV transport between host worker "
+        "processes (P/D across hosts; rank 0 listens there); with --kv-rank and --kv-world",
+    )
+    p.add_argument("--kv-rank", type=int, default=0, help="this process's rank in --kv-peers")
+    p.add_argument("--kv-world", type=int, default=1, help="host worker processes in --kv-peers")
+    p.add_argument(
+        "--kv-timeout-s",
+        type=float,
+        default=5.0,
+        help="bound on each message of a KV handoff (below the router's heartbeat timeout: "
+        "a send holds this process's loop)",
+    )
+    p.add_argument(
+        "--kv-rendezvous-s",
+        type=float,
+        default=300.0,
+        help="how long to wait at start-up for every process of --kv-peers",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -142,7 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, IndexError) as e:
         print(f"nitsum worker: cannot read --worker-secret-file: {e}", file=sys.stderr)
         return 2
-    server = WorkerServer(backend, args.router, name, device=args.device, secret=secret)
+    if args.kv_peers:
+        from nitsum.pool.peers import KVPeers
+
+        try:
+            peers = KVPeers(
+                args.kv_peers,
+                args.kv_rank,
+                args.kv_world,
+                backend.device_ids,
+                args.kv_timeout_s,
+                # Tests only: stall between a handoff's metadata and its KV (kill mid-transfer).
+                stall_s=float(os.environ.get("NITSUM_TEST_KV_STALL_S", "0")),
+                rendezvous_s=args.kv_rendezvous_s,
+            )
+        except (ValueError, RuntimeError) as e:  # a bad address, or no rendezvous in time
+            print(f"nitsum worker: --kv-peers {args.kv_peers}: {e}", file=sys.stderr)
+            backend.pe.pool.close()
+            return 2
+        backend.attach_peers(peers)
+    server = WorkerServer(
+        backend, args.router, name, device=args.device, secret=secret, kv_transport=args.kv_peers
+    )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger(__name__).info("signal %d: stopping", signum)
@@ -154,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         server.run()
     finally:
         backend.pe.pool.close()  # stops the device processes, if any
+    if args.kv_peers:
+        # NOTE: the transport's receivers wait in gloo, which cannot cancel them; a normal
+        # interpreter exit would abort on them (pool/peers.py). Everything is closed here.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

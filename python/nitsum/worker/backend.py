@@ -14,7 +14,9 @@ from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.protocol import GenerateRequest
 
 if TYPE_CHECKING:
+    from nitsum.pool.peers import KVPeers
     from nitsum.pool.pool_engine import PoolEngine
+    from nitsum.pool.remote_handoff import RemoteHandoffs
 
 
 class Backend(Protocol):
@@ -63,6 +65,12 @@ class Backend(Protocol):
         """Cumulative counters of the whole backend for the `stats` message ({}: none)."""
         ...
 
+    def moved(self) -> tuple[list[str], list[tuple[str, int, int]]]:
+        """Since the last call: ids of requests handed off to another process (they end
+        there, not here), and (id, worker id, prompt tokens) of those handed to this one
+        (they stream on that worker id's socket)."""
+        ...
+
 
 class PoolBackend:
     """A PoolEngine over the devices `first_id ..`: one engine per TP group, TP switching.
@@ -78,6 +86,15 @@ class PoolBackend:
         self.device_ids = [first_id + d for d in range(pe.pool.num_devices)]
         self.tp_levels = pe.allowed
         self.max_batch = pe.ecfg.max_batch
+        # P/D across host worker processes (`attach_peers`); None: a decode target in another
+        # process is not reachable and the request decodes here.
+        self.remote: RemoteHandoffs | None = None
+
+    def attach_peers(self, peers: KVPeers) -> None:
+        """Hand KV to and take it from other host worker processes over `peers`."""
+        from nitsum.pool.remote_handoff import RemoteHandoffs
+
+        self.remote = RemoteHandoffs(self.pe, peers)
 
     def _group(self, device: int) -> tuple[int, ...]:
         local = device - self.first_id
@@ -121,15 +138,28 @@ class PoolBackend:
             may_preempt=req.may_preempt,
             bind_tp=req.bind_tp,
         )
+        if self.remote is not None and self.remote.wants(req.decode_target):
+            assert req.decode_target is not None
+            self.remote.add(req.request_id, req.decode_target)
 
     def abort(self, request_id: str) -> None:
+        if self.remote is not None:
+            self.remote.drop(request_id)
         self.pe.abort(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.pe.has_unfinished()
+        return self.pe.has_unfinished() or (self.remote is not None and self.remote.pending())
 
     def step(self) -> list[RequestOutput]:
-        return self.pe.step()
+        if self.remote is None:
+            return self.pe.step()
+        # NOTE: arrivals join before the step, so their next token comes in this one.
+        arrived = self.remote.receive({d: self._group(d) for d in self.device_ids})
+        outputs = self.pe.step() if self.pe.has_unfinished() else []
+        return arrived + self.remote.ship(outputs)
+
+    def moved(self) -> tuple[list[str], list[tuple[str, int, int]]]:
+        return self.remote.moved() if self.remote is not None else ([], [])
 
     def running(self) -> list[str]:
         return [s.request_id for _, e in self.pe.every_engine() for s in e.running()]
@@ -152,4 +182,5 @@ class PoolBackend:
         return dict(report.timings_ms)
 
     def counters(self) -> dict[str, int]:
-        return self.pe.all_counters()
+        remote = self.remote.counters if self.remote is not None else {}
+        return {**self.pe.all_counters(), **remote}

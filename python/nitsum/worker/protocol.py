@@ -64,10 +64,15 @@ def register(
     eos_token_ids: list[int],
     domain: int | None = None,
     auth: str | None = None,
+    kv_transport: str | None = None,
 ) -> dict[str, Any]:
     """`domain`: the worker ids that can form TP groups and hand KV to each other share it;
-    `auth`: the handshake proof answering the router's `challenge` (see `proof`)."""
-    extra = {} if auth is None else {"auth": auth}
+    `auth`: the handshake proof answering the router's `challenge` (see `proof`);
+    `kv_transport`: the rendezvous address of the KV transport between host worker
+    processes this one joined (pool/peers.py): domains that share it hand KV to each other."""
+    extra: dict[str, Any] = {} if auth is None else {"auth": auth}
+    if kv_transport is not None:
+        extra["kv_transport"] = kv_transport
     return _msg(
         "register",
         worker_id=worker_id,

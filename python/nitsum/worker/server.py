@@ -53,9 +53,13 @@ class WorkerServer:
         idle_poll_ms: int = 50,
         context: zmq.Context | None = None,
         secret: bytes | None = None,
+        kv_transport: str | None = None,
     ) -> None:
         """`secret`: the shared worker secret that answers the router's `challenge`
-        (docs/security.md); without it only a router with authentication off accepts us."""
+        (docs/security.md); without it only a router with authentication off accepts us.
+        `kv_transport`: the KV transport's rendezvous address, when the backend joined one
+        (sent in `register`: the router may then hand this process's KV to others)."""
+        self.kv_transport = kv_transport
         self.backend = backend
         self.router_addr = router_addr
         self.model_name = model_name
@@ -169,6 +173,7 @@ class WorkerServer:
             max_context,
             eos,
             domain=self.backend.device_ids[0],  # one process = one domain
+            kv_transport=self.kv_transport,
         )
 
     def _heartbeat_msg(self, device: int) -> dict[str, Any]:
@@ -290,6 +295,11 @@ class WorkerServer:
             for rid in self.backend.running() or self.backend.requests():
                 self._fail(rid, f"engine step failed: {type(e).__name__}: {e}")
             return
+        left, came = self.backend.moved()
+        for rid in left:  # handed to another process, which ends it: no final from here
+            self.live.pop(rid, None)
+        for rid, device, prompt_tokens in came:  # streams on the decode target's socket
+            self.live[rid] = (device, prompt_tokens)
         new: dict[str, list[int]] = {}
         reasons: dict[str, str] = {}
         errors: dict[str, str] = {}

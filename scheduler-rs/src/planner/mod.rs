@@ -71,6 +71,32 @@ impl Default for PlannerConfig {
     }
 }
 
+impl PlannerConfig {
+    /// These settings for a pool whose workers registered `tp_levels` (those whose aligned
+    /// groups stay inside one host worker process) and whose prefill groups can reach every
+    /// decode group (`kv_linked`: one process, or one KV transport between the processes):
+    /// the operator's allowed levels narrowed to the pool's, and no disaggregation unless
+    /// linked.
+    ///
+    /// NOTE: without a link a prefill group in one process and its decode group in another
+    /// would decode the request itself, off the plan. With one the planner may place a P/D
+    /// bundle across processes whenever that serves best; TP groups never cross them, as
+    /// they only get the pool's levels on aligned blocks.
+    pub fn for_pool(&self, tp_levels: &[u32], kv_linked: bool) -> PlannerConfig {
+        let mut cfg = self.clone();
+        cfg.tp_levels = Some(match cfg.tp_levels.take() {
+            Some(allowed) => tp_levels
+                .iter()
+                .copied()
+                .filter(|t| allowed.contains(t))
+                .collect(),
+            None => tp_levels.to_vec(),
+        });
+        cfg.disaggregation &= kv_linked;
+        cfg
+    }
+}
+
 /// A plan plus what the local schedulers need from it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Planned {

@@ -438,3 +438,101 @@ fn the_planner_picks_a_pipeline_when_the_profile_makes_it_the_most_efficient() {
     let out = plan(&with_pipeline(true), &tiers, &d, 4, None, &fixed);
     assert!(out.plan.groups.iter().all(|g| g.pp == 1 && g.tp == 1));
 }
+
+/// Two host worker processes of 2 devices each, all on one KV transport or none: the pool
+/// shape the router derives from their `register`s.
+fn two_hosts(transport: Option<&str>) -> crate::registry::PoolShape {
+    use crate::ids::WorkerId;
+    use crate::registry::{Registry, WorkerInfo};
+    let mut r = Registry::default();
+    for id in 0..4u32 {
+        let info = WorkerInfo {
+            tp_levels: vec![1, 2, 4],
+            domain: Some(id / 2 * 2),
+            kv_transport: transport.map(str::to_owned),
+            ..WorkerInfo::default()
+        };
+        r.register(
+            WorkerId(id),
+            bytes::Bytes::new(),
+            info,
+            std::time::Instant::now(),
+        );
+    }
+    r.pool_shape()
+}
+
+#[test]
+fn linked_hosts_get_a_pd_bundle_across_them_and_no_tp_group_spans_two() {
+    // The profile of `tier_only_disaggregation_serves_gets_a_bundle_that_fits`: only a P/D
+    // bundle meets the strict tier (a mixed group at either level misses its TTFT).
+    let profile = Profile::from_json(
+        r#"{"schema": "nitsum-profile/1", "device": "t", "model": "m", "tp_levels": [1, 2, 4],
+        "prefill": {"1": [{"tokens": 1, "ms": 10.3}, {"tokens": 1001, "ms": 310.3}],
+                    "2": [{"tokens": 1, "ms": 6.25}, {"tokens": 1001, "ms": 256.25}],
+                    "4": [{"tokens": 1, "ms": 4.0}, {"tokens": 1001, "ms": 200.0}]},
+        "decode": {"1": [{"batch": 1, "context": 64, "ms": 20}, {"batch": 128, "context": 64, "ms": 147}],
+                   "2": [{"batch": 1, "context": 64, "ms": 12}, {"batch": 128, "context": 64, "ms": 88.2}],
+                   "4": [{"batch": 1, "context": 64, "ms": 8}, {"batch": 128, "context": 64, "ms": 60}]}}"#,
+    )
+    .unwrap();
+    let tiers = [tier("strict", 250.0, 25.0)];
+    let base = PlannerConfig {
+        keep_utilization: 0.0,
+        ..PlannerConfig::default()
+    };
+    let host = |d: u32| d / 2; // devices 0-1 on host 0, 2-3 on host 1
+    let linked = two_hosts(Some("tcp://10.0.0.1:29600"));
+    assert_eq!(
+        (linked.tp_levels.clone(), linked.kv_linked),
+        (vec![1, 2], true)
+    );
+    let cfg = base.for_pool(&linked.tp_levels, linked.kv_linked);
+    let out = plan(
+        &profile,
+        &tiers,
+        &[demand("strict", 300.0, 40.0, 8.0)],
+        4,
+        None,
+        &cfg,
+    );
+    check_well_formed(&out.plan, 4);
+    let groups = &out.plan.groups;
+    // No TP group spans two hosts (TP 4 would: it is not among the pool's levels).
+    for g in groups {
+        assert!(
+            g.members.iter().all(|&m| host(m) == host(g.members[0])),
+            "{groups:?}"
+        );
+    }
+    // A prefill group on one host and a decode group on the other serve the tier.
+    let hosts_of = |role: Role| -> Vec<u32> {
+        groups
+            .iter()
+            .filter(|g| g.role == role && g.tiers == ["strict"])
+            .map(|g| host(g.members[0]))
+            .collect()
+    };
+    let (prefill, decode) = (hosts_of(Role::Prefill), hosts_of(Role::Decode));
+    assert!(
+        prefill.iter().any(|p| decode.iter().any(|d| d != p)),
+        "no P/D bundle across the hosts: {groups:?}"
+    );
+    // The same hosts without a KV transport: no P/D at all (every group mixed).
+    let apart = two_hosts(None);
+    assert!(!apart.kv_linked);
+    let cfg = base.for_pool(&apart.tp_levels, apart.kv_linked);
+    let out = plan(
+        &profile,
+        &tiers,
+        &[demand("strict", 300.0, 40.0, 8.0)],
+        4,
+        None,
+        &cfg,
+    );
+    assert!(
+        out.plan.groups.iter().all(|g| g.role == Role::Mixed),
+        "{:?}",
+        out.plan.groups
+    );
+}

@@ -278,6 +278,10 @@ pub struct Register {
     pub kv_capacity_tokens: Option<u64>,
     pub max_context: Option<u64>,
     pub eos_token_ids: Option<Vec<u32>>,
+    /// Rendezvous address of the KV transport between host worker processes the worker
+    /// joined (`nitsum worker --kv-peers`): domains that name the same one hand KV to each
+    /// other, so P/D may span them.
+    pub kv_transport: Option<String>,
     /// Handshake proof: hex HMAC-SHA256 over the last `challenge` (docs/protocol.md).
     pub auth: Option<String>,
 }

@@ -249,6 +249,12 @@ impl RouterState {
         if let Some(q) = m.queue_ms.filter(|q| q.is_finite() && *q >= 0.0) {
             e.queue_s.get_or_insert(q / 1e3);
         }
+        if Some(worker) == e.decode && worker != e.leader {
+            // NOTE: a decode target streams only once the KV was handed to it across
+            // processes (P/D across hosts); the prefill side is done with the request, so
+            // its death no longer concerns it.
+            e.leader = worker;
+        }
         if !ids.is_empty() {
             if e.first.is_none() {
                 self.metrics.vllm.on_prefilled(e.req.input_ids.len());

@@ -112,8 +112,9 @@ pub struct PlanningView {
     /// TP levels every one of those workers registered (`[1]` for a worker that sent none)
     /// whose groups cannot cross a worker process (domain) boundary.
     pub tp_levels: Vec<u32>,
-    /// Whether one domain holds all workers (P/D handoffs need one; see `PoolShape`).
-    pub single_domain: bool,
+    /// Whether any prefill group can hand KV to any decode group (one domain, or one KV
+    /// transport between them; see `PoolShape`).
+    pub kv_linked: bool,
     /// The plan routing runs on now.
     pub current: Plan,
 }
@@ -306,7 +307,7 @@ impl RouterState {
         PlanningView {
             devices: shape.devices,
             tp_levels: shape.tp_levels,
-            single_domain: shape.single_domain,
+            kv_linked: shape.kv_linked,
             current: st.plan.clone(),
         }
     }

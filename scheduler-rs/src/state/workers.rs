@@ -113,6 +113,13 @@ impl RouterState {
         for id in hit {
             st.dispatcher.complete(id);
             let e = st.inflight.get_mut(&id).expect("listed above");
+            // Its workers that live on (a prefill or decode side of another process, P/D
+            // across hosts) are told to drop it once it runs elsewhere.
+            let survivors: Vec<WorkerId> = [Some(e.leader), e.decode]
+                .into_iter()
+                .flatten()
+                .filter(|w| !dead.contains(w))
+                .collect();
             let Some(rest) = resumed(&e.req, &e.generated) else {
                 // NOTE: all of max_tokens streamed; only the finishing message died with the
                 // worker. The request is complete.
@@ -134,6 +141,17 @@ impl RouterState {
                     e.retries += 1;
                     e.leader = WorkerId::of_device(d.prefill_leader);
                     e.decode = d.decode_leader.map(WorkerId::of_device);
+                    // NOTE: not a survivor that serves it again: its abort would end the
+                    // new run (a worker keeps a request it already runs, docs/protocol.md).
+                    let (leader, decode) = (e.leader, e.decode);
+                    let abort = wire::encode_abort(&self.ids.encode(id));
+                    for w in survivors {
+                        if w != leader && Some(w) != decode {
+                            if let Some(w) = st.registry.get(w) {
+                                self.send(w.identity.clone(), abort.clone());
+                            }
+                        }
+                    }
                     let tm = self.metrics.tier(e.req.tier);
                     tm.retries.fetch_add(1, Ordering::Relaxed);
                     if !e.generated.is_empty() {

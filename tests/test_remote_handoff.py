@@ -1,0 +1,155 @@
+"""P/D across host worker processes, in one process: a TP-2 prefill group of a device pool
+hands its requests to a TP-1 decode engine through the wire layout (pool/kv_wire.py) and the
+handoff state (pool/remote_handoff.py), over an in-memory stand-in for the transport; the
+tokens must be those of a mixed run. The real transport and router: tests/test_xhost_pd.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from nitsum.engine.build import EngineConfig
+from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.device_proc import ModelSource
+from nitsum.pool.local import local_engine
+from nitsum.pool.peers import PeerError
+from nitsum.pool.pool_engine import PoolEngine
+from nitsum.sampling import SamplingParams
+from nitsum.worker.backend import PoolBackend
+from nitsum.worker.protocol import GenerateRequest
+from tiny import assert_pages_consistent, make_tiny, random_prompt
+
+ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2))
+PAGES = 64
+
+
+class LoopPeers:
+    """The KV transport's interface, in memory: `send` hands the handoff to `other`."""
+
+    def __init__(self, mine: list[int]) -> None:
+        self.mine = mine
+        self.other: LoopPeers | None = None
+        self.inbox: list[tuple[dict[str, Any], torch.Tensor]] = []
+        self.broken = False
+
+    def serves(self, worker_id: int) -> bool:
+        return worker_id not in self.mine
+
+    def send(self, worker_id: int, meta: dict[str, Any], kv: torch.Tensor) -> int:
+        if self.broken:
+            raise PeerError(f"KV handoff to worker {worker_id} failed: test")
+        assert self.other is not None
+        self.other.inbox.append((meta, kv.clone()))
+        return kv.numel() * kv.element_size()
+
+    def pending(self) -> bool:
+        return bool(self.inbox)
+
+    def arrivals(self) -> list[tuple[dict[str, Any], torch.Tensor]]:
+        out, self.inbox = self.inbox, []
+        return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny("llama-gqa")
+
+
+@pytest.fixture(scope="module")
+def pool(tiny):
+    hf, cfg = tiny
+    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
+    with DevicePool(2, source, ECFG, PAGES, levels=(1, 2)) as p:
+        yield p
+
+
+def backends(tiny, pool, decode_pages: int = PAGES) -> tuple[PoolBackend, PoolBackend]:
+    """Process A: worker ids 0-1 as one TP-2 group; process B: worker id 2, one device."""
+    hf, cfg = tiny
+    a = PoolBackend(PoolEngine(pool, cfg, ECFG, PAGES, [(0, 1)]), first_id=0)
+    ecfg = EngineConfig(page_tokens=4, token_budget=64, kv_cache_bytes=decode_pages * 4 * 512)
+    b = PoolBackend(local_engine(cfg, hf.state_dict().items(), ecfg), first_id=2)
+    pa, pb = LoopPeers([0, 1]), LoopPeers([2])
+    pa.other, pb.other = pb, pa
+    a.attach_peers(pa)  # type: ignore[arg-type]
+    b.attach_peers(pb)  # type: ignore[arg-type]
+    return a, b
+
+
+REQS = {
+    "g1": (5, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
+    "g2": (23, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)),
+    "s1": (11, SamplingParams(max_tokens=7, temperature=0.8, seed=5, ignore_eos=True)),
+}
+
+
+def run(a: PoolBackend, b: PoolBackend, cfg) -> tuple[dict[str, list[int]], dict[str, set]]:
+    """Serve REQS with decode target 2; every backend's tokens and moves, by request."""
+    for i, (rid, (n, sp)) in enumerate(REQS.items()):
+        ids = random_prompt(cfg, n, seed=i)
+        a.add(0, GenerateRequest(rid, ids, sp, "strict", "feasible", decode_target=2))
+    out: dict[str, list[int]] = {}
+    seen: dict[str, set] = {"a": set(), "b": set(), "left": set(), "came": set()}
+    for _ in range(200):
+        if not (a.has_unfinished() or b.has_unfinished()):
+            break
+        for name, be in (("a", a), ("b", b)):
+            if be.has_unfinished():
+                for o in be.step():
+                    out.setdefault(o.request_id, []).extend(o.new_token_ids)
+                    seen[name].add(o.request_id)
+                left, came = be.moved()
+                seen["left"] |= set(left)
+                seen["came"] |= {(rid, dev, p) for rid, dev, p in came}
+    return out, seen
+
+
+def reference(tiny) -> dict[str, list[int]]:
+    hf, cfg = tiny
+    pe = local_engine(cfg, hf.state_dict().items(), EngineConfig(page_tokens=4))
+    for i, (rid, (n, sp)) in enumerate(REQS.items()):
+        pe.add_request(rid, random_prompt(cfg, n, seed=i), sp)
+    out: dict[str, list[int]] = {}
+    while pe.has_unfinished():
+        for o in pe.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return out
+
+
+def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(tiny, pool):
+    a, b = backends(tiny, pool)
+    out, seen = run(a, b, tiny[1])
+    assert out == reference(tiny)
+    # A streamed nothing (the first token travels with the KV); B streamed everything.
+    assert seen["a"] == set() and seen["b"] == set(REQS)
+    assert seen["left"] == set(REQS)
+    assert seen["came"] == {(rid, 2, n) for rid, (n, _) in REQS.items()}
+    ca, cb = a.counters(), b.counters()
+    assert (ca["kv_remote_out"], cb["kv_remote_in"], ca["kv_remote_failed"]) == (3, 3, 0)
+    assert cb["kv_remote_recomputed"] == 0
+    per_token = 2 * 2 * 4 * 8 * 4  # layers x K,V x KV heads x head dim x fp32 bytes
+    assert ca["kv_remote_bytes"] == per_token * sum(n for n, _ in REQS.values())
+    assert_pages_consistent(a.pe)
+    assert_pages_consistent(b.pe)
+    assert a.pe.free_pages(0) == a.pe.free_pages(1) == PAGES  # A kept no KV
+
+
+def test_a_failed_send_decodes_on_the_prefill_side(tiny, pool):
+    a, b = backends(tiny, pool)
+    a.remote.peers.broken = True  # type: ignore[union-attr]
+    out, seen = run(a, b, tiny[1])
+    assert out == reference(tiny)
+    assert seen["a"] == set(REQS) and seen["b"] == set() and seen["left"] == set()
+    assert a.counters()["kv_remote_failed"] == 3
+
+
+def test_an_arrival_without_room_is_recomputed_on_the_decode_side(tiny, pool):
+    # 8 pages of 4 tokens: the first two arrivals' KV (2 + 6 pages) fills them, so the third
+    # is adopted without KV and prefilled again on the decode side once pages free up.
+    a, b = backends(tiny, pool, decode_pages=8)
+    out, _ = run(a, b, tiny[1])
+    assert out == reference(tiny)
+    assert (b.counters()["kv_remote_in"], b.counters()["kv_remote_recomputed"]) == (3, 1)
