@@ -24,6 +24,7 @@ import jsonschema
 import openai
 import pytest
 
+from nitsum.bench.cli import discover_model
 from structured_helpers import tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -208,8 +209,11 @@ def test_json_object_mode(smol: str) -> None:
 def test_bad_requests_are_400_naming_the_field(
     smol: str, body: dict, param: str, says: str
 ) -> None:
+    model = discover_model(smol, None)
     r = httpx.post(
-        f"{smol}/chat/completions", json={"messages": ASK, "max_tokens": 4, **body}, timeout=30
+        f"{smol}/chat/completions",
+        json={"model": model, "messages": ASK, "max_tokens": 4, **body},
+        timeout=30,
     )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -276,7 +280,13 @@ def test_required_tool_choice_calls_one_of_the_tools(tools_model: str) -> None:
 def test_unknown_named_tool_is_400(tools_model: str) -> None:
     r = httpx.post(
         f"{tools_model}/chat/completions",
-        json={"messages": ASK, "tools": TOOLS, "tool_choice": named("nope"), "max_tokens": 4},
+        json={
+            "model": discover_model(tools_model, None),
+            "messages": ASK,
+            "tools": TOOLS,
+            "tool_choice": named("nope"),
+            "max_tokens": 4,
+        },
         timeout=30,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
