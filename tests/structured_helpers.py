@@ -1,5 +1,6 @@
-"""Shared by the structured-output tests: a tiny random Llama over the embedded model's
-tokenizer (so grammars compile against a real BPE vocabulary) and a run-to-the-end loop."""
+"""A tiny random Llama with the embedded model's vocabulary (so it runs under SmolLM2's real
+BPE tokenizer: grammars compile against it, servers load it) and a run-to-the-end loop; used by
+the structured-output and control end-to-end tests."""
 
 from __future__ import annotations
 

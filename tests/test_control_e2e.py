@@ -28,9 +28,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from nitsum.sampling import SamplingParams
+from structured_helpers import tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -65,23 +65,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def tiny_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     out = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out)
+    tiny_llama(seed=0).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (smollm2_dir / name).exists():
             shutil.copy(smollm2_dir / name, out / name)
