@@ -120,6 +120,7 @@ class PoolBackend:
             priority=req.priority,
             may_preempt=req.may_preempt,
             bind_tp=req.bind_tp,
+            fork_of=req.fork_of,
         )
 
     def abort(self, request_id: str) -> None:

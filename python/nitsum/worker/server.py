@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 
 from nitsum.errors import InvalidRequestError
+from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
 from nitsum.worker.backend import Backend
@@ -293,8 +294,11 @@ class WorkerServer:
         new: dict[str, list[int]] = {}
         reasons: dict[str, str] = {}
         errors: dict[str, str] = {}
+        logprobs: dict[str, list[TokenLogprob]] = {}
         for out in outputs:  # one message per request per step, whatever the engine yields
             new.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.logprobs is not None:
+                logprobs.setdefault(out.request_id, []).extend(out.logprobs)
             if out.finish_reason is not None:
                 reasons[out.request_id] = out.finish_reason
             if out.error is not None:
@@ -304,10 +308,12 @@ class WorkerServer:
                 log.error("engine produced tokens for unknown request %r", rid)
             elif rid in reasons:
                 failed = errors.get(rid, "the engine failed this request (see the worker log)")
-                self._final(rid, ids, reasons[rid], failed if reasons[rid] == "error" else None)
+                error = failed if reasons[rid] == "error" else None
+                self._final(rid, ids, reasons[rid], error, logprobs.get(rid))
             else:
                 device, prompt_tokens = self.live[rid]
-                self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens))
+                msg = proto.tokens(device, rid, ids, prompt_tokens, logprobs=logprobs.get(rid))
+                self.links[device].send(msg)
 
     def _fail(self, rid: str, error: str) -> None:
         """End one request with an error."""
@@ -319,6 +325,14 @@ class WorkerServer:
         for rid in list(self.live):
             self._fail(rid, error)
 
-    def _final(self, rid: str, ids: list[int], reason: str, error: str | None) -> None:
+    def _final(
+        self,
+        rid: str,
+        ids: list[int],
+        reason: str,
+        error: str | None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> None:
         device, prompt_tokens = self.live.pop(rid)
-        self.links[device].send(proto.tokens(device, rid, ids, prompt_tokens, reason, error))
+        msg = proto.tokens(device, rid, ids, prompt_tokens, reason, error, logprobs)
+        self.links[device].send(msg)
