@@ -6,14 +6,18 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
-use super::output::{Piece, TextStream};
+use super::logprobs;
+use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::sse::{self, ChunkFormat};
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
+use crate::protocols::worker::TokenLogprob;
+use crate::tokenize::ModelFiles;
 
 /// Message content as plain text: a string, or the concatenated `text` parts.
 fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
@@ -89,33 +93,48 @@ struct ChatChunks {
     model: String,
     created: u64,
     include_usage: bool,
+    /// Whether the request asked for logprobs (the tokenizer names their tokens).
+    logprobs: bool,
+    files: Option<Arc<ModelFiles>>,
 }
 
 impl ChatChunks {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+    fn chunk(&self, index: usize, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+               "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                            "finish_reason": finish}]})
+    }
+
+    /// The choice's `logprobs` for `ids` (null when the request did not ask).
+    fn logprobs(&self, ids: &[u32], lps: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        json!({"content": logprobs::chat_content(self.files.as_deref(), ids, lps)})
     }
 }
 
 impl ChunkFormat for ChatChunks {
-    fn start(&mut self, _ts: &TextStream) -> Vec<Value> {
-        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    fn start(&mut self, index: usize, _ts: &TextStream) -> Vec<Value> {
+        let role = json!({"role": "assistant", "content": ""});
+        vec![self.chunk(index, role, None, Value::Null)]
     }
 
-    fn piece(&mut self, _ts: &TextStream, p: &Piece) -> Vec<Value> {
+    fn piece(&mut self, index: usize, _ts: &TextStream, p: &Piece) -> Vec<Value> {
         let mut out = Vec::new();
-        if !p.text.is_empty() {
-            out.push(self.chunk(json!({"content": p.text}), None));
+        // NOTE: tokens whose text is still incomplete get their logprobs now, with "".
+        if !p.text.is_empty() || (self.logprobs && !p.logprobs.is_empty()) {
+            let lps = self.logprobs(&p.ids, &p.logprobs);
+            out.push(self.chunk(index, json!({"content": p.text}), None, lps));
         }
         if let Some(f) = p.finish {
-            out.push(self.chunk(json!({}), Some(f)));
+            out.push(self.chunk(index, json!({}), Some(f), Value::Null));
         }
         out
     }
 
-    fn end(&mut self, ts: &TextStream) -> Vec<Value> {
+    fn end(&mut self, all: &[TextStream]) -> Vec<Value> {
         let (id, model) = (&self.id, &self.model);
         sse::usage_chunk(
             self.include_usage,
@@ -123,7 +142,7 @@ impl ChunkFormat for ChatChunks {
             "chat.completion.chunk",
             self.created,
             model,
-            ts,
+            all,
         )
     }
 }
@@ -139,7 +158,9 @@ pub async fn handle(
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
-    let tier = prepare::openai_common(&state, &headers, &req.common)?;
+    let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
+    let mut sampling = SamplingInput::from_common(&req.common);
+    sampling.logprobs = logprobs::chat_request(&req.common)?;
     let messages = req
         .messages
         .as_deref()
@@ -147,24 +168,33 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let prompt = render(&state, messages)?;
     // NOTE: the template already inserts BOS where the model wants it.
     let ids = prepare::encode(&state, &prompt, false, "messages").await?;
-    let sampling = SamplingInput::from_common(&req.common);
     let stops = req.common.stop_strings();
-    let mut ts = prepare::start(&state, tier, ids, "messages", &sampling, stops)?;
+    let mut all = prepare::start_choices(&state, tier, ids, "messages", &sampling, stops, n)?;
     let fmt = ChatChunks {
-        id: format!("chatcmpl-{}", ts.id),
+        id: format!("chatcmpl-{}", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
+        logprobs: sampling.logprobs.is_some(),
+        files: state.model.clone(),
     };
     if req.common.stream {
-        return Ok(sse::respond(ts, fmt));
+        return Ok(sse::respond(all, fmt));
     }
-    let (text, _ids, finish) = ts.collect().await?;
+    let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
+    let choices: Vec<Value> = outs
+        .iter()
+        .zip(&all)
+        .enumerate()
+        .map(|(index, ((text, ids, finish), ts))| {
+            json!({"index": index, "message": {"role": "assistant", "content": text},
+                   "logprobs": fmt.logprobs(ids, &ts.logprobs), "finish_reason": finish})
+        })
+        .collect();
     Ok(axum::Json(json!({
         "id": fmt.id, "object": "chat.completion", "created": fmt.created, "model": fmt.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": null, "finish_reason": finish}],
-        "usage": ts.usage(),
+        "choices": choices,
+        "usage": output::usage(&all),
     }))
     .into_response())
 }

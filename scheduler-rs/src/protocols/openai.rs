@@ -65,17 +65,26 @@ pub struct CommonParams {
     pub tier: Option<String>,
     /// vLLM's extension: within its class on the worker, lower is served first.
     pub priority: Option<i64>,
-    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
+    /// Chat: a boolean (with `top_logprobs` alternatives); completions: the number of
+    /// alternatives, 0..=20 (api/logprobs.rs reads it per endpoint).
     pub logprobs: Option<Value>,
-    pub top_logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    /// Logit processors (vLLM's semantics): penalties over generated tokens
+    /// (presence/frequency) or prompt and output (repetition).
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// Token id (a decimal string key, as OpenAI sends it) → bias in [-100, 100].
+    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
+    /// EOS and stop token ids are masked until this many tokens were generated.
+    pub min_tokens: Option<i64>,
+    pub min_p: Option<f64>,
+    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
-    pub logit_bias: Option<Value>,
-    pub presence_penalty: Option<Value>,
-    pub frequency_penalty: Option<Value>,
 }
 
 impl CommonParams {
@@ -115,9 +124,7 @@ pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
     let not =
         |v: &Option<Value>, neutral: &[Value]| truthy(v) && !neutral.contains(v.as_ref().unwrap());
     let text_format = serde_json::json!({"type": "text"});
-    let checks: [(&'static str, bool); 10] = [
-        ("logprobs", truthy(&c.logprobs)),
-        ("top_logprobs", truthy(&c.top_logprobs)),
+    let checks: [(&'static str, bool); 5] = [
         ("tools", truthy(&c.tools)),
         (
             "tool_choice",
@@ -126,9 +133,6 @@ pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
         ("response_format", not(&c.response_format, &[text_format])),
         ("best_of", not(&c.best_of, &[Value::from(1)])),
         ("suffix", truthy(&c.suffix)),
-        ("logit_bias", truthy(&c.logit_bias)),
-        ("presence_penalty", truthy(&c.presence_penalty)),
-        ("frequency_penalty", truthy(&c.frequency_penalty)),
     ];
     checks
         .into_iter()
@@ -190,10 +194,12 @@ pub struct NativeSampling {
     pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub ignore_eos: bool,
-    /// Not implemented: refused when not neutral (0 for frequency/presence, 1 for repetition).
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
+    pub min_new_tokens: Option<i64>,
+    pub min_p: Option<f64>,
+    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
 }
 
 /// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.

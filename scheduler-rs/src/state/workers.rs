@@ -121,6 +121,7 @@ impl RouterState {
                 let done = Event::Tokens {
                     ids: Vec::new(),
                     finish: Some(FinishReason::Length),
+                    logprobs: None,
                 };
                 actions.push(Action::End(e, done));
                 continue;
@@ -270,11 +271,14 @@ fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = left;
     sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
+    // NOTE: the generated tokens are prompt now: `min_tokens` counts what is left to make.
+    sampling.min_tokens = sampling.min_tokens.saturating_sub(n);
     Some(Arc::new(Submit {
         input_ids,
         sampling,
         tier: req.tier,
         priority: req.priority,
+        fork_of: None,
     }))
 }
 
