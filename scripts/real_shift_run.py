@@ -51,6 +51,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from nitsum.bench.cli import discover_model  # noqa: E402
 from nitsum.bench.traces import load_trace_file  # noqa: E402
 from nitsum.bench.transform import slice_window  # noqa: E402
 from results import derive_tiers  # noqa: E402
@@ -130,8 +131,10 @@ def warm_up(url: str, n: int) -> None:
     if n <= 0:
         return
 
+    model = discover_model(url, None)
+
     def one(i: int) -> None:
-        body = {"prompt": [1000 + i] * 64, "max_tokens": 8, "ignore_eos": True}
+        body = {"model": model, "prompt": [1000 + i] * 64, "max_tokens": 8, "ignore_eos": True}
         headers = {"x-nitsum-tier": "relaxed"}
         httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120.0)
 

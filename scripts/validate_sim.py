@@ -39,6 +39,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from nitsum.bench.cli import discover_model  # noqa: E402
 from nitsum.bench.traces import load_trace_file  # noqa: E402
 from nitsum.bench.transform import slice_window  # noqa: E402
 from results import derive_tiers  # noqa: E402
@@ -91,8 +92,10 @@ def warm_up(url: str, n: int) -> None:
     if n <= 0:
         return
 
+    model = discover_model(url, None)
+
     def one(i: int) -> None:
-        body = {"prompt": [1000 + i] * 64, "max_tokens": 8, "ignore_eos": True}
+        body = {"model": model, "prompt": [1000 + i] * 64, "max_tokens": 8, "ignore_eos": True}
         httpx.post(url + "/v1/completions", json=body, timeout=120.0).raise_for_status()
 
     from concurrent.futures import ThreadPoolExecutor

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nitsum.bench.cli import discover_model
 from nitsum.control_profile import SHIPPED_PROFILES
 
 pytestmark = pytest.mark.slow
@@ -66,8 +67,10 @@ def serving(work: Path, *flags: str) -> Iterator[tuple[str, Path]]:
 def load(url: str, tier: str, n: int) -> list[int]:
     """`n` small concurrent completions of `tier`; their HTTP status codes."""
 
+    model = discover_model(url, None)
+
     def one(i: int) -> int:
-        body = {"prompt": [1000 + i] * 24, "max_tokens": 4, "ignore_eos": True}
+        body = {"model": model, "prompt": [1000 + i] * 24, "max_tokens": 4, "ignore_eos": True}
         r = httpx.post(
             f"{url}/v1/completions", json=body, headers={"x-nitsum-tier": tier}, timeout=60
         )

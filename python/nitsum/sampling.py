@@ -10,6 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.errors import InvalidRequestError
+from nitsum.structured.mask import apply_grammars
+from nitsum.structured.matcher import GrammarMatcher
+from nitsum.structured.spec import GrammarSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ class SamplingParams:
     min_p: float = 0.0
     # Alternatives returned with each token's logprob (sampling_logprobs.py); None: no logprobs.
     logprobs: int | None = None
+    # Structured output: the output must match this grammar (nitsum/structured/).
+    grammar: GrammarSpec | None = None
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -109,9 +114,11 @@ def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
+    grammars: Sequence[GrammarMatcher | None] = (),
 ) -> list[int]:
     """One token per row of float32 `logits` (rows, vocab); `SAMPLE_FAILED` for a row that
-    could not be sampled."""
+    could not be sampled. Rows with a grammar matcher sample only tokens it allows next."""
+    logits = apply_grammars(logits, grammars)
     out = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if p.greedy:

@@ -1,7 +1,14 @@
 """Per-token logprobs: the chosen token's and the top alternatives', from the processed
-distribution (after logit_bias, min_tokens and penalties; before temperature, top-k, top-p
-and min-p), which is the model's own log-softmax when no processor applies (vLLM's
-`processed_logprobs` without temperature; OpenAI's logprobs are the model's)."""
+distribution (after logit_bias, min_tokens, penalties and a structured-output grammar's mask;
+before temperature, top-k, top-p and min-p), which is the model's own log-softmax when no
+processor or grammar applies (vLLM's `processed_logprobs` without temperature; OpenAI's
+logprobs are the model's).
+
+NOTE: a token masked out (the grammar forbids it, min_tokens holds back EOS) has logprob
+-inf, which JSON cannot carry: it is reported as `LOGPROB_FLOOR`, as vLLM does, so that a
+request still gets as many alternatives as it asked for (under a grammar that allows one
+token, the others are forbidden ones at the floor).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.sampling import SamplingParams
+
+# The logprob reported for a token that cannot be sampled (vLLM's -9999.0).
+LOGPROB_FLOOR = -9999.0
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,7 @@ def token_logprobs(
     rows = [i for i, p in enumerate(params) if p.logprobs is not None and tokens[i] >= 0]
     if not rows:
         return out
-    lp = torch.log_softmax(logits[rows].float(), dim=-1)
+    lp = torch.log_softmax(logits[rows].float(), dim=-1).clamp_min(LOGPROB_FLOOR)
     chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device))
     k = max(params[i].logprobs or 0 for i in rows)
     top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())

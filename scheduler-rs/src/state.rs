@@ -72,6 +72,8 @@ pub struct Submit {
     /// A sibling choice (n > 1) of this earlier request of the same prompt: it goes to the
     /// same groups so that it shares the prompt's prefill there (docs/serving.md "n").
     pub fork_of: Option<Fork>,
+    /// Structured output: the grammar the output must match (protocols/structured.rs).
+    pub grammar: Option<crate::protocols::structured::Grammar>,
 }
 
 /// The first choice a sibling choice shares its prefill with.

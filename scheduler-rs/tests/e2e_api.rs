@@ -97,7 +97,7 @@ async fn completions_stop_string_truncates_and_aborts_worker() {
     let slow = paced(20);
     let r = start(config(), &[slow]).await;
     // Prompt ids are echoed: "abcabc..." — stop at "ca" across token boundaries.
-    let body = json!({"prompt": "abcabcabc", "max_tokens": 30, "stop": ["ca"], "stream": true});
+    let body = json!({"model": "tiny", "prompt": "abcabcabc", "max_tokens": 30, "stop": ["ca"], "stream": true});
     let resp = post(&r, "/v1/completions", body).await;
     let data = resp.sse();
     assert_eq!(data.last().unwrap(), "[DONE]");
@@ -118,7 +118,7 @@ async fn completions_stop_string_truncates_and_aborts_worker() {
     assert_eq!(r.run.router.inflight(), 0);
 
     // Non-stream, token-id prompt, list stop, echo.
-    let body = json!({"prompt": [104, 105, 33], "max_tokens": 7, "stop": "!h", "echo": true});
+    let body = json!({"model": "tiny", "prompt": [104, 105, 33], "max_tokens": 7, "stop": "!h", "echo": true});
     let v = post(&r, "/v1/completions", body).await.json();
     assert_eq!(v["choices"][0]["text"], "hi!hi");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -169,14 +169,6 @@ async fn native_generate_and_info_endpoints() {
         .mocks
         .iter()
         .all(|m| m.stats.reconfigures.load(Ordering::Relaxed) >= 1));
-}
-
-fn err(resp: &Resp) -> (u16, Value) {
-    let v = resp.json();
-    for k in ["message", "type", "param", "code"] {
-        assert!(v["error"].get(k).is_some(), "missing error.{k} in {v}");
-    }
-    (resp.status, v["error"]["param"].clone())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,21 +239,41 @@ async fn bad_requests_get_openai_errors() {
         ),
         (
             "/v1/completions",
-            json!({"prompt": "y".repeat(64)}),
+            json!({"model": "tiny", "prompt": "y".repeat(64)}),
             400,
             json!("prompt"),
         ),
         (
             "/v1/completions",
-            json!({"prompt": [1, 99999]}),
+            json!({"model": "tiny", "prompt": [1, 99999]}),
             400,
             json!("prompt"),
         ),
         (
             "/v1/completions",
-            json!({"max_tokens": 3}),
+            json!({"model": "tiny", "max_tokens": 3}),
             400,
             json!("prompt"),
+        ),
+        // Nothing silently ignored: a missing model, a misspelt field, an extension asking
+        // for what is not built.
+        (
+            "/v1/completions",
+            json!({"prompt": "hi"}),
+            400,
+            json!("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"temprature": 0.5})),
+            400,
+            json!("temprature"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hi", "include_stop_str_in_output": true}),
+            400,
+            json!("include_stop_str_in_output"),
         ),
         (
             "/generate",
@@ -374,7 +386,12 @@ async fn api_keys_and_tiers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_worker_is_503() {
     let r = start(config(), &[]).await;
-    let resp = post(&r, "/v1/completions", json!({"prompt": "hi"})).await;
+    let resp = post(
+        &r,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "hi"}),
+    )
+    .await;
     assert_eq!(err(&resp).0, 503);
     assert_eq!(call(&r, "GET", "/health", &[], "").await.status, 503);
     let _ = EOS_ID;
@@ -646,7 +663,10 @@ async fn unimplemented_fields_and_bad_sampling_values_are_refused_by_name() {
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"response_format": {"type": "json_object"}})),
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}),
+            ),
             "response_format",
         ),
         (
@@ -726,7 +746,8 @@ async fn unimplemented_fields_and_bad_sampling_values_are_refused_by_name() {
         "hi",
         json!({"max_tokens": 2, "logprobs": false, "top_logprobs": 0, "tools": [],
                "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {},
-               "presence_penalty": 0, "frequency_penalty": 0.0}),
+               "presence_penalty": 0, "frequency_penalty": 0.0, "user": "u-1",
+               "skip_special_tokens": true, "service_tier": "auto", "store": false}),
     );
     assert_eq!(post(&r, "/v1/chat/completions", neutral).await.status, 200);
     let neutral = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2, "best_of": 1,
@@ -801,4 +822,44 @@ async fn n_choices_go_to_one_worker_as_forks_and_count_the_prompt_once() {
     assert_eq!(text, ["abc", "abc", "abc"]);
     assert_eq!(ends, [1, 1, 1]);
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 9);
+}
+
+#[tokio::test]
+async fn structured_output_combines_with_logprobs_and_n_choices() {
+    // The router accepts a grammar with logprobs and n > 1 on both endpoints (the worker's
+    // side is tests/test_structured_e2e.py): every choice is sent, to choice 0's worker.
+    let r = start(config(), &[MockOptions::default(), MockOptions::default()]).await;
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema":
+                        {"type": "object", "properties": {"a": {"type": "integer"}}}}});
+    let bodies = [
+        (
+            "/v1/chat/completions",
+            chat(
+                "hi",
+                json!({"n": 2, "logprobs": true, "top_logprobs": 2, "response_format": schema}),
+            ),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "abcd", "max_tokens": 3, "n": 2, "logprobs": 1,
+                   "response_format": {"type": "json_object"}}),
+        ),
+    ];
+    let sent = || -> Vec<u64> {
+        r.mocks
+            .iter()
+            .map(|m| m.stats.generates.load(Ordering::Relaxed))
+            .collect()
+    };
+    for (path, body) in bodies {
+        let before = sent();
+        let resp = post(&r, path, body).await;
+        assert_eq!(resp.status, 200, "{path}: {}", resp.body);
+        let v = resp.json();
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 2, "{v}");
+        assert!(choices.iter().all(|c| !c["logprobs"].is_null()), "{v}");
+        let delta: Vec<u64> = sent().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert!(delta == [2, 0] || delta == [0, 2], "{path}: {delta:?}");
+    }
 }

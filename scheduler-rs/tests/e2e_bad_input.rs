@@ -96,23 +96,31 @@ fn cases() -> Vec<Case> {
         ),
     ];
     let chat_cases: Vec<(Value, u16, &str)> = vec![
-        (json!({"messages": null}), 400, "messages"),
-        (json!({"messages": []}), 400, "messages"),
-        (json!({"messages": "hi"}), 400, "messages"),
-        (json!({"messages": [{"role": "user"}]}), 400, "messages"),
+        (json!({"model": "tiny", "messages": null}), 400, "messages"),
+        (json!({"model": "tiny", "messages": []}), 400, "messages"),
+        (json!({"model": "tiny", "messages": "hi"}), 400, "messages"),
         (
-            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            json!({"model": "tiny", "messages": [{"role": "user"}]}),
             400,
             "messages",
         ),
         (
-            json!({"messages": [{"role": "user", "content": 123}]}),
+            json!({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}),
             400,
             "messages",
         ),
-        (json!({"messages": [{"content": "x"}]}), 400, "messages"),
         (
-            json!({"messages": [{"role": "user", "content": "x".repeat(80)}]}),
+            json!({"model": "tiny", "messages": [{"role": "user", "content": 123}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"model": "tiny", "messages": [{"content": "x"}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "x".repeat(80)}]}),
             400,
             "messages",
         ),
@@ -155,7 +163,7 @@ fn cases() -> Vec<Case> {
         ),
         (json!({"tool_choice": "required"}), 400, "tool_choice"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}),
             400,
             "response_format",
         ),
@@ -177,12 +185,24 @@ fn cases() -> Vec<Case> {
         v.push(("POST", c, JSON, chat(extra), status, json!(param)));
     }
     let completion_cases: Vec<(Value, u16, &str)> = vec![
-        (json!({"prompt": null}), 400, "prompt"),
-        (json!({"prompt": []}), 400, "prompt"),
-        (json!({"prompt": [1, 99999]}), 400, "prompt"),
-        (json!({"prompt": [[1, 2], [3]]}), 400, "prompt"),
-        (json!({"prompt": 123}), 400, "prompt"),
-        (json!({"prompt": "y".repeat(64)}), 400, "prompt"),
+        (json!({"model": "tiny", "prompt": null}), 400, "prompt"),
+        (json!({"model": "tiny", "prompt": []}), 400, "prompt"),
+        (
+            json!({"model": "tiny", "prompt": [1, 99999]}),
+            400,
+            "prompt",
+        ),
+        (
+            json!({"model": "tiny", "prompt": [[1, 2], [3]]}),
+            400,
+            "prompt",
+        ),
+        (json!({"model": "tiny", "prompt": 123}), 400, "prompt"),
+        (
+            json!({"model": "tiny", "prompt": "y".repeat(64)}),
+            400,
+            "prompt",
+        ),
         (json!({"best_of": 2}), 400, "best_of"),
         (json!({"suffix": "x"}), 400, "suffix"),
         (json!({"max_tokens": 0}), 400, "max_tokens"),

@@ -53,6 +53,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
         tier,
         priority: 0,
         fork_of: None,
+        grammar: None,
     };
     let Ok(mut h) = engine.submit(req) else {
         return false;

@@ -66,11 +66,16 @@ async fn request_streaming_when_its_worker_dies_resumes_on_another_worker() {
     assert!(chunks.iter().all(|c| c.get("error").is_none()), "{data:?}");
     let finish = &chunks.last().unwrap()["meta_info"]["finish_reason"];
     assert_eq!(finish["type"], "length", "{finish}");
-    let streamed: Vec<u32> = chunks
-        .iter()
-        .flat_map(|c| c["output_ids"].as_array().unwrap().clone())
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    // Chunks are cumulative (SGLang's format), across the resume too: the last holds it all.
+    let ids = |c: &Value| -> Vec<u32> {
+        let ids = c["output_ids"].as_array().unwrap();
+        ids.iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    for pair in chunks.windows(2) {
+        let (a, b) = (ids(&pair[0]), ids(&pair[1]));
+        assert!(b.starts_with(&a), "{a:?} then {b:?}");
+    }
+    let streamed = ids(chunks.last().unwrap());
     // Worker 1 got the rest: the prompt extended by what worker 0 streamed (the mock echoes
     // its prompt), and only the tokens still owed.
     assert_eq!(r.mocks[1].stats.generates.load(Ordering::Relaxed), 1);
@@ -123,7 +128,7 @@ async fn request_whose_retries_are_spent_ends_with_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_mid_stream_aborts_on_the_worker() {
     let r = start(config(), &[paced(10)]).await;
-    let body = json!({"prompt": "abc", "max_tokens": 50, "stream": true});
+    let body = json!({"model": "tiny", "prompt": "abc", "max_tokens": 50, "stream": true});
     let mut s = send(&r, "POST", "/v1/completions", &[], &body.to_string()).await;
     let mut buf = [0u8; 512];
     let n = s.read(&mut buf).await.unwrap();

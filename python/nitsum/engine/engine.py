@@ -17,6 +17,7 @@ from nitsum.kv.pages import GroupPages
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.structured.start import grammar_finish, start_grammar
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class Engine:
         if klass not in CLASSES:
             raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
         self.validate(prompt_ids, sampling)
+        grammar = start_grammar(sampling.grammar, prompt_ids)
         seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
         seq.priority, seq.may_preempt = priority, may_preempt
         if ttft_ms is not None:
@@ -99,6 +101,7 @@ class Engine:
         seq.generator = make_generator(sampling)
         eos = () if sampling.ignore_eos else tuple(sorted(self.eos_token_ids))
         seq.end_ids = eos + sampling.stop_token_ids
+        seq.grammar = grammar
         pages = self.scheduler.pages
         seq.layout = KVLayout(tuple(pages.members), pages.stage_tp)
         self.seqs[request_id] = seq
@@ -298,11 +301,14 @@ class Engine:
                 continue
             seq.output_ids.append(token)
             reason = self._finish_reason(seq, token)
+            error = None
+            if reason is None and seq.grammar is not None:
+                reason, error = grammar_finish(seq.grammar, token)
             if reason is not None:
                 self._finish(seq, reason)
             lp, seq.step_logprobs = seq.step_logprobs, None
             logprobs = None if lp is None else [lp]
-            outputs.append(RequestOutput(seq.request_id, [token], reason, logprobs=logprobs))
+            outputs.append(RequestOutput(seq.request_id, [token], reason, error, logprobs))
         return outputs
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:

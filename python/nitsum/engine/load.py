@@ -38,6 +38,13 @@ def model_eos_ids(model_dir: Path) -> tuple[int, ...] | None:
         return None
 
 
+def install_grammars(model_dir: Path, eos_token_ids: tuple[int, ...] | None) -> None:
+    """Structured output compiles its grammars against this model's tokenizer."""
+    from nitsum.structured.compiler import install
+
+    install(model_dir, eos_token_ids)
+
+
 def load_config(model_dir: str | Path) -> ModelConfig:
     """The model configuration of the HF directory `model_dir` (its config.json)."""
     # Imported here so that the worker package (and its tests on in-memory models) does not

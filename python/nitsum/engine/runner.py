@@ -17,6 +17,7 @@ from nitsum.parallel.context import TPContext
 from nitsum.sampling import sample
 from nitsum.sampling_logprobs import token_logprobs
 from nitsum.sampling_processors import RowContext, apply_processors
+from nitsum.structured.mask import apply_grammars
 
 
 class Runner(Protocol):
@@ -121,9 +122,12 @@ def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
     sequence that asked for logprobs gets them in `seq.step_logprobs`."""
     seqs = [s.seq for s in batch if s.sample]
     params = [s.sampling for s in seqs]
-    # NOTE: the one hook for logit processors: sampling and logprobs both see their output.
+    # NOTE: the one hook for logit processors and grammars: sampling and logprobs both see
+    # their output. Processors first, then each grammar's mask (a token the grammar forbids
+    # has logprob -inf, as in vLLM, whatever a bias or penalty did to it).
     contexts = [RowContext(s.prompt_ids, s.output_ids, s.end_ids) for s in seqs]
     logits = apply_processors(logits, params, contexts)
+    logits = apply_grammars(logits, [s.grammar for s in seqs])
     tokens = sample(logits, params, [s.generator for s in seqs])
     for seq, lp in zip(seqs, token_logprobs(logits, tokens, params), strict=True):
         seq.step_logprobs = lp

@@ -11,6 +11,7 @@ import torch
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.structured.matcher import GrammarMatcher
 
 
 class Status(Enum):
@@ -45,6 +46,8 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     generator: torch.Generator | None = None
+    # Structured output: where the output is in its grammar (None: unconstrained).
+    grammar: GrammarMatcher | None = None
     arrival: float = field(default_factory=time.monotonic)
     # Monotonic time by which the first token is due (arrival + the tier's TTFT); None: none.
     deadline: float | None = None

@@ -16,7 +16,7 @@ import torch
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
 from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
-from nitsum.engine.load import load_model, model_eos_ids
+from nitsum.engine.load import install_grammars, load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import HostKVPool, PageCopies, host_pages_in
@@ -126,4 +126,6 @@ def local_engine(
 def open_local_engine(model_dir: str | Path, ecfg: EngineConfig | None = None) -> PoolEngine:
     """`local_engine` on the HF model directory `model_dir`."""
     cfg, tensors = load_model(model_dir)
-    return local_engine(cfg, tensors, ecfg, model_eos_ids(Path(model_dir)))
+    eos = model_eos_ids(Path(model_dir))
+    install_grammars(Path(model_dir), eos)
+    return local_engine(cfg, tensors, ecfg, eos)

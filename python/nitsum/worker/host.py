@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from nitsum.engine.build import EngineConfig
-from nitsum.engine.load import load_config, model_eos_ids
+from nitsum.engine.load import install_grammars, load_config, model_eos_ids
 from nitsum.kv.pool import KVPool
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -31,7 +31,9 @@ def open_pool_backend(
     pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
     try:
         groups = [(d,) for d in range(num_devices)]
-        pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, model_eos_ids(model_dir))
+        eos = model_eos_ids(model_dir)
+        install_grammars(model_dir, eos)
+        pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, eos)
     except BaseException:
         pool.close()
         raise

@@ -17,6 +17,7 @@ from nitsum.engine.sequence import CLASSES
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.structured.spec import GrammarSpec
 
 PROTOCOL_VERSION = 1
 SECRET_ENV = "NITSUM_WORKER_SECRET"  # the shared worker secret (docs/security.md)
@@ -172,6 +173,7 @@ def generate(
     klass: str = "feasible",
     decode_target: int | None = None,
 ) -> dict[str, Any]:
+    grammar = sampling.grammar if isinstance(sampling, SamplingParams) else None
     if isinstance(sampling, SamplingParams):
         sampling = {
             "max_tokens": sampling.max_tokens,
@@ -197,6 +199,7 @@ def generate(
         tier=tier,
         decode_target=decode_target,
         **{"class": klass},
+        **({} if grammar is None else {"grammar": grammar.to_wire()}),
     )
 
 
@@ -327,6 +330,8 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     fork_of = msg.get("fork_of")
     if fork_of is not None and not (isinstance(fork_of, str) and fork_of):
         raise InvalidRequestError("fork_of", f"must be a request id or null, got {fork_of!r}")
+    # Structured output rides in SamplingParams inside the worker (it goes wherever they go).
+    kwargs["grammar"] = GrammarSpec.from_wire(msg.get("grammar"))
     sampling = SamplingParams(**kwargs)
     ttft_ms = None if ttft is None else float(ttft)
     return GenerateRequest(

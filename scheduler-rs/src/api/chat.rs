@@ -13,9 +13,12 @@ use super::logprobs;
 use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::sse::{self, ChunkFormat};
+use super::tool_reply::{self, CallFormat};
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
+use crate::protocols::structured::{self, Grammar};
+use crate::protocols::tools::{self, Tools};
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::ModelFiles;
 
@@ -56,8 +59,13 @@ fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
     }
 }
 
-/// Render the conversation with the model's chat template.
-fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError> {
+/// Render the conversation with the model's chat template (showing it `tools`, if any: a
+/// template that does not read `tools` cannot, which is a 400 naming `tools`).
+pub(super) fn render(
+    state: &AppState,
+    messages: &[ChatMessage],
+    tools: Option<&Tools>,
+) -> Result<String, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
@@ -66,6 +74,12 @@ fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError
         .as_deref()
         .and_then(|m| m.template.as_ref())
         .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    if tools.is_some() && !template.supports_tools() {
+        return Err(ApiError::invalid(
+            "tools",
+            "this model's chat template does not support tools (it never renders `tools`)",
+        ));
+    }
     let mut msgs = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         if !crate::protocols::openai::CHAT_ROLES.contains(&m.role.as_str()) {
@@ -84,7 +98,7 @@ fn render(state: &AppState, messages: &[ChatMessage]) -> Result<String, ApiError
         msgs.push(Value::Object(obj));
     }
     template
-        .render(&msgs, true)
+        .render_with_tools(&msgs, true, tools.map(|t| t.list.as_slice()))
         .map_err(|e| ApiError::invalid("messages", format!("chat template error: {e}")))
 }
 
@@ -96,6 +110,18 @@ struct ChatChunks {
     /// Whether the request asked for logprobs (the tokenizer names their tokens).
     logprobs: bool,
     files: Option<Arc<ModelFiles>>,
+    /// Set when tool calls are read from the reply: each choice's text (and its tokens'
+    /// logprobs) is held back until its end.
+    calls: Option<CallFormat>,
+    held: Vec<Held>,
+}
+
+/// A choice's reply held back while tool calls are read from it.
+#[derive(Debug, Default)]
+struct Held {
+    text: String,
+    ids: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl ChatChunks {
@@ -121,8 +147,36 @@ impl ChunkFormat for ChatChunks {
         vec![self.chunk(index, role, None, Value::Null)]
     }
 
-    fn piece(&mut self, index: usize, _ts: &TextStream, p: &Piece) -> Vec<Value> {
+    fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
         let mut out = Vec::new();
+        if let Some(format) = self.calls {
+            // NOTE: a call is only known once its text is complete, so nothing streams before.
+            if self.held.len() <= index {
+                self.held.resize_with(index + 1, Held::default);
+            }
+            let held = &mut self.held[index];
+            held.text.push_str(&p.text);
+            held.ids.extend_from_slice(&p.ids);
+            held.logprobs.extend_from_slice(&p.logprobs);
+            if let Some(f) = p.finish {
+                let held = std::mem::take(&mut self.held[index]);
+                // NOTE: each choice's calls get ids of its own request (`chatcmpl-<id>` is the
+                // response id for choice 0, so n = 1 is unchanged).
+                let rid = format!("chatcmpl-{}", ts.id);
+                let (mut deltas, finish) = tool_reply::final_deltas(format, &rid, held.text, f);
+                let mut lps = self.logprobs(&held.ids, &held.logprobs);
+                if deltas.is_empty() && !lps.is_null() {
+                    deltas.push(json!({"content": ""})); // the logprobs still go out
+                }
+                for d in deltas {
+                    // The held tokens' logprobs ride on the first closing delta.
+                    let lp = std::mem::take(&mut lps);
+                    out.push(self.chunk(index, d, None, lp));
+                }
+                out.push(self.chunk(index, json!({}), Some(finish), Value::Null));
+            }
+            return out;
+        }
         // NOTE: tokens whose text is still incomplete get their logprobs now, with "".
         if !p.text.is_empty() || (self.logprobs && !p.logprobs.is_empty()) {
             let lps = self.logprobs(&p.ids, &p.logprobs);
@@ -165,7 +219,10 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         .messages
         .as_deref()
         .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
-    let prompt = render(&state, messages)?;
+    let tools = tools::parse(req.common.tools.as_ref(), req.common.tool_choice.as_ref())
+        .map_err(|(field, why)| ApiError::invalid(field, why))?;
+    sampling.grammar = grammar(&req, tools.as_ref())?;
+    let prompt = render(&state, messages, tools.as_ref())?;
     // NOTE: the template already inserts BOS where the model wants it.
     let ids = prepare::encode(&state, &prompt, false, "messages").await?;
     let stops = req.common.stop_strings();
@@ -177,18 +234,22 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         include_usage: req.common.include_usage(),
         logprobs: sampling.logprobs.is_some(),
         files: state.model.clone(),
+        calls: CallFormat::of(tools.as_ref()),
+        held: Vec::new(),
     };
     if req.common.stream {
         return Ok(sse::respond(all, fmt));
     }
     let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
     let choices: Vec<Value> = outs
-        .iter()
+        .into_iter()
         .zip(&all)
         .enumerate()
         .map(|(index, ((text, ids, finish), ts))| {
-            json!({"index": index, "message": {"role": "assistant", "content": text},
-                   "logprobs": fmt.logprobs(ids, &ts.logprobs), "finish_reason": finish})
+            let rid = format!("chatcmpl-{}", ts.id);
+            let (message, finish) = tool_reply::message(fmt.calls, &rid, text, finish);
+            json!({"index": index, "message": message,
+                   "logprobs": fmt.logprobs(&ids, &ts.logprobs), "finish_reason": finish})
         })
         .collect();
     Ok(axum::Json(json!({
@@ -197,4 +258,27 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         "usage": output::usage(&all),
     }))
     .into_response())
+}
+
+/// The grammar the reply must match: `response_format`'s, or a forced tool call's (the two
+/// do not combine: a call is JSON of its own shape).
+fn grammar(
+    req: &ChatCompletionRequest,
+    tools: Option<&Tools>,
+) -> Result<Option<Grammar>, ApiError> {
+    let format = structured::response_format(req.common.response_format.as_ref())
+        .map_err(|why| ApiError::invalid(structured::FIELD, why))?;
+    let call = match tools {
+        Some(t) => t
+            .grammar()
+            .map_err(|(field, why)| ApiError::invalid(field, why))?,
+        None => None,
+    };
+    match (format, call) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            structured::FIELD,
+            "cannot be combined with a tool_choice that forces a call",
+        )),
+        (format, call) => Ok(format.or(call)),
+    }
 }

@@ -123,6 +123,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     // OpenAI's default for /v1/completions is 16 tokens.
     sampling.default_max_tokens = Some(16);
     sampling.logprobs = logprobs::completion_request(&req.common)?;
+    sampling.grammar = structured_only(&req.common)?;
     if req.echo && sampling.logprobs.is_some() {
         // The prompt's own logprobs (what OpenAI returns with echo) are not computed.
         return Err(ApiError::invalid(
@@ -174,4 +175,21 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         "usage": output::usage(&all),
     }))
     .into_response())
+}
+
+/// `response_format`'s grammar; `tools` (a chat feature: calls need a chat template) refused.
+fn structured_only(
+    c: &crate::protocols::openai::CommonParams,
+) -> Result<Option<crate::protocols::structured::Grammar>, ApiError> {
+    use crate::protocols::{structured, tools};
+    let tools = tools::parse(c.tools.as_ref(), c.tool_choice.as_ref())
+        .map_err(|(field, why)| ApiError::invalid(field, why))?;
+    if tools.is_some() {
+        return Err(ApiError::invalid(
+            "tools",
+            "tools are supported by /v1/chat/completions only",
+        ));
+    }
+    structured::response_format(c.response_format.as_ref())
+        .map_err(|why| ApiError::invalid(structured::FIELD, why))
 }

@@ -1,30 +1,52 @@
-//! `/v1/models`, `/health`, `/metrics` (Prometheus text) and `/admin/plan`.
+//! `/v1/models`, `/v1/models/{id}`, `/version`, `/health`, `/metrics` (Prometheus text) and
+//! `/admin/plan`.
 
 use std::fmt::Write;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::{unix_now, AppState};
+use crate::errors::ApiError;
 
-/// `GET /v1/models`: the one served model. `max_model_len` is the longest context the
-/// deployment serves: the model's window, capped by the most any live worker holds (a worker
-/// whose largest TP group's KV holds less says so in `register`).
-pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+/// The longest context the deployment serves: the model's window, capped by the most any live
+/// worker holds (a worker whose largest TP group's KV holds less says so in `register`).
+pub fn max_model_len(state: &AppState) -> Option<u64> {
     let window = state.model.as_ref().map(|m| m.max_context as u64);
-    let max_model_len = match (window, state.router.worker_max_context()) {
+    match (window, state.router.worker_max_context()) {
         (Some(w), Some(c)) => Some(w.min(c)),
         (w, c) => w.or(c),
-    };
-    axum::Json(json!({"object": "list", "data": [{
+    }
+}
+
+/// The served model as an OpenAI model object (with vLLM's `max_model_len`).
+fn model_card(state: &AppState) -> serde_json::Value {
+    json!({
         "id": state.served_model(), "object": "model", "created": unix_now(),
         "owned_by": "nitsum",
-        "max_model_len": max_model_len,
-    }]}))
-    .into_response()
+        "max_model_len": max_model_len(state),
+    })
+}
+
+/// `GET /v1/models`: the one served model.
+pub async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_card(&state)]})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the served model, 404 for any other id.
+pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id != state.served_model() {
+        return ApiError::model_not_found(&id).into_response();
+    }
+    axum::Json(model_card(&state)).into_response()
+}
+
+/// `GET /version`: the server's version (vLLM's and SGLang's endpoint).
+pub async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION"), "server": "nitsum"})).into_response()
 }
 
 /// `GET /health`: 200 when at least one worker is registered, else 503.

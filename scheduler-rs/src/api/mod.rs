@@ -12,6 +12,8 @@ pub mod output;
 pub mod prepare;
 pub mod processors;
 mod sse;
+mod tokens;
+mod tool_reply;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -57,6 +59,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/models", get(misc::models))
+        .route("/v1/models/{id}", get(misc::model))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/version", get(misc::version))
         .route("/generate", post(native::handle))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))

@@ -1,6 +1,7 @@
 //! `POST /generate`, SGLang-style: `{"input_ids": [...] | "text": "...", "sampling_params":
-//! {...}}` → `{"text", "output_ids", "meta_info"}`. With `"stream": true`, SSE chunks carry
-//! the new text and ids of each step; the last one has `meta_info.finish_reason`.
+//! {...}}` → `{"text", "output_ids", "meta_info"}`. With `"stream": true`, each SSE chunk
+//! carries the text and ids generated so far (cumulative, as SGLang streams by default, so
+//! its clients keep the last chunk's `text`); the last one has `meta_info.finish_reason`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +26,9 @@ const DEFAULT_MAX_NEW_TOKENS: u32 = 128;
 struct Meta {
     tier: String,
     start: Instant,
+    /// Text and ids streamed so far.
+    text: String,
+    ids: Vec<u32>,
 }
 
 impl Meta {
@@ -43,7 +47,10 @@ impl Meta {
 
 impl ChunkFormat for Meta {
     fn piece(&mut self, _index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
-        vec![json!({"text": p.text, "output_ids": p.ids, "meta_info": self.info(ts, p.finish)})]
+        self.text.push_str(&p.text);
+        self.ids.extend_from_slice(&p.ids);
+        let info = self.info(ts, p.finish);
+        vec![json!({"text": self.text, "output_ids": self.ids, "meta_info": info})]
     }
 }
 
@@ -87,12 +94,15 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             min_p: sp.min_p,
         },
         logprobs: None,
+        grammar: None,
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     let mut ts = prepare::start(&state, tier, ids, field, &sampling, stops)?;
     let meta = Meta {
         tier: state.router.cfg.tier(tier).name.clone(),
         start,
+        text: String::new(),
+        ids: Vec::new(),
     };
     if req.stream {
         return Ok(sse::respond(vec![ts], meta));

@@ -32,6 +32,8 @@ pub struct SamplingInput {
     pub processors: Processors,
     /// Alternatives per token with logprobs (already checked, 0..=20); `None`: no logprobs.
     pub logprobs: Option<u32>,
+    /// Structured output: the grammar the output must match (set by the endpoint).
+    pub grammar: Option<crate::protocols::structured::Grammar>,
 }
 
 impl SamplingInput {
@@ -54,15 +56,24 @@ impl SamplingInput {
             priority: c.priority,
             processors: Processors::from_common(c),
             logprobs: None,
+            grammar: None,
         }
     }
 }
 
-/// 404 unless `model` is absent or the served model name.
+/// 400 when `model` is absent (as OpenAI: clients that forget it should hear so), 404 unless
+/// it is the served model name.
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
+        None => Err(ApiError::invalid(
+            "model",
+            format!(
+                "you must provide a model parameter (this server serves {:?})",
+                state.served_model()
+            ),
+        )),
         Some(m) if m != state.served_model() => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
+        Some(_) => Ok(()),
     }
 }
 
@@ -101,7 +112,7 @@ pub fn openai_common(
     check_model(state, common.model.as_deref())?;
     let n = check_n(common.n)?;
     if let Some((field, why)) = crate::protocols::openai::unsupported(common) {
-        return Err(ApiError::invalid(field, why));
+        return Err(ApiError::invalid(&field, why));
     }
     Ok((tier, n))
 }
@@ -278,6 +289,7 @@ pub fn build(
         tier,
         priority,
         fork_of: None,
+        grammar: s.grammar.clone(),
     })
 }
 

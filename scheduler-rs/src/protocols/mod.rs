@@ -1,4 +1,8 @@
 //! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
 
+pub mod extensions;
 pub mod openai;
+pub mod structured;
+pub mod tool_calls;
+pub mod tools;
 pub mod worker;

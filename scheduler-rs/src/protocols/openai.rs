@@ -1,7 +1,9 @@
 //! OpenAI-compatible request types (`/v1/chat/completions`, `/v1/completions`) and the
-//! SGLang-style native `/generate` request. Unknown fields are ignored, like OpenAI does;
-//! known OpenAI fields Nitsum does not implement are read only to refuse them by name when they
-//! ask for something (`unsupported`), never silently ignored.
+//! SGLang-style native `/generate` request. Nothing a client sends is silently ignored: known
+//! fields Nitsum does not implement are read only to refuse them by name when they ask for
+//! something (`unsupported`), and an unknown field is refused by name, as OpenAI does
+//! (`extensions::refused`), unless it is a vLLM/SGLang extension sent at its neutral value
+//! (`protocols::extensions`).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -79,12 +81,17 @@ pub struct CommonParams {
     /// EOS and stop token ids are masked until this many tokens were generated.
     pub min_tokens: Option<i64>,
     pub min_p: Option<f64>,
-    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
+    /// Structured output and tool calling (protocols/structured.rs, protocols/tools.rs).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,
+    /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
+    /// Every other field, checked by `extensions::refused`.
+    /// NOTE: declared last: serde hands a flattened map only what no named field took.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 impl CommonParams {
@@ -109,10 +116,12 @@ pub fn not_supported(name: &str) -> String {
     format!("`{name}` is not supported by this server")
 }
 
-/// The first unimplemented field that asks for something, with why: clients send most of
-/// them with neutral defaults (`logprobs: false`, `best_of: 1`, penalties 0, `tools: []`),
-/// which are accepted.
-pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
+/// The first unimplemented or unknown field that asks for something, with why: clients send
+/// most of them with neutral defaults (`best_of: 1`, `suffix: ""`), which are accepted.
+/// NOTE: `tools`, `tool_choice` and `response_format` (protocols/tools.rs,
+/// protocols/structured.rs), the logit processors (api/processors.rs) and `logprobs` /
+/// `top_logprobs` (api/logprobs.rs) are implemented and checked where they are used.
+pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
     let truthy = |v: &Option<Value>| match v {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Number(n)) => n.as_f64() != Some(0.0),
@@ -123,21 +132,15 @@ pub fn unsupported(c: &CommonParams) -> Option<(&'static str, String)> {
     };
     let not =
         |v: &Option<Value>, neutral: &[Value]| truthy(v) && !neutral.contains(v.as_ref().unwrap());
-    let text_format = serde_json::json!({"type": "text"});
-    let checks: [(&'static str, bool); 5] = [
-        ("tools", truthy(&c.tools)),
-        (
-            "tool_choice",
-            not(&c.tool_choice, &[Value::from("none"), Value::from("auto")]),
-        ),
-        ("response_format", not(&c.response_format, &[text_format])),
+    let checks: [(&'static str, bool); 2] = [
         ("best_of", not(&c.best_of, &[Value::from(1)])),
         ("suffix", truthy(&c.suffix)),
     ];
     checks
         .into_iter()
         .find(|&(_, asks)| asks)
-        .map(|(name, _)| (name, not_supported(name)))
+        .map(|(name, _)| (name.to_string(), not_supported(name)))
+        .or_else(|| super::extensions::refused(&c.extra))
 }
 
 /// Chat roles the templates know.
@@ -269,6 +272,36 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_body::<ChatCompletionRequest>(b"{not json").unwrap_err();
         assert_eq!(e.param, None);
+    }
+
+    #[test]
+    fn sampling_and_structured_fields_are_typed_and_only_the_rest_is_refused() {
+        let c: CommonParams = serde_json::from_value(serde_json::json!({
+            "logprobs": true, "top_logprobs": 2, "presence_penalty": 0.5,
+            "frequency_penalty": 0.1, "repetition_penalty": 1.1, "logit_bias": {"5": 1.0},
+            "min_tokens": 1, "min_p": 0.1, "n": 2,
+            "response_format": {"type": "json_object"}, "tools": [], "tool_choice": "auto",
+            "best_of": 1, "user": "u",
+        }))
+        .unwrap();
+        // Every implemented field was taken by its typed member: `extra` holds `user` only.
+        assert_eq!(c.extra.keys().collect::<Vec<_>>(), ["user"]);
+        assert_eq!(unsupported(&c), None);
+        let refused = |body: serde_json::Value| {
+            unsupported(&serde_json::from_value(body).unwrap()).map(|(name, _)| name)
+        };
+        assert_eq!(
+            refused(serde_json::json!({"min_p": 0.1, "best_of": 2})).as_deref(),
+            Some("best_of")
+        );
+        assert_eq!(
+            refused(serde_json::json!({"logprobs": 3, "suffix": "x"})).as_deref(),
+            Some("suffix")
+        );
+        assert_eq!(
+            refused(serde_json::json!({"min_p": 0.1, "temprature": 1})).as_deref(),
+            Some("temprature")
+        );
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub struct Generate<'a> {
     /// The first of n > 1 choices of the same prompt, whose prefill this one shares.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fork_of: Option<&'a str>,
+    /// Structured output: the grammar the output must match (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<&'a super::structured::Grammar>,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -414,6 +417,7 @@ mod tests {
             preempt: false,
             bind_tp: Some(2),
             fork_of: None,
+            grammar: None,
         });
         // Generic decode: keys are strings (a map, not an array).
         let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();

@@ -208,6 +208,7 @@ impl RouterState {
             preempt: self.cfg.tier(req.tier).preempt,
             bind_tp: self.cfg.tier(req.tier).bind_tp,
             fork_of: fork_of.as_deref(),
+            grammar: req.grammar.as_ref(),
         });
         self.send(identity, payload);
     }

@@ -79,6 +79,7 @@ pub(super) fn submit() -> Submit {
         tier: TierId(0),
         priority: 0,
         fork_of: None,
+        grammar: None,
     }
 }
 
@@ -347,4 +348,26 @@ async fn a_prompt_goes_where_its_prefix_went_unless_that_group_is_much_busier() 
         [6, 2]
     );
     assert_eq!(target(&d, &mut rx), "1");
+}
+
+#[test]
+fn a_resumed_request_replays_its_generated_tokens_into_its_grammar() {
+    use crate::protocols::structured::Grammar;
+    let req = Arc::new(Submit {
+        sampling: Sampling {
+            max_tokens: 10,
+            ..Sampling::default()
+        },
+        grammar: Some(Grammar::json_object()),
+        ..submit()
+    });
+    let once = super::workers::resumed(&req, &[7, 8, 9]).unwrap();
+    assert_eq!(once.input_ids, [1, 2, 7, 8, 9]);
+    assert_eq!(once.grammar.as_ref().map(|g| g.replay), Some(3));
+    assert_eq!(
+        super::workers::resumed(&Arc::new(submit()), &[7])
+            .unwrap()
+            .grammar,
+        None
+    );
 }

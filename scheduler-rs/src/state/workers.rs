@@ -259,7 +259,7 @@ impl RouterState {
 /// NOTE: greedy decoding continues exactly as it would have on the dead worker; a sampled
 /// request draws its remaining tokens afresh (a seeded one with its seed advanced by the
 /// tokens it has, so a given resume point stays reproducible).
-fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
+pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
     if generated.is_empty() {
         return Some(req.clone());
     }
@@ -273,12 +273,19 @@ fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit>> {
     sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
     // NOTE: the generated tokens are prompt now: `min_tokens` counts what is left to make.
     sampling.min_tokens = sampling.min_tokens.saturating_sub(n);
+    // NOTE: the new worker's grammar matcher replays the generated tokens, so it goes on
+    // from where the output is in the grammar.
+    let grammar = req.grammar.clone().map(|mut g| {
+        g.replay += n;
+        g
+    });
     Some(Arc::new(Submit {
         input_ids,
         sampling,
         tier: req.tier,
         priority: req.priority,
         fork_of: None,
+        grammar,
     }))
 }
 

@@ -13,6 +13,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template reads a `tools` variable (it can show the model functions to call).
+    tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -41,22 +43,45 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_template_owned(NAME, source.to_string())?;
+        let tools = env
+            .get_template(NAME)?
+            .undeclared_variables(false)
+            .contains("tools");
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            tools,
         })
+    }
+
+    /// Whether the template renders `tools` (HF templates that support tool calling read it).
+    pub fn supports_tools(&self) -> bool {
+        self.tools
     }
 
     /// Render a conversation. `messages` are JSON objects with at least `role` and `content`.
     pub fn render(&self, messages: &[Value], add_generation_prompt: bool) -> Result<String, Error> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// `render`, showing the model `tools` (an OpenAI `tools` array) when given.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        tools: Option<&[Value]>,
+    ) -> Result<String, Error> {
         let tmpl = self.env.get_template(NAME)?;
-        let ctx = json!({
+        let mut ctx = json!({
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
         });
+        if let Some(tools) = tools {
+            ctx["tools"] = Value::from(tools.to_vec());
+        }
         tmpl.render(minijinja::Value::from(minijinja::value::Serde(&ctx)))
     }
 }
@@ -97,6 +122,23 @@ mod tests {
         let err = t.render(&bad, false).unwrap_err();
         assert!(err.to_string().contains("must alternate"), "{err}");
         assert!(ChatTemplate::new("{% if %}", "", "").is_err());
+    }
+
+    #[test]
+    fn templates_that_read_tools_render_them() {
+        assert!(!ChatTemplate::new(CHATML, "", "").unwrap().supports_tools());
+        let src =
+            "{% if tools %}{% for t in tools %}<tool>{{ t.function.name }}</tool>{% endfor %}\
+            {% endif %}{% for m in messages %}{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert!(t.supports_tools());
+        let msgs = [json!({"role": "user", "content": "x"})];
+        let tools = [json!({"type": "function", "function": {"name": "now"}})];
+        assert_eq!(
+            t.render_with_tools(&msgs, true, Some(&tools)).unwrap(),
+            "<tool>now</tool>x"
+        );
+        assert_eq!(t.render(&msgs, true).unwrap(), "x");
     }
 
     #[test]

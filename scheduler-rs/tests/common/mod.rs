@@ -216,3 +216,12 @@ pub async fn call(
 pub async fn post(r: &Router, path: &str, body: Value) -> Resp {
     call(r, "POST", path, &[], &body.to_string()).await
 }
+
+/// An OpenAI-shaped error answer's status and `param` (asserting the shape).
+pub fn err(resp: &Resp) -> (u16, Value) {
+    let v = resp.json();
+    for k in ["message", "type", "param", "code"] {
+        assert!(v["error"].get(k).is_some(), "missing error.{k} in {v}");
+    }
+    (resp.status, v["error"]["param"].clone())
+}

@@ -1,0 +1,59 @@
+"""What a request asks its output to match: the `grammar` field of a `generate` message."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nitsum.errors import InvalidRequestError
+
+# `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`.
+KINDS = ("json_object", "json_schema")
+# The request field a bad grammar is blamed on (the router builds grammars from it).
+FIELD = "response_format"
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A request's grammar.
+
+    NOTE: `replay` counts the last tokens of the prompt that are output the grammar already
+    matched (a request resumed on another worker prefills its prompt plus what it had
+    generated): the matcher consumes them first, so its state follows the tokens.
+    """
+
+    kind: str
+    # The JSON Schema as JSON text (`json_schema` only).
+    schema: str | None = None
+    replay: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        """The protocol's `grammar` map."""
+        return {"kind": self.kind, "schema": self.schema, "replay": self.replay}
+
+    @classmethod
+    def from_wire(cls, raw: object) -> GrammarSpec | None:
+        """The `grammar` of a `generate` (None when absent); InvalidRequestError naming
+        `response_format` for a malformed one."""
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise InvalidRequestError(FIELD, f"grammar must be a map, got {raw!r}")
+        kind, schema, replay = raw.get("kind"), raw.get("schema"), raw.get("replay", 0)
+        if kind not in KINDS:
+            raise InvalidRequestError(FIELD, f"grammar kind must be one of {KINDS}, got {kind!r}")
+        if kind == "json_schema":
+            if not isinstance(schema, str):
+                raise InvalidRequestError(FIELD, "a json_schema grammar needs its schema text")
+            try:
+                parsed = json.loads(schema)
+            except ValueError as e:
+                raise InvalidRequestError(FIELD, f"the schema is not JSON: {e}") from e
+            if not isinstance(parsed, (dict, bool)):
+                raise InvalidRequestError(FIELD, "the schema must be a JSON object")
+        elif schema is not None:
+            raise InvalidRequestError(FIELD, "a json_object grammar takes no schema")
+        if not isinstance(replay, int) or isinstance(replay, bool) or replay < 0:
+            raise InvalidRequestError(FIELD, f"grammar replay must be an integer >= 0: {replay!r}")
+        return cls(kind, schema, replay)

@@ -1,0 +1,131 @@
+//! Endpoints scripts use beside generation (issue 18): `/tokenize`, `/detokenize`,
+//! `/version`, `/v1/models/{id}`, and the native `/generate` stream in SGLang's cumulative
+//! format.
+
+mod common;
+
+use common::*;
+use nitsum_scheduler::mock_worker::MockOptions;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_agrees_with_what_generation_counts_and_detokenize_inverts_it() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    // A completion prompt: the count is what usage reports for the same prompt.
+    let t = post(&r, "/tokenize", json!({"model": "tiny", "prompt": "héllo"})).await;
+    assert_eq!(t.status, 200, "{}", t.body);
+    let t = t.json();
+    let done = post(
+        &r,
+        "/v1/completions",
+        json!({"model": "tiny", "prompt": "héllo", "max_tokens": 1}),
+    )
+    .await
+    .json();
+    assert_eq!(t["count"], done["usage"]["prompt_tokens"]);
+    // Byte-level with one merge ("l"+"l"): h, é (two bytes), ll, o.
+    assert_eq!(t["tokens"].as_array().unwrap().len(), 5);
+    assert_eq!(t["max_model_len"], 64);
+    // Chat messages: rendered with the template, counted as a chat completion counts them.
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let t = post(&r, "/tokenize", json!({"messages": messages}))
+        .await
+        .json();
+    let done = post(
+        &r,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": messages, "max_tokens": 1}),
+    )
+    .await
+    .json();
+    assert_eq!(t["count"], done["usage"]["prompt_tokens"]);
+    assert!(
+        t["count"].as_u64().unwrap() > 2,
+        "the template adds its markers"
+    );
+    // Round trip.
+    let ids = post(&r, "/tokenize", json!({"prompt": "ab😀"}))
+        .await
+        .json()["tokens"]
+        .clone();
+    let back = post(&r, "/detokenize", json!({"tokens": ids})).await.json();
+    assert_eq!(back["prompt"], "ab😀");
+    assert_eq!(back["text"], "ab😀");
+    // Errors name their field.
+    for (path, body, status, param) in [
+        ("/tokenize", json!({}), 400, "prompt"),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "model": "gpt-9"}),
+            404,
+            "model",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "bogus": 1}),
+            400,
+            "bogus",
+        ),
+        ("/detokenize", json!({"tokens": [1, 999999]}), 400, "tokens"),
+        ("/detokenize", json!({}), 400, "tokens"),
+    ] {
+        let resp = post(&r, path, body.clone()).await;
+        assert_eq!(err(&resp), (status, json!(param)), "{path} {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_and_one_model_by_id() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    let v = call(&r, "GET", "/version", &[], "").await.json();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    let m = call(&r, "GET", "/v1/models/tiny", &[], "").await;
+    assert_eq!(m.status, 200);
+    let m = m.json();
+    assert_eq!(
+        (m["id"].clone(), m["object"].clone()),
+        (json!("tiny"), json!("model"))
+    );
+    assert_eq!(m["max_model_len"], 64);
+    let missing = call(&r, "GET", "/v1/models/gpt-9", &[], "").await;
+    assert_eq!(err(&missing), (404, json!("model")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_stream_chunks_are_cumulative_like_sglang() {
+    let one_token_a_message = MockOptions {
+        tokens_per_message: 1,
+        ..MockOptions::default()
+    };
+    let r = start(config(), &[one_token_a_message]).await;
+    let body = json!({"text": "abcd", "sampling_params": {"max_new_tokens": 6}});
+    let whole = post(&r, "/generate", body.clone()).await.json();
+    let mut stream_body = body;
+    stream_body["stream"] = json!(true);
+    let resp = post(&r, "/generate", stream_body).await;
+    let data = resp.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.len() >= 6, "one chunk per token: {chunks:?}");
+    // Each chunk holds everything so far: SGLang's clients keep the last chunk's text.
+    for pair in chunks.windows(2) {
+        let (a, b) = (
+            pair[0]["text"].as_str().unwrap(),
+            pair[1]["text"].as_str().unwrap(),
+        );
+        assert!(b.starts_with(a), "{a:?} then {b:?}");
+        let (a, b) = (
+            pair[0]["output_ids"].as_array().unwrap(),
+            pair[1]["output_ids"].as_array().unwrap(),
+        );
+        assert!(b.len() >= a.len() && b[..a.len()] == a[..]);
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["text"], whole["text"]);
+    assert_eq!(last["output_ids"], whole["output_ids"]);
+    assert_eq!(last["meta_info"]["completion_tokens"], 6);
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+}
