@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent / "python" / "nitsum"
 # Lowest first. A module's floor is that of its top-level name under `nitsum`.
 FLOORS: list[set[str]] = [
     {"errors", "paths", "config", "sampling", "structured", "tokenizer", "kernels"},
+    {"sampling_processors", "sampling_logprobs"},
     {"weights", "kv"},
     {"parallel"},
     {"models"},

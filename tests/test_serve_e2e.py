@@ -642,9 +642,9 @@ BAD_REQUESTS = [
         "invalid_request_error",
     ),
     (
-        "n_2",
+        "n_17",
         CHAT,
-        {"model": MODEL, "messages": HI, "max_tokens": 2, "n": 2},
+        {"model": MODEL, "messages": HI, "max_tokens": 2, "n": 17},
         {},
         400,
         "n",
@@ -800,7 +800,7 @@ def test_openai_client_raises_typed_errors(
         client.chat.completions.create(model="nope", messages=HI, max_tokens=2)
     assert e.value.status_code == 404 and e.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, n=2)
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, n=17)
     assert e.value.param == "n"
     bad_key = openai.OpenAI(base_url=server.v1, api_key="sk-nope", timeout=30, max_retries=0)
     with pytest.raises(openai.AuthenticationError) as e:

@@ -24,7 +24,6 @@ import jsonschema
 import openai
 import pytest
 
-from nitsum.bench.cli import discover_model
 from structured_helpers import tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -209,10 +208,9 @@ def test_json_object_mode(smol: str) -> None:
 def test_bad_requests_are_400_naming_the_field(
     smol: str, body: dict, param: str, says: str
 ) -> None:
-    model = discover_model(smol, None)
     r = httpx.post(
         f"{smol}/chat/completions",
-        json={"model": model, "messages": ASK, "max_tokens": 4, **body},
+        json={"model": model_of(smol), "messages": ASK, "max_tokens": 4, **body},
         timeout=30,
     )
     assert r.status_code == 400, r.text
@@ -281,7 +279,7 @@ def test_unknown_named_tool_is_400(tools_model: str) -> None:
     r = httpx.post(
         f"{tools_model}/chat/completions",
         json={
-            "model": discover_model(tools_model, None),
+            "model": model_of(tools_model),
             "messages": ASK,
             "tools": TOOLS,
             "tool_choice": named("nope"),
@@ -290,3 +288,118 @@ def test_unknown_named_tool_is_400(tools_model: str) -> None:
         timeout=30,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
+
+
+def check_chat_logprobs(content: str, entries: list, top: int) -> None:
+    """A choice's chat `logprobs.content`: one entry per token, spelling its text."""
+    assert entries, "no logprobs"
+    for e in entries:
+        assert -9999.0 <= e.logprob <= 0.0 and len(e.top_logprobs) == top, e
+    if content.isascii():
+        assert "".join(e.token for e in entries) == content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_schema_with_logprobs_and_two_choices(smol: str, stream: bool) -> None:
+    # Structured output, logprobs and n > 1 together: every choice follows the schema and
+    # carries its own tokens' logprobs (those of the grammar-masked distribution).
+    args = dict(
+        model=model_of(smol),
+        messages=ASK,
+        max_tokens=80,
+        temperature=0.8,
+        seed=11,
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+        response_format=schema_format(CITY),
+    )
+    c = client(smol)
+    if stream:
+        text: dict[int, str] = {0: "", 1: ""}
+        lps: dict[int, list] = {0: [], 1: []}
+        finish: dict[int, str] = {}
+        for chunk in c.chat.completions.create(stream=True, **args):
+            for ch in chunk.choices:
+                text[ch.index] += ch.delta.content or ""
+                lps[ch.index] += ch.logprobs.content if ch.logprobs else []
+                if ch.finish_reason:
+                    finish[ch.index] = ch.finish_reason
+        choices = [(text[i], lps[i], finish[i]) for i in (0, 1)]
+    else:
+        r = c.chat.completions.create(**args)
+        assert [ch.index for ch in r.choices] == [0, 1]
+        choices = [(ch.message.content, ch.logprobs.content, ch.finish_reason) for ch in r.choices]
+        assert r.usage.completion_tokens == sum(len(lp) for _, lp, _ in choices)
+    for content, entries, finish_reason in choices:
+        assert finish_reason == "stop", content
+        jsonschema.validate(json.loads(content), CITY)
+        check_chat_logprobs(content, entries, 2)
+    # A forced token (a key name the schema fixes) is certain under the grammar's mask.
+    assert any(e.logprob == 0.0 for _, entries, _ in choices for e in entries)
+
+
+def test_json_object_completion_with_logprobs_and_two_choices(smol: str) -> None:
+    r = client(smol).completions.create(
+        model=model_of(smol),
+        prompt="A JSON object describing a cat:",
+        max_tokens=60,
+        temperature=0.7,
+        seed=4,
+        n=2,
+        logprobs=2,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    assert len(r.choices) == 2
+    for ch in r.choices:
+        assert ch.finish_reason == "stop", ch.text
+        assert isinstance(json.loads(ch.text), dict)
+        lp = ch.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) > 0
+        assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+        assert lp.text_offset[0] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_call_with_logprobs_and_two_choices(tools_model: str, stream: bool) -> None:
+    # Each choice's text is held back until its call is read (per choice), and its tokens'
+    # logprobs come with its closing delta; call ids differ between choices.
+    args = dict(
+        model=model_of(tools_model),
+        messages=[{"role": "user", "content": "Weather in Oslo for 3 days?"}],
+        tools=TOOLS,
+        tool_choice=named("get_weather"),
+        max_tokens=80,
+        temperature=0.7,
+        seed=2,
+        n=2,
+        logprobs=True,
+    )
+    c = client(tools_model)
+    calls: dict[int, dict] = {}
+    counts: dict[int, int] = {0: 0, 1: 0}
+    if stream:
+        finish: dict[int, str] = {}
+        for chunk in c.chat.completions.create(stream=True, **args):
+            for ch in chunk.choices:
+                for tc in ch.delta.tool_calls or []:
+                    calls[ch.index] = {"id": tc.id, "name": tc.function.name,
+                                       "arguments": tc.function.arguments}  # fmt: skip
+                counts[ch.index] += len(ch.logprobs.content) if ch.logprobs else 0
+                if ch.finish_reason:
+                    finish[ch.index] = ch.finish_reason
+        assert finish == {0: "tool_calls", 1: "tool_calls"}
+    else:
+        r = c.chat.completions.create(**args)
+        for ch in r.choices:
+            assert ch.finish_reason == "tool_calls" and ch.message.content is None
+            (tc,) = ch.message.tool_calls
+            calls[ch.index] = {"id": tc.id, "name": tc.function.name,
+                               "arguments": tc.function.arguments}  # fmt: skip
+            counts[ch.index] = len(ch.logprobs.content)
+            assert all(e.top_logprobs == [] for e in ch.logprobs.content)
+    assert sorted(calls) == [0, 1] and calls[0]["id"] != calls[1]["id"]
+    for call in calls.values():
+        assert call["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+    assert counts[0] > 0 and counts[1] > 0

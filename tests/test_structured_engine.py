@@ -184,3 +184,53 @@ def test_bad_grammars_are_refused_at_add(hf) -> None:
     with pytest.raises(InvalidRequestError, match="replayed output"):
         engine.add_request("c", PROMPT, SamplingParams(grammar=broken))
     assert not engine.has_unfinished()
+
+
+def test_grammar_combines_with_logprobs_processors_and_forks(hf, tok) -> None:
+    # n = 2 choices of one prompt under one schema, with logprobs, a logit_bias and a
+    # penalty: the second choice shares the first one's prefill (engine/forks.py); the
+    # grammar's mask comes after the processors (a +100 bias on EOS, which the grammar
+    # forbids until the object is complete, changes nothing), and logprobs are those of the
+    # masked distribution (a forced token has logprob 0, its alternatives the floor).
+    from nitsum.sampling_logprobs import LOGPROB_FLOOR
+
+    schema = SCHEMAS["required_fields"]
+    prompt = PROMPT * 3  # several full pages to share
+    engine = tiny_engine(hf, page_tokens=4)
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=60,
+            temperature=1.0,
+            seed=seed,
+            grammar=grammar(schema),
+            logprobs=3,
+            logit_bias=((EOS, 100.0),),
+            frequency_penalty=0.5,
+        )
+
+    engine.add_request("c0", prompt, params(1))
+    engine.add_request("c1", prompt, params(2), fork_of="c0")
+    ids: dict[str, list[int]] = {"c0": [], "c1": []}
+    lps: dict[str, list] = {"c0": [], "c1": []}
+    reasons: dict[str, str] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            ids[o.request_id] += o.new_token_ids
+            lps[o.request_id] += o.logprobs or []
+            if o.finished:
+                reasons[o.request_id] = o.finish_reason
+    assert engine.counters()["prefix_cache_hits"] >= (len(prompt) - 1) // 4 * 4
+    forced = 0
+    for rid in ("c0", "c1"):
+        assert reasons[rid] == "stop", (rid, text_of(tok, ids[rid]))
+        jsonschema.validate(json.loads(text_of(tok, ids[rid])), schema)
+        assert len(lps[rid]) == len(ids[rid])
+        for token, lp in zip(ids[rid], lps[rid], strict=True):
+            assert len(lp.top) == 3 and LOGPROB_FLOOR < lp.logprob <= 0.0  # an allowed token
+            assert all(LOGPROB_FLOOR <= v <= 0.0 for _, v in lp.top)
+            if lp.logprob == 0.0:
+                forced += 1
+                assert lp.top[0] == (token, 0.0)
+                assert [v for _, v in lp.top[1:]] == [LOGPROB_FLOOR, LOGPROB_FLOOR]
+    assert forced > 0  # the schema's key names are forced tokens

@@ -7,6 +7,7 @@ import pytest
 
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
+from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
 from nitsum.worker.protocol import ProtocolError
 
@@ -84,6 +85,27 @@ def test_parse_generate_round_trips_sampling():
     assert proto.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
 
 
+def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
+    params = SamplingParams(max_tokens=9, presence_penalty=0.5, frequency_penalty=-1.0,
+                            repetition_penalty=1.25, logit_bias=((7, 100.0), (3, -2.5)),
+                            min_tokens=2, min_p=0.05, logprobs=4)  # fmt: skip
+    msg = roundtrip(proto.generate("r1", [1, 2], params))
+    assert msg["sampling"]["logit_bias"] == [[7, 100.0], [3, -2.5]]
+    req = proto.parse_generate(msg)
+    assert req.sampling == params and req.fork_of is None
+    assert proto.parse_generate({**msg, "fork_of": "r0"}).fork_of == "r0"
+    # Integer values from a loose encoder (the router's f32 as msgpack ints) are floats here.
+    loose = proto.parse_generate({**msg, "sampling": {"logit_bias": [[7, 100]], "min_p": 0}})
+    assert loose.sampling.logit_bias == ((7, 100.0),) and loose.sampling.min_p == 0.0
+    lp = [TokenLogprob(-0.25, ((5, -0.25), (6, -1.5))), TokenLogprob(-3.0)]
+    tokens = roundtrip(proto.tokens(0, "r1", [5, 9], 2, logprobs=lp))
+    assert tokens["logprobs"] == [
+        {"logprob": -0.25, "top": [[5, -0.25], [6, -1.5]]},
+        {"logprob": -3.0, "top": []},
+    ]
+    assert "logprobs" not in proto.tokens(0, "r1", [5], 2)  # not asked: no key
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -104,6 +126,13 @@ def test_parse_generate_round_trips_sampling():
         ({"preempt": 1}, "preempt"),
         ({"bind_tp": 0}, "bind_tp"),
         ({"bind_tp": "2"}, "bind_tp"),
+        ({"sampling": {"logit_bias": {"5": 1.0}}}, "logit_bias"),
+        ({"sampling": {"logit_bias": [[5]]}}, "logit_bias"),
+        ({"sampling": {"min_tokens": 1.0}}, "min_tokens"),
+        ({"sampling": {"min_p": "0.1"}}, "min_p"),
+        ({"sampling": {"logprobs": True}}, "logprobs"),
+        ({"sampling": {"presence_penalty": None}}, "presence_penalty"),
+        ({"fork_of": 3}, "fork_of"),
     ],
 )
 def test_parse_generate_names_the_bad_field(change, field):

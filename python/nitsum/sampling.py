@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 # NOTE: temperatures below this are greedy: dividing logits by a denormal temperature
 # (1e-40) overflows them to inf and the softmax to NaN, which failed the whole batch.
 GREEDY_BELOW = 1e-5
+# Most alternatives per token a request may ask for (OpenAI's limit).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,17 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Logit processors (sampling_processors.py, vLLM's semantics); neutral defaults cost nothing.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # (token id, bias added to its logit) pairs, OpenAI's `logit_bias`.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # EOS and stop token ids are masked until this many tokens were generated.
+    min_tokens: int = 0
+    min_p: float = 0.0
+    # Alternatives returned with each token's logprob (sampling_logprobs.py); None: no logprobs.
+    logprobs: int | None = None
     # Structured output: the output must match this grammar (nitsum/structured/).
     grammar: GrammarSpec | None = None
 
@@ -50,6 +63,35 @@ class SamplingParams:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise InvalidRequestError("top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+        self._validate_processors()
+
+    def _validate_processors(self) -> None:
+        """The logit processors' and logprobs' fields (OpenAI's and vLLM's ranges)."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not -2 <= v <= 2:
+                raise InvalidRequestError(name, f"must be in [-2, 2], got {v}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InvalidRequestError(
+                "repetition_penalty", f"must be a number > 0, got {self.repetition_penalty}"
+            )
+        for token, bias in self.logit_bias:
+            if not -100 <= bias <= 100:
+                raise InvalidRequestError(
+                    "logit_bias", f"bias for token {token} must be in [-100, 100], got {bias}"
+                )
+            if token < 0:
+                raise InvalidRequestError("logit_bias", f"token id {token} is negative")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if not 0 <= self.min_p <= 1:
+            raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(
+                "logprobs", f"must be in [0, {MAX_LOGPROBS}] alternatives, got {self.logprobs}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -90,12 +132,15 @@ def sample(
 
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
-    """Temperature, top-k, top-p, then one draw."""
+    """Temperature, top-k, min-p, top-p, then one draw."""
     row = logits / p.temperature
     if p.top_k > 0:
         kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
     probs = torch.softmax(row, dim=-1)
+    if p.min_p > 0:
+        # Drop tokens less likely than min_p times the most likely one (vLLM's min_p).
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
     if p.top_p < 1:
         sorted_p, idx = probs.sort(descending=True)
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).

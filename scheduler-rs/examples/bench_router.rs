@@ -75,6 +75,7 @@ fn make_request(i: usize, args: &Args) -> Submit {
         },
         tier: TierId(0),
         priority: 0,
+        fork_of: None,
         grammar: None,
     }
 }

@@ -215,7 +215,8 @@ impl Dispatcher {
         self.charged.len()
     }
 
-    fn charge(&mut self, id: u64, prefill: u32, decode: Option<u32>) {
+    /// Charge request `id` to these groups (released by `complete`).
+    pub fn charge(&mut self, id: u64, prefill: u32, decode: Option<u32>) {
         for leader in std::iter::once(prefill).chain(decode) {
             if let Some(g) = self.groups.get_mut(&leader) {
                 g.assigned += 1;

@@ -53,6 +53,8 @@ pub enum Event {
     Tokens {
         ids: Vec<u32>,
         finish: Option<FinishReason>,
+        /// One per id when the request asked for logprobs.
+        logprobs: Option<Vec<crate::protocols::worker::TokenLogprob>>,
     },
     /// The request failed; nothing follows.
     Error(String),
@@ -67,8 +69,20 @@ pub struct Submit {
     pub tier: TierId,
     /// Within its class on the worker, lower is served first (vLLM's `priority`).
     pub priority: i32,
+    /// A sibling choice (n > 1) of this earlier request of the same prompt: it goes to the
+    /// same groups so that it shares the prompt's prefill there (docs/serving.md "n").
+    pub fork_of: Option<Fork>,
     /// Structured output: the grammar the output must match (protocols/structured.rs).
     pub grammar: Option<crate::protocols::structured::Grammar>,
+}
+
+/// The first choice a sibling choice shares its prefill with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fork {
+    /// Its router request id.
+    pub parent: u64,
+    /// Its dispatch class (a sibling is charged as it was).
+    pub class: crate::dispatch::Class,
 }
 
 /// Why a request left before its worker finished it.

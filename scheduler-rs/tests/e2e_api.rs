@@ -215,7 +215,13 @@ async fn bad_requests_get_openai_errors() {
         ),
         (
             "/v1/chat/completions",
-            chat("x", json!({"n": 2})),
+            chat("x", json!({"n": 17})),
+            400,
+            json!("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat("x", json!({"n": 0})),
             400,
             json!("n"),
         ),
@@ -610,13 +616,18 @@ async fn tokenizing_huge_prompts_does_not_stall_health() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
+async fn unimplemented_fields_and_bad_sampling_values_are_refused_by_name() {
     let r = start(config(), &[MockOptions::default()]).await;
     let ok = json!({"input_ids": [104, 105], "sampling_params": {"max_new_tokens": 2}});
     let refused = [
         (
             "/v1/completions",
-            json!({"model": "tiny", "prompt": "hi", "logprobs": 2}),
+            json!({"model": "tiny", "prompt": "hi", "logprobs": 21}),
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hi", "logprobs": 1, "echo": true}),
             "logprobs",
         ),
         (
@@ -631,8 +642,13 @@ async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"logprobs": true})),
+            chat("hi", json!({"logprobs": 2})),
             "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
         ),
         (
             "/v1/chat/completions",
@@ -659,17 +675,37 @@ async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"logit_bias": {"1": 5}})),
+            chat("hi", json!({"logit_bias": {"1": 101}})),
             "logit_bias",
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"presence_penalty": 0.5})),
+            chat("hi", json!({"logit_bias": {"999999": 1}})),
+            "logit_bias",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"min_p": 1.5})),
+            "min_p",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"max_tokens": 4, "min_tokens": 5})),
+            "min_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"repetition_penalty": 0})),
+            "repetition_penalty",
+        ),
+        (
+            "/v1/chat/completions",
+            chat("hi", json!({"presence_penalty": 2.5})),
             "presence_penalty",
         ),
         (
             "/v1/chat/completions",
-            chat("hi", json!({"frequency_penalty": 1})),
+            chat("hi", json!({"frequency_penalty": -3})),
             "frequency_penalty",
         ),
         (
@@ -679,8 +715,13 @@ async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
         ),
         (
             "/generate",
-            json!({"input_ids": [104], "sampling_params": {"repetition_penalty": 1.2}}),
+            json!({"input_ids": [104], "sampling_params": {"repetition_penalty": -1}}),
             "repetition_penalty",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [104], "sampling_params": {"min_new_tokens": 200}}),
+            "min_new_tokens",
         ),
     ];
     for (path, body, field) in refused {
@@ -695,6 +736,15 @@ async fn unimplemented_fields_are_refused_by_name_and_neutral_defaults_pass() {
         let v = post(&r, "/generate", ok.clone()).await.json();
         assert_eq!(v["output_ids"], json!([104, 105]));
     }
+    // In range, they are served (the mock ignores them; tests/test_openai_sampling.py checks
+    // their effect on a real worker).
+    let asks = chat(
+        "hi",
+        json!({"max_tokens": 2, "presence_penalty": 0.5, "frequency_penalty": 1,
+               "repetition_penalty": 1.2, "logit_bias": {"1": 5}, "min_tokens": 1,
+               "min_p": 0.1}),
+    );
+    assert_eq!(post(&r, "/v1/chat/completions", asks).await.status, 200);
     // What clients send by default is not a request for the feature.
     let neutral = chat(
         "hi",
@@ -731,4 +781,89 @@ async fn models_report_the_longest_context_a_worker_serves() {
         "{}",
         long.body
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_go_to_one_worker_as_forks_and_count_the_prompt_once() {
+    let r = start(config(), &[MockOptions::default(), MockOptions::default()]).await;
+    let body = json!({"model": "tiny", "prompt": "abcd", "max_tokens": 3, "n": 3});
+    let resp = post(&r, "/v1/completions", body).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let v = resp.json();
+    let choices = v["choices"].as_array().unwrap();
+    let index: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(index, [0, 1, 2]);
+    assert!(choices.iter().all(|c| c["text"] == "abc"), "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    assert_eq!(v["usage"]["completion_tokens"], 9);
+    assert_eq!(v["usage"]["total_tokens"], 13);
+    // Every choice went to the worker of choice 0 (so that it shares its prefill there).
+    let sent: Vec<u64> = r
+        .mocks
+        .iter()
+        .map(|m| m.stats.generates.load(Ordering::Relaxed))
+        .collect();
+    assert!(sent == [3, 0] || sent == [0, 3], "{sent:?}");
+    // Streaming: chunks of the three choices, each index ending once.
+    let body = json!({"model": "tiny", "prompt": "abcd", "max_tokens": 3, "n": 3,
+                      "stream": true, "stream_options": {"include_usage": true}});
+    let data = post(&r, "/v1/completions", body).await.sse();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let mut text = [String::new(), String::new(), String::new()];
+    let mut ends = [0, 0, 0];
+    for c in chunks.iter().filter_map(|c| c["choices"].get(0)) {
+        let i = c["index"].as_u64().unwrap() as usize;
+        text[i] += c["text"].as_str().unwrap();
+        ends[i] += u32::from(!c["finish_reason"].is_null());
+    }
+    assert_eq!(text, ["abc", "abc", "abc"]);
+    assert_eq!(ends, [1, 1, 1]);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 9);
+}
+
+#[tokio::test]
+async fn structured_output_combines_with_logprobs_and_n_choices() {
+    // The router accepts a grammar with logprobs and n > 1 on both endpoints (the worker's
+    // side is tests/test_structured_e2e.py): every choice is sent, to choice 0's worker.
+    let r = start(config(), &[MockOptions::default(), MockOptions::default()]).await;
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema":
+                        {"type": "object", "properties": {"a": {"type": "integer"}}}}});
+    let bodies = [
+        (
+            "/v1/chat/completions",
+            chat(
+                "hi",
+                json!({"n": 2, "logprobs": true, "top_logprobs": 2, "response_format": schema}),
+            ),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "abcd", "max_tokens": 3, "n": 2, "logprobs": 1,
+                   "response_format": {"type": "json_object"}}),
+        ),
+    ];
+    let sent = || -> Vec<u64> {
+        r.mocks
+            .iter()
+            .map(|m| m.stats.generates.load(Ordering::Relaxed))
+            .collect()
+    };
+    for (path, body) in bodies {
+        let before = sent();
+        let resp = post(&r, path, body).await;
+        assert_eq!(resp.status, 200, "{path}: {}", resp.body);
+        let v = resp.json();
+        let choices = v["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 2, "{v}");
+        assert!(choices.iter().all(|c| !c["logprobs"].is_null()), "{v}");
+        let delta: Vec<u64> = sent().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert!(delta == [2, 0] || delta == [0, 2], "{path}: {delta:?}");
+    }
 }

@@ -140,7 +140,7 @@ fn cases() -> Vec<Case> {
         (json!({"top_p": 0}), 400, "top_p"),
         (json!({"top_p": 1.5}), 400, "top_p"),
         (json!({"top_k": -5}), 400, "top_k"),
-        (json!({"n": 2}), 400, "n"),
+        (json!({"n": 17}), 400, "n"),
         (json!({"n": 0}), 400, "n"),
         (json!({"tier": "gold"}), 400, "tier"),
         (json!({"stream": "yes"}), 400, "stream"),
@@ -149,8 +149,13 @@ fn cases() -> Vec<Case> {
         (json!({"seed": "abc"}), 400, "seed"),
         (json!({"priority": "high"}), 400, "priority"),
         (json!({"priority": 3_000_000_000_i64}), 400, "priority"),
-        (json!({"logprobs": true}), 400, "logprobs"),
+        (json!({"logprobs": 1}), 400, "logprobs"),
         (json!({"top_logprobs": 3}), 400, "top_logprobs"),
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            400,
+            "top_logprobs",
+        ),
         (
             json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
             400,
@@ -162,9 +167,14 @@ fn cases() -> Vec<Case> {
             400,
             "response_format",
         ),
-        (json!({"logit_bias": {"1": 5}}), 400, "logit_bias"),
-        (json!({"presence_penalty": 1.0}), 400, "presence_penalty"),
-        (json!({"frequency_penalty": 1.0}), 400, "frequency_penalty"),
+        (json!({"logit_bias": {"1": 500}}), 400, "logit_bias"),
+        (json!({"logit_bias": {"x": 5}}), 400, "logit_bias"),
+        (json!({"logit_bias": [1]}), 400, "logit_bias"),
+        (json!({"presence_penalty": 2.5}), 400, "presence_penalty"),
+        (json!({"frequency_penalty": -2.5}), 400, "frequency_penalty"),
+        (json!({"repetition_penalty": 0}), 400, "repetition_penalty"),
+        (json!({"min_p": 2}), 400, "min_p"),
+        (json!({"min_tokens": -1}), 400, "min_tokens"),
         (
             json!({"stream_options": {"include_usage": "no"}}),
             400,
@@ -196,7 +206,9 @@ fn cases() -> Vec<Case> {
         (json!({"best_of": 2}), 400, "best_of"),
         (json!({"suffix": "x"}), 400, "suffix"),
         (json!({"max_tokens": 0}), 400, "max_tokens"),
-        (json!({"logprobs": 2}), 400, "logprobs"),
+        (json!({"logprobs": 21}), 400, "logprobs"),
+        (json!({"logprobs": true}), 400, "logprobs"),
+        (json!({"top_logprobs": 2}), 400, "top_logprobs"),
         (json!({"temperature": -1}), 400, "temperature"),
     ];
     for (extra, status, param) in completion_cases {
@@ -220,9 +232,14 @@ fn cases() -> Vec<Case> {
         (generate(json!({"temperature": -1})), 400, "temperature"),
         (generate(json!({"top_p": 2})), 400, "top_p"),
         (
-            generate(json!({"presence_penalty": 1})),
+            generate(json!({"presence_penalty": 3})),
             400,
             "presence_penalty",
+        ),
+        (
+            generate(json!({"min_new_tokens": -2})),
+            400,
+            "min_new_tokens",
         ),
         (
             json!({"input_ids": [104], "sampling_params": "x"}).to_string(),

@@ -52,6 +52,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
         },
         tier,
         priority: 0,
+        fork_of: None,
         grammar: None,
     };
     let Ok(mut h) = engine.submit(req) else {
@@ -61,7 +62,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
         let mut n = 0;
         while let Some(ev) = h.recv().await {
             match ev {
-                Event::Tokens { ids, finish } => {
+                Event::Tokens { ids, finish, .. } => {
                     n += ids.len();
                     if finish.is_some() {
                         return n == 8;

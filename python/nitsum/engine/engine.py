@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from nitsum.config import ModelConfig
+from nitsum.engine.forks import Forks
 from nitsum.engine.runner import Runner
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
@@ -15,6 +16,7 @@ from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
+from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.start import grammar_finish, start_grammar
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ class RequestOutput:
     error: str | None = None
     # On a request's first token: seconds from its arrival to its first scheduled step.
     queue_s: float | None = None
+    # One per new token when the request asked for logprobs (else None).
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def finished(self) -> bool:
@@ -60,6 +64,7 @@ class Engine:
         )
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
         self.seqs: dict[str, Sequence] = {}
+        self.forks = Forks(scheduler.kv)
         if scheduler.swap is not None:
             scheduler.swap.copier = runner  # the group's copy threads run its swaps
 
@@ -74,8 +79,12 @@ class Engine:
         ttft_ms: float | None = None,
         priority: int = 0,
         may_preempt: bool = True,
+        fork_of: str | None = None,
     ) -> None:
         """Validate and queue a request; raises InvalidRequestError and changes nothing else.
+
+        `fork_of`: the request of the first of n > 1 choices of the same prompt, whose
+        prefill this one shares when it is here (engine/forks.py).
 
         `ttft_ms`: the tier's TTFT target; a request not started within it is served last.
         `priority`: lower is served first within its class; with `may_preempt` it preempts
@@ -92,10 +101,13 @@ class Engine:
         if ttft_ms is not None:
             seq.deadline = seq.arrival + ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
+        eos = () if sampling.ignore_eos else tuple(sorted(self.eos_token_ids))
+        seq.end_ids = eos + sampling.stop_token_ids
         seq.grammar = grammar
         pages = self.scheduler.pages
         seq.layout = KVLayout(tuple(pages.members), pages.stage_tp)
         self.seqs[request_id] = seq
+        self.forks.join(seq, self.seqs.get(fork_of) if fork_of is not None else None)
         self.scheduler.add(seq)
 
     def validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
@@ -126,6 +138,7 @@ class Engine:
         if seq is None:
             return False
         self.scheduler.remove(request_id)
+        self.forks.release(request_id)
         seq.status, seq.finish_reason = Status.FINISHED, "abort"
         return True
 
@@ -176,6 +189,7 @@ class Engine:
     def detach(self, seq: Sequence) -> None:
         """Give `seq` up (its KV was copied to another group): forget it, free its pages."""
         self.scheduler.detach(seq)
+        self.forks.release(seq.request_id)
         self.seqs.pop(seq.request_id, None)
         self.scheduler.kv.free(seq)
 
@@ -279,6 +293,7 @@ class Engine:
         for item in batch:
             seq = item.seq
             seq.num_computed = item.start + item.q_len
+            self.forks.computed(seq)
             if not item.sample:
                 continue
             token = next(sampled)
@@ -293,7 +308,9 @@ class Engine:
                 reason, error = grammar_finish(seq.grammar, token)
             if reason is not None:
                 self._finish(seq, reason)
-            out = RequestOutput(seq.request_id, [token], reason, error)
+            lp, seq.step_logprobs = seq.step_logprobs, None
+            logprobs = None if lp is None else [lp]
+            out = RequestOutput(seq.request_id, [token], reason, error, logprobs=logprobs)
             if len(seq.output_ids) == 1 and seq.first_scheduled is not None:
                 out.queue_s = max(0.0, seq.first_scheduled - seq.arrival)
             outputs.append(out)
@@ -308,6 +325,7 @@ class Engine:
         return None
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self.forks.release(seq.request_id)
         self.scheduler.remove(seq.request_id)
         self.seqs.pop(seq.request_id, None)
         seq.status, seq.finish_reason = Status.FINISHED, reason

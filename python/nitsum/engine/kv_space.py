@@ -49,6 +49,14 @@ class KVSpace:
         seq.pages = self.cache.match(tokens, self._load if self.swap is not None else None)
         seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
 
+    def publish(self, seq: Sequence) -> int:
+        """Share `seq`'s computed prompt pages through the prefix cache while it runs (its
+        n > 1 sibling choices reuse them instead of prefilling again); tokens shared."""
+        if self.cache is None or seq.loading:
+            return 0
+        computed = min(seq.num_computed, len(seq.prompt_ids))
+        return self.cache.publish(seq.pages, seq.prompt_ids, computed)
+
     def allocate(self, seq: Sequence, tokens: int) -> bool:
         """Give `seq` pages for `tokens` tokens if free (or idle cached) ones allow."""
         need = self.pages.pages_for(tokens) - len(seq.pages)

@@ -15,6 +15,9 @@ from nitsum.kv.swap_copier import SwapCopier, SwapProgress
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
 from nitsum.sampling import sample
+from nitsum.sampling_logprobs import token_logprobs
+from nitsum.sampling_processors import RowContext, apply_processors
+from nitsum.structured.mask import apply_grammars
 
 
 class Runner(Protocol):
@@ -115,11 +118,17 @@ class ModelRunner:
 
 
 def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
-    """Sample the rows of `logits` for the entries of `batch` that sample, in order."""
+    """Sample the rows of `logits` for the entries of `batch` that sample, in order; a
+    sequence that asked for logprobs gets them in `seq.step_logprobs`."""
     seqs = [s.seq for s in batch if s.sample]
-    return sample(
-        logits,
-        [s.sampling for s in seqs],
-        [s.generator for s in seqs],
-        [s.grammar for s in seqs],
-    )
+    params = [s.sampling for s in seqs]
+    # NOTE: the one hook for logit processors and grammars: sampling and logprobs both see
+    # their output. Processors first, then each grammar's mask (a token the grammar forbids
+    # has logprob -inf, as in vLLM, whatever a bias or penalty did to it).
+    contexts = [RowContext(s.prompt_ids, s.output_ids, s.end_ids) for s in seqs]
+    logits = apply_processors(logits, params, contexts)
+    logits = apply_grammars(logits, [s.grammar for s in seqs])
+    tokens = sample(logits, params, [s.generator for s in seqs])
+    for seq, lp in zip(seqs, token_logprobs(logits, tokens, params), strict=True):
+        seq.step_logprobs = lp
+    return tokens

@@ -245,6 +245,8 @@ class Scheduler:
                     continue
                 if not admitting or len(self.running) >= self.max_batch:
                     continue
+                if seq.waits_for is not None:
+                    continue  # a sibling choice waits for its first choice's prefill
                 if self.admit_only is not None and seq.request_id not in self.admit_only:
                     continue
                 self.kv.reuse_prefix(seq)

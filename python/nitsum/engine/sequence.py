@@ -10,6 +10,7 @@ import torch
 
 from nitsum.kv.pool import KVLayout
 from nitsum.sampling import SamplingParams
+from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.matcher import GrammarMatcher
 
 
@@ -60,6 +61,13 @@ class Sequence:
     host_pages: list[int] = field(default_factory=list)
     # Running, but its KV is still being copied back from host: not scheduled until done.
     loading: bool = False
+    # A sibling choice (n > 1) waits until this request's prompt is computed and shared
+    # (engine/forks.py): not admitted while set.
+    waits_for: str | None = None
+    # Ids `min_tokens` masks until reached: EOS (unless ignore_eos) and the stop token ids.
+    end_ids: tuple[int, ...] = ()
+    # The last sampled token's logprobs when the request asked for them (runner.sample_batch).
+    step_logprobs: TokenLogprob | None = None
 
     @property
     def total_len(self) -> int:

@@ -159,6 +159,27 @@ class PrefixCache:
             self.idle[e.node] = e
         return free
 
+    def publish(self, pages: list[int], tokens: Seq[int], computed: int) -> int:
+        """A running sequence shares its full computed pages (its first `computed` tokens of
+        `tokens`) while it still uses them (n > 1 choices forking after one prefill): they
+        join the cache referenced once, by it, so later matches share them and its
+        `release` only drops that reference. Returns the tokens now matchable."""
+        parent = ROOT
+        full = computed // self.tokens_per_page
+        chunks = self._pages_of(tokens[: full * self.tokens_per_page])
+        for i, page in enumerate(pages[:full]):
+            e = self.by_page.get(page)
+            if e is None:
+                key = (parent, chunks[i])
+                if key in self.by_key:  # cached already from another page: that one serves
+                    return i * self.tokens_per_page
+                e = Entry(self._next_node, page, key, refs=1)
+                self._next_node += 1
+                self.by_key[key] = e
+                self.by_page[page] = e
+            parent = e.node
+        return full * self.tokens_per_page
+
     def evict(self, n: int, demote: Callable[[int], int | None] | None = None) -> list[int]:
         """Free up to `n` idle device pages, least recently used first; returns their ids.
         With `demote`, an evicted page's entry moves to the host page `demote(page)` returns

@@ -193,6 +193,7 @@ class PoolEngine:
         may_preempt: bool = True,
         bind_tp: int | None = None,
         bind_hard: bool | None = None,
+        fork_of: str | None = None,
     ) -> tuple[int, ...]:
         """Queue on `group` (default: the group with the fewest requests); returns the group
         it runs on.
@@ -202,6 +203,7 @@ class PoolEngine:
         A request runs on a TP group bound for it (pool/binding.py) when it asks for one
         (`bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one `group`'s
         KV; the binding is hard (`bind_hard`; default: when it has a TTFT target) or soft.
+        `fork_of`: a sibling choice of that request, sharing its prefill on the same engine.
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
@@ -226,7 +228,15 @@ class PoolEngine:
             group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
         try:
             engine.add_request(
-                request_id, prompt_ids, sampling, klass, tier, ttft_ms, priority, may_preempt
+                request_id,
+                prompt_ids,
+                sampling,
+                klass,
+                tier,
+                ttft_ms,
+                priority,
+                may_preempt,
+                fork_of=fork_of,
             )
         except InvalidRequestError:
             self.binder.drop(request_id)

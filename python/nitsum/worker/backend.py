@@ -137,6 +137,7 @@ class PoolBackend:
             priority=req.priority,
             may_preempt=req.may_preempt,
             bind_tp=req.bind_tp,
+            fork_of=req.fork_of,
         )
         if self.remote is not None and self.remote.wants(req.decode_target):
             assert req.decode_target is not None

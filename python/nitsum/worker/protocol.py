@@ -16,6 +16,7 @@ import msgpack
 from nitsum.engine.sequence import CLASSES
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
+from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.spec import GrammarSpec
 
 PROTOCOL_VERSION = 1
@@ -126,11 +127,18 @@ def tokens(
     finish_reason: str | None = None,
     error: str | None = None,
     queue_ms: float | None = None,
+    logprobs: list[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
     """New token ids of one request; the last message of a request has a `finish_reason`.
-    `queue_ms` (with a request's first tokens): how long it waited before its first step."""
+    `queue_ms` (with a request's first tokens): how long it waited before its first step.
+    With `logprobs` (one per token id, when the request asked): key `logprobs`, a list of
+    `{"logprob": float, "top": [[id, logprob], ...]}`."""
     assert finish_reason is None or finish_reason in FINISH_REASONS, finish_reason
-    extra = {} if queue_ms is None else {"queue_ms": queue_ms}
+    extra: dict[str, Any] = {} if queue_ms is None else {"queue_ms": queue_ms}
+    if logprobs is not None:
+        extra["logprobs"] = [
+            {"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in logprobs
+        ]
     return _msg(
         "tokens",
         worker_id=worker_id,
@@ -182,6 +190,13 @@ def generate(
             "seed": sampling.seed,
             "stop_token_ids": list(sampling.stop_token_ids),
             "ignore_eos": sampling.ignore_eos,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "repetition_penalty": sampling.repetition_penalty,
+            "logit_bias": [[t, b] for t, b in sampling.logit_bias],
+            "min_tokens": sampling.min_tokens,
+            "min_p": sampling.min_p,
+            "logprobs": sampling.logprobs,
         }
     return _msg(
         "generate",
@@ -220,6 +235,12 @@ def _int_list(x: object) -> bool:
     return isinstance(x, list) and all(_is_int(t) for t in x)
 
 
+def _bias_pairs(x: object) -> bool:
+    return isinstance(x, list) and all(
+        isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_num(p[1]) for p in x
+    )
+
+
 def request_id_of(msg: dict[str, Any]) -> str:
     """The `request_id` of a `generate`/`abort`; without one nobody can be answered."""
     rid = msg.get("request_id")
@@ -243,6 +264,8 @@ class GenerateRequest:
     may_preempt: bool = True
     # Run on a TP group of this size bound for the request (its tier's `bind_tp`).
     bind_tp: int | None = None
+    # The first of n > 1 choices of the same prompt: share its prefill (engine/forks.py).
+    fork_of: str | None = None
 
 
 _SAMPLING_CHECKS = {
@@ -253,7 +276,16 @@ _SAMPLING_CHECKS = {
     "seed": (lambda x: x is None or _is_int(x), "an integer or null"),
     "stop_token_ids": (_int_list, "a list of integers"),
     "ignore_eos": (lambda x: isinstance(x, bool), "a boolean"),
+    "presence_penalty": (_is_num, "a number"),
+    "frequency_penalty": (_is_num, "a number"),
+    "repetition_penalty": (_is_num, "a number"),
+    "logit_bias": (_bias_pairs, "a list of [token id, bias] pairs"),
+    "min_tokens": (_is_int, "an integer"),
+    "min_p": (_is_num, "a number"),
+    "logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
 }
+_FLOAT_KEYS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_FLOAT_KEYS += ("repetition_penalty", "min_p")
 
 
 def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
@@ -276,9 +308,11 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
             kwargs[name] = raw[name]
     if "stop_token_ids" in kwargs:
         kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
-    for name in ("temperature", "top_p"):
+    for name in _FLOAT_KEYS:
         if name in kwargs:
             kwargs[name] = float(kwargs[name])
+    if "logit_bias" in kwargs:
+        kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
     klass = msg.get("class", "feasible")
     if klass not in CLASSES:
         raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
@@ -300,12 +334,15 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     bind_tp = msg.get("bind_tp")
     if bind_tp is not None and not (_is_int(bind_tp) and bind_tp >= 1):
         raise InvalidRequestError("bind_tp", f"must be a positive integer, got {bind_tp!r}")
+    fork_of = msg.get("fork_of")
+    if fork_of is not None and not (isinstance(fork_of, str) and fork_of):
+        raise InvalidRequestError("fork_of", f"must be a request id or null, got {fork_of!r}")
     # Structured output rides in SamplingParams inside the worker (it goes wherever they go).
     kwargs["grammar"] = GrammarSpec.from_wire(msg.get("grammar"))
     sampling = SamplingParams(**kwargs)
     ttft_ms = None if ttft is None else float(ttft)
     return GenerateRequest(
-        rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt, bind_tp
+        rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt, bind_tp, fork_of
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 
 from nitsum.errors import InvalidRequestError
+from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
 from nitsum.worker.backend import Backend
@@ -304,10 +305,13 @@ class WorkerServer:
         reasons: dict[str, str] = {}
         errors: dict[str, str] = {}
         queued: dict[str, float] = {}
+        logprobs: dict[str, list[TokenLogprob]] = {}
         for out in outputs:  # one message per request per step, whatever the engine yields
             new.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.queue_s is not None:
                 queued[out.request_id] = out.queue_s * 1e3
+            if out.logprobs is not None:
+                logprobs.setdefault(out.request_id, []).extend(out.logprobs)
             if out.finish_reason is not None:
                 reasons[out.request_id] = out.finish_reason
             if out.error is not None:
@@ -318,10 +322,17 @@ class WorkerServer:
             elif rid in reasons:
                 failed = errors.get(rid, "the engine failed this request (see the worker log)")
                 error = failed if reasons[rid] == "error" else None
-                self._final(rid, ids, reasons[rid], error, queued.get(rid))
+                self._final(rid, ids, reasons[rid], error, queued.get(rid), logprobs.get(rid))
             else:
                 device, prompt_tokens = self.live[rid]
-                msg = proto.tokens(device, rid, ids, prompt_tokens, queue_ms=queued.get(rid))
+                msg = proto.tokens(
+                    device,
+                    rid,
+                    ids,
+                    prompt_tokens,
+                    queue_ms=queued.get(rid),
+                    logprobs=logprobs.get(rid),
+                )
                 self.links[device].send(msg)
 
     def _fail(self, rid: str, error: str) -> None:
@@ -341,7 +352,17 @@ class WorkerServer:
         reason: str,
         error: str | None,
         queue_ms: float | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         device, prompt_tokens = self.live.pop(rid)
-        msg = proto.tokens(device, rid, ids, prompt_tokens, reason, error, queue_ms)
+        msg = proto.tokens(
+            device,
+            rid,
+            ids,
+            prompt_tokens,
+            reason,
+            error,
+            queue_ms=queue_ms,
+            logprobs=logprobs,
+        )
         self.links[device].send(msg)

@@ -6,9 +6,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
-use super::output::{Piece, TextStream};
+use super::logprobs;
+use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::sse::{self, ChunkFormat};
 use super::tool_reply::{self, CallFormat};
@@ -17,6 +19,8 @@ use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
 use crate::protocols::structured::{self, Grammar};
 use crate::protocols::tools::{self, Tools};
+use crate::protocols::worker::TokenLogprob;
+use crate::tokenize::ModelFiles;
 
 /// Message content as plain text: a string, or the concatenated `text` parts.
 fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
@@ -103,47 +107,88 @@ struct ChatChunks {
     model: String,
     created: u64,
     include_usage: bool,
-    /// Set when tool calls are read from the reply: its text is held back until the end.
+    /// Whether the request asked for logprobs (the tokenizer names their tokens).
+    logprobs: bool,
+    files: Option<Arc<ModelFiles>>,
+    /// Set when tool calls are read from the reply: each choice's text (and its tokens'
+    /// logprobs) is held back until its end.
     calls: Option<CallFormat>,
-    held: String,
+    held: Vec<Held>,
+}
+
+/// A choice's reply held back while tool calls are read from it.
+#[derive(Debug, Default)]
+struct Held {
+    text: String,
+    ids: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl ChatChunks {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+    fn chunk(&self, index: usize, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+               "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                            "finish_reason": finish}]})
+    }
+
+    /// The choice's `logprobs` for `ids` (null when the request did not ask).
+    fn logprobs(&self, ids: &[u32], lps: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        json!({"content": logprobs::chat_content(self.files.as_deref(), ids, lps)})
     }
 }
 
 impl ChunkFormat for ChatChunks {
-    fn start(&mut self, _ts: &TextStream) -> Vec<Value> {
-        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    fn start(&mut self, index: usize, _ts: &TextStream) -> Vec<Value> {
+        let role = json!({"role": "assistant", "content": ""});
+        vec![self.chunk(index, role, None, Value::Null)]
     }
 
-    fn piece(&mut self, _ts: &TextStream, p: &Piece) -> Vec<Value> {
+    fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
         let mut out = Vec::new();
         if let Some(format) = self.calls {
             // NOTE: a call is only known once its text is complete, so nothing streams before.
-            self.held.push_str(&p.text);
+            if self.held.len() <= index {
+                self.held.resize_with(index + 1, Held::default);
+            }
+            let held = &mut self.held[index];
+            held.text.push_str(&p.text);
+            held.ids.extend_from_slice(&p.ids);
+            held.logprobs.extend_from_slice(&p.logprobs);
             if let Some(f) = p.finish {
-                let text = std::mem::take(&mut self.held);
-                let (deltas, finish) = tool_reply::final_deltas(format, &self.id, text, f);
-                out.extend(deltas.into_iter().map(|d| self.chunk(d, None)));
-                out.push(self.chunk(json!({}), Some(finish)));
+                let held = std::mem::take(&mut self.held[index]);
+                // NOTE: each choice's calls get ids of its own request (`chatcmpl-<id>` is the
+                // response id for choice 0, so n = 1 is unchanged).
+                let rid = format!("chatcmpl-{}", ts.id);
+                let (mut deltas, finish) = tool_reply::final_deltas(format, &rid, held.text, f);
+                let mut lps = self.logprobs(&held.ids, &held.logprobs);
+                if deltas.is_empty() && !lps.is_null() {
+                    deltas.push(json!({"content": ""})); // the logprobs still go out
+                }
+                for d in deltas {
+                    // The held tokens' logprobs ride on the first closing delta.
+                    let lp = std::mem::take(&mut lps);
+                    out.push(self.chunk(index, d, None, lp));
+                }
+                out.push(self.chunk(index, json!({}), Some(finish), Value::Null));
             }
             return out;
         }
-        if !p.text.is_empty() {
-            out.push(self.chunk(json!({"content": p.text}), None));
+        // NOTE: tokens whose text is still incomplete get their logprobs now, with "".
+        if !p.text.is_empty() || (self.logprobs && !p.logprobs.is_empty()) {
+            let lps = self.logprobs(&p.ids, &p.logprobs);
+            out.push(self.chunk(index, json!({"content": p.text}), None, lps));
         }
         if let Some(f) = p.finish {
-            out.push(self.chunk(json!({}), Some(f)));
+            out.push(self.chunk(index, json!({}), Some(f), Value::Null));
         }
         out
     }
 
-    fn end(&mut self, ts: &TextStream) -> Vec<Value> {
+    fn end(&mut self, all: &[TextStream]) -> Vec<Value> {
         let (id, model) = (&self.id, &self.model);
         sse::usage_chunk(
             self.include_usage,
@@ -151,7 +196,7 @@ impl ChunkFormat for ChatChunks {
             "chat.completion.chunk",
             self.created,
             model,
-            ts,
+            all,
         )
     }
 }
@@ -167,38 +212,50 @@ pub async fn handle(
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
-    let tier = prepare::openai_common(&state, &headers, &req.common)?;
+    let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
+    let mut sampling = SamplingInput::from_common(&req.common);
+    sampling.logprobs = logprobs::chat_request(&req.common)?;
     let messages = req
         .messages
         .as_deref()
         .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
     let tools = tools::parse(req.common.tools.as_ref(), req.common.tool_choice.as_ref())
         .map_err(|(field, why)| ApiError::invalid(field, why))?;
-    let mut sampling = SamplingInput::from_common(&req.common);
     sampling.grammar = grammar(&req, tools.as_ref())?;
     let prompt = render(&state, messages, tools.as_ref())?;
     // NOTE: the template already inserts BOS where the model wants it.
     let ids = prepare::encode(&state, &prompt, false, "messages").await?;
     let stops = req.common.stop_strings();
-    let mut ts = prepare::start(&state, tier, ids, "messages", &sampling, stops)?;
+    let mut all = prepare::start_choices(&state, tier, ids, "messages", &sampling, stops, n)?;
     let fmt = ChatChunks {
-        id: format!("chatcmpl-{}", ts.id),
+        id: format!("chatcmpl-{}", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
+        logprobs: sampling.logprobs.is_some(),
+        files: state.model.clone(),
         calls: CallFormat::of(tools.as_ref()),
-        held: String::new(),
+        held: Vec::new(),
     };
     if req.common.stream {
-        return Ok(sse::respond(ts, fmt));
+        return Ok(sse::respond(all, fmt));
     }
-    let (text, _ids, finish) = ts.collect().await?;
-    let (message, finish) = tool_reply::message(fmt.calls, &fmt.id, text, finish);
+    let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
+    let choices: Vec<Value> = outs
+        .into_iter()
+        .zip(&all)
+        .enumerate()
+        .map(|(index, ((text, ids, finish), ts))| {
+            let rid = format!("chatcmpl-{}", ts.id);
+            let (message, finish) = tool_reply::message(fmt.calls, &rid, text, finish);
+            json!({"index": index, "message": message,
+                   "logprobs": fmt.logprobs(&ids, &ts.logprobs), "finish_reason": finish})
+        })
+        .collect();
     Ok(axum::Json(json!({
         "id": fmt.id, "object": "chat.completion", "created": fmt.created, "model": fmt.model,
-        "choices": [{"index": 0, "message": message,
-                     "logprobs": null, "finish_reason": finish}],
-        "usage": ts.usage(),
+        "choices": choices,
+        "usage": output::usage(&all),
     }))
     .into_response())
 }

@@ -6,14 +6,18 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
-use super::output::{Piece, TextStream};
+use super::logprobs::{self, CompletionLogprobs};
+use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::sse::{self, ChunkFormat};
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, CompletionRequest, Prompt};
+use crate::protocols::worker::TokenLogprob;
+use crate::tokenize::ModelFiles;
 
 /// Prompt token ids, and the prompt text when `echo` needs it.
 async fn prompt_ids(
@@ -47,33 +51,50 @@ struct CompletionChunks {
     model: String,
     created: u64,
     include_usage: bool,
+    /// The prompt text every choice starts with (`echo`).
     echo: Option<String>,
+    /// One per choice when the request asked for logprobs (the tokenizer names tokens).
+    logprobs: Option<Vec<CompletionLogprobs>>,
+    files: Option<Arc<ModelFiles>>,
 }
 
 impl CompletionChunks {
-    fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
+    fn chunk(&self, index: usize, text: &str, finish: Option<&str>, logprobs: Value) -> Value {
         json!({"id": self.id, "object": "text_completion", "created": self.created,
                "model": self.model,
-               "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]})
+               "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                            "finish_reason": finish}]})
+    }
+
+    /// Choice `index`'s `logprobs` for these tokens (null when the request did not ask).
+    fn logprobs(&mut self, index: usize, ids: &[u32], lps: &[TokenLogprob]) -> Value {
+        match self.logprobs.as_mut() {
+            None => Value::Null,
+            Some(all) => {
+                all[index].push(self.files.as_deref(), ids, lps);
+                all[index].take()
+            }
+        }
     }
 }
 
 impl ChunkFormat for CompletionChunks {
-    fn start(&mut self, _ts: &TextStream) -> Vec<Value> {
-        match self.echo.take() {
-            Some(t) if !t.is_empty() => vec![self.chunk(&t, None)],
+    fn start(&mut self, index: usize, _ts: &TextStream) -> Vec<Value> {
+        match &self.echo {
+            Some(t) if !t.is_empty() => vec![self.chunk(index, t, None, Value::Null)],
             _ => Vec::new(),
         }
     }
 
-    fn piece(&mut self, _ts: &TextStream, p: &Piece) -> Vec<Value> {
-        if p.text.is_empty() && p.finish.is_none() {
+    fn piece(&mut self, index: usize, _ts: &TextStream, p: &Piece) -> Vec<Value> {
+        if p.text.is_empty() && p.finish.is_none() && p.logprobs.is_empty() {
             return Vec::new();
         }
-        vec![self.chunk(&p.text, p.finish)]
+        let lps = self.logprobs(index, &p.ids, &p.logprobs);
+        vec![self.chunk(index, &p.text, p.finish, lps)]
     }
 
-    fn end(&mut self, ts: &TextStream) -> Vec<Value> {
+    fn end(&mut self, all: &[TextStream]) -> Vec<Value> {
         let (id, model) = (&self.id, &self.model);
         sse::usage_chunk(
             self.include_usage,
@@ -81,7 +102,7 @@ impl ChunkFormat for CompletionChunks {
             "text_completion",
             self.created,
             model,
-            ts,
+            all,
         )
     }
 }
@@ -97,7 +118,19 @@ pub async fn handle(
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
-    let tier = prepare::openai_common(&state, &headers, &req.common)?;
+    let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
+    let mut sampling = SamplingInput::from_common(&req.common);
+    // OpenAI's default for /v1/completions is 16 tokens.
+    sampling.default_max_tokens = Some(16);
+    sampling.logprobs = logprobs::completion_request(&req.common)?;
+    sampling.grammar = structured_only(&req.common)?;
+    if req.echo && sampling.logprobs.is_some() {
+        // The prompt's own logprobs (what OpenAI returns with echo) are not computed.
+        return Err(ApiError::invalid(
+            "logprobs",
+            "logprobs with echo (prompt logprobs) is not supported",
+        ));
+    }
     let (ids, text) = prompt_ids(&state, req.prompt).await?;
     let echo = if req.echo {
         Some(match (text, state.model.as_deref()) {
@@ -108,28 +141,38 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     } else {
         None
     };
-    let mut sampling = SamplingInput::from_common(&req.common);
-    // OpenAI's default for /v1/completions is 16 tokens.
-    sampling.default_max_tokens = Some(16);
-    sampling.grammar = structured_only(&req.common)?;
     let stops = req.common.stop_strings();
-    let mut ts = prepare::start(&state, tier, ids, "prompt", &sampling, stops)?;
+    let mut all = prepare::start_choices(&state, tier, ids, "prompt", &sampling, stops, n)?;
     let mut fmt = CompletionChunks {
-        id: format!("cmpl-{}", ts.id),
+        id: format!("cmpl-{}", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
+        logprobs: sampling
+            .logprobs
+            .map(|_| (0..n).map(|_| CompletionLogprobs::default()).collect()),
         echo,
+        files: state.model.clone(),
     };
     if req.common.stream {
-        return Ok(sse::respond(ts, fmt));
+        return Ok(sse::respond(all, fmt));
     }
-    let (text, _ids, finish) = ts.collect().await?;
-    let text = fmt.echo.take().unwrap_or_default() + &text;
+    let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
+    let echo = fmt.echo.clone().unwrap_or_default();
+    let choices: Vec<Value> = outs
+        .iter()
+        .zip(&all)
+        .enumerate()
+        .map(|(index, ((text, ids, finish), ts))| {
+            let lps = fmt.logprobs(index, ids, &ts.logprobs);
+            json!({"index": index, "text": echo.clone() + text, "logprobs": lps,
+                   "finish_reason": finish})
+        })
+        .collect();
     Ok(axum::Json(json!({
         "id": fmt.id, "object": "text_completion", "created": fmt.created, "model": fmt.model,
-        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
-        "usage": ts.usage(),
+        "choices": choices,
+        "usage": output::usage(&all),
     }))
     .into_response())
 }

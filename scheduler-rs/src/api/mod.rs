@@ -5,10 +5,12 @@
 mod chat;
 mod completions;
 pub mod listen;
+mod logprobs;
 mod misc;
 mod native;
 pub mod output;
 pub mod prepare;
+pub mod processors;
 mod sse;
 mod tokens;
 mod tool_reply;

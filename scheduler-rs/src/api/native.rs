@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::output::{Piece, TextStream};
 use super::prepare::{self, SamplingInput};
+use super::processors::Processors;
 use super::sse::{self, ChunkFormat};
 use super::AppState;
 use crate::errors::ApiError;
@@ -45,7 +46,7 @@ impl Meta {
 }
 
 impl ChunkFormat for Meta {
-    fn piece(&mut self, ts: &TextStream, p: &Piece) -> Vec<Value> {
+    fn piece(&mut self, _index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
         self.text.push_str(&p.text);
         self.ids.extend_from_slice(&p.ids);
         let info = self.info(ts, p.finish);
@@ -72,17 +73,6 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
     };
     let sp = &req.sampling_params;
-    let neutral = [
-        ("frequency_penalty", sp.frequency_penalty, 0.0),
-        ("presence_penalty", sp.presence_penalty, 0.0),
-        ("repetition_penalty", sp.repetition_penalty, 1.0),
-    ];
-    if let Some((field, ..)) = neutral.iter().find(|(_, v, n)| v.is_some_and(|v| v != *n)) {
-        return Err(ApiError::invalid(
-            field,
-            crate::protocols::openai::not_supported(field),
-        ));
-    }
     let sampling = SamplingInput {
         max_tokens: sp.max_new_tokens,
         max_tokens_field: "max_new_tokens",
@@ -94,6 +84,16 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         stop_token_ids: sp.stop_token_ids.clone(),
         ignore_eos: sp.ignore_eos,
         priority: req.priority,
+        processors: Processors {
+            presence_penalty: sp.presence_penalty,
+            frequency_penalty: sp.frequency_penalty,
+            repetition_penalty: sp.repetition_penalty,
+            logit_bias: sp.logit_bias.clone(),
+            min_tokens: sp.min_new_tokens,
+            min_tokens_field: "min_new_tokens",
+            min_p: sp.min_p,
+        },
+        logprobs: None,
         grammar: None,
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
@@ -105,7 +105,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         ids: Vec::new(),
     };
     if req.stream {
-        return Ok(sse::respond(ts, meta));
+        return Ok(sse::respond(vec![ts], meta));
     }
     let (text, output_ids, finish) = ts.collect().await?;
     Ok(axum::Json(json!({

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::errors::ApiError;
+use crate::protocols::worker::TokenLogprob;
 use crate::state::{Event, RequestHandle};
 use crate::tokenize::{IncrementalDetokenizer, ModelFiles, StopMatcher};
 
@@ -15,6 +16,8 @@ pub struct Piece {
     pub ids: Vec<u32>,
     /// Set on the last piece: `"stop"` or `"length"`.
     pub finish: Option<&'static str>,
+    /// One per id when the request asked for logprobs (else empty).
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Output state of one request. Dropping it before the end aborts the request.
@@ -29,6 +32,8 @@ pub struct TextStream {
     /// Router request id.
     pub id: u64,
     pub class: crate::dispatch::Class,
+    /// Every token's logprobs so far, when the request asked for them (non-stream responses).
+    pub logprobs: Vec<TokenLogprob>,
     /// When the request times out (`request_timeout_ms` after submission); `None`: never.
     deadline: Option<tokio::time::Instant>,
 }
@@ -48,6 +53,7 @@ impl TextStream {
             detok: IncrementalDetokenizer::new(),
             stop: StopMatcher::new(stops),
             completion_tokens: 0,
+            logprobs: Vec::new(),
             prompt_tokens,
             deadline: None,
         }
@@ -76,13 +82,18 @@ impl TextStream {
             },
             None => handle.recv().await?,
         };
-        let (ids, finish) = match ev {
+        let (ids, finish, logprobs) = match ev {
             Event::Error(msg) => {
                 self.handle = None;
                 return Some(Err(ApiError::internal(msg)));
             }
-            Event::Tokens { ids, finish } => (ids, finish),
+            Event::Tokens {
+                ids,
+                finish,
+                logprobs,
+            } => (ids, finish, logprobs.unwrap_or_default()),
         };
+        self.logprobs.extend_from_slice(&logprobs);
         self.completion_tokens += ids.len();
         let mut text = match &self.model {
             Some(m) => self.detok.push(m.as_ref(), &ids),
@@ -105,6 +116,7 @@ impl TextStream {
                 text: step.emit,
                 ids,
                 finish: Some("stop"),
+                logprobs,
             }));
         }
         let mut out = step.emit;
@@ -115,12 +127,14 @@ impl TextStream {
                 text: out,
                 ids,
                 finish: Some(f.as_str()),
+                logprobs,
             }));
         }
         Some(Ok(Piece {
             text: out,
             ids,
             finish: None,
+            logprobs,
         }))
     }
 
@@ -141,10 +155,18 @@ impl TextStream {
 
     /// `usage` object.
     pub fn usage(&self) -> serde_json::Value {
-        serde_json::json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
+        usage(std::slice::from_ref(self))
     }
+}
+
+/// The `usage` of the choices of one request: the prompt counted once (OpenAI's way for
+/// n > 1), the completion tokens of every choice.
+pub fn usage(choices: &[TextStream]) -> serde_json::Value {
+    let prompt = choices.first().map_or(0, |ts| ts.prompt_tokens);
+    let completion: usize = choices.iter().map(|ts| ts.completion_tokens).sum();
+    serde_json::json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
 }

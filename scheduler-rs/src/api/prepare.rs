@@ -4,12 +4,13 @@
 use axum::http::HeaderMap;
 
 use super::output::TextStream;
+use super::processors::Processors;
 use super::AppState;
 use crate::errors::ApiError;
 use crate::ids::TierId;
 use crate::protocols::openai::CommonParams;
 use crate::protocols::worker::Sampling;
-use crate::state::Submit;
+use crate::state::{Fork, Submit};
 
 /// Sampling fields as the client sent them, with the name of the max-tokens field used.
 #[derive(Debug, Clone, Default)]
@@ -27,6 +28,10 @@ pub struct SamplingInput {
     pub ignore_eos: bool,
     /// Within its class on the worker, lower is served first (vLLM's `priority`).
     pub priority: Option<i64>,
+    /// Penalties, logit_bias, min_tokens, min_p (api/processors.rs checks them).
+    pub processors: Processors,
+    /// Alternatives per token with logprobs (already checked, 0..=20); `None`: no logprobs.
+    pub logprobs: Option<u32>,
     /// Structured output: the grammar the output must match (set by the endpoint).
     pub grammar: Option<crate::protocols::structured::Grammar>,
 }
@@ -49,6 +54,8 @@ impl SamplingInput {
             stop_token_ids: c.stop_token_ids.clone(),
             ignore_eos: c.ignore_eos,
             priority: c.priority,
+            processors: Processors::from_common(c),
+            logprobs: None,
             grammar: None,
         }
     }
@@ -70,11 +77,18 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
     }
 }
 
-/// 400 for `n` other than 1.
-pub fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: i64 = 16;
+
+/// The number of choices: 400 for `n` outside `1..=MAX_CHOICES`.
+pub fn check_n(n: Option<i64>) -> Result<usize, ApiError> {
     match n {
-        None | Some(1) => Ok(()),
-        Some(_) => Err(ApiError::invalid("n", "only n = 1 is supported")),
+        None => Ok(1),
+        Some(k) if (1..=MAX_CHOICES).contains(&k) => Ok(k as usize),
+        Some(k) => Err(ApiError::invalid(
+            "n",
+            format!("n must be an integer in [1, {MAX_CHOICES}], got {k}"),
+        )),
     }
 }
 
@@ -88,19 +102,19 @@ pub fn tier(
 }
 
 /// The checks every OpenAI endpoint makes first: tier and auth, model name, `n`.
-/// Returns the tier.
+/// Returns the tier and the number of choices.
 pub fn openai_common(
     state: &AppState,
     headers: &HeaderMap,
     common: &CommonParams,
-) -> Result<TierId, ApiError> {
+) -> Result<(TierId, usize), ApiError> {
     let tier = tier(state, headers, common.tier.as_deref())?;
     check_model(state, common.model.as_deref())?;
-    check_n(common.n)?;
+    let n = check_n(common.n)?;
     if let Some((field, why)) = crate::protocols::openai::unsupported(common) {
         return Err(ApiError::invalid(&field, why));
     }
-    Ok(tier)
+    Ok((tier, n))
 }
 
 /// A handler's result as an HTTP response (errors in the OpenAI shape).
@@ -119,13 +133,42 @@ pub fn start(
     sampling: &SamplingInput,
     stops: Vec<String>,
 ) -> Result<TextStream, ApiError> {
+    let mut all = start_choices(state, tier, input_ids, prompt_field, sampling, stops, 1)?;
+    Ok(all.pop().expect("one choice"))
+}
+
+/// `start` for `n` choices of one prompt: choice 0 is dispatched as usual, the others go
+/// to its groups as its forks, which share its prefill there (engine/forks.py). A seeded
+/// request seeds choice `i` with `seed + i`, so that the choices differ (as OpenAI's do) and
+/// each repeats. Dropping the streams aborts every choice.
+pub fn start_choices(
+    state: &AppState,
+    tier: TierId,
+    input_ids: Vec<u32>,
+    prompt_field: &str,
+    sampling: &SamplingInput,
+    stops: Vec<String>,
+    n: usize,
+) -> Result<Vec<TextStream>, ApiError> {
     let prompt_tokens = input_ids.len();
-    let submit = build(state, tier, input_ids, prompt_field, sampling)?;
-    let handle = state.router.submit(submit).map_err(ApiError::from_submit)?;
-    Ok(
-        TextStream::new(handle, state.model.clone(), stops, prompt_tokens)
-            .with_timeout(state.request_timeout()),
-    )
+    let first = build(state, tier, input_ids, prompt_field, sampling)?;
+    let mut streams = Vec::with_capacity(n);
+    let mut fork = None;
+    for i in 0..n {
+        let mut submit = first.clone();
+        submit.sampling.seed = first.sampling.seed.map(|s| s.wrapping_add(i as u64));
+        submit.fork_of = fork;
+        let handle = state.router.submit(submit).map_err(ApiError::from_submit)?;
+        fork.get_or_insert(Fork {
+            parent: handle.id(),
+            class: handle.class(),
+        });
+        streams.push(
+            TextStream::new(handle, state.model.clone(), stops.clone(), prompt_tokens)
+                .with_timeout(state.request_timeout()),
+        );
+    }
+    Ok(streams)
 }
 
 /// Validate the prompt and sampling and build the engine request.
@@ -227,19 +270,25 @@ pub fn build(
             ))
         }
     };
+    let mut sampling = Sampling {
+        max_tokens,
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        top_k,
+        seed: s.seed,
+        stop_token_ids,
+        ignore_eos: s.ignore_eos,
+        logprobs: s.logprobs,
+        ..Sampling::default()
+    };
+    s.processors
+        .apply(&mut sampling, model.map(|m| m.vocab_size() as u32))?;
     Ok(Submit {
         input_ids,
-        sampling: Sampling {
-            max_tokens,
-            temperature: temperature as f32,
-            top_p: top_p as f32,
-            top_k,
-            seed: s.seed,
-            stop_token_ids,
-            ignore_eos: s.ignore_eos,
-        },
+        sampling,
         tier,
         priority,
+        fork_of: None,
         grammar: s.grammar.clone(),
     })
 }

@@ -67,18 +67,27 @@ pub struct CommonParams {
     pub tier: Option<String>,
     /// vLLM's extension: within its class on the worker, lower is served first.
     pub priority: Option<i64>,
+    /// Chat: a boolean (with `top_logprobs` alternatives); completions: the number of
+    /// alternatives, 0..=20 (api/logprobs.rs reads it per endpoint).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    /// Logit processors (vLLM's semantics): penalties over generated tokens
+    /// (presence/frequency) or prompt and output (repetition).
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// Token id (a decimal string key, as OpenAI sends it) → bias in [-100, 100].
+    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
+    /// EOS and stop token ids are masked until this many tokens were generated.
+    pub min_tokens: Option<i64>,
+    pub min_p: Option<f64>,
     /// Structured output and tool calling (protocols/structured.rs, protocols/tools.rs).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,
     /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
-    pub logprobs: Option<Value>,
-    pub top_logprobs: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
-    pub logit_bias: Option<Value>,
-    pub presence_penalty: Option<Value>,
-    pub frequency_penalty: Option<Value>,
     /// Every other field, checked by `extensions::refused`.
     /// NOTE: declared last: serde hands a flattened map only what no named field took.
     #[serde(flatten)]
@@ -108,8 +117,10 @@ pub fn not_supported(name: &str) -> String {
 }
 
 /// The first unimplemented or unknown field that asks for something, with why: clients send
-/// most of them with neutral defaults (`logprobs: false`, `best_of: 1`, penalties 0,
-/// `tools: []`), which are accepted.
+/// most of them with neutral defaults (`best_of: 1`, `suffix: ""`), which are accepted.
+/// NOTE: `tools`, `tool_choice` and `response_format` (protocols/tools.rs,
+/// protocols/structured.rs), the logit processors (api/processors.rs) and `logprobs` /
+/// `top_logprobs` (api/logprobs.rs) are implemented and checked where they are used.
 pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
     let truthy = |v: &Option<Value>| match v {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
@@ -121,16 +132,9 @@ pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
     };
     let not =
         |v: &Option<Value>, neutral: &[Value]| truthy(v) && !neutral.contains(v.as_ref().unwrap());
-    // NOTE: `tools`, `tool_choice` and `response_format` are implemented (protocols/tools.rs,
-    // protocols/structured.rs) and checked where they are used.
-    let checks: [(&'static str, bool); 7] = [
-        ("logprobs", truthy(&c.logprobs)),
-        ("top_logprobs", truthy(&c.top_logprobs)),
+    let checks: [(&'static str, bool); 2] = [
         ("best_of", not(&c.best_of, &[Value::from(1)])),
         ("suffix", truthy(&c.suffix)),
-        ("logit_bias", truthy(&c.logit_bias)),
-        ("presence_penalty", truthy(&c.presence_penalty)),
-        ("frequency_penalty", truthy(&c.frequency_penalty)),
     ];
     checks
         .into_iter()
@@ -193,10 +197,12 @@ pub struct NativeSampling {
     pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub ignore_eos: bool,
-    /// Not implemented: refused when not neutral (0 for frequency/presence, 1 for repetition).
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
+    pub min_new_tokens: Option<i64>,
+    pub min_p: Option<f64>,
+    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
 }
 
 /// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.
@@ -266,6 +272,36 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_body::<ChatCompletionRequest>(b"{not json").unwrap_err();
         assert_eq!(e.param, None);
+    }
+
+    #[test]
+    fn sampling_and_structured_fields_are_typed_and_only_the_rest_is_refused() {
+        let c: CommonParams = serde_json::from_value(serde_json::json!({
+            "logprobs": true, "top_logprobs": 2, "presence_penalty": 0.5,
+            "frequency_penalty": 0.1, "repetition_penalty": 1.1, "logit_bias": {"5": 1.0},
+            "min_tokens": 1, "min_p": 0.1, "n": 2,
+            "response_format": {"type": "json_object"}, "tools": [], "tool_choice": "auto",
+            "best_of": 1, "user": "u",
+        }))
+        .unwrap();
+        // Every implemented field was taken by its typed member: `extra` holds `user` only.
+        assert_eq!(c.extra.keys().collect::<Vec<_>>(), ["user"]);
+        assert_eq!(unsupported(&c), None);
+        let refused = |body: serde_json::Value| {
+            unsupported(&serde_json::from_value(body).unwrap()).map(|(name, _)| name)
+        };
+        assert_eq!(
+            refused(serde_json::json!({"min_p": 0.1, "best_of": 2})).as_deref(),
+            Some("best_of")
+        );
+        assert_eq!(
+            refused(serde_json::json!({"logprobs": 3, "suffix": "x"})).as_deref(),
+            Some("suffix")
+        );
+        assert_eq!(
+            refused(serde_json::json!({"min_p": 0.1, "temprature": 1})).as_deref(),
+            Some("temprature")
+        );
     }
 
     #[test]

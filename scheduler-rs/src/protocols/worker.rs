@@ -22,6 +22,18 @@ pub struct Sampling {
     pub seed: Option<u64>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Logit processors (0, 0, 1, empty, 0, 0: off); see python/nitsum/sampling_processors.py.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
+    /// `[token id, bias]` pairs (a list: msgpack maps with integer keys are refused by the
+    /// Python decoder's `strict_map_key`).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// EOS and stop token ids are masked until this many tokens were generated.
+    pub min_tokens: u32,
+    pub min_p: f32,
+    /// Alternatives per token to return with logprobs; `None`: no logprobs.
+    pub logprobs: Option<u32>,
 }
 
 impl Default for Sampling {
@@ -34,6 +46,13 @@ impl Default for Sampling {
             seed: None,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            min_p: 0.0,
+            logprobs: None,
         }
     }
 }
@@ -62,6 +81,9 @@ pub struct Generate<'a> {
     /// Run on a TP group of this size bound for the request (the tier's `bind_tp`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bind_tp: Option<u32>,
+    /// The first of n > 1 choices of the same prompt, whose prefill this one shares.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fork_of: Option<&'a str>,
     /// Structured output: the grammar the output must match (absent: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grammar: Option<&'a super::structured::Grammar>,
@@ -308,6 +330,17 @@ pub struct Tokens {
     /// Milliseconds the worker held the request before its first scheduled step (optional;
     /// sent with the request's first tokens): the queue / prefill split of `/metrics`.
     pub queue_ms: Option<f64>,
+    /// One per token id when the request asked for logprobs.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// A sampled token's logprob and its top alternatives `(token id, logprob)`, most likely
+/// first (docs/protocol.md `tokens`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// `reconfigured`: the ack of a `reconfigure`.
@@ -390,6 +423,7 @@ mod tests {
             priority: -3,
             preempt: false,
             bind_tp: Some(2),
+            fork_of: None,
             grammar: None,
         });
         // Generic decode: keys are strings (a map, not an array).

@@ -88,12 +88,14 @@ async fn the_decode_host_takes_over_and_a_dead_prefill_host_loses_nothing() {
     let all = |ids: Vec<u32>| Event::Tokens {
         ids,
         finish: Some(FinishReason::Length),
+        logprobs: None,
     };
     assert_eq!(
         handed.recv().await,
         Some(Event::Tokens {
             ids: vec![5],
-            finish: None
+            finish: None,
+            logprobs: None
         })
     );
     assert_eq!(handed.recv().await, Some(all(vec![6])));

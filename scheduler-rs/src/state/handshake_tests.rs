@@ -223,7 +223,8 @@ async fn tokens_count_only_from_the_connection_serving_the_request() {
         h.recv().await,
         Some(Event::Tokens {
             ids: vec![5],
-            finish: Some(super::FinishReason::Length)
+            finish: Some(super::FinishReason::Length),
+            logprobs: None
         })
     );
 }

@@ -7,7 +7,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{EarlyEnd, Event, FinishReason, Inflight, RequestHandle, RouterState, State, Submit};
+use super::{
+    EarlyEnd, Event, FinishReason, Fork, Inflight, RequestHandle, RouterState, State, Submit,
+};
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::vllm::FinishedReason;
@@ -96,7 +98,10 @@ impl RouterState {
                 });
             }
             self.stats_arrival(st, req.tier, req.input_ids.len());
-            let placed = Self::place(st, id, &tier.name, tier.background, &keys);
+            let placed = match req.fork_of.and_then(|f| Self::place_sibling(st, id, f)) {
+                Some(p) => Some(p),
+                None => Self::place(st, id, &tier.name, tier.background, &keys),
+            };
             if let Some((_, d)) = &placed {
                 if tier.reject_unattainable && d.class == Class::BestEffort {
                     st.dispatcher.complete(id);
@@ -171,8 +176,25 @@ impl RouterState {
         }
     }
 
+    /// A sibling choice goes where its first choice is (so that it shares its prefill),
+    /// charged as that one was; `None` when the first choice is no longer in flight.
+    fn place_sibling(st: &mut State, id: u64, fork: Fork) -> Option<(Bytes, Decision)> {
+        let parent = st.inflight.get(&fork.parent)?;
+        let d = Decision {
+            prefill_leader: parent.leader.device(),
+            decode_leader: parent.decode.map(|w| w.device()),
+            class: fork.class,
+        };
+        let identity = st.registry.get(parent.leader)?.identity.clone();
+        if d.class == Class::Feasible {
+            st.dispatcher.charge(id, d.prefill_leader, d.decode_leader);
+        }
+        Some((identity, d))
+    }
+
     pub(super) fn send_generate(&self, id: u64, req: &Submit, identity: Bytes, d: Decision) {
         let rid = self.ids.encode(id);
+        let fork_of = req.fork_of.map(|f| self.ids.encode(f.parent));
         let payload = wire::encode_generate(&wire::Generate {
             v: PROTOCOL_VERSION,
             ty: "generate",
@@ -188,6 +210,7 @@ impl RouterState {
             priority: req.priority,
             preempt: self.cfg.tier(req.tier).preempt,
             bind_tp: self.cfg.tier(req.tier).bind_tp,
+            fork_of: fork_of.as_deref(),
             grammar: req.grammar.as_ref(),
         });
         self.send(identity, payload);
@@ -205,6 +228,7 @@ impl RouterState {
             return;
         };
         let ids = m.token_ids.unwrap_or_default();
+        let logprobs = m.logprobs;
         let mut st = self.lock();
         // Any message proves liveness; one lock for both.
         st.registry.touch(worker, now);
@@ -267,16 +291,22 @@ impl RouterState {
         }
         let event = match m.finish_reason.as_deref() {
             None => {
-                let _ = e.tx.send(Event::Tokens { ids, finish: None });
+                let _ = e.tx.send(Event::Tokens {
+                    ids,
+                    finish: None,
+                    logprobs,
+                });
                 return;
             }
             Some("stop") => Event::Tokens {
                 ids,
                 finish: Some(FinishReason::Stop),
+                logprobs,
             },
             Some("length") => Event::Tokens {
                 ids,
                 finish: Some(FinishReason::Length),
+                logprobs,
             },
             Some(other) => {
                 let why = m

@@ -94,7 +94,8 @@ async fn acknowledged_round_switches_routing_and_keeps_inflight_requests() {
         second.recv().await,
         Some(Event::Tokens {
             ids: vec![4],
-            finish: Some(FinishReason::Length)
+            finish: Some(FinishReason::Length),
+            logprobs: None
         })
     );
     // A later rebuild (a new worker) re-broadcasts the plan with its batch cap.

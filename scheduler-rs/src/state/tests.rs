@@ -78,6 +78,7 @@ pub(super) fn submit() -> Submit {
         sampling: Sampling::default(),
         tier: TierId(0),
         priority: 0,
+        fork_of: None,
         grammar: None,
     }
 }
@@ -107,14 +108,16 @@ async fn tokens_only_count_from_the_serving_worker() {
         h.recv().await,
         Some(Event::Tokens {
             ids: vec![5],
-            finish: None
+            finish: None,
+            logprobs: None
         })
     );
     assert_eq!(
         h.recv().await,
         Some(Event::Tokens {
             ids: vec![6],
-            finish: Some(FinishReason::Stop)
+            finish: Some(FinishReason::Stop),
+            logprobs: None
         })
     );
     assert_eq!(h.recv().await, None);
@@ -202,14 +205,16 @@ async fn dead_worker_requests_are_retried_resumed_or_completed() {
         owed_nothing.recv().await,
         Some(Event::Tokens {
             ids: vec![5],
-            finish: None
+            finish: None,
+            logprobs: None
         })
     );
     assert_eq!(
         owed_nothing.recv().await,
         Some(Event::Tokens {
             ids: vec![],
-            finish: Some(FinishReason::Length)
+            finish: Some(FinishReason::Length),
+            logprobs: None
         })
     );
     tokens(&engine, 1, streamed.id(), &[4], Some("length"));
@@ -224,7 +229,8 @@ async fn dead_worker_requests_are_retried_resumed_or_completed() {
                 h.recv().await,
                 Some(Event::Tokens {
                     ids: ids.clone(),
-                    finish
+                    finish,
+                    logprobs: None
                 })
             );
         }

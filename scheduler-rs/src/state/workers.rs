@@ -128,6 +128,7 @@ impl RouterState {
                 let done = Event::Tokens {
                     ids: Vec::new(),
                     finish: Some(FinishReason::Length),
+                    logprobs: None,
                 };
                 actions.push(Action::End(e, done));
                 continue;
@@ -288,6 +289,8 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = left;
     sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
+    // NOTE: the generated tokens are prompt now: `min_tokens` counts what is left to make.
+    sampling.min_tokens = sampling.min_tokens.saturating_sub(n);
     // NOTE: the new worker's grammar matcher replays the generated tokens, so it goes on
     // from where the output is in the grammar.
     let grammar = req.grammar.clone().map(|mut g| {
@@ -299,6 +302,7 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
         sampling,
         tier: req.tier,
         priority: req.priority,
+        fork_of: None,
         grammar,
     }))
 }

@@ -1,0 +1,92 @@
+"""Logit processors applied before sampling, batched over the rows that ask for one:
+logit_bias, min_tokens, then repetition, frequency and presence penalties (vLLM's semantics
+and order). Rows with neutral parameters are not touched (no cost for them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from nitsum.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What a row's processors read: its prompt, its output so far, and the ids `min_tokens`
+    masks (EOS unless ignore_eos, and the stop token ids)."""
+
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    end_ids: Sequence[int] = ()
+
+
+def wants_processing(p: SamplingParams) -> bool:
+    """Whether any processor of `p` is not neutral."""
+    return bool(
+        p.presence_penalty
+        or p.frequency_penalty
+        or p.repetition_penalty != 1.0
+        or p.logit_bias
+        or p.min_tokens
+    )
+
+
+def _id_matrix(lists: list[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """Ragged id lists as one (rows, longest) tensor padded with `pad`."""
+    width = max((len(x) for x in lists), default=0)
+    out = torch.full((len(lists), max(width, 1)), pad, dtype=torch.long, device=device)
+    for r, ids in enumerate(lists):
+        if ids:
+            out[r, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long, device=device)
+    return out
+
+
+def _counts(lists: list[Sequence[int]], vocab: int, like: torch.Tensor) -> torch.Tensor:
+    """(rows, vocab) occurrence counts of each row's ids (ids outside the vocab ignored)."""
+    # NOTE: padding and out-of-vocab ids land in an extra column that is dropped.
+    ids = _id_matrix(lists, vocab, like.device).clamp(0, vocab)
+    counts = torch.zeros(len(lists), vocab + 1, dtype=like.dtype, device=like.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=like.dtype))
+    return counts[:, :vocab]
+
+
+def apply_processors(
+    logits: torch.Tensor, params: Sequence[SamplingParams], contexts: Sequence[RowContext]
+) -> torch.Tensor:
+    """`logits` (rows, vocab) with each row's processors applied; the input itself when no
+    row asks (else a new tensor: the caller's logits are not modified)."""
+    rows = [i for i, p in enumerate(params) if wants_processing(p)]
+    if not rows:
+        return logits
+    vocab = logits.shape[-1]
+    ps = [params[i] for i in rows]
+    ctx = [contexts[i] for i in rows]
+    sub = logits[rows].clone()
+    col = lambda xs: torch.tensor(xs, dtype=sub.dtype, device=sub.device).unsqueeze(1)  # noqa: E731
+
+    for r, p in enumerate(ps):
+        for token, bias in p.logit_bias:
+            if 0 <= token < vocab:
+                sub[r, token] += bias
+        if len(ctx[r].output_ids) < p.min_tokens:
+            ends = [t for t in ctx[r].end_ids if 0 <= t < vocab]
+            if ends:
+                sub[r, ends] = float("-inf")
+
+    out_counts = _counts([c.output_ids for c in ctx], vocab, sub)
+    rep = col([p.repetition_penalty for p in ps])
+    if bool((rep != 1.0).any()):
+        # Over prompt and output: positive logits divided, negative ones multiplied.
+        seen = (_counts([c.prompt_ids for c in ctx], vocab, sub) + out_counts) > 0
+        penalised = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(seen, penalised, sub)
+    freq = col([p.frequency_penalty for p in ps])
+    pres = col([p.presence_penalty for p in ps])
+    # Over generated tokens only: minus freq per occurrence, minus pres once if present.
+    sub = sub - freq * out_counts - pres * (out_counts > 0).to(sub.dtype)
+
+    out = logits.clone()
+    out[rows] = sub
+    return out

@@ -1,0 +1,118 @@
+"""The logit processors and logprobs against straightforward per-token reference loops
+(exact tensors), and the sampler's min_p."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nitsum.errors import InvalidRequestError
+from nitsum.sampling import SamplingParams, sample
+from nitsum.sampling_logprobs import token_logprobs
+from nitsum.sampling_processors import RowContext, apply_processors
+
+
+def reference(logits: list[float], p: SamplingParams, c: RowContext) -> list[float]:
+    """vLLM's semantics, one token at a time: bias, min_tokens, repetition, freq, presence."""
+    out = list(logits)
+    for t, b in p.logit_bias:
+        out[t] += b
+    if len(c.output_ids) < p.min_tokens:
+        for t in c.end_ids:
+            out[t] = -math.inf
+    seen = set(c.prompt_ids) | set(c.output_ids)
+    for t in range(len(out)):
+        if t in seen and p.repetition_penalty != 1.0:
+            out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
+        n = list(c.output_ids).count(t)
+        out[t] -= p.frequency_penalty * n + (p.presence_penalty if n else 0.0)
+    return out
+
+
+VOCAB = 12
+CASES = [
+    (SamplingParams(), RowContext([1, 2], [3])),  # neutral: untouched
+    (SamplingParams(presence_penalty=0.5), RowContext([1], [3, 3, 4])),
+    (SamplingParams(frequency_penalty=1.5), RowContext([1], [3, 3, 4, 3])),
+    (SamplingParams(repetition_penalty=1.3), RowContext([0, 5, 6], [7, 7])),
+    (SamplingParams(repetition_penalty=0.8, presence_penalty=-1.0), RowContext([2], [2, 9])),
+    (SamplingParams(logit_bias=((4, 100.0), (5, -7.5))), RowContext([1], [])),
+    (SamplingParams(min_tokens=3), RowContext([1], [2, 3], end_ids=(0, 11))),
+    (SamplingParams(min_tokens=2), RowContext([1], [2, 3], end_ids=(0, 11))),  # reached
+]
+
+
+def test_processors_match_the_reference_row_by_row_in_one_batch() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(len(CASES), VOCAB)
+    params = [p for p, _ in CASES]
+    ctx = [c for _, c in CASES]
+    got = apply_processors(logits, params, ctx)
+    want = torch.tensor([reference(logits[i].tolist(), p, c) for i, (p, c) in enumerate(CASES)])
+    assert torch.equal(got, want.to(got.dtype)) or torch.allclose(got, want, atol=1e-6)
+    assert torch.equal(got[0], logits[0])  # a neutral row is exactly its input
+    assert got[6, 0] == -math.inf and got[6, 11] == -math.inf  # EOS masked before min_tokens
+    assert torch.equal(got[7], logits[7])  # min_tokens reached: nothing masked
+    assert int(got[5].argmax()) == 4  # +100 bias wins
+
+
+def test_no_row_asking_returns_the_input_itself() -> None:
+    logits = torch.randn(2, VOCAB)
+    out = apply_processors(logits, [SamplingParams()] * 2, [RowContext([1], [])] * 2)
+    assert out is logits
+
+
+def test_penalties_change_the_greedy_pick_as_predicted() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 3], logits[0, 4] = 2.0, 1.5
+    p = SamplingParams(temperature=0, frequency_penalty=1.0)
+    ctx = [RowContext([1], [3])]  # 3 was generated once: 2.0 - 1.0 < 1.5
+    assert sample(apply_processors(logits, [p], ctx), [p], [None]) == [4]
+    assert sample(logits, [p], [None]) == [3]
+
+
+def test_logprobs_are_log_softmax_with_top_alternatives() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(3, VOCAB)
+    params = [SamplingParams(logprobs=3), SamplingParams(), SamplingParams(logprobs=0)]
+    tokens = [5, 2, 7]
+    out = token_logprobs(logits, tokens, params)
+    ref = torch.log_softmax(logits, dim=-1)
+    assert out[1] is None
+    assert out[0] is not None and out[2] is not None
+    assert out[0].logprob == pytest.approx(float(ref[0, 5]), abs=1e-6)
+    order = ref[0].argsort(descending=True)[:3].tolist()
+    assert [t for t, _ in out[0].top] == order
+    assert [v for _, v in out[0].top] == pytest.approx(ref[0, order].tolist(), abs=1e-6)
+    assert out[2].top == () and out[2].logprob == pytest.approx(float(ref[2, 7]), abs=1e-6)
+
+
+def test_min_p_keeps_only_tokens_near_the_top() -> None:
+    logits = torch.full((1, VOCAB), -10.0)
+    logits[0, 1], logits[0, 2] = 5.0, 4.0  # p(2)/p(1) = e^-1 ~ 0.37
+    p = SamplingParams(temperature=1.0, min_p=0.5, seed=0)
+    draws = {sample(logits, [p], [torch.Generator().manual_seed(s)])[0] for s in range(40)}
+    assert draws == {1}
+    loose = SamplingParams(temperature=1.0, min_p=0.3)
+    draws = {sample(logits, [loose], [torch.Generator().manual_seed(s)])[0] for s in range(40)}
+    assert draws == {1, 2}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logit_bias": ((1, 101.0),)}, "logit_bias"),
+        ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logprobs": 21}, "logprobs"),
+    ],
+)
+def test_bad_values_name_their_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(**kwargs).validate()
+    assert e.value.field == field
