@@ -197,6 +197,7 @@ mod rounds;
 mod rounds_tests;
 #[cfg(test)]
 mod tests;
+mod tokens;
 mod workers;
 pub use handle::RequestHandle;
 pub use requests::SubmitError;

@@ -1,4 +1,4 @@
-//! The request path: submit (dispatch + `generate`), `tokens` from workers, early end.
+//! The request path: submit (dispatch + `generate`), shutdown, early end. Outputs: `tokens.rs`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -7,16 +7,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{
-    EarlyEnd, Event, FinishReason, Fork, Inflight, RequestHandle, RouterState, State, Submit,
-};
+use super::{EarlyEnd, Event, Fork, Inflight, RequestHandle, RouterState, State, Submit};
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::vllm::FinishedReason;
-use crate::metrics::Completion;
 use crate::prefix_index::prefix_keys;
-use crate::protocols::worker::{self as wire, Tokens, PROTOCOL_VERSION};
-use crate::worker_auth::Rejection;
+use crate::protocols::worker::{self as wire, PROTOCOL_VERSION};
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq)]
@@ -214,157 +210,6 @@ impl RouterState {
             grammar: req.grammar.as_ref(),
         });
         self.send(identity, payload);
-    }
-
-    /// A `tokens` message from a worker.
-    pub(super) fn on_tokens(&self, worker: WorkerId, m: Tokens, now: Instant) {
-        let Some(id) = m.request_id.as_deref().and_then(|s| self.ids.decode(s)) else {
-            // NOTE: ids are unguessable: one this router did not issue is a forgery or garbage.
-            self.metrics.plane.count(Rejection::UnknownRequest);
-            tracing::debug!(
-                %worker,
-                "tokens message without a request_id this router issued"
-            );
-            return;
-        };
-        let ids = m.token_ids.unwrap_or_default();
-        let logprobs = m.logprobs;
-        let mut st = self.lock();
-        // Any message proves liveness; one lock for both.
-        st.registry.touch(worker, now);
-        let Some(e) = st.inflight.get(&id) else {
-            return; // finished, cancelled or retried elsewhere: a normal race
-        };
-        let (leader, decode) = (e.leader, e.decode);
-        if worker != leader && Some(worker) != decode {
-            // NOTE: never mix outputs: only the worker currently serving the request counts.
-            // After a plan change the request's worker may have joined a group led by another
-            // worker, which then streams the request: accept its leader and follow it.
-            let holder = |w: WorkerId| {
-                st.plan
-                    .groups
-                    .iter()
-                    .find(|g| g.members.contains(&w.device()))
-                    .map(|g| WorkerId::of_device(g.leader()))
-            };
-            let moved = [Some(leader), decode]
-                .into_iter()
-                .flatten()
-                .any(|w| holder(w) == Some(worker));
-            if !moved {
-                // Another worker's request: an injection attempt, or a stale worker.
-                self.metrics.plane.count(Rejection::ForeignRequest);
-                tracing::debug!(
-                    %worker,
-                    %leader,
-                    "dropped tokens for a request it does not serve"
-                );
-                return;
-            }
-            let lead = holder(leader) == Some(worker);
-            let e = st.inflight.get_mut(&id).expect("entry present");
-            if lead {
-                e.leader = worker;
-            } else {
-                e.decode = Some(worker);
-            }
-        }
-        let e = st.inflight.get_mut(&id).expect("entry present");
-        if let Some(q) = m.queue_ms.filter(|q| q.is_finite() && *q >= 0.0) {
-            e.queue_s.get_or_insert(q / 1e3);
-        }
-        if Some(worker) == e.decode && worker != e.leader {
-            // NOTE: a decode target streams only once the KV was handed to it across
-            // processes (P/D across hosts); the prefill side is done with the request, so
-            // its death no longer concerns it.
-            e.leader = worker;
-        }
-        if !ids.is_empty() {
-            if e.first.is_none() {
-                self.metrics.vllm.on_prefilled(e.req.input_ids.len());
-            }
-            e.first.get_or_insert(now);
-            let gap = e.last.map(|t| (now - t).as_secs_f64());
-            self.metrics.vllm.on_tokens(ids.len(), gap);
-            e.last = Some(now);
-            e.generated.extend_from_slice(&ids);
-        }
-        let event = match m.finish_reason.as_deref() {
-            None => {
-                let _ = e.tx.send(Event::Tokens {
-                    ids,
-                    finish: None,
-                    logprobs,
-                });
-                return;
-            }
-            Some("stop") => Event::Tokens {
-                ids,
-                finish: Some(FinishReason::Stop),
-                logprobs,
-            },
-            Some("length") => Event::Tokens {
-                ids,
-                finish: Some(FinishReason::Length),
-                logprobs,
-            },
-            Some(other) => {
-                let why = m
-                    .error
-                    .unwrap_or_else(|| format!("worker ended the request ({other})"));
-                Event::Error(why)
-            }
-        };
-        let e = st.release(id).expect("entry present");
-        st.dispatcher.complete(id);
-        if matches!(event, Event::Tokens { .. }) {
-            self.stats_completion(&mut st, e.req.tier, e.tokens());
-        }
-        drop(st);
-        self.finish(e, event, now);
-    }
-
-    /// Deliver the final event of a request that already left `inflight` and record it.
-    pub(super) fn finish(&self, e: Inflight, event: Event, now: Instant) {
-        match &event {
-            Event::Tokens { finish, .. } => {
-                let reason = match finish {
-                    Some(FinishReason::Length) => FinishedReason::Length,
-                    Some(FinishReason::Stop) | None => FinishedReason::Stop,
-                };
-                self.record(e.req.tier, &e, now, reason);
-            }
-            Event::Error(_) => {
-                self.metrics
-                    .tier(e.req.tier)
-                    .errors
-                    .fetch_add(1, Ordering::Relaxed);
-                self.metrics.vllm.count(FinishedReason::Error);
-            }
-        }
-        let _ = e.tx.send(event);
-    }
-
-    pub(super) fn record(&self, tier: TierId, e: &Inflight, now: Instant, why: FinishedReason) {
-        let c = Completion {
-            ttft_s: e.first.map(|f| (f - e.start).as_secs_f64()),
-            e2e_s: (now - e.start).as_secs_f64(),
-            tokens: e.tokens(),
-            prompt_tokens: e.req.input_ids.len() as u64,
-            queue_s: e.queue_s,
-        };
-        if self.control {
-            let arrival = e.start.saturating_duration_since(self.clock).as_secs_f64();
-            let met = c.meets(self.cfg.tier(tier));
-            let mut st = self.lock();
-            // NOTE: bounded whether or not a control round reads them (2 minutes).
-            while st.outcomes.front().is_some_and(|o| o.0 < arrival - 120.0) {
-                st.outcomes.pop_front();
-            }
-            st.outcomes.push_back((arrival, tier, met));
-        }
-        self.metrics
-            .record_completion(tier, self.cfg.tier(tier), c, why);
     }
 
     /// Refuse new requests from now on (shutdown); those in flight go on.
