@@ -21,7 +21,8 @@ import zmq
 
 from nitsum.engine.engine import RequestOutput
 from nitsum.worker.assignment import LocalPlan
-from nitsum.worker.protocol import GenerateRequest, proof
+from nitsum.worker.inbound import GenerateRequest
+from nitsum.worker.protocol import proof
 from nitsum.worker.server import WorkerServer
 from test_router_protocol import BIN, EOS, free_port, write_tiny_model
 

@@ -19,7 +19,7 @@ from nitsum.pool.peers import PeerError
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker.backend import PoolBackend
-from nitsum.worker.protocol import GenerateRequest
+from nitsum.worker.inbound import GenerateRequest
 from tiny import assert_pages_consistent, make_tiny, random_prompt
 
 ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2))

@@ -136,16 +136,16 @@ def test_wire_round_trip_and_no_compiler() -> None:
 
 
 def test_generate_carries_the_grammar_to_the_workers_sampling_params() -> None:
-    from nitsum.worker import protocol
+    from nitsum.worker import inbound, protocol
 
     g = GrammarSpec("json_schema", json.dumps(SCHEMA), replay=2)
     msg = protocol.decode(
         protocol.encode(protocol.generate("r", [1, 2, 3], SamplingParams(grammar=g)))
     )
     assert msg["grammar"] == {"kind": "json_schema", "schema": json.dumps(SCHEMA), "replay": 2}
-    assert protocol.parse_generate(msg).sampling.grammar == g
+    assert inbound.parse_generate(msg).sampling.grammar == g
     plain = protocol.decode(protocol.encode(protocol.generate("r", [1], SamplingParams())))
-    assert "grammar" not in plain and protocol.parse_generate(plain).sampling.grammar is None
+    assert "grammar" not in plain and inbound.parse_generate(plain).sampling.grammar is None
     with pytest.raises(InvalidRequestError) as e:
-        protocol.parse_generate({**plain, "grammar": {"kind": "lark"}})
+        inbound.parse_generate({**plain, "grammar": {"kind": "lark"}})
     assert e.value.field == "response_format"

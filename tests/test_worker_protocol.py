@@ -8,6 +8,7 @@ import pytest
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.worker import inbound
 from nitsum.worker import protocol as proto
 from nitsum.worker.protocol import ProtocolError
 
@@ -66,7 +67,7 @@ def test_parse_generate_round_trips_sampling():
     params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, seed=11,
                             stop_token_ids=(3, 4), ignore_eos=True)  # fmt: skip
     msg = roundtrip(proto.generate("r1", [1, 2], params, tier="gold", klass="background"))
-    req = proto.parse_generate(msg)
+    req = inbound.parse_generate(msg)
     assert (req.request_id, req.input_ids, req.tier, req.klass) == (
         "r1",
         [1, 2],
@@ -74,15 +75,15 @@ def test_parse_generate_round_trips_sampling():
         "background",
     )
     assert req.sampling == params and req.decode_target is None and req.ttft_ms is None
-    assert proto.parse_generate({**msg, "ttft_ms": 250}).ttft_ms == 250.0
+    assert inbound.parse_generate({**msg, "ttft_ms": 250}).ttft_ms == 250.0
     assert (req.priority, req.may_preempt) == (0, True)
-    got = proto.parse_generate({**msg, "priority": -4, "preempt": False})
+    got = inbound.parse_generate({**msg, "priority": -4, "preempt": False})
     assert (got.priority, got.may_preempt) == (-4, False)
     assert req.bind_tp is None
-    assert proto.parse_generate({**msg, "bind_tp": 2}).bind_tp == 2
+    assert inbound.parse_generate({**msg, "bind_tp": 2}).bind_tp == 2
     # Integer temperature from a loose encoder is accepted as a float.
     loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
-    assert proto.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
+    assert inbound.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
 
 
 def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
@@ -91,11 +92,11 @@ def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
                             min_tokens=2, min_p=0.05, logprobs=4)  # fmt: skip
     msg = roundtrip(proto.generate("r1", [1, 2], params))
     assert msg["sampling"]["logit_bias"] == [[7, 100.0], [3, -2.5]]
-    req = proto.parse_generate(msg)
+    req = inbound.parse_generate(msg)
     assert req.sampling == params and req.fork_of is None
-    assert proto.parse_generate({**msg, "fork_of": "r0"}).fork_of == "r0"
+    assert inbound.parse_generate({**msg, "fork_of": "r0"}).fork_of == "r0"
     # Integer values from a loose encoder (the router's f32 as msgpack ints) are floats here.
-    loose = proto.parse_generate({**msg, "sampling": {"logit_bias": [[7, 100]], "min_p": 0}})
+    loose = inbound.parse_generate({**msg, "sampling": {"logit_bias": [[7, 100]], "min_p": 0}})
     assert loose.sampling.logit_bias == ((7, 100.0),) and loose.sampling.min_p == 0.0
     lp = [TokenLogprob(-0.25, ((5, -0.25), (6, -1.5))), TokenLogprob(-3.0)]
     tokens = roundtrip(proto.tokens(0, "r1", [5, 9], 2, logprobs=lp))
@@ -138,21 +139,21 @@ def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
 def test_parse_generate_names_the_bad_field(change, field):
     msg = {**proto.generate("r", [1], SamplingParams()), **change}
     with pytest.raises(InvalidRequestError) as e:
-        proto.parse_generate(msg)
+        inbound.parse_generate(msg)
     assert e.value.field == field and str(e.value).startswith(f"{field}: ")
 
 
 def test_generate_without_request_id_cannot_be_answered():
     msg = proto.generate("", [1], SamplingParams())
     with pytest.raises(ProtocolError, match="request_id"):
-        proto.parse_generate(msg)
+        inbound.parse_generate(msg)
 
 
 def test_parse_reconfigure():
     g = {"members": [0, 1], "tp": 2, "role": "prefill", "tiers": ["a"], "accepts_background": False}
-    epoch, groups = proto.parse_reconfigure(roundtrip(proto.reconfigure(4, [g])))
+    epoch, groups = inbound.parse_reconfigure(roundtrip(proto.reconfigure(4, [g])))
     assert epoch == 4
-    assert groups == [proto.Group([0, 1], 2, "prefill", ["a"], False, None)]
+    assert groups == [inbound.Group([0, 1], 2, "prefill", ["a"], False, None)]
     for bad, where in [
         ({**g, "members": []}, "groups[0].members"),
         ({**g, "tp": 0}, "groups[0].tp"),
@@ -161,9 +162,9 @@ def test_parse_reconfigure():
         ({**g, "max_batch": 0}, "groups[0].max_batch"),
     ]:
         with pytest.raises(ProtocolError, match=where.replace("[", r"\[").replace("]", r"\]")):
-            proto.parse_reconfigure(proto.reconfigure(1, [bad]))
+            inbound.parse_reconfigure(proto.reconfigure(1, [bad]))
     with pytest.raises(ProtocolError, match="epoch"):
-        proto.parse_reconfigure({"v": 1, "type": "reconfigure", "groups": []})
+        inbound.parse_reconfigure({"v": 1, "type": "reconfigure", "groups": []})
 
 
 def test_handshake_proof_matches_the_router():

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nitsum import serve
+from nitsum import serve, serve_commands
+from nitsum.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,12 +82,6 @@ s.host_worker_command = lambda d, addr, n, args: [
     sys.executable, fake, "0", addr, out, f"host{args.workers}"]
 sys.exit(s.main(sys.argv[4:]))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(pid: int) -> bool:
@@ -222,7 +217,7 @@ def test_host_worker_command():
     args = serve.build_parser().parse_args(
         ["--workers", "4", "--tp-switching", "--dtype", "bfloat16"]
     )
-    cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+    cmd = serve_commands.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
     assert cmd[1:3] == ["-m", "nitsum.worker"]
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert flags == {
@@ -247,18 +242,18 @@ def test_host_worker_command():
 
 
 def test_router_resolution_and_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(serve.shutil, "which", lambda _name: None)
-    monkeypatch.setattr(serve.sys, "executable", str(tmp_path / "python"))
-    monkeypatch.setattr(serve.importlib.util, "find_spec", lambda _name: None)
-    with pytest.raises(serve.ServeError, match="cannot find the router.*--router-bin"):
-        serve.resolve_router(None)
-    with pytest.raises(serve.ServeError, match="not an executable file"):
-        serve.resolve_router(str(tmp_path / "nope"))
+    monkeypatch.setattr(serve_commands.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(serve_commands.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(serve_commands.importlib.util, "find_spec", lambda _name: None)
+    with pytest.raises(serve_commands.ServeError, match="cannot find the router.*--router-bin"):
+        serve_commands.resolve_router(None)
+    with pytest.raises(serve_commands.ServeError, match="not an executable file"):
+        serve_commands.resolve_router(str(tmp_path / "nope"))
     beside = tmp_path / "nitsum-router"
     beside.write_text("#!/bin/sh\n")
     beside.chmod(0o755)
-    assert serve.resolve_router(None) == [str(beside)]
-    cmd = serve.router_command(["r"], "0.0.0.0", 9, "tcp://x:1", Path("/m"), "m", None)
+    assert serve_commands.resolve_router(None) == [str(beside)]
+    cmd = serve_commands.router_command(["r"], "0.0.0.0", 9, "tcp://x:1", Path("/m"), "m", None)
     assert cmd == [
         "r",
         "--listen",
@@ -297,7 +292,7 @@ def test_a_busy_port_is_refused_before_starting_anything():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(serve.ServeError, match=f"127.0.0.1:{port}.*--port"):
+        with pytest.raises(serve_commands.ServeError, match=f"127.0.0.1:{port}.*--port"):
             serve.check_port_free("127.0.0.1", port)
     serve.check_port_free("127.0.0.1", port)  # free again
 
@@ -306,7 +301,7 @@ def test_bind_idle_reaches_the_host_worker_and_negative_host_kv_is_refused() -> 
     from nitsum.worker.__main__ import build_parser as worker_parser
 
     args = serve.build_parser().parse_args(["--workers", "2", "--tp-switching", "--bind-idle"])
-    cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+    cmd = serve_commands.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
     assert cmd[-1] == "--bind-idle"
     worker = worker_parser().parse_args(["--model", "/m", *cmd[cmd.index("--worker-id") :]])
     assert worker.bind_idle and worker.host_kv_cache_mb == 256
@@ -325,7 +320,7 @@ def test_shift_threshold_reaches_the_host_worker(tmp_path: Path) -> None:
         args = serve.build_parser().parse_args(["--workers", "4", "--tp-switching", *argv])
         if args.shift_threshold is None:
             args.shift_threshold = serve.profile_shift_rule(profile)
-        cmd = serve.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+        cmd = serve_commands.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
         worker = worker_parser().parse_args(["--model", "/m", *cmd[cmd.index("--worker-id") :]])
         return worker.shift_threshold
 
@@ -351,7 +346,7 @@ def test_a_bad_shift_threshold_says_why(capsys: pytest.CaptureFixture[str]) -> N
 def test_kv_transport_joins_worker_processes_and_a_restart_runs_without_it(capsys) -> None:
     args = serve.build_parser().parse_args(["--workers", "3", "--kv-transport"])
     args.kv_peers_addr = "tcp://127.0.0.1:4242"
-    cmd = serve.worker_command(2, Path("/m"), "tcp://x:1", "m", args)
+    cmd = serve_commands.worker_command(2, Path("/m"), "tcp://x:1", "m", args)
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))
     assert (flags["--kv-peers"], flags["--kv-rank"], flags["--kv-world"]) == (
         "tcp://127.0.0.1:4242",
@@ -362,9 +357,12 @@ def test_kv_transport_joins_worker_processes_and_a_restart_runs_without_it(capsy
 
     parsed = worker_parser().parse_args(cmd[3:])
     assert (parsed.kv_peers, parsed.kv_rank, parsed.kv_world) == ("tcp://127.0.0.1:4242", 2, 3)
-    restart = serve.without_kv_transport(cmd)
+    restart = serve_commands.without_kv_transport(cmd)
     assert not set(restart) & {"--kv-peers", "--kv-rank", "--kv-world", "tcp://127.0.0.1:4242"}
-    assert restart == serve.worker_command(2, Path("/m"), "tcp://x:1", "m", args)[: len(restart)]
+    assert (
+        restart
+        == serve_commands.worker_command(2, Path("/m"), "tcp://x:1", "m", args)[: len(restart)]
+    )
     # One host worker hands KV between its devices itself: the flag is refused, not ignored.
     code = serve.main(["--kv-transport", "--tp-switching", "--port", str(free_port())])
     assert code == 2

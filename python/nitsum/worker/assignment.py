@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nitsum.worker.protocol import Group
+from nitsum.worker.inbound import Group
 
 # Kept under its old name: tests and callers match on it.
 TP_NOT_WIRED = (

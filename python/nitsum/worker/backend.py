@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from nitsum.engine.engine import RequestOutput
 from nitsum.worker.assignment import LocalPlan, PlanRefused
-from nitsum.worker.protocol import GenerateRequest
+from nitsum.worker.inbound import GenerateRequest
 
 if TYPE_CHECKING:
     from nitsum.pool.peers import KVPeers

@@ -22,6 +22,7 @@ import zmq
 
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.worker import inbound
 from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
 from nitsum.worker.backend import Backend
@@ -224,7 +225,7 @@ class WorkerServer:
         link.next_register = time.monotonic()
 
     def _on_generate(self, device: int, msg: dict[str, Any]) -> None:
-        rid = proto.request_id_of(msg)
+        rid = inbound.request_id_of(msg)
         if rid in self.live:
             # Answering would end the running request's stream twice; the router owns ids.
             log.error("dropped generate for %r: that request is already running", rid)
@@ -232,7 +233,7 @@ class WorkerServer:
         ids = msg.get("input_ids")
         self.live[rid] = (device, len(ids) if isinstance(ids, list) else 0)
         try:
-            self.backend.add(device, proto.parse_generate(msg))
+            self.backend.add(device, inbound.parse_generate(msg))
         except InvalidRequestError as e:
             self._final(rid, [], "error", str(e))
         except Exception as e:  # a bug must cost one request, not the worker
@@ -240,7 +241,7 @@ class WorkerServer:
             self._final(rid, [], "error", f"internal error: {type(e).__name__}: {e}")
 
     def _on_abort(self, device: int, msg: dict[str, Any]) -> None:
-        rid = proto.request_id_of(msg)
+        rid = inbound.request_id_of(msg)
         if rid not in self.live:
             return  # unknown or already finished: races with completion are normal
         self.backend.abort(rid)
@@ -262,7 +263,7 @@ class WorkerServer:
 
     def _apply(self, msg: dict[str, Any], t0: float) -> Ack:
         try:
-            epoch, groups = proto.parse_reconfigure(msg)
+            epoch, groups = inbound.parse_reconfigure(msg)
         except ProtocolError as e:
             log.warning("reconfigure refused: %s", e)
             return False, str(e), {"total": (time.perf_counter() - t0) * 1e3}

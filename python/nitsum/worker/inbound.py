@@ -1,0 +1,185 @@
+"""Router → worker messages parsed into typed, validated requests (docs/protocol.md, v1).
+
+Each parser raises ProtocolError with a message that names the bad field; the frame itself is
+decoded by `protocol.decode`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nitsum.engine.sequence import CLASSES
+from nitsum.errors import InvalidRequestError
+from nitsum.sampling import SamplingParams
+from nitsum.structured.spec import GrammarSpec
+from nitsum.worker.protocol import ROLES, ProtocolError
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int_list(x: object) -> bool:
+    return isinstance(x, list) and all(_is_int(t) for t in x)
+
+
+def _bias_pairs(x: object) -> bool:
+    return isinstance(x, list) and all(
+        isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_num(p[1]) for p in x
+    )
+
+
+def request_id_of(msg: dict[str, Any]) -> str:
+    """The `request_id` of a `generate`/`abort`; without one nobody can be answered."""
+    rid = msg.get("request_id")
+    if not isinstance(rid, str) or not rid:
+        raise ProtocolError(f"{msg['type']}: 'request_id' must be a non-empty string, got {rid!r}")
+    return rid
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A validated `generate` message."""
+
+    request_id: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    tier: str
+    klass: str
+    decode_target: int | None
+    ttft_ms: float | None = None
+    priority: int = 0
+    may_preempt: bool = True
+    # Run on a TP group of this size bound for the request (its tier's `bind_tp`).
+    bind_tp: int | None = None
+    # The first of n > 1 choices of the same prompt: share its prefill (engine/forks.py).
+    fork_of: str | None = None
+
+
+_SAMPLING_CHECKS = {
+    "max_tokens": (_is_int, "an integer"),
+    "temperature": (_is_num, "a number"),
+    "top_p": (_is_num, "a number"),
+    "top_k": (_is_int, "an integer"),
+    "seed": (lambda x: x is None or _is_int(x), "an integer or null"),
+    "stop_token_ids": (_int_list, "a list of integers"),
+    "ignore_eos": (lambda x: isinstance(x, bool), "a boolean"),
+    "presence_penalty": (_is_num, "a number"),
+    "frequency_penalty": (_is_num, "a number"),
+    "repetition_penalty": (_is_num, "a number"),
+    "logit_bias": (_bias_pairs, "a list of [token id, bias] pairs"),
+    "min_tokens": (_is_int, "an integer"),
+    "min_p": (_is_num, "a number"),
+    "logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
+}
+_FLOAT_KEYS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_FLOAT_KEYS += ("repetition_penalty", "min_p")
+
+
+def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
+    """Type-check a `generate`. Raises ProtocolError without a request id, else
+    InvalidRequestError naming the field (value checks such as max_tokens >= 1 stay in the
+    engine, so the worker and the engine give the same message)."""
+    rid = request_id_of(msg)
+    ids = msg.get("input_ids")
+    if not _int_list(ids):
+        raise InvalidRequestError("input_ids", "must be a list of integer token ids")
+    raw = msg.get("sampling")
+    if not isinstance(raw, dict):
+        raise InvalidRequestError("sampling", "must be a map")
+    # Missing sampling keys take the engine defaults; present ones must have the right type.
+    kwargs: dict[str, Any] = {}
+    for name, (ok, what) in _SAMPLING_CHECKS.items():
+        if name in raw:
+            if not ok(raw[name]):
+                raise InvalidRequestError(name, f"must be {what}, got {raw[name]!r}")
+            kwargs[name] = raw[name]
+    if "stop_token_ids" in kwargs:
+        kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
+    for name in _FLOAT_KEYS:
+        if name in kwargs:
+            kwargs[name] = float(kwargs[name])
+    if "logit_bias" in kwargs:
+        kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
+    klass = msg.get("class", "feasible")
+    if klass not in CLASSES:
+        raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
+    tier = msg.get("tier", "")
+    if not isinstance(tier, str):
+        raise InvalidRequestError("tier", f"must be a string, got {tier!r}")
+    target = msg.get("decode_target")
+    if target is not None and not _is_int(target):
+        raise InvalidRequestError("decode_target", f"must be an integer or null, got {target!r}")
+    ttft = msg.get("ttft_ms")
+    if ttft is not None and not (_is_num(ttft) and ttft > 0):
+        raise InvalidRequestError("ttft_ms", f"must be a positive number or null, got {ttft!r}")
+    priority = msg.get("priority", 0)
+    if not _is_int(priority):
+        raise InvalidRequestError("priority", f"must be an integer, got {priority!r}")
+    preempt = msg.get("preempt", True)
+    if not isinstance(preempt, bool):
+        raise InvalidRequestError("preempt", f"must be a boolean, got {preempt!r}")
+    bind_tp = msg.get("bind_tp")
+    if bind_tp is not None and not (_is_int(bind_tp) and bind_tp >= 1):
+        raise InvalidRequestError("bind_tp", f"must be a positive integer, got {bind_tp!r}")
+    fork_of = msg.get("fork_of")
+    if fork_of is not None and not (isinstance(fork_of, str) and fork_of):
+        raise InvalidRequestError("fork_of", f"must be a request id or null, got {fork_of!r}")
+    # Structured output rides in SamplingParams inside the worker (it goes wherever they go).
+    kwargs["grammar"] = GrammarSpec.from_wire(msg.get("grammar"))
+    sampling = SamplingParams(**kwargs)
+    ttft_ms = None if ttft is None else float(ttft)
+    return GenerateRequest(
+        rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt, bind_tp, fork_of
+    )
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group of a `reconfigure` plan."""
+
+    members: list[int]
+    tp: int
+    role: str
+    tiers: list[str]
+    accepts_background: bool
+    max_batch: int | None = None  # optional extension: the local scheduler's batch cap
+    pp: int = 1  # pipeline stages of `tp` devices, members stage-major (1: a TP group)
+
+
+def parse_reconfigure(msg: dict[str, Any]) -> tuple[int, list[Group]]:
+    """(epoch, groups) of a `reconfigure`; ProtocolError naming the bad field."""
+    epoch = msg.get("epoch")
+    if not _is_int(epoch):
+        raise ProtocolError(f"reconfigure: 'epoch' must be an integer, got {epoch!r}")
+    raw = msg.get("groups")
+    if not isinstance(raw, list):
+        raise ProtocolError("reconfigure: 'groups' must be a list")
+    groups = []
+    for i, g in enumerate(raw):
+        where = f"reconfigure: groups[{i}]"
+        if not isinstance(g, dict):
+            raise ProtocolError(f"{where} must be a map")
+        if not _int_list(g.get("members")) or not g["members"]:
+            raise ProtocolError(f"{where}.members must be a non-empty list of worker ids")
+        if not _is_int(g.get("tp")) or g["tp"] < 1:
+            raise ProtocolError(f"{where}.tp must be an integer >= 1, got {g.get('tp')!r}")
+        if g.get("role") not in ROLES:
+            raise ProtocolError(f"{where}.role must be one of {ROLES}, got {g.get('role')!r}")
+        tiers = g.get("tiers", [])
+        if not isinstance(tiers, list) or not all(isinstance(t, str) for t in tiers):
+            raise ProtocolError(f"{where}.tiers must be a list of strings")
+        cap = g.get("max_batch")
+        if cap is not None and (not _is_int(cap) or cap < 1):
+            raise ProtocolError(f"{where}.max_batch must be an integer >= 1, got {cap!r}")
+        pp = g.get("pp", 1)
+        if not _is_int(pp) or pp < 1:
+            raise ProtocolError(f"{where}.pp must be an integer >= 1, got {pp!r}")
+        background = bool(g.get("accepts_background", True))
+        groups.append(Group(g["members"], g["tp"], g["role"], tiers, background, cap, pp))
+    return epoch, groups
