@@ -36,7 +36,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,17 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nitsum.bench.cli import discover_model  # noqa: E402
 from nitsum.bench.traces import load_trace_file  # noqa: E402
 from nitsum.bench.transform import slice_window  # noqa: E402
+from nitsum.ports import free_port  # noqa: E402
 from results import derive_tiers  # noqa: E402
 
 PY = sys.executable
 DEFAULT_PROFILE = ROOT / "profiles" / "cpu-2core-SmolLM2-135M-Instruct.json"
-
-
-def free_port() -> int:
-    """A free loopback TCP port (racy, but the server refuses a busy one loudly)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loadavg() -> list[float]:

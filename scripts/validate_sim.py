@@ -27,7 +27,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,15 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nitsum.bench.cli import discover_model  # noqa: E402
 from nitsum.bench.traces import load_trace_file  # noqa: E402
 from nitsum.bench.transform import slice_window  # noqa: E402
+from nitsum.ports import free_port  # noqa: E402
 from results import derive_tiers  # noqa: E402
 
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_requests(args: argparse.Namespace) -> list[dict]:

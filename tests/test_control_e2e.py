@@ -17,11 +17,7 @@ sent must end in exactly one completion or one explicit HTTP error, counted on b
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +26,7 @@ import httpx
 import pytest
 
 from nitsum.sampling import SamplingParams
+from serve_launch import serving
 from structured_helpers import tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -53,14 +50,6 @@ PROFILE = {
 }
 PROMPT = list(range(1000, 1040))
 MAX_TOKENS = 8
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -92,46 +81,10 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("control")
     (work / "profile.json").write_text(json.dumps(PROFILE))
     (work / "router.json").write_text(json.dumps({"control_window_ms": 300}))
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "nitsum.cli",
-        "serve",
-        "--model",
-        str(tiny_dir),
-        "--workers",
-        "4",
-        "--tp-switching",
-        "--port",
-        str(port),
-        "--worker-addr",
-        f"tcp://127.0.0.1:{free_port()}",
-        "--profile",
-        str(work / "profile.json"),
-        "--config",
-        str(work / "router.json"),
-        "--kv-cache-mb",
-        "64",
-    ]
-    log = open(work / "serve.log", "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while "ready at" not in (work / "serve.log").read_text():
-            assert proc.poll() is None, (work / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.5)
+    flags = ["--model", str(tiny_dir), "--workers", "4", "--tp-switching"]
+    flags += ["--profile", str(work / "profile.json"), "--config", str(work / "router.json")]
+    with serving(work, *flags, "--kv-cache-mb", "64") as (url, _):
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-        print((work / "serve.log").read_text()[-4000:])
 
 
 def offer(client: httpx.Client, tier: str, n: int, results: list, concurrency: int = 8) -> None:

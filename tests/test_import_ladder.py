@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent / "python" / "nitsum"
 
 # Lowest first. A module's floor is that of its top-level name under `nitsum`.
 FLOORS: list[set[str]] = [
-    {"errors", "paths", "config", "sampling", "structured", "tokenizer", "kernels"},
+    {"errors", "paths", "ports", "config", "sampling", "structured", "tokenizer", "kernels"},
     {"sampling_processors", "sampling_logprobs"},
     {"weights", "kv"},
     {"parallel"},
@@ -19,7 +19,18 @@ FLOORS: list[set[str]] = [
     {"engine"},
     {"pool"},
     {"worker"},
-    {"llm", "chat", "serve", "cli", "simulate", "bench", "profiling", "control_profile", "_core"},
+    {
+        "llm",
+        "chat",
+        "serve",
+        "serve_commands",
+        "cli",
+        "simulate",
+        "bench",
+        "profiling",
+        "control_profile",
+        "_core",
+    },
 ]
 
 

@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import time
 from typing import Any
 
 import torch
 
 from nitsum.pool.peers import KVPeers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nitsum.ports import free_port
 
 
 def _rank(rank: int, port: int, q: Any, ready: Any, idle_s: float, stall_s: float) -> None:
@@ -61,7 +55,7 @@ def _run(idle_s: float, stall_s: float, kill: bool) -> dict[str, Any]:
     """Both ranks; with `kill`, the sender is killed 1 s into its first send."""
     ctx = mp.get_context("spawn")
     q, ready = ctx.Queue(), ctx.Barrier(2)
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, q, ready, idle_s, stall_s)) for r in (0, 1)]
     for p in procs:
         p.start()

@@ -6,9 +6,6 @@ the native `/generate` names, and 400s naming the bad field."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,12 +16,12 @@ import openai
 import pytest
 import torch
 
+from nitsum.ports import free_port
 from nitsum.tokenizer import Tokenizer
 from test_serve_e2e import (
     Server,
-    _die_with_parent,
     find_children,
-    free_port,
+    launch,
     metrics,
     serve_command,
     stop_server,
@@ -52,23 +49,8 @@ def server(smollm2_dir: Path, nitsum_cache: Path, tmp_path_factory) -> Iterator[
         "--worker-addr", f"tcp://127.0.0.1:{zport}", "--kv-cache-mb", "128",
         "--startup-timeout", "200", "--stop-timeout", "5",
     ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-        )
-    srv = Server(proc=proc, base=f"http://127.0.0.1:{port}", log_path=log_path)
+    srv, _ = launch(cmd, env, log_path, 210)
     try:
-        deadline = time.monotonic() + 210
-        while not re.search(r"nitsum serve: \S+ ready at", srv.log_tail(400)):
-            assert proc.poll() is None, f"nitsum serve exited:\n{srv.log_tail()}"
-            assert time.monotonic() < deadline, f"not ready\n{srv.log_tail()}"
-            time.sleep(0.25)
         find_children(srv, 1)
         yield srv
     finally:

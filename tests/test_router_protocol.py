@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import msgpack
 import pytest
 import zmq
 
+from nitsum.ports import free_port
 from nitsum.worker.protocol import proof
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,12 +102,6 @@ def write_tiny_model(d: Path) -> None:
     )
     (d / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SECRET = "test-worker-secret-0123456789"

@@ -8,13 +8,7 @@ the server's whole session is SIGKILLed at teardown.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +17,7 @@ import pytest
 
 from nitsum.bench.cli import discover_model
 from nitsum.control_profile import SHIPPED_PROFILES
+from serve_launch import serving
 
 pytestmark = pytest.mark.slow
 
@@ -30,38 +25,9 @@ SHIPPED = SHIPPED_PROFILES / "cpu-2core-SmolLM2-135M-Instruct.json"
 STARTUP_S = 180.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(work: Path, *flags: str) -> Iterator[tuple[str, Path]]:
-    """`nitsum serve FLAGS` run from `work`; yields (base URL, log path) once it is ready."""
-    port, zport = free_port(), free_port()
-    log_path = work / "serve.log"
-    cmd = [sys.executable, "-m", "nitsum.cli", "serve", "--port", str(port)]
-    cmd += ["--worker-addr", f"tcp://127.0.0.1:{zport}", "--kv-cache-mb", "128", *flags]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while "ready at" not in log_path.read_text(errors="replace"):
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.25)
-        yield f"http://127.0.0.1:{port}", log_path
-    finally:
-        if proc.poll() is None:  # the launcher stops its router and workers
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+def serving_in(work: Path, *flags: str) -> contextlib.AbstractContextManager[tuple[str, Path]]:
+    """`nitsum serve FLAGS` run from `work` (so nothing under ./profiles is found by accident)."""
+    return serving(work, "--kv-cache-mb", "128", *flags, startup_s=STARTUP_S, cwd=work)
 
 
 def load(url: str, tier: str, n: int) -> list[int]:
@@ -100,7 +66,10 @@ def test_default_serve_runs_the_control_loop_on_the_shipped_profile(
     smollm2_dir: Path, nitsum_cache: Path, tmp_path: Path
 ) -> None:
     assert not (tmp_path / "profiles").exists()
-    with serving(tmp_path) as (url, log_path):  # no flags: the README's command
+    with serving_in(tmp_path) as (
+        url,
+        log_path,
+    ):  # no flags: the README's command
         log = log_path.read_text()
         assert f"control loop on: planning every window with {SHIPPED}" in log, log[-3000:]
         assert f"--profile {SHIPPED}" in log  # passed to the router
@@ -122,7 +91,16 @@ def test_default_serve_runs_the_control_loop_on_the_shipped_profile(
 def test_no_control_flag_keeps_the_static_plan(
     smollm2_dir: Path, nitsum_cache: Path, tmp_path: Path
 ) -> None:
-    with serving(tmp_path, "--workers", "1", "--no-control") as (url, log_path):
+    with serving(
+        tmp_path,
+        "--workers",
+        "1",
+        "--no-control",
+        "--kv-cache-mb",
+        "128",
+        startup_s=STARTUP_S,
+        cwd=tmp_path,
+    ) as (url, log_path):
         log = log_path.read_text()
         assert "control loop off (--no-control)" in log, log[-3000:]
         assert "--profile" not in log

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ import torch
 
 from nitsum.config import ModelConfig
 from nitsum.kv.pool import KVPool
+from nitsum.ports import free_port
 from nitsum.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -53,12 +53,6 @@ HEARTBEAT_TIMEOUT_MS = 10_000
 
 
 # -- the server -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def children_of(pid: int) -> list[int]:
@@ -165,6 +159,42 @@ def stop_server(server: Server) -> None:
         proc.wait(timeout=10)
 
 
+READY = r"nitsum serve: (\S+) ready at (\S+) \((\d+) workers\)"
+
+
+def launch(
+    cmd: list[str], env: dict[str, str], log_path: Path, startup_s: float
+) -> tuple[Server, re.Match[str]]:
+    """Start `nitsum serve` (`cmd`) in its own session, logging to `log_path`; return it and its
+    `ready at` line once it prints one (stopped again when it fails to become ready)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+    port = cmd[cmd.index("--port") + 1]
+    srv = Server(proc=proc, base=f"http://127.0.0.1:{port}", log_path=log_path)
+    deadline = time.monotonic() + startup_s
+    try:
+        while True:
+            ready = re.search(READY, srv.log_tail(400))
+            if ready:
+                return srv, ready
+            if proc.poll() is not None:
+                raise AssertionError(f"nitsum serve exited ({proc.returncode}):\n{srv.log_tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nitsum serve not ready in {startup_s} s\n{srv.log_tail()}")
+            time.sleep(0.25)
+    except BaseException:
+        stop_server(srv)
+        raise
+
+
 @pytest.fixture(scope="module")
 def server(
     smollm2_dir: Path, nitsum_cache: Path, tmp_path_factory: pytest.TempPathFactory
@@ -206,41 +236,14 @@ def server(
         "--startup-timeout", str(int(STARTUP_TIMEOUT_S - 10)),
         "--stop-timeout", "5",
     ]  # fmt: skip
-    log_path = work / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-        )
-    srv = Server(proc=proc, base=f"http://127.0.0.1:{port}", log_path=log_path)
+    srv, ready = launch(cmd, env, work / "serve.log", STARTUP_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        ready = None
-        while ready is None:
-            m = re.search(
-                r"nitsum serve: (\S+) ready at (\S+) \((\d+) workers\)", srv.log_tail(400)
-            )
-            if m:
-                ready = m
-                break
-            if proc.poll() is not None:
-                raise AssertionError(f"nitsum serve exited ({proc.returncode}):\n{srv.log_tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"nitsum serve not ready in {STARTUP_TIMEOUT_S} s\n{srv.log_tail()}"
-                )
-            time.sleep(0.25)
         assert ready.groups() == (MODEL, srv.v1, "2"), ready.group(0)
         find_children(srv, 2)
         yield srv
     finally:
         stop_server(srv)
-        print(f"--- nitsum serve log (exit {proc.returncode}) ---\n{srv.log_tail(200)}")
+        print(f"--- nitsum serve log (exit {srv.proc.returncode}) ---\n{srv.log_tail(200)}")
 
 
 @pytest.fixture(scope="module")

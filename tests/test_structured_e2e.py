@@ -9,13 +9,7 @@ can only be a valid call or schema-valid JSON because of the grammar.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +18,7 @@ import jsonschema
 import openai
 import pytest
 
+from serve_launch import serving
 from structured_helpers import tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -66,49 +61,11 @@ TOOLS_TEMPLATE = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(model_dir: Path, work: Path) -> Iterator[str]:
     """`nitsum serve` on `model_dir` with one worker; yields the /v1 base URL."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "nitsum.cli",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--workers",
-        "1",
-        "--port",
-        str(port),
-        "--worker-addr",
-        f"tcp://127.0.0.1:{free_port()}",
-        "--kv-cache-mb",
-        "64",
-    ]
-    log_path = work / "serve.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while "ready at" not in log_path.read_text():
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-        print(log_path.read_text()[-3000:])
+    flags = ("--model", str(model_dir), "--workers", "1", "--kv-cache-mb", "64")
+    with serving(work, *flags) as (url, _):
+        yield f"{url}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import socket
 from typing import Any
 
 import torch
@@ -18,16 +17,11 @@ from nitsum.kv.swap_copier import SwapProgress
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
+from nitsum.ports import free_port
 
 
 class DeviceError(RuntimeError):
     """A device process reported an error (its traceback is the message)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DevicePool:
@@ -52,7 +46,7 @@ class DevicePool:
         levels = levels or ecfg.tp_levels
         self.levels = levels
         spec = DeviceSpec(
-            num_devices, levels, ecfg, num_pages, f"tcp://127.0.0.1:{_free_port()}", threads
+            num_devices, levels, ecfg, num_pages, f"tcp://127.0.0.1:{free_port()}", threads
         )
         ctx = mp.get_context("spawn")
         self.conns = []
