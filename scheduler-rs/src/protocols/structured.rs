@@ -136,6 +136,20 @@ mod tests {
     }
 
     #[test]
+    fn refs_inside_the_schema_pass_and_others_are_refused() {
+        let with = |schema: Value| {
+            response_format(Some(&json!({"type": "json_schema",
+                                         "json_schema": {"name": "x", "schema": schema}})))
+        };
+        // pydantic's shape: definitions under $defs, referenced as #/$defs/...
+        let local = json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
+                           "$defs": {"P": {"type": "integer"}}});
+        assert!(with(local).unwrap().is_some());
+        let outside = json!({"type": "object", "properties": {"p": {"$ref": "other.json"}}});
+        assert!(with(outside).unwrap_err().contains("other.json"));
+    }
+
+    #[test]
     fn wire_shape_is_kind_schema_replay() {
         let g = Grammar::json_object();
         let v = serde_json::to_value(&g).unwrap();
