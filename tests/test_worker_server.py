@@ -225,6 +225,13 @@ def test_bad_requests_fail_alone_naming_the_field(worker, tiny):
     assert errors["empty"].startswith("prompt:")
     assert errors["typed"].startswith("input_ids:")
     assert errors["klass"].startswith("class:")
+    params = {rid: got[rid][-1].get("error_param") for rid in errors}
+    assert params == {
+        "zero": "max_tokens",
+        "empty": "prompt",
+        "typed": "input_ids",
+        "klass": "class",
+    }
     for rid in errors:
         assert [(m["finish_reason"], m["token_ids"]) for m in got[rid]] == [("error", [])]
     assert [t for m in got["good"] for t in m["token_ids"]] == solo(tiny, good)
@@ -253,6 +260,7 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
     got = router.collect({"x"})["x"]
     assert got[-1]["finish_reason"] == "error"
     assert got[-1]["error"] == "engine step failed: RuntimeError: boom"
+    assert "error_param" not in got[-1]  # the server failed, not the request: a 500 upstream
     assert [t for m in got for t in m["token_ids"]] == solo(tiny, prompt(6))[:1]
     after = prompt(7, seed=9)
     router.send(proto.generate("y", after, GREEDY))

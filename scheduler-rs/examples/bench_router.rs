@@ -90,7 +90,7 @@ async fn run_one(engine: &Arc<RouterState>, req: Submit) -> bool {
             Event::Tokens {
                 finish: Some(_), ..
             } => return true,
-            Event::Error(_) => return false,
+            Event::Error(_) | Event::Invalid { .. } => return false,
             _ => {}
         }
     }

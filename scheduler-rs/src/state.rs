@@ -2,9 +2,9 @@
 //! table of in-flight requests. Transport and HTTP handlers call into it; it never awaits.
 //!
 //! NOTE (architecture §7): every accepted request ends in exactly one final event on its channel:
-//! `Event::Tokens` with a finish reason, or `Event::Error`. The entry leaves `inflight`
-//! exactly when that event is sent (or when the client goes away), and the dispatcher charge
-//! is released at the same point, so accounting and delivery cannot diverge.
+//! `Event::Tokens` with a finish reason, `Event::Error` or `Event::Invalid`. The entry leaves
+//! `inflight` exactly when that event is sent (or when the client goes away), and the dispatcher
+//! charge is released at the same point, so accounting and delivery cannot diverge.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -58,6 +58,8 @@ pub enum Event {
     },
     /// The request failed; nothing follows.
     Error(String),
+    /// The worker refused the request's input `param` (a 400 naming it); nothing follows.
+    Invalid { param: String, message: String },
 }
 
 /// A request ready for dispatch (already tokenized and validated).

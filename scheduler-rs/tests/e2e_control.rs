@@ -68,7 +68,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
                         return n == 8;
                     }
                 }
-                Event::Error(_) => return false,
+                Event::Error(_) | Event::Invalid { .. } => return false,
             }
         }
         false

@@ -124,13 +124,17 @@ def tokens(
     error: str | None = None,
     queue_ms: float | None = None,
     logprobs: list[TokenLogprob] | None = None,
+    error_param: str | None = None,
 ) -> dict[str, Any]:
     """New token ids of one request; the last message of a request has a `finish_reason`.
     `queue_ms` (with a request's first tokens): how long it waited before its first step.
     With `logprobs` (one per token id, when the request asked): key `logprobs`, a list of
-    `{"logprob": float, "top": [[id, logprob], ...]}`."""
+    `{"logprob": float, "top": [[id, logprob], ...]}`. `error_param` (with `error`): the
+    request field the worker refused, so the client gets a 400 naming it rather than a 500."""
     assert finish_reason is None or finish_reason in FINISH_REASONS, finish_reason
     extra: dict[str, Any] = {} if queue_ms is None else {"queue_ms": queue_ms}
+    if error_param is not None:
+        extra["error_param"] = error_param
     if logprobs is not None:
         extra["logprobs"] = [
             {"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in logprobs

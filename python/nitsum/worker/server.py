@@ -235,7 +235,7 @@ class WorkerServer:
         try:
             self.backend.add(device, inbound.parse_generate(msg))
         except InvalidRequestError as e:
-            self._final(rid, [], "error", str(e))
+            self._final(rid, [], "error", str(e), error_param=e.field)
         except Exception as e:  # a bug must cost one request, not the worker
             log.exception("add(%r) failed", rid)
             self._final(rid, [], "error", f"internal error: {type(e).__name__}: {e}")
@@ -354,6 +354,7 @@ class WorkerServer:
         error: str | None,
         queue_ms: float | None = None,
         logprobs: list[TokenLogprob] | None = None,
+        error_param: str | None = None,
     ) -> None:
         device, prompt_tokens = self.live.pop(rid)
         msg = proto.tokens(
@@ -365,5 +366,6 @@ class WorkerServer:
             error,
             queue_ms=queue_ms,
             logprobs=logprobs,
+            error_param=error_param,
         )
         self.links[device].send(msg)

@@ -87,6 +87,10 @@ impl TextStream {
                 self.handle = None;
                 return Some(Err(ApiError::internal(msg)));
             }
+            Event::Invalid { param, message } => {
+                self.handle = None;
+                return Some(Err(ApiError::invalid(&param, message)));
+            }
             Event::Tokens {
                 ids,
                 finish,

@@ -326,6 +326,8 @@ pub struct Tokens {
     pub token_ids: Option<Vec<u32>>,
     pub finish_reason: Option<String>,
     pub error: Option<String>,
+    /// With `error`: the request field the worker refused (the client's 400 names it).
+    pub error_param: Option<String>,
     pub prompt_tokens: Option<u32>,
     /// Milliseconds the worker held the request before its first scheduled step (optional;
     /// sent with the request's first tokens): the queue / prefill split of `/metrics`.

@@ -59,6 +59,7 @@ impl RequestHandle {
         if matches!(
             ev,
             Event::Error(_)
+                | Event::Invalid { .. }
                 | Event::Tokens {
                     finish: Some(_),
                     ..

@@ -371,3 +371,43 @@ fn a_resumed_request_replays_its_generated_tokens_into_its_grammar() {
         None
     );
 }
+
+#[tokio::test]
+async fn a_refused_input_is_invalid_unless_output_was_already_streamed() {
+    let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
+    register(&engine, 0);
+    drain(&mut rx);
+    let why = "response_format: invalid JSON schema: unsupported";
+    let refuse = |id: u64, param: Option<&str>| {
+        msg(
+            &engine,
+            0,
+            json!({"v": 1, "type": "tokens", "worker_id": 0, "request_id": engine.wire_id(id),
+                "token_ids": [], "finish_reason": "error", "error": why, "error_param": param}),
+        )
+    };
+    let mut h = engine.submit(submit()).unwrap();
+    refuse(h.id(), Some("response_format"));
+    let invalid = Event::Invalid {
+        param: "response_format".into(),
+        message: why.into(),
+    };
+    assert_eq!(h.recv().await, Some(invalid));
+    assert_eq!(h.recv().await, None);
+    // Without a field named, the worker failed: a server error.
+    let mut h = engine.submit(submit()).unwrap();
+    refuse(h.id(), None);
+    assert_eq!(h.recv().await, Some(Event::Error(why.into())));
+    // A refusal after output was streamed (a resume the new worker refused) is ours too.
+    let mut h = engine.submit(submit()).unwrap();
+    tokens(&engine, 0, h.id(), &[5], None);
+    refuse(h.id(), Some("response_format"));
+    assert!(matches!(
+        h.recv().await,
+        Some(Event::Tokens { finish: None, .. })
+    ));
+    assert_eq!(h.recv().await, Some(Event::Error(why.into())));
+    assert_eq!(engine.inflight(), 0);
+    let errors = &engine.metrics.tier(TierId(0)).errors;
+    assert_eq!(errors.load(std::sync::atomic::Ordering::Relaxed), 3);
+}

@@ -108,7 +108,15 @@ impl RouterState {
                 let why = m
                     .error
                     .unwrap_or_else(|| format!("worker ended the request ({other})"));
-                Event::Error(why)
+                // NOTE: a refusal after output was streamed (a resume the new worker refused)
+                // is the serving system's failure, not the client's input: a 500.
+                match m.error_param {
+                    Some(param) if other == "error" && e.generated.is_empty() => Event::Invalid {
+                        param,
+                        message: why,
+                    },
+                    _ => Event::Error(why),
+                }
             }
         };
         let e = st.release(id).expect("entry present");
@@ -130,7 +138,7 @@ impl RouterState {
                 };
                 self.record(e.req.tier, &e, now, reason);
             }
-            Event::Error(_) => {
+            Event::Error(_) | Event::Invalid { .. } => {
                 self.metrics
                     .tier(e.req.tier)
                     .errors
