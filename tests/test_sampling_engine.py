@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from tiny import make_tiny, random_prompt
 
@@ -117,6 +118,31 @@ def test_penalties_decode_as_the_reference_predicts(tiny, freq, pres, rep) -> No
     assert got["pen"][0] == want
     assert got["plain"][0] == reference_decode(hf, prompt, n, 0.0, 0.0, 1.0)
     assert got["pen"][0] != got["plain"][0]  # the penalty changed the output
+
+
+def test_a_resumed_request_goes_on_as_if_never_interrupted(tiny) -> None:
+    """A worker death mid-stream: the router resumes the request on another worker with
+    prompt ‖ streamed tokens, `max_tokens` and `min_tokens` lowered, `resumed_tokens` set.
+    The penalties must count the streamed tokens as output: the rest of the output is the
+    uninterrupted run's."""
+    hf, cfg = tiny
+    prompt = random_prompt(cfg, 7, seed=5)
+    n, k = 12, 5
+    pen = dict(temperature=0, ignore_eos=True, frequency_penalty=1.5, presence_penalty=0.5)
+    whole = run(engine_for(tiny), {"a": (prompt, SamplingParams(max_tokens=n, **pen), None)})
+    ids = whole["a"][0]
+    rest = SamplingParams(max_tokens=n - k, resumed_tokens=k, **pen)
+    resumed = run(engine_for(tiny), {"b": (prompt + ids[:k], rest, None)})
+    assert resumed["b"][0] == ids[k:]
+    # Without `resumed_tokens` the streamed tokens count as prompt, and the output changes.
+    naive = run(
+        engine_for(tiny), {"c": (prompt + ids[:k], SamplingParams(max_tokens=n - k, **pen), None)}
+    )
+    assert naive["c"][0] != ids[k:]
+    # The resumed tokens are the end of a prompt: they cannot be all of it.
+    with pytest.raises(InvalidRequestError) as e:
+        engine_for(tiny).add_request("d", ids[:k], rest)
+    assert e.value.field == "resumed_tokens"
 
 
 def test_logprobs_are_the_models_log_softmax(tiny) -> None:

@@ -110,6 +110,7 @@ def test_min_p_keeps_only_tokens_near_the_top() -> None:
         ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
         ({"min_p": 1.5}, "min_p"),
         ({"logprobs": 21}, "logprobs"),
+        ({"resumed_tokens": -1}, "resumed_tokens"),
     ],
 )
 def test_bad_values_name_their_field(kwargs: dict, field: str) -> None:

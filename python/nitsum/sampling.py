@@ -48,6 +48,9 @@ class SamplingParams:
     logprobs: int | None = None
     # Structured output: the output must match this grammar (nitsum/structured/).
     grammar: GrammarSpec | None = None
+    # The last this-many prompt ids are output streamed before the request was resumed here
+    # (the router's); the penalties count them as output, as they were.
+    resumed_tokens: int = 0
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -85,6 +88,10 @@ class SamplingParams:
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError(
                 "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.resumed_tokens < 0:
+            raise InvalidRequestError(
+                "resumed_tokens", f"must be an integer >= 0, got {self.resumed_tokens}"
             )
         if not 0 <= self.min_p <= 1:
             raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")

@@ -15,11 +15,21 @@ from nitsum.sampling import SamplingParams
 @dataclass(frozen=True)
 class RowContext:
     """What a row's processors read: its prompt, its output so far, and the ids `min_tokens`
-    masks (EOS unless ignore_eos, and the stop token ids)."""
+    masks (EOS unless ignore_eos, and the stop token ids). `resumed_ids`: output streamed
+    before the request was resumed on this worker (the end of its prompt here): the penalties
+    count it as output; `min_tokens` does not (the router already lowered it by that much)."""
 
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
     end_ids: Sequence[int] = ()
+    resumed_ids: Sequence[int] = ()
+
+    @property
+    def penalised_output(self) -> Sequence[int]:
+        """The output the frequency, presence and repetition penalties count."""
+        if not self.resumed_ids:
+            return self.output_ids
+        return [*self.resumed_ids, *self.output_ids]
 
 
 def wants_processing(p: SamplingParams) -> bool:
@@ -75,7 +85,7 @@ def apply_processors(
             if ends:
                 sub[r, ends] = float("-inf")
 
-    out_counts = _counts([c.output_ids for c in ctx], vocab, sub)
+    out_counts = _counts([c.penalised_output for c in ctx], vocab, sub)
     rep = col([p.repetition_penalty for p in ps])
     if bool((rep != 1.0).any()):
         # Over prompt and output: positive logits divided, negative ones multiplied.

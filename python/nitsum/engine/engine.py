@@ -114,6 +114,11 @@ class Engine:
         sampling.validate()
         if not prompt_ids:
             raise InvalidRequestError("prompt", "must not be empty")
+        if sampling.resumed_tokens >= len(prompt_ids):
+            raise InvalidRequestError(
+                "resumed_tokens",
+                f"{sampling.resumed_tokens} leaves no prompt of the {len(prompt_ids)} ids",
+            )
         if len(prompt_ids) >= self.max_context:
             raise InvalidRequestError(
                 "prompt",

@@ -8,6 +8,7 @@ import torch
 
 from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.host_pool import HostKVPool, PageCopies
 from nitsum.kv.pool import KVPool
@@ -117,6 +118,17 @@ class ModelRunner:
         return self.copier
 
 
+def penalty_context(seq: Sequence) -> RowContext:
+    """What the processors of `seq` read. NOTE: a resumed request's prompt ends with the
+    output streamed before the resume (`resumed_tokens`); its penalties count that as output,
+    as they did on the worker that generated it."""
+    k = seq.sampling.resumed_tokens
+    if k == 0:  # the common case: no copies
+        return RowContext(seq.prompt_ids, seq.output_ids, seq.end_ids)
+    cut = len(seq.prompt_ids) - k
+    return RowContext(seq.prompt_ids[:cut], seq.output_ids, seq.end_ids, seq.prompt_ids[cut:])
+
+
 def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
     """Sample the rows of `logits` for the entries of `batch` that sample, in order; a
     sequence that asked for logprobs gets them in `seq.step_logprobs`."""
@@ -125,7 +137,7 @@ def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
     # NOTE: the one hook for logit processors and grammars: sampling and logprobs both see
     # their output. Processors first, then each grammar's mask (a token the grammar forbids
     # has logprob -inf, as in vLLM, whatever a bias or penalty did to it).
-    contexts = [RowContext(s.prompt_ids, s.output_ids, s.end_ids) for s in seqs]
+    contexts = [penalty_context(s) for s in seqs]
     logits = apply_processors(logits, params, contexts)
     logits = apply_grammars(logits, [s.grammar for s in seqs])
     tokens = sample(logits, params, [s.generator for s in seqs])

@@ -74,6 +74,7 @@ _SAMPLING_CHECKS = {
     "repetition_penalty": (_is_num, "a number"),
     "logit_bias": (_bias_pairs, "a list of [token id, bias] pairs"),
     "min_tokens": (_is_int, "an integer"),
+    "resumed_tokens": (_is_int, "an integer"),
     "min_p": (_is_num, "a number"),
     "logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
 }

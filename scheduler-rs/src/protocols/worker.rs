@@ -34,6 +34,10 @@ pub struct Sampling {
     pub min_p: f32,
     /// Alternatives per token to return with logprobs; `None`: no logprobs.
     pub logprobs: Option<u32>,
+    /// The last this-many `input_ids` are output streamed before a resume: the worker's
+    /// penalties count them as output (0: a fresh request).
+    #[serde(default)]
+    pub resumed_tokens: u32,
 }
 
 impl Default for Sampling {
@@ -53,6 +57,7 @@ impl Default for Sampling {
             min_tokens: 0,
             min_p: 0.0,
             logprobs: None,
+            resumed_tokens: 0,
         }
     }
 }

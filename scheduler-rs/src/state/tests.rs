@@ -351,11 +351,12 @@ async fn a_prompt_goes_where_its_prefix_went_unless_that_group_is_much_busier() 
 }
 
 #[test]
-fn a_resumed_request_replays_its_generated_tokens_into_its_grammar() {
+fn a_resumed_request_replays_its_generated_tokens_into_its_grammar_and_penalties() {
     use crate::protocols::structured::Grammar;
     let req = Arc::new(Submit {
         sampling: Sampling {
             max_tokens: 10,
+            min_tokens: 4,
             ..Sampling::default()
         },
         grammar: Some(Grammar::json_object()),
@@ -364,6 +365,13 @@ fn a_resumed_request_replays_its_generated_tokens_into_its_grammar() {
     let once = super::workers::resumed(&req, &[7, 8, 9]).unwrap();
     assert_eq!(once.input_ids, [1, 2, 7, 8, 9]);
     assert_eq!(once.grammar.as_ref().map(|g| g.replay), Some(3));
+    let s = &once.sampling;
+    assert_eq!((s.max_tokens, s.min_tokens, s.resumed_tokens), (7, 1, 3));
+    // A second resume starts again from the original request with all the output so far.
+    let twice = super::workers::resumed(&req, &[7, 8, 9, 5, 6]).unwrap();
+    assert_eq!(twice.input_ids, [1, 2, 7, 8, 9, 5, 6]);
+    let s = &twice.sampling;
+    assert_eq!((s.max_tokens, s.min_tokens, s.resumed_tokens), (5, 0, 5));
     assert_eq!(
         super::workers::resumed(&Arc::new(submit()), &[7])
             .unwrap()

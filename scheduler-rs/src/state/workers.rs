@@ -289,8 +289,10 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = left;
     sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
-    // NOTE: the generated tokens are prompt now: `min_tokens` counts what is left to make.
+    // NOTE: the generated tokens are prompt now: `min_tokens` counts what is left to make,
+    // and the penalties are told which prompt ids are output (as the grammar's replay is).
     sampling.min_tokens = sampling.min_tokens.saturating_sub(n);
+    sampling.resumed_tokens += n;
     // NOTE: the new worker's grammar matcher replays the generated tokens, so it goes on
     // from where the output is in the grammar.
     let grammar = req.grammar.clone().map(|mut g| {
