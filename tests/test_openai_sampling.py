@@ -6,6 +6,7 @@ the native `/generate` names, and 400s naming the bad field."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -137,6 +138,84 @@ def test_completion_logprobs_are_the_models_and_agree_when_streamed(client, tok,
     ]
     assert streamed == lp.tokens
     assert values == pytest.approx(lp.token_logprobs, abs=1e-6)
+
+
+def test_native_generate_logprobs_in_sglangs_shape(http, tok, hf) -> None:
+    """`/generate` with `return_logprob`: SGLang's `output_token_logprobs` entries
+    `[logprob, id, text]` and `output_top_logprobs`, the model's values, cumulative when
+    streamed."""
+    ids = tok.encode(PROMPT)
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": 2,
+        "return_text_in_logprobs": True, "rid": "my-request-7",
+    }  # fmt: skip
+    r = http.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    out, meta = r.json()["output_ids"], r.json()["meta_info"]
+    want, steps = reference(hf, ids, 4)
+    assert out == want and meta["id"] == "my-request-7"
+    entries, tops = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    assert [(e[1], e[2]) for e in entries] == [(t, tok.decode([t])) for t in want]
+    for i, step in enumerate(steps):
+        assert entries[i][0] == pytest.approx(float(step[want[i]]), abs=1e-4)
+        top = step.topk(2)
+        assert [t[1] for t in tops[i]] == top.indices.tolist()
+        assert [t[0] for t in tops[i]] == pytest.approx(top.values.tolist(), abs=1e-4)
+    # Without text, the third element is null; without alternatives, no top list.
+    plain = {**body, "return_text_in_logprobs": False, "top_logprobs_num": 0, "stream": True}
+    with http.stream("POST", "/generate", json=plain) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    last = chunks[-1]["meta_info"]
+    got = last["output_token_logprobs"]
+    assert [e[1] for e in got] == [e[1] for e in entries]
+    assert [e[0] for e in got] == pytest.approx([e[0] for e in entries], abs=1e-6)
+    assert all(e[2] is None for e in last["output_token_logprobs"])
+    assert "output_top_logprobs" not in last
+    # Cumulative like the text: each chunk has one entry per output id so far.
+    assert all(len(c["meta_info"]["output_token_logprobs"]) == len(c["output_ids"]) for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+        ({"return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
+        ({"lora_path": "adapter-1"}, "lora_path"),
+        ({"return_hidden_states": True}, "return_hidden_states"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"sampling_params": {"regex": "[0-9]+"}}, "sampling_params.regex"),
+        ({"sampling_params": {"n": 2}}, "sampling_params.n"),
+        ({"sampling_params": {"json_schema": "{not json"}}, "sampling_params.json_schema"),
+        ({"sampling_params": {"max_new_tokens": 4, "temprature": 0}}, "sampling_params.temprature"),
+    ],
+)
+def test_native_generate_refuses_what_it_does_not_do_by_name(http, change, field) -> None:
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}, **change}
+    r = http.post("/generate", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.text
+
+
+def test_native_generate_accepts_sglang_bench_serving_payload_and_json_schema(http) -> None:
+    # What SGLang's bench_serving --backend sglang sends, at its defaults.
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True},
+        "stream": False, "lora_path": None, "return_logprob": False, "logprob_start_len": -1,
+    }  # fmt: skip
+    r = http.post("/generate", json=body)
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 4, r.text
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    sp = {"max_new_tokens": 24, "temperature": 0, "json_schema": json.dumps(schema)}
+    r = http.post("/generate", json={"text": PROMPT, "sampling_params": sp})
+    assert r.status_code == 200, r.text
+    if r.json()["meta_info"]["finish_reason"]["type"] == "stop":  # complete: it validates
+        value = json.loads(r.json()["text"])
+        assert isinstance(value["n"], int)
+    else:  # cut by max_new_tokens: still a prefix of valid JSON for the schema
+        assert r.json()["text"].startswith('{"n":')
 
 
 def test_chat_logprobs_shape_stream_and_non_stream(client) -> None:

@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
-use crate::protocols::openai::CommonParams;
+use crate::protocols::openai::{CommonParams, NativeGenerateRequest};
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::{Decode, ModelFiles};
 
@@ -21,6 +21,21 @@ fn count(field: &str, n: i64) -> Result<u32, ApiError> {
             format!("{field} must be an integer in [0, {MAX_TOP}], got {n}"),
         ))
     }
+}
+
+/// `/generate`: `return_logprob` asks for them, with `top_logprobs_num` alternatives
+/// (default 0). Prompt logprobs are not computed: `logprob_start_len` must then be -1.
+pub fn native_request(req: &NativeGenerateRequest) -> Result<Option<u32>, ApiError> {
+    if !req.return_logprob {
+        return Ok(None);
+    }
+    if let Some(start) = req.logprob_start_len.filter(|&s| s != -1) {
+        return Err(ApiError::invalid(
+            "logprob_start_len",
+            format!("prompt logprobs are not supported: logprob_start_len must be -1, got {start}"),
+        ));
+    }
+    count("top_logprobs_num", req.top_logprobs_num.unwrap_or(0)).map(Some)
 }
 
 /// Chat: `logprobs: true` asks for them, with `top_logprobs` alternatives (default 0).
@@ -85,6 +100,27 @@ pub fn chat_content(model: Option<&ModelFiles>, ids: &[u32], lps: &[TokenLogprob
             e
         })
         .collect()
+}
+
+/// SGLang's `meta_info` logprobs of `ids`: `output_token_logprobs` entries `[logprob, token
+/// id, text or null]`, and per token its `top` alternatives in the same shape (`top` 0: none).
+pub fn sglang_entries(
+    model: Option<&ModelFiles>,
+    ids: &[u32],
+    lps: &[TokenLogprob],
+    with_text: bool,
+) -> (Vec<Value>, Vec<Value>) {
+    let entry = |id: u32, lp: f32| {
+        let t = with_text.then(|| text(model, id));
+        json!([lp, id, t])
+    };
+    ids.iter()
+        .zip(lps)
+        .map(|(&id, lp)| {
+            let top = lp.top.iter().map(|&(t, v)| entry(t, v)).collect();
+            (entry(id, lp.logprob), Value::Array(top))
+        })
+        .unzip()
 }
 
 /// The legacy completions `logprobs` object, built piece by piece; `offset` is where the

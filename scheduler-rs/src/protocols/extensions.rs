@@ -71,21 +71,76 @@ const LISTED: &[(&str, Accept)] = &[
     ),
 ];
 
+/// Fields of SGLang's native `/generate` (top level) that Nitsum does not implement.
+const NATIVE: &[(&str, Accept)] = &[
+    ("lora_path", Accept::Neutral(Vec::new)),
+    ("image_data", Accept::Neutral(|| vec![json!([])])),
+    ("video_data", Accept::Neutral(|| vec![json!([])])),
+    ("audio_data", Accept::Neutral(|| vec![json!([])])),
+    ("modalities", Accept::Neutral(|| vec![json!([])])),
+    ("custom_logit_processor", Accept::Neutral(Vec::new)),
+    ("session_params", Accept::Neutral(Vec::new)),
+    (
+        "return_hidden_states",
+        Accept::Neutral(|| vec![json!(false)]),
+    ),
+    (
+        "return_routed_experts",
+        Accept::Neutral(|| vec![json!(false)]),
+    ),
+    ("log_metrics", Accept::Any),
+];
+
+/// Fields of SGLang's `sampling_params` that Nitsum does not implement.
+const NATIVE_SAMPLING: &[(&str, Accept)] = &[
+    ("n", Accept::Neutral(|| vec![json!(1)])),
+    ("skip_special_tokens", Accept::Neutral(|| vec![json!(true)])),
+    (
+        "spaces_between_special_tokens",
+        Accept::Neutral(|| vec![json!(true)]),
+    ),
+    ("no_stop_trim", Accept::Neutral(|| vec![json!(false)])),
+    ("regex", Accept::Neutral(Vec::new)),
+    ("ebnf", Accept::Neutral(Vec::new)),
+    ("structural_tag", Accept::Neutral(Vec::new)),
+    ("stop_regex", Accept::Neutral(Vec::new)),
+    ("custom_params", Accept::Neutral(Vec::new)),
+];
+
 /// The first field of `extra` (fields no typed member took) that is refused, with why: a 400
 /// names it.
 pub fn refused(extra: &Map<String, Value>) -> Option<(String, String)> {
-    extra.iter().find_map(|(name, value)| {
-        let why = match LISTED.iter().find(|(n, _)| n == name) {
+    refused_from(LISTED, extra, "")
+}
+
+/// `refused` for the top level of `/generate`.
+pub fn refused_native(extra: &Map<String, Value>) -> Option<(String, String)> {
+    refused_from(NATIVE, extra, "")
+}
+
+/// `refused` for `/generate`'s `sampling_params` (the field is named `sampling_params.X`).
+pub fn refused_native_sampling(extra: &Map<String, Value>) -> Option<(String, String)> {
+    refused_from(NATIVE_SAMPLING, extra, "sampling_params.")
+}
+
+fn refused_from(
+    table: &[(&str, Accept)],
+    extra: &Map<String, Value>,
+    prefix: &str,
+) -> Option<(String, String)> {
+    extra.iter().find_map(|(key, value)| {
+        let name = format!("{prefix}{key}");
+        let why = match table.iter().find(|(n, _)| n == key) {
             None => format!("Unrecognized request argument supplied: {name}"),
             Some((_, Accept::Any)) => return None,
             Some((_, Accept::Neutral(values))) => {
                 if value.is_null() || values().contains(value) {
                     return None;
                 }
-                super::openai::not_supported(name)
+                super::openai::not_supported(&name)
             }
         };
-        Some((name.clone(), why))
+        Some((name, why))
     })
 }
 
@@ -120,5 +175,25 @@ mod tests {
                 .0,
             "chat_template_kwargs"
         );
+    }
+
+    #[test]
+    fn native_fields_are_refused_by_their_path_unless_neutral() {
+        let top = |v: Value| refused_native(v.as_object().unwrap());
+        let sampling = |v: Value| refused_native_sampling(v.as_object().unwrap());
+        // SGLang's bench_serving payload at its defaults passes.
+        assert_eq!(top(json!({"lora_path": null, "log_metrics": true})), None);
+        assert_eq!(top(json!({"lora_path": "a"})).unwrap().0, "lora_path");
+        assert_eq!(
+            top(json!({"input_embeds": [1.0]})).unwrap().0,
+            "input_embeds"
+        );
+        assert_eq!(sampling(json!({"n": 1, "skip_special_tokens": true})), None);
+        let (name, why) = sampling(json!({"regex": "a+"})).unwrap();
+        assert_eq!(name, "sampling_params.regex");
+        assert!(why.contains("not supported"), "{why}");
+        let (name, why) = sampling(json!({"temprature": 0})).unwrap();
+        assert_eq!(name, "sampling_params.temprature");
+        assert!(why.contains("Unrecognized"), "{why}");
     }
 }

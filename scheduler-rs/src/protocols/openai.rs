@@ -203,6 +203,12 @@ pub struct NativeSampling {
     pub min_new_tokens: Option<i64>,
     pub min_p: Option<f64>,
     pub logit_bias: Option<std::collections::HashMap<String, f64>>,
+    /// SGLang's structured output: a JSON Schema, as JSON text.
+    pub json_schema: Option<String>,
+    /// Fields no member above took: refused unless neutral (protocols/extensions.rs).
+    /// NOTE: flattened, so it must stay the last field.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.
@@ -217,6 +223,21 @@ pub struct NativeGenerateRequest {
     pub tier: Option<String>,
     /// Within its class on the worker, lower is served first (vLLM's convention).
     pub priority: Option<i64>,
+    /// SGLang's logprobs: of each output token, with `top_logprobs_num` alternatives, the
+    /// token texts too with `return_text_in_logprobs`. `logprob_start_len` must be -1 (the
+    /// default: no prompt logprobs).
+    #[serde(default)]
+    pub return_logprob: bool,
+    pub top_logprobs_num: Option<i64>,
+    pub logprob_start_len: Option<i64>,
+    #[serde(default)]
+    pub return_text_in_logprobs: bool,
+    /// The caller's request id, reported back as `meta_info.id`.
+    pub rid: Option<String>,
+    /// Fields no member above took: refused unless neutral (protocols/extensions.rs).
+    /// NOTE: flattened, so it must stay the last field.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// Parse a JSON body into `T`, mapping failures to the OpenAI error shape.
