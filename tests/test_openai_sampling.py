@@ -140,6 +140,53 @@ def test_completion_logprobs_are_the_models_and_agree_when_streamed(client, tok,
     assert values == pytest.approx(lp.token_logprobs, abs=1e-6)
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(client, tok, hf) -> None:
+    """lm-evaluation-harness's loglikelihood request: token-id prompt, `echo`, `logprobs: 1`,
+    `max_tokens: 1`. The prompt's tokens come first, the first with null logprob, the others
+    with the model's log-softmax; streamed, the first chunk carries them."""
+    ids = tok.encode(PROMPT + " Paris")
+    with torch.no_grad():
+        want = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    r = client.completions.create(
+        model=MODEL, prompt=[ids], max_tokens=1, temperature=0, logprobs=1, echo=True, seed=1234
+    )
+    lp = r.choices[0].logprobs
+    n = len(ids)
+    assert lp.tokens[:n] == [tok.decode([t]) for t in ids]
+    assert len(lp.tokens) == n + 1 and r.choices[0].text.startswith(tok.decode(ids))
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for j in range(1, n):
+        assert lp.token_logprobs[j] == pytest.approx(float(want[j - 1, ids[j]]), abs=1e-4)
+        best = int(want[j - 1].argmax())
+        assert lp.top_logprobs[j] == {
+            tok.decode([best]): pytest.approx(float(want[j - 1, best]), abs=1e-4)
+        }
+    # The generated token's logprob follows: the model's at the last prompt position.
+    assert lp.token_logprobs[n] == pytest.approx(float(want[n - 1].max()), abs=1e-4)
+    # lm-eval's own arithmetic over the continuation " Paris".
+    ctxlen = len(tok.encode(PROMPT))
+    score = sum(lp.token_logprobs[ctxlen:-1])
+    assert score == pytest.approx(
+        sum(float(want[j - 1, ids[j]]) for j in range(ctxlen, n)), abs=1e-3
+    )
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=[ids], max_tokens=2, temperature=0, logprobs=1, echo=True,
+            stream=True,
+        )
+    )  # fmt: skip
+    first = chunks[0].choices[0]
+    assert first.text.startswith(tok.decode(ids))
+    assert first.logprobs.token_logprobs[:n] == pytest.approx([None, *lp.token_logprobs[1:n]])
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    assert len(streamed) == n + 2
+
+
 def test_native_generate_logprobs_in_sglangs_shape(http, tok, hf) -> None:
     """`/generate` with `return_logprob`: SGLang's `output_token_logprobs` entries
     `[logprob, id, text]` and `output_top_logprobs`, the model's values, cumulative when

@@ -268,6 +268,7 @@ def test_openai_client_through_python_worker(router):
         "min_p",
         "logprobs",
         "resumed_tokens",
+        "prompt_logprobs",
     }
     # Neutral unless asked: the worker skips the processors for such rows.
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
@@ -275,6 +276,7 @@ def test_openai_client_through_python_worker(router):
     assert gen["sampling"]["logit_bias"] == [] and gen["sampling"]["min_tokens"] == 0
     assert gen["sampling"]["min_p"] == 0.0 and gen["sampling"]["logprobs"] is None
     assert gen["sampling"]["resumed_tokens"] == 0  # a fresh request
+    assert gen["sampling"]["prompt_logprobs"] is None
     assert gen["sampling"]["stop_token_ids"] == [EOS] and gen["sampling"]["top_k"] == -1
     reg = next(m for m in worker.received if m["type"] == "registered")
     assert reg["worker_id"] == 0 and reg["epoch"] >= 1

@@ -145,6 +145,37 @@ def test_a_resumed_request_goes_on_as_if_never_interrupted(tiny) -> None:
     assert e.value.field == "resumed_tokens"
 
 
+def test_prompt_logprobs_are_the_models_across_chunks_and_despite_the_prefix_cache(tiny) -> None:
+    """OpenAI's echo with logprobs: each prompt token after the first gets the model's
+    log-softmax at the position before it, over a prompt longer than one step's budget
+    (chunked prefill), and again for a second request of the same prompt, which would
+    otherwise be served from the prefix cache."""
+    hf, cfg = tiny
+    prompt = random_prompt(cfg, 150, seed=3)  # > token_budget (64): three chunks
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    engine = engine_for(tiny)
+    with torch.no_grad():
+        want = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+    for rid in ("first", "again"):
+        engine.add_request(rid, prompt, p)
+        firsts = []
+        while engine.has_unfinished():
+            batch = engine.begin_step()
+            firsts += [o for o in engine.end_step(batch, engine.runner.run(batch), 0.0)]
+        got = next(o.prompt_logprobs for o in firsts if o.prompt_logprobs is not None)
+        assert len(got) == len(prompt) - 1
+        for j, lp in enumerate(got):
+            assert lp.logprob == pytest.approx(float(want[j, prompt[j + 1]]), abs=1e-4)
+            top = want[j].topk(2)
+            assert [t for t, _ in lp.top] == top.indices.tolist()
+    # A request without it gets none, and shares the cache as before.
+    engine.add_request("plain", prompt, SamplingParams(max_tokens=1, temperature=0))
+    batch = engine.begin_step()
+    assert batch[0].start > 0  # served from the prefix cache
+    outs = engine.end_step(batch, engine.runner.run(batch), 0.0)
+    assert all(o.prompt_logprobs is None for o in outs)
+
+
 def test_logprobs_are_the_models_log_softmax(tiny) -> None:
     hf, cfg = tiny
     prompt = random_prompt(cfg, 11, seed=6)

@@ -46,6 +46,8 @@ class SamplingParams:
     min_p: float = 0.0
     # Alternatives returned with each token's logprob (sampling_logprobs.py); None: no logprobs.
     logprobs: int | None = None
+    # The same for each prompt token after the first (OpenAI's echo with logprobs); None: off.
+    prompt_logprobs: int | None = None
     # Structured output: the output must match this grammar (nitsum/structured/).
     grammar: GrammarSpec | None = None
     # The last this-many prompt ids are output streamed before the request was resumed here
@@ -88,6 +90,11 @@ class SamplingParams:
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise InvalidRequestError(
                 "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(
+                "prompt_logprobs",
+                f"must be in [0, {MAX_LOGPROBS}] alternatives, got {self.prompt_logprobs}",
             )
         if self.resumed_tokens < 0:
             raise InvalidRequestError(

@@ -33,21 +33,26 @@ class TokenLogprob:
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: Sequence[int], params: Sequence[SamplingParams]
+    logits: torch.Tensor,
+    tokens: Sequence[int],
+    params: Sequence[SamplingParams],
+    field: str = "logprobs",
 ) -> list[TokenLogprob | None]:
     """For each row of `logits` (rows, vocab): the logprob of `tokens[i]` when its request
-    asked for logprobs (None otherwise, and for a failed row's negative token)."""
+    asked for them (its `field`, `logprobs` or `prompt_logprobs`, gives the alternatives;
+    None otherwise, and for a failed row's negative token)."""
     out: list[TokenLogprob | None] = [None] * len(tokens)
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None and tokens[i] >= 0]
+    want = [getattr(p, field) for p in params]
+    rows = [i for i, k in enumerate(want) if k is not None and tokens[i] >= 0]
     if not rows:
         return out
     lp = torch.log_softmax(logits[rows].float(), dim=-1).clamp_min(LOGPROB_FLOOR)
     chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device))
-    k = max(params[i].logprobs or 0 for i in rows)
+    k = max(want[i] or 0 for i in rows)
     top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
     chosen_l, top_vl, top_il = chosen[:, 0].tolist(), top_v.tolist(), top_i.tolist()
     for r, i in enumerate(rows):
-        n = params[i].logprobs or 0
+        n = want[i] or 0
         top = tuple(zip(top_il[r][:n], top_vl[r][:n], strict=True))
         out[i] = TokenLogprob(chosen_l[r], top)
     return out

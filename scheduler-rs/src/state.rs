@@ -60,6 +60,9 @@ pub enum Event {
     Error(String),
     /// The worker refused the request's input `param` (a 400 naming it); nothing follows.
     Invalid { param: String, message: String },
+    /// The prompt tokens' logprobs after the first (echo with logprobs), before the first
+    /// `Tokens`; not a final event.
+    Prompt(Vec<crate::protocols::worker::TokenLogprob>),
 }
 
 /// A request ready for dispatch (already tokenized and validated).

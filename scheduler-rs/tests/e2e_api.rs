@@ -656,11 +656,6 @@ async fn unimplemented_fields_and_bad_sampling_values_are_refused_by_name() {
         ),
         (
             "/v1/completions",
-            json!({"model": "tiny", "prompt": "hi", "logprobs": 1, "echo": true}),
-            "logprobs",
-        ),
-        (
-            "/v1/completions",
             json!({"model": "tiny", "prompt": "hi", "best_of": 3}),
             "best_of",
         ),

@@ -68,6 +68,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
                         return n == 8;
                     }
                 }
+                Event::Prompt(_) => {}
                 Event::Error(_) | Event::Invalid { .. } => return false,
             }
         }

@@ -35,6 +35,8 @@ class RequestOutput:
     queue_s: float | None = None
     # One per new token when the request asked for logprobs (else None).
     logprobs: list[TokenLogprob] | None = None
+    # On a request's first token, when it asked: its prompt tokens' logprobs after the first.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def finished(self) -> bool:
@@ -318,6 +320,8 @@ class Engine:
             out = RequestOutput(seq.request_id, [token], reason, error, logprobs=logprobs)
             if len(seq.output_ids) == 1 and seq.first_scheduled is not None:
                 out.queue_s = max(0.0, seq.first_scheduled - seq.arrival)
+            if len(seq.output_ids) == 1 and seq.sampling.prompt_logprobs is not None:
+                out.prompt_logprobs = list(seq.prompt_lps)
             outputs.append(out)
         return outputs
 

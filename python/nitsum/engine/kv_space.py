@@ -44,7 +44,7 @@ class KVSpace:
                 seq.num_computed = cached
                 self.release_host(seq)
             return
-        if self.cache is None or seq.num_computed or seq.pages:
+        if self.cache is None or seq.num_computed or seq.pages or seq.scores_prompt:
             return
         seq.pages = self.cache.match(tokens, self._load if self.swap is not None else None)
         seq.num_computed = len(seq.pages) * self.pages.tokens_per_page

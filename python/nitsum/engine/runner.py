@@ -129,9 +129,33 @@ def penalty_context(seq: Sequence) -> RowContext:
     return RowContext(seq.prompt_ids[:cut], seq.output_ids, seq.end_ids, seq.prompt_ids[cut:])
 
 
+def score_prompts(logits: torch.Tensor, batch: list[Scheduled]) -> torch.Tensor:
+    """Take the prompt-scoring rows out of `logits` (the step's rows, laid out as
+    `build_step_inputs` does): each scored position's next prompt token's logprob goes to its
+    sequence's `prompt_lps`. Returns the sampled rows."""
+    sampled: list[int] = []
+    row = 0
+    for item in batch:
+        seq = item.seq
+        positions = seq.scored_positions(item.start, item.q_len)
+        if positions:
+            n = len(positions)
+            targets = [seq.prompt_ids[p + 1] for p in positions]
+            params = [seq.sampling] * n
+            lps = token_logprobs(logits[row : row + n], targets, params, "prompt_logprobs")
+            seq.prompt_lps.extend(lp for lp in lps if lp is not None)
+            row += n
+        if item.sample:
+            sampled.append(row)
+            row += 1
+    return logits if row == len(sampled) else logits[sampled]
+
+
 def sample_batch(logits: torch.Tensor, batch: list[Scheduled]) -> list[int]:
     """Sample the rows of `logits` for the entries of `batch` that sample, in order; a
-    sequence that asked for logprobs gets them in `seq.step_logprobs`."""
+    sequence that asked for logprobs gets them in `seq.step_logprobs` (and its prompt's in
+    `seq.prompt_lps`, from the scoring rows before its sampled one)."""
+    logits = score_prompts(logits, batch)
     seqs = [s.seq for s in batch if s.sample]
     params = [s.sampling for s in seqs]
     # NOTE: the one hook for logit processors and grammars: sampling and logprobs both see

@@ -68,6 +68,25 @@ class Sequence:
     end_ids: tuple[int, ...] = ()
     # The last sampled token's logprobs when the request asked for them (runner.sample_batch).
     step_logprobs: TokenLogprob | None = None
+    # With `sampling.prompt_logprobs`: entry j is prompt token j + 1's logprob, from the
+    # logits at position j (runner.sample_batch; sent with the first output token).
+    prompt_lps: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether some prompt logprobs are still to compute (then no prefix-cache reuse:
+        every prompt position must run through the model)."""
+        return (
+            self.sampling.prompt_logprobs is not None
+            and len(self.prompt_lps) < len(self.prompt_ids) - 1
+        )
+
+    def scored_positions(self, start: int, q_len: int) -> range:
+        """Positions of a step over [start, start + q_len) whose logits give prompt logprobs
+        not yet computed. NOTE: a recompute after preemption scores nothing twice."""
+        if self.sampling.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, len(self.prompt_lps)), min(start + q_len, len(self.prompt_ids) - 1))
 
     @property
     def total_len(self) -> int:

@@ -16,7 +16,9 @@ class StepInputs:
     input_ids: torch.Tensor  # (tokens,) long
     positions: torch.Tensor  # (tokens,) long
     meta: AttentionMetadata
-    sample_rows: list[int]  # rows whose logits are sampled, in batch order
+    # Rows whose logits the step returns, in batch order: per entry its prompt-scoring rows
+    # (Sequence.scored_positions), then its sampled row.
+    sample_rows: list[int]
     # Run the group as sequence parallelism this step (parallel/shift.py decides); TP if False.
     sequence_parallel: bool = False
     # A pipeline's micro-batches, in order (their rows concatenated are this batch's); empty:
@@ -89,6 +91,7 @@ def build_step_inputs(
             prefills.append(
                 PrefillSegment(row, q_len, ctx_len, torch.tensor(pages, dtype=torch.long))
             )
+        sample_rows.extend(row + p - start for p in seq.scored_positions(start, q_len))
         if item.sample:
             sample_rows.append(row + q_len - 1)
     width = max(map(len, decode_pages), default=0)

@@ -77,6 +77,7 @@ _SAMPLING_CHECKS = {
     "resumed_tokens": (_is_int, "an integer"),
     "min_p": (_is_num, "a number"),
     "logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
+    "prompt_logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
 }
 _FLOAT_KEYS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _FLOAT_KEYS += ("repetition_penalty", "min_p")

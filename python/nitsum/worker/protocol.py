@@ -125,20 +125,23 @@ def tokens(
     queue_ms: float | None = None,
     logprobs: list[TokenLogprob] | None = None,
     error_param: str | None = None,
+    prompt_logprobs: list[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
     """New token ids of one request; the last message of a request has a `finish_reason`.
     `queue_ms` (with a request's first tokens): how long it waited before its first step.
     With `logprobs` (one per token id, when the request asked): key `logprobs`, a list of
     `{"logprob": float, "top": [[id, logprob], ...]}`. `error_param` (with `error`): the
-    request field the worker refused, so the client gets a 400 naming it rather than a 500."""
+    request field the worker refused, so the client gets a 400 naming it rather than a 500.
+    `prompt_logprobs` (with the first token, when asked): the prompt tokens' after the first,
+    in the same shape as `logprobs`."""
     assert finish_reason is None or finish_reason in FINISH_REASONS, finish_reason
     extra: dict[str, Any] = {} if queue_ms is None else {"queue_ms": queue_ms}
     if error_param is not None:
         extra["error_param"] = error_param
     if logprobs is not None:
-        extra["logprobs"] = [
-            {"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in logprobs
-        ]
+        extra["logprobs"] = _wire_logprobs(logprobs)
+    if prompt_logprobs is not None:
+        extra["prompt_logprobs"] = _wire_logprobs(prompt_logprobs)
     return _msg(
         "tokens",
         worker_id=worker_id,
@@ -149,6 +152,10 @@ def tokens(
         prompt_tokens=prompt_tokens,
         **extra,
     )
+
+
+def _wire_logprobs(lps: list[TokenLogprob]) -> list[dict[str, Any]]:
+    return [{"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in lps]
 
 
 def reconfigured(

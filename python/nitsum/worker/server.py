@@ -307,12 +307,15 @@ class WorkerServer:
         errors: dict[str, str] = {}
         queued: dict[str, float] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
+        prompt_lps: dict[str, list[TokenLogprob]] = {}
         for out in outputs:  # one message per request per step, whatever the engine yields
             new.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.queue_s is not None:
                 queued[out.request_id] = out.queue_s * 1e3
             if out.logprobs is not None:
                 logprobs.setdefault(out.request_id, []).extend(out.logprobs)
+            if out.prompt_logprobs is not None:
+                prompt_lps[out.request_id] = out.prompt_logprobs
             if out.finish_reason is not None:
                 reasons[out.request_id] = out.finish_reason
             if out.error is not None:
@@ -323,7 +326,15 @@ class WorkerServer:
             elif rid in reasons:
                 failed = errors.get(rid, "the engine failed this request (see the worker log)")
                 error = failed if reasons[rid] == "error" else None
-                self._final(rid, ids, reasons[rid], error, queued.get(rid), logprobs.get(rid))
+                self._final(
+                    rid,
+                    ids,
+                    reasons[rid],
+                    error,
+                    queued.get(rid),
+                    logprobs.get(rid),
+                    prompt_logprobs=prompt_lps.get(rid),
+                )
             else:
                 device, prompt_tokens = self.live[rid]
                 msg = proto.tokens(
@@ -333,6 +344,7 @@ class WorkerServer:
                     prompt_tokens,
                     queue_ms=queued.get(rid),
                     logprobs=logprobs.get(rid),
+                    prompt_logprobs=prompt_lps.get(rid),
                 )
                 self.links[device].send(msg)
 
@@ -355,6 +367,7 @@ class WorkerServer:
         queue_ms: float | None = None,
         logprobs: list[TokenLogprob] | None = None,
         error_param: str | None = None,
+        prompt_logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         device, prompt_tokens = self.live.pop(rid)
         msg = proto.tokens(
@@ -367,5 +380,6 @@ class WorkerServer:
             queue_ms=queue_ms,
             logprobs=logprobs,
             error_param=error_param,
+            prompt_logprobs=prompt_logprobs,
         )
         self.links[device].send(msg)

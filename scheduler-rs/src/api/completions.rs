@@ -53,6 +53,9 @@ struct CompletionChunks {
     include_usage: bool,
     /// The prompt text every choice starts with (`echo`).
     echo: Option<String>,
+    /// With echo and logprobs: the prompt's ids; the echo then goes out with the first piece,
+    /// which carries the prompt's logprobs (they come with the first token).
+    echo_ids: Option<Vec<u32>>,
     /// One per choice when the request asked for logprobs (the tokenizer names tokens).
     logprobs: Option<Vec<CompletionLogprobs>>,
     files: Option<Arc<ModelFiles>>,
@@ -66,11 +69,21 @@ impl CompletionChunks {
                             "finish_reason": finish}]})
     }
 
-    /// Choice `index`'s `logprobs` for these tokens (null when the request did not ask).
-    fn logprobs(&mut self, index: usize, ids: &[u32], lps: &[TokenLogprob]) -> Value {
+    /// Choice `index`'s `logprobs` for these tokens (null when the request did not ask),
+    /// after the echoed prompt's when `prompt` is given.
+    fn logprobs(
+        &mut self,
+        index: usize,
+        prompt: Option<&[TokenLogprob]>,
+        ids: &[u32],
+        lps: &[TokenLogprob],
+    ) -> Value {
         match self.logprobs.as_mut() {
             None => Value::Null,
             Some(all) => {
+                if let (Some(p), Some(echo)) = (prompt, self.echo_ids.as_deref()) {
+                    all[index].push_prompt(self.files.as_deref(), echo, p);
+                }
                 all[index].push(self.files.as_deref(), ids, lps);
                 all[index].take()
             }
@@ -81,17 +94,26 @@ impl CompletionChunks {
 impl ChunkFormat for CompletionChunks {
     fn start(&mut self, index: usize, _ts: &TextStream) -> Vec<Value> {
         match &self.echo {
-            Some(t) if !t.is_empty() => vec![self.chunk(index, t, None, Value::Null)],
+            Some(t) if !t.is_empty() && self.echo_ids.is_none() => {
+                vec![self.chunk(index, t, None, Value::Null)]
+            }
             _ => Vec::new(),
         }
     }
 
-    fn piece(&mut self, index: usize, _ts: &TextStream, p: &Piece) -> Vec<Value> {
-        if p.text.is_empty() && p.finish.is_none() && p.logprobs.is_empty() {
+    fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
+        // NOTE: with echo and logprobs the first piece of each choice carries the prompt.
+        let first = self.echo_ids.is_some() && ts.completion_tokens == p.ids.len();
+        if !first && p.text.is_empty() && p.finish.is_none() && p.logprobs.is_empty() {
             return Vec::new();
         }
-        let lps = self.logprobs(index, &p.ids, &p.logprobs);
-        vec![self.chunk(index, &p.text, p.finish, lps)]
+        let prompt = first.then(|| ts.prompt_logprobs.as_deref().unwrap_or_default());
+        let lps = self.logprobs(index, prompt, &p.ids, &p.logprobs);
+        let text = match (first, &self.echo) {
+            (true, Some(echo)) => format!("{echo}{}", p.text),
+            _ => p.text.clone(),
+        };
+        vec![self.chunk(index, &text, p.finish, lps)]
     }
 
     fn end(&mut self, all: &[TextStream]) -> Vec<Value> {
@@ -124,14 +146,11 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     sampling.default_max_tokens = Some(16);
     sampling.logprobs = logprobs::completion_request(&req.common)?;
     sampling.grammar = structured_only(&req.common)?;
-    if req.echo && sampling.logprobs.is_some() {
-        // The prompt's own logprobs (what OpenAI returns with echo) are not computed.
-        return Err(ApiError::invalid(
-            "logprobs",
-            "logprobs with echo (prompt logprobs) is not supported",
-        ));
-    }
+    // OpenAI's echo with logprobs reports the prompt's tokens too (lm-evaluation-harness
+    // scores continuations this way).
+    sampling.prompt_logprobs = sampling.logprobs.filter(|_| req.echo);
     let (ids, text) = prompt_ids(&state, req.prompt).await?;
+    let echo_ids = sampling.prompt_logprobs.map(|_| ids.clone());
     let echo = if req.echo {
         Some(match (text, state.model.as_deref()) {
             (Some(t), _) => t,
@@ -152,6 +171,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             .logprobs
             .map(|_| (0..n).map(|_| CompletionLogprobs::default()).collect()),
         echo,
+        echo_ids,
         files: state.model.clone(),
     };
     if req.common.stream {
@@ -164,7 +184,8 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         .zip(&all)
         .enumerate()
         .map(|(index, ((text, ids, finish), ts))| {
-            let lps = fmt.logprobs(index, ids, &ts.logprobs);
+            let prompt = ts.prompt_logprobs.as_deref().or(Some(&[]));
+            let lps = fmt.logprobs(index, prompt, ids, &ts.logprobs);
             json!({"index": index, "text": echo.clone() + text, "logprobs": lps,
                    "finish_reason": finish})
         })

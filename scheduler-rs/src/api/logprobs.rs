@@ -152,6 +152,22 @@ impl CompletionLogprobs {
         }
     }
 
+    /// Add the echoed prompt's tokens: the first has no logprob (nothing precedes it), each
+    /// other the logprob the worker computed for it (`lps`, one per prompt token after the
+    /// first), as OpenAI's echo with logprobs reports them.
+    pub fn push_prompt(&mut self, model: Option<&ModelFiles>, ids: &[u32], lps: &[TokenLogprob]) {
+        let Some((&first, rest)) = ids.split_first() else {
+            return;
+        };
+        let t = text(model, first);
+        self.text_offset.push(json!(self.offset));
+        self.offset += t.len();
+        self.tokens.push(Value::String(t));
+        self.token_logprobs.push(Value::Null);
+        self.top_logprobs.push(Value::Null);
+        self.push(model, rest, lps);
+    }
+
     /// The object, and a fresh one for the next chunk (a stream sends each piece's tokens).
     pub fn take(&mut self) -> Value {
         let offset = self.offset;

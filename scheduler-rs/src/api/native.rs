@@ -148,6 +148,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             min_p: sp.min_p,
         },
         logprobs: top,
+        prompt_logprobs: None,
         grammar,
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();

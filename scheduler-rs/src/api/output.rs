@@ -34,6 +34,8 @@ pub struct TextStream {
     pub class: crate::dispatch::Class,
     /// Every token's logprobs so far, when the request asked for them (non-stream responses).
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt tokens' logprobs after the first, once the worker sent them (echo).
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
     /// When the request times out (`request_timeout_ms` after submission); `None`: never.
     deadline: Option<tokio::time::Instant>,
 }
@@ -54,6 +56,7 @@ impl TextStream {
             stop: StopMatcher::new(stops),
             completion_tokens: 0,
             logprobs: Vec::new(),
+            prompt_logprobs: None,
             prompt_tokens,
             deadline: None,
         }
@@ -67,22 +70,29 @@ impl TextStream {
 
     /// Next piece; `None` once the final piece (or an error) was returned.
     pub async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
-        let handle = self.handle.as_mut()?;
-        let ev = match self.deadline {
-            Some(at) => match tokio::time::timeout_at(at, handle.recv()).await {
-                Ok(ev) => ev?,
-                Err(_) => {
-                    self.handle.take().expect("checked above").time_out();
-                    return Some(Err(ApiError::timeout(format!(
-                        "the request did not finish within the router's request_timeout_ms \
-                         ({} tokens generated); it was aborted",
-                        self.completion_tokens
-                    ))));
-                }
-            },
-            None => handle.recv().await?,
+        let ev = loop {
+            let handle = self.handle.as_mut()?;
+            let ev = match self.deadline {
+                Some(at) => match tokio::time::timeout_at(at, handle.recv()).await {
+                    Ok(ev) => ev?,
+                    Err(_) => {
+                        self.handle.take().expect("checked above").time_out();
+                        return Some(Err(ApiError::timeout(format!(
+                            "the request did not finish within the router's \
+                             request_timeout_ms ({} tokens generated); it was aborted",
+                            self.completion_tokens
+                        ))));
+                    }
+                },
+                None => handle.recv().await?,
+            };
+            match ev {
+                Event::Prompt(lps) => self.prompt_logprobs = Some(lps),
+                ev => break ev,
+            }
         };
         let (ids, finish, logprobs) = match ev {
+            Event::Prompt(_) => unreachable!("taken by the loop above"),
             Event::Error(msg) => {
                 self.handle = None;
                 return Some(Err(ApiError::internal(msg)));

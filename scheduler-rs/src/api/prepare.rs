@@ -32,6 +32,8 @@ pub struct SamplingInput {
     pub processors: Processors,
     /// Alternatives per token with logprobs (already checked, 0..=20); `None`: no logprobs.
     pub logprobs: Option<u32>,
+    /// The same for the prompt's tokens (completions' echo); `None`: none.
+    pub prompt_logprobs: Option<u32>,
     /// Structured output: the grammar the output must match (set by the endpoint).
     pub grammar: Option<crate::protocols::structured::Grammar>,
 }
@@ -56,6 +58,7 @@ impl SamplingInput {
             priority: c.priority,
             processors: Processors::from_common(c),
             logprobs: None,
+            prompt_logprobs: None,
             grammar: None,
         }
     }
@@ -279,6 +282,7 @@ pub fn build(
         stop_token_ids,
         ignore_eos: s.ignore_eos,
         logprobs: s.logprobs,
+        prompt_logprobs: s.prompt_logprobs,
         ..Sampling::default()
     };
     s.processors

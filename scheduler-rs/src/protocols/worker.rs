@@ -38,6 +38,9 @@ pub struct Sampling {
     /// penalties count them as output (0: a fresh request).
     #[serde(default)]
     pub resumed_tokens: u32,
+    /// Alternatives per prompt token with the prompt's logprobs (echo); `None`: none.
+    #[serde(default)]
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl Default for Sampling {
@@ -58,6 +61,7 @@ impl Default for Sampling {
             min_p: 0.0,
             logprobs: None,
             resumed_tokens: 0,
+            prompt_logprobs: None,
         }
     }
 }
@@ -339,6 +343,8 @@ pub struct Tokens {
     pub queue_ms: Option<f64>,
     /// One per token id when the request asked for logprobs.
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// With the first token, when the request asked: its prompt tokens' after the first.
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A sampled token's logprob and its top alternatives `(token id, logprob)`, most likely

@@ -66,6 +66,9 @@ impl RouterState {
             }
         }
         let e = st.inflight.get_mut(&id).expect("entry present");
+        if let Some(lps) = m.prompt_logprobs {
+            let _ = e.tx.send(Event::Prompt(lps));
+        }
         if let Some(q) = m.queue_ms.filter(|q| q.is_finite() && *q >= 0.0) {
             e.queue_s.get_or_insert(q / 1e3);
         }
@@ -138,6 +141,7 @@ impl RouterState {
                 };
                 self.record(e.req.tier, &e, now, reason);
             }
+            Event::Prompt(_) => {} // NOTE: never final; finish() gets final events only
             Event::Error(_) | Event::Invalid { .. } => {
                 self.metrics
                     .tier(e.req.tier)
