@@ -222,12 +222,27 @@ def test_native_generate_logprobs_in_sglangs_shape(http, tok, hf) -> None:
     assert "output_top_logprobs" not in last
     # Cumulative like the text: each chunk has one entry per output id so far.
     assert all(len(c["meta_info"]["output_token_logprobs"]) == len(c["output_ids"]) for c in chunks)
+    # With logprob_start_len >= 0 the prompt's too, from that token on (the first has none).
+    with torch.no_grad():
+        full = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    for start in (0, 2):
+        r = http.post("/generate", json={**body, "logprob_start_len": start})
+        meta = r.json()["meta_info"]
+        got, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
+        assert [e[1] for e in got] == ids[start:], r.text
+        for i, e in zip(range(start, len(ids)), got, strict=True):
+            if i == 0:
+                assert e[0] is None and tops[0] is None
+            else:
+                assert e[0] == pytest.approx(float(full[i - 1, ids[i]]), abs=1e-4)
+                assert [t[1] for t in tops[i - start]] == full[i - 1].topk(2).indices.tolist()
 
 
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+        ({"return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
+        ({"return_logprob": True, "logprob_start_len": 10_000}, "logprob_start_len"),
         ({"return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
         ({"lora_path": "adapter-1"}, "lora_path"),
         ({"return_hidden_states": True}, "return_hidden_states"),

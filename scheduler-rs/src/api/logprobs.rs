@@ -24,18 +24,26 @@ fn count(field: &str, n: i64) -> Result<u32, ApiError> {
 }
 
 /// `/generate`: `return_logprob` asks for them, with `top_logprobs_num` alternatives
-/// (default 0). Prompt logprobs are not computed: `logprob_start_len` must then be -1.
-pub fn native_request(req: &NativeGenerateRequest) -> Result<Option<u32>, ApiError> {
+/// (default 0); `logprob_start_len` ≥ 0 asks for the prompt's from that token on too (-1,
+/// the default: none). Returns (alternatives, prompt start), or `None` when not asked.
+pub fn native_request(
+    req: &NativeGenerateRequest,
+) -> Result<Option<(u32, Option<usize>)>, ApiError> {
     if !req.return_logprob {
         return Ok(None);
     }
-    if let Some(start) = req.logprob_start_len.filter(|&s| s != -1) {
-        return Err(ApiError::invalid(
-            "logprob_start_len",
-            format!("prompt logprobs are not supported: logprob_start_len must be -1, got {start}"),
-        ));
-    }
-    count("top_logprobs_num", req.top_logprobs_num.unwrap_or(0)).map(Some)
+    let start = match req.logprob_start_len.unwrap_or(-1) {
+        -1 => None,
+        s if s >= 0 => Some(s as usize),
+        s => {
+            return Err(ApiError::invalid(
+                "logprob_start_len",
+                format!("logprob_start_len must be -1 (no prompt logprobs) or >= 0, got {s}"),
+            ))
+        }
+    };
+    let top = count("top_logprobs_num", req.top_logprobs_num.unwrap_or(0))?;
+    Ok(Some((top, start)))
 }
 
 /// Chat: `logprobs: true` asks for them, with `top_logprobs` alternatives (default 0).
@@ -119,6 +127,28 @@ pub fn sglang_entries(
         .map(|(&id, lp)| {
             let top = lp.top.iter().map(|&(t, v)| entry(t, v)).collect();
             (entry(id, lp.logprob), Value::Array(top))
+        })
+        .unzip()
+}
+
+/// SGLang's `input_token_logprobs` / `input_top_logprobs` of the prompt `ids` from token
+/// `start` on; `lps` has one entry per prompt token after the first (the first token has
+/// none: its logprob and its alternatives are null).
+pub fn sglang_input_entries(
+    model: Option<&ModelFiles>,
+    ids: &[u32],
+    lps: &[TokenLogprob],
+    start: usize,
+    with_text: bool,
+) -> (Vec<Value>, Vec<Value>) {
+    let entry = |id: u32, lp: Option<f32>| json!([lp, id, with_text.then(|| text(model, id))]);
+    (start..ids.len())
+        .map(|i| match i.checked_sub(1).and_then(|j| lps.get(j)) {
+            None => (entry(ids[i], None), Value::Null),
+            Some(lp) => {
+                let top = lp.top.iter().map(|&(t, v)| entry(t, Some(v))).collect();
+                (entry(ids[i], Some(lp.logprob)), Value::Array(top))
+            }
         })
         .unzip()
 }

@@ -3,7 +3,8 @@
 //! carries the text and ids generated so far (cumulative, as SGLang streams by default, so
 //! its clients keep the last chunk's `text`); the last one has `meta_info.finish_reason`.
 //! With `return_logprob`, `meta_info` carries SGLang's `output_token_logprobs` (and
-//! `output_top_logprobs` with `top_logprobs_num`), cumulative like the text. Fields SGLang has
+//! `output_top_logprobs` with `top_logprobs_num`), cumulative like the text, and with
+//! `logprob_start_len` ≥ 0 the prompt's (`input_token_logprobs`). Fields SGLang has
 //! and Nitsum lacks are refused by name unless neutral (protocols/extensions.rs).
 
 use std::sync::Arc;
@@ -38,6 +39,8 @@ struct Logprobs {
     with_text: bool,
     tokens: Vec<Value>,
     tops: Vec<Value>,
+    /// With `logprob_start_len` ≥ 0: the prompt and the token its logprobs start at.
+    input: Option<(Vec<u32>, usize)>,
 }
 
 impl Logprobs {
@@ -76,6 +79,15 @@ impl Meta {
             if lp.top > 0 {
                 info["output_top_logprobs"] = json!(lp.tops);
             }
+            if let (Some((ids, start)), Some(lps)) = (&lp.input, &ts.prompt_logprobs) {
+                let files = lp.files.as_deref();
+                let (tokens, tops) =
+                    logprobs::sglang_input_entries(files, ids, lps, *start, lp.with_text);
+                info["input_token_logprobs"] = json!(tokens);
+                if lp.top > 0 {
+                    info["input_top_logprobs"] = json!(tops);
+                }
+            }
         }
         info
     }
@@ -111,7 +123,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     if let Some((field, why)) = unknown {
         return Err(ApiError::invalid(&field, why));
     }
-    let top = logprobs::native_request(&req)?;
+    let asked = logprobs::native_request(&req)?;
     let grammar = match &sp.json_schema {
         None => None,
         Some(text) => {
@@ -127,6 +139,15 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         (None, Some(t)) => (prepare::encode(&state, t, true, "text").await?, "text"),
         (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
     };
+    let top = asked.map(|(top, _)| top);
+    let input_start = asked.and_then(|(_, start)| start);
+    if let Some(start) = input_start.filter(|&s| s >= ids.len()) {
+        return Err(ApiError::invalid(
+            "logprob_start_len",
+            format!("{start} is not below the prompt's {} tokens", ids.len()),
+        ));
+    }
+    let prompt = input_start.map(|s| (ids.clone(), s));
     let sampling = SamplingInput {
         max_tokens: sp.max_new_tokens,
         max_tokens_field: "max_new_tokens",
@@ -148,7 +169,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             min_p: sp.min_p,
         },
         logprobs: top,
-        prompt_logprobs: None,
+        prompt_logprobs: input_start.and(top),
         grammar,
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
@@ -165,6 +186,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             with_text: req.return_text_in_logprobs,
             tokens: Vec::new(),
             tops: Vec::new(),
+            input: prompt,
         }),
     };
     if req.stream {
