@@ -214,3 +214,23 @@ def test_migration_through_replicated_tp4_keeps_tokens_and_moves_exact_bytes(poo
         assert_pages_consistent(pe)
     drain(pe, out)
     assert out == ref
+
+
+def test_prompt_logprobs_on_a_tp4_group_are_the_models(pool, tiny):
+    """Echo with logprobs through the device pool: the prompt's scoring rows come back from
+    the group's sampling rank with the step's logits (TP 4, replicated KV heads)."""
+    hf, cfg = tiny
+    prompt = random_prompt(cfg, 30, seed=7)
+    p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
+    pe.add_request("s", prompt, p)
+    outs = []
+    while pe.has_unfinished():
+        outs += pe.step()
+    got = next(o.prompt_logprobs for o in outs if o.prompt_logprobs is not None)
+    with torch.no_grad():
+        want = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+    assert [lp.top[0][0] for lp in got] == want[:-1].argmax(-1).tolist()
+    assert [lp.logprob for lp in got] == pytest.approx(
+        [float(want[j, prompt[j + 1]]) for j in range(len(prompt) - 1)], abs=1e-4
+    )
