@@ -65,12 +65,7 @@ async fn chat_stream_splits_multibyte_safely_and_ends_with_done() {
     let resp = post(&r, "/v1/chat/completions", body).await;
     assert_eq!(resp.status, 200);
     assert!(resp.headers.contains("text/event-stream"));
-    let data = resp.sse();
-    assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = resp.sse_chunks();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let deltas: Vec<&str> = chunks
         .iter()
@@ -99,12 +94,7 @@ async fn completions_stop_string_truncates_and_aborts_worker() {
     // Prompt ids are echoed: "abcabc..." — stop at "ca" across token boundaries.
     let body = json!({"model": "tiny", "prompt": "abcabcabc", "max_tokens": 30, "stop": ["ca"], "stream": true});
     let resp = post(&r, "/v1/completions", body).await;
-    let data = resp.sse();
-    assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = resp.sse_chunks();
     let text: String = chunks
         .iter()
         .map(|c| c["choices"][0]["text"].as_str().unwrap())
@@ -834,12 +824,7 @@ async fn n_choices_go_to_one_worker_as_forks_and_count_the_prompt_once() {
     // Streaming: chunks of the three choices, each index ending once.
     let body = json!({"model": "tiny", "prompt": "abcd", "max_tokens": 3, "n": 3,
                       "stream": true, "stream_options": {"include_usage": true}});
-    let data = post(&r, "/v1/completions", body).await.sse();
-    assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = post(&r, "/v1/completions", body).await.sse_chunks();
     let mut text = [String::new(), String::new(), String::new()];
     let mut ends = [0, 0, 0];
     for c in chunks.iter().filter_map(|c| c["choices"].get(0)) {

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use nitsum_scheduler::mock_worker::MockOptions;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_agrees_with_what_generation_counts_and_detokenize_inverts_it() {
@@ -103,12 +103,7 @@ async fn native_stream_chunks_are_cumulative_like_sglang() {
     let mut stream_body = body;
     stream_body["stream"] = json!(true);
     let resp = post(&r, "/generate", stream_body).await;
-    let data = resp.sse();
-    assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks = resp.sse_chunks();
     assert!(chunks.len() >= 6, "one chunk per token: {chunks:?}");
     // Each chunk holds everything so far: SGLang's clients keep the last chunk's text.
     for pair in chunks.windows(2) {

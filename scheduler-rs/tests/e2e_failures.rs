@@ -57,13 +57,11 @@ async fn request_streaming_when_its_worker_dies_resumes_on_another_worker() {
     head.extend(read_until(&mut s, "output_ids").await);
     r.mocks[0].kill();
     let resp = read_response_after(s, head).await;
-    let data = resp.sse();
-    assert_eq!(data.last().unwrap(), "[DONE]", "{}", resp.body);
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    assert!(chunks.iter().all(|c| c.get("error").is_none()), "{data:?}");
+    let chunks = resp.sse_chunks();
+    assert!(
+        chunks.iter().all(|c| c.get("error").is_none()),
+        "{chunks:?}"
+    );
     let finish = &chunks.last().unwrap()["meta_info"]["finish_reason"];
     assert_eq!(finish["type"], "length", "{finish}");
     // Chunks are cumulative (SGLang's format), across the resume too: the last holds it all.
@@ -111,9 +109,8 @@ async fn request_whose_retries_are_spent_ends_with_an_error() {
     let head = read_until(&mut s, "\"content\":\"s").await;
     r.mocks[0].kill();
     let resp = read_response_after(s, head).await;
-    let data = resp.sse();
-    assert_eq!(data.last().unwrap(), "[DONE]");
-    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    let chunks = resp.sse_chunks();
+    let last = chunks.last().unwrap();
     let why = last["error"]["message"].as_str().unwrap();
     assert!(why.contains("worker 0 died"), "{last}");
     assert_eq!(r.mocks[1].stats.generates.load(Ordering::Relaxed), 0);

@@ -115,6 +115,21 @@ impl Resp {
             .map(String::from)
             .collect()
     }
+
+    /// The JSON chunks of an SSE body, which must end with `[DONE]`.
+    pub fn sse_chunks(&self) -> Vec<Value> {
+        let data = self.sse();
+        assert_eq!(
+            data.last().map(String::as_str),
+            Some("[DONE]"),
+            "{}",
+            self.body
+        );
+        data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+            .collect()
+    }
 }
 
 /// The raw bytes of an HTTP/1.1 request that closes its connection after the answer.
