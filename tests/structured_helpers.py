@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.engine import Engine
+from tiny import run_to_completion
 
 # SmolLM2's vocabulary and EOS (<|im_end|>).
 VOCAB, EOS = 49152, 2
@@ -42,19 +43,9 @@ def tiny_engine(hf: LlamaForCausalLM, **kw: object) -> Engine:
     return build_engine(cfg, hf.state_dict().items(), ecfg, (EOS,))
 
 
-def run(engine: Engine, max_steps: int = 5000) -> tuple[dict[str, list[int]], dict[str, str]]:
-    """Step until every request finished: (token ids, finish reason) per request."""
-    outs: dict[str, list[int]] = {}
-    reasons: dict[str, str] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            break
-        for o in engine.step():
-            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finished:
-                reasons[o.request_id] = o.finish_reason
-    assert not engine.has_unfinished(), "requests left after max_steps"
-    return outs, reasons
+def run(engine: Engine) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Step until every request finished (within 5000 steps): token ids and finish reasons."""
+    return run_to_completion(engine, max_steps=5000)
 
 
 def tokenizer_json(smollm2_dir: Path) -> str:

@@ -8,22 +8,9 @@ import torch
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
-from tiny import hf_greedy, make_tiny
+from tiny import hf_greedy, make_tiny, run_to_completion
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-
-
-def run_to_completion(engine, max_steps=10_000):
-    outs: dict[str, list[int]] = {}
-    reasons: dict[str, str] = {}
-    for _ in range(max_steps):
-        if not engine.has_unfinished():
-            break
-        for o in engine.step():
-            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if o.finished:
-                reasons[o.request_id] = o.finish_reason
-    return outs, reasons
 
 
 def prompts(cfg, n=8):

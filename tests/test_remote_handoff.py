@@ -12,15 +12,13 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig
-from nitsum.pool.device_pool import DevicePool
-from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.local import local_engine
 from nitsum.pool.peers import PeerError
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.inbound import GenerateRequest
-from tiny import assert_pages_consistent, make_tiny, random_prompt
+from tiny import assert_pages_consistent, make_tiny, random_prompt, tiny_device_pool
 
 ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2))
 PAGES = 64
@@ -60,9 +58,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def pool(tiny):
-    hf, cfg = tiny
-    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
-    with DevicePool(2, source, ECFG, PAGES, levels=(1, 2)) as p:
+    with tiny_device_pool(tiny, ECFG, devices=2, pages=PAGES, levels=(1, 2)) as p:
         yield p
 
 

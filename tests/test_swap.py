@@ -8,7 +8,7 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.kv.host_pool import HostKVPool, runs
 from nitsum.kv.pool import KVPool
 from nitsum.sampling import SamplingParams
-from tiny import hf_greedy, kv_bytes, make_tiny, run_arrivals
+from tiny import hf_greedy, kv_bytes, make_tiny, run_arrivals, tiny_device_pool
 from tiny import random_prompt as prompt
 
 P = 4
@@ -118,8 +118,6 @@ def test_short_contexts_recompute_and_abort_frees_host_pages(tiny) -> None:
 def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
     """The same on a TP-2 group of two device processes: each copies its half of the heads
     of the same page ids to its own host tier and back; tokens unchanged."""
-    from nitsum.pool.device_pool import DevicePool
-    from nitsum.pool.device_proc import ModelSource
     from nitsum.pool.pool_engine import PoolEngine
 
     hf, cfg = tiny
@@ -131,9 +129,8 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
         host_kv_cache_bytes=kv_bytes(cfg, 32),
         prefix_caching=False,
     )
-    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
-    with DevicePool(2, source, ecfg, 64, levels=(1, 2)) as pool:
+    with tiny_device_pool(tiny, ecfg, devices=2, pages=64, levels=(1, 2)) as pool:
         pe = PoolEngine(pool, cfg, ecfg, 64, [(0, 1)])
         pe.engines[(0, 1)].scheduler.swap.bytes_per_s = 1e15
         out: dict[str, list[int]] = {}

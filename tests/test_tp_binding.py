@@ -9,10 +9,9 @@ import device_probes
 from nitsum.engine.build import EngineConfig
 from nitsum.errors import InvalidRequestError
 from nitsum.pool.device_pool import DevicePool
-from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
-from tiny import hf_greedy, make_tiny
+from tiny import hf_greedy, make_tiny, tiny_device_pool
 from tiny import random_prompt as prompt
 
 P = 4
@@ -27,9 +26,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def pool(tiny):
-    hf, cfg = tiny
-    source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
-    with DevicePool(2, source, ECFG, PAGES, levels=(1, 2)) as pool:
+    with tiny_device_pool(tiny, ECFG, devices=2, pages=PAGES, levels=(1, 2)) as pool:
         yield pool
 
 

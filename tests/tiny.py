@@ -126,6 +126,24 @@ def drain(engine: Any, out: dict[str, list[int]] | None = None, steps: int | Non
     return out
 
 
+def run_to_completion(
+    engine: Any, max_steps: int = 10_000
+) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Step `engine` until every request finished (asserted within `max_steps`): each
+    request's token ids and finish reason."""
+    outs: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                reasons[o.request_id] = o.finish_reason
+    assert not engine.has_unfinished(), "requests left after max_steps"
+    return outs, reasons
+
+
 def assert_pages_consistent(pe: Any) -> None:
     """Every device's allocator agrees with the pages its sequences and caches own."""
     for device, (used, owned) in pe.page_accounting().items():
@@ -159,11 +177,17 @@ POOL_PAGES = 256
 
 
 @contextmanager
-def tiny_device_pool(tiny: tuple, ecfg: EngineConfig = POOL_ECFG) -> Iterator[DevicePool]:
+def tiny_device_pool(
+    tiny: tuple,
+    ecfg: EngineConfig = POOL_ECFG,
+    devices: int = POOL_DEVICES,
+    pages: int = POOL_PAGES,
+    levels: tuple[int, ...] = (1, 2, 4),
+) -> Iterator[DevicePool]:
     """Device processes for `tiny = make_tiny(...)`, stopped on exit."""
     hf, cfg = tiny
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
-    with DevicePool(POOL_DEVICES, source, ecfg, POOL_PAGES, levels=(1, 2, 4)) as pool:
+    with DevicePool(devices, source, ecfg, pages, levels=levels) as pool:
         yield pool
 
 
