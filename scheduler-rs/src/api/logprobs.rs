@@ -118,16 +118,9 @@ pub fn sglang_entries(
     lps: &[TokenLogprob],
     with_text: bool,
 ) -> (Vec<Value>, Vec<Value>) {
-    let entry = |id: u32, lp: f32| {
-        let t = with_text.then(|| text(model, id));
-        json!([lp, id, t])
-    };
     ids.iter()
         .zip(lps)
-        .map(|(&id, lp)| {
-            let top = lp.top.iter().map(|&(t, v)| entry(t, v)).collect();
-            (entry(id, lp.logprob), Value::Array(top))
-        })
+        .map(|(&id, lp)| sglang_entry(model, id, Some(lp), with_text))
         .unzip()
 }
 
@@ -141,16 +134,30 @@ pub fn sglang_input_entries(
     start: usize,
     with_text: bool,
 ) -> (Vec<Value>, Vec<Value>) {
-    let entry = |id: u32, lp: Option<f32>| json!([lp, id, with_text.then(|| text(model, id))]);
     (start..ids.len())
-        .map(|i| match i.checked_sub(1).and_then(|j| lps.get(j)) {
-            None => (entry(ids[i], None), Value::Null),
-            Some(lp) => {
-                let top = lp.top.iter().map(|&(t, v)| entry(t, Some(v))).collect();
-                (entry(ids[i], Some(lp.logprob)), Value::Array(top))
-            }
+        .map(|i| {
+            let lp = i.checked_sub(1).and_then(|j| lps.get(j));
+            sglang_entry(model, ids[i], lp, with_text)
         })
         .unzip()
+}
+
+/// One token's SGLang entry `[logprob, id, text or null]` and its alternatives in that shape
+/// (both null when the token has no logprob).
+fn sglang_entry(
+    model: Option<&ModelFiles>,
+    id: u32,
+    lp: Option<&TokenLogprob>,
+    with_text: bool,
+) -> (Value, Value) {
+    let entry = |id: u32, v: Option<f32>| json!([v, id, with_text.then(|| text(model, id))]);
+    match lp {
+        None => (entry(id, None), Value::Null),
+        Some(lp) => {
+            let top = lp.top.iter().map(|&(t, v)| entry(t, Some(v))).collect();
+            (entry(id, Some(lp.logprob)), Value::Array(top))
+        }
+    }
 }
 
 /// The legacy completions `logprobs` object, built piece by piece; `offset` is where the
