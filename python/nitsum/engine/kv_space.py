@@ -37,7 +37,9 @@ class KVSpace:
         device still caches."""
         tokens = seq.prompt_ids + seq.output_ids
         if seq.host_pages:
-            if self.cache is not None:
+            # NOTE: a sequence still scoring its prompt takes no cached pages past what it
+            # computed (nothing may skip a position it has to score): it copies its own back.
+            if self.cache is not None and not seq.scores_prompt:
                 seq.pages = self.cache.match(tokens)
             cached = len(seq.pages) * self.pages.tokens_per_page
             if cached >= seq.num_computed:  # the device still holds all it had, or more
