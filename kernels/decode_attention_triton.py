@@ -99,7 +99,6 @@ def _split_kernel(
     pages,  # (n, max_pages) page table, rows `stride_pages` apart
     lens,  # (n,) context lengths (≥ 1)
     qk_scale,  # softmax scale · log2(e): scores live in the exp2 domain
-    page_tokens,
     stride_pages,
     stride_qt,
     stride_qh,
@@ -107,18 +106,19 @@ def _split_kernel(
     stride_kh,
     q_per_kv: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PAGE_TOKENS: tl.constexpr,  # compile-time: `pos // PAGE_TOKENS` becomes a multiply-shift
     SPLITS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    PAGE_ALIGNED: tl.constexpr,  # BLOCK_N divides page_tokens: one page per block
+    PAGE_ALIGNED: tl.constexpr,  # BLOCK_N divides PAGE_TOKENS: one page per block
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,  # see `decode_attention_triton`
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    length = tl.load(lens + seq)
+    length = tl.load(lens + seq).to(tl.int32)  # positions in int32: cheap index arithmetic
     # NOTE: a split's range is a whole number of blocks, so every block starts at a multiple
     # of BLOCK_N and, when PAGE_ALIGNED, lies within one page.
     chunk = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
@@ -141,11 +141,11 @@ def _split_kernel(
         pos = block + tl.arange(0, BLOCK_N)
         ok = pos < end
         if PAGE_ALIGNED:
-            page = tl.load(table + block // page_tokens)
-            slot = page * page_tokens + block % page_tokens + tl.arange(0, BLOCK_N)
+            page = tl.load(table + block // PAGE_TOKENS)
+            slot = page * PAGE_TOKENS + block % PAGE_TOKENS + tl.arange(0, BLOCK_N)
         else:
-            page = tl.load(table + pos // page_tokens, mask=ok, other=0)
-            slot = page * page_tokens + pos % page_tokens
+            page = tl.load(table + pos // PAGE_TOKENS, mask=ok, other=0)
+            slot = page * PAGE_TOKENS + pos % PAGE_TOKENS
         off = slot[:, None] * stride_ks + kv_head * stride_kh + d[None, :]
         nd_ok = ok[:, None] & (d < HEAD_DIM)[None, :] if BLOCK_D != HEAD_DIM else ok[:, None]
         kb = tl.load(k_cache + off, mask=nd_ok, other=0)
@@ -248,10 +248,10 @@ def decode_attention_triton(
     # still rounded to bf16 first), which is the tensor cores' arithmetic.
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda
     _split_kernel[(n, hkv, n_splits)](
-        q, k_cache, v_cache, out, o_part, lse_part, pages, lens, scale * LOG2E, page_tokens,
-        pages.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        q_per_kv=r, HEAD_DIM=hd, SPLITS=n_splits, BLOCK_R=max(16, triton.next_power_of_2(r)),
-        BLOCK_N=cfg.block_n, BLOCK_D=block_d, PAGE_ALIGNED=page_tokens % cfg.block_n == 0,
+        q, k_cache, v_cache, out, o_part, lse_part, pages, lens, scale * LOG2E, pages.stride(0),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        q_per_kv=r, HEAD_DIM=hd, PAGE_TOKENS=page_tokens, SPLITS=n_splits,
+        BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=cfg.block_n, BLOCK_D=block_d, PAGE_ALIGNED=page_tokens % cfg.block_n == 0,
         DOT_PRECISION=precision, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if n_splits > 1:

@@ -18,7 +18,7 @@ from nitsum.kernels import decode_attention_triton as dat
 
 POINTERS = ("q", "k_cache", "v_cache", "out", "o_part", "lse_part", "pages", "lens")
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200
-INTS = ("page_tokens", "stride_pages", "stride_qt", "stride_qh", "stride_ks", "stride_kh")
+INTS = ("stride_pages", "stride_qt", "stride_qh", "stride_ks", "stride_kh")
 
 
 def ptx_counts(dtype: str, head_dim: int, page_tokens: int) -> dict[str, int]:
@@ -32,6 +32,7 @@ def ptx_counts(dtype: str, head_dim: int, page_tokens: int) -> dict[str, int]:
     consts = dict(
         q_per_kv=4,
         HEAD_DIM=head_dim,
+        PAGE_TOKENS=page_tokens,
         SPLITS=5,
         BLOCK_R=16,
         BLOCK_N=cfg.block_n,
