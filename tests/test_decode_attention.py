@@ -138,6 +138,34 @@ def test_decode_graph_width(dtype):
     torch.testing.assert_close(pinned, eager, atol=tol, rtol=tol)
 
 
+def test_dispatcher_runs_the_recorded_plan():
+    """`paged_attention_triton` on a decode step planned as engine/graphs.py records it (the
+    whole page table, `decode_max_len` its width): this step's K/V land in the cache and the
+    output is float64 attention over the real lengths."""
+    from nitsum.kernels.paged_attention import AttentionMetadata
+    from nitsum.kernels.paged_attention_triton import paged_attention_triton
+
+    page_tokens, lens = 16, [1, 20, 100]
+    q, kc, vc, pages, lens_t = _decode_case(lens, page_tokens, 2, 4, 32, torch.float32, 64, 11)
+    pos = lens_t - 1
+    slots = pages.gather(1, (pos // page_tokens)[:, None]).squeeze(1) * page_tokens
+    slots += pos % page_tokens
+    k_new, v_new = torch.randn_like(kc[:3]), torch.randn_like(vc[:3])
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        page_tokens=page_tokens,
+        n_decode=3,
+        decode_pages=pages,
+        decode_lens=lens_t,
+        decode_max_len=pages.shape[1] * page_tokens,
+        prefills=[],
+    )
+    out = paged_attention_triton(q, k_new, v_new, kc, vc, meta, 32**-0.5)
+    assert torch.equal(kc[slots], k_new) and torch.equal(vc[slots], v_new)
+    ref = _attention_f64(q, kc, vc, pages, lens_t, page_tokens, 32**-0.5)
+    _assert_matches_f64(out, ref, torch.float32)
+
+
 def test_decode_writes_only_decode_rows():
     """Rows past the decode queries (prefill rows of the step) are left alone."""
     case = list(_decode_case([5, 70], 16, 2, 4, 32, torch.float32, seed=5))
