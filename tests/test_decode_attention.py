@@ -71,13 +71,13 @@ def _run(q, k_cache, v_cache, pages, lens, page_tokens, max_len=None, splits=Non
 
 
 def _assert_matches_f64(out, ref, dtype):
-    """fp32 within 1e-4 of float64; bf16 within 1% (of the output's scale)."""
+    """fp32 within 1e-4 of float64; bf16/fp16 within 1% (of the output's scale)."""
     tol = 1e-4 if dtype == torch.float32 else 1e-2 * float(ref.abs().max())
     rtol = 1e-4 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out.double().cpu(), ref, atol=tol, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "page_tokens, kv_heads, q_per_kv, hd, splits, block_n",
     [
