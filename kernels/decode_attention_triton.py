@@ -28,9 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-# Aim for this many stage-1 programs per SM: with 64-position K and V tiles double-buffered
-# (~64 KiB shared memory at head dim 128) about three fit on an H100/H200 SM at once; a few
-# more than fit keep ragged batches balanced. To tune with scripts/bench_attention.py.
+# Aim for this many stage-1 programs per SM: the sm_90 build (bf16, head dim 128, 64-position
+# blocks, 2 stages) takes 38 KiB of shared memory per program, so four or five fit on an
+# H100/H200 SM at once, enough loads in flight to approach copy bandwidth; more splits than
+# that only add partials to merge. Not yet measured: to tune with scripts/bench_attention.py.
 PROGRAMS_PER_SM = 4
 SMS_OFF_CUDA = 132  # the H100's SM count, for a split count off CUDA (tests, interpreter)
 MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost (q load, partial write) dominates
@@ -55,10 +56,11 @@ def decode_config(q_per_kv: int, head_dim: int, page_tokens: int) -> DecodeConfi
     room for two pipeline stages of both in shared memory: 64 positions up to head dim 128,
     32 above. The score tile is (rows, BLOCK_N); many query rows per KV head (≥ 64) get
     8 warps so the fp32 accumulator (rows × head dim) stays in registers. Page size only
-    decides how pages are looked up (`page_aligned`), not the block: pages are not powers of
-    two in general (a TP level packing 3× the tokens makes 48-token pages).
+    decides how pages are looked up (one lookup per block when BLOCK_N divides it, else one
+    per position), not the block: pages are not powers of two in general (a TP level packing
+    3× the tokens makes 48-token pages), and a per-position lookup is an L1-cached load.
     """
-    del page_tokens  # see above: handled per block by `page_aligned`
+    del page_tokens  # see above: the kernel's PAGE_ALIGNED
     block_n = 64 if head_dim <= 128 else 32
     num_warps = 8 if q_per_kv >= 64 else 4
     return DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=2)
