@@ -95,7 +95,7 @@ def _split_kernel(
     q,  # (rows of the step, q_heads, hd); decode rows first
     k_cache,  # (slots, kv_heads, hd)
     v_cache,
-    out,  # like q; written only when SPLITS == 1
+    out,  # like q; written only when ONE_SPLIT
     o_part,  # (n, q_heads, SPLITS, hd) fp32: each split's normalised output
     lse_part,  # (n, q_heads, SPLITS) fp32: each split's log2-sum-exp2 of scaled scores
     pages,  # (n, max_pages) page table, rows `stride_pages` apart
@@ -109,7 +109,8 @@ def _split_kernel(
     q_per_kv: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_TOKENS: tl.constexpr,  # compile-time: `pos // PAGE_TOKENS` becomes a multiply-shift
-    SPLITS: tl.constexpr,
+    SPLITS,  # runtime: a step's split count never compiles a new variant
+    ONE_SPLIT: tl.constexpr,  # SPLITS == 1: write `out` directly, no partials
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -166,7 +167,7 @@ def _split_kernel(
 
     seen = lsum > 0  # false only on an empty split (start ≥ length)
     o = acc / tl.where(seen, lsum, 1.0)[:, None]
-    if SPLITS == 1:
+    if ONE_SPLIT:
         o_ptr = out + seq * stride_qt + heads[:, None] * stride_qh + d[None, :]
         tl.store(o_ptr, o.to(out.dtype.element_ty), mask=rd_ok)
     else:
@@ -183,8 +184,8 @@ def _merge_kernel(
     out,
     stride_qt,
     stride_qh,
+    SPLITS,
     HEAD_DIM: tl.constexpr,
-    SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -252,12 +253,13 @@ def decode_attention_triton(
     _split_kernel[(n, hkv, n_splits)](
         q, k_cache, v_cache, out, o_part, lse_part, pages, lens, scale * LOG2E, pages.stride(0),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        q_per_kv=r, HEAD_DIM=hd, PAGE_TOKENS=page_tokens, SPLITS=n_splits,
-        BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=cfg.block_n, BLOCK_D=block_d, PAGE_ALIGNED=page_tokens % cfg.block_n == 0,
+        SPLITS=n_splits, q_per_kv=r, HEAD_DIM=hd, PAGE_TOKENS=page_tokens,
+        ONE_SPLIT=n_splits == 1, BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_N=cfg.block_n,
+        BLOCK_D=block_d, PAGE_ALIGNED=page_tokens % cfg.block_n == 0,
         DOT_PRECISION=precision, UPCAST=upcast, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if n_splits > 1:
         _merge_kernel[(n, hq)](
-            o_part, lse_part, out, q.stride(0), q.stride(1), HEAD_DIM=hd, SPLITS=n_splits,
+            o_part, lse_part, out, q.stride(0), q.stride(1), SPLITS=n_splits, HEAD_DIM=hd,
             BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d, num_warps=4,
         )  # fmt: skip

@@ -156,7 +156,14 @@ def paged_attention_triton(
     on_device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()
     with on_device:
         decode_attention_triton(
-            q, k_cache, v_cache, meta.decode_pages, meta.decode_lens, meta.page_tokens, scale, out,
+            q,
+            k_cache,
+            v_cache,
+            meta.decode_pages,
+            meta.decode_lens,
+            meta.page_tokens,
+            scale,
+            out,
             meta.decode_max_len,
         )
         prefill_attention_triton(q, k_cache, v_cache, meta, scale, out)

@@ -28,12 +28,13 @@ def ptx_counts(dtype: str, head_dim: int, page_tokens: int) -> dict[str, int]:
     cfg = dat.decode_config(4, head_dim, page_tokens)
     elem = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     sig = {p: ("*fp32" if p in ("o_part", "lse_part") else elem) for p in POINTERS}
-    sig |= {"pages": "*i64", "lens": "*i64", "qk_scale": "fp32"} | {i: "i32" for i in INTS}
+    sig |= {"pages": "*i64", "lens": "*i64", "qk_scale": "fp32", "SPLITS": "i32"}
+    sig |= {i: "i32" for i in INTS}
     consts = dict(
         q_per_kv=4,
         HEAD_DIM=head_dim,
         PAGE_TOKENS=page_tokens,
-        SPLITS=5,
+        ONE_SPLIT=False,
         BLOCK_R=16,
         BLOCK_N=cfg.block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
@@ -41,13 +42,15 @@ def ptx_counts(dtype: str, head_dim: int, page_tokens: int) -> dict[str, int]:
         DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
         UPCAST=False,
     )
+    sig |= {k: "constexpr" for k in consts}
+    sig = {name: sig[name] for name in dat._split_kernel.arg_names}  # the kernel's order
     names = list(sig)
     # Pointers and the q/K strides are multiples of 16 elements, as in the engine's tensors.
     aligned = [*POINTERS, "stride_qt", "stride_qh", "stride_ks", "stride_kh"]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = triton.compiler.ASTSource(
         fn=dat._split_kernel,
-        signature=sig | {k: "constexpr" for k in consts},
+        signature=sig,
         constexprs=consts,
         attrs=attrs,
     )
@@ -62,9 +65,10 @@ def ptx_counts(dtype: str, head_dim: int, page_tokens: int) -> dict[str, int]:
 
 def merge_stores(dtype: str, head_dim: int) -> int:
     """Global stores in the PTX of the merge kernel (5 splits): it compiles and writes."""
-    consts = dict(HEAD_DIM=head_dim, SPLITS=5, BLOCK_S=8, BLOCK_D=max(16, head_dim))
+    consts = dict(HEAD_DIM=head_dim, BLOCK_S=8, BLOCK_D=max(16, head_dim))
     sig = {"o_part": "*fp32", "lse_part": "*fp32", "out": f"*{dtype}"}
-    sig |= {"stride_qt": "i32", "stride_qh": "i32"} | {k: "constexpr" for k in consts}
+    sig |= {"stride_qt": "i32", "stride_qh": "i32", "SPLITS": "i32"}
+    sig |= {k: "constexpr" for k in consts}
     src = triton.compiler.ASTSource(fn=dat._merge_kernel, signature=sig, constexprs=consts)
     ptx = triton.compile(src, target=TARGET, options={"num_warps": 4}).asm["ptx"]
     return len(re.findall(r"\bst\.global", ptx))
