@@ -86,9 +86,9 @@ if [ "$DEVICE" = cuda ]; then
                      [serve]=165 [profile]=150)
   DECODE_ARGS=(--shape 8b --batches 1 16 64)
 else
-  declare -A BUDGET=([tests]=240 [agreement]=180 [decode]=120 [attention]=60 [prefill]=60
+  declare -A BUDGET=([tests]=240 [agreement]=180 [decode]=240 [attention]=60 [prefill]=60
                      [serve]=240 [profile]=120)
-  DECODE_ARGS=(--shape tiny --batches 1 16 64)
+  DECODE_ARGS=(--shape tiny --batches 1 4 --dtype float32)
 fi
 ORDER=(tests agreement decode attention prefill serve)
 [ "$PROFILE" = 1 ] && ORDER+=(profile)

@@ -65,8 +65,10 @@ class SectionRun:
     def row(self, numbers: str, target: str, met: bool | None, result: str | None = None) -> Row:
         """A row; `met` None: no target applies. Off the GPU every target is n/a."""
         verdict = "n/a" if met is None or not self.gpu else ("pass" if met else "FAIL")
+        # A timeout or a failure stays one; `result` may only turn a PASS into a FAIL.
+        result = result if result and self.result == "PASS" else self.result
         return Row(
-            self.section, result or self.result, numbers, target, verdict, self.wall_s,
+            self.section, result, numbers, target, verdict, self.wall_s,
             self.budget_s,
         )  # fmt: skip
 

@@ -54,7 +54,7 @@ def fits(pe: PoolEngine, group: tuple[int, ...], items: list[tuple[int, int]]) -
     e.g. 256 sequences of 8k tokens, do not: they are left out, as the analytic profile
     leaves them out)."""
     pages = pe.alloc.group(group)
-    return sum(pages.pages_for(ctx) for ctx, _ in items) <= pages.num_free()
+    return sum(pages.pages_for(ctx) for ctx, _ in items) <= pages.num_free
 
 
 class GroupStep:
