@@ -68,6 +68,7 @@ done
 
 set_up() {  # the work dir, the wheels, the extension, PYTHONPATH (the children inherit them)
   W=$(mktemp -d /tmp/gpu_check.XXXXXX)
+  [ -d "$CARRY" ] || echo "WARNING: no $CARRY (run --prepare here first): no wheels, no tokenizer"
   # Wheels only where the packages are missing (a dry run's venv has them for its Python).
   if ! "$PYTHON" -c 'import zmq, gguf, llguidance' 2>/dev/null; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -82,8 +83,8 @@ set_up() {  # the work dir, the wheels, the extension, PYTHONPATH (the children 
 # Seconds per section: on a GPU they sum to 420 s (7 min; +150 s with --profile), leaving a
 # minute of slack under 8 minutes for the install and the table.
 if [ "$DEVICE" = cuda ]; then
-  declare -A BUDGET=([tests]=75 [agreement]=50 [decode]=70 [attention]=25 [prefill]=35
-                     [serve]=165 [profile]=150)
+  declare -A BUDGET=([tests]=70 [agreement]=60 [decode]=70 [attention]=25 [prefill]=35
+                     [serve]=160 [profile]=150)
   DECODE_ARGS=(--shape 8b --batches 1 16 64)
 else
   declare -A BUDGET=([tests]=240 [agreement]=180 [decode]=240 [attention]=60 [prefill]=60
@@ -103,7 +104,10 @@ done
 
 section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
   case $1 in
-    tests) "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" ;;
+    tests)
+      # NOTE: never a bare pytest (it would run the whole suite).
+      [ ${#TESTS[@]} -gt 0 ] || { echo "no CUDA-path test files"; return 1; }
+      "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" ;;
     agreement) "$PYTHON" scripts/gpu_agreement.py --device "$DEVICE" --json "$W/agreement.json" ;;
     decode) "$PYTHON" scripts/bench_gpu.py --device "$DEVICE" --engine-only "${DECODE_ARGS[@]}" \
               --json "$W/decode.json" ;;
@@ -121,7 +125,8 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
       local extra=()
       [ "$DEVICE" = cuda ] || extra=(--one-device --quick --repeats 1 --kv-cache-mb 256)
       "$PYTHON" -c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))' \
-        profile --device "$DEVICE" --model "$W/rand-model" "${extra[@]}" --out "$W/profile.json" ;;
+        profile --device "$DEVICE" --model "$W/rand-model" ${extra[@]+"${extra[@]}"} \
+        --out "$W/profile.json" ;;
   esac
 }
 
@@ -157,7 +162,7 @@ for s in "${ORDER[@]}"; do
   json=()
   [ -f "$W/$s.json" ] && json=(--json "$W/$s.json")
   "$PYTHON" scripts/gpu_table.py row "$s" --rc $rc --wall "$wall" --budget "$b" \
-    --log "$W/$s.log" "${json[@]}" --device "$DEVICE" >> "$ROWS"
+    --log "$W/$s.log" ${json[@]+"${json[@]}"} --device "$DEVICE" >> "$ROWS"
 done
 echo "all sections: $(( ($(now_ms) - T_START) / 1000 )) s"
 

@@ -86,10 +86,9 @@ def draw(shapes: dict[str, tuple[int, ...]], device: str, dtype: torch.dtype, se
 
 
 def write_model(out: Path, cfg: dict, device: str, dtype: torch.dtype) -> int:
-    """Write config.json and one safetensors shard per layer (plus one for the embedding,
-    final norm and LM head); returns the parameter count."""
+    """Write one safetensors shard per layer (plus one for the embedding, final norm and LM
+    head), then config.json; returns the parameter count."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     outer = {
         "model.embed_tokens.weight": (vocab, h),
@@ -103,6 +102,8 @@ def write_model(out: Path, cfg: dict, device: str, dtype: torch.dtype) -> int:
         tensors = draw(shapes, device, dtype, seed=k)
         params += sum(t.numel() for t in tensors.values())
         save_file(tensors, str(out / f"model-{k:05d}-of-{len(groups):05d}.safetensors"))
+    # NOTE: written last, so a directory with a config.json is a whole model.
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return params
 
 
