@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_table as gt  # noqa: E402
@@ -99,10 +97,9 @@ def test_table_has_a_row_per_result_and_a_totals_line():
     assert "CPU dry run" in lines[-1] and "0 failed or timed out" in lines[-1]
 
 
-@pytest.mark.slow
 def test_cpu_dry_run_writes_the_table_and_the_engine_profile(tmp_path):
     """The script end to end on CPU for its cheap sections: a missing benchmark and the
-    engine profile of a random 2-layer model (about 30 s on a quiet machine)."""
+    engine profile of a random 2-layer model (about 35 s on a busy 2-core machine)."""
     env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
     proc = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--device", "cpu", "--sections", "attention,profile"],
