@@ -95,6 +95,9 @@ def test_table_has_a_row_per_result_and_a_totals_line():
     assert lines[0].startswith("| section | result |") and len(lines) == 2 + 2 + 2
     assert "| tests | PASS | 3 passed, 0 failed, 0 skipped |" in text
     assert "CPU dry run" in lines[-1] and "0 failed or timed out" in lines[-1]
+    # The decode run's two rows count its wall time once.
+    rows = run("decode", data=decode_data(step_ms=4.5, b64=8000.0))
+    assert gt.table(rows, "cuda").endswith("sections took 10 s")
 
 
 def test_cpu_dry_run_writes_the_table_and_the_engine_profile(tmp_path):
