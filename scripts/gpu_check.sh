@@ -41,8 +41,9 @@ prepare() {
   size=$(du -sb "$CARRY" | cut -f1)
   tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
   ls -l "$CARRY" "$CARRY/whl"
-  echo "carry: $((size >> 20)) MiB in $CARRY (limit 64 MiB); tracked tree: $((tree >> 20)) MiB"
-  if [ "$size" -gt "$CARRY_LIMIT" ]; then echo "carry too large"; exit 1; fi
+  echo "carry: $((size >> 20)) MiB in $CARRY + tracked tree $((tree >> 20)) MiB (limit 64 MiB)"
+  # NOTE: judged with the tree too, the stricter reading of the tool's limit.
+  if [ $((size + tree)) -gt "$CARRY_LIMIT" ]; then echo "carry too large"; exit 1; fi
   cat <<EOF
 
 Device-tool call (run), one command of about 8 minutes on one H100/H200:
