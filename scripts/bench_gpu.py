@@ -4,20 +4,29 @@ A Llama-3-8B-shaped model with random weights (nothing is downloaded), bf16:
 1. decode tok/s at batch 1 / 16 / 64 (128-token prompts, 64 new tokens, EOS ignored): the
    engine with recorded decode steps (CUDA graphs, engine/graphs.py), the same engine
    without them, and transformers `generate` on the same weights;
-2. attention alone: the Triton paged decode kernel against the torch reference (page gather
+2. the weight-read floor of a decode step: the bytes of every weight a step reads (all but the
+   embedding table, of which it reads a row per sequence) / the device-to-device copy
+   bandwidth measured in the same run ((read + written bytes) / time of a 1 GiB copy), and the
+   batch-1 step against it (target <= 1.3x);
+3. attention alone: the Triton paged decode kernel against the torch reference (page gather
    + SDPA) at 2k and 8k context, batch 16.
+
+`--engine-only` skips the eager engine, transformers and the attention part (gpu_check.sh's
+budget); `--json PATH` writes the numbers.
 
 `--shape tiny --device cpu` runs the same script on a small model on CPU (eager recordings,
 torch attention), to check the script itself.
 
-    python scripts/bench_gpu.py [--device cuda] [--shape 8b] [--batches 1 16 64]
+    python scripts/bench_gpu.py [--device cuda] [--shape 8b] [--batches 1 16 64] [--engine-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -55,6 +64,31 @@ PROMPT = PROMPT_LEN  # and 64 new tokens (bench_engine's)
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth, bytes/s, counting each copied byte twice (read and
+    written): the memory bandwidth a weight-streaming decode step can use at best."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    return 2 * nbytes * repeats / (time.perf_counter() - t0)
+
+
+def step_weight_bytes(tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> int:
+    """Bytes of the weights one decode step reads in `dtype`: every tensor but the embedding
+    table (a tied table is the LM head, so it is read whole)."""
+    names = {n for n, _ in tensors}
+    tied = "lm_head.weight" not in names
+    size = torch.tensor([], dtype=dtype).element_size()
+    return sum(
+        t.numel() * size for n, t in tensors if tied or not n.endswith("embed_tokens.weight")
+    )
 
 
 def attention_bench(device: str, dtype: torch.dtype, contexts: list[int]) -> None:
@@ -100,6 +134,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--engine-only", action="store_true", help="the engine with graphs alone")
+    ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -114,18 +150,51 @@ def main() -> None:
         ecfg = replace(ecfg, kv_cache_bytes=256 << 20)
     tensors = list(hf.state_dict().items())
     graphs = local_engine(cfg, tensors, replace(ecfg, decode_graphs=True))
-    eager = local_engine(cfg, tensors, replace(ecfg, decode_graphs=False))
+    eager = (
+        None if args.engine_only else local_engine(cfg, tensors, replace(ecfg, decode_graphs=False))
+    )
+    if args.engine_only:
+        del hf  # its memory goes to the engine's KV and recordings
     print(f"{args.shape} ({args.dtype}) on {args.device}, torch {torch.__version__}")
+    weight_bytes = step_weight_bytes(tensors, dtype)
+    del tensors
+    bandwidth = copy_bandwidth(args.device)
+    floor_s = weight_bytes / bandwidth
+    print(
+        f"[floor] step weights {weight_bytes / 1e9:.2f} GB, copy bandwidth "
+        f"{bandwidth / 1e9:.0f} GB/s: weight-read floor {floor_s * 1e3:.2f} ms/step"
+    )
     g = torch.Generator().manual_seed(1)
+    if args.device.startswith("cuda"):  # warm-up: the prefill kernels compile on first use
+        ours(graphs, [torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).tolist()])
+    result: dict = {
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "device": args.device,
+        "weight_bytes": weight_bytes,
+        "copy_gbps": bandwidth / 1e9,
+        "floor_ms": floor_s * 1e3,
+        "decode_tok_s": {},
+    }
     for b in args.batches:
         prompts = [
             torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).tolist() for _ in range(b)
         ]
-        rates = {
-            "graphs": ours(graphs, prompts)[1],
-            "eager": ours(eager, prompts)[1],
-            "transformers": theirs(hf, prompts)[1],
-        }
+        rates = {"graphs": ours(graphs, prompts)[1]}
+        result["decode_tok_s"][str(b)] = rates["graphs"]
+        if b == 1:
+            step_s = 1 / rates["graphs"]
+            result["step_ms_b1"] = step_s * 1e3
+            result["floor_ratio_b1"] = step_s / floor_s
+            print(
+                f"[floor] batch 1 step {step_s * 1e3:.2f} ms = {step_s / floor_s:.2f}x the "
+                "weight-read floor (target <= 1.3x)"
+            )
+        if eager is None:
+            print(f"[decode] batch {b:>3}: nitsum with graphs {rates['graphs']:8.1f} tok/s")
+            continue
+        rates["eager"] = ours(eager, prompts)[1]
+        rates["transformers"] = theirs(hf, prompts)[1]
         print(
             f"[decode] batch {b:>3}: nitsum with graphs {rates['graphs']:8.1f} tok/s | without "
             f"{rates['eager']:8.1f} | transformers {rates['transformers']:8.1f} | graphs/eager "
@@ -133,8 +202,11 @@ def main() -> None:
             f"{rates['graphs'] / rates['transformers']:.2f}x"
         )
     replays = graphs.pool.runner.graphs.replays
+    result["replays"] = replays
     print(f"[decode] recorded steps replayed: {replays}")
-    if args.device.startswith("cuda"):
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    if args.device.startswith("cuda") and not args.engine_only:
         attention_bench(args.device, dtype, [2048, 8192])
 
 

@@ -227,8 +227,7 @@ def test_host_worker_command():
         "--router": "tcp://x:1",
         "--device": "cpu",
         "--served-model-name": "m",
-        "--kv-cache-mb": "512",
-        "--max-batch": "64",
+        "--kv-cache-mb": "512",  # no --max-batch: the worker takes its device's default
         "--host-kv-cache-mb": "256",
         "--dtype": "bfloat16",
     }

@@ -37,8 +37,8 @@ class LLM:
         *,
         dtype: str = "float32",
         kv_cache_mb: int = 512,
-        max_batch: int = 64,
-        token_budget: int = 512,
+        max_batch: int | None = None,
+        token_budget: int | None = None,
         max_context: int | None = None,
         device: str = "cpu",
     ) -> None:

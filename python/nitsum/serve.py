@@ -182,7 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=HOST_KV_CACHE_MB,
         help="host memory per device for swapped-out KV (0: preemption recomputes)",
     )
-    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument(
+        "--max-batch", type=int, default=None, help="running sequences cap (cpu 64, cuda 256)"
+    )
+    p.add_argument(
+        "--token-budget", type=int, default=None, help="tokens per step (cpu 512, cuda 8192)"
+    )
     p.add_argument(
         "--bind-idle",
         action="store_true",

@@ -70,6 +70,16 @@ def router_command(
     return cmd
 
 
+def step_limit_flags(args: argparse.Namespace) -> list[str]:
+    """--max-batch / --token-budget as given; absent ones take the worker's device default."""
+    flags = []
+    if getattr(args, "max_batch", None) is not None:
+        flags += ["--max-batch", str(args.max_batch)]
+    if getattr(args, "token_budget", None) is not None:
+        flags += ["--token-budget", str(args.token_budget)]
+    return flags
+
+
 def worker_command(
     worker_id: int,
     model_dir: Path,
@@ -83,7 +93,7 @@ def worker_command(
     cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
     cmd += ["--worker-id", str(worker_id), "--router", worker_addr, "--device", device]
     cmd += ["--served-model-name", served_model_name, "--threads", str(threads)]
-    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
+    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), *step_limit_flags(args)]
     cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
     if getattr(args, "kv_peers_addr", None):
         cmd += ["--kv-peers", args.kv_peers_addr, "--kv-rank", str(worker_id)]
@@ -122,7 +132,7 @@ def host_worker_command(
     cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
     cmd += ["--worker-id", "0", "--devices", str(args.workers), "--router", worker_addr]
     cmd += ["--device", args.device, "--served-model-name", served_model_name]
-    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), "--max-batch", str(args.max_batch)]
+    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), *step_limit_flags(args)]
     cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
     if args.bind_idle:
         cmd += ["--bind-idle"]

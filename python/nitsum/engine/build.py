@@ -20,17 +20,29 @@ from nitsum.parallel.context import build_context
 from nitsum.parallel.shift import ShiftRule
 from nitsum.weights.layout import build_weights
 
+# Per-step limits by device type: (token budget: prompt + decode tokens one step may run,
+# running sequences cap). A GPU step costs about the same up to thousands of tokens (weight
+# reads dominate), so it takes vLLM's 8192 tokens / 256 sequences; a CPU step grows with its
+# tokens, so small steps keep decode latency low there.
+STEP_LIMITS = {"cpu": (512, 64), "cuda": (8192, 256)}
+
+
+def default_step_limits(device: str) -> tuple[int, int]:
+    """(token_budget, max_batch) for `device` ("cuda:1" is a "cuda"; unknown types: CPU's)."""
+    return STEP_LIMITS.get(device.split(":")[0], STEP_LIMITS["cpu"])
+
 
 @dataclass
 class EngineConfig:
-    """Engine knobs with sane CPU defaults."""
+    """Engine knobs with sane defaults; `max_batch` and `token_budget` left None take the
+    device's (`default_step_limits`)."""
 
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     kv_cache_bytes: int = 512 << 20
     page_tokens: int = 16
-    max_batch: int = 64
-    token_budget: int = 512
+    max_batch: int = None  # type: ignore[assignment]  # NOTE: an int after __post_init__
+    token_budget: int = None  # type: ignore[assignment]
     max_context: int | None = None
     tp_levels: tuple[int, ...] = DEFAULT_TP_LEVELS
     # Short prompts overtake long ones that can spare the tokens (engine/prompt_order.py).
@@ -54,6 +66,13 @@ class EngineConfig:
     # None = on CUDA only (CUDA graphs); True elsewhere runs the same static-buffer path
     # eagerly (tests).
     decode_graphs: bool | None = None
+
+    def __post_init__(self) -> None:
+        budget, batch = default_step_limits(self.device)
+        if self.token_budget is None:
+            self.token_budget = budget
+        if self.max_batch is None:
+            self.max_batch = batch
 
     @property
     def records_decode(self) -> bool:

@@ -31,6 +31,15 @@ from nitsum.parallel.context import TPContext
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def decode_buckets(max_batch: int) -> tuple[int, ...]:
+    """DEFAULT_BUCKETS, doubled on up to the first bucket that holds `max_batch` sequences (a
+    GPU's 256-sequence batches replay a recording too instead of running eagerly)."""
+    buckets = list(DEFAULT_BUCKETS)
+    while buckets[-1] < max_batch:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
 def decode_context(cfg: ModelConfig, max_context: int | None) -> int:
     """The longest context a recorded step's page table covers (the engine's window)."""
     return min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)

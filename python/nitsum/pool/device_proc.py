@@ -20,7 +20,12 @@ import torch.distributed as dist
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
-from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
+from nitsum.engine.graphs import (
+    DecodeGraphs,
+    decode_buckets,
+    decode_context,
+    graph_memory_pool,
+)
 from nitsum.engine.load import load_model
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.host_pool import HostKVPool, host_pages_in
@@ -104,7 +109,8 @@ class Device:
                         ctx,
                         self.pool,
                         decode_context(cfg, ecfg.max_context),
-                        memory_pool=memory_pool,
+                        decode_buckets(ecfg.max_batch),
+                        memory_pool,
                     )
                     if ecfg.records_decode
                     else None

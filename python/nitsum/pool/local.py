@@ -15,7 +15,12 @@ import torch
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
-from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
+from nitsum.engine.graphs import (
+    DecodeGraphs,
+    decode_buckets,
+    decode_context,
+    graph_memory_pool,
+)
 from nitsum.engine.load import install_grammars, load_model, model_eos_ids
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
@@ -55,7 +60,12 @@ class LocalDevice:
         if ecfg.records_decode:
             memory_pool = graph_memory_pool(ecfg.device)
             graphs = DecodeGraphs(
-                model, ctx, kv, decode_context(cfg, ecfg.max_context), memory_pool=memory_pool
+                model,
+                ctx,
+                kv,
+                decode_context(cfg, ecfg.max_context),
+                decode_buckets(ecfg.max_batch),
+                memory_pool,
             )
         self.runner = ModelRunner(model, kv, ctx, host, graphs)
         # Packs and unpacks KV leaving for / coming from another host worker (kv_wire.py).

@@ -57,8 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_SHIFT_THRESHOLD}; `nitsum serve` passes a profile's crossovers)",
     )
     p.add_argument("--page-tokens", type=int, default=16, help="tokens per KV page at TP 1")
-    p.add_argument("--max-batch", type=int, default=64, help="running sequences cap")
-    p.add_argument("--token-budget", type=int, default=512, help="tokens per step")
+    p.add_argument(
+        "--max-batch", type=int, default=None, help="running sequences cap (cpu 64, cuda 256)"
+    )
+    p.add_argument(
+        "--token-budget", type=int, default=None, help="tokens per step (cpu 512, cuda 8192)"
+    )
     p.add_argument("--max-context", type=int, default=None, help="cap the context window")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (--devices 1)")
     p.add_argument(

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# gpu_check.sh's serving section: a random Llama-shaped model (scripts/random_model.py, with
+# SmolLM2's tokenizer), `nitsum serve --workers 1 --no-control` on it, and the bursty
+# `nitsum bench` load of the 2026-11-26 H200 run (rate scale 1 only), capped so the section
+# ends within its budget: the bench's global deadline is what is left of DEADLINE_S after the
+# model and the server start, and what did not finish by then counts as errors.
+# usage (from the project root, nitsum on PYTHONPATH):
+#   gpu_serve.sh DEVICE DEADLINE_S WORKDIR OUTJSON
+# DEVICE cuda: 32 layers, hidden 4096 (7.4 B params, bf16), 4<->24 req/s over 40 s, inputs
+# 128:2000, outputs 64:256; DEVICE cpu: the dry run's 2-layer hidden-256 model and a light load.
+set -u
+DEV=$1 DEADLINE=$2 W=$3 OUTJSON=$4
+PY=${PYTHON:-python3}
+START=$(date +%s)
+nitsum() { "$PY" -c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+
+M=$W/rand-model
+if [ "$DEV" = cuda ]; then
+  SHAPE=(--layers 32 --hidden 4096 --heads 32 --kv-heads 8 --device cuda)
+  KV=30000 LO=4 HI=24 DUR=40 IN=128:2000 OUTL=64:256
+else
+  SHAPE=(--layers 2 --hidden 256 --heads 4 --kv-heads 2 --device cpu)
+  KV=256 LO=0.5 HI=1 DUR=10 IN=32:256 OUTL=8:32
+fi
+if [ ! -f "$M/config.json" ]; then
+  "$PY" scripts/random_model.py "$M" "${SHAPE[@]}" --tokenizer-dir .gpu_carry/tokenizer || exit 1
+fi
+echo "[serve] model ready at $(elapsed) s"
+
+PORT=${GPU_CHECK_PORT:-8123}
+nitsum serve --model "$M" --device "$DEV" --workers 1 --dtype bfloat16 --kv-cache-mb $KV \
+  --port "$PORT" --no-control > "$W/serve.log" 2>&1 &
+SP=$!
+stop() { kill "$SP" 2>/dev/null; wait "$SP" 2>/dev/null; }
+trap stop EXIT
+health() {
+  "$PY" -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$PORT/health', timeout=2).status_code != 200)" \
+    2>/dev/null
+}
+until health; do
+  sleep 1
+  if ! kill -0 "$SP" 2>/dev/null; then echo "[serve] server died"; tail -30 "$W/serve.log"; exit 1; fi
+  if [ "$(elapsed)" -gt $(( DEADLINE * 6 / 10 )) ]; then
+    echo "[serve] not ready after $(elapsed) s"; tail -30 "$W/serve.log"; exit 1
+  fi
+done
+echo "[serve] server ready at $(elapsed) s"
+
+# The bench's global deadline: what is left, less 10 s to stop and report.
+CAP=$(( DEADLINE - $(elapsed) - 10 ))
+[ "$CAP" -lt 20 ] && CAP=20
+echo "[serve] bench capped at $CAP s (unfinished requests count as errors)"
+nitsum bench --url "http://127.0.0.1:$PORT" --trace bursty --bursty-low-rate $LO \
+  --bursty-high-rate $HI --bursty-period 20 --bursty-duration $DUR --bursty-input $IN \
+  --bursty-output $OUTL --tier-mix strict=0.3,relaxed=0.5,background=0.2 --rate-scale 1 \
+  --timeout "$CAP" --no-progress --out "$OUTJSON" 2>&1 | tail -20
+RC=${PIPESTATUS[0]}
+echo "[serve] bench done at $(elapsed) s (rc $RC)"
+grep -iE "error|traceback" "$W/serve.log" | head -10
+exit "$RC"

@@ -1,0 +1,297 @@
+"""The rows and the table of scripts/gpu_check.sh: each section's output judged against its
+target.
+
+    gpu_table.py row SECTION --rc RC --wall S --budget S --log LOG [--json F] [--device D]
+        appends the section's rows (JSON lines) to stdout;
+    gpu_table.py table ROWS.jsonl
+        prints the markdown table of every row.
+
+A row: section, result (PASS / FAIL / TIMEOUT / MISSING), key numbers, target, verdict
+(pass / FAIL against the target; `n/a` on a CPU dry run, whose timings mean nothing, or
+where no target applies). NOTE: a section's result is its own exit status (and that its
+numbers could be read); the verdict is the numbers against the GPU targets (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# GPU targets (docs/gpu.md, "Targets").
+FLOOR_RATIO_MAX = 1.3  # batch-1 decode step / weight-read floor
+DECODE_B64_MIN = 7578.0  # tok/s at batch 64: 2.5x the 3,031 of 2026-11-26 on H200
+PREFILL_GEMM_FRACTION_MIN = 0.5  # prefill rate / bf16 GEMM rate
+SERVE_WALL_MAX_S = 50.0  # 1.25x the 40 s trace
+SERVE_TPOT_P50_MAX_MS = 25.0
+SERVE_TTFT_P50_MAX_MS = 500.0
+
+
+@dataclass
+class Row:
+    section: str
+    result: str
+    numbers: str
+    target: str
+    verdict: str
+    wall_s: float = 0.0
+    budget_s: float = 0.0
+
+
+@dataclass
+class SectionRun:
+    """What gpu_check.sh knows of one finished section."""
+
+    section: str
+    rc: int
+    wall_s: float
+    budget_s: float
+    log: str
+    data: dict | None
+    gpu: bool
+
+    @property
+    def result(self) -> str:
+        if self.rc == 127:
+            return "MISSING"
+        if self.rc in (124, 137):
+            return "TIMEOUT"
+        return "PASS" if self.rc == 0 else "FAIL"
+
+    def row(self, numbers: str, target: str, met: bool | None, result: str | None = None) -> Row:
+        """A row; `met` None: no target applies. Off the GPU every target is n/a."""
+        verdict = "n/a" if met is None or not self.gpu else ("pass" if met else "FAIL")
+        # A timeout or a failure stays one; `result` may only turn a PASS into a FAIL.
+        result = result if result and self.result == "PASS" else self.result
+        return Row(
+            self.section, result, numbers, target, verdict, self.wall_s,
+            self.budget_s,
+        )  # fmt: skip
+
+
+def pytest_counts(log: str) -> dict[str, int]:
+    """passed / failed / skipped / errors of pytest's last summary line in `log`."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    lines = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+    if lines:
+        for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", lines[-1]):
+            counts["error" if word.startswith("error") else word] = int(n)
+    return counts
+
+
+def tests_rows(run: SectionRun) -> list[Row]:
+    c = pytest_counts(run.log)
+    numbers = f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+    if c["error"]:
+        numbers += f", {c['error']} errors"
+    ok = c["passed"] > 0 and not c["failed"] and not c["error"]
+    result = run.result if run.result != "PASS" or ok else "FAIL"
+    return [Row(run.section, result, numbers, "0 failed", "pass" if ok else "FAIL", run.wall_s,
+                run.budget_s)]  # fmt: skip
+
+
+def agreement_rows(run: SectionRun) -> list[Row]:
+    if run.data is None:
+        return [run.row("no summary", "all cases agree", False, "FAIL")]
+    cases = run.data["cases"]
+    big = [c for c in cases if c["case"].startswith("8b")]
+    numbers = f"{run.data['passed']}/{len(cases)} cases"
+    if big and "first_exact" in big[0]:
+        numbers += "; 8B-shape first tokens " + ", ".join(
+            f"{c['first_exact']}/3 exact (gap {c['first_gap_max']})"
+            for c in big
+            if "first_exact" in c
+        )
+    ok = run.data["failed"] == 0
+    # NOTE: agreement is a correctness check: it is judged on the dry run too.
+    return [Row(run.section, run.result, numbers, "all cases agree", "pass" if ok else "FAIL",
+                run.wall_s, run.budget_s)]  # fmt: skip
+
+
+def decode_rows(run: SectionRun) -> list[Row]:
+    d = run.data
+    if d is None or "floor_ratio_b1" not in d:
+        return [run.row("no numbers", "see docs/gpu.md", False, "FAIL")]
+    rates = d["decode_tok_s"]
+    floor = (
+        f"step {d['step_ms_b1']:.2f} ms vs floor {d['floor_ms']:.2f} ms "
+        f"({d['weight_bytes'] / 1e9:.2f} GB at {d['copy_gbps']:.0f} GB/s): "
+        f"{d['floor_ratio_b1']:.2f}x"
+    )
+    rows = [run.row(floor, f"<= {FLOOR_RATIO_MAX}x floor", d["floor_ratio_b1"] <= FLOOR_RATIO_MAX)]
+    tput = ", ".join(f"b{b} {r:.0f}" for b, r in rates.items()) + " tok/s"
+    b64 = rates.get("64")
+    met = None if b64 is None else b64 >= DECODE_B64_MIN
+    rows.append(run.row(tput, f"b64 >= {DECODE_B64_MIN:.0f} tok/s", met))
+    # NOTE: the same run: its wall time and budget are the first row's, counted once.
+    rows[1].section, rows[1].wall_s, rows[1].budget_s = f"{run.section} throughput", 0.0, 0.0
+    return rows
+
+
+def numeric_leaves(data: object, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted key, value) of every number in a JSON value, in order."""
+    if isinstance(data, dict):
+        return [kv for k, v in data.items() for kv in numeric_leaves(v, f"{prefix}{k}.")]
+    if isinstance(data, list):
+        return [kv for i, v in enumerate(data) for kv in numeric_leaves(v, f"{prefix}{i}.")]
+    if isinstance(data, int | float) and not isinstance(data, bool):
+        return [(prefix.rstrip("."), float(data))]
+    return []
+
+
+def summary_rows(target: str, fraction_key: str | None) -> Callable[[SectionRun], list[Row]]:
+    """Rows of another engineer's benchmark (its JSON's format is its own): the first few
+    numbers; with `fraction_key`, the first number whose key holds it is judged >= 0.5."""
+
+    def rows(run: SectionRun) -> list[Row]:
+        if run.result == "MISSING":
+            return [run.row("missing", target, None)]
+        leaves = numeric_leaves(run.data) if run.data is not None else []
+        shown = "; ".join(f"{k} {v:.4g}" for k, v in leaves[:4]) or "no JSON"
+        met = None
+        if fraction_key:
+            hits = [v for k, v in leaves if fraction_key in k.lower()]
+            met = hits[0] >= PREFILL_GEMM_FRACTION_MIN if hits else None
+            if hits:
+                shown = f"{fraction_key} {hits[0]:.2f}; " + shown
+        return [run.row(shown, target, met)]
+
+    return rows
+
+
+def serve_rows(run: SectionRun) -> list[Row]:
+    d = run.data
+    if d is None or not d.get("runs"):
+        return [run.row("bench gave no results", "see docs/gpu.md", False, "FAIL")]
+    one = d["runs"][0]
+    s, lat = one["summary"], one["summary"]["latency"]
+    ttft, tpot = lat["ttft_ms"], lat["tpot_ms"]
+    ttft50 = ttft["p50"] if ttft else None
+    tpot50 = tpot["p50"] if tpot else None
+    numbers = (
+        f"wall {one['wall_s']:.1f} s for a {s['duration_s']:.0f} s trace; TTFT p50 "
+        f"{_ms(ttft50)} ms; TPOT p50 {_ms(tpot50)} ms; {s['n_ok']}/{s['n_requests']} ok, "
+        f"{s['n_errors']} errors"
+    )
+    met = (
+        one["wall_s"] <= SERVE_WALL_MAX_S
+        and ttft50 is not None
+        and ttft50 <= SERVE_TTFT_P50_MAX_MS
+        and tpot50 is not None
+        and tpot50 <= SERVE_TPOT_P50_MAX_MS
+        and s["n_errors"] == 0
+    )
+    target = (
+        f"wall <= {SERVE_WALL_MAX_S:.0f} s, TTFT p50 <= {SERVE_TTFT_P50_MAX_MS:.0f} ms, "
+        f"TPOT p50 <= {SERVE_TPOT_P50_MAX_MS:.0f} ms, 0 errors"
+    )
+    result = run.result if s["n_errors"] == 0 else "FAIL"
+    return [run.row(numbers, target, met, result)]
+
+
+def profile_rows(run: SectionRun) -> list[Row]:
+    d = run.data
+    if d is None or d.get("schema") != "nitsum-profile/1":
+        return [run.row("no profile", "nitsum-profile/1, TP 1", False, "FAIL")]
+    pre, dec = d["prefill"]["1"], d["decode"]["1"]
+    numbers = (
+        f"{len(pre)} prefill + {len(dec)} decode points; prefill {pre[0]['tokens']} tok "
+        f"{pre[0]['ms']:.2f} ms .. {pre[-1]['tokens']} tok {pre[-1]['ms']:.2f} ms; decode "
+        f"b{dec[0]['batch']} {dec[0]['ms']:.2f} ms .. b{dec[-1]['batch']} {dec[-1]['ms']:.2f} ms"
+    )
+    return [run.row(numbers, "nitsum-profile/1, TP 1", None)]
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+EVALUATORS: dict[str, Callable[[SectionRun], list[Row]]] = {
+    "tests": tests_rows,
+    "agreement": agreement_rows,
+    "decode": decode_rows,
+    "attention": summary_rows("see scripts/bench_attention.py", None),
+    "prefill": summary_rows(f">= {PREFILL_GEMM_FRACTION_MIN:.0%} of bf16 GEMM", "gemm"),
+    "serve": serve_rows,
+    "profile": profile_rows,
+}
+
+
+def rows_of(run: SectionRun) -> list[Row]:
+    """The section's rows; a section whose output cannot be read is one FAIL row."""
+    try:
+        return EVALUATORS[run.section](run)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        return [run.row(f"unreadable output: {type(e).__name__}: {e}", "-", False, "FAIL")]
+
+
+def read_json(text: str) -> dict | None:
+    """The JSON object of a file or of a program's stdout: the whole text, else its last line
+    that parses as an object (a benchmark may print progress before it)."""
+    for candidate in [text, *reversed(text.splitlines())]:
+        try:
+            data = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def table(rows: list[Row], device: str) -> str:
+    """The markdown table, a line of totals under it."""
+    out = [
+        "| section | result | key numbers | target | verdict | wall s (budget) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        wall = f"{r.wall_s:.0f} ({r.budget_s:.0f})" if r.budget_s else ""
+        out.append(
+            f"| {r.section} | {r.result} | {r.numbers} | {r.target} | {r.verdict} | {wall} |"
+        )
+    failed = sum(r.result != "PASS" and r.result != "MISSING" for r in rows)
+    missed = sum(r.verdict == "FAIL" for r in rows)
+    note = "" if device.startswith("cuda") else " (CPU dry run: timings are meaningless)"
+    out.append("")
+    out.append(
+        f"{len(rows)} rows on {device}{note}: {failed} failed or timed out, {missed} missed "
+        f"their target; sections took {sum(r.wall_s for r in rows):.0f} s"
+    )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("row")
+    r.add_argument("section", choices=sorted(EVALUATORS))
+    r.add_argument("--rc", type=int, required=True)
+    r.add_argument("--wall", type=float, required=True)
+    r.add_argument("--budget", type=float, default=0.0)
+    r.add_argument("--log", type=Path, required=True)
+    r.add_argument("--json", type=Path, default=None)
+    r.add_argument("--device", default="cuda")
+    t = sub.add_parser("table")
+    t.add_argument("rows", type=Path)
+    t.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    if args.cmd == "table":
+        lines = args.rows.read_text().splitlines() if args.rows.exists() else []
+        print(table([Row(**json.loads(ln)) for ln in lines if ln.strip()], args.device))
+        return 0
+    log = args.log.read_text(errors="replace") if args.log.exists() else ""
+    data = read_json(args.json.read_text()) if args.json and args.json.exists() else None
+    run = SectionRun(
+        args.section, args.rc, args.wall, args.budget, log, data, args.device.startswith("cuda")
+    )
+    for row in rows_of(run):
+        print(json.dumps(asdict(row)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

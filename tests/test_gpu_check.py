@@ -1,0 +1,121 @@
+"""scripts/gpu_check.sh without a GPU: its table judges each section's output against the GPU
+targets (gpu_table.py), and its CPU dry run of the profile and missing-benchmark sections
+writes the table and the profile into $OUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_table as gt  # noqa: E402
+
+
+def run(section: str, rc: int = 0, log: str = "", data: dict | None = None, gpu: bool = True):
+    return gt.rows_of(gt.SectionRun(section, rc, 10.0, 60.0, log, data, gpu))
+
+
+def decode_data(step_ms: float, b64: float) -> dict:
+    return {
+        "weight_bytes": 15e9,
+        "copy_gbps": 4000.0,
+        "floor_ms": 3.75,
+        "step_ms_b1": step_ms,
+        "floor_ratio_b1": step_ms / 3.75,
+        "decode_tok_s": {"1": 1e3 / step_ms, "16": 3000.0, "64": b64},
+    }
+
+
+def serve_data(wall: float, ttft: float, tpot: float, errors: int) -> dict:
+    lat = {"ttft_ms": {"p50": ttft}, "tpot_ms": {"p50": tpot}}
+    summary = {"duration_s": 40.0, "n_ok": 100 - errors, "n_requests": 100, "n_errors": errors}
+    return {"runs": [{"wall_s": wall, "summary": summary | {"latency": lat}}]}
+
+
+def test_pytest_counts_come_from_the_last_summary_line():
+    log = "...\n1 passed in 0.1s\nFFF\n3 failed, 12 passed, 2 skipped, 1 error in 40.2s\n"
+    assert gt.pytest_counts(log) == {"passed": 12, "failed": 3, "skipped": 2, "error": 1}
+    [row] = run("tests", rc=1, log=log)
+    assert (row.result, row.verdict) == ("FAIL", "FAIL")
+    [row] = run("tests", log="14 passed in 50.09s")
+    assert (row.result, row.numbers, row.verdict) == (
+        "PASS",
+        "14 passed, 0 failed, 0 skipped",
+        "pass",
+    )
+    [row] = run("tests", log="no tests ran")  # nothing passed: not a proof
+    assert row.verdict == "FAIL"
+
+
+def test_decode_rows_judge_the_floor_ratio_and_batch_64():
+    floor, tput = run("decode", data=decode_data(step_ms=4.5, b64=8000.0))
+    assert "1.20x" in floor.numbers and floor.verdict == "pass"
+    assert "b64 8000" in tput.numbers and tput.verdict == "pass"
+    floor, tput = run("decode", data=decode_data(step_ms=5.0, b64=3031.0))
+    assert (floor.verdict, tput.verdict) == ("FAIL", "FAIL")
+    # Off the GPU the same numbers are not judged.
+    floor, tput = run("decode", data=decode_data(step_ms=5.0, b64=3031.0), gpu=False)
+    assert (floor.verdict, tput.verdict) == ("n/a", "n/a")
+
+
+def test_serve_row_needs_every_target_and_no_errors():
+    [row] = run("serve", data=serve_data(wall=45.0, ttft=300.0, tpot=20.0, errors=0))
+    assert row.verdict == "pass" and "TPOT p50 20.0 ms" in row.numbers
+    [row] = run("serve", data=serve_data(wall=45.0, ttft=300.0, tpot=26.0, errors=0))
+    assert row.verdict == "FAIL"
+    [row] = run("serve", data=serve_data(wall=45.0, ttft=300.0, tpot=20.0, errors=3))
+    assert (row.result, row.verdict) == ("FAIL", "FAIL")
+
+
+def test_other_benchmarks_missing_timed_out_or_judged_by_their_gemm_fraction():
+    [row] = run("attention", rc=127)
+    assert (row.result, row.numbers, row.verdict) == ("MISSING", "missing", "n/a")
+    [row] = run("prefill", data={"tokens": 4096, "tflops": 400.0, "of_gemm": 0.62})
+    assert row.verdict == "pass" and row.numbers.startswith("gemm 0.62")
+    [row] = run("prefill", data={"runs": [{"fraction_of_gemm": 0.3}]})
+    assert row.verdict == "FAIL"
+    [row] = run("decode", rc=124)  # a timeout stays a timeout, with no numbers
+    assert row.result == "TIMEOUT"
+
+
+def test_read_json_takes_the_last_object_line_of_a_programs_output():
+    assert gt.read_json('progress 1\n{"a": 1}\n{"b": 2}\ndone\n') == {"b": 2}
+    assert gt.read_json('{\n "a": 1\n}\n') == {"a": 1}
+    assert gt.read_json("no json here") is None
+
+
+def test_table_has_a_row_per_result_and_a_totals_line():
+    rows = run("tests", log="3 passed in 1s") + run("attention", rc=127)
+    text = gt.table(rows, "cpu")
+    lines = text.splitlines()
+    assert lines[0].startswith("| section | result |") and len(lines) == 2 + 2 + 2
+    assert "| tests | PASS | 3 passed, 0 failed, 0 skipped |" in text
+    assert "CPU dry run" in lines[-1] and "0 failed or timed out" in lines[-1]
+    # The decode run's two rows count its wall time once.
+    rows = run("decode", data=decode_data(step_ms=4.5, b64=8000.0))
+    assert gt.table(rows, "cuda").endswith("sections took 10 s")
+
+
+def test_cpu_dry_run_writes_the_table_and_the_engine_profile(tmp_path):
+    """The script end to end on CPU for its cheap sections: a missing benchmark and the
+    engine profile of a random 2-layer model (about 35 s on a busy 2-core machine)."""
+    env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--device", "cpu", "--sections", "attention,profile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "| attention | MISSING | missing |" in table
+    assert "| profile | PASS |" in table
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["schema"] == "nitsum-profile/1" and profile["tp_levels"] == [1]
+    assert "===== profile: rc 0" in (tmp_path / "logs.txt").read_text()
