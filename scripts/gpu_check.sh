@@ -113,9 +113,11 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
     decode) "$PYTHON" scripts/bench_gpu.py --device "$DEVICE" --engine-only "${DECODE_ARGS[@]}" \
               --json "$W/decode.json" ;;
     attention|prefill)
-      local script=scripts/bench_$1.py
+      local script=scripts/bench_$1.py small=()
       [ -f "$script" ] || { echo "$script: missing"; return 127; }
-      "$PYTHON" "$script" --json > "$W/$1.json"; local rc=$?; cat "$W/$1.json"; return $rc ;;
+      [ "$DEVICE" = cuda ] || small=(--tiny)
+      [ "$1" = attention ] && small=()
+      "$PYTHON" "$script" --device "$DEVICE" ${small[@]+"${small[@]}"} --json "$W/$1.json" ;;
     serve) bash scripts/gpu_serve.sh "$DEVICE" "${BUDGET[serve]}" "$W" "$W/serve.json" ;;
     profile)
       if [ ! -f "$W/rand-model/config.json" ]; then
