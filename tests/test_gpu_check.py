@@ -74,6 +74,13 @@ def test_serve_row_needs_every_target_and_no_errors():
 def test_other_benchmarks_missing_timed_out_or_judged_by_their_gemm_fraction():
     [row] = run("attention", rc=127)
     assert (row.result, row.numbers, row.verdict) == ("MISSING", "missing", "n/a")
+    ctx = {"speedup_vs_sdpa": 1.5, "kernel_us": 200.0, "pct_of_copy": 65.0}
+    rows = [ctx | {"context": 2048}, ctx | {"context": 8192}]
+    [row] = run("attention", data={"rows": rows})
+    assert row.verdict == "pass" and row.numbers.startswith("8192 ctx: 200 us, 65% of copy")
+    rows[0]["speedup_vs_sdpa"] = 0.9  # slower than gather+SDPA at one context
+    [row] = run("attention", data={"rows": rows})
+    assert row.verdict == "FAIL" and "0.90x at worst (2048 ctx)" in row.numbers
     [row] = run("prefill", data={"tokens": 4096, "tflops": 400.0, "of_gemm": 0.62})
     assert row.verdict == "pass" and row.numbers.startswith("gemm 0.62")
     [row] = run("prefill", data={"runs": [{"fraction_of_gemm": 0.3}]})
@@ -101,8 +108,9 @@ def test_table_has_a_row_per_result_and_a_totals_line():
 
 
 def test_cpu_dry_run_writes_the_table_and_the_engine_profile(tmp_path):
-    """The script end to end on CPU for its cheap sections: a missing benchmark and the
-    engine profile of a random 2-layer model (about 35 s on a busy 2-core machine)."""
+    """The script end to end on CPU for its cheap sections: the attention benchmark (tiny,
+    under the interpreter) and the engine profile of a random 2-layer model (about 50 s on a
+    busy 2-core machine)."""
     env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
     proc = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--device", "cpu", "--sections", "attention,profile"],
@@ -114,7 +122,7 @@ def test_cpu_dry_run_writes_the_table_and_the_engine_profile(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = (tmp_path / "gpu_check.md").read_text()
-    assert "| attention | MISSING | missing |" in table
+    assert "| attention | PASS | 600 ctx:" in table
     assert "| profile | PASS |" in table
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["schema"] == "nitsum-profile/1" and profile["tp_levels"] == [1]
