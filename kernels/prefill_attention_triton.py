@@ -109,7 +109,7 @@ def _attend_block(
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PRECISION)
+    acc = tl.dot(p.to(vb.dtype), vb, acc * alpha[:, None], input_precision=PRECISION)
     return acc, l_i, m_new
 
 
