@@ -42,13 +42,19 @@ class PrefillBlocks:
     num_stages: int
 
 
-def prefill_blocks(head_dim: int, group: int, dtype: torch.dtype, max_q_len: int) -> PrefillBlocks:
-    """Block sizes for one step.
+def prefill_blocks(
+    head_dim: int, group: int, dtype: torch.dtype, max_q_len: int, hopper: bool = True
+) -> PrefillBlocks:
+    """Block sizes for one step (`hopper`: sm_90 or later).
 
     - bf16/fp16 (tensor cores): 128 folded rows × 64 keys up to head dim 128 (the FA2 shape:
       the (128, hd) fp32 accumulator and a (128, 64) score tile fit in 8 warps' registers; 3
-      stages of K/V blocks fit shared memory); head dim 256 halves both.
-    - fp32 ("ieee" dots, no tensor cores: CPU checks, an fp32 engine): 64 × 32.
+      stages of K/V blocks fit shared memory); head dim 256 halves both. (Compiled for
+      sm_90 at head dim 128: wgmma, 182 registers, no spills, 97 KiB shared memory.) Before
+      Hopper, mma.sync holds more in registers: 2 stages, or up to 48 bytes spill on sm_80.
+    - fp32 ("ieee" dots, no tensor cores: CPU checks, an fp32 engine): FMA dots keep a
+      tile's products in registers, so the tile shrinks as the head dim grows (64 at 32, 16
+      at 128: larger ones spill on sm_90).
     - A step of short chunks (q_len · group folded rows under a tile) takes a smaller tile
       (down to 16, tl.dot's minimum), so decode-like chunks don't pay for 128 rows.
 
@@ -57,9 +63,10 @@ def prefill_blocks(head_dim: int, group: int, dtype: torch.dtype, max_q_len: int
     """
     block_d = triton.next_power_of_2(head_dim)
     if dtype == torch.float32:
-        m, n, warps, stages = 64, 32, 4, 2
+        m = n = min(64, max(16, 2048 // block_d))
+        warps, stages = 4, 2
     elif block_d <= 128:
-        m, n, warps, stages = 128, 64, 8 if block_d == 128 else 4, 3
+        m, n, warps, stages = 128, 64, 8 if block_d == 128 else 4, 3 if hopper else 2
     else:
         m, n, warps, stages = 64, 32, 8, 2
     m = min(m, max(16, triton.next_power_of_2(max_q_len * group)))
@@ -219,7 +226,8 @@ def prefill_attention_triton(
     hq, hd = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[1]
     group = hq // kv_heads
-    blocks = prefill_blocks(hd, group, q.dtype, max(s.q_len for s in segs))
+    hopper = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+    blocks = prefill_blocks(hd, group, q.dtype, max(s.q_len for s in segs), hopper)
     # NOTE: the kernel finds a tile's chunk by the same count; the grid must match it.
     tiles = sum(triton.cdiv(s.q_len * group, blocks.block_m) for s in segs)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: unused by bf16/fp16

@@ -142,12 +142,14 @@ def test_one_long_chunk_over_many_tiles():
 
 
 def test_block_sizes():
-    """Tensor-core tiles for bf16 (128 folded rows at head dim 128), smaller ones for fp32
-    and head dim 256, and a step of short chunks takes a tile its rows fill (min 16)."""
+    """Tensor-core tiles for bf16 (128 folded rows at head dim 128), smaller ones for head
+    dim 256 and for fp32 (shrinking with the head dim), and a step of short chunks takes a
+    tile its rows fill (min 16)."""
     tile = lambda *a: (prefill_blocks(*a).block_m, prefill_blocks(*a).block_n)  # noqa: E731
     assert tile(128, 4, torch.bfloat16, 2048) == (128, 64)
     assert tile(256, 4, torch.bfloat16, 2048) == (64, 32)
-    assert tile(128, 4, torch.float32, 2048) == (64, 32)
+    assert tile(128, 4, torch.float32, 2048) == (16, 16)
+    assert tile(32, 4, torch.float32, 2048) == (64, 64)
     assert prefill_blocks(128, 8, torch.bfloat16, 3).block_m == 32
     assert prefill_blocks(128, 4, torch.bfloat16, 1).block_m == 16
 
