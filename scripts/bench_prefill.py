@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # NOTE: nitsum imports wait for main (TRITON_INTERPRET must c
     from nitsum.kernels.paged_attention import AttentionMetadata
     from nitsum.models.llama import LlamaModel
 
+TARGET = 0.5  # of the GEMM rate, for the whole prefill forward
 Runner = Callable[[Callable[[], object]], float]  # seconds of one call (median)
 
 SHAPES = {
@@ -243,12 +244,21 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"prefill bench on {device}, torch {torch.__version__}, bf16, {args.prompt} tokens")
     for row in rows:
-        print(
-            "  "
-            + ", ".join(
-                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-            )
-        )
+        cells = (f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
+        print("  " + ", ".join(cells))
+    gemm, prefill, kernel, sdpa = rows
+    verdict = "met" if prefill["of_gemm"] >= TARGET else "missed"
+    if not args.device.startswith("cuda"):
+        print("(CPU --tiny: the lines below only show the script runs)")
+    print(
+        f"[prefill] {prefill['tflops']:.1f} TFLOP/s = {prefill['of_gemm']:.0%} of the bf16 GEMM "
+        f"rate ({gemm['tflops']:.1f} TFLOP/s); target {TARGET:.0%}: {verdict}"
+    )
+    print(
+        f"[attention] Triton {kernel['ms']:.3f} ms ({kernel['tflops']:.1f} TFLOP/s) vs "
+        f"{sdpa['name']} {sdpa['ms']:.3f} ms: {kernel['vs_sdpa']:.2f}x its speed, "
+        f"max |diff| {kernel['max_abs_diff_vs_sdpa']:.3g}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "torch": torch.__version__, "rows": rows}, f, indent=1)
