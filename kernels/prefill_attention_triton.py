@@ -61,7 +61,7 @@ def prefill_blocks(
     The page size does not enter: K/V are addressed per position (`pos // page_tokens`), so
     a block may straddle pages of any size.
     """
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = max(16, triton.next_power_of_2(head_dim))
     if dtype == torch.float32:
         m = n = min(64, max(16, 2048 // block_d))
         warps, stages = 4, 2
