@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
-
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Below this many (batch · query · key) positions, CPU attention in bf16/fp16 runs upcast to
 # fp32 SDPA (measured: 25 vs 52 us at one query over 192 keys; the matmul path wins from
@@ -47,9 +47,9 @@ class AttentionMetadata:
     decode_lens: torch.Tensor  # (n_decode,) long: context length of each decode query
     decode_max_len: int  # max of decode_lens, known on the host (reading it would sync CUDA)
     prefills: list[PrefillSegment]
-    # Made once per step by the first layer that needs them: the decode rows' additive mask,
-    # the prefill chunks' batched page table (Triton).
-    _decode_bias: torch.Tensor | None = field(default=None, init=False, repr=False)
+    # Made once per step by the first layer that needs them: the decode rows' mask, the
+    # prefill chunks' batched page table (Triton).
+    _decode_mask: torch.Tensor | None = field(default=None, init=False, repr=False)
     _prefill_table: tuple[torch.Tensor, torch.Tensor] | None = field(
         default=None, init=False, repr=False
     )
@@ -69,15 +69,19 @@ class AttentionMetadata:
             self._prefill_table = table, torch.tensor(ints, dtype=torch.long).to(dev)
         return self._prefill_table
 
-    def decode_bias(self) -> torch.Tensor:
-        """(n_decode, 1, 1, decode_max_len) float32: 0 where a decode row attends, -inf past
-        its context (one mask for every layer of the step)."""
-        if self._decode_bias is None:
+    def decode_mask(self) -> torch.Tensor:
+        """(n_decode, 1, 1, decode_max_len) bool: True where a decode row attends, False past
+        its context (one mask for every layer of the step).
+
+        NOTE: bool, not an additive float32 mask: SDPA turns a bool mask into the query's
+        dtype itself, while cuDNN's SDPA (the default on SM90 with a recent cuDNN) reads a
+        float32 mask as if it were the query's bf16/fp16 (pytorch/pytorch#191612), which
+        made the bf16 reference's decode rows wrong on CUDA."""
+        if self._decode_mask is None:
             keys = torch.arange(self.decode_max_len, device=self.decode_lens.device)
-            bias = torch.zeros(self.n_decode, 1, 1, self.decode_max_len, device=keys.device)
-            past = keys >= self.decode_lens[:, None]
-            self._decode_bias = bias.masked_fill_(past.view(bias.shape), float("-inf"))
-        return self._decode_bias
+            seen = keys < self.decode_lens[:, None]
+            self._decode_mask = seen.view(self.n_decode, 1, 1, self.decode_max_len)
+        return self._decode_mask
 
     def to(self, device: torch.device | str) -> AttentionMetadata:
         """The same plan with every tensor on `device` (a no-op on CPU)."""
@@ -110,8 +114,8 @@ def attend(
 ) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q (B, Hq, L, hd), k/v (B, Hkv, C, hd); `mask`
     (bool, True = attend; or float32, added to the scores) broadcasts to (B, 1, L, C);
-    `causal` aligns the last query with the
-    last key (queries are the context's last L positions). Returns (B, Hq, L, hd)."""
+    `causal` aligns the last query with the last key (queries are the context's last L
+    positions). Returns (B, Hq, L, hd)."""
     length, ctx = q.shape[2], k.shape[2]
     if causal and length != ctx:
         # NOTE: SDPA's is_causal aligns the first query with the first key, not the last.
@@ -120,6 +124,16 @@ def attend(
             False,
         )
     gqa = q.shape[1] != k.shape[1]
+    if mask is not None and q.device.type != "cpu":
+        # NOTE: a masked call off CPU runs SDPA's math backend: it takes any mask with GQA
+        # and computes in fp32 (bf16/fp16 inputs are upcast), so the reference is right
+        # whatever the fused backends (flash, memory-efficient and cuDNN, whose choice
+        # depends on the torch/cuDNN build) accept or get wrong. Its speed matters little:
+        # the engine attends with the Triton kernels there; unmasked calls stay fused.
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+            )
     if q.dtype == torch.float32 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
@@ -172,7 +186,7 @@ def paged_attention_ref(
         max_ctx = meta.decode_max_len
         kd = gather_pages(k_cache, meta.decode_pages, page)[:, :max_ctx].transpose(1, 2)
         vd = gather_pages(v_cache, meta.decode_pages, page)[:, :max_ctx].transpose(1, 2)
-        od = attend(q[:nd].unsqueeze(2), kd, vd, scale, meta.decode_bias()).squeeze(2)
+        od = attend(q[:nd].unsqueeze(2), kd, vd, scale, meta.decode_mask()).squeeze(2)
         if not meta.prefills:
             return od
         out[:nd] = od

@@ -133,37 +133,6 @@ def decode_rows(run: SectionRun) -> list[Row]:
     return rows
 
 
-def numeric_leaves(data: object, prefix: str = "") -> list[tuple[str, float]]:
-    """(dotted key, value) of every number in a JSON value, in order."""
-    if isinstance(data, dict):
-        return [kv for k, v in data.items() for kv in numeric_leaves(v, f"{prefix}{k}.")]
-    if isinstance(data, list):
-        return [kv for i, v in enumerate(data) for kv in numeric_leaves(v, f"{prefix}{i}.")]
-    if isinstance(data, int | float) and not isinstance(data, bool):
-        return [(prefix.rstrip("."), float(data))]
-    return []
-
-
-def summary_rows(target: str, fraction_key: str | None) -> Callable[[SectionRun], list[Row]]:
-    """Rows of another engineer's benchmark (its JSON's format is its own): the first few
-    numbers; with `fraction_key`, the first number whose key holds it is judged >= 0.5."""
-
-    def rows(run: SectionRun) -> list[Row]:
-        if run.result == "MISSING":
-            return [run.row("missing", target, None)]
-        leaves = numeric_leaves(run.data) if run.data is not None else []
-        shown = "; ".join(f"{k} {v:.4g}" for k, v in leaves[:4]) or "no JSON"
-        met = None
-        if fraction_key:
-            hits = [v for k, v in leaves if fraction_key in k.lower()]
-            met = hits[0] >= PREFILL_GEMM_FRACTION_MIN if hits else None
-            if hits:
-                shown = f"{fraction_key} {hits[0]:.2f}; " + shown
-        return [run.row(shown, target, met)]
-
-    return rows
-
-
 def serve_rows(run: SectionRun) -> list[Row]:
     d = run.data
     if d is None or not d.get("runs"):
@@ -226,6 +195,25 @@ def attention_rows(run: SectionRun) -> list[Row]:
     return [run.row(numbers, target, met)]
 
 
+def prefill_rows(run: SectionRun) -> list[Row]:
+    """scripts/bench_prefill.py: the 2,048-token prefill's share of the bf16 GEMM rate, and
+    its attention kernel against SDPA (flash) on the same shapes."""
+    target = f">= {PREFILL_GEMM_FRACTION_MIN:.0%} of bf16 GEMM"
+    if run.result == "MISSING":
+        return [run.row("missing", target, None)]
+    by_name = {r["name"]: r for r in (run.data or {}).get("rows") or []}
+    if "prefill" not in by_name:
+        return [run.row("no prefill row", target, False, "FAIL")]
+    pre, attn = by_name["prefill"], by_name.get("attention_triton")
+    numbers = (
+        f"{pre['tokens']} tok in {pre['ms']:.1f} ms, {pre['tflops']:.0f} TFLOP/s = "
+        f"{pre['of_gemm']:.0%} of GEMM"
+    )
+    if attn is not None:
+        numbers += f"; attention {attn['ms']:.2f} ms, {attn['vs_sdpa']:.2f}x SDPA's speed"
+    return [run.row(numbers, target, pre["of_gemm"] >= PREFILL_GEMM_FRACTION_MIN)]
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -235,7 +223,7 @@ EVALUATORS: dict[str, Callable[[SectionRun], list[Row]]] = {
     "agreement": agreement_rows,
     "decode": decode_rows,
     "attention": attention_rows,
-    "prefill": summary_rows(f">= {PREFILL_GEMM_FRACTION_MIN:.0%} of bf16 GEMM", "gemm"),
+    "prefill": prefill_rows,
     "serve": serve_rows,
     "profile": profile_rows,
 }

@@ -81,10 +81,14 @@ def test_other_benchmarks_missing_timed_out_or_judged_by_their_gemm_fraction():
     rows[0]["speedup_vs_sdpa"] = 0.9  # slower than gather+SDPA at one context
     [row] = run("attention", data={"rows": rows})
     assert row.verdict == "FAIL" and "0.90x at worst (2048 ctx)" in row.numbers
-    [row] = run("prefill", data={"tokens": 4096, "tflops": 400.0, "of_gemm": 0.62})
-    assert row.verdict == "pass" and row.numbers.startswith("gemm 0.62")
-    [row] = run("prefill", data={"runs": [{"fraction_of_gemm": 0.3}]})
+    pre = {"name": "prefill", "tokens": 2048, "ms": 60.0, "tflops": 400.0, "of_gemm": 0.62}
+    attn = {"name": "attention_triton", "ms": 1.5, "vs_sdpa": 1.1}
+    [row] = run("prefill", data={"rows": [{"name": "gemm"}, pre, attn]})
+    assert row.verdict == "pass" and "= 62% of GEMM; attention 1.50 ms, 1.10x" in row.numbers
+    [row] = run("prefill", data={"rows": [pre | {"of_gemm": 0.3}]})
     assert row.verdict == "FAIL"
+    [row] = run("prefill", data={"rows": [attn]})
+    assert (row.result, row.verdict) == ("FAIL", "FAIL")
     [row] = run("decode", rc=124)  # a timeout stays a timeout, with no numbers
     assert row.result == "TIMEOUT"
 

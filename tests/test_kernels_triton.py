@@ -13,6 +13,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref  # noqa: E402
 from nitsum.kernels.kv_pack_triton import pack_triton, unpack_triton  # noqa: E402
+from triton_interpret import widen_bf16_dots  # noqa: E402
+
+widen_bf16_dots()
 
 
 @pytest.mark.parametrize("local_heads, head, heads", [(4, 0, 4), (4, 2, 2), (2, 1, 1)])
