@@ -54,6 +54,9 @@ class EngineConfig:
     # None = on CUDA only (CUDA graphs); True elsewhere runs the same static-buffer path
     # eagerly (tests).
     decode_graphs: bool | None = None
+    # The fused Triton elementwise kernels and Triton attention (models/llama.py): None = on
+    # CUDA only; True on CPU runs them under Triton's interpreter (tests).
+    fused_ops: bool | None = None
 
     @property
     def records_decode(self) -> bool:
@@ -68,7 +71,8 @@ def build_model(
 ) -> LlamaModel:
     """Fuse the weights once, laid out for every TP level the model allows."""
     blocks = mlp_blocks(cfg, cfg.allowed_tp_levels(ecfg.tp_levels))
-    return LlamaModel(cfg, build_weights(cfg, tensors, blocks, ecfg.dtype, ecfg.device))
+    weights = build_weights(cfg, tensors, blocks, ecfg.dtype, ecfg.device)
+    return LlamaModel(cfg, weights, ecfg.fused_ops)
 
 
 def build_engine(
