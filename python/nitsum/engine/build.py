@@ -57,6 +57,10 @@ class EngineConfig:
     # The fused Triton elementwise kernels and Triton attention (models/llama.py): None = on
     # CUDA only; True on CPU runs them under Triton's interpreter (tests).
     fused_ops: bool | None = None
+    # Record every step but attention piecewise per token bucket at start-up
+    # (engine/piecewise.py): None = on CUDA only; True elsewhere runs the same static-buffer
+    # path eagerly (tests).
+    piecewise_graphs: bool | None = None
 
     @property
     def records_decode(self) -> bool:
@@ -64,6 +68,19 @@ class EngineConfig:
         if self.decode_graphs is None:
             return self.device.startswith("cuda")
         return self.decode_graphs
+
+    @property
+    def records_piecewise(self) -> bool:
+        """Whether devices record steps piecewise (`piecewise_graphs`, resolved)."""
+        if self.piecewise_graphs is None:
+            return self.device.startswith("cuda")
+        return self.piecewise_graphs
+
+    @property
+    def records_steps(self) -> bool:
+        """Whether devices record steps of either kind (their KV pool then has a scratch page
+        for padding rows)."""
+        return self.records_decode or self.records_piecewise
 
 
 def build_model(
