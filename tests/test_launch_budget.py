@@ -43,6 +43,7 @@ from nitsum.sampling import SamplingParams  # noqa: E402
 from tiny import BASE  # noqa: E402
 
 BUDGET = 12
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 aten = torch.ops.aten
 NO_KERNEL = {
     aten.view,
@@ -123,7 +124,7 @@ def decode_step_launches(monkeypatch, layers: int, fused: bool) -> list[str]:
     hf = LlamaForCausalLM(LlamaConfig(**{**BASE, "num_hidden_layers": layers})).eval()
     cfg = ModelConfig.from_hf(hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     ecfg = EngineConfig(
-        dtype=torch.bfloat16, kv_cache_bytes=1 << 20, page_tokens=4, fused_ops=fused
+        dtype=torch.bfloat16, device=DEV, kv_cache_bytes=1 << 20, page_tokens=4, fused_ops=fused
     )
     engine = build_engine(cfg, hf.state_dict().items(), ecfg)
     model = engine.runner.model

@@ -1,7 +1,8 @@
 """Steps recorded piecewise (engine/piecewise.py): everything but attention per token bucket,
 recorded at start-up, attention eager between the pieces. On CPU the pieces run eagerly over
 the same static buffers and padding that CUDA graphs replay, so these tests check that path:
-greedy tokens equal the eager engine's for mixed prefill + decode steps."""
+greedy tokens equal the eager engine's for mixed prefill + decode steps. On a GPU (DEV) the
+same tests record and replay real CUDA graphs with the fused Triton kernels."""
 
 import os
 from dataclasses import replace
@@ -19,9 +20,10 @@ from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from tiny import POOL_ECFG, POOL_PAGES, drain, make_tiny, random_prompt, tiny_device_pool
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 # A small token budget: the 40-token prompt is chunked while the others decode.
-ECFG = replace(POOL_ECFG, token_budget=24, max_context=96, decode_graphs=False)
+ECFG = replace(POOL_ECFG, device=DEV, token_budget=24, max_context=96, decode_graphs=False)
 PIECEWISE = replace(ECFG, piecewise_graphs=True)
 
 
@@ -35,8 +37,8 @@ def run(engine, ps, params=GREEDY):
     return drain(engine)
 
 
-def eager_ids(hf, cfg, ps, params=GREEDY):
-    return run(local_engine(cfg, hf.state_dict().items(), ECFG), ps, params)
+def eager_ids(hf, cfg, ps, params=GREEDY, ecfg=ECFG):
+    return run(local_engine(cfg, hf.state_dict().items(), ecfg), ps, params)
 
 
 def test_buckets_cover_the_token_budget():
@@ -84,7 +86,7 @@ def test_fused_piecewise_gives_torch_tokens():
     runner.pool.storage[:, :, scratch] = 0  # (recording at start-up wrote it)
     assert run(engine, ps, params) == eager
     assert runner.piecewise.replays > 0
-    # Batches of 2 decode rows fill their bucket; the 16 + 14 chunked prompt pads the second.
+    # 16 + 15 + 5 tokens (budget 16): the third step pads 5 rows up to the bucket of 8.
     assert runner.pool.storage[:, :, scratch].abs().sum() > 0
 
 
@@ -119,9 +121,10 @@ def test_tp2_group_replays_pieces_with_their_all_reduces():
     tiny = make_tiny("llama-gqa")
     hf, cfg = tiny
     ps = prompts(cfg)
-    eager = eager_ids(hf, cfg, ps)
-    with tiny_device_pool(tiny, PIECEWISE, devices=2, levels=(1, 2)) as pool:
-        pe = PoolEngine(pool, cfg, PIECEWISE, POOL_PAGES, [(0, 1)])
+    eager = eager_ids(hf, cfg, ps, ecfg=replace(ECFG, device="cpu"))
+    ecfg = replace(PIECEWISE, device="cpu")  # two device processes: CPU (gloo) everywhere
+    with tiny_device_pool(tiny, ecfg, devices=2, levels=(1, 2)) as pool:
+        pe = PoolEngine(pool, cfg, ecfg, POOL_PAGES, [(0, 1)])
         out = run(pe, ps)
         stats = [pool.call(d, "stats") for d in range(2)]
     assert out == eager

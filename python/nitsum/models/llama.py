@@ -76,6 +76,7 @@ class LlamaModel:
             self.add_norm = tri.add_rms_norm_triton
             self.silu_mul = tri.silu_mul_triton
             self.rotary_kv = tri.rotary_kv_triton
+            self.rotary.table()  # NOTE: made here, never first inside a graph capture
 
     @property
     def dtype(self) -> torch.dtype:
