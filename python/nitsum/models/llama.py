@@ -212,13 +212,8 @@ class LlamaModel:
     ) -> None:
         """Layer `i`'s q (rotated) into `act.q`; k (rotated) and v into the cache (fused)
         or into `act.k`/`act.v` for attention to write (torch)."""
-        layer, groups, r, hd = (
-            ctx.layers[i],
-            ctx.heads.kv_heads,
-            self.cfg.num_kv_groups,
-            self.cfg.head_dim,
-        )
-        tokens = x.shape[0]
+        layer, tokens, hd = ctx.layers[i], x.shape[0], self.cfg.head_dim
+        groups, r = ctx.heads.kv_heads, self.cfg.num_kv_groups
         if layer.kv_proj is not None:
             # A replica of a shared KV head (TP > KV heads): its q rows and the head's k/v
             # rows are two views (parallel/shard.py); the k/v are recomputed on every replica.
@@ -256,7 +251,8 @@ class LlamaModel:
         rows: list[int],
     ) -> torch.Tensor:
         """The SP forward: dense layers on this rank's chunk with the full weights; attention
-        over every token with the rank's own heads (TP's KV layout), between two all-to-alls."""
+        over every token with the rank's own heads (TP's KV layout), between two all-to-alls.
+        (Unfused norms and rotary: attention writes the K/V after the all-to-all.)"""
         cfg, hd, heads = self.cfg, self.cfg.head_dim, ctx.heads
         split = TokenSplit(input_ids.shape[0], sp.ranks)
         h = F.embedding(split.take(input_ids, sp.rank), self.weights.embed)
