@@ -96,3 +96,43 @@ def test_silu_mul(dtype, blocks, block):
     gu = shard.double().view(5, blocks, 2, block)
     exact = (torch.nn.functional.silu(gu[:, :, 0]) * gu[:, :, 1]).reshape(5, -1)
     close(out_tri, exact, dtype)
+
+
+def compiled(kernel) -> int:
+    """Compiled variants of a jitted kernel (CUDA: Triton's per-device kernel caches)."""
+    return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+@pytest.mark.skipif(
+    DEV != "cuda", reason="compilation is a GPU matter (the interpreter compiles nothing)"
+)
+def test_tp_shapes_and_token_counts_reuse_the_compiled_kernels():
+    """The shard shapes of TP 1, 2 and 4 (8 query / 4 KV heads; MLP 4·1024 wide) and any
+    token count run on the kernels compiled for the first: no compile on a TP switch."""
+    hd, dtype = 16, torch.bfloat16
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    cos_t, sin_t = (t.to(DEV) for t in ref.rotary_table(inv_freq, 64))
+    counts = []
+    for tp in (1, 2, 4, 2, 1):
+        groups, hidden = 4 // tp, 64
+        for tokens in (1, 5, 33):
+            qkv = torch.randn(tokens, groups, 4, hd, device=DEV, dtype=dtype)
+            kc = torch.zeros(64, groups, hd, device=DEV, dtype=dtype)
+            slots = torch.arange(tokens, device=DEV)
+            pos = torch.arange(tokens, device=DEV)
+            q_out = torch.empty(tokens, groups * 2, hd, device=DEV, dtype=dtype)
+            tri.rotary_kv_triton(
+                qkv[:, :, :2], qkv[:, :, 2], qkv[:, :, 3], pos, cos_t, sin_t, kc, kc.clone(),
+                slots, q_out,
+            )  # fmt: skip
+            x = torch.randn(tokens, hidden, device=DEV, dtype=dtype)
+            w = torch.ones(hidden, device=DEV, dtype=dtype)
+            tri.add_rms_norm_triton(x, x.clone(), w, 1e-6)
+            tri.silu_mul_triton(torch.randn(tokens, 2 * 4096 // tp, device=DEV, dtype=dtype), 1024)
+        counts.append(
+            [
+                compiled(k)
+                for k in (tri._rotary_kv_kernel, tri._add_rms_norm_kernel, tri._silu_mul_kernel)
+            ]
+        )
+    assert counts == [counts[0]] * len(counts), counts
