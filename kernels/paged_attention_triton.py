@@ -27,17 +27,23 @@ from nitsum.kernels.prefill_attention_triton import prefill_attention_triton
 
 def paged_attention_triton(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,
 ) -> torch.Tensor:
     """`paged_attention_ref`'s contract with the Triton kernels: write this step's K/V into
-    the cache, then attend in place over the pages."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    the cache, then attend in place over the pages.
+
+    NOTE: `kv_written=True`: the caches already hold this step's K/V at `meta.slot_mapping`
+    (the model's fused rotary kernel wrote them, kernels/fused_ops_triton.py); k and v are
+    then not read (pass None) and nothing is written here."""
+    if not kv_written:
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
     # NOTE: the kernels address `out` with q's strides and head dims with unit stride.
     q = q.contiguous()
     out = torch.empty_like(q)

@@ -66,6 +66,13 @@ class EngineConfig:
     # None = on CUDA only (CUDA graphs); True elsewhere runs the same static-buffer path
     # eagerly (tests).
     decode_graphs: bool | None = None
+    # The fused Triton elementwise kernels and Triton attention (models/llama.py): None = on
+    # CUDA only; True on CPU runs them under Triton's interpreter (tests).
+    fused_ops: bool | None = None
+    # Record every step but attention piecewise per token bucket at start-up
+    # (engine/piecewise.py): None = on CUDA only; True elsewhere runs the same static-buffer
+    # path eagerly (tests).
+    piecewise_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         budget, batch = default_step_limits(self.device)
@@ -81,13 +88,27 @@ class EngineConfig:
             return self.device.startswith("cuda")
         return self.decode_graphs
 
+    @property
+    def records_piecewise(self) -> bool:
+        """Whether devices record steps piecewise (`piecewise_graphs`, resolved)."""
+        if self.piecewise_graphs is None:
+            return self.device.startswith("cuda")
+        return self.piecewise_graphs
+
+    @property
+    def records_steps(self) -> bool:
+        """Whether devices record steps of either kind (their KV pool then has a scratch page
+        for padding rows)."""
+        return self.records_decode or self.records_piecewise
+
 
 def build_model(
     cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]], ecfg: EngineConfig
 ) -> LlamaModel:
     """Fuse the weights once, laid out for every TP level the model allows."""
     blocks = mlp_blocks(cfg, cfg.allowed_tp_levels(ecfg.tp_levels))
-    return LlamaModel(cfg, build_weights(cfg, tensors, blocks, ecfg.dtype, ecfg.device))
+    weights = build_weights(cfg, tensors, blocks, ecfg.dtype, ecfg.device)
+    return LlamaModel(cfg, weights, ecfg.fused_ops)
 
 
 def build_engine(

@@ -6,6 +6,9 @@ lengths) and records it. A step then copies its inputs into the buffers, pads th
 the bucket and replays. A TP switch selects another context's graphs; nothing is captured
 after start-up (`DecodeGraphs.freeze`, asserted like the communicator pool's groups).
 
+Steps these recordings cannot run (a prefill chunk, a bigger batch, a longer context) run
+piecewise (engine/piecewise.py), or eagerly.
+
 Padding rows decode token 0 at position 0 with a context of one token, writing their K/V to
 the pool's scratch page, which no sequence ever owns.
 

@@ -7,6 +7,7 @@ from typing import Protocol
 import torch
 
 from nitsum.engine.graphs import DecodeGraphs
+from nitsum.engine.piecewise import PiecewiseGraphs
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
@@ -55,6 +56,7 @@ class ModelRunner:
         ctx: TPContext,
         host: HostKVPool | None = None,
         graphs: DecodeGraphs | None = None,
+        piecewise: PiecewiseGraphs | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -62,6 +64,9 @@ class ModelRunner:
         self.copier = SwapCopier(host) if host is not None else None
         # The context's recorded decode steps (engine/graphs.py), built with it at start-up.
         self.graphs = graphs
+        # Its steps recorded piecewise, all but attention (engine/piecewise.py): the steps
+        # the decode recordings cannot run.
+        self.piecewise = piecewise
 
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         return build_step_inputs(batch, self.pool.tokens_per_page(self.ctx.tp))
@@ -70,6 +75,8 @@ class ModelRunner:
         """Float32 logits of the sampled rows (identical on every rank of the group)."""
         if self.graphs is not None and self.graphs.fits(inputs):
             return self.graphs.run(inputs)
+        if self.piecewise is not None and self.piecewise.fits(inputs):
+            return self.piecewise.run(inputs)
         return self.model.logits(self.hidden(inputs))
 
     def join(self, inputs: StepInputs) -> None:
@@ -77,6 +84,8 @@ class ModelRunner:
         recorded step holds both, and every rank of the group must replay the same one)."""
         if self.graphs is not None and self.graphs.fits(inputs):
             self.graphs.run(inputs)
+        elif self.piecewise is not None and self.piecewise.fits(inputs):
+            self.piecewise.run(inputs)
         else:
             self.hidden(inputs)
 

@@ -3,6 +3,16 @@
 The model object holds only TP-independent state (config, full weights, rotary tables);
 the TP degree, rank, shard views and process group come in with the `TPContext` on every
 call, so switching TP is choosing another context.
+
+The TP forward is cut at each layer's attention: `begin` (embedding, first norm, layer 0's
+qkv and rotary), `between` (o-proj, residual, norm, MLP, the next layer's norm, qkv and
+rotary) and `end` (the last o-proj and MLP, final norm), over `Activations`; attention runs
+between them (`attention`). `forward` chains them eagerly; engine/piecewise.py records the
+pieces per token bucket and runs attention between replays.
+
+The elementwise ops are torch (kernels/fused_ops.py) or, when the weights are on CUDA (or
+`fused=True`), fused Triton kernels (kernels/fused_ops_triton.py): the residual add with the
+next norm, rotary with the KV-cache write (attention then only reads the cache), SiLU·mul.
 """
 
 from __future__ import annotations
@@ -11,22 +21,16 @@ import torch
 import torch.nn.functional as F
 
 from nitsum.config import ModelConfig
+from nitsum.kernels import fused_ops
+from nitsum.kernels.fused_ops import rms_norm
 from nitsum.kernels.linear import linear
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.kv.pool import KVPool
+from nitsum.models.activations import Activations
 from nitsum.models.rope import Rotary
 from nitsum.parallel.context import TPContext
 from nitsum.parallel.sequence import SPComm, TokenSplit
 from nitsum.weights.layout import LayerWeights, ModelWeights
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, as HF does."""
-    if x.dtype == torch.float32:  # one fused op, the same arithmetic
-        return F.rms_norm(x, weight.shape, weight, eps)
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 def split_qkv(
@@ -47,18 +51,32 @@ def split_qkv(
 
 
 class LlamaModel:
-    """Llama / Qwen2 / Mistral decoder over fused, TP-agnostic weights."""
+    """Llama / Qwen2 / Mistral decoder over fused, TP-agnostic weights.
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
+    `fused`: the fused Triton elementwise kernels and Triton attention (None: when the
+    weights are on CUDA; True on CPU runs them under Triton's interpreter, for tests)."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, fused: bool | None = None) -> None:
         self.cfg = cfg
         self.weights = weights
         self.rotary = Rotary(cfg, weights.embed.device)
         self.scale = cfg.head_dim**-0.5
+        self.fused = weights.embed.is_cuda if fused is None else fused
         self.paged_attention = paged_attention_ref
-        if weights.embed.is_cuda:  # attend over the pages in place (kernels/)
+        self.add_norm = fused_ops.add_rms_norm
+        self.silu_mul = fused_ops.silu_mul
+        self.rotary_kv = fused_ops.rotary_kv
+        if weights.embed.is_cuda or self.fused:  # attend over the pages in place (kernels/)
             from nitsum.kernels.paged_attention_triton import paged_attention_triton
 
             self.paged_attention = paged_attention_triton
+        if self.fused:
+            from nitsum.kernels import fused_ops_triton as tri
+
+            self.add_norm = tri.add_rms_norm_triton
+            self.silu_mul = tri.silu_mul_triton
+            self.rotary_kv = tri.rotary_kv_triton
+            self.rotary.table()  # NOTE: made here, never first inside a graph capture
 
     @property
     def dtype(self) -> torch.dtype:
@@ -86,24 +104,141 @@ class LlamaModel:
             # NOTE: ctx.sp is None in a pipeline (build_context): stages run TP.
             rows = list(range(input_ids.shape[0])) if rows is None else rows
             return self._forward_sp(ctx, ctx.sp, input_ids, positions, meta, kv, rows)
-        cfg, stage = self.cfg, ctx.stage
+        stage = ctx.stage
+        layers = list(range(len(ctx.layers)) if stage is None else stage.layers)
+        slots = meta.slot_mapping
         if stage is None or stage.first:
-            h = F.embedding(input_ids, self.weights.embed)
+            act = Activations(F.embedding(input_ids, self.weights.embed))
         else:
-            h = stage.recv(input_ids.shape[0], cfg.hidden_size, self.weights.embed)
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)
-        for i in range(len(ctx.layers)) if stage is None else stage.layers:
-            layer = ctx.layers[i]
-            k_cache, v_cache = kv.kv(i, ctx.heads.kv_heads)
-            x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            h += self._attention(ctx, layer, x, cos, sin, k_cache, v_cache, meta)
-            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            h += ctx.all_reduce(self.mlp(layer, x))
+            act = Activations(
+                stage.recv(input_ids.shape[0], self.cfg.hidden_size, self.weights.embed)
+            )
+        self.begin(ctx, act, None, positions, slots, kv, layers[0])
+        for i, nxt in zip(layers, layers[1:] + [None], strict=True):
+            self.attention(ctx, act, i, meta, kv)
+            if nxt is not None:
+                self.between(ctx, act, i, nxt, positions, slots, kv)
         if stage is not None and not stage.last:
-            stage.send(h)  # NOTE: only the last stage's hidden states are the step's
-            return h[:0]
-        h = h if rows is None else h[rows]
-        return rms_norm(h, self.weights.final_norm, cfg.rms_norm_eps)
+            self.end(ctx, act, layers[-1], norm=False)
+            stage.send(act.h)  # NOTE: only the last stage's hidden states are the step's
+            return act.h[:0]
+        out = self.end(ctx, act, layers[-1])
+        return out if rows is None else out[rows]
+
+    def begin(
+        self,
+        ctx: TPContext,
+        act: Activations,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: KVPool,
+        layer: int = 0,
+    ) -> None:
+        """The piece before the first attention: the embedding of `input_ids` into `act.h`
+        (None: `act.h` holds the step's input already), the first norm, `layer`'s q/k/v."""
+        if input_ids is not None:
+            act.put("h", F.embedding(input_ids, self.weights.embed))
+        if not self.fused:
+            act.put("cos", (cs := self.rotary.cos_sin(positions, act.h.dtype))[0])
+            act.put("sin", cs[1])
+        x = self.add_norm(None, act.h, ctx.layers[layer].input_norm, self.cfg.rms_norm_eps)
+        self._qkv(ctx, act, layer, x, positions, slots, kv)
+
+    def between(
+        self,
+        ctx: TPContext,
+        act: Activations,
+        layer: int,
+        nxt: int,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: KVPool,
+    ) -> None:
+        """The piece between `layer`'s attention and `nxt`'s: o-proj and MLP of `layer`, the
+        residual adds fused with the norms, `nxt`'s q/k/v."""
+        x = self._finish(ctx, act, layer, ctx.layers[nxt].input_norm)
+        assert x is not None
+        self._qkv(ctx, act, nxt, x, positions, slots, kv)
+
+    def end(self, ctx: TPContext, act: Activations, layer: int, norm: bool = True) -> torch.Tensor:
+        """The piece after the last attention: `layer`'s o-proj and MLP and the final norm
+        (`norm=False`: the residual stream `act.h` itself, a pipeline stage's output)."""
+        x = self._finish(ctx, act, layer, self.weights.final_norm if norm else None)
+        return act.h if x is None else x
+
+    def _finish(
+        self, ctx: TPContext, act: Activations, i: int, next_norm: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """o-proj, residual, post norm, MLP, residual, then `next_norm` of the new residual
+        (None: no norm; the residual stream is complete)."""
+        layer, eps = ctx.layers[i], self.cfg.rms_norm_eps
+        assert act.o is not None
+        attn = ctx.all_reduce(linear(act.o, layer.o_t.t()))
+        x = self.add_norm(attn, act.h, layer.post_norm, eps)
+        mlp = ctx.all_reduce(self.mlp(layer, x))
+        if next_norm is None:
+            act.h += mlp
+            return None
+        return self.add_norm(mlp, act.h, next_norm, eps)
+
+    def attention(
+        self, ctx: TPContext, act: Activations, i: int, meta: AttentionMetadata, kv: KVPool
+    ) -> None:
+        """Layer `i`'s paged attention of the step's rows (the first `len(slot_mapping)` of
+        `act`; any further rows are a bucket's padding) into `act.o`."""
+        k_cache, v_cache = kv.kv(i, ctx.heads.kv_heads)
+        n = meta.slot_mapping.shape[0]
+        assert act.q is not None
+        if act.k is None or act.v is None:  # the fused rotary kernel wrote K/V
+            o = self.paged_attention(
+                act.q[:n], None, None, k_cache, v_cache, meta, self.scale, kv_written=True
+            )
+        else:
+            o = self.paged_attention(
+                act.q[:n], act.k[:n], act.v[:n].contiguous(), k_cache, v_cache, meta, self.scale
+            )
+        act.put("o", o.view(n, -1))
+
+    def _qkv(
+        self,
+        ctx: TPContext,
+        act: Activations,
+        i: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: KVPool,
+    ) -> None:
+        """Layer `i`'s q (rotated) into `act.q`; k (rotated) and v into the cache (fused)
+        or into `act.k`/`act.v` for attention to write (torch)."""
+        layer, tokens, hd = ctx.layers[i], x.shape[0], self.cfg.head_dim
+        groups, r = ctx.heads.kv_heads, self.cfg.num_kv_groups
+        if layer.kv_proj is not None:
+            # A replica of a shared KV head (TP > KV heads): its q rows and the head's k/v
+            # rows are two views (parallel/shard.py); the k/v are recomputed on every replica.
+            q = linear(x, layer.qkv, layer.qkv_bias).view(tokens, 1, ctx.heads.q_heads, hd)
+            kvr = linear(x, layer.kv_proj, layer.kv_bias).view(tokens, 1, 2, hd)
+            k, v = kvr[:, :, 0], kvr[:, :, 1]
+        else:
+            qkv = linear(x, layer.qkv, layer.qkv_bias).view(tokens, groups, r + 2, hd)
+            q, k, v = qkv[:, :, :r], qkv[:, :, r], qkv[:, :, r + 1]
+        if self.fused:
+            cos, sin = self.rotary.table()
+            k_cache, v_cache = kv.kv(i, ctx.heads.kv_heads)
+            q_out = act.out("q", (tokens, ctx.heads.q_heads, hd), x)
+            self.rotary_kv(q, k, v, positions, cos, sin, k_cache, v_cache, slots, q_out)
+            return
+        assert act.cos is not None and act.sin is not None
+        cos, sin = act.cos[:tokens], act.sin[:tokens]
+        if layer.kv_proj is not None:
+            q = Rotary.apply(q.view(tokens, -1, hd), cos, sin)
+            k = Rotary.apply(k, cos, sin)
+        else:
+            q, k, v = split_qkv(qkv, groups, r, hd, cos, sin)
+        act.put("q", q)
+        act.put("k", k)
+        act.put("v", v)
 
     def _forward_sp(
         self,
@@ -116,7 +251,8 @@ class LlamaModel:
         rows: list[int],
     ) -> torch.Tensor:
         """The SP forward: dense layers on this rank's chunk with the full weights; attention
-        over every token with the rank's own heads (TP's KV layout), between two all-to-alls."""
+        over every token with the rank's own heads (TP's KV layout), between two all-to-alls.
+        (Unfused norms and rotary: attention writes the K/V after the all-to-all.)"""
         cfg, hd, heads = self.cfg, self.cfg.head_dim, ctx.heads
         split = TokenSplit(input_ids.shape[0], sp.ranks)
         h = F.embedding(split.take(input_ids, sp.rank), self.weights.embed)
@@ -139,30 +275,6 @@ class LlamaModel:
         """Float32 logits for the given rows (LM head is replicated on every rank)."""
         return linear(hidden, self.weights.lm_head).float()
 
-    def _attention(
-        self,
-        ctx: TPContext,
-        layer: LayerWeights,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        groups, r, hd = ctx.heads.kv_heads, self.cfg.num_kv_groups, self.cfg.head_dim
-        if layer.kv_proj is not None:
-            # A replica of a shared KV head (TP > KV heads): its q rows and the head's k/v
-            # rows are two views (parallel/shard.py); the k/v are recomputed on every replica.
-            q = linear(x, layer.qkv, layer.qkv_bias).view(-1, ctx.heads.q_heads, hd)
-            kv = linear(x, layer.kv_proj, layer.kv_bias).view(-1, 1, 2, hd)
-            q, k, v = Rotary.apply(q, cos, sin), Rotary.apply(kv[:, :, 0], cos, sin), kv[:, :, 1]
-        else:
-            qkv = linear(x, layer.qkv, layer.qkv_bias)
-            q, k, v = split_qkv(qkv, groups, r, hd, cos, sin)
-        o = self.attend(q, k, v, k_cache, v_cache, meta)
-        return ctx.all_reduce(linear(o, layer.o_t.t()))
-
     def attend(
         self,
         q: torch.Tensor,
@@ -180,6 +292,5 @@ class LlamaModel:
     def mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """The MLP over `layer`'s rows: partial sums for a TP shard, whole for full weights."""
         block = self.cfg.intermediate_size // self.weights.mlp_blocks
-        gu = linear(x, layer.gate_up).view(x.shape[0], -1, 2, block)
-        act = (F.silu(gu[:, :, 0]) * gu[:, :, 1]).reshape(x.shape[0], -1)
+        act = self.silu_mul(linear(x, layer.gate_up), block)
         return linear(act, layer.down_t.t())

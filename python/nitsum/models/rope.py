@@ -7,6 +7,7 @@ import math
 import torch
 
 from nitsum.config import ModelConfig
+from nitsum.kernels.fused_ops import apply_rotary, rotary_table
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -38,6 +39,8 @@ class Rotary:
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu") -> None:
         self.inv_freq = rope_inv_freq(cfg).to(device)
+        self.max_positions = cfg.max_position_embeddings
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -47,8 +50,13 @@ class Rotary:
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
+    def table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of every position, (max_positions, head_dim / 2) float32, made on first
+        use (the fused rotary kernel looks its tokens' rows up: no per-step angle ops)."""
+        if self._table is None:
+            self._table = rotary_table(self.inv_freq, self.max_positions)
+        return self._table
+
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return apply_rotary(x, cos, sin)

@@ -27,6 +27,7 @@ from nitsum.engine.graphs import (
     graph_memory_pool,
 )
 from nitsum.engine.load import load_model
+from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pool import KVPool
@@ -87,7 +88,7 @@ class Device:
         self.model = build_model(cfg, tensors, spec.ecfg)
         ecfg = spec.ecfg
         self.pool = KVPool(
-            cfg, spec.num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_decode
+            cfg, spec.num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_steps
         )
         memory_pool = graph_memory_pool(ecfg.device)
         # NOTE: every context this device can ever join is built here, before serving.
@@ -115,7 +116,13 @@ class Device:
                     if ecfg.records_decode
                     else None
                 )
-                self.runners[members] = ModelRunner(self.model, self.pool, ctx, graphs=graphs)
+                piecewise = None
+                if ecfg.records_piecewise:
+                    buckets = token_buckets(ecfg.token_budget)
+                    piecewise = PiecewiseGraphs(self.model, ctx, self.pool, buckets, memory_pool)
+                self.runners[members] = ModelRunner(
+                    self.model, self.pool, ctx, graphs=graphs, piecewise=piecewise
+                )
         # Pipelines (parallel/pipeline.py) by (members, tp): stages of TP groups above.
         self.pipelines: dict[tuple[tuple[int, ...], int], ModelRunner] = {}
         for members, tp in topology.pipelines(cfg.num_layers, spec.pp_levels):
@@ -209,6 +216,10 @@ class Device:
                 "graph_captures": DecodeGraphs.captures,
                 "graph_replays": sum(
                     r.graphs.replays for r in self.runners.values() if r.graphs is not None
+                ),
+                "piecewise_captures": PiecewiseGraphs.captures,
+                "piecewise_replays": sum(
+                    r.piecewise.replays for r in self.runners.values() if r.piecewise is not None
                 ),
                 "pipelines": sorted(self.pipelines),
                 "p2p_sends": sum(

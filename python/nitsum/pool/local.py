@@ -22,6 +22,7 @@ from nitsum.engine.graphs import (
     graph_memory_pool,
 )
 from nitsum.engine.load import install_grammars, load_model, model_eos_ids
+from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import HostKVPool, PageCopies, host_pages_in
@@ -52,13 +53,12 @@ class LocalDevice:
     ) -> None:
         self.levels = (1,)
         model = build_model(cfg, tensors, ecfg)
-        kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_decode)
+        kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_steps)
         host_pages = host_pages_in(ecfg.host_kv_cache_bytes, kv.bytes_per_page)
         host = HostKVPool(kv, host_pages) if host_pages else None
         ctx = build_context(cfg, model.weights, 1, 0)
-        graphs = None
+        graphs, piecewise, memory_pool = None, None, graph_memory_pool(ecfg.device)
         if ecfg.records_decode:
-            memory_pool = graph_memory_pool(ecfg.device)
             graphs = DecodeGraphs(
                 model,
                 ctx,
@@ -67,7 +67,10 @@ class LocalDevice:
                 decode_buckets(ecfg.max_batch),
                 memory_pool,
             )
-        self.runner = ModelRunner(model, kv, ctx, host, graphs)
+        if ecfg.records_piecewise:
+            buckets = token_buckets(ecfg.token_budget)
+            piecewise = PiecewiseGraphs(model, ctx, kv, buckets, memory_pool)
+        self.runner = ModelRunner(model, kv, ctx, host, graphs, piecewise)
         # Packs and unpacks KV leaving for / coming from another host worker (kv_wire.py).
         self.transfer = KVTransfer(kv.storage, cfg.num_kv_heads, cfg.head_dim, 0, chunk_bytes=0)
         self._launched: StepInputs | None = None
