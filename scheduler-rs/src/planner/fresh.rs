@@ -8,10 +8,12 @@ use crate::profile::{Profile, Shape};
 use crate::stats::{LengthStats, TierDemand};
 use crate::tiers::Tier;
 
+use super::config::PlannerConfig;
 use super::efficiency::{self, GroupEstimate};
 use super::greedy::{self, Unit};
 use super::placement::{self, Wanted};
-use super::{planned_rate, shape, Planned, PlannerConfig};
+use super::planned::Planned;
+use super::score::{planned_rate, shape};
 
 /// The planner proper (steps 1-4), without hysteresis.
 pub(super) fn plan_fresh(

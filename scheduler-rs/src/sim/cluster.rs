@@ -14,13 +14,14 @@ use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
-use super::chooser::{Choice, Chooser};
+use super::choice::{Choice, Choose};
 use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
-use super::group::{GroupSim, Req};
+use super::group::GroupSim;
 use super::lookahead::{EngineKnobs, Situation};
-use super::reqs::Reqs;
-use super::{policy, report, Policy, SimConfig, SimResult, TraceRequest};
+use super::policy::{self, Policy};
+use super::reqs::{Req, Reqs};
+use super::{report, SimConfig, SimResult, TraceRequest};
 
 /// Simulation state.
 pub struct Cluster<'a> {
@@ -37,7 +38,7 @@ pub struct Cluster<'a> {
     /// Control windows so far (selection rounds run every `lookahead.every_windows`).
     windows: u64,
     /// Policy `nitsum`: the strategy choice across rounds.
-    chooser: Option<Chooser>,
+    chooser: Option<Box<dyn Choose>>,
     /// Every selection round of policy `nitsum`; see `SimResult::choices`.
     choices: Vec<(f64, Choice)>,
     pub(super) events: BinaryHeap<Event>,
@@ -63,8 +64,11 @@ pub struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
-    pub fn new(cfg: &'a SimConfig) -> Result<Self> {
-        Self::build(Cow::Borrowed(cfg), None)
+    /// A run of `cfg`; `chooser` makes the selection rounds of the adaptive policy.
+    pub fn new(cfg: &'a SimConfig, chooser: Option<Box<dyn Choose>>) -> Result<Self> {
+        let mut c = Self::build(Cow::Borrowed(cfg), None)?;
+        c.chooser = chooser;
+        Ok(c)
     }
 
     /// A shadow run of `strategy` from time `start` (`sim::shadow`), planning with `planner`
@@ -121,8 +125,6 @@ impl<'a> Cluster<'a> {
             ..StatsConfig::default()
         });
         let open = shadow.is_some();
-        let chooser = (matches!(cfg.policy, Policy::Nitsum) && !open)
-            .then(|| Chooser::new(cfg.lookahead.clone(), Strategy::Greedy));
         let mut c = Cluster {
             cfg,
             profile,
@@ -134,7 +136,7 @@ impl<'a> Cluster<'a> {
             planner_cfg,
             strategy,
             windows: 0,
-            chooser,
+            chooser: None,
             choices: Vec::new(),
             events: BinaryHeap::new(),
             arrivals: Vec::new(),
@@ -175,7 +177,7 @@ impl<'a> Cluster<'a> {
             .map(|i| report::record(i, &self.reqs[i], &self.cfg.tiers))
             .collect();
         let mut result = report::summarize(
-            policy_name(&self.cfg.policy),
+            Policy::name(&self.cfg.policy),
             self.cfg.devices,
             policy::trace_span(&self.cfg),
             &self.cfg.tiers,
@@ -392,13 +394,16 @@ impl<'a> Cluster<'a> {
     /// Whether group engines demote requests past their TTFT deadline: Nitsum's local
     /// scheduler does; the baselines (SLO-agnostic FCFS, Split) keep their own rules.
     pub(super) fn demotes_late(&self) -> bool {
-        !matches!(self.cfg.policy, Policy::StaticTp { .. } | Policy::Split)
+        !matches!(
+            self.cfg.policy,
+            Policy::Fixed(Strategy::StaticTp { .. } | Strategy::Split)
+        )
     }
 
     /// Whether requests beyond the plan's SLO bandwidth are rejected (Split's rule).
     fn rejects_best_effort(&self) -> bool {
         match &self.cfg.policy {
-            Policy::Split => true,
+            Policy::Fixed(Strategy::Split) => true,
             Policy::FixedPlan {
                 reject_best_effort, ..
             } => *reject_best_effort,
@@ -440,7 +445,7 @@ impl<'a> Cluster<'a> {
         let every = u64::from(self.cfg.lookahead.every_windows.max(1));
         let round = self.windows.is_multiple_of(every);
         if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
-            let arrivals = self.stats.recent_arrivals(now, chooser.cfg.lookback_s());
+            let arrivals = self.stats.recent_arrivals(now, chooser.lookback_s());
             let recent = recent_of(&self.cfg.tiers, &arrivals);
             let situation = Situation {
                 profile: &self.profile,
@@ -492,17 +497,6 @@ fn delivered_rps(reqs: &Reqs, tiers: &[crate::tiers::Tier], t0: f64, t1: f64) ->
         .map(|r| tiers[r.tier].weight)
         .sum();
     met / (t1 - t0).max(1e-9)
-}
-
-fn policy_name(p: &Policy) -> String {
-    match p {
-        Policy::Nitsum => "nitsum".into(),
-        Policy::NitsumGreedy => "nitsum-greedy".into(),
-        Policy::NitsumFixedTp { tp } => format!("nitsum-fixed-tp{tp}"),
-        Policy::StaticTp { tp } => format!("static-tp{tp}"),
-        Policy::Split => "split".into(),
-        Policy::FixedPlan { .. } => "fixed-plan".into(),
-    }
 }
 
 /// The simulated state of request `i` of the trace (validated).

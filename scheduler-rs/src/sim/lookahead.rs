@@ -25,7 +25,8 @@ use crate::tiers::Tier;
 
 use super::forecast::{forecast, ForecastSpec, InFlight, RecentArrival};
 use super::parallel::parallel_map;
-use super::{simulate_outcomes, Policy, SimConfig, TraceRequest};
+use super::policy::Policy;
+use super::{simulate_outcomes, SimConfig, TraceRequest};
 
 /// The forecast's fixed seed: equal situations give equal choices.
 pub const FORECAST_SEED: u64 = 0x5EED;
