@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use anyhow::{ensure, Context, Result};
 
 use crate::dispatch::{Class, DispatchRequest, Dispatcher};
+use crate::ids::TierId;
 use crate::plan::Plan;
 use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::{self, PlannerConfig};
@@ -190,13 +191,13 @@ impl<'a> Cluster<'a> {
         Ok(result)
     }
 
-    /// Run to completion; (arrival, tier index, met) of every request, in config order.
-    pub fn outcomes(mut self) -> Vec<(f64, usize, bool)> {
+    /// Run to completion; (arrival, tier, met) of every request, in config order.
+    pub fn outcomes(mut self) -> Vec<(f64, TierId, bool)> {
         self.play();
         let tiers = &self.cfg.tiers;
         self.reqs
             .iter()
-            .map(|r| (r.arrival, r.tier, report::met(r, &tiers[r.tier])))
+            .map(|r| (r.arrival, r.tier, report::met(r, &tiers[r.tier.index()])))
             .collect()
     }
 
@@ -259,7 +260,7 @@ impl<'a> Cluster<'a> {
     }
 
     fn on_arrival(&mut self, r: usize) {
-        let tier = &self.cfg.tiers[self.reqs[r].tier];
+        let tier = &self.cfg.tiers[self.reqs[r].tier.index()];
         self.stats
             .on_arrival(self.now, &tier.name, self.reqs[r].input);
         let req = DispatchRequest {
@@ -318,7 +319,7 @@ impl<'a> Cluster<'a> {
 
     fn done(&mut self, r: usize) {
         self.dispatcher.complete(r as u64);
-        let tier = &self.cfg.tiers[self.reqs[r].tier].name;
+        let tier = &self.cfg.tiers[self.reqs[r].tier.index()].name;
         self.stats
             .on_completion(self.now, tier, self.reqs[r].output);
     }
@@ -429,7 +430,7 @@ impl<'a> Cluster<'a> {
             .iter()
             .filter(|r| r.arrival <= now && r.finish.is_none() && !r.dropped)
             .map(|r| InFlight {
-                tier: r.tier,
+                tier: r.tier.index(),
                 generated: f64::from(r.generated),
                 age_s: now - r.arrival,
                 feasible: r.class == Class::Feasible,
@@ -491,10 +492,10 @@ impl<'a> Cluster<'a> {
 fn delivered_rps(reqs: &Reqs, tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -> f64 {
     let met: f64 = reqs
         .iter()
-        .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier].background)
+        .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier.index()].background)
         // The same SLO check as the result's records (`report::record`).
         .filter(|r| report::record(0, r, tiers).met)
-        .map(|r| tiers[r.tier].weight)
+        .map(|r| tiers[r.tier.index()].weight)
         .sum();
     met / (t1 - t0).max(1e-9)
 }
@@ -505,6 +506,7 @@ pub(super) fn req_of(cfg: &SimConfig, i: usize, r: &TraceRequest) -> Result<Req>
         .tiers
         .iter()
         .position(|t| t.name == r.tier)
+        .map(TierId)
         .with_context(|| format!("simulate: request {i} has unknown tier {:?}", r.tier))?;
     ensure!(
         r.input_len > 0 && r.output_len > 0,
@@ -522,7 +524,7 @@ pub(super) fn req_of(cfg: &SimConfig, i: usize, r: &TraceRequest) -> Result<Req>
         finish: None,
         decode_leader: None,
         dropped: false,
-        deadline: r.arrival_s + cfg.tiers[tier].ttft_ms / 1000.0,
+        deadline: r.arrival_s + cfg.tiers[tier.index()].ttft_ms / 1000.0,
         stint: None,
         leftover: r.leftover,
     })

@@ -392,9 +392,9 @@ fn predict(
     let scored = outcomes.iter().filter(|x| x.0 > 0.0 && x.0 < cfg.horizon_s);
     let (mut met, mut n) = (0.0, 0.0);
     for &(_, tier, ok) in scored {
-        n += weight[tier];
+        n += weight[tier.index()];
         if ok {
-            met += weight[tier];
+            met += weight[tier.index()];
         }
     }
     let attainment = if n > 0.0 { met / n } else { 0.0 };

@@ -128,9 +128,9 @@ pub fn simulate(cfg: &SimConfig) -> anyhow::Result<SimResult> {
     cluster::Cluster::new(cfg, chooser_of(cfg))?.run()
 }
 
-/// Simulate `cfg`: (arrival, tier index, met) of every request, in config order (the
-/// lookahead's predictions: no records, no summary).
-pub fn simulate_outcomes(cfg: &SimConfig) -> anyhow::Result<Vec<(f64, usize, bool)>> {
+/// Simulate `cfg`: (arrival, tier, met) of every request, in config order (the lookahead's
+/// predictions: no records, no summary).
+pub fn simulate_outcomes(cfg: &SimConfig) -> anyhow::Result<Vec<(f64, crate::ids::TierId, bool)>> {
     Ok(cluster::Cluster::new(cfg, chooser_of(cfg))?.outcomes())
 }
 

@@ -89,7 +89,7 @@ impl Cluster<'_> {
         }
         // Waiting requests move as metadata; partially prefilled KV moves with them.
         for r in orphans_pre {
-            let tier = &self.cfg.tiers[self.reqs[r].tier];
+            let tier = &self.cfg.tiers[self.reqs[r].tier.index()];
             let req = DispatchRequest {
                 tier: &tier.name,
                 background: tier.background,

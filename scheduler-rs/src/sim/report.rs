@@ -79,7 +79,7 @@ pub struct SimResult {
 
 /// The record of request `id` under `tiers`.
 pub fn record(id: usize, r: &Req, tiers: &[Tier]) -> RequestRecord {
-    let tier = &tiers[r.tier];
+    let tier = &tiers[r.tier.index()];
     let (ttft, tpot) = latencies(r);
     let e2e = r.finish.map(|t| (t - r.arrival) * 1000.0);
     RequestRecord {

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
 use crate::dispatch::Class;
+use crate::ids::TierId;
 
 /// Simulated state of one request.
 #[derive(Debug, Clone)]
@@ -13,7 +14,7 @@ pub struct Req {
     pub arrival: f64,
     pub input: u32,
     pub output: u32,
-    pub tier: usize,
+    pub tier: TierId,
     pub class: Class,
     /// Prompt tokens already prefilled.
     pub prefilled: u32,

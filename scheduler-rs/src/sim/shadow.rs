@@ -316,7 +316,7 @@ impl Cluster<'static> {
     /// time and has kept its TPOT so far.
     fn on_track(&self, i: usize, now: f64) -> bool {
         let r = &self.reqs[i];
-        let tier = &self.cfg.tiers[r.tier];
+        let tier = &self.cfg.tiers[r.tier.index()];
         if r.dropped || (r.class == Class::Background && !tier.background) {
             return false;
         }

@@ -197,7 +197,7 @@ fn decoding(output: u32, class: crate::dispatch::Class) -> reqs::Req {
         arrival: 0.0,
         input: 10,
         output,
-        tier: 0,
+        tier: crate::ids::TierId(0),
         class,
         prefilled: 10,
         generated: 1,
