@@ -264,7 +264,7 @@ impl<'a> Cluster<'a> {
         self.stats
             .on_arrival(self.now, &tier.name, self.reqs[r].input);
         let req = DispatchRequest {
-            tier: &tier.name,
+            tier: self.reqs[r].tier,
             background: tier.background || self.reqs[r].leftover,
             affinity: None,
         };

@@ -68,7 +68,7 @@ impl RouterState {
             self.stats_arrival(st, req.tier, req.input_ids.len());
             let placed = match req.fork_of.and_then(|f| Self::place_sibling(st, id, f)) {
                 Some(p) => Some(p),
-                None => Self::place(st, id, &tier.name, tier.background, &keys),
+                None => Self::place(st, id, req.tier, tier.background, &keys),
             };
             if let Some((_, d)) = &placed {
                 if tier.reject_unattainable && d.class == Class::BestEffort {
@@ -114,7 +114,7 @@ impl RouterState {
     pub(super) fn place(
         st: &mut State,
         id: u64,
-        tier: &str,
+        tier: TierId,
         background: bool,
         keys: &[u64],
     ) -> Option<(Bytes, Decision)> {
