@@ -176,6 +176,14 @@ async fn engine_latency(engine: &Arc<RouterState>, args: &Args) -> Vec<f64> {
 fn dispatcher_only(replicas: u32, n: u64, window: u64) -> f64 {
     use nitsum_scheduler::dispatch::{DispatchRequest, Dispatcher};
     use nitsum_scheduler::plan::{GroupPlan, Plan, Role};
+    use nitsum_scheduler::tiers::Tier;
+    let tiers: Vec<Tier> = ["strict", "relaxed"]
+        .iter()
+        .map(|name| {
+            let tier = serde_json::json!({"name": name, "ttft_ms": 1000.0, "tpot_ms": 100.0});
+            serde_json::from_value(tier).expect("a tier")
+        })
+        .collect();
     let groups = (0..replicas)
         .map(|i| GroupPlan {
             members: vec![i],
@@ -188,9 +196,9 @@ fn dispatcher_only(replicas: u32, n: u64, window: u64) -> f64 {
             max_inflight: 0.0,
         })
         .collect();
-    let mut d = Dispatcher::new(&Plan { epoch: 1, groups });
+    let mut d = Dispatcher::new(&Plan { epoch: 1, groups }, &tiers);
     let req = DispatchRequest {
-        tier: "strict",
+        tier: TierId(0),
         background: false,
         affinity: None,
     };

@@ -5,7 +5,9 @@
 //! very same code, so both see identical routing decisions.
 
 use crate::fasthash::IntMap;
+use crate::ids::TierId;
 use crate::plan::{GroupPlan, Plan, Role};
+use crate::tiers::Tier;
 
 /// Marks a charge whose group no longer exists.
 const NO_GROUP: u32 = u32::MAX;
@@ -34,8 +36,8 @@ impl Class {
 
 /// What the dispatcher needs to know about a request.
 #[derive(Debug, Clone)]
-pub struct DispatchRequest<'a> {
-    pub tier: &'a str,
+pub struct DispatchRequest {
+    pub tier: TierId,
     pub background: bool,
     /// The group leader that probably holds the prompt's prefix in its KV cache
     /// (`prefix_index.rs`): preferred when it is a candidate and not much busier.
@@ -60,6 +62,9 @@ pub struct Decision {
 #[derive(Debug)]
 struct GroupLoad {
     plan: GroupPlan,
+    /// `plan.tiers` resolved against the dispatcher's tier list (names it lacks dropped: no
+    /// request of theirs can come).
+    tiers: Vec<TierId>,
     /// Requests assigned and not yet finished.
     assigned: u32,
 }
@@ -91,8 +96,8 @@ impl GroupLoad {
         matches!(self.plan.role, Role::Prefill | Role::Mixed)
     }
 
-    fn serves(&self, tier: &str) -> bool {
-        self.plan.tiers.iter().any(|t| t == tier)
+    fn serves(&self, tier: TierId) -> bool {
+        self.tiers.contains(&tier)
     }
 }
 
@@ -109,16 +114,20 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(plan: &Plan) -> Self {
+    /// A dispatcher routing by `plan` for requests of `tiers` (the list their `TierId`s index).
+    pub fn new(plan: &Plan, tiers: &[Tier]) -> Self {
         let mut d = Dispatcher::default();
-        d.set_plan(plan);
+        d.set_plan(plan, tiers);
         d
     }
 
     /// Switch to a new plan. Groups that survive unchanged (same members) keep their
     /// assigned-work count; requests charged to vanished groups are simply released when
     /// they complete.
-    pub fn set_plan(&mut self, plan: &Plan) {
+    ///
+    /// NOTE: plans name tiers (they cross to workers and JSON by name); they are resolved to
+    /// `TierId`s here, once per plan, so dispatching a request compares no strings.
+    pub fn set_plan(&mut self, plan: &Plan, tiers: &[Tier]) {
         let mut old = std::mem::take(&mut self.groups);
         self.order.clear();
         let mut survived = std::collections::HashSet::new();
@@ -136,6 +145,12 @@ impl Dispatcher {
                 leader,
                 GroupLoad {
                     plan: g.clone(),
+                    tiers: g
+                        .tiers
+                        .iter()
+                        .filter_map(|name| tiers.iter().position(|t| t.name == *name))
+                        .map(TierId)
+                        .collect(),
                     assigned,
                 },
             );
@@ -155,7 +170,7 @@ impl Dispatcher {
     }
 
     /// Route a request and charge it to the chosen groups. `None` when no group can take it.
-    pub fn dispatch(&mut self, id: u64, req: &DispatchRequest<'_>) -> Option<Decision> {
+    pub fn dispatch(&mut self, id: u64, req: &DispatchRequest) -> Option<Decision> {
         let (prefill, class) = if req.background {
             (self.next_background()?, Class::Background)
         } else {

@@ -31,7 +31,7 @@ impl ApiError {
     }
 
     /// A refusal that a retry may clear: `code`, and `Retry-After: 1`.
-    fn retry_later(
+    pub fn retry_later(
         status: StatusCode,
         kind: &'static str,
         code: &'static str,
@@ -127,26 +127,6 @@ impl ApiError {
             _ => None,
         };
         e
-    }
-
-    /// 429 or 503 for a request the engine did not admit.
-    pub fn from_submit(e: crate::state::SubmitError) -> Self {
-        match e {
-            crate::state::SubmitError::TierFull { tier, limit } => Self::tier_full(&tier, limit),
-            e @ crate::state::SubmitError::Unattainable { .. } => Self::retry_later(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "slo_unattainable",
-                e.to_string(),
-            ),
-            e @ crate::state::SubmitError::Draining => Self::retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "shutting_down",
-                e.to_string(),
-            ),
-            other => Self::unavailable(other.to_string()),
-        }
     }
 
     /// 500: the request failed inside the serving system (e.g. a worker died mid-stream).

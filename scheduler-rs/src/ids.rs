@@ -51,15 +51,16 @@ impl fmt::Display for WorkerId {
 /// tier, in-flight bounds, metrics, completion outcomes).
 ///
 /// Where it comes from: [`crate::auth::Auth::resolve_tier`] resolves a request's tier name to
-/// it ([`crate::config::RouterConfig::tier_index`] does the same without auth); outside tests
-/// nothing else mints one. [`crate::config::RouterConfig::tier`] looks the tier up.
+/// it ([`crate::config::RouterConfig::tier_index`] does the same without auth), and
+/// [`crate::config::RouterConfig::tier`] looks the tier up. The planner's greedy units
+/// (`planner::greedy::Unit`) and the simulator's requests (`sim`'s `Req`, resolved from the
+/// trace's tier names) take positions in the tier list they are given the same way.
 ///
 /// NOTE (invariant): a `TierId` indexes the tier list it was resolved against. The router's
 /// tier list is fixed for the process's life (config), so every `TierId` it holds is in
 /// range for `RouterConfig::tiers` and `Metrics::tiers`, which are built in the same order.
-/// Plans and window statistics name tiers by `Tier::name` instead (they are shared with the
-/// planner and the simulator); the lookahead's `InFlight` takes the bare index
-/// ([`TierId::index`]).
+/// Plans and window statistics still name tiers by `Tier::name` (they cross to workers and
+/// JSON by name); the lookahead's `InFlight` takes the bare index ([`TierId::index`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TierId(pub usize);

@@ -155,7 +155,7 @@ struct State {
     /// Control windows planned so far (selection rounds run every `every_windows`).
     windows: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
-    choice: Option<crate::sim::chooser::Choice>,
+    choice: Option<crate::sim::choice::Choice>,
     /// Recent control decisions, oldest first (bounded).
     history: std::collections::VecDeque<rounds::PlanRecord>,
     /// Which connection serves which worker id, and pending handshake challenges.
@@ -200,13 +200,14 @@ mod requests;
 mod rounds;
 #[cfg(test)]
 mod rounds_tests;
+mod submit_error;
 #[cfg(test)]
 mod tests;
 mod tokens;
 mod workers;
 pub use handle::RequestHandle;
-pub use requests::SubmitError;
 pub use rounds::{PlanRecord, PlanResult, PlanningView, Refusal, RoundOutcome};
+pub use submit_error::SubmitError;
 
 impl RouterState {
     /// A new engine and the receiver of its outbound messages (for the transport).

@@ -161,7 +161,7 @@ pub fn start_choices(
         let mut submit = first.clone();
         submit.sampling.seed = first.sampling.seed.map(|s| s.wrapping_add(i as u64));
         submit.fork_of = fork;
-        let handle = state.router.submit(submit).map_err(ApiError::from_submit)?;
+        let handle = state.router.submit(submit).map_err(ApiError::from)?;
         fork.get_or_insert(Fork {
             parent: handle.id(),
             class: handle.class(),

@@ -70,7 +70,7 @@ async fn run_tokenize(
             if req.add_generation_prompt == Some(false) {
                 return Err(ApiError::invalid(
                     "add_generation_prompt",
-                    crate::protocols::openai::not_supported("add_generation_prompt: false"),
+                    crate::protocols::extensions::not_supported("add_generation_prompt: false"),
                 ));
             }
             // NOTE: as a chat completion tokenizes it: the template inserts BOS itself.

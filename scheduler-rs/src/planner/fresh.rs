@@ -3,15 +3,18 @@
 
 use std::collections::HashMap;
 
+use crate::ids::TierId;
 use crate::plan::{Plan, Role};
 use crate::profile::{Profile, Shape};
 use crate::stats::{LengthStats, TierDemand};
 use crate::tiers::Tier;
 
+use super::config::PlannerConfig;
 use super::efficiency::{self, GroupEstimate};
 use super::greedy::{self, Unit};
 use super::placement::{self, Wanted};
-use super::{planned_rate, shape, Planned, PlannerConfig};
+use super::planned::Planned;
+use super::score::{planned_rate, shape};
 
 /// The planner proper (steps 1-4), without hysteresis.
 pub(super) fn plan_fresh(
@@ -44,7 +47,7 @@ pub(super) fn plan_fresh(
                 if best_mixed[i].is_none_or(|(_, b)| per_dev > b) {
                     best_mixed[i] = Some((t, per_dev));
                 }
-                units.push(Unit::mixed(i, t, e));
+                units.push(Unit::mixed(TierId(i), t, e));
             }
             if cfg.disaggregation {
                 let slack = cfg.prefill_slack;
@@ -66,7 +69,7 @@ pub(super) fn plan_fresh(
             wanted.push(Wanted {
                 shape: g.shape,
                 role: g.role,
-                tiers: vec![tiers[u.tier].name.clone()],
+                tiers: vec![tiers[u.tier.index()].name.clone()],
                 accepts_background: false,
                 max_rps: g.est.rps,
                 max_inflight: g.est.rps * g.est.residence_s,
@@ -131,7 +134,7 @@ fn bundles(
     let (mut best, mut smallest): (Option<Unit>, Option<Unit>) = (None, None);
     for &p in pre {
         for &d in dec {
-            let Some(u) = Unit::disaggregated(i, p, d, devices) else {
+            let Some(u) = Unit::disaggregated(TierId(i), p, d, devices) else {
                 continue;
             };
             if best
@@ -141,7 +144,8 @@ fn bundles(
                 best = Some(u.clone());
             }
             // The fewest devices any bundle of this pair can use: one group of each.
-            let Some(one) = Unit::disaggregated(i, p, d, p.0.devices() + d.0.devices()) else {
+            let Some(one) = Unit::disaggregated(TierId(i), p, d, p.0.devices() + d.0.devices())
+            else {
                 continue;
             };
             let better = smallest

@@ -5,6 +5,7 @@
 //! `n_p, n_d ≤ MAX_PAIR`, chosen so `n_p·P ≈ n_d·D`). Handing out bundles keeps the
 //! prefill/decode balance of the planner's step 2 (architecture §4) without orphan stages.
 
+use crate::ids::TierId;
 use crate::plan::Role;
 use crate::profile::Shape;
 
@@ -25,8 +26,8 @@ pub struct UnitGroup {
 /// A candidate allocation step for one tier.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unit {
-    /// Index into the planner's tier list.
-    pub tier: usize,
+    /// The tier, by its position in the planner's tier list.
+    pub tier: TierId,
     pub groups: Vec<UnitGroup>,
     pub devices: u32,
     /// SLO-compliant requests/s the whole unit serves.
@@ -35,7 +36,7 @@ pub struct Unit {
 
 impl Unit {
     /// One mixed group.
-    pub fn mixed(tier: usize, shape: impl Into<Shape>, est: GroupEstimate) -> Self {
+    pub fn mixed(tier: TierId, shape: impl Into<Shape>, est: GroupEstimate) -> Self {
         let shape = shape.into();
         Unit {
             tier,
@@ -53,7 +54,7 @@ impl Unit {
     /// and decode groups (TP `tp_d`, estimate `d`) on at most `max_devices` devices; `None`
     /// when not even one group of each fits.
     pub fn disaggregated(
-        tier: usize,
+        tier: TierId,
         (shape_p, p): (impl Into<Shape>, GroupEstimate),
         (shape_d, d): (impl Into<Shape>, GroupEstimate),
         max_devices: u32,
@@ -116,7 +117,7 @@ pub fn assign(units: &[Unit], demand: &[f64], weight: &[f64], devices: u32) -> (
     let smallest = |i: usize| {
         units
             .iter()
-            .filter(|u| u.tier == i)
+            .filter(|u| u.tier.index() == i)
             .map(|u| u.devices)
             .min()
     };
@@ -131,7 +132,7 @@ pub fn assign(units: &[Unit], demand: &[f64], weight: &[f64], devices: u32) -> (
         };
         let mut best: Option<(f64, u32, usize)> = None;
         for (k, u) in units.iter().enumerate() {
-            if u.tier != i || u.devices > budget {
+            if u.tier.index() != i || u.devices > budget {
                 continue;
             }
             let score = u.rps.min(unmet[i]) / f64::from(u.devices);
@@ -155,11 +156,12 @@ pub fn assign(units: &[Unit], demand: &[f64], weight: &[f64], devices: u32) -> (
         }
         let mut best: Option<(f64, usize)> = None;
         for (k, u) in units.iter().enumerate() {
-            let need = unmet[u.tier];
+            let need = unmet[u.tier.index()];
             if need <= EPS || u.devices > free {
                 continue;
             }
-            let score = u.rps.min(need) / f64::from(u.devices) * (need / total) * weight[u.tier];
+            let score =
+                u.rps.min(need) / f64::from(u.devices) * (need / total) * weight[u.tier.index()];
             // NOTE: strict `>` with a relative margin: ties go to the earlier unit, which keeps
             // the plan deterministic and stable across windows with equal inputs.
             if best.is_none_or(|(s, _)| score > s * (1.0 + 1e-12)) {
@@ -172,7 +174,7 @@ pub fn assign(units: &[Unit], demand: &[f64], weight: &[f64], devices: u32) -> (
         }
         let u = &units[k];
         free -= u.devices;
-        unmet[u.tier] = (unmet[u.tier] - u.rps).max(0.0);
+        unmet[u.tier.index()] = (unmet[u.tier.index()] - u.rps).max(0.0);
         picks.push(k);
     }
     (picks, free)
@@ -194,25 +196,25 @@ mod tests {
     fn bundle_balances_stages() {
         // P = 30 rps per TP1 prefill group, D = 10 per TP1 decode group: 1 prefill + 3 decode
         // serve 30 rps on 4 devices (7.5 per device), better than any other split ≤ 4×4.
-        let u = Unit::disaggregated(0, (1, est(30.0)), (1, est(10.0)), 64).unwrap();
+        let u = Unit::disaggregated(TierId(0), (1, est(30.0)), (1, est(10.0)), 64).unwrap();
         assert_eq!((u.devices, u.rps), (4, 30.0));
         assert_eq!(
             u.groups.iter().filter(|g| g.role == Role::Decode).count(),
             3
         );
         // On 3 devices the best that fits is 1 + 2 (20 rps, 6.7 per device).
-        let u = Unit::disaggregated(0, (1, est(30.0)), (1, est(10.0)), 3).unwrap();
+        let u = Unit::disaggregated(TierId(0), (1, est(30.0)), (1, est(10.0)), 3).unwrap();
         assert_eq!((u.devices, u.rps), (3, 20.0));
-        assert!(Unit::disaggregated(0, (2, est(30.0)), (2, est(10.0)), 3).is_none());
+        assert!(Unit::disaggregated(TierId(0), (2, est(30.0)), (2, est(10.0)), 3).is_none());
     }
 
     #[test]
     fn seeding_takes_the_best_unit_that_leaves_room_for_later_tiers() {
         // Tier 0: TP1 at 10 rps or TP2 at 30 rps (15 per device); tier 1: TP1 at 5 rps.
         let units = [
-            Unit::mixed(0, 1, est(10.0)),
-            Unit::mixed(0, 2, est(30.0)),
-            Unit::mixed(1, 1, est(5.0)),
+            Unit::mixed(TierId(0), 1, est(10.0)),
+            Unit::mixed(TierId(0), 2, est(30.0)),
+            Unit::mixed(TierId(1), 1, est(5.0)),
         ];
         // Alone on 4 devices: two TP2 groups (60 rps), not TP1 + TP2 + TP1 (50 rps).
         assert_eq!(
@@ -234,7 +236,10 @@ mod tests {
     #[test]
     fn weights_share_devices_by_unmet_demand() {
         // Tier 0: 10 rps/device, wants 100. Tier 1: 5 rps/device, wants 100. 4 devices.
-        let units = [Unit::mixed(0, 1, est(10.0)), Unit::mixed(1, 1, est(5.0))];
+        let units = [
+            Unit::mixed(TierId(0), 1, est(10.0)),
+            Unit::mixed(TierId(1), 1, est(5.0)),
+        ];
         let (picks, free) = assign(&units, &[100.0, 100.0], &[1.0, 1.0], 4);
         // Seeding: one device each → unmet (90, 95). Greedy scores: (90,95) → 10·90/185 = 4.86
         // vs 5·95/185 = 2.57: tier 0; (80,95) → 4.57 vs 2.71: tier 0.

@@ -14,8 +14,10 @@ use crate::profile::{Profile, Shape};
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
+use super::config::PlannerConfig;
 use super::efficiency;
-use super::{shape, Planned, PlannerConfig};
+use super::planned::Planned;
+use super::score::shape;
 
 /// The previous plan re-estimated under the current demand.
 pub struct Reevaluated {

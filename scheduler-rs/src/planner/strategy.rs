@@ -19,9 +19,12 @@ use crate::profile::{Profile, Shape};
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
 
+use super::config::PlannerConfig;
 use super::efficiency;
 use super::placement::{self, Wanted};
-use super::{candidate_levels, plan, shape, Planned, PlannerConfig};
+use super::planned::Planned;
+use super::replan::plan;
+use super::score::{candidate_levels, shape};
 
 /// A family of layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

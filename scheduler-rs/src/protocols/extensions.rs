@@ -107,6 +107,11 @@ const NATIVE_SAMPLING: &[(&str, Accept)] = &[
     ("custom_params", Accept::Neutral(Vec::new)),
 ];
 
+/// Why a request that asks for field `name` is refused.
+pub fn not_supported(name: &str) -> String {
+    format!("`{name}` is not supported by this server")
+}
+
 /// The first field of `extra` (fields no typed member took) that is refused, with why: a 400
 /// names it.
 pub fn refused(extra: &Map<String, Value>) -> Option<(String, String)> {
@@ -137,7 +142,7 @@ fn refused_from(
                 if value.is_null() || values().contains(value) {
                     return None;
                 }
-                super::openai::not_supported(&name)
+                not_supported(&name)
             }
         };
         Some((name, why))

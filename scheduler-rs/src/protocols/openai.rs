@@ -8,6 +8,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::extensions::{not_supported, refused};
+
 /// A string or a list of strings (`stop`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(untagged)]
@@ -111,11 +113,6 @@ impl CommonParams {
     }
 }
 
-/// Why a request that asks for field `name` is refused.
-pub fn not_supported(name: &str) -> String {
-    format!("`{name}` is not supported by this server")
-}
-
 /// The first unimplemented or unknown field that asks for something, with why: clients send
 /// most of them with neutral defaults (`best_of: 1`, `suffix: ""`), which are accepted.
 /// NOTE: `tools`, `tool_choice` and `response_format` (protocols/tools.rs,
@@ -140,7 +137,7 @@ pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
         .into_iter()
         .find(|&(_, asks)| asks)
         .map(|(name, _)| (name.to_string(), not_supported(name)))
-        .or_else(|| super::extensions::refused(&c.extra))
+        .or_else(|| refused(&c.extra))
 }
 
 /// Chat roles the templates know.

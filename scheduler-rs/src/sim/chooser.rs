@@ -7,27 +7,14 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use serde::{Deserialize, Serialize};
-
 use crate::planner::strategy::Strategy;
 
+use super::choice::{Choice, Choose, Delivered};
 use super::lookahead::{predict_all, Candidate, ChoiceKind, LookaheadConfig, Situation};
 use super::shadow::ShadowBank;
 
 /// Requests a shadow run may hold before the bank is re-made (`Chooser::shadow_round`).
 const MAX_SHADOW_REQUESTS: usize = 200_000;
-
-/// The outcome of a selection round, with every candidate and the reason.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Choice {
-    pub chosen: Strategy,
-    pub candidates: Vec<Candidate>,
-    pub reason: String,
-}
-
-/// Goodput the run actually delivered: weighted met requests per second among those that
-/// arrived in `[t0, t1)`, as known at the time of the call.
-pub type Delivered<'a> = &'a dyn Fn(f64, f64) -> f64;
 
 /// The choice across rounds.
 ///
@@ -217,6 +204,16 @@ impl Chooser {
             .map_or(0.0, |i| choice.candidates[i].goodput_rps);
         self.pending.push_back((now, self.current, raw));
         choice
+    }
+}
+
+impl Choose for Chooser {
+    fn lookback_s(&self) -> f64 {
+        self.cfg.lookback_s()
+    }
+
+    fn round(&mut self, s: &Situation, now: f64, delivered: Delivered) -> Choice {
+        Chooser::round(self, s, now, delivered)
     }
 }
 

@@ -8,19 +8,21 @@ use std::collections::{BTreeMap, BinaryHeap};
 use anyhow::{ensure, Context, Result};
 
 use crate::dispatch::{Class, DispatchRequest, Dispatcher};
+use crate::ids::TierId;
 use crate::plan::Plan;
 use crate::planner::strategy::{plan_strategy, Strategy};
 use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
-use super::chooser::{Choice, Chooser};
+use super::choice::{Choice, Choose};
 use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
-use super::group::{GroupSim, Req};
+use super::group::GroupSim;
 use super::lookahead::{EngineKnobs, Situation};
-use super::reqs::Reqs;
-use super::{policy, report, Policy, SimConfig, SimResult, TraceRequest};
+use super::policy::{self, Policy};
+use super::reqs::{Req, Reqs};
+use super::{report, SimConfig, SimResult, TraceRequest};
 
 /// Simulation state.
 pub struct Cluster<'a> {
@@ -37,7 +39,7 @@ pub struct Cluster<'a> {
     /// Control windows so far (selection rounds run every `lookahead.every_windows`).
     windows: u64,
     /// Policy `nitsum`: the strategy choice across rounds.
-    chooser: Option<Chooser>,
+    chooser: Option<Box<dyn Choose>>,
     /// Every selection round of policy `nitsum`; see `SimResult::choices`.
     choices: Vec<(f64, Choice)>,
     pub(super) events: BinaryHeap<Event>,
@@ -63,8 +65,11 @@ pub struct Cluster<'a> {
 }
 
 impl<'a> Cluster<'a> {
-    pub fn new(cfg: &'a SimConfig) -> Result<Self> {
-        Self::build(Cow::Borrowed(cfg), None)
+    /// A run of `cfg`; `chooser` makes the selection rounds of the adaptive policy.
+    pub fn new(cfg: &'a SimConfig, chooser: Option<Box<dyn Choose>>) -> Result<Self> {
+        let mut c = Self::build(Cow::Borrowed(cfg), None)?;
+        c.chooser = chooser;
+        Ok(c)
     }
 
     /// A shadow run of `strategy` from time `start` (`sim::shadow`), planning with `planner`
@@ -121,8 +126,6 @@ impl<'a> Cluster<'a> {
             ..StatsConfig::default()
         });
         let open = shadow.is_some();
-        let chooser = (matches!(cfg.policy, Policy::Nitsum) && !open)
-            .then(|| Chooser::new(cfg.lookahead.clone(), Strategy::Greedy));
         let mut c = Cluster {
             cfg,
             profile,
@@ -134,7 +137,7 @@ impl<'a> Cluster<'a> {
             planner_cfg,
             strategy,
             windows: 0,
-            chooser,
+            chooser: None,
             choices: Vec::new(),
             events: BinaryHeap::new(),
             arrivals: Vec::new(),
@@ -175,7 +178,7 @@ impl<'a> Cluster<'a> {
             .map(|i| report::record(i, &self.reqs[i], &self.cfg.tiers))
             .collect();
         let mut result = report::summarize(
-            policy_name(&self.cfg.policy),
+            Policy::name(&self.cfg.policy),
             self.cfg.devices,
             policy::trace_span(&self.cfg),
             &self.cfg.tiers,
@@ -188,13 +191,13 @@ impl<'a> Cluster<'a> {
         Ok(result)
     }
 
-    /// Run to completion; (arrival, tier index, met) of every request, in config order.
-    pub fn outcomes(mut self) -> Vec<(f64, usize, bool)> {
+    /// Run to completion; (arrival, tier, met) of every request, in config order.
+    pub fn outcomes(mut self) -> Vec<(f64, TierId, bool)> {
         self.play();
         let tiers = &self.cfg.tiers;
         self.reqs
             .iter()
-            .map(|r| (r.arrival, r.tier, report::met(r, &tiers[r.tier])))
+            .map(|r| (r.arrival, r.tier, report::met(r, &tiers[r.tier.index()])))
             .collect()
     }
 
@@ -257,11 +260,11 @@ impl<'a> Cluster<'a> {
     }
 
     fn on_arrival(&mut self, r: usize) {
-        let tier = &self.cfg.tiers[self.reqs[r].tier];
+        let tier = &self.cfg.tiers[self.reqs[r].tier.index()];
         self.stats
             .on_arrival(self.now, &tier.name, self.reqs[r].input);
         let req = DispatchRequest {
-            tier: &tier.name,
+            tier: self.reqs[r].tier,
             background: tier.background || self.reqs[r].leftover,
             affinity: None,
         };
@@ -316,7 +319,7 @@ impl<'a> Cluster<'a> {
 
     fn done(&mut self, r: usize) {
         self.dispatcher.complete(r as u64);
-        let tier = &self.cfg.tiers[self.reqs[r].tier].name;
+        let tier = &self.cfg.tiers[self.reqs[r].tier.index()].name;
         self.stats
             .on_completion(self.now, tier, self.reqs[r].output);
     }
@@ -392,13 +395,16 @@ impl<'a> Cluster<'a> {
     /// Whether group engines demote requests past their TTFT deadline: Nitsum's local
     /// scheduler does; the baselines (SLO-agnostic FCFS, Split) keep their own rules.
     pub(super) fn demotes_late(&self) -> bool {
-        !matches!(self.cfg.policy, Policy::StaticTp { .. } | Policy::Split)
+        !matches!(
+            self.cfg.policy,
+            Policy::Fixed(Strategy::StaticTp { .. } | Strategy::Split)
+        )
     }
 
     /// Whether requests beyond the plan's SLO bandwidth are rejected (Split's rule).
     fn rejects_best_effort(&self) -> bool {
         match &self.cfg.policy {
-            Policy::Split => true,
+            Policy::Fixed(Strategy::Split) => true,
             Policy::FixedPlan {
                 reject_best_effort, ..
             } => *reject_best_effort,
@@ -424,7 +430,7 @@ impl<'a> Cluster<'a> {
             .iter()
             .filter(|r| r.arrival <= now && r.finish.is_none() && !r.dropped)
             .map(|r| InFlight {
-                tier: r.tier,
+                tier: r.tier.index(),
                 generated: f64::from(r.generated),
                 age_s: now - r.arrival,
                 feasible: r.class == Class::Feasible,
@@ -440,7 +446,7 @@ impl<'a> Cluster<'a> {
         let every = u64::from(self.cfg.lookahead.every_windows.max(1));
         let round = self.windows.is_multiple_of(every);
         if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
-            let arrivals = self.stats.recent_arrivals(now, chooser.cfg.lookback_s());
+            let arrivals = self.stats.recent_arrivals(now, chooser.lookback_s());
             let recent = recent_of(&self.cfg.tiers, &arrivals);
             let situation = Situation {
                 profile: &self.profile,
@@ -486,23 +492,12 @@ impl<'a> Cluster<'a> {
 fn delivered_rps(reqs: &Reqs, tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -> f64 {
     let met: f64 = reqs
         .iter()
-        .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier].background)
+        .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier.index()].background)
         // The same SLO check as the result's records (`report::record`).
         .filter(|r| report::record(0, r, tiers).met)
-        .map(|r| tiers[r.tier].weight)
+        .map(|r| tiers[r.tier.index()].weight)
         .sum();
     met / (t1 - t0).max(1e-9)
-}
-
-fn policy_name(p: &Policy) -> String {
-    match p {
-        Policy::Nitsum => "nitsum".into(),
-        Policy::NitsumGreedy => "nitsum-greedy".into(),
-        Policy::NitsumFixedTp { tp } => format!("nitsum-fixed-tp{tp}"),
-        Policy::StaticTp { tp } => format!("static-tp{tp}"),
-        Policy::Split => "split".into(),
-        Policy::FixedPlan { .. } => "fixed-plan".into(),
-    }
 }
 
 /// The simulated state of request `i` of the trace (validated).
@@ -511,6 +506,7 @@ pub(super) fn req_of(cfg: &SimConfig, i: usize, r: &TraceRequest) -> Result<Req>
         .tiers
         .iter()
         .position(|t| t.name == r.tier)
+        .map(TierId)
         .with_context(|| format!("simulate: request {i} has unknown tier {:?}", r.tier))?;
     ensure!(
         r.input_len > 0 && r.output_len > 0,
@@ -528,7 +524,7 @@ pub(super) fn req_of(cfg: &SimConfig, i: usize, r: &TraceRequest) -> Result<Req>
         finish: None,
         decode_leader: None,
         dropped: false,
-        deadline: r.arrival_s + cfg.tiers[tier].ttft_ms / 1000.0,
+        deadline: r.arrival_s + cfg.tiers[tier.index()].ttft_ms / 1000.0,
         stint: None,
         leftover: r.leftover,
     })

@@ -14,56 +14,7 @@ use crate::plan::{GroupPlan, Role};
 use crate::profile::Profile;
 
 use super::prompt_order::{overtake, Pace};
-use super::reqs::Reqs;
-
-/// Simulated state of one request.
-#[derive(Debug, Clone)]
-pub struct Req {
-    pub arrival: f64,
-    pub input: u32,
-    pub output: u32,
-    pub tier: usize,
-    pub class: Class,
-    /// Prompt tokens already prefilled.
-    pub prefilled: u32,
-    /// Output tokens generated (the first comes with the end of prefill).
-    pub generated: u32,
-    pub first_token: Option<f64>,
-    pub finish: Option<f64>,
-    /// Decode group chosen at dispatch when the prefill group does not decode.
-    pub decode_leader: Option<u32>,
-    pub dropped: bool,
-    /// Arrival + the tier's TTFT: a request not started by then can no longer meet its SLO.
-    pub deadline: f64,
-    /// Its stint in a decode batch, while it is in one (see [`Engine::sync`]).
-    pub stint: Option<Stint>,
-    /// Served on leftover capacity whatever its tier (`TraceRequest::leftover`).
-    pub leftover: bool,
-}
-
-/// A request's stay in one engine's decode batch: it generates one token per decode step of
-/// that engine, so its count is `base + (steps - joined)` without touching it every step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stint {
-    engine: u64,
-    joined: u64,
-    base: u32,
-}
-
-impl Stint {
-    /// Tokens generated once the engine has completed `steps` decode steps.
-    fn generated(&self, steps: u64) -> u32 {
-        self.base + (steps - self.joined) as u32
-    }
-}
-
-pub(super) fn queue_of(class: Class) -> usize {
-    match class {
-        Class::Feasible => 0,
-        Class::BestEffort => 1,
-        Class::Background => 2,
-    }
-}
+use super::reqs::{queue_of, Reqs, Stint};
 
 /// Largest `t ≤ hi` with `fits(t)` (0 when none), for `fits` true then false.
 fn largest_fitting(hi: u32, fits: impl Fn(u32) -> bool) -> u32 {

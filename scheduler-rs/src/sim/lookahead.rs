@@ -25,7 +25,8 @@ use crate::tiers::Tier;
 
 use super::forecast::{forecast, ForecastSpec, InFlight, RecentArrival};
 use super::parallel::parallel_map;
-use super::{simulate_outcomes, Policy, SimConfig, TraceRequest};
+use super::policy::Policy;
+use super::{simulate_outcomes, SimConfig, TraceRequest};
 
 /// The forecast's fixed seed: equal situations give equal choices.
 pub const FORECAST_SEED: u64 = 0x5EED;
@@ -391,9 +392,9 @@ fn predict(
     let scored = outcomes.iter().filter(|x| x.0 > 0.0 && x.0 < cfg.horizon_s);
     let (mut met, mut n) = (0.0, 0.0);
     for &(_, tier, ok) in scored {
-        n += weight[tier];
+        n += weight[tier.index()];
         if ok {
-            met += weight[tier];
+            met += weight[tier.index()];
         }
     }
     let attainment = if n > 0.0 { met / n } else { 0.0 };

@@ -298,7 +298,7 @@ fn a_round_predicts_the_strategy_in_force_and_rotates_the_rivals() {
 #[test]
 fn a_stationary_workload_settles_and_stops_reconfiguring() {
     let requests = trace(&demand(25.0, 25.0), 40.0, 11);
-    let r = simulate(&sim_config(Policy::Nitsum, 8, requests)).unwrap();
+    let r = simulate(&sim_config(Policy::Adaptive, 8, requests)).unwrap();
     let late: Vec<_> = r.timeline.iter().filter(|(t, _)| *t > 5.0).collect();
     assert!(late.is_empty(), "re-planned after warm-up: {late:?}");
     // Every window ran a selection round, each with every strategy and a reason.
@@ -359,7 +359,7 @@ fn a_strategy_that_delivers_less_than_predicted_is_discounted_and_left() {
 #[test]
 fn every_windows_spaces_the_rounds_and_unknown_knobs_are_refused() {
     let requests = trace(&demand(25.0, 25.0), 20.0, 11);
-    let mut cfg = sim_config(Policy::Nitsum, 8, requests);
+    let mut cfg = sim_config(Policy::Adaptive, 8, requests);
     let every = simulate(&cfg).unwrap().choices.len();
     cfg.lookahead.every_windows = 4;
     let spaced = simulate(&cfg).unwrap().choices;

@@ -6,6 +6,7 @@
 //! Deterministic: no randomness anywhere (ties break by order), so equal configs give equal
 //! results; `seed` is carried for trace generators upstream.
 
+pub mod choice;
 pub mod chooser;
 mod cluster;
 mod events;
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::profile::ProfileFile;
 use crate::tiers::Tier;
 
+pub use policy::Policy;
 pub use report::{RequestRecord, SimResult, TierResult};
 
 /// One request of the trace.
@@ -40,40 +42,6 @@ pub struct TraceRequest {
     /// lookahead's re-created in-flight requests that held no SLO bandwidth).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leftover: bool,
-}
-
-/// How the cluster is configured and requests are routed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Policy {
-    /// Adaptive Nitsum: every selection round the lookahead (`lookahead.rs`) picks the
-    /// layout strategy (greedy planner, a fixed TP level, a static TP level, Split) whose
-    /// simulated goodput over the next seconds is highest; live strategies re-plan every
-    /// control window.
-    Nitsum,
-    /// Ablation: the greedy planner every control window over all TP levels, no strategy
-    /// choice (Nitsum before issue 10).
-    NitsumGreedy,
-    /// Ablation (Nitsum §4.2.1): the same planner restricted to one TP level.
-    NitsumFixedTp { tp: u32 },
-    /// SLO-agnostic static TP-`tp` (SGLang-like): all groups mixed, every request FCFS on the
-    /// least-loaded group, no tiers, batch capped only by the profile.
-    StaticTp { tp: u32 },
-    /// Per-tier split with rejection (the paper's "Split"): devices divided among tiers by
-    /// their share of the trace's requests, each tier on its best static TP level (by the
-    /// planner's estimate over the whole trace); requests over a partition's SLO bandwidth
-    /// are rejected.
-    Split,
-    /// A given plan for the whole trace (e.g. SGLang-PD-like static disaggregation, or any
-    /// layout to test). `batch_caps` per group; missing or 0: the profile's max batch.
-    FixedPlan {
-        plan: crate::plan::Plan,
-        #[serde(default)]
-        batch_caps: Vec<f64>,
-        /// Reject what the plan's SLO bandwidth cannot take (as Split does).
-        #[serde(default)]
-        reject_best_effort: bool,
-    },
 }
 
 /// Everything one simulation needs.
@@ -157,13 +125,21 @@ mod defaults {
 
 /// Run a simulation. Errors on an invalid profile, unknown tiers or TP levels.
 pub fn simulate(cfg: &SimConfig) -> anyhow::Result<SimResult> {
-    cluster::Cluster::new(cfg)?.run()
+    cluster::Cluster::new(cfg, chooser_of(cfg))?.run()
 }
 
-/// Simulate `cfg`: (arrival, tier index, met) of every request, in config order (the
-/// lookahead's predictions: no records, no summary).
-pub fn simulate_outcomes(cfg: &SimConfig) -> anyhow::Result<Vec<(f64, usize, bool)>> {
-    Ok(cluster::Cluster::new(cfg)?.outcomes())
+/// Simulate `cfg`: (arrival, tier, met) of every request, in config order (the lookahead's
+/// predictions: no records, no summary).
+pub fn simulate_outcomes(cfg: &SimConfig) -> anyhow::Result<Vec<(f64, crate::ids::TierId, bool)>> {
+    Ok(cluster::Cluster::new(cfg, chooser_of(cfg))?.outcomes())
+}
+
+/// The chooser of `cfg`'s selection rounds: the adaptive policy's, none for the others.
+fn chooser_of(cfg: &SimConfig) -> Option<Box<dyn choice::Choose>> {
+    matches!(cfg.policy, Policy::Adaptive).then(|| {
+        let initial = crate::planner::strategy::Strategy::Greedy;
+        Box::new(chooser::Chooser::new(cfg.lookahead.clone(), initial)) as Box<dyn choice::Choose>
+    })
 }
 
 /// JSON in, JSON out (the pyo3 `simulate` and the CLI use this).

@@ -5,8 +5,7 @@
 
 use crate::dispatch::Class;
 
-use super::group::queue_of;
-use super::reqs::Reqs;
+use super::reqs::{queue_of, Reqs};
 
 /// How prompts share an iteration's budget.
 #[derive(Debug, Clone, Copy)]

@@ -78,7 +78,7 @@ impl Cluster<'_> {
             orphans_dec.extend(dec.into_iter().map(|r| (r, l)));
         }
         self.plan = planned.plan;
-        self.dispatcher.set_plan(&self.plan);
+        self.dispatcher.set_plan(&self.plan, &self.cfg.tiers);
         if changed && pay {
             self.reconfigs += 1;
         }
@@ -89,9 +89,9 @@ impl Cluster<'_> {
         }
         // Waiting requests move as metadata; partially prefilled KV moves with them.
         for r in orphans_pre {
-            let tier = &self.cfg.tiers[self.reqs[r].tier];
+            let tier = &self.cfg.tiers[self.reqs[r].tier.index()];
             let req = DispatchRequest {
-                tier: &tier.name,
+                tier: self.reqs[r].tier,
                 background: tier.background,
                 affinity: None,
             };

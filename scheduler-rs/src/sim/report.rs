@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::LengthStats;
 use crate::tiers::Tier;
 
-use super::group::Req;
+use super::reqs::Req;
 
 /// One request's outcome. Latencies are `None` when it never got that far.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,12 +74,12 @@ pub struct SimResult {
     /// Policy `nitsum`: every selection round `[t_s, choice]`, with each candidate strategy's
     /// predicted goodput and why the winner won (`lookahead::Choice`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub choices: Vec<(f64, super::chooser::Choice)>,
+    pub choices: Vec<(f64, super::choice::Choice)>,
 }
 
 /// The record of request `id` under `tiers`.
 pub fn record(id: usize, r: &Req, tiers: &[Tier]) -> RequestRecord {
-    let tier = &tiers[r.tier];
+    let tier = &tiers[r.tier.index()];
     let (ttft, tpot) = latencies(r);
     let e2e = r.finish.map(|t| (t - r.arrival) * 1000.0);
     RequestRecord {

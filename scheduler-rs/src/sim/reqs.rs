@@ -1,11 +1,62 @@
-//! The simulated requests, by index in arrival order. A shadow run (`shadow.rs`) goes on for
+//! The simulated requests ([`Req`]), by index in arrival order. A shadow run (`shadow.rs`) goes on for
 //! as long as the router does, so it drops the prefix of requests that are resolved; indices
 //! stay those given at arrival.
 
 use std::collections::VecDeque;
 use std::ops::{Index, IndexMut};
 
-use super::group::Req;
+use crate::dispatch::Class;
+use crate::ids::TierId;
+
+/// Simulated state of one request.
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub arrival: f64,
+    pub input: u32,
+    pub output: u32,
+    pub tier: TierId,
+    pub class: Class,
+    /// Prompt tokens already prefilled.
+    pub prefilled: u32,
+    /// Output tokens generated (the first comes with the end of prefill).
+    pub generated: u32,
+    pub first_token: Option<f64>,
+    pub finish: Option<f64>,
+    /// Decode group chosen at dispatch when the prefill group does not decode.
+    pub decode_leader: Option<u32>,
+    pub dropped: bool,
+    /// Arrival + the tier's TTFT: a request not started by then can no longer meet its SLO.
+    pub deadline: f64,
+    /// Its stint in a decode batch, while it is in one (see [`super::group`]'s `Engine::sync`).
+    pub stint: Option<Stint>,
+    /// Served on leftover capacity whatever its tier (`TraceRequest::leftover`).
+    pub leftover: bool,
+}
+
+/// A request's stay in one engine's decode batch: it generates one token per decode step of
+/// that engine, so its count is `base + (steps - joined)` without touching it every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stint {
+    pub engine: u64,
+    pub joined: u64,
+    pub base: u32,
+}
+
+impl Stint {
+    /// Tokens generated once the engine has completed `steps` decode steps.
+    pub fn generated(&self, steps: u64) -> u32 {
+        self.base + (steps - self.joined) as u32
+    }
+}
+
+/// The local scheduler queue a request of `class` waits in (0: served first).
+pub fn queue_of(class: Class) -> usize {
+    match class {
+        Class::Feasible => 0,
+        Class::BestEffort => 1,
+        Class::Background => 2,
+    }
+}
 
 /// Requests `base..base + len`, oldest first.
 #[derive(Debug, Default)]

@@ -29,7 +29,8 @@ use super::cluster::{req_of, Cluster};
 use super::forecast::{Lengths, Rng};
 use super::lookahead::{LookaheadConfig, Situation};
 use super::parallel::for_each_parallel;
-use super::{report, Policy, TraceRequest};
+use super::policy::Policy;
+use super::{report, TraceRequest};
 
 /// Seed of the output-length draws: equal arrivals give equal shadows.
 const SHADOW_SEED: u64 = 0x5AD0;
@@ -95,7 +96,12 @@ impl ShadowBank {
             .map(|&st| {
                 // A live policy: the shadow re-plans its strategy every window, as the pool
                 // would; no requests yet, they are fed as they arrive.
-                let sim = s.sim_config(eval, Policy::NitsumGreedy, Vec::new(), s.knobs.window_s);
+                let sim = s.sim_config(
+                    eval,
+                    Policy::Fixed(Strategy::Greedy),
+                    Vec::new(),
+                    s.knobs.window_s,
+                );
                 Cluster::shadow(sim, st, s.planner.clone(), start)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -310,7 +316,7 @@ impl Cluster<'static> {
     /// time and has kept its TPOT so far.
     fn on_track(&self, i: usize, now: f64) -> bool {
         let r = &self.reqs[i];
-        let tier = &self.cfg.tiers[r.tier];
+        let tier = &self.cfg.tiers[r.tier.index()];
         if r.dropped || (r.class == Class::Background && !tier.background) {
             return false;
         }

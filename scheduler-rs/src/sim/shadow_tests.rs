@@ -60,8 +60,8 @@ fn run_bank(
 /// The simulated run of `st` on the whole pool (what its shadow stands for), as a policy.
 fn policy_of(st: Strategy, devices: u32) -> Option<Policy> {
     Some(match st {
-        Strategy::Greedy => Policy::NitsumGreedy,
-        Strategy::FixedTp { tp } => Policy::NitsumFixedTp { tp },
+        Strategy::Greedy => Policy::Fixed(Strategy::Greedy),
+        Strategy::FixedTp { tp } => Policy::Fixed(Strategy::FixedTp { tp }),
         Strategy::StaticTp { tp } => {
             let planned = strategy::static_tp(&tiers(), devices, tp, None);
             Policy::FixedPlan {
@@ -133,12 +133,12 @@ fn a_thinned_shadow_measures_what_its_strategy_delivers_under_overload() {
 fn against_baselines(d: &[TierDemand], devices: u32) -> (crate::sim::SimResult, f64) {
     let requests = trace(d, 60.0, 3);
     let run = |p: Policy| simulate(&sim_config(p, devices, requests.clone())).unwrap();
-    let nitsum = run(Policy::Nitsum);
-    let mut best: f64 = run(Policy::Split).goodput_rps;
+    let nitsum = run(Policy::Adaptive);
+    let mut best: f64 = run(Policy::Fixed(Strategy::Split)).goodput_rps;
     for tp in [1, 2, 4, 8] {
         best = best
-            .max(run(Policy::NitsumFixedTp { tp }).goodput_rps)
-            .max(run(Policy::StaticTp { tp }).goodput_rps);
+            .max(run(Policy::Fixed(Strategy::FixedTp { tp })).goodput_rps)
+            .max(run(Policy::Fixed(Strategy::StaticTp { tp })).goodput_rps);
     }
     (nitsum, best)
 }
@@ -219,7 +219,7 @@ fn shadows_forget_what_they_resolved() {
 
 #[test]
 fn the_forecast_choice_is_still_there() {
-    let mut cfg = sim_config(Policy::Nitsum, 8, trace(&demand(10.0, 10.0), 10.0, 2));
+    let mut cfg = sim_config(Policy::Adaptive, 8, trace(&demand(10.0, 10.0), 10.0, 2));
     cfg.lookahead.choice = ChoiceKind::Forecast;
     let r = simulate(&cfg).unwrap();
     // The forecast choice predicts every candidate on a surge too; shadows have no surge.
@@ -273,7 +273,7 @@ fn the_shadow_knobs_take_effect() {
         long.scored
     );
     // `confidence` and `shadow_margin` reach the switch: an unreachable bar keeps the greedy.
-    let mut cfg = sim_config(Policy::Nitsum, 8, trace(&demand(120.0, 120.0), 20.0, 3));
+    let mut cfg = sim_config(Policy::Adaptive, 8, trace(&demand(120.0, 120.0), 20.0, 3));
     let r = simulate(&cfg).unwrap();
     assert!(r.choices.iter().any(|c| c.1.chosen != Strategy::Greedy));
     cfg.lookahead.confidence = 1e9;

@@ -1,6 +1,7 @@
 //! Simulator tests: a hand-computed single-device queue, and whole-policy runs.
 
 use super::*;
+use crate::planner::strategy::Strategy;
 
 /// Prefill 1 ms per token with no fixed part (10 ms for the 10-token prompts below, alone or
 /// riding a decode step); decode step always 5 ms (any batch, any context).
@@ -43,7 +44,12 @@ fn spaced_arrivals_never_queue() {
     let trace = (0..5)
         .map(|k| req(0.1 * f64::from(k), 10, 3, "t"))
         .collect();
-    let out = simulate(&config(Policy::StaticTp { tp: 1 }, 1, trace)).unwrap();
+    let out = simulate(&config(
+        Policy::Fixed(Strategy::StaticTp { tp: 1 }),
+        1,
+        trace,
+    ))
+    .unwrap();
     // Each: one 10 ms prefill (first token), then two 5 ms decode steps.
     for r in &out.records {
         assert!(
@@ -64,7 +70,12 @@ fn overlapping_arrivals_match_the_hand_computed_schedule() {
         req(0.004, 10, 3, "t"),
         req(2.0, 10, 3, "t"),
     ];
-    let out = simulate(&config(Policy::StaticTp { tp: 1 }, 1, trace)).unwrap();
+    let out = simulate(&config(
+        Policy::Fixed(Strategy::StaticTp { tp: 1 }),
+        1,
+        trace,
+    ))
+    .unwrap();
     let r = &out.records;
     // t=0: prefill A → 10 ms (A's first token). t=10: decode A + prefill B = 15 ms → 25
     // (B's first token, A has 2). t=25: decode A, B → 30: A done. t=30: decode B → 35: done.
@@ -141,11 +152,11 @@ fn two_tier_config(policy: Policy) -> SimConfig {
 #[test]
 fn every_policy_runs_every_request_deterministically() {
     let policies = [
-        Policy::Nitsum,
-        Policy::NitsumFixedTp { tp: 2 },
-        Policy::StaticTp { tp: 2 },
-        Policy::Split,
-        Policy::NitsumGreedy,
+        Policy::Adaptive,
+        Policy::Fixed(Strategy::FixedTp { tp: 2 }),
+        Policy::Fixed(Strategy::StaticTp { tp: 2 }),
+        Policy::Fixed(Strategy::Split),
+        Policy::Fixed(Strategy::Greedy),
     ];
     for p in policies {
         let cfg = two_tier_config(p.clone());
@@ -159,7 +170,7 @@ fn every_policy_runs_every_request_deterministically() {
         for r in &a.records {
             assert!(r.e2e_ms.is_some() || r.dropped, "{p:?}: {r:?}");
         }
-        if matches!(p, Policy::Nitsum) {
+        if matches!(p, Policy::Adaptive) {
             assert!(a.reconfigurations >= 1);
         }
     }
@@ -167,22 +178,26 @@ fn every_policy_runs_every_request_deterministically() {
 
 #[test]
 fn config_errors_are_clear() {
-    let mut cfg = config(Policy::StaticTp { tp: 2 }, 1, vec![req(0.0, 1, 1, "t")]);
+    let mut cfg = config(
+        Policy::Fixed(Strategy::StaticTp { tp: 2 }),
+        1,
+        vec![req(0.0, 1, 1, "t")],
+    );
     let e = simulate(&cfg).unwrap_err().to_string();
     assert!(e.contains("TP 2 is not in the profile"), "{e}");
-    cfg.policy = Policy::StaticTp { tp: 1 };
+    cfg.policy = Policy::Fixed(Strategy::StaticTp { tp: 1 });
     cfg.requests[0].tier = "nope".into();
     let e = simulate(&cfg).unwrap_err().to_string();
     assert!(e.contains("unknown tier"), "{e}");
 }
 
 /// A prefilled request (1 token generated) of `class` for the engine-level tests.
-fn decoding(output: u32, class: crate::dispatch::Class) -> group::Req {
-    group::Req {
+fn decoding(output: u32, class: crate::dispatch::Class) -> reqs::Req {
+    reqs::Req {
         arrival: 0.0,
         input: 10,
         output,
-        tier: 0,
+        tier: crate::ids::TierId(0),
         class,
         prefilled: 10,
         generated: 1,
@@ -197,8 +212,8 @@ fn decoding(output: u32, class: crate::dispatch::Class) -> group::Req {
 }
 
 /// A waiting request with an `input`-token prompt due (first token) by `deadline`.
-fn waiting(input: u32, deadline: f64) -> group::Req {
-    group::Req {
+fn waiting(input: u32, deadline: f64) -> reqs::Req {
+    reqs::Req {
         input,
         prefilled: 0,
         generated: 0,
@@ -306,7 +321,7 @@ fn the_decode_batch_counts_tokens_per_step_and_writes_them_back_on_leaving() {
 fn a_leftover_request_is_served_as_background_whatever_its_tier() {
     let mut reqs = vec![req(0.0, 10, 3, "t"), req(0.0, 10, 3, "t")];
     reqs[1].leftover = true;
-    let mut cfg = config(Policy::StaticTp { tp: 1 }, 1, reqs);
+    let mut cfg = config(Policy::Fixed(Strategy::StaticTp { tp: 1 }), 1, reqs);
     cfg.records = true;
     let r = simulate(&cfg).unwrap();
     assert_eq!(r.records[0].class, "feasible");
@@ -317,7 +332,7 @@ fn a_leftover_request_is_served_as_background_whatever_its_tier() {
 fn a_tier_that_rejects_unattainable_requests_drops_its_best_effort_ones_only() {
     // The router answers 429 `slo_unattainable`; the simulator drops them the same way.
     let count = |reject: bool| {
-        let mut cfg = two_tier_config(Policy::NitsumGreedy);
+        let mut cfg = two_tier_config(Policy::Fixed(Strategy::Greedy));
         cfg.devices = 2;
         cfg.records = true;
         cfg.tiers[0].reject_unattainable = reject;

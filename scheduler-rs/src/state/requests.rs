@@ -7,42 +7,14 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{EarlyEnd, Event, Fork, Inflight, RequestHandle, RouterState, State, Submit};
+use super::{
+    EarlyEnd, Event, Fork, Inflight, RequestHandle, RouterState, State, Submit, SubmitError,
+};
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::vllm::FinishedReason;
 use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::{self as wire, PROTOCOL_VERSION};
-
-/// Why a request was not admitted.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SubmitError {
-    /// No group can take it now (503).
-    NoWorker,
-    /// Its tier already holds `limit` requests (`Tier::max_inflight`; 429).
-    TierFull { tier: String, limit: u32 },
-    /// The router is shutting down (503).
-    Draining,
-    /// The plan has no SLO bandwidth left for it and its tier refuses best effort
-    /// (`Tier::reject_unattainable`; 429).
-    Unattainable { tier: String },
-}
-
-impl std::fmt::Display for SubmitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SubmitError::NoWorker => f.write_str("no worker available for this request"),
-            SubmitError::Draining => f.write_str("the server is shutting down"),
-            SubmitError::TierFull { tier, limit } => {
-                write!(f, "tier `{tier}` already has {limit} requests in flight")
-            }
-            SubmitError::Unattainable { tier } => write!(
-                f,
-                "tier `{tier}` has no capacity left that meets its SLO; retry later"
-            ),
-        }
-    }
-}
 
 impl State {
     /// Track a request in flight (counted against its tier's bound).
@@ -96,7 +68,7 @@ impl RouterState {
             self.stats_arrival(st, req.tier, req.input_ids.len());
             let placed = match req.fork_of.and_then(|f| Self::place_sibling(st, id, f)) {
                 Some(p) => Some(p),
-                None => Self::place(st, id, &tier.name, tier.background, &keys),
+                None => Self::place(st, id, req.tier, tier.background, &keys),
             };
             if let Some((_, d)) = &placed {
                 if tier.reject_unattainable && d.class == Class::BestEffort {
@@ -142,7 +114,7 @@ impl RouterState {
     pub(super) fn place(
         st: &mut State,
         id: u64,
-        tier: &str,
+        tier: TierId,
         background: bool,
         keys: &[u64],
     ) -> Option<(Bytes, Decision)> {

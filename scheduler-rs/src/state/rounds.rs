@@ -20,7 +20,7 @@ use super::{RouterState, State};
 use crate::ids::{TierId, WorkerId};
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Reconfigured};
-use crate::sim::chooser::Choice;
+use crate::sim::choice::Choice;
 use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::stats::TierDemand;
 

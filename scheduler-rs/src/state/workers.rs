@@ -134,10 +134,10 @@ impl RouterState {
                 continue;
             };
             if e.retries < self.cfg.max_retries {
-                let tier = self.cfg.tier(e.req.tier);
+                let tier_id = e.req.tier;
+                let background = self.cfg.tier(tier_id).background;
                 let keys = prefix_keys(&rest.input_ids);
-                if let Some((identity, d)) = Self::place(st, id, &tier.name, tier.background, &keys)
-                {
+                if let Some((identity, d)) = Self::place(st, id, tier_id, background, &keys) {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
                     e.leader = WorkerId::of_device(d.prefill_leader);
@@ -238,7 +238,7 @@ impl RouterState {
             }
         };
         st.plan = Plan { epoch, groups };
-        st.dispatcher.set_plan(&st.plan);
+        st.dispatcher.set_plan(&st.plan, &self.cfg.tiers);
         st.plan.clone()
     }
 
