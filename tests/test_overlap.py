@@ -1,0 +1,231 @@
+"""Overlapped steps (engine/overlap.py) give the synchronous engine's tokens and finish
+reasons, and really prepare step N+1 before step N's tokens are applied."""
+
+import pytest
+import torch
+
+from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.overlap import PENDING, OverlapStepper, overlap_wanted
+from nitsum.sampling import SAMPLE_FAILED, SamplingParams, sample_on_device
+from tiny import make_tiny, random_prompt, run_to_completion
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return make_tiny("llama-gqa")
+
+
+def engine(tiny, overlap: bool, eos: tuple[int, ...] = (), pages: int = 256, **kw):
+    hf, cfg = tiny
+    per_page = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * cfg.head_dim * 4
+    ecfg = EngineConfig(kv_cache_bytes=per_page * pages, page_tokens=4, overlap=overlap, **kw)
+    e = build_engine(cfg, hf.state_dict().items(), ecfg, eos_token_ids=eos)
+    assert isinstance(e.driver, OverlapStepper) == overlap
+    return e
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, **kw)
+
+
+def both(tiny, requests, eos=(), **kw):
+    """Run `requests` ((id, prompt, params)) to completion on a synchronous and an
+    overlapped engine; both results, and the overlapped engine."""
+    results = []
+    for overlap in (False, True):
+        e = engine(tiny, overlap, eos, **kw)
+        for rid, prompt, params in requests:
+            e.add_request(rid, prompt, params)
+        results.append(run_to_completion(e))
+        assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
+    return results[0], results[1], e
+
+
+def test_requests_ending_at_different_steps_equal_the_synchronous_engine(tiny):
+    _, cfg = tiny
+    reqs = [
+        (f"r{i}", random_prompt(cfg, 3 + 5 * i, i), greedy(m, ignore_eos=True))
+        for i, m in enumerate([1, 2, 5, 9, 14])
+    ]
+    sync, over, e = both(tiny, reqs, token_budget=16)
+    assert over == sync
+    assert {rid: len(ids) for rid, ids in over[0].items()} == {
+        "r0": 1,
+        "r1": 2,
+        "r2": 5,
+        "r3": 9,
+        "r4": 14,
+    }
+    assert e.driver.launches > 0 and e.driver.sync_steps == 0
+
+
+def test_an_eos_ending_a_request_early_equals_the_synchronous_engine(tiny):
+    _, cfg = tiny
+    prompts = [random_prompt(cfg, 6 + 3 * i, 10 + i) for i in range(4)]
+    probe = engine(tiny, False)
+    probe.add_request("p", prompts[1], greedy(12, ignore_eos=True))
+    eos = run_to_completion(probe)[0]["p"][3]  # a token the model does produce
+    reqs = [(f"r{i}", p, greedy(12)) for i, p in enumerate(prompts)]
+    sync, over, _ = both(tiny, reqs, eos=(eos,))
+    assert over == sync
+    assert over[1]["r1"] == "stop" and len(over[0]["r1"]) <= 4
+    assert "length" in over[1].values()
+
+
+def test_a_request_ended_by_eos_keeps_its_pages_until_its_wasted_step_is_done(tiny):
+    _, cfg = tiny
+    prompt = random_prompt(cfg, 9, 4)
+    probe = engine(tiny, False)
+    probe.add_request("p", prompt, greedy(8, ignore_eos=True))
+    eos = run_to_completion(probe)[0]["p"][2]
+    e = engine(tiny, True, eos=(eos,))
+    e.add_request("a", prompt, greedy(8))
+    e.add_request("b", random_prompt(cfg, 5, 5), greedy(8, ignore_eos=True))
+    stepper: OverlapStepper = e.driver
+    for _ in range(10):
+        outs = e.step()
+        if any(o.request_id == "a" and o.finished for o in outs):
+            break
+    seq = next(s for s in stepper.inflight.finished_inside if s.request_id == "a")
+    assert seq.finish_reason == "stop" and seq.output_ids[-1] == eos and seq.pages
+    held = set(seq.pages)
+    assert held <= e.scheduler.pages.alloc.used(0)  # not free: nobody else gets them
+    e.step()  # the step "a" was wasted in is applied: its pages are back
+    assert not seq.pages
+    run_to_completion(e)
+    assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
+
+
+def test_a_long_prompt_chunked_while_others_decode_equals_the_synchronous_engine(tiny):
+    _, cfg = tiny
+    results = []
+    for overlap in (False, True):
+        e = engine(tiny, overlap, token_budget=12)
+        e.add_request("a", random_prompt(cfg, 5, 1), greedy(20, ignore_eos=True))
+        e.add_request("b", random_prompt(cfg, 7, 2), greedy(16, ignore_eos=True))
+        early = [o for _ in range(4) for o in e.step()]
+        e.add_request("long", random_prompt(cfg, 90, 3), greedy(6, ignore_eos=True))
+        outs, reasons = run_to_completion(e)
+        for o in reversed(early):
+            outs[o.request_id][:0] = o.new_token_ids
+        results.append((outs, reasons))
+    assert results[1] == results[0]
+    assert len(results[1][0]["long"]) == 6
+
+
+def test_an_abort_mid_run_spares_the_others_and_frees_its_pages(tiny):
+    _, cfg = tiny
+    reqs = [
+        (f"r{i}", random_prompt(cfg, 4 + 6 * i, 20 + i), greedy(10, ignore_eos=True))
+        for i in range(3)
+    ]
+    sync, _, _ = both(tiny, reqs)
+    e = engine(tiny, True)
+    for rid, prompt, params in reqs:
+        e.add_request(rid, prompt, params)
+    early = [o for _ in range(3) for o in e.step()]
+    assert any(s.request_id == "r1" for s, _ in e.driver.inflight.sampled)  # in flight
+    assert e.abort("r1") and not e.abort("r1")
+    outs, reasons = run_to_completion(e)
+    for o in reversed(early):
+        if o.request_id != "r1":
+            outs[o.request_id][:0] = o.new_token_ids
+    assert "r1" not in outs and "r1" not in reasons
+    assert outs == {r: sync[0][r] for r in ("r0", "r2")}
+    assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
+
+
+def test_preemption_under_a_small_kv_pool_equals_the_synchronous_engine(tiny):
+    _, cfg = tiny
+    reqs = [
+        (f"r{i}", random_prompt(cfg, 5 + 7 * i, 30 + i), greedy(12, ignore_eos=True))
+        for i in range(6)
+    ]
+    sync, over, e = both(tiny, reqs, pages=20)
+    assert over == sync
+    assert e.scheduler.preemptions > 0
+    full, _, _ = both(tiny, reqs)
+    assert over == full
+
+
+def test_step_n_plus_1_is_launched_before_step_n_tokens_are_applied(tiny):
+    _, cfg = tiny
+    e = engine(tiny, True)
+    log: list[str] = []
+    forward, apply_token = e.runner.forward, e.apply_token
+    e.runner.forward = lambda inputs: (log.append("forward"), forward(inputs))[1]
+    e.apply_token = lambda seq, token: (log.append("apply"), apply_token(seq, token))[1]
+    e.add_request("a", random_prompt(cfg, 6, 7), greedy(3, ignore_eos=True))
+    assert e.step() == [] and log == ["forward"]  # step 0 launched, nothing read back
+    out = e.step()
+    assert [o.new_token_ids != [PENDING] for o in out] == [True]
+    assert log == ["forward", "forward", "apply"]  # step 1 launched, then step 0 applied
+    assert list(e.driver.events) == [("launch", 0), ("launch", 1), ("apply", 0)]
+    seq = e.seqs["a"]
+    assert seq.output_ids[-1] == PENDING and seq.output_ids[0] == out[0].new_token_ids[0]
+    assert e.step()[0].finish_reason is None  # step 2 launched, step 1 applied
+    # Step 2's token surely ends "a" (max_tokens): no step 3 is launched before applying it.
+    out = e.step()
+    assert out[0].finish_reason == "length" and len(seq.output_ids) == 3
+    assert log == ["forward", "forward", "apply", "forward", "apply", "apply"]
+    assert list(e.driver.events)[-3:] == [("launch", 2), ("apply", 1), ("apply", 2)]
+    assert not e.has_unfinished()
+
+
+def test_a_batch_needing_host_tokens_runs_synchronously_and_equal(tiny):
+    _, cfg = tiny
+    reqs = [
+        ("plain", random_prompt(cfg, 8, 40), greedy(9, ignore_eos=True)),
+        ("lp", random_prompt(cfg, 5, 41), greedy(6, ignore_eos=True, logprobs=2)),
+        ("pen", random_prompt(cfg, 6, 42), greedy(7, ignore_eos=True, repetition_penalty=1.5)),
+        (
+            "topk1",
+            random_prompt(cfg, 7, 43),
+            SamplingParams(max_tokens=8, top_k=1, ignore_eos=True),
+        ),
+    ]
+    sync, over, e = both(tiny, reqs)
+    assert over == sync
+    assert e.driver.sync_steps > 0 and e.driver.launches > 0
+
+
+def test_a_top_k_1_random_request_overlaps_and_equals_greedy(tiny):
+    _, cfg = tiny
+    prompt = random_prompt(cfg, 7, 50)
+    sync, over, e = both(
+        tiny, [("r", prompt, SamplingParams(max_tokens=8, top_k=1, ignore_eos=True))]
+    )
+    ref, _, _ = both(tiny, [("r", prompt, greedy(8, ignore_eos=True))])
+    assert over == sync and over[0] == ref[0]
+    assert e.driver.sync_steps == 0
+
+
+def test_the_device_sampler_takes_argmax_top_k_and_flags_bad_rows():
+    logits = torch.zeros(4, 16)
+    logits[0, 5] = 9.0
+    logits[1] = float("nan")
+    logits[2, 7] = 3.0
+    logits[3, 11] = 2.0
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=0.5, top_p=0.01),
+    ]
+    assert sample_on_device(logits, params).tolist() == [5, SAMPLE_FAILED, 7, 11]
+    # A plain random row draws by the distribution: a two-token tie comes out both ways.
+    tie = torch.full((400, 4), -30.0)
+    tie[:, 1] = tie[:, 2] = 0.0
+    drawn = sample_on_device(tie, [SamplingParams(temperature=1.0)] * 400)
+    counts = torch.bincount(drawn, minlength=4).tolist()
+    assert counts[0] == counts[3] == 0 and 120 < counts[1] < 280
+
+
+def test_overlap_is_on_by_default_on_cuda_only(monkeypatch):
+    monkeypatch.delenv("NITSUM_OVERLAP", raising=False)
+    assert overlap_wanted("cuda:0") and not overlap_wanted("cpu")
+    assert not overlap_wanted("cuda", configured=False) and overlap_wanted("cpu", True)
+    monkeypatch.setenv("NITSUM_OVERLAP", "1")
+    assert overlap_wanted("cpu")
+    monkeypatch.setenv("NITSUM_OVERLAP", "0")
+    assert not overlap_wanted("cuda:0")
