@@ -7,7 +7,7 @@ import torch
 from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.overlap import PENDING, OverlapStepper, overlap_wanted
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, sample_on_device
-from tiny import make_tiny, random_prompt, run_to_completion
+from tiny import kv_bytes, make_tiny, random_prompt, run_arrivals, run_to_completion
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +229,50 @@ def test_overlap_is_on_by_default_on_cuda_only(monkeypatch):
     assert overlap_wanted("cpu")
     monkeypatch.setenv("NITSUM_OVERLAP", "0")
     assert not overlap_wanted("cuda:0")
+
+
+def test_a_one_device_pool_engine_overlaps_and_equals_the_synchronous_one(tiny):
+    from nitsum.pool.local import ONLY_GROUP, local_engine
+
+    hf, cfg = tiny
+    reqs = [(f"r{i}", random_prompt(cfg, 4 + 9 * i, 60 + i), greedy(3 + 4 * i)) for i in range(4)]
+    results = []
+    for overlap in (False, True):
+        ecfg = EngineConfig(kv_cache_bytes=1 << 20, page_tokens=4, token_budget=16, overlap=overlap)
+        pe = local_engine(cfg, hf.state_dict().items(), ecfg)
+        for rid, prompt, params in reqs:
+            pe.add_request(rid, prompt, params)
+        results.append(run_to_completion(pe))
+        driver = pe.engines[ONLY_GROUP].driver
+        assert (driver is not None and driver.launches > 0) == overlap
+    assert results[1] == results[0]
+
+
+def test_a_swapped_out_request_comes_back_unchanged_under_overlap(tiny):
+    _, cfg = tiny
+    long = greedy(24, ignore_eos=True)
+    results = []
+    for overlap in (False, True):
+        e = build_engine(
+            cfg,
+            tiny[0].state_dict().items(),
+            EngineConfig(
+                kv_cache_bytes=kv_bytes(cfg, 64),
+                host_kv_cache_bytes=kv_bytes(cfg, 32),
+                page_tokens=4,
+                token_budget=64,
+                max_batch=2,
+                overlap=overlap,
+            ),
+        )
+        e.scheduler.swap.bytes_per_s = 1e15  # copies cost nothing: always swap
+        ps = {r: random_prompt(cfg, 30 + i, i) for i, r in enumerate(("bg0", "bg1", "strict"))}
+        bg = [((r, ps[r], long, "background", "background"), {}) for r in ("bg0", "bg1")]
+        strict = [(("strict", ps["strict"], long, "feasible", "s"), {})]
+        out, _ = run_arrivals(e, {0: bg, 12: strict})
+        c = e.counters()
+        assert c["num_preemptions_swap"] >= 1
+        assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
+        assert e.scheduler.swap.host.num_free == e.scheduler.swap.host.num_pages
+        results.append(out)
+    assert results[1] == results[0]

@@ -17,6 +17,7 @@ from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig, build_model
 from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
 from nitsum.engine.load import install_grammars, load_model, model_eos_ids
+from nitsum.engine.overlap import enable_overlap, overlap_wanted
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import HostKVPool, PageCopies, host_pages_in
@@ -133,7 +134,11 @@ def local_engine(
     ecfg = ecfg or EngineConfig()
     num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
     device = LocalDevice(cfg, tensors, ecfg, num_pages)
-    return PoolEngine(device, cfg, ecfg, num_pages, [ONLY_GROUP], eos_token_ids)
+    pe = PoolEngine(device, cfg, ecfg, num_pages, [ONLY_GROUP], eos_token_ids)
+    if overlap_wanted(ecfg.device, ecfg.overlap):
+        # NOTE: its one group is never reshaped or bound, so the engine stays this one.
+        enable_overlap(pe.engines[ONLY_GROUP], device.runner)
+    return pe
 
 
 def open_local_engine(model_dir: str | Path, ecfg: EngineConfig | None = None) -> PoolEngine:
