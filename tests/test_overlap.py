@@ -276,3 +276,49 @@ def test_a_swapped_out_request_comes_back_unchanged_under_overlap(tiny):
         assert e.scheduler.swap.host.num_free == e.scheduler.swap.host.num_pages
         results.append(out)
     assert results[1] == results[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_arrivals_aborts_and_preemption_equal_the_synchronous_engine(tiny, seed):
+    """Requests arrive and are aborted at random steps on a small pool (preemption, chunked
+    prompts, EOS): every request not aborted gets the synchronous engine's tokens and reason."""
+    _, cfg = tiny
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    prompts = [random_prompt(cfg, rand(2, 40), 100 * seed + i) for i in range(8)]
+    probe = engine(tiny, False)
+    for i, prompt in enumerate(prompts):
+        probe.add_request(f"p{i}", prompt, greedy(14, ignore_eos=True))
+    made = [t for ids in run_to_completion(probe)[0].values() for t in ids]
+    eos = max(set(made), key=made.count)  # the model's favourite token: some requests stop
+    arrivals: dict[int, list] = {}
+    for i, prompt in enumerate(prompts):
+        params = greedy(rand(1, 14), ignore_eos=bool(rand(0, 3) == 0))
+        arrivals.setdefault(rand(0, 8), []).append((f"r{i}", prompt, params))
+    aborts = {rand(2, 12): f"r{rand(0, 8)}" for _ in range(3)}
+    results = []
+    for overlap in (False, True):
+        e = engine(tiny, overlap, eos=(eos,), pages=18, token_budget=12, max_batch=4)
+        outs: dict[str, list[int]] = {}
+        reasons: dict[str, str] = {}
+        gone: set[str] = set()
+        step = 0
+        while e.has_unfinished() or step <= max(arrivals):
+            for rid, prompt, params in arrivals.get(step, []):
+                e.add_request(rid, prompt, params)
+            if step in aborts and e.abort(aborts[step]):
+                gone.add(aborts[step])
+            for o in e.step():
+                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.finished:
+                    reasons[o.request_id] = o.finish_reason
+            step += 1
+            assert step < 500
+        assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
+        results.append((outs, reasons, gone))
+    (sync, sync_reasons, _), (over, over_reasons, gone) = results
+    kept = {r for r in sync_reasons if r not in gone and r not in results[0][2]}
+    assert kept, "every request was aborted"
+    assert {r: over[r] for r in kept} == {r: sync[r] for r in kept}
+    assert {r: over_reasons[r] for r in kept} == {r: sync_reasons[r] for r in kept}
+    assert set(over_reasons) | gone == {f"r{i}" for i in range(8)}

@@ -84,6 +84,8 @@ class Launched:
     started: float
     # Row of each sequence with a placeholder in `tokens`, by id(seq).
     rows: dict[int, int] = field(default_factory=dict)
+    # id() of every sequence the step computes something of.
+    members: set[int] = field(default_factory=set)
     # Requests that ended at the step before while in this one: freed once this one is done.
     finished_inside: list[Sequence] = field(default_factory=list)
 
@@ -158,10 +160,11 @@ class OverlapStepper:
                 host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
                 host.copy_(tokens, non_blocking=True)
                 done: torch.cuda.Event | None = torch.cuda.Event()
-                done.record()
+                done.record(torch.cuda.current_stream(tokens.device))
             else:
                 host, done = tokens, None
         run = Launched(self.launches, batch, [], tokens, host, done, time.monotonic())
+        run.members = {id(item.seq) for item in batch}
         self.launches += 1
         self.events.append(("launch", run.number))
         for item in batch:  # what the step will have computed, known now
@@ -193,32 +196,36 @@ class OverlapStepper:
         for (seq, pending), token in zip(run.sampled, tokens, strict=True):
             if engine.seqs.get(seq.request_id) is not seq:
                 continue  # aborted meanwhile
-            again = after is not None and id(seq) in after.rows
-            outputs.append(self._apply_token(seq, token, pending, again, after))
+            inside = after is not None and id(seq) in after.members
+            outputs.append(self._apply_token(seq, token, pending, after if inside else None))
         return outputs
 
     def _apply_token(
-        self, seq: Sequence, token: int, pending: bool, again: bool, after: Launched | None
+        self, seq: Sequence, token: int, pending: bool, inside: Launched | None
     ) -> RequestOutput:
-        """Put `token` in place of `seq`'s placeholder (`pending`); with `again` (`seq` is in
-        the step `after`, with a placeholder of its own) the request's pages outlive it."""
+        """Put `token` in place of `seq`'s placeholder (`pending`). With `inside` (the step
+        launched since, which computes some of `seq`) a request the token ends keeps its
+        pages until that step is done, and a placeholder `inside` gave it stays last."""
         engine = self.engine
         running = engine.scheduler.running
-        if again:
-            assert after is not None and seq.output_ids.pop() == PENDING
-            # Out of the queues while the token applies: a request it ends keeps its pages.
-            at = running.index(seq)
-            running.pop(at)
+        later = inside is not None and id(seq) in inside.rows
+        if later:
+            assert seq.output_ids.pop() == PENDING
         if pending:
             assert seq.output_ids.pop() == PENDING
+        if inside is None:
+            return engine.apply_token(seq, token)
+        # Out of the queues while the token applies: a request it ends keeps its pages.
+        at = running.index(seq)
+        running.pop(at)
         out = engine.apply_token(seq, token)
-        if again:
-            assert after is not None
-            if out.finished:
-                seq.num_computed = seq.total_len - 1  # as the synchronous step leaves it
-                after.finished_inside.append(seq)
-            else:
-                running.insert(at, seq)
+        if out.finished:
+            # As a synchronous step leaves it: the wasted row's KV does not count.
+            seq.num_computed = min(seq.num_computed, seq.total_len - 1)
+            inside.finished_inside.append(seq)
+        else:
+            running.insert(at, seq)
+            if later:
                 seq.output_ids.append(PENDING)
         return out
 
