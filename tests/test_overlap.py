@@ -231,20 +231,31 @@ def test_overlap_is_on_by_default_on_cuda_only(monkeypatch):
     assert not overlap_wanted("cuda:0")
 
 
-def test_a_one_device_pool_engine_overlaps_and_equals_the_synchronous_one(tiny):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_one_device_pool_engine_overlaps_and_equals_the_synchronous_one(tiny, graphs):
+    """The LLM / one-device worker path, with and without recorded decode steps (on the CPU
+    the same static buffers, run eagerly)."""
     from nitsum.pool.local import ONLY_GROUP, local_engine
 
     hf, cfg = tiny
     reqs = [(f"r{i}", random_prompt(cfg, 4 + 9 * i, 60 + i), greedy(3 + 4 * i)) for i in range(4)]
     results = []
     for overlap in (False, True):
-        ecfg = EngineConfig(kv_cache_bytes=1 << 20, page_tokens=4, token_budget=16, overlap=overlap)
+        ecfg = EngineConfig(
+            kv_cache_bytes=1 << 20,
+            page_tokens=4,
+            token_budget=16,
+            overlap=overlap,
+            decode_graphs=graphs,
+        )
         pe = local_engine(cfg, hf.state_dict().items(), ecfg)
         for rid, prompt, params in reqs:
             pe.add_request(rid, prompt, params)
         results.append(run_to_completion(pe))
         driver = pe.engines[ONLY_GROUP].driver
         assert (driver is not None and driver.launches > 0) == overlap
+        if graphs:
+            assert pe.pool.runner.graphs.replays > 0
     assert results[1] == results[0]
 
 
