@@ -333,3 +333,34 @@ def test_random_arrivals_aborts_and_preemption_equal_the_synchronous_engine(tiny
     assert {r: over[r] for r in kept} == {r: sync[r] for r in kept}
     assert {r: over_reasons[r] for r in kept} == {r: sync_reasons[r] for r in kept}
     assert set(over_reasons) | gone == {f"r{i}" for i in range(8)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_host_returns_while_the_launched_step_still_runs(tiny):
+    """On CUDA the mode is on by default; a step slowed down on the device (a spin kernel in
+    its forward) is still running when `step` returns, and the tokens equal the synchronous
+    engine's (with recorded decode steps, the production path)."""
+    from nitsum.pool.local import ONLY_GROUP, local_engine
+
+    hf, cfg = tiny
+    reqs = [(f"r{i}", random_prompt(cfg, 5 + 6 * i, 70 + i), greedy(4 + 3 * i)) for i in range(4)]
+    results, engines = [], []
+    for overlap in (None, False):
+        ecfg = EngineConfig(device="cuda", kv_cache_bytes=1 << 20, page_tokens=4, overlap=overlap)
+        pe = local_engine(cfg, hf.state_dict().items(), ecfg)
+        for rid, prompt, params in reqs:
+            pe.add_request(rid, prompt, params)
+        results.append(run_to_completion(pe))
+        engines.append(pe)
+    assert results[0] == results[1]
+    engine = engines[0].engines[ONLY_GROUP]
+    stepper = engine.driver
+    assert isinstance(stepper, OverlapStepper) and stepper.sync_steps == 0
+    runner = engines[0].pool.runner
+    forward = runner.forward
+    runner.forward = lambda inputs: (torch.cuda._sleep(200_000_000), forward(inputs))[1]
+    engines[0].add_request("slow", random_prompt(cfg, 6, 80), greedy(6))
+    engines[0].step()
+    engines[0].step()
+    assert stepper.inflight is not None and not stepper.inflight.done.query()
+    run_to_completion(engines[0])
