@@ -209,10 +209,9 @@ class OverlapStepper:
         engine = self.engine
         running = engine.scheduler.running
         later = inside is not None and id(seq) in inside.rows
-        if later:
-            assert seq.output_ids.pop() == PENDING
-        if pending:
-            assert seq.output_ids.pop() == PENDING
+        placeholders = int(later) + int(pending)
+        assert seq.output_ids[len(seq.output_ids) - placeholders :] == [PENDING] * placeholders
+        del seq.output_ids[len(seq.output_ids) - placeholders :]
         if inside is None:
             return engine.apply_token(seq, token)
         # Out of the queues while the token applies: a request it ends keeps its pages.
