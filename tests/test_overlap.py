@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
-from nitsum.engine.overlap import PENDING, OverlapStepper, overlap_wanted
+from nitsum.engine.overlap import PENDING, LaunchFailed, OverlapStepper, overlap_wanted
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, sample_on_device
 from tiny import kv_bytes, make_tiny, random_prompt, run_arrivals, run_to_completion
 
@@ -364,3 +364,28 @@ def test_on_cuda_the_host_returns_while_the_launched_step_still_runs(tiny):
     engines[0].step()
     assert stepper.inflight is not None and not stepper.inflight.done.query()
     run_to_completion(engines[0])
+
+
+def test_a_failed_launch_still_hands_over_the_step_before(tiny):
+    _, cfg = tiny
+    prompt = random_prompt(cfg, 6, 90)
+    sync, _, _ = both(tiny, [("x", prompt, greedy(5))])
+    e = engine(tiny, True)
+    forward, calls = e.runner.forward, []
+
+    def flaky(inputs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return forward(inputs)
+
+    e.runner.forward = flaky
+    e.add_request("x", prompt, greedy(5))
+    assert e.step() == []
+    with pytest.raises(LaunchFailed) as failed:
+        e.step()
+    assert str(failed.value.__cause__) == "boom"
+    assert [o.new_token_ids for o in failed.value.outputs] == [sync[0]["x"][:1]]
+    assert e.seqs["x"].output_ids == sync[0]["x"][:1]  # no placeholder left behind
+    assert e.abort("x")
+    assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages

@@ -69,6 +69,15 @@ def needs_host_tokens(seq: Sequence) -> bool:
     )
 
 
+class LaunchFailed(RuntimeError):
+    """Launching a step failed (the cause is `__cause__`); `outputs` are those of the step
+    before, applied, so the tokens it computed still reach their requests."""
+
+    def __init__(self, outputs: list[RequestOutput]) -> None:
+        super().__init__("launching a step failed")
+        self.outputs = outputs
+
+
 @dataclass
 class Launched:
     """A step whose sampled tokens are still on the device."""
@@ -114,7 +123,11 @@ class OverlapStepper:
         engine, prev = self.engine, self.inflight
         batch = self._schedule(prev)
         if batch and not any(needs_host_tokens(item.seq) for item in batch):
-            self.inflight = self._launch(batch, prev)
+            try:
+                self.inflight = self._launch(batch, prev)
+            except Exception as e:
+                self.inflight = None
+                raise LaunchFailed(self._apply(prev, None) if prev is not None else []) from e
             outputs = self._apply(prev, self.inflight) if prev is not None else []
         else:
             self.inflight = None
