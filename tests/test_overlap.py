@@ -289,10 +289,11 @@ def test_a_swapped_out_request_comes_back_unchanged_under_overlap(tiny):
     assert results[1] == results[0]
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(10))
 def test_random_arrivals_aborts_and_preemption_equal_the_synchronous_engine(tiny, seed):
     """Requests arrive and are aborted at random steps on a small pool (preemption, chunked
-    prompts, EOS): every request not aborted gets the synchronous engine's tokens and reason."""
+    prompts, EOS, now and then one with logprobs): every request not aborted gets the
+    synchronous engine's tokens and reason."""
     _, cfg = tiny
     g = torch.Generator().manual_seed(seed)
     rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
@@ -304,7 +305,9 @@ def test_random_arrivals_aborts_and_preemption_equal_the_synchronous_engine(tiny
     eos = max(set(made), key=made.count)  # the model's favourite token: some requests stop
     arrivals: dict[int, list] = {}
     for i, prompt in enumerate(prompts):
-        params = greedy(rand(1, 14), ignore_eos=bool(rand(0, 3) == 0))
+        # Some need their tokens on the host: steps go synchronous and back while they run.
+        host = {"logprobs": 1} if rand(0, 4) == 0 else {}
+        params = greedy(rand(1, 14), ignore_eos=bool(rand(0, 3) == 0), **host)
         arrivals.setdefault(rand(0, 8), []).append((f"r{i}", prompt, params))
     aborts = {rand(2, 12): f"r{rand(0, 8)}" for _ in range(3)}
     results = []
