@@ -147,6 +147,11 @@ def sample(
 
 def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
     """Temperature, top-k, min-p, top-p, then one draw."""
+    return int(torch.multinomial(_row_probs(logits, p), 1, generator=generator).item())
+
+
+def _row_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The row's distribution after temperature, top-k, min-p and top-p (no host sync)."""
     row = logits / p.temperature
     if p.top_k > 0:
         kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
@@ -159,6 +164,29 @@ def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Genera
         sorted_p, idx = probs.sort(descending=True)
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         drop = sorted_p.cumsum(0) - sorted_p >= p.top_p
-        sorted_p[drop] = 0
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    return probs
+
+
+def sample_on_device(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """One token per row of float32 `logits`, as a long tensor on their device, never read
+    by the host (the overlapped step, engine/overlap.py); `SAMPLE_FAILED` for a row whose
+    distribution is not finite.
+
+    NOTE: for unseeded rows only (the device's own RNG): a seeded request's CPU generator
+    needs the synchronous `sample`. A random row draws by the exponential race (argmax of
+    p / E, E ~ Exp(1)), which picks token i with probability p_i like `torch.multinomial`,
+    without its host-side checks."""
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return tokens
+    probs = torch.stack([_row_probs(logits[i], params[i]) for i in rows])
+    bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0)
+    probs = torch.where(bad[:, None], torch.ones_like(probs), probs)
+    race = probs / torch.empty_like(probs).exponential_()
+    drawn = torch.where(bad, SAMPLE_FAILED, race.argmax(dim=-1))
+    pinned = torch.tensor(rows, dtype=torch.long, pin_memory=tokens.is_cuda)
+    index = pinned.to(tokens.device, non_blocking=True)
+    return tokens.index_copy(0, index, drawn)

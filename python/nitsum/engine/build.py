@@ -9,6 +9,7 @@ import torch
 
 from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig, mlp_blocks
 from nitsum.engine.engine import Engine
+from nitsum.engine.overlap import enable_overlap, overlap_wanted
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.swap import SwapSpace
@@ -73,6 +74,9 @@ class EngineConfig:
     # (engine/piecewise.py): None = on CUDA only; True elsewhere runs the same static-buffer
     # path eagerly (tests).
     piecewise_graphs: bool | None = None
+    # A single-device engine prepares the next step while the device runs this one
+    # (engine/overlap.py): None = on CUDA only (or as NITSUM_OVERLAP says); True forces it.
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         budget, batch = default_step_limits(self.device)
@@ -133,4 +137,7 @@ def build_engine(
     scheduler = Scheduler(
         pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap
     )
-    return Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)
+    engine = Engine(cfg, runner, scheduler, ecfg.max_context, eos_token_ids)
+    if overlap_wanted(ecfg.device, ecfg.overlap):
+        enable_overlap(engine, runner)
+    return engine

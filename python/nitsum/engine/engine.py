@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from nitsum.config import ModelConfig
 from nitsum.engine.forks import Forks
@@ -43,6 +44,19 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+class StepDriver(Protocol):
+    """Another way to run the engine's steps (engine/overlap.py: the host prepares the next
+    step while the device runs this one)."""
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration; the new tokens of every sequence whose sampled token is known."""
+        ...
+
+    def settle(self) -> None:
+        """Wait until the device runs nothing of this engine (before pages are freed)."""
+        ...
+
+
 class Engine:
     """Continuous-batching engine over one TP group's runner (the leader drives it).
 
@@ -69,6 +83,8 @@ class Engine:
         self.forks = Forks(scheduler.kv)
         if scheduler.swap is not None:
             scheduler.swap.copier = runner  # the group's copy threads run its swaps
+        # Runs `step` instead of the synchronous path when set (engine/overlap.py).
+        self.driver: StepDriver | None = None
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(
@@ -144,6 +160,8 @@ class Engine:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return False
+        if self.driver is not None:
+            self.driver.settle()  # NOTE: no page is freed while a step in flight writes it
         self.scheduler.remove(request_id)
         self.forks.release(request_id)
         seq.status, seq.finish_reason = Status.FINISHED, "abort"
@@ -261,6 +279,8 @@ class Engine:
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the new tokens of every sequence that sampled."""
+        if self.driver is not None:
+            return self.driver.step()
         started = time.monotonic()
         batch = self.begin_step()
         if not batch:
@@ -301,29 +321,30 @@ class Engine:
             seq = item.seq
             seq.num_computed = item.start + item.q_len
             self.forks.computed(seq)
-            if not item.sample:
-                continue
-            token = next(sampled)
-            if token == SAMPLE_FAILED:
-                self._finish(seq, "error")
-                outputs.append(RequestOutput(seq.request_id, [], "error"))
-                continue
-            seq.output_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            error = None
-            if reason is None and seq.grammar is not None:
-                reason, error = grammar_finish(seq.grammar, token)
-            if reason is not None:
-                self._finish(seq, reason)
-            lp, seq.step_logprobs = seq.step_logprobs, None
-            logprobs = None if lp is None else [lp]
-            out = RequestOutput(seq.request_id, [token], reason, error, logprobs=logprobs)
-            if len(seq.output_ids) == 1 and seq.first_scheduled is not None:
-                out.queue_s = max(0.0, seq.first_scheduled - seq.arrival)
-            if len(seq.output_ids) == 1 and seq.sampling.prompt_logprobs is not None:
-                out.prompt_logprobs = list(seq.prompt_lps)
-            outputs.append(out)
+            if item.sample:
+                outputs.append(self.apply_token(seq, next(sampled)))
         return outputs
+
+    def apply_token(self, seq: Sequence, token: int) -> RequestOutput:
+        """Append `seq`'s sampled `token`; end the request if it ends there."""
+        if token == SAMPLE_FAILED:
+            self._finish(seq, "error")
+            return RequestOutput(seq.request_id, [], "error")
+        seq.output_ids.append(token)
+        reason = self._finish_reason(seq, token)
+        error = None
+        if reason is None and seq.grammar is not None:
+            reason, error = grammar_finish(seq.grammar, token)
+        if reason is not None:
+            self._finish(seq, reason)
+        lp, seq.step_logprobs = seq.step_logprobs, None
+        logprobs = None if lp is None else [lp]
+        out = RequestOutput(seq.request_id, [token], reason, error, logprobs=logprobs)
+        if len(seq.output_ids) == 1 and seq.first_scheduled is not None:
+            out.queue_s = max(0.0, seq.first_scheduled - seq.arrival)
+        if len(seq.output_ids) == 1 and seq.sampling.prompt_logprobs is not None:
+            out.prompt_logprobs = list(seq.prompt_lps)
+        return out
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.sampling

@@ -22,6 +22,7 @@ from nitsum.engine.graphs import (
     graph_memory_pool,
 )
 from nitsum.engine.load import install_grammars, load_model, model_eos_ids
+from nitsum.engine.overlap import enable_overlap, overlap_wanted
 from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
@@ -146,7 +147,11 @@ def local_engine(
     ecfg = ecfg or EngineConfig()
     num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
     device = LocalDevice(cfg, tensors, ecfg, num_pages)
-    return PoolEngine(device, cfg, ecfg, num_pages, [ONLY_GROUP], eos_token_ids)
+    pe = PoolEngine(device, cfg, ecfg, num_pages, [ONLY_GROUP], eos_token_ids)
+    if overlap_wanted(ecfg.device, ecfg.overlap):
+        # NOTE: its one group is never reshaped or bound, so the engine stays this one.
+        enable_overlap(pe.engines[ONLY_GROUP], device.runner)
+    return pe
 
 
 def open_local_engine(model_dir: str | Path, ecfg: EngineConfig | None = None) -> PoolEngine:

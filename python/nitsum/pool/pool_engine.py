@@ -15,6 +15,7 @@ from collections import Counter
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.overlap import LaunchFailed
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
@@ -270,6 +271,17 @@ class PoolEngine:
         outputs: list[RequestOutput] = []
         started = time.monotonic()
         for members, engine in active + self.binder.active():
+            if engine.driver is not None:  # a one-device pool's overlapped steps
+                try:
+                    outputs += engine.step()
+                except Exception as e:  # noqa: BLE001 - a failing step fails its group
+                    cause = e.__cause__ if isinstance(e, LaunchFailed) else e
+                    log.error("group %s failed a step: %s", members, cause)
+                    if isinstance(e, LaunchFailed):
+                        outputs += e.outputs  # the step before's tokens still count
+                    why = f"engine step failed: {type(cause).__name__}: {cause}"  # as LocalDevice's
+                    outputs += self._fail_all(engine, why)
+                continue
             try:
                 batch = engine.begin_step()
             except (DeviceError, RuntimeError) as e:

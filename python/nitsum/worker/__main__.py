@@ -124,6 +124,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_context=args.max_context,
         bind_idle=args.bind_idle,
         shift=args.shift_threshold,
+        # NOTE: a KV handoff to a peer process reads a request's pages as soon as its first
+        # token is out, which an overlapped step has already scheduled on: synchronous then.
+        overlap=False if args.kv_peers else None,
     )
 
 
