@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 import torch.nn.functional as F
 
-
 # Below this many (batch · query · key) positions, CPU attention in bf16/fp16 runs upcast to
 # fp32 SDPA (measured: 25 vs 52 us at one query over 192 keys; the matmul path wins from
 # about 1k positions on).
