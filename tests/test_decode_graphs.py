@@ -59,6 +59,7 @@ def test_steps_a_recording_cannot_run_go_eager():
     assert graphs.replays == 0
 
 
+@pytest.mark.e2e
 def test_tp_switch_selects_recordings_and_never_records():
     """Every context of every device records at start-up; switches TP1 -> TP2 -> TP4 -> TP1
     mid-decode replay them (with their all-reduces) and record nothing; tokens match eager."""

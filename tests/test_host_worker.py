@@ -25,6 +25,9 @@ from nitsum.worker.server import WorkerServer
 from test_worker_server import FakeRouter
 from tiny import POOL_DEVICES, POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 N = POOL_DEVICES
 ECFG, NUM_PAGES = POOL_ECFG, POOL_PAGES
 TIMEOUT_S = 60.0

@@ -13,10 +13,14 @@ import os
 import time
 from typing import Any
 
+import pytest
 import torch
 
 from nitsum.pool.peers import KVPeers
 from nitsum.ports import free_port
+
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
 
 
 def _rank(rank: int, port: int, q: Any, ready: Any, idle_s: float, stall_s: float) -> None:

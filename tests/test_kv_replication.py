@@ -159,6 +159,7 @@ def run_manual(pool, pe, members, ids, decodes):
     return logits, seq.output_ids
 
 
+@pytest.mark.e2e
 def test_logits_at_replicated_tp4_equal_tp1_and_hf(pool, tiny):
     hf, cfg = tiny
     ids = random_prompt(cfg, 13, seed=3)
@@ -175,6 +176,7 @@ def test_logits_at_replicated_tp4_equal_tp1_and_hf(pool, tiny):
         assert diff <= 1e-4, f"TP {len(members)}: {diff}"
 
 
+@pytest.mark.e2e
 def test_tp4_engine_greedy_equals_hf(pool, tiny):
     hf, cfg = tiny
     ps = prompts(cfg, 3)
@@ -185,6 +187,7 @@ def test_tp4_engine_greedy_equals_hf(pool, tiny):
     assert out == {f"r{i}": hf_greedy(hf, p, GREEDY.max_tokens) for i, p in enumerate(ps)}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["pipelined", "per_page"])
 def test_migration_through_replicated_tp4_keeps_tokens_and_moves_exact_bytes(pool, tiny, mode):
     hf, cfg = tiny
@@ -216,6 +219,7 @@ def test_migration_through_replicated_tp4_keeps_tokens_and_moves_exact_bytes(poo
     assert out == ref
 
 
+@pytest.mark.e2e
 def test_prompt_logprobs_on_a_tp4_group_are_the_models(pool, tiny):
     """Echo with logprobs through the device pool: the prompt's scoring rows come back from
     the group's sampling rank with the step's logits (TP 4, replicated KV heads)."""

@@ -13,6 +13,9 @@ from nitsum.pool.device_proc import ModelSource
 from nitsum.sampling import SamplingParams
 from tiny import POOL_ECFG, POOL_PAGES, assert_last_logits, make_tiny, random_prompt
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 MEMBERS = (0, 1, 2, 3)
 

@@ -21,6 +21,9 @@ from tiny import (
     random_prompt,
 )
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 ALL = (0, 1, 2, 3)
 TP4 = ([ALL], {})
 TP2_PP2 = ([ALL], {ALL: 2})

@@ -135,6 +135,7 @@ def test_a_preempted_sequence_recomputes_only_the_pages_it_lost(tiny) -> None:
     assert engine.scheduler.num_reclaimable() == engine.pages.num_pages
 
 
+@pytest.mark.e2e
 def test_kv_moves_into_a_group_evict_its_idle_cached_pages(tiny) -> None:
     """A P/D handoff into a decode group whose pool is full of idle cached pages evicts them
     instead of falling back to recompute; tokens are unchanged."""

@@ -12,6 +12,9 @@ from nitsum.pool.pool_engine import PoolEngine
 from nitsum.profiling.measure import measure_profile
 from tiny import POOL_ECFG, POOL_PAGES, make_tiny
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def profile():

@@ -78,6 +78,7 @@ def run_out(engine, max_steps: int = 200) -> tuple[dict[str, int], dict[str, lis
     raise AssertionError(f"unfinished after {max_steps} steps: {first}")
 
 
+@pytest.mark.slow  # an 8k-token prompt through an engine: 10-16 s each on 2 cores
 @pytest.mark.parametrize("klass", ["background", "no-ttft"])
 def test_an_8k_prompt_without_a_deadline_does_not_block_short_ones(tiny_long, klass) -> None:
     """One worker, one 8000-token prompt (16 budgets of 512) already prefilling, then four
@@ -101,6 +102,7 @@ def test_an_8k_prompt_without_a_deadline_does_not_block_short_ones(tiny_long, kl
     assert outs["long"] == hf_greedy(hf, long, 4)
 
 
+@pytest.mark.slow
 def test_a_long_prompt_with_slack_lets_short_ones_by_but_one_without_does_not(tiny_long) -> None:
     """With a TTFT deadline the long prompt spares only what keeps it in time at the slowest
     recent step (assumed 0.5 s): with a minute of slack the shorts share its next step; with

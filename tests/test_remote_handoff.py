@@ -20,6 +20,9 @@ from nitsum.worker.backend import PoolBackend
 from nitsum.worker.inbound import GenerateRequest
 from tiny import assert_pages_consistent, make_tiny, random_prompt, tiny_device_pool
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2))
 PAGES = 64
 

@@ -30,7 +30,8 @@ CHATML = (
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")]
 
 
 def bytes_to_unicode() -> dict[int, str]:

@@ -49,6 +49,7 @@ def one_step(pe, group, items):
     return pe.pool.collect_step(group), inputs
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("group", [(0, 1), (0, 1, 2, 3)])
 def test_sp_logits_equal_tp1(tiny_pool, group):
     """Prefill of two prompts in one step, then one decode step of both: each sampled row's
@@ -77,6 +78,7 @@ def test_sp_logits_equal_tp1(tiny_pool, group):
     assert pe.counters["sp_steps"] == 2 and pe.counters["tp_steps"] == 0
 
 
+@pytest.mark.e2e
 def test_one_token_on_four_ranks(tiny_pool):
     """Fewer tokens than ranks: a 1-token step at SP 4 is still exact."""
     hf, cfg, pool = tiny_pool
@@ -89,6 +91,7 @@ def test_one_token_on_four_ranks(tiny_pool):
     assert (logits[0] - ref).abs().max().item() <= 1e-4
 
 
+@pytest.mark.e2e
 def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
     """The rule flips SP → TP → SP between iterations of running requests: greedy tokens are
     HF's, and both modes ran."""
@@ -115,6 +118,7 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
     assert after["all_reduce"] - before["all_reduce"] == 2 * layers * pe.counters["tp_steps"]
 
 
+@pytest.mark.e2e
 def test_sp_writes_the_kv_tp_writes(tiny_pool):
     """The same prompt prefilled in SP on devices (0, 1) and in TP on (2, 3), into the same page
     ids: each rank's pages hold the same KV (layout invariance). The first layer's K/V is
@@ -138,6 +142,7 @@ def test_sp_writes_the_kv_tp_writes(tiny_pool):
         assert torch.allclose(sp_kv, tp_kv, atol=1e-5)
 
 
+@pytest.mark.e2e
 def test_sp_writes_the_kv_tp_writes_on_four_ranks(tiny_pool):
     """The same at 4 ranks (for the 2-KV-head model a replicated layout: each KV head on two
     ranks): SP, then TP into the same pages; every rank's K/V agree."""

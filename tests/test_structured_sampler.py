@@ -109,6 +109,13 @@ def test_a_schema_the_library_rejects_names_response_format(comp) -> None:
     assert e.value.field == "response_format" and "nonsense" in e.value.message
 
 
+def test_a_json_schema_spec_without_schema_names_response_format(comp) -> None:
+    # `from_wire` refuses it; a spec built in code must get the same error, not a TypeError.
+    with pytest.raises(InvalidRequestError) as e:
+        comp.check(GrammarSpec("json_schema", None))
+    assert e.value.field == "response_format" and "schema text" in e.value.message
+
+
 @pytest.mark.parametrize(
     "raw, why",
     [

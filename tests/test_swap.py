@@ -115,6 +115,7 @@ def test_short_contexts_recompute_and_abort_frees_host_pages(tiny) -> None:
     assert s.num_reclaimable() == s.pages.num_pages
 
 
+@pytest.mark.e2e
 def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
     """The same on a TP-2 group of two device processes: each copies its half of the heads
     of the same page ids to its own host tier and back; tokens unchanged."""

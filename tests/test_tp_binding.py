@@ -14,6 +14,9 @@ from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, make_tiny, tiny_device_pool
 from tiny import random_prompt as prompt
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 P = 4
 PAGES = 20  # one device holds 80 tokens at TP 1, a TP-2 group 160
 ECFG = EngineConfig(page_tokens=P, token_budget=64, tp_levels=(1, 2), prefix_caching=False)

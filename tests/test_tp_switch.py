@@ -62,6 +62,7 @@ def assert_all_pages_back(pe):
         assert pe.alloc.num_free(device) == NUM_PAGES
 
 
+@pytest.mark.e2e
 def test_shards_are_views_and_no_group_is_created_later(pool):
     expected = len(TPTopology(4, (1, 2, 4)).aligned_groups())
     for d in range(4):
@@ -71,6 +72,7 @@ def test_shards_are_views_and_no_group_is_created_later(pool):
             assert pool.call(d, "probe", shards_share_storage, (members,))
 
 
+@pytest.mark.e2e
 def test_logits_equal_at_tp_1_2_4(pool, tiny):
     hf, cfg = tiny
     ids = prompts(cfg, 1)[0] + [3, 1, 4, 1, 5]
@@ -89,6 +91,7 @@ def test_logits_equal_at_tp_1_2_4(pool, tiny):
         del inputs
 
 
+@pytest.mark.e2e
 def test_switch_mid_decode_keeps_greedy_tokens(pool, tiny):
     hf, cfg = tiny
     ps = prompts(cfg)
@@ -111,6 +114,7 @@ def test_switch_mid_decode_keeps_greedy_tokens(pool, tiny):
     assert_all_pages_back(pe)
 
 
+@pytest.mark.e2e
 def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
     hf, cfg = tiny
     ps = prompts(cfg, 4)
@@ -132,6 +136,7 @@ def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
     assert set(out) == set(ref)
 
 
+@pytest.mark.e2e
 def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     """Disaggregation: TP-2 prefill group, two TP-1 decode groups; same greedy tokens."""
     hf, cfg = tiny
@@ -163,6 +168,7 @@ def test_tp_levels_outside_the_heads_are_refused_clearly(tiny):
         HeadRange.of(cfg, 16, 0)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["pipelined", "pipelined_socket", "per_page"])
 def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
     """Device processes of one host hand chunks over through shared memory ("pipelined"),
@@ -197,6 +203,7 @@ def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
             pool.call(d, "probe", fill_kv, (d, 8 << 20))  # back to the default chunk
 
 
+@pytest.mark.e2e
 def test_shared_memory_pieces_both_ways_and_repeated(pool, tiny):
     """One migration where device 0 sends, then receives, then sends to another peer (its
     staging buffers reused across pieces), repeated: chunk names never match a leftover."""

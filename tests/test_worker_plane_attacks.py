@@ -23,7 +23,8 @@ import pytest
 from plane import SECRET, Peer, RealWorker, Router, wait
 from test_router_protocol import BIN
 
-pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")]
 
 PROMPT = [104, 105, 106]
 ECHO = [104, 105, 106, 104, 105, 106]

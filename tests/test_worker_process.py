@@ -19,6 +19,9 @@ from nitsum.worker import protocol as proto
 from test_worker_server import FakeRouter
 from tiny import make_tiny
 
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("nitsum.weights.hf")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ from nitsum.worker.inbound import GenerateRequest
 from plane import MODEL, EchoBackend, RealWorker, Router
 from test_router_protocol import BIN
 
-pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")]
 
 REFUSED, BROKEN = 41, 42  # a prompt starting with one of these is refused / breaks the worker
 

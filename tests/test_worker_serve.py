@@ -156,6 +156,7 @@ def child_pids(tmp: Path, n: int) -> list[int]:
     return [router] + [int((tmp / f"worker{i}.pid").read_text()) for i in range(n)]
 
 
+@pytest.mark.e2e
 def test_serve_starts_router_then_workers_and_sigterm_leaves_no_orphans(launch, tmp_path):
     proc, port = launch("ok,stubborn", "--config", "tiers.toml")
     line = read_ready_line(proc)
@@ -182,6 +183,7 @@ def test_serve_starts_router_then_workers_and_sigterm_leaves_no_orphans(launch, 
     assert wait_dead(pids, timeout=2.0) == []
 
 
+@pytest.mark.e2e
 def test_serve_killed_by_sigkill_still_takes_its_children(launch, tmp_path):
     proc, _ = launch("ok,ok")
     assert "ready at" in read_ready_line(proc)
@@ -191,6 +193,7 @@ def test_serve_killed_by_sigkill_still_takes_its_children(launch, tmp_path):
     assert wait_dead(pids) == []
 
 
+@pytest.mark.e2e
 def test_a_worker_dying_at_startup_fails_serve_cleanly(launch, tmp_path):
     proc, _ = launch("ok,crash", "--startup-timeout", "20")
     assert read_ready_line(proc) == ""  # EOF, no URL
@@ -200,6 +203,7 @@ def test_a_worker_dying_at_startup_fails_serve_cleanly(launch, tmp_path):
     assert "worker1 exited with code 3 while waiting for 2 workers to register" in err
 
 
+@pytest.mark.e2e
 def test_tp_switching_starts_one_host_worker_for_all_devices(launch, tmp_path):
     proc, port = launch("ok,ok,ok", "--tp-switching")
     line = read_ready_line(proc)
@@ -274,6 +278,7 @@ def test_workers_ready_reads_the_health_body():
     assert serve.workers_ready((200, {}), 2)  # a router without the count: 200 is all we get
 
 
+@pytest.mark.e2e
 def test_a_router_that_dies_at_startup_fails_serve(launch, tmp_path):
     dying = tmp_path / "fake-router"
     dying.write_text("#!/bin/sh\necho bad flag >&2\nexit 2\n")

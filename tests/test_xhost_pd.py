@@ -33,7 +33,8 @@ from tiny import random_llama
 
 SECRET = "xhost-test-secret-0123456789abcdef"
 PAGE_TOKENS = 4
-pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")
+# Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built")]
 
 
 def wait(cond: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -15,6 +17,15 @@ from nitsum.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 Message = dict[str, str]
+
+
+def _batch_of(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (text, or token ids) as a batch of one; a batch as it is."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts and isinstance(prompts[0], int):
+        return [cast(list[int], list(prompts))]
+    return cast(list[Prompt], list(prompts))
 
 
 @dataclass
@@ -57,12 +68,11 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | list[Prompt],
+        prompts: Prompt | Sequence[Prompt],
         sampling: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[Completion]:
         """Run every prompt (text or token ids) to completion, batched continuously."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _batch_of(prompts)
         params = (
             sampling
             if isinstance(sampling, list)
@@ -94,7 +104,10 @@ class LLM:
         sampling: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[Completion]:
         """Apply the model's chat template to each conversation and generate the reply."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        texts = [self.tokenizer.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        batch = (
+            [conversations]
+            if conversations and isinstance(conversations[0], dict)
+            else cast(list[list[Message]], conversations)
+        )
+        texts = [self.tokenizer.apply_chat_template(c) for c in batch]
         return self.generate(texts, sampling)

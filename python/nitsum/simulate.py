@@ -7,7 +7,6 @@ builds the config (profile, tiers, trace, policy) and prints the result summary.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import random
 import sys
@@ -66,45 +65,22 @@ def load_arrivals(path: str) -> list[dict]:
             for r in rows
         ]
     else:
-        try:
-            from nitsum.bench.traces import load_trace_file
-        except ImportError:  # the trace package is optional: minimal Azure CSV fallback
-            load_trace_file = None
-        if load_trace_file is not None:
-            reqs = [
-                {
-                    "arrival_s": r.arrival_s,
-                    "input_len": r.input_len,
-                    "output_len": r.output_len,
-                    "tier": r.tier,
-                }
-                for r in load_trace_file(path)
-            ]
-        else:
-            reqs = _load_azure_csv(p)
+        from nitsum.bench.traces import load_trace_file
+
+        reqs = [
+            {
+                "arrival_s": r.arrival_s,
+                "input_len": r.input_len,
+                "output_len": r.output_len,
+                "tier": r.tier,
+            }
+            for r in load_trace_file(path)
+        ]
     reqs.sort(key=lambda r: r["arrival_s"])
     t0 = reqs[0]["arrival_s"] if reqs else 0.0
     for r in reqs:
         r["arrival_s"] -= t0
     return reqs
-
-
-def _load_azure_csv(path: Path) -> list[dict]:
-    from datetime import datetime
-
-    out = []
-    with path.open() as f:
-        for row in csv.DictReader(f):
-            ts = datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
-            out.append(
-                {
-                    "arrival_s": ts,
-                    "input_len": max(1, int(row["ContextTokens"])),
-                    "output_len": max(1, int(row["GeneratedTokens"])),
-                    "tier": None,
-                }
-            )
-    return out
 
 
 def assign_tiers(reqs: list[dict], tiers: list[dict], mix: str | None, seed: int) -> None:

@@ -52,8 +52,7 @@ class FakeOpenAIServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._httpd.server_port}"
 
     def __enter__(self) -> FakeOpenAIServer:
         self._thread.start()
@@ -104,8 +103,8 @@ class FakeOpenAIServer:
         if self.usage and (body.get("stream_options") or {}).get("include_usage"):
             prompt_len = len(body.get("prompt") or [])
             usage = {"prompt_tokens": prompt_len, "completion_tokens": n}
-            chunk = {"choices": [], "usage": usage | {"total_tokens": prompt_len + n}}
-            handler.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            last = {"choices": [], "usage": usage | {"total_tokens": prompt_len + n}}
+            handler.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
         handler.wfile.write(b"data: [DONE]\n\n")
 
 

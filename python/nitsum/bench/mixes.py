@@ -147,11 +147,11 @@ def _parse_sine(body: str) -> SineSchedule:
         if not name or not eq:
             raise ValueError(f"sine schedule: expected TIER=SHARE, got {item!r}")
         if ".." in val:
-            lo, _, hi = val.partition("..")
+            lo_text, _, hi_text = val.partition("..")
             if swing is not None:
                 raise ValueError(f"sine schedule: only one tier swings, got {item!r} too")
             try:
-                swing = (name, float(lo), float(hi))
+                swing = (name, float(lo_text), float(hi_text))
             except ValueError:
                 raise ValueError(f"sine schedule: bad range {val!r} (want LO..HI)") from None
         elif val == "rest":

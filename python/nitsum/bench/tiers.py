@@ -48,7 +48,7 @@ def _tier_from_mapping(obj: object, where: str) -> TierSpec:
 
 def _router_default_tiers() -> tuple[TierSpec, ...]:
     """The router's default tiers (`scheduler-rs/src/config.rs`, `default_tiers`)."""
-    from nitsum import _core  # NOTE: late: the native module is only needed here
+    import nitsum._core as _core  # NOTE: late: the native module is only needed here
 
     tiers = json.loads(_core.default_tiers())
     return tuple(_tier_from_mapping(t, "the router's default tiers") for t in tiers)

@@ -8,6 +8,8 @@ that switching never creates communicators.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 
 from nitsum.parallel.topology import TPTopology
@@ -29,18 +31,23 @@ class CommPool:
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         # NOTE: new_group is collective: every rank must create every group, in the same order.
         for members in topology.aligned_groups():
-            self.groups[members] = dist.new_group(list(members))
+            group = dist.new_group(list(members))
+            # NOTE: a rank outside `members` gets a non-member sentinel, not a group; it never
+            # communicates in that group, so it keeps none.
+            if isinstance(group, dist.ProcessGroup):
+                self.groups[members] = group
         CommPool._frozen = True
 
     def get(self, members: tuple[int, ...]) -> dist.ProcessGroup | None:
-        """The group of `members`; None for a single device (no communication needed)."""
+        """The group of `members` (this rank among them); None for a single device (no
+        communication needed)."""
         if len(members) == 1:
             return None
         try:
             return self.groups[members]
         except KeyError:
             raise KeyError(
-                f"no communicator for {members}: groups must be aligned blocks"
+                f"no communicator for {members}: groups must be aligned blocks holding this rank"
             ) from None
 
     @classmethod
@@ -56,10 +63,10 @@ class CommPool:
         original = dist.new_group
         cls._original_new_group = original
 
-        def guarded(*args: object, **kwargs: object) -> dist.ProcessGroup:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
             if cls._frozen:
                 raise GroupCreationForbidden("process groups are only created at start-up")
             cls.created += 1
             return original(*args, **kwargs)
 
-        dist.new_group = guarded  # type: ignore[assignment]
+        dist.new_group = guarded

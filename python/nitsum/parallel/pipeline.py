@@ -63,7 +63,9 @@ class Stage:
         NOTE: `h` must not be written until `finish`; it is the step's own tensor.
         """
         assert self.next is not None
-        self.pending.append(dist.isend(h.contiguous(), dst=self.next))
+        work = dist.isend(h.contiguous(), dst=self.next)
+        assert work is not None  # None only outside the group; this is the default (world) one
+        self.pending.append(work)
         self.stats["p2p_sends"] += 1
 
     def finish(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 
@@ -17,9 +18,16 @@ from nitsum.errors import InvalidRequestError
 from nitsum.structured.matcher import GrammarMatcher
 from nitsum.structured.spec import FIELD, GrammarSpec
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # NOTE: compact separators and no free whitespace: a model that may emit whitespace between
 # tokens can (and a small one does) loop on it until max_tokens.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 _ANY_OBJECT = {"type": "object"}
 
 
@@ -36,7 +44,11 @@ class GrammarCompiler:
         return self.tokenizer.vocab_size
 
     def _compile_uncached(self, kind: str, schema: str | None) -> str:
-        source = json.loads(schema) if kind == "json_schema" else _ANY_OBJECT
+        source: Any = _ANY_OBJECT
+        if kind == "json_schema":
+            if schema is None:  # `GrammarSpec.from_wire` refuses it; a direct caller may not
+                raise InvalidRequestError(FIELD, "a json_schema grammar needs its schema text")
+            source = json.loads(schema)
         if isinstance(source, bool):  # `true` accepts anything JSON, `false` nothing
             source = {} if source else {"not": {}}
         try:

@@ -45,9 +45,9 @@ def apply_grammars(logits: torch.Tensor, matchers: Sequence[GrammarMatcher | Non
     NOTE: out of place: the worker's logits are inference tensors, which may not be
     updated in place outside inference mode.
     """
-    rows = [i for i, m in enumerate(matchers) if m is not None]
-    if not rows:
+    present = [(i, m) for i, m in enumerate(matchers) if m is not None]
+    if not present:
         return logits
     forbid = torch.zeros(logits.shape, dtype=torch.bool)
-    forbid[rows] = ~allowed([matchers[i] for i in rows], logits.shape[-1])
+    forbid[[i for i, _ in present]] = ~allowed([m for _, m in present], logits.shape[-1])
     return logits.masked_fill(forbid.to(logits.device), float("-inf"))

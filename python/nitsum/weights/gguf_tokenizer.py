@@ -92,9 +92,9 @@ def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.PostP
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos_id is not None
     if not (add_bos or add_eos):
         return processors.ByteLevel(trim_offsets=False)
-    head = [tokens[bos_id]] if add_bos else []
-    tail = [tokens[eos_id]] if add_eos else []
-    ids = {tokens[i]: i for i, on in ((bos_id, add_bos), (eos_id, add_eos)) if on}
+    head = [tokens[bos_id]] if bos_id is not None and add_bos else []
+    tail = [tokens[eos_id]] if eos_id is not None and add_eos else []
+    ids = {tokens[i]: i for i, on in ((bos_id, add_bos), (eos_id, add_eos)) if i is not None and on}
     return processors.TemplateProcessing(
         single=" ".join([*head, "$A:0", *tail]),
         pair=" ".join([*head, "$A:0", *tail, *(f"{t}:1" for t in head), "$B:1", *tail]),
@@ -139,7 +139,7 @@ def build_tokenizer_json(meta: dict[str, Any]) -> str:
             raise ValueError(f"malformed GGUF merge {m!r}: expected two tokens")
         merges.append((left, right))
 
-    tok = Tokenizer(
+    tokenizer = Tokenizer(
         models.BPE(
             vocab=vocab,
             merges=merges,
@@ -148,21 +148,21 @@ def build_tokenizer_json(meta: dict[str, Any]) -> str:
             ignore_merges=pre in _IGNORE_MERGES,
         )
     )
-    tok.pre_tokenizer = pre_tokenizer
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = _post_processor(meta, tokens)
-    tok.add_special_tokens(
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = _post_processor(meta, tokens)
+    tokenizer.add_special_tokens(
         [
             AddedToken(t, special=True, normalized=False)
             for t, typ in zip(tokens, types, strict=True)
             if typ == TOKEN_CONTROL
         ]
     )
-    tok.add_tokens(
+    tokenizer.add_tokens(
         [
             AddedToken(t, special=False, normalized=False)
             for t, typ in zip(tokens, types, strict=True)
             if typ == TOKEN_USER_DEFINED
         ]
     )
-    return tok.to_str()
+    return tokenizer.to_str()

@@ -396,9 +396,11 @@ impl GroupSim {
                 if !waiting || free {
                     break;
                 }
+                // NOTE: newest by arrival (request indices are in arrival order), as the
+                // worker's `_make_room` picks; not by batch position, which overtaking reorders.
                 let lowest = |v: &mut dyn Iterator<Item = (usize, usize)>| {
                     v.filter(|&(_, r)| queue_of(reqs[r].class) > q)
-                        .max_by_key(|&(i, r)| (queue_of(reqs[r].class), i))
+                        .max_by_key(|&(_, r)| (queue_of(reqs[r].class), r))
                 };
                 let run = lowest(&mut self.running.iter().copied().enumerate());
                 let pre = lowest(&mut self.prefilling.iter().copied().enumerate());

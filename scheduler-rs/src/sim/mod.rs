@@ -14,6 +14,8 @@ pub mod forecast;
 mod group;
 pub mod lookahead;
 mod parallel;
+#[cfg(test)]
+mod parity_tests;
 mod policy;
 mod prompt_order;
 mod reconfigure;

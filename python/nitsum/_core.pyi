@@ -1,0 +1,26 @@
+"""Types of `nitsum._core`, the Rust extension (scheduler-rs/src/python.rs): keep in step."""
+
+def version() -> str:
+    """Version of the native scheduler library."""
+
+def health() -> str:
+    """Liveness of the native library ("ok")."""
+
+def plan(
+    profile_json: str,
+    tiers_json: str,
+    demand_json: str,
+    num_devices: int,
+    previous_plan_json: str | None = None,
+    config_json: str | None = None,
+) -> str:
+    """One planner decision as plan JSON (docs/planner.md); ValueError on invalid input."""
+
+def simulate(config_json: str) -> str:
+    """The cluster simulator's result JSON for a config JSON; ValueError on invalid input."""
+
+def default_tiers() -> str:
+    """The router's default tiers as JSON."""
+
+def router_main(argv: list[str] | None = None) -> int:
+    """Run the `nitsum-router` entry point (argv: program name first); its exit code."""
