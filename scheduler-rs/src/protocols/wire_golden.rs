@@ -129,7 +129,7 @@ fn worker_messages() -> Vec<(&'static str, Body)> {
                 ..Tokens::default()
             }),
         ),
-        ("stats", Body::Stats(golden_stats())),
+        ("stats", Body::Stats(Box::new(golden_stats()))),
         (
             "reconfigured",
             Body::Reconfigured(Reconfigured {
