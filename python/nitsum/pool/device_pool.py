@@ -177,9 +177,9 @@ class DevicePool:
     def kv_in(self, pieces: list[Piece], blocks: list[torch.Tensor]) -> None:
         mine: dict[int, tuple[list[Piece], list[torch.Tensor]]] = {}
         for p, b in zip(pieces, blocks, strict=True):
-            own = mine.setdefault(p.dst, ([], []))
-            own[0].append(p)
-            own[1].append(b)
+            entry = mine.setdefault(p.dst, ([], []))
+            entry[0].append(p)
+            entry[1].append(b)
         for d, (own, own_blocks) in mine.items():
             self.send(d, KvIn(own, own_blocks))
         self._replies(tuple(mine))

@@ -24,7 +24,6 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 
-T = TypeVar("T")
 M = TypeVar("M", bound="Message")
 
 
@@ -131,7 +130,8 @@ def _schema(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
     return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
 
 
-def _from_map(cls: type[T], raw: Any, where: str) -> T:
+def _from_map(cls: Any, raw: Any, where: str) -> Any:
+    """An instance of dataclass `cls` from map `raw` (at `where` in the message)."""
     if not isinstance(raw, dict):
         raise _Bad(where, f"{where or 'message'} must be a map, got {raw!r}")
     kwargs = {}

@@ -7,6 +7,7 @@ absent when this worker does not have the part that counts it (no host KV tier, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -64,7 +65,7 @@ class Stats(Message):
     kv_remote_recomputed: int | None = _stat()
 
     @classmethod
-    def of(cls, worker_id: int, counters: dict[str, int | float]) -> Stats:
+    def of(cls, worker_id: int, counters: Mapping[str, int | float]) -> Stats:
         """The message for a backend's `counters()`; ValueError on a name it has no field
         for (a counter added without adding it here, and to the router)."""
         unknown = set(counters) - {f.name for f in fields(cls)} - {"worker_id"}
