@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import weight_bytes  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
 from nitsum.parallel.shift import ShiftRule  # noqa: E402
+from nitsum.pool.device_commands import Probe  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
@@ -187,7 +188,7 @@ def main() -> None:
         rules = {"TP": ShiftRule(None), "SP": ShiftRule(0), "shift": rule}
         end_to_end(pe, cfg, group, rules)
         for d in range(args.devices):
-            nbytes, shared = pool.call(d, "probe", weight_bytes, ())
+            nbytes, shared = pool.call(d, Probe(weight_bytes, ()))
             print(
                 f"[shift] device {d}: weights {nbytes / 2**20:.1f} MiB (one full copy: "
                 f"{sum(p.numel() * 4 for p in hf.parameters()) / 2**20:.1f} MiB); "

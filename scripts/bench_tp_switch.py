@@ -22,6 +22,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import fill_kv, kv_equal  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.pool.device_commands import Counters, Probe  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import Device, ModelSource  # noqa: E402
 from nitsum.pool.migration_plan import Piece  # noqa: E402
@@ -42,14 +43,14 @@ def bench_activation(switches: int) -> None:
         4, ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict()), ecfg, 64
     ) as pool:
         pe = PoolEngine(pool, cfg, ecfg, 64, [(0,), (1,), (2,), (3,)])
-        before = [pool.call(d, "stats")["groups_created"] for d in range(4)]
+        before = [pool.call(d, Counters())["groups_created"] for d in range(4)]
         layouts = [[(0, 1), (2, 3)], [(0, 1, 2, 3)], [(0, 1), (2, 3)], [(0,), (1,), (2,), (3,)]]
         times = []
         for i in range(switches):
             t0 = time.perf_counter()
             assert pe.reconfigure(layouts[i % 4]).ok
             times.append((time.perf_counter() - t0) * 1e3)
-        after = [pool.call(d, "stats")["groups_created"] for d in range(4)]
+        after = [pool.call(d, Counters())["groups_created"] for d in range(4)]
     print(
         f"[switch, no KV] {switches} switches on 4 CPU devices: p50 {pct(times, 0.5):.2f} ms, "
         f"p99 {pct(times, 0.99):.2f} ms (target < 5 ms p50; Flying Serving 15 ms); "
@@ -102,7 +103,7 @@ def bench_migration(gib: float) -> None:
     ecfg = EngineConfig(page_tokens=page_tokens, tp_levels=(1, 2))
     src = ModelSource(hf_config=cfg_d, state_dict=hf.state_dict())
     with DevicePool(2, src, ecfg, 2 * n_pages, levels=(1, 2)) as pool:
-        pool.call(0, "probe", fill_kv, (7,))  # random contents: nothing trivially compressible
+        pool.call(0, Probe(fill_kv, (7,)))  # random contents: nothing trivially compressible
         slots_src = torch.arange(n_pages * page_tokens)
         slots_dst = slots_src + n_pages * page_tokens
         piece = Piece(0, 1, 1, 0, 1, 0, 8, slots_src, slots_dst)
@@ -123,11 +124,11 @@ def bench_migration(gib: float) -> None:
                 f"[migration] {mode:>16}: {nbytes / 2**30:.2f} GiB in {results[mode]:.2f} s "
                 f"= {nbytes / results[mode] / 1e9:.2f} GB/s, {msgs} messages"
             )
-        ok = pool.call(1, "probe", kv_equal, (7, slots_src, slots_dst))
-        pool.send(0, "probe", bulk_send, (1, nbytes, True))
-        pool.send(1, "probe", bulk_send, (0, nbytes, False))
+        ok = pool.call(1, Probe(kv_equal, (7, slots_src, slots_dst)))
+        pool.send(0, Probe(bulk_send, (1, nbytes, True)))
+        pool.send(1, Probe(bulk_send, (0, nbytes, False)))
         bulk = max(pool._reply(0), pool._reply(1))
-        copy = pool.call(1, "probe", memcpy, (nbytes,))
+        copy = pool.call(1, Probe(memcpy, (nbytes,)))
     shm, sock = results["pipelined"], results["pipelined_socket"]
     print(
         f"[migration] references: memcpy in a device process {nbytes / copy / 1e9:.2f} GB/s, "

@@ -1,4 +1,4 @@
-"""Functions tests run inside a device process (`pool.call(d, "probe", fn, args)`); they are
+"""Functions tests run inside a device process (`pool.call(d, Probe(fn, args))`); they are
 picklable by reference because the device process imports this module by name."""
 
 from __future__ import annotations

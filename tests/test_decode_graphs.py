@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nitsum.engine.graphs import DEFAULT_BUCKETS, CaptureAfterStartup, DecodeGraphs
+from nitsum.pool.device_commands import Counters
 from nitsum.pool.local import local_engine
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -68,7 +69,7 @@ def test_tp_switch_selects_recordings_and_never_records():
     ps = prompts(cfg, 6)
     eager = run(local_engine(cfg, hf.state_dict().items(), replace(ECFG, decode_graphs=False)), ps)
     with tiny_device_pool(tiny, ECFG) as pool:
-        captures = [pool.call(d, "stats")["graph_captures"] for d in range(4)]
+        captures = [pool.call(d, Counters())["graph_captures"] for d in range(4)]
         # Contexts of TP 1, 2 and 4 on each device, a recording per bucket.
         assert captures == [3 * len(DEFAULT_BUCKETS)] * 4
         pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0,), (1,), (2,), (3,)])
@@ -79,7 +80,7 @@ def test_tp_switch_selects_recordings_and_never_records():
             drain(pe, out, steps=3)
             assert pe.reconfigure(layout).ok
         drain(pe, out)
-        stats = [pool.call(d, "stats") for d in range(4)]
+        stats = [pool.call(d, Counters()) for d in range(4)]
     assert out == eager
     assert [s["graph_captures"] for s in stats] == captures
     assert all(s["graph_replays"] > 0 for s in stats)

@@ -82,7 +82,7 @@ class HostRouter(FakeRouter):
     def reconfigure(self, epoch: int, groups: list[dict[str, Any]]) -> dict[str, dict]:
         """Send the plan to every device, as the router does; returns their acks."""
         for identity in self.ids:
-            self.send(proto.reconfigure(epoch, groups), identity)
+            self.send(proto.Reconfigure(epoch, [proto.Group(**g) for g in groups]), identity)
         self.pump(lambda: len(self.acks.get(epoch, {})) == len(self.ids))
         return self.acks[epoch]
 
@@ -113,7 +113,7 @@ def host(pool, tiny):
 
         router.pump(lambda: len(regs()) == N, timeout=10)
         for identity in router.ids:
-            router.send(proto.registered(int(identity), epoch=1), identity)
+            router.send(proto.Registered(int(identity), epoch=1), identity)
         router.pump(lambda: server.registered, timeout=10)
         yield router, server, pe, regs()
     finally:
@@ -244,7 +244,7 @@ def test_abort_reaches_a_request_that_moved_groups(host):
     router.pump(lambda: len(router.tokens.get("long", [])) >= 2)
     assert router.reconfigure(2, plan(TP4))["3"]["ok"]
     router.pump(lambda: len(router.tokens["long"]) >= 4)
-    router.send(proto.abort("long"), b"3")
+    router.send(proto.Abort("long"), b"3")
     router.pump(lambda: "long" in router.finals)
     final = router.finals["long"]
     assert (final["_from"], final["finish_reason"], final["token_ids"]) == ("3", "abort", [])
@@ -297,7 +297,7 @@ def test_nitsum_worker_devices_2_process_switches_tp_and_stops_its_devices(tiny,
         regs = [m for _, m in router.seen if m["type"] == "register"]
         assert all(m["tp_levels"] == [1, 2] and m["model"] == "tiny" for m in regs)
         for identity in router.ids:
-            router.send(proto.registered(int(identity), epoch=1), identity)
+            router.send(proto.Registered(int(identity), epoch=1), identity)
         reqs = {"a": (prompt(9, seed=1), greedy(24)), "b": (prompt(14, seed=2), greedy(24))}
         ref = reference(tiny, reqs)
         for (rid, (ids, params)), identity in zip(reqs.items(), router.ids, strict=True):

@@ -15,6 +15,7 @@ from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
+from nitsum.pool.device_commands import Counters
 from nitsum.pool.local import local_engine
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -126,6 +127,6 @@ def test_tp2_group_replays_pieces_with_their_all_reduces():
     with tiny_device_pool(tiny, ecfg, devices=2, levels=(1, 2)) as pool:
         pe = PoolEngine(pool, cfg, ecfg, POOL_PAGES, [(0, 1)])
         out = run(pe, ps)
-        stats = [pool.call(d, "stats") for d in range(2)]
+        stats = [pool.call(d, Counters()) for d in range(2)]
     assert out == eager
     assert all(s["piecewise_replays"] > 0 for s in stats)

@@ -8,6 +8,7 @@ from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, split_batch
 from nitsum.kv.pages import tokens_per_page
 from nitsum.parallel.pipeline import build_stage, stage_layers
+from nitsum.pool.device_commands import Counters
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.sampling import SamplingParams
@@ -53,12 +54,12 @@ def test_pipeline_logits_equal_tp1(tiny_pool, members, stage_tp):
     sa.pages = list(range(0, 8))
     sb.pages = list(range(8, 16))
     assert 8 * tpp > len(a) + 1
-    before = sum(pool.call(d, "stats")["p2p_sends"] for d in members)
+    before = sum(pool.call(d, Counters())["p2p_sends"] for d in members)
     logits, inputs = pipeline_step(pool, cfg, members, stage_tp, [sa, sb], [0, 0], 2)
     assert len(inputs.micro) == 2
     stages = len(members) // stage_tp
     # Each non-last rank sent each micro-batch once.
-    sent = sum(pool.call(d, "stats")["p2p_sends"] for d in members) - before
+    sent = sum(pool.call(d, Counters())["p2p_sends"] for d in members) - before
     assert sent == 2 * stage_tp * (stages - 1)
     assert_last_logits(hf, logits, [a, b])
     sa.output_ids.append(7)

@@ -19,7 +19,8 @@ import pytest
 import zmq
 
 from nitsum.ports import free_port
-from nitsum.worker.protocol import proof
+from nitsum.worker.protocol import encode, proof
+from nitsum.worker.stats import Stats
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("NITSUM_ROUTER_BIN", ROOT / "target" / "release" / "nitsum-router"))
@@ -153,6 +154,9 @@ class PyWorker(threading.Thread):
                 self.send(sock, **register, auth=auth)
             elif msg["type"] == "registered":
                 registered = True
+                # A typed `stats`, plus a key from a newer worker the router does not know.
+                stats = Stats(self.worker_id, kv_handoffs=7, num_preemptions=3)
+                sock.send(encode(stats.to_wire() | {"kv_cache_usage_perc": 50, "new_one": 1}))
             elif msg["type"] == "reconfigure":
                 self.send(
                     sock,
@@ -291,3 +295,21 @@ def test_openai_client_through_python_worker(router):
             "accepts_background": True,
         }
     ]
+
+
+def test_typed_worker_stats_reach_the_metrics(router):
+    import httpx
+
+    base, _ = router
+    deadline = time.monotonic() + 10
+    while 'name="kv_handoffs"' not in (text := httpx.get(f"{base}/metrics").text):
+        assert time.monotonic() < deadline, "no worker stats in /metrics"
+        time.sleep(0.05)
+    stats = [line for line in text.splitlines() if line.startswith("nitsum_worker_stat{")]
+    assert sorted(stats) == [
+        'nitsum_worker_stat{worker="0",name="kv_cache_usage_perc"} 50',
+        'nitsum_worker_stat{worker="0",name="kv_handoffs"} 7',
+        'nitsum_worker_stat{worker="0",name="num_preemptions"} 3',
+    ]  # the unknown `new_one` is dropped, not exported
+    assert 'vllm:num_preemptions_total{model_name="tiny"} 3' in text
+    assert 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.5' in text

@@ -11,6 +11,7 @@ from nitsum.engine.sequence import Sequence
 from nitsum.parallel.sequence import TokenSplit, head_rows_by_rank
 from nitsum.parallel.shard import HeadRange
 from nitsum.parallel.shift import ShiftRule, crossover
+from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
@@ -61,11 +62,11 @@ def test_sp_logits_equal_tp1(tiny_pool, group):
     pages = pe.alloc.group(group)
     for seq in (sa, sb):  # room for the decode token too
         seq.pages = pages.allocate(pages.pages_for(seq.total_len + 1))
-    before = pool.call(0, "stats")
+    before = pool.call(0, Counters())
     logits, inputs = one_step(pe, group, [(sa, 0, len(a)), (sb, 0, len(b))])
     assert inputs.sequence_parallel
     # The SP path ran on the devices: two all-to-alls per layer, no all-reduce.
-    after = pool.call(0, "stats")
+    after = pool.call(0, Counters())
     assert after["all_to_all"] - before["all_to_all"] == 2 * cfg.num_layers
     assert after["all_reduce"] == before["all_reduce"]
     assert_last_logits(hf, logits, [a, b])
@@ -102,7 +103,7 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
         pe.add_request(f"r{i}", p, GREEDY)
     out: dict[str, list[int]] = {}
     step = 0
-    before = pool.call(0, "stats")
+    before = pool.call(0, Counters())
     while pe.has_unfinished():
         # Two steps SP, two steps TP, ...: the KV written in one mode is read in the other.
         pe.engines[(0, 1, 2, 3)].runner.shift = ALWAYS_SP if step // 2 % 2 == 0 else NEVER_SP
@@ -112,7 +113,7 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
     assert out == {f"r{i}": hf_greedy(hf, p, GREEDY.max_tokens) for i, p in enumerate(ps)}
     assert pe.counters["sp_steps"] >= 4 and pe.counters["tp_steps"] >= 4
     # Both modes ran on the devices: all-to-alls for SP steps, all-reduces for TP steps.
-    after = pool.call(0, "stats")
+    after = pool.call(0, Counters())
     layers = cfg.num_layers
     assert after["all_to_all"] - before["all_to_all"] == 2 * layers * pe.counters["sp_steps"]
     assert after["all_reduce"] - before["all_reduce"] == 2 * layers * pe.counters["tp_steps"]
@@ -135,8 +136,8 @@ def test_sp_writes_the_kv_tp_writes(tiny_pool):
     assert pe.counters["sp_steps"] == 1 and pe.counters["tp_steps"] == 1
     for sp_dev, tp_dev in ((0, 2), (1, 3)):
         local_heads = HeadRange.of(cfg, 2, 0).kv_heads
-        sp_kv = pool.call(sp_dev, "probe", kv_slots, (sp_seq.pages, len(ids), local_heads))
-        tp_kv = pool.call(tp_dev, "probe", kv_slots, (tp_seq.pages, len(ids), local_heads))
+        sp_kv = pool.call(sp_dev, Probe(kv_slots, (sp_seq.pages, len(ids), local_heads)))
+        tp_kv = pool.call(tp_dev, Probe(kv_slots, (tp_seq.pages, len(ids), local_heads)))
         assert sp_kv.abs().sum() > 0
         assert torch.equal(sp_kv[0], tp_kv[0])
         assert torch.allclose(sp_kv, tp_kv, atol=1e-5)
@@ -152,12 +153,12 @@ def test_sp_writes_the_kv_tp_writes_on_four_ranks(tiny_pool):
     seq = Sequence("x", ids, GREEDY)
     one_step(pe, ALL, [(seq, 0, len(ids))])
     local_heads = HeadRange.of(cfg, 4, 0).kv_heads
-    sp_kv = [pool.call(d, "probe", kv_slots, (seq.pages, len(ids), local_heads)) for d in ALL]
+    sp_kv = [pool.call(d, Probe(kv_slots, (seq.pages, len(ids), local_heads))) for d in ALL]
     pe.engines[ALL].runner.shift = NEVER_SP
     one_step(pe, ALL, [(Sequence("y", ids, GREEDY, pages=list(seq.pages)), 0, len(ids))])
     assert pe.counters["sp_steps"] == 1 and pe.counters["tp_steps"] == 1
     for d in ALL:
-        tp_kv = pool.call(d, "probe", kv_slots, (seq.pages, len(ids), local_heads))
+        tp_kv = pool.call(d, Probe(kv_slots, (seq.pages, len(ids), local_heads)))
         assert sp_kv[d].abs().sum() > 0
         assert torch.equal(sp_kv[d][0], tp_kv[0])
         assert torch.allclose(sp_kv[d], tp_kv, atol=1e-5)

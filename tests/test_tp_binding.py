@@ -8,6 +8,7 @@ import pytest
 import device_probes
 from nitsum.engine.build import EngineConfig
 from nitsum.errors import InvalidRequestError
+from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -115,7 +116,7 @@ def test_hard_binding_pauses_replicas_with_their_kv_intact(run, pool, tiny) -> N
     at once and runs alone; a and b resume after release with identical tokens and nothing
     recomputed; no process group is created on the way."""
     hf, cfg = tiny
-    created = [pool.call(d, "stats")["groups_created"] for d in range(2)]
+    created = [pool.call(d, Counters())["groups_created"] for d in range(2)]
     ps = {r: prompt(cfg, 24 + i, seed=10 + i) for i, r in enumerate("abs")}
     run.pe.add_request("a", ps["a"], greedy(16), group=(0,))
     run.pe.add_request("b", ps["b"], greedy(16), group=(1,))
@@ -132,7 +133,7 @@ def test_hard_binding_pauses_replicas_with_their_kv_intact(run, pool, tiny) -> N
         assert run.out[r] == hf_greedy(hf, ps[r], n), r
         assert run.computed[r] == len(ps[r]), r  # no KV recomputed
     assert run.pe.all_counters()["num_preemptions"] == 0
-    assert [pool.call(d, "stats")["groups_created"] for d in range(2)] == created
+    assert [pool.call(d, Counters())["groups_created"] for d in range(2)] == created
 
 
 def test_soft_binding_starts_in_dp_and_moves_when_the_group_forms(run, tiny) -> None:
@@ -162,7 +163,7 @@ def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:
     """Device 0's forwards take 0.2 s longer: a hard binding still forms at the next boundary
     and completes (no rank waits in a collective for a peer busy elsewhere)."""
     hf, cfg = tiny
-    pool.call(0, "probe", device_probes.slow_steps, (0.2,))
+    pool.call(0, Probe(device_probes.slow_steps, (0.2,)))
     try:
         ps = {r: prompt(cfg, 20 + i, seed=30 + i) for i, r in enumerate("abs")}
         run.pe.add_request("a", ps["a"], greedy(6), group=(0,))
@@ -181,7 +182,7 @@ def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:
         for r, n in (("a", 6), ("b", 6), ("s", 4)):
             assert run.out[r] == hf_greedy(hf, ps[r], n), r
     finally:
-        pool.call(0, "probe", device_probes.slow_steps, (0.0,))
+        pool.call(0, Probe(device_probes.slow_steps, (0.0,)))
 
 
 def test_light_load_binds_idle_replicas_for_a_strict_request(pool, tiny) -> None:

@@ -8,6 +8,7 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import TPTopology
+from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.pool_engine import PoolEngine
@@ -66,10 +67,10 @@ def assert_all_pages_back(pe):
 def test_shards_are_views_and_no_group_is_created_later(pool):
     expected = len(TPTopology(4, (1, 2, 4)).aligned_groups())
     for d in range(4):
-        stats = pool.call(d, "stats")
+        stats = pool.call(d, Counters())
         assert stats["groups_created"] == expected
         for members in stats["contexts"]:
-            assert pool.call(d, "probe", shards_share_storage, (members,))
+            assert pool.call(d, Probe(shards_share_storage, (members,)))
 
 
 @pytest.mark.e2e
@@ -176,16 +177,16 @@ def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
     the double buffers are reused many times; a failure stops both ends at the same chunk."""
     _, cfg = tiny
     slot_bytes = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
-    pool.call(0, "probe", fill_kv, (3, 5 * slot_bytes))  # 5 tokens a chunk
-    pool.call(1, "probe", fill_kv, (4, 5 * slot_bytes))
+    pool.call(0, Probe(fill_kv, (3, 5 * slot_bytes)))  # 5 tokens a chunk
+    pool.call(1, Probe(fill_kv, (4, 5 * slot_bytes)))
     g = torch.Generator().manual_seed(1)
     src = torch.randperm(NUM_PAGES * 4, generator=g)[:97]
     dst = torch.randperm(NUM_PAGES * 4, generator=g)[:97]
     piece = Piece(0, 1, 1, 0, 1, 0, cfg.num_kv_heads, src, dst)
-    want = pool.call(0, "probe", kv_of_slots, (src,))
+    want = pool.call(0, Probe(kv_of_slots, (src,)))
     try:
         sent, received = pool.migrate([piece], mode)
-        assert torch.equal(pool.call(1, "probe", kv_of_slots, (dst,)), want)
+        assert torch.equal(pool.call(1, Probe(kv_of_slots, (dst,))), want)
         assert sent.bytes_sent == received.bytes_received == 97 * slot_bytes
         chunks = 97 if mode == "per_page" else 20
         assert sent.messages >= chunks and received.messages >= chunks
@@ -195,12 +196,12 @@ def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
             # and the next migration (fresh chunk names) is whole again.
             with pytest.raises(TransferFailed):
                 pool.migrate([piece], mode, fail=(0, 3))
-            pool.call(1, "probe", fill_kv, (4, 5 * slot_bytes))
+            pool.call(1, Probe(fill_kv, (4, 5 * slot_bytes)))
             pool.migrate([piece], mode)
-            assert torch.equal(pool.call(1, "probe", kv_of_slots, (dst,)), want)
+            assert torch.equal(pool.call(1, Probe(kv_of_slots, (dst,))), want)
     finally:
         for d in (0, 1):
-            pool.call(d, "probe", fill_kv, (d, 8 << 20))  # back to the default chunk
+            pool.call(d, Probe(fill_kv, (d, 8 << 20)))  # back to the default chunk
 
 
 @pytest.mark.e2e
@@ -210,7 +211,7 @@ def test_shared_memory_pieces_both_ways_and_repeated(pool, tiny):
     _, cfg = tiny
     slot_bytes = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
     for d in (0, 1, 2):
-        pool.call(d, "probe", fill_kv, (10 + d, 7 * slot_bytes))
+        pool.call(d, Probe(fill_kv, (10 + d, 7 * slot_bytes)))
     g = torch.Generator().manual_seed(2)
     src = [torch.randperm(NUM_PAGES * 4, generator=g)[:n] for n in (13, 5, 20)]
     dst = [torch.randperm(NUM_PAGES * 4, generator=g)[:n] for n in (13, 5, 20)]
@@ -222,13 +223,12 @@ def test_shared_memory_pieces_both_ways_and_repeated(pool, tiny):
     try:
         for _ in range(3):
             want = [
-                pool.call(a, "probe", kv_of_slots, (s,))
-                for (a, _), s in zip(ends, src, strict=True)
+                pool.call(a, Probe(kv_of_slots, (s,))) for (a, _), s in zip(ends, src, strict=True)
             ]
             stats = pool.migrate(pieces)
             for (_, b), t, w in zip(ends, dst, want, strict=True):
-                assert torch.equal(pool.call(b, "probe", kv_of_slots, (t,)), w)
+                assert torch.equal(pool.call(b, Probe(kv_of_slots, (t,))), w)
             assert sum(s.shm_messages for s in stats) == 2 * (2 + 1 + 3)  # both ends count
     finally:
         for d in (0, 1, 2):
-            pool.call(d, "probe", fill_kv, (d, 8 << 20))
+            pool.call(d, Probe(fill_kv, (d, 8 << 20)))

@@ -62,7 +62,7 @@ def test_worker_process_generates_transformers_greedy_and_stops_on_sigterm(run_w
     proc, router = run_worker()
     reg = router.expect("register", timeout=60)
     assert (reg["worker_id"], reg["model"], reg["tp_levels"]) == (0, "tiny-llama", [1])
-    router.send(proto.registered(0))
+    router.send(proto.Registered(0))
     ids = torch.randint(0, 128, (11,), generator=torch.Generator().manual_seed(4)).tolist()
     router.send(proto.generate("r", ids, SamplingParams(max_tokens=6, temperature=0)))
     got = router.collect({"r"})["r"]
@@ -82,7 +82,7 @@ def test_worker_process_generates_transformers_greedy_and_stops_on_sigterm(run_w
 def test_worker_process_exits_on_shutdown_message(run_worker):
     proc, router = run_worker()
     router.expect("register", timeout=60)
-    router.send(proto.shutdown())
+    router.send(proto.Shutdown())
     assert proc.wait(15) == 0
 
 

@@ -1,6 +1,8 @@
-"""The v1 message codec: framing, builders and validation of router → worker messages."""
+"""The v1 message codec: framing, the message dataclasses and `generate` validation."""
 
 from __future__ import annotations
+
+import re
 
 import msgpack
 import pytest
@@ -11,6 +13,7 @@ from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import inbound
 from nitsum.worker import protocol as proto
 from nitsum.worker.protocol import ProtocolError
+from nitsum.worker.stats import Stats
 
 
 def roundtrip(msg):
@@ -33,7 +36,7 @@ def test_decode_refuses_what_it_cannot_act_on():
 
 
 def test_worker_messages_carry_the_documented_fields():
-    t = roundtrip(proto.tokens(3, "r", [5, 6], prompt_tokens=4))
+    t = roundtrip(proto.Tokens(3, "r", [5, 6], None, None, prompt_tokens=4).to_wire())
     assert t == {
         "v": 1,
         "type": "tokens",
@@ -45,22 +48,44 @@ def test_worker_messages_carry_the_documented_fields():
         "prompt_tokens": 4,
     }
     # A request's first tokens may carry its queue time; absent otherwise (backward compatible).
-    first = roundtrip(proto.tokens(3, "r", [5], prompt_tokens=4, queue_ms=12.5))
-    assert first["queue_ms"] == 12.5 and "queue_ms" not in t
-    hb = roundtrip(proto.heartbeat(1, running=2, waiting=3, free_pages=4, epoch=5))
+    first = proto.Tokens(3, "r", [5], None, None, prompt_tokens=4, queue_ms=12.5).to_wire()
+    assert roundtrip(first)["queue_ms"] == 12.5 and "queue_ms" not in t
+    hb = roundtrip(proto.Heartbeat(1, running=2, waiting=3, free_pages=4, epoch=5).to_wire())
     assert [hb[k] for k in ("running", "waiting", "free_pages", "epoch")] == [2, 3, 4, 5]
-    reg = roundtrip(proto.register(0, "cpu", "m", [1], 640, 2048, [2]))
+    reg = roundtrip(proto.Register(0, "cpu", "m", [1], 0, 640, 2048, [2]).to_wire())
     assert set(reg) == {
         "v", "type", "worker_id", "device", "model", "tp_levels", "kv_capacity_tokens",
         "max_context", "eos_token_ids", "domain",
     }  # fmt: skip
-    assert reg["domain"] == 0  # by default each worker is its own domain
-    assert roundtrip(proto.register(5, "cpu", "m", [1], 1, 1, [2], domain=4))["domain"] == 4
-    stats = roundtrip(proto.stats(3, {"kv_handoffs": 2, "kv_handoff_bytes": 4096}))
+    assert proto.Register.from_wire(reg) == proto.Register(0, "cpu", "m", [1], 0, 640, 2048, [2])
+    stats = roundtrip(Stats.of(3, {"kv_handoffs": 2, "kv_handoff_bytes": 4096}).to_wire())
     assert stats == {"v": proto.PROTOCOL_VERSION, "type": "stats", "worker_id": 3,
                      "kv_handoffs": 2, "kv_handoff_bytes": 4096}  # fmt: skip
+    with pytest.raises(ValueError, match="no field for counters \\['kv_handofs'\\]"):
+        Stats.of(3, {"kv_handofs": 2})
     with pytest.raises(AssertionError):
-        proto.tokens(0, "r", [], 1, finish_reason="done")
+        proto.Tokens(0, "r", [], "done", None, 1)  # type: ignore[arg-type]
+
+
+def test_from_wire_names_the_bad_field():
+    tokens = proto.Tokens(3, "r", [5], "stop", None, 1).to_wire()
+    assert proto.Tokens.from_wire(tokens) == proto.Tokens(3, "r", [5], "stop", None, 1)
+    for change, message in [
+        ({"token_ids": [5, "6"]}, "tokens: token_ids[1] must be an integer, got '6'"),
+        ({"finish_reason": "done"}, "tokens: finish_reason must be one of ('stop', "),
+        ({"prompt_tokens": True}, "tokens: prompt_tokens must be an integer, got True"),
+        ({"logprobs": [{"logprob": -1.0, "top": [[5]]}]}, "tokens: logprobs[0].top[0] must"),
+        ({"request_id": None}, "tokens: request_id must be a string, got None"),
+    ]:
+        with pytest.raises(ProtocolError) as e:
+            proto.Tokens.from_wire({**tokens, **change})
+        assert str(e.value).startswith(message), e.value
+    with pytest.raises(ProtocolError, match="tokens: worker_id is missing"):
+        proto.Tokens.from_wire({k: v for k, v in tokens.items() if k != "worker_id"})
+    with pytest.raises(ProtocolError, match="expected a 'abort' message, got 'tokens'"):
+        proto.Abort.from_wire(tokens)
+    with pytest.raises(ProtocolError, match="abort: request_id must be a non-empty string"):
+        proto.Abort.from_wire({"v": 1, "type": "abort", "request_id": ""})
 
 
 def test_parse_generate_round_trips_sampling():
@@ -99,12 +124,13 @@ def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
     loose = inbound.parse_generate({**msg, "sampling": {"logit_bias": [[7, 100]], "min_p": 0}})
     assert loose.sampling.logit_bias == ((7, 100.0),) and loose.sampling.min_p == 0.0
     lp = [TokenLogprob(-0.25, ((5, -0.25), (6, -1.5))), TokenLogprob(-3.0)]
-    tokens = roundtrip(proto.tokens(0, "r1", [5, 9], 2, logprobs=lp))
+    tokens = roundtrip(proto.Tokens(0, "r1", [5, 9], None, None, 2, logprobs=lp).to_wire())
     assert tokens["logprobs"] == [
         {"logprob": -0.25, "top": [[5, -0.25], [6, -1.5]]},
         {"logprob": -3.0, "top": []},
     ]
-    assert "logprobs" not in proto.tokens(0, "r1", [5], 2)  # not asked: no key
+    assert proto.Tokens.from_wire(tokens).logprobs == lp
+    assert "logprobs" not in proto.Tokens(0, "r1", [5], None, None, 2).to_wire()  # not asked
 
 
 @pytest.mark.parametrize(
@@ -149,22 +175,24 @@ def test_generate_without_request_id_cannot_be_answered():
         inbound.parse_generate(msg)
 
 
-def test_parse_reconfigure():
-    g = {"members": [0, 1], "tp": 2, "role": "prefill", "tiers": ["a"], "accepts_background": False}
-    epoch, groups = inbound.parse_reconfigure(roundtrip(proto.reconfigure(4, [g])))
-    assert epoch == 4
-    assert groups == [inbound.Group([0, 1], 2, "prefill", ["a"], False, None)]
+def test_reconfigure_from_wire():
+    g = proto.Group([0, 1], 2, "prefill", ["a"], False)
+    msg = roundtrip(proto.Reconfigure(4, [g]).to_wire())
+    assert "pp" not in msg["groups"][0] and "max_batch" not in msg["groups"][0]  # defaults
+    assert proto.Reconfigure.from_wire(msg) == proto.Reconfigure(4, [g])
+    raw = msg["groups"][0]
     for bad, where in [
-        ({**g, "members": []}, "groups[0].members"),
-        ({**g, "tp": 0}, "groups[0].tp"),
-        ({**g, "role": "boss"}, "groups[0].role"),
-        ({**g, "tiers": "a"}, "groups[0].tiers"),
-        ({**g, "max_batch": 0}, "groups[0].max_batch"),
+        ({**raw, "members": []}, "groups[0].members"),
+        ({**raw, "tp": 0}, "groups[0].tp"),
+        ({**raw, "role": "boss"}, "groups[0].role"),
+        ({**raw, "tiers": "a"}, "groups[0].tiers"),
+        ({**raw, "max_batch": 0}, "groups[0].max_batch"),
+        ({**raw, "pp": 0}, "groups[0].pp"),
     ]:
-        with pytest.raises(ProtocolError, match=where.replace("[", r"\[").replace("]", r"\]")):
-            inbound.parse_reconfigure(proto.reconfigure(1, [bad]))
+        with pytest.raises(ProtocolError, match=f"^reconfigure: {re.escape(where)} must be"):
+            proto.Reconfigure.from_wire({**msg, "groups": [bad]})
     with pytest.raises(ProtocolError, match="epoch"):
-        inbound.parse_reconfigure({"v": 1, "type": "reconfigure", "groups": []})
+        proto.Reconfigure.from_wire({"v": 1, "type": "reconfigure", "groups": []})
 
 
 def test_handshake_proof_matches_the_router():
@@ -176,8 +204,9 @@ def test_handshake_proof_matches_the_router():
     for bad in ("zz" * 32, "ab" * 16, ""):
         with pytest.raises(ProtocolError):
             proto.proof(key, bad, 7, "tiny")
-    reg = proto.register(7, "cpu", "tiny", [1], 64, 64, [2], auth=got)
-    assert reg["auth"] == got and "auth" not in proto.register(7, "cpu", "tiny", [1], 64, 64, [2])
+    reg = proto.Register(7, "cpu", "tiny", [1], 7, 64, 64, [2], auth=got).to_wire()
+    assert reg["auth"] == got
+    assert "auth" not in proto.Register(7, "cpu", "tiny", [1], 7, 64, 64, [2]).to_wire()
 
 
 def test_worker_secret_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from nitsum.engine.build import EngineConfig
 from nitsum.pool.local import local_engine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
-from nitsum.worker.assignment import TP_NOT_WIRED, Assignment
+from nitsum.worker.assignment import Assignment
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.server import WorkerServer
 from tiny import make_tiny
@@ -36,9 +37,11 @@ class FakeRouter:
         # Worker id (as bytes) -> the ZMQ identity its socket uses: workers pick random ones.
         self.identities: dict[bytes, bytes] = {}
 
-    def send(self, msg: dict[str, Any], identity: bytes = b"0") -> None:
-        """Send to worker id `identity` (e.g. b"0"), at the identity its socket has."""
-        self.sock.send_multipart([self.identities.get(identity, identity), proto.encode(msg)])
+    def send(self, msg: proto.Message | dict[str, Any], identity: bytes = b"0") -> None:
+        """Send to worker id `identity` (e.g. b"0"), at the identity its socket has; a dict
+        goes out as it is (a `generate`, or a malformed message)."""
+        raw = msg.to_wire() if isinstance(msg, proto.Message) else msg
+        self.sock.send_multipart([self.identities.get(identity, identity), proto.encode(raw)])
 
     def _recv(self, deadline: float) -> dict[str, Any]:
         left_ms = int((deadline - time.monotonic()) * 1000)
@@ -135,7 +138,7 @@ def worker(tiny):
 def registered(start, **kw):
     router, server, thread = start(**kw)
     router.expect("register")
-    router.send(proto.registered(0, epoch=1))
+    router.send(proto.Registered(0, epoch=1))
     router.expect("heartbeat", epoch=1)
     return router, server, thread
 
@@ -150,7 +153,7 @@ def test_register_is_resent_until_registered(worker, tiny):
     assert first["max_context"] == 256
     assert first["eos_token_ids"] == sorted(tiny[1].eos_token_ids)
     router.expect("register", timeout=1.0)  # no answer yet: it comes again
-    router.send(proto.registered(0, epoch=7))
+    router.send(proto.Registered(0, epoch=7))
     router.expect("heartbeat", epoch=7)
     n = sum(m["type"] == "register" for _, m in router.seen)
     deadline = time.monotonic() + 0.8
@@ -196,8 +199,8 @@ def test_abort_mid_generation_frees_pages(worker):
     router.send(proto.generate("long", prompt(30), long))
     first = router.expect("tokens", request_id="long")
     assert first["finish_reason"] is None
-    router.send(proto.abort("long"))
-    router.send(proto.abort("never-seen"))  # unknown id: a no-op
+    router.send(proto.Abort("long"))
+    router.send(proto.Abort("never-seen"))  # unknown id: a no-op
     got = router.collect({"long"})["long"]
     assert got[-1]["finish_reason"] == "abort" and got[-1]["token_ids"] == []
     n = len([t for m in [first, *got] for t in m["token_ids"]])
@@ -271,34 +274,35 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
 
 def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     router, server, _ = registered(worker)
-    group = {"members": [0], "tp": 1, "role": "decode", "tiers": ["gold"]}
-    router.send(proto.reconfigure(5, [{**group, "accepts_background": False, "max_batch": 3}]))
+    group = proto.Group([0], 1, "decode", ["gold"])
+    router.send(proto.Reconfigure(5, [replace(group, accepts_background=False, max_batch=3)]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"], ack["error"], ack["worker_id"]) == (5, True, None, 0)
     assert ack["timings_ms"]["total"] >= 0
     router.expect("heartbeat", epoch=5)
     assert engine_of(server).max_batch == 3
     assert server.assignment == Assignment("decode", ["gold"], False, 3)
-    tp2 = {"members": [0, 1], "tp": 2, "role": "mixed", "tiers": [], "accepts_background": True}
-    router.send(proto.reconfigure(6, [tp2]))
+    router.send(proto.Reconfigure(6, [proto.Group([0, 1], 2, "mixed")]))
     ack = router.expect("reconfigured")
-    assert (ack["epoch"], ack["ok"]) == (6, False) and TP_NOT_WIRED in ack["error"]
-    router.send(proto.reconfigure(7, [{**group, "role": "chef"}]))
+    assert (ack["epoch"], ack["ok"]) == (6, False)
+    assert "spans devices of another worker process" in ack["error"]
+    assert "`nitsum worker --devices N`" in ack["error"]
+    router.send(proto.Reconfigure(7, [replace(group, role="chef")]))  # type: ignore[arg-type]
     ack = router.expect("reconfigured")
     assert not ack["ok"] and "groups[0].role" in ack["error"]
     router.expect("heartbeat", epoch=5)
     assert server.assignment.role == "decode"
-    other = {**group, "members": [1]}  # left out of the plan: idle, nothing to switch
-    router.send(proto.reconfigure(8, [other]))
+    other = replace(group, members=[1])  # left out of the plan: idle, nothing to switch
+    router.send(proto.Reconfigure(8, [other]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (8, True)
     assert server.assignment == Assignment() and engine_of(server).max_batch == 64
-    router.send(proto.reconfigure(3, [group]))  # older than the active plan
+    router.send(proto.Reconfigure(3, [group]))  # older than the active plan
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (3, False) and "older than the active epoch 8" in ack[
         "error"
     ]
-    router.send(proto.reconfigure(8, [group]))  # another copy of epoch 8: the same answer
+    router.send(proto.Reconfigure(8, [group]))  # another copy of epoch 8: the same answer
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (8, True) and server.assignment == Assignment()
 
@@ -311,7 +315,7 @@ def test_shutdown_exits_and_ends_live_requests(worker):
         )
     )
     router.expect("tokens", request_id="s")
-    router.send(proto.shutdown())
+    router.send(proto.Shutdown())
     thread.join(TIMEOUT_S)
     assert not thread.is_alive()
     final = router.collect({"s"})["s"][-1]
@@ -330,7 +334,7 @@ def test_a_restarted_router_gets_a_new_register(worker):
     again = FakeRouter(addr)
     try:
         again.expect("register", timeout=3.0)
-        again.send(proto.registered(0, epoch=2))
+        again.send(proto.Registered(0, epoch=2))
         again.expect("heartbeat", epoch=2)
         assert server.registered
     finally:

@@ -1,12 +1,12 @@
 //! Registered device workers and their liveness (heartbeats).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use crate::ids::WorkerId;
-use crate::protocols::worker::Register;
+use crate::protocols::worker::{Register, Stats};
 
 /// What a worker said about itself in `register`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -54,8 +54,8 @@ pub struct WorkerEntry {
     pub free_pages: u64,
     /// Plan epoch the worker last reported (heartbeat or `reconfigured`).
     pub epoch: u64,
-    /// Numeric fields of the last `stats` message.
-    pub stats: HashMap<String, f64>,
+    /// The last `stats` message.
+    pub stats: Stats,
 }
 
 /// Live workers by id (ordered, so default plans list them by id).
@@ -81,7 +81,7 @@ impl Registry {
             waiting: 0,
             free_pages: 0,
             epoch: 0,
-            stats: HashMap::new(),
+            stats: Stats::default(),
         };
         self.workers.insert(id, entry).is_some()
     }

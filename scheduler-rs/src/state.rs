@@ -19,7 +19,7 @@ use crate::fasthash::IntMap;
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::Metrics;
 use crate::plan::{GroupPlan, Plan, Role};
-use crate::protocols::worker::Sampling;
+use crate::protocols::worker::{Sampling, Stats};
 use crate::registry::{Registry, WorkerInfo};
 use crate::stats::{StatsConfig, WindowStats};
 
@@ -307,12 +307,12 @@ impl RouterState {
             .collect()
     }
 
-    /// Worker-reported `stats` fields: (worker, name, value).
-    pub fn worker_stats(&self) -> Vec<(WorkerId, String, f64)> {
+    /// Each live worker's last `stats` message.
+    pub fn worker_stats(&self) -> Vec<(WorkerId, Stats)> {
         let st = self.lock();
         st.registry
             .iter()
-            .flat_map(|(id, w)| w.stats.iter().map(move |(k, v)| (*id, k.clone(), *v)))
+            .map(|(id, w)| (*id, w.stats.clone()))
             .collect()
     }
 

@@ -14,6 +14,17 @@ from nitsum.engine.build import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
+from nitsum.pool.device_commands import (
+    DeviceCommand,
+    KvIn,
+    KvOut,
+    Migrate,
+    Reply,
+    Step,
+    Stop,
+    SwapPoll,
+    SwapStart,
+)
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
@@ -66,17 +77,17 @@ class DevicePool:
             self.contexts.append(self._reply(d))
 
     # -- messaging ---------------------------------------------------------------------------
-    def send(self, device: int, cmd: str, *args: Any) -> None:
-        self.send_many((device,), cmd, *args)
+    def send(self, device: int, cmd: DeviceCommand) -> None:
+        self.send_many((device,), cmd)
 
-    def send_many(self, devices: tuple[int, ...] | list[int], cmd: str, *args: Any) -> None:
+    def send_many(self, devices: tuple[int, ...] | list[int], cmd: DeviceCommand) -> None:
         """Send one command to every device of `devices`, or to none: DeviceError when one of
         them is gone (its process died), before anything is sent, so no live device starts a
         collective or a transfer its dead peer will never join."""
         dead = [d for d in devices if not self.procs[d].is_alive()]
         if dead:
             raise DeviceError(f"device {dead[0]} is gone (its process exited)")
-        data = pickle.dumps((cmd, args))  # pickled once for the whole group
+        data = pickle.dumps(cmd)  # pickled once for the whole group
         for d in devices:
             try:
                 self.conns[d].send_bytes(data)
@@ -88,20 +99,21 @@ class DevicePool:
             raw = self.conns[device].recv_bytes()
         except (EOFError, OSError) as e:
             raise DeviceError(f"device {device} is gone: {type(e).__name__}") from e
-        status, value = pickle.loads(raw)
-        if status == "transfer_failed":
-            raise TransferFailed(value)
-        if status != "ok":
-            raise DeviceError(f"device {device}: {value}")
-        return value
+        reply: Reply = pickle.loads(raw)
+        if reply.status == "transfer_failed":
+            raise TransferFailed(reply.value)
+        if reply.status != "ok":
+            raise DeviceError(f"device {device}: {reply.value}")
+        return reply.value
 
-    def call(self, device: int, cmd: str, *args: Any) -> Any:
-        self.send(device, cmd, *args)
+    def call(self, device: int, cmd: DeviceCommand) -> Any:
+        """Send `cmd` to `device` and wait for its value."""
+        self.send(device, cmd)
         return self._reply(device)
 
     # -- steps -------------------------------------------------------------------------------
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
-        self.send_many(members, "step", members, inputs)
+        self.send_many(members, Step(members, inputs))
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
         """Logits from the member that samples (TP rank 0 of the last stage; every member
@@ -125,11 +137,11 @@ class DevicePool:
     ) -> None:
         """Every member queues the copies of its shard of the pages (same ids on every
         member) on its copy thread; the replies come as soon as they are queued."""
-        self.send_many(members, "swap_start", ticket, out, into)
+        self.send_many(members, SwapStart(ticket, out, into))
         self._replies(members)
 
     def swap_progress(self, members: tuple[int, ...], wait_for: int | None = None) -> SwapProgress:
-        self.send_many(members, "swap_progress", wait_for)
+        self.send_many(members, SwapPoll(wait_for))
         return SwapProgress.of_group(self._replies(members))
 
     # -- reconfiguration ---------------------------------------------------------------------
@@ -142,7 +154,7 @@ class DevicePool:
         """
         devices = sorted({p.src for p in pieces} | {p.dst for p in pieces})
         self._migrations += 1  # names this migration's chunks in shared memory
-        self.send_many(devices, "migrate", pieces, mode, fail, self._migrations)
+        self.send_many(devices, Migrate(pieces, mode, fail, self._migrations))
         stats, failure = [], None
         for d in devices:
             try:
@@ -157,7 +169,7 @@ class DevicePool:
     def kv_out(self, pieces: list[Piece]) -> list[torch.Tensor]:
         mine = {d: [p for p in pieces if p.src == d] for d in sorted({p.src for p in pieces})}
         for d, own in mine.items():
-            self.send(d, "kv_out", own)
+            self.send(d, KvOut(own))
         replies = self._replies(tuple(mine))  # NOTE: every device is drained, even on error
         blocks = {d: iter(r) for d, r in zip(mine, replies, strict=True)}
         return [next(blocks[p.src]) for p in pieces]
@@ -165,18 +177,18 @@ class DevicePool:
     def kv_in(self, pieces: list[Piece], blocks: list[torch.Tensor]) -> None:
         mine: dict[int, tuple[list[Piece], list[torch.Tensor]]] = {}
         for p, b in zip(pieces, blocks, strict=True):
-            own = mine.setdefault(p.dst, ([], []))
-            own[0].append(p)
-            own[1].append(b)
+            entry = mine.setdefault(p.dst, ([], []))
+            entry[0].append(p)
+            entry[1].append(b)
         for d, (own, own_blocks) in mine.items():
-            self.send(d, "kv_in", own, own_blocks)
+            self.send(d, KvIn(own, own_blocks))
         self._replies(tuple(mine))
 
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):
-                    conn.send_bytes(pickle.dumps(("stop", ())))
+                    conn.send_bytes(pickle.dumps(Stop()))
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():

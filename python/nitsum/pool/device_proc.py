@@ -1,6 +1,7 @@
 """One device's process: full weights, warm TP contexts, KV storage; executes commands.
 
-The controller (see device_pool.py) sends pickled commands over a pipe; the device runs
+The controller (see device_pool.py) sends pickled commands (device_commands.py) over a pipe;
+the device runs
 forwards under the named group's warm context (naming the group is what switches TP: nothing
 is activated or built on the switch path) and KV transfers.
 """
@@ -36,6 +37,19 @@ from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
 from nitsum.parallel.topology import TPTopology
+from nitsum.pool.device_commands import (
+    Counters,
+    DeviceCommand,
+    KvIn,
+    KvOut,
+    Migrate,
+    Probe,
+    Reply,
+    Step,
+    Stop,
+    SwapPoll,
+    SwapStart,
+)
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.shm_staging import SharedStaging
@@ -179,84 +193,88 @@ class Device:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # all map their peers, or none uses them
         return staging if ok.item() == 1 else None
 
-    def handle(self, cmd: str, args: tuple) -> Any:
+    def handle(self, cmd: DeviceCommand) -> Any:
         """Serve one command of the controller (`DevicePool`)."""
-        if cmd == "step":
-            members, inputs = args
-            if inputs.stage_tp:
-                runner = self.pipelines[(members, inputs.stage_tp)]
-            else:
-                runner = self.runners[members]
-            if not runner.ctx.samples:
-                runner.join(inputs)  # one rank samples; the others join its collectives
-                return None
-            return runner.forward(inputs).cpu()
-        if cmd in ("swap_start", "swap_progress"):
-            if self.copier is None:
-                raise RuntimeError(f"device {self.device} has no host KV tier")
-            if cmd == "swap_start":
-                return self.copier.start(*args)
-            return self.copier.progress(*args)
-        if cmd == "migrate":
-            pieces, mode, fail, migration = args
-            return self.transfer.run(pieces, mode, fail, migration)
-        if cmd == "kv_out":
-            return pack_pieces(self.transfer, *args)
-        if cmd == "kv_in":
-            return unpack_pieces(self.transfer, *args)
-        if cmd == "stats":
-            return {
-                "groups_created": CommPool.created,
-                "contexts": sorted(self.runners),
-                "all_reduce": sum(r.ctx.stats["all_reduce"] for r in self.runners.values()),
-                "all_to_all": sum(
-                    r.ctx.sp.stats["all_to_all"] for r in self.runners.values() if r.ctx.sp
-                ),
-                "storage_ptr": self.pool.storage.data_ptr(),
-                "graph_captures": DecodeGraphs.captures,
-                "graph_replays": sum(
-                    r.graphs.replays for r in self.runners.values() if r.graphs is not None
-                ),
-                "piecewise_captures": PiecewiseGraphs.captures,
-                "piecewise_replays": sum(
-                    r.piecewise.replays for r in self.runners.values() if r.piecewise is not None
-                ),
-                "pipelines": sorted(self.pipelines),
-                "p2p_sends": sum(
-                    r.ctx.stage.stats["p2p_sends"] for r in self.pipelines.values() if r.ctx.stage
-                ),
-            }
-        if cmd == "probe":
-            # Tests and benchmarks: run a module-level function on this device's state.
-            probe, probe_args = args
-            return probe(self, *probe_args)
+        match cmd:
+            case Step(members, inputs):
+                if inputs.stage_tp:
+                    runner = self.pipelines[(members, inputs.stage_tp)]
+                else:
+                    runner = self.runners[members]
+                if not runner.ctx.samples:
+                    runner.join(inputs)  # one rank samples; the others join its collectives
+                    return None
+                return runner.forward(inputs).cpu()
+            case SwapStart(ticket, out, into):
+                return self._copier().start(ticket, out, into)
+            case SwapPoll(wait_for):
+                return self._copier().progress(wait_for)
+            case Migrate(pieces, mode, fail, migration):
+                return self.transfer.run(pieces, mode, fail, migration)
+            case KvOut(pieces):
+                return pack_pieces(self.transfer, pieces)
+            case KvIn(pieces, blocks):
+                return unpack_pieces(self.transfer, pieces, blocks)
+            case Counters():
+                return self.counters()
+            case Probe(fn, args):
+                return fn(self, *args)
         raise ValueError(f"unknown device command {cmd!r}")
+
+    def _copier(self) -> SwapCopier:
+        if self.copier is None:
+            raise RuntimeError(f"device {self.device} has no host KV tier")
+        return self.copier
+
+    def counters(self) -> dict[str, Any]:
+        """Collectives run, graph captures and replays, contexts and pipelines built."""
+        return {
+            "groups_created": CommPool.created,
+            "contexts": sorted(self.runners),
+            "all_reduce": sum(r.ctx.stats["all_reduce"] for r in self.runners.values()),
+            "all_to_all": sum(
+                r.ctx.sp.stats["all_to_all"] for r in self.runners.values() if r.ctx.sp
+            ),
+            "storage_ptr": self.pool.storage.data_ptr(),
+            "graph_captures": DecodeGraphs.captures,
+            "graph_replays": sum(
+                r.graphs.replays for r in self.runners.values() if r.graphs is not None
+            ),
+            "piecewise_captures": PiecewiseGraphs.captures,
+            "piecewise_replays": sum(
+                r.piecewise.replays for r in self.runners.values() if r.piecewise is not None
+            ),
+            "pipelines": sorted(self.pipelines),
+            "p2p_sends": sum(
+                r.ctx.stage.stats["p2p_sends"] for r in self.pipelines.values() if r.ctx.stage
+            ),
+        }
 
 
 def device_main(device: int, spec: DeviceSpec, source: ModelSource, conn: Connection) -> None:
-    """Process entry point: build the device, then serve commands until 'stop'."""
+    """Process entry point: build the device, then serve commands until `Stop`."""
     torch.set_num_threads(spec.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     try:
         CommPool.guard_group_creation()  # this process is only a device
         dev = Device(device, spec, source)
         DecodeGraphs.freeze()  # a switch selects recorded steps; it never records
-        conn.send_bytes(pickle.dumps(("ok", sorted(dev.runners))))
+        conn.send_bytes(pickle.dumps(Reply("ok", sorted(dev.runners))))
     except Exception:  # noqa: BLE001 - report start-up failures to the controller
-        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        conn.send_bytes(pickle.dumps(Reply("error", traceback.format_exc())))
         return
     while True:
-        cmd, args = pickle.loads(conn.recv_bytes())
-        if cmd == "stop":
+        cmd: DeviceCommand = pickle.loads(conn.recv_bytes())
+        if isinstance(cmd, Stop):
             if dev.copier is not None:
                 dev.copier.close()
             break
         try:
             with torch.inference_mode():
-                reply = ("ok", dev.handle(cmd, args))
+                reply = Reply("ok", dev.handle(cmd))
         except TransferFailed as e:
-            reply = ("transfer_failed", str(e))
+            reply = Reply("transfer_failed", str(e))
         except Exception:  # noqa: BLE001 - a bad command must not kill the device
-            reply = ("error", traceback.format_exc())
+            reply = Reply("error", traceback.format_exc())
         conn.send_bytes(pickle.dumps(reply))
     dist.destroy_process_group()

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nitsum.worker.inbound import Group
-
-# Kept under its old name: tests and callers match on it.
-TP_NOT_WIRED = (
-    "TP > 1 needs all of the group's devices in one worker process: "
-    "run `nitsum worker --devices N` (a host worker)"
-)
+from nitsum.worker.protocol import Group
 
 
 class PlanRefused(ValueError):
@@ -66,7 +60,8 @@ def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
         if not set(members) <= mine:
             raise PlanRefused(
                 f"group {list(members)} spans devices of another worker process "
-                f"(this one serves {sorted(mine)}); {TP_NOT_WIRED}"
+                f"(this one serves {sorted(mine)}): a group needs all its devices in one "
+                "worker process, run `nitsum worker --devices N` (a host worker)"
             )
         for d in members:
             if d in assignments:

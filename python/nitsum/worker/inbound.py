@@ -1,7 +1,8 @@
-"""Router → worker messages parsed into typed, validated requests (docs/protocol.md, v1).
+"""`generate` (router → worker) parsed into a typed, validated request (docs/protocol.md, v1).
 
-Each parser raises ProtocolError with a message that names the bad field; the frame itself is
-decoded by `protocol.decode`.
+The parser raises ProtocolError without a request id, else InvalidRequestError naming the bad
+field; the frame itself is decoded by `protocol.decode`, the other messages by their
+dataclasses (protocol.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from nitsum.engine.sequence import CLASSES
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.structured.spec import GrammarSpec
-from nitsum.worker.protocol import ROLES, ProtocolError
+from nitsum.worker.protocol import ProtocolError
 
 
 def _is_int(x: object) -> bool:
@@ -139,49 +140,3 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     return GenerateRequest(
         rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt, bind_tp, fork_of
     )
-
-
-@dataclass(frozen=True)
-class Group:
-    """One group of a `reconfigure` plan."""
-
-    members: list[int]
-    tp: int
-    role: str
-    tiers: list[str]
-    accepts_background: bool
-    max_batch: int | None = None  # optional extension: the local scheduler's batch cap
-    pp: int = 1  # pipeline stages of `tp` devices, members stage-major (1: a TP group)
-
-
-def parse_reconfigure(msg: dict[str, Any]) -> tuple[int, list[Group]]:
-    """(epoch, groups) of a `reconfigure`; ProtocolError naming the bad field."""
-    epoch = msg.get("epoch")
-    if not _is_int(epoch):
-        raise ProtocolError(f"reconfigure: 'epoch' must be an integer, got {epoch!r}")
-    raw = msg.get("groups")
-    if not isinstance(raw, list):
-        raise ProtocolError("reconfigure: 'groups' must be a list")
-    groups = []
-    for i, g in enumerate(raw):
-        where = f"reconfigure: groups[{i}]"
-        if not isinstance(g, dict):
-            raise ProtocolError(f"{where} must be a map")
-        if not _int_list(g.get("members")) or not g["members"]:
-            raise ProtocolError(f"{where}.members must be a non-empty list of worker ids")
-        if not _is_int(g.get("tp")) or g["tp"] < 1:
-            raise ProtocolError(f"{where}.tp must be an integer >= 1, got {g.get('tp')!r}")
-        if g.get("role") not in ROLES:
-            raise ProtocolError(f"{where}.role must be one of {ROLES}, got {g.get('role')!r}")
-        tiers = g.get("tiers", [])
-        if not isinstance(tiers, list) or not all(isinstance(t, str) for t in tiers):
-            raise ProtocolError(f"{where}.tiers must be a list of strings")
-        cap = g.get("max_batch")
-        if cap is not None and (not _is_int(cap) or cap < 1):
-            raise ProtocolError(f"{where}.max_batch must be an integer >= 1, got {cap!r}")
-        pp = g.get("pp", 1)
-        if not _is_int(pp) or pp < 1:
-            raise ProtocolError(f"{where}.pp must be an integer >= 1, got {pp!r}")
-        background = bool(g.get("accepts_background", True))
-        groups.append(Group(g["members"], g["tp"], g["role"], tiers, background, cap, pp))
-    return epoch, groups

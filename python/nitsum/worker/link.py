@@ -9,12 +9,11 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from nitsum.worker import protocol as proto
+from nitsum.worker.codec import Message, encode
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +83,13 @@ class RouterLink:
             except zmq.Again:
                 return frames
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Message) -> None:
         try:
             # NOTE: never block: with the router gone for long, the queue fills (SNDHWM) and a
             # blocking send would hang the loop, deaf to `stop()` and to signals.
-            self.sock.send(proto.encode(msg), zmq.NOBLOCK)
+            self.sock.send(encode(msg.to_wire()), zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("router not reachable: worker %d dropped a %s", self.worker_id, msg["type"])
+            log.warning("router not reachable: worker %d dropped a %s", self.worker_id, msg.TYPE)
 
     def close(self) -> None:
         self.sock.disable_monitor()

@@ -1,87 +1,109 @@
-"""Router ↔ worker messages (docs/protocol.md, v1): msgpack maps with `v` and `type`.
+"""Router ↔ worker messages (docs/protocol.md, v1), one frozen dataclass per `type`.
 
-Builders return plain dicts (encode them with `encode`); `decode` turns a received frame into
-a dict. Router → worker messages become typed requests in `inbound.py`.
+The codec (codec.py) turns them into msgpack maps and back: `Msg(...).to_wire()` to send,
+`Msg.from_wire(decode(frame))` to read one, with its fields type-checked. `generate` is parsed
+by `inbound.parse_generate` (it becomes the engine's request); `stats` is in stats.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any
-
-import msgpack
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.worker.codec import PROTOCOL_VERSION as PROTOCOL_VERSION
+from nitsum.worker.codec import Message, ProtocolError, wire_field
+from nitsum.worker.codec import decode as decode
+from nitsum.worker.codec import encode as encode
 
-PROTOCOL_VERSION = 1
 SECRET_ENV = "NITSUM_WORKER_SECRET"  # the shared worker secret (docs/security.md)
-FINISH_REASONS = ("stop", "length", "abort", "error")
-ROLES = ("prefill", "decode", "mixed")
+FinishReason = Literal["stop", "length", "abort", "error"]
+Role = Literal["prefill", "decode", "mixed"]
+FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
+ROLES: tuple[str, ...] = get_args(Role)
 
 
-class ProtocolError(ValueError):
-    """A message that cannot be acted on at all (not a v1 map, or no usable request id)."""
+def _positive(x: int | None) -> bool:
+    return x is None or x >= 1
 
 
-# -- framing --------------------------------------------------------------------------------------
-def encode(msg: dict[str, Any]) -> bytes:
-    """One msgpack map per ZeroMQ frame."""
-    return msgpack.packb(msg, use_bin_type=True)
-
-
-def decode(frame: bytes) -> dict[str, Any]:
-    """A received frame as a map with `v == 1` and a string `type`; ProtocolError otherwise."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False)
-    except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"not msgpack: {e}") from e
-    if not isinstance(msg, dict):
-        raise ProtocolError(f"expected a map, got {type(msg).__name__}")
-    if msg.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {msg.get('v')!r} refused; this worker speaks v1")
-    if not isinstance(msg.get("type"), str):
-        raise ProtocolError("missing string field 'type'")
-    return msg
-
-
-def _msg(type_: str, **fields: Any) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "type": type_, **fields}
+AT_LEAST_ONE = (_positive, "an integer >= 1")
 
 
 # -- worker → router ------------------------------------------------------------------------------
-def register(
-    worker_id: int,
-    device: str,
-    model: str,
-    tp_levels: list[int],
-    kv_capacity_tokens: int,
-    max_context: int,
-    eos_token_ids: list[int],
-    domain: int | None = None,
-    auth: str | None = None,
-    kv_transport: str | None = None,
-) -> dict[str, Any]:
-    """`domain`: the worker ids that can form TP groups and hand KV to each other share it;
-    `auth`: the handshake proof answering the router's `challenge` (see `proof`);
-    `kv_transport`: the rendezvous address of the KV transport between host worker
-    processes this one joined (pool/peers.py): domains that share it hand KV to each other."""
-    extra: dict[str, Any] = {} if auth is None else {"auth": auth}
-    if kv_transport is not None:
-        extra["kv_transport"] = kv_transport
-    return _msg(
-        "register",
-        worker_id=worker_id,
-        device=device,
-        model=model,
-        tp_levels=list(tp_levels),
-        domain=worker_id if domain is None else domain,
-        kv_capacity_tokens=kv_capacity_tokens,
-        max_context=max_context,
-        eos_token_ids=list(eos_token_ids),
-        **extra,
-    )
+@dataclass(frozen=True)
+class Register(Message):
+    """A worker introduces itself (again with `auth`, answering a `challenge`).
+
+    `domain`: the worker ids that can form TP groups and hand KV to each other share it;
+    `auth`: the handshake proof (`proof`); `kv_transport`: the rendezvous address of the KV
+    transport between host worker processes this one joined (pool/peers.py)."""
+
+    TYPE = "register"
+    worker_id: int
+    device: str
+    model: str
+    tp_levels: list[int]
+    domain: int
+    kv_capacity_tokens: int
+    max_context: int
+    eos_token_ids: list[int]
+    auth: str | None = wire_field(omit=None, default=None)
+    kv_transport: str | None = wire_field(omit=None, default=None)
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """Liveness and load of one worker id."""
+
+    TYPE = "heartbeat"
+    worker_id: int
+    running: int
+    waiting: int
+    free_pages: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Tokens(Message):
+    """New token ids of one request; the last message of a request has a `finish_reason`.
+
+    `queue_ms` (with a request's first tokens): how long it waited before its first step.
+    `logprobs` (one per token id, when the request asked). `error_param` (with `error`): the
+    request field the worker refused, so the client gets a 400 naming it rather than a 500.
+    `prompt_logprobs` (with the first token, when asked): the prompt tokens' after the first.
+    """
+
+    TYPE = "tokens"
+    worker_id: int
+    request_id: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    error: str | None
+    prompt_tokens: int
+    queue_ms: float | None = wire_field(omit=None, default=None)
+    logprobs: list[TokenLogprob] | None = wire_field(omit=None, default=None)
+    error_param: str | None = wire_field(omit=None, default=None)
+    prompt_logprobs: list[TokenLogprob] | None = wire_field(omit=None, default=None)
+
+    def __post_init__(self) -> None:
+        # NOTE: the router ends a request on any non-null reason: a typo would end it silently.
+        assert self.finish_reason is None or self.finish_reason in FINISH_REASONS, self
+
+
+@dataclass(frozen=True)
+class Reconfigured(Message):
+    """The ack of a `reconfigure`, on the socket it came on."""
+
+    TYPE = "reconfigured"
+    worker_id: int
+    epoch: int
+    ok: bool
+    error: str | None
+    timings_ms: dict[str, float]
 
 
 def proof(secret: bytes, nonce_hex: str, worker_id: int, model: str) -> str:
@@ -97,86 +119,87 @@ def proof(secret: bytes, nonce_hex: str, worker_id: int, model: str) -> str:
     return hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
-def heartbeat(
-    worker_id: int, running: int, waiting: int, free_pages: int, epoch: int
-) -> dict[str, Any]:
-    return _msg(
-        "heartbeat",
-        worker_id=worker_id,
-        running=running,
-        waiting=waiting,
-        free_pages=free_pages,
-        epoch=epoch,
-    )
+# -- router → worker ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Challenge(Message):
+    """Prove the worker secret: `register` again with `auth` over `nonce` (64 hex chars)."""
+
+    TYPE = "challenge"
+    worker_id: int
+    nonce: str
 
 
-def stats(worker_id: int, values: dict[str, int | float]) -> dict[str, Any]:
-    """Numeric counters the router exports as `nitsum_worker_stat` in `/metrics`."""
-    return _msg("stats", worker_id=worker_id, **values)
+@dataclass(frozen=True)
+class Refused(Message):
+    """The router did not accept a `register`, and why."""
+
+    TYPE = "refused"
+    worker_id: int
+    error: str
 
 
-def tokens(
-    worker_id: int,
-    request_id: str,
-    token_ids: list[int],
-    prompt_tokens: int,
-    finish_reason: str | None = None,
-    error: str | None = None,
-    queue_ms: float | None = None,
-    logprobs: list[TokenLogprob] | None = None,
-    error_param: str | None = None,
-    prompt_logprobs: list[TokenLogprob] | None = None,
-) -> dict[str, Any]:
-    """New token ids of one request; the last message of a request has a `finish_reason`.
-    `queue_ms` (with a request's first tokens): how long it waited before its first step.
-    With `logprobs` (one per token id, when the request asked): key `logprobs`, a list of
-    `{"logprob": float, "top": [[id, logprob], ...]}`. `error_param` (with `error`): the
-    request field the worker refused, so the client gets a 400 naming it rather than a 500.
-    `prompt_logprobs` (with the first token, when asked): the prompt tokens' after the first,
-    in the same shape as `logprobs`."""
-    assert finish_reason is None or finish_reason in FINISH_REASONS, finish_reason
-    extra: dict[str, Any] = {} if queue_ms is None else {"queue_ms": queue_ms}
-    if error_param is not None:
-        extra["error_param"] = error_param
-    if logprobs is not None:
-        extra["logprobs"] = _wire_logprobs(logprobs)
-    if prompt_logprobs is not None:
-        extra["prompt_logprobs"] = _wire_logprobs(prompt_logprobs)
-    return _msg(
-        "tokens",
-        worker_id=worker_id,
-        request_id=request_id,
-        token_ids=list(token_ids),
-        finish_reason=finish_reason,
-        error=error,
-        prompt_tokens=prompt_tokens,
-        **extra,
-    )
+@dataclass(frozen=True)
+class Registered(Message):
+    """The router accepted a `register`; `epoch` is its plan's."""
+
+    TYPE = "registered"
+    worker_id: int
+    epoch: int = 0
 
 
-def _wire_logprobs(lps: list[TokenLogprob]) -> list[dict[str, Any]]:
-    return [{"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in lps]
+@dataclass(frozen=True)
+class Reregister(Message):
+    """The router does not know this worker (it declared it dead): register again at once."""
+
+    TYPE = "reregister"
 
 
-def reconfigured(
-    worker_id: int, epoch: int, ok: bool, error: str | None, timings_ms: dict[str, float]
-) -> dict[str, Any]:
-    return _msg(
-        "reconfigured", worker_id=worker_id, epoch=epoch, ok=ok, error=error, timings_ms=timings_ms
-    )
+@dataclass(frozen=True)
+class Abort(Message):
+    """End a request (a no-op when it is unknown or finished)."""
+
+    TYPE = "abort"
+    request_id: str = wire_field(check=(bool, "a non-empty string"))
 
 
-# -- router → worker (builders used by tests and fake routers) -------------------------------------
-def registered(worker_id: int, epoch: int = 0) -> dict[str, Any]:
-    return _msg("registered", worker_id=worker_id, epoch=epoch)
+@dataclass(frozen=True)
+class Group:
+    """One group of a `reconfigure` plan: `tp · pp` members, stage-major."""
+
+    members: list[int] = wire_field(check=(bool, "a non-empty list of worker ids"))
+    tp: int = wire_field(check=AT_LEAST_ONE)
+    role: Role = "mixed"
+    tiers: list[str] = field(default_factory=list)
+    accepts_background: bool = True
+    # The local scheduler's batch cap (None: the worker's own limit).
+    max_batch: int | None = wire_field(omit=None, default=None, check=AT_LEAST_ONE)
+    pp: int = wire_field(omit=1, default=1, check=AT_LEAST_ONE)
 
 
-def challenge(worker_id: int, nonce_hex: str) -> dict[str, Any]:
-    return _msg("challenge", worker_id=worker_id, nonce=nonce_hex)
+@dataclass(frozen=True)
+class Reconfigure(Message):
+    """The whole new plan; a worker acts on the groups that contain it."""
+
+    TYPE = "reconfigure"
+    epoch: int
+    groups: list[Group]
 
 
-def refused(worker_id: int, error: str) -> dict[str, Any]:
-    return _msg("refused", worker_id=worker_id, error=error)
+@dataclass(frozen=True)
+class Shutdown(Message):
+    """Stop: end the live requests with an error and exit."""
+
+    TYPE = "shutdown"
+
+
+# Router → worker messages by `type`, but `generate` (`inbound.parse_generate`).
+ROUTER_MESSAGES: dict[str, type[Message]] = {
+    m.TYPE: m for m in (Challenge, Refused, Registered, Reregister, Abort, Reconfigure, Shutdown)
+}
+
+
+def _msg(type_: str, **fields: Any) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "type": type_, **fields}
 
 
 def generate(
@@ -215,15 +238,3 @@ def generate(
         **{"class": klass},
         **({} if grammar is None else {"grammar": grammar.to_wire()}),
     )
-
-
-def abort(request_id: str) -> dict[str, Any]:
-    return _msg("abort", request_id=request_id)
-
-
-def reconfigure(epoch: int, groups: list[dict[str, Any]]) -> dict[str, Any]:
-    return _msg("reconfigure", epoch=epoch, groups=groups)
-
-
-def shutdown() -> dict[str, Any]:
-    return _msg("shutdown")

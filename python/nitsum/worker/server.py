@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -27,7 +26,8 @@ from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
 from nitsum.worker.backend import Backend
 from nitsum.worker.link import RouterLink
-from nitsum.worker.protocol import ProtocolError
+from nitsum.worker.protocol import Message, ProtocolError
+from nitsum.worker.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +78,6 @@ class WorkerServer:
         self.links: dict[int, RouterLink] = {}
         self._acks: OrderedDict[int, Ack] = OrderedDict()  # epoch -> its answer
         self._stop = threading.Event()
-        self._handlers: dict[str, Callable[[int, dict[str, Any]], None]] = {
-            "challenge": self._on_challenge,
-            "refused": self._on_refused,
-            "registered": self._on_registered,
-            "reregister": self._on_reregister,
-            "generate": self._on_generate,
-            "abort": self._on_abort,
-            "reconfigure": self._on_reconfigure,
-            "shutdown": lambda _d, _msg: self._stop.set(),
-        }
 
     @property
     def assignment(self) -> Assignment:
@@ -131,7 +121,7 @@ class WorkerServer:
                         if d == self.backend.device_ids[0] and (
                             counters := self.backend.counters()
                         ):
-                            link.send(proto.stats(d, counters))
+                            link.send(Stats.of(d, counters))
                 busy = self.backend.has_unfinished()
                 for sock, _ in poller.poll(0 if busy else self.idle_poll_ms):
                     link, is_monitor = owners[sock]
@@ -152,37 +142,58 @@ class WorkerServer:
     def _handle(self, device: int, frame: bytes) -> None:
         try:
             msg = proto.decode(frame)
-            handler = self._handlers.get(msg["type"])
-            if handler is None:
+            if msg["type"] == "generate":
+                self._on_generate(device, msg)
+                return
+            if msg["type"] == "reconfigure":  # answered even when it does not parse
+                self._on_reconfigure(device, msg)
+                return
+            kind = proto.ROUTER_MESSAGES.get(msg["type"])
+            if kind is None:
                 log.warning("dropped message of unknown type %r", msg["type"])
                 return
-            handler(device, msg)
+            self._dispatch(device, kind.from_wire(msg))
         except ProtocolError as e:
             log.error("dropped message: %s", e)
         except Exception:  # a bug in one handler must not take the worker down
             log.exception("failed to handle a message")
 
+    def _dispatch(self, device: int, msg: Message) -> None:
+        match msg:
+            case proto.Challenge():
+                self._on_challenge(device, msg)
+            case proto.Refused():
+                log.error("router refused worker %d: %s", device, msg.error)
+            case proto.Registered():
+                self._on_registered(device, msg)
+            case proto.Reregister():
+                self._on_reregister(device)
+            case proto.Abort():
+                self._on_abort(msg.request_id)
+            case proto.Shutdown():
+                self._stop.set()
+
     # -- messages ---------------------------------------------------------------------------------
-    def _register_msg(self, device: int) -> dict[str, Any]:
+    def _register_msg(self, device: int, auth: str | None = None) -> proto.Register:
         kv_tokens, max_context, eos = self.backend.capacity()
-        levels = list(self.backend.tp_levels)
-        return proto.register(
+        return proto.Register(
             device,
             self.device,
             self.model_name,
-            levels,
+            list(self.backend.tp_levels),
+            self.backend.device_ids[0],  # one process = one domain
             kv_tokens,
             max_context,
-            eos,
-            domain=self.backend.device_ids[0],  # one process = one domain
+            list(eos),
+            auth=auth,
             kv_transport=self.kv_transport,
         )
 
-    def _heartbeat_msg(self, device: int) -> dict[str, Any]:
+    def _heartbeat_msg(self, device: int) -> proto.Heartbeat:
         running, waiting, free_pages = self.backend.load(device)
-        return proto.heartbeat(device, running, waiting, free_pages, self.epoch)
+        return proto.Heartbeat(device, running, waiting, free_pages, self.epoch)
 
-    def _on_challenge(self, device: int, msg: dict[str, Any]) -> None:
+    def _on_challenge(self, device: int, msg: proto.Challenge) -> None:
         """Prove knowledge of the secret: `register` again with `auth` (docs/protocol.md)."""
         if self.secret is None:
             log.error(
@@ -191,20 +202,11 @@ class WorkerServer:
                 device,
             )
             return
-        nonce = msg.get("nonce")
-        if not isinstance(nonce, str):
-            raise ProtocolError(f"challenge: 'nonce' must be a hex string, got {nonce!r}")
-        reg = self._register_msg(device)
-        reg["auth"] = proto.proof(self.secret, nonce, device, self.model_name)
-        self.links[device].send(reg)
+        auth = proto.proof(self.secret, msg.nonce, device, self.model_name)
+        self.links[device].send(self._register_msg(device, auth))
 
-    def _on_refused(self, device: int, msg: dict[str, Any]) -> None:
-        """The router did not accept our `register`; the register timer tries again."""
-        log.error("router refused worker %d: %s", device, msg.get("error"))
-
-    def _on_registered(self, device: int, msg: dict[str, Any]) -> None:
-        epoch = msg.get("epoch", 0)
-        self.epoch = epoch if isinstance(epoch, int) else self.epoch
+    def _on_registered(self, device: int, msg: proto.Registered) -> None:
+        self.epoch = msg.epoch
         if not self.links[device].registered:
             log.info("worker %d registered (epoch %d)", device, self.epoch)
             # Maybe a restarted router, whose epochs may repeat the old one's: forget the
@@ -212,7 +214,7 @@ class WorkerServer:
             self._acks.clear()
         self.links[device].registered = True
 
-    def _on_reregister(self, device: int, msg: dict[str, Any]) -> None:
+    def _on_reregister(self, device: int) -> None:
         """The router declared this device dead (e.g. a step outlasted the heartbeat timeout)
         and already ended its requests: drop them here too and register again at once."""
         for rid, (arrived_on, _) in list(self.live.items()):
@@ -240,8 +242,7 @@ class WorkerServer:
             log.exception("add(%r) failed", rid)
             self._final(rid, [], "error", f"internal error: {type(e).__name__}: {e}")
 
-    def _on_abort(self, device: int, msg: dict[str, Any]) -> None:
-        rid = inbound.request_id_of(msg)
+    def _on_abort(self, rid: str) -> None:
         if rid not in self.live:
             return  # unknown or already finished: races with completion are normal
         self.backend.abort(rid)
@@ -254,19 +255,20 @@ class WorkerServer:
         devices' sockets are answered from `_acks` without touching the engines again.
         """
         t0 = time.perf_counter()
-        epoch = msg.get("epoch") if isinstance(msg.get("epoch"), int) else -1
+        epoch = msg["epoch"] if isinstance(msg.get("epoch"), int) else -1
         ack = self._acks.get(epoch)
         if ack is None:
             ack = self._apply(msg, t0)
         ok, error, timings = ack
-        self.links[device].send(proto.reconfigured(device, epoch, ok, error, timings))
+        self.links[device].send(proto.Reconfigured(device, epoch, ok, error, timings))
 
     def _apply(self, msg: dict[str, Any], t0: float) -> Ack:
         try:
-            epoch, groups = inbound.parse_reconfigure(msg)
+            plan_msg = proto.Reconfigure.from_wire(msg)
         except ProtocolError as e:
             log.warning("reconfigure refused: %s", e)
             return False, str(e), {"total": (time.perf_counter() - t0) * 1e3}
+        epoch, groups = plan_msg.epoch, plan_msg.groups
         try:
             if epoch < self.epoch:
                 raise PlanRefused(f"epoch {epoch} is older than the active epoch {self.epoch}")
@@ -337,10 +339,12 @@ class WorkerServer:
                 )
             else:
                 device, prompt_tokens = self.live[rid]
-                msg = proto.tokens(
+                msg = proto.Tokens(
                     device,
                     rid,
                     ids,
+                    None,
+                    None,
                     prompt_tokens,
                     queue_ms=queued.get(rid),
                     logprobs=logprobs.get(rid),
@@ -370,13 +374,13 @@ class WorkerServer:
         prompt_logprobs: list[TokenLogprob] | None = None,
     ) -> None:
         device, prompt_tokens = self.live.pop(rid)
-        msg = proto.tokens(
+        msg = proto.Tokens(
             device,
             rid,
             ids,
-            prompt_tokens,
-            reason,
+            reason,  # type: ignore[arg-type]
             error,
+            prompt_tokens,
             queue_ms=queue_ms,
             logprobs=logprobs,
             error_param=error_param,

@@ -170,25 +170,16 @@ fn render_gauges(state: &AppState, out: &mut String) {
         .fold((0, 0), |(r, w), g| (r + g.running, w + g.waiting));
     let engine = EngineGauges::of(running, waiting, &stats);
     e.metrics.vllm.render(out, &engine);
-    if !stats.is_empty() {
+    if stats.iter().any(|(_, s)| !s.fields().is_empty()) {
         gauge(
             out,
             "nitsum_worker_stat",
-            "Numeric fields of the workers' `stats` messages.",
+            "Fields of the workers' `stats` messages.",
         );
-        for (w, k, v) in stats {
-            // NOTE: names come from workers; keep the exposition parseable.
-            let k: String = k
-                .chars()
-                .map(|c| {
-                    if c == '"' || c == '\\' || c == '\n' {
-                        '_'
-                    } else {
-                        c
-                    }
-                })
-                .collect();
-            let _ = writeln!(out, "nitsum_worker_stat{{worker=\"{w}\",name=\"{k}\"}} {v}");
+        for (w, s) in &stats {
+            for (k, v) in s.fields() {
+                let _ = writeln!(out, "nitsum_worker_stat{{worker=\"{w}\",name=\"{k}\"}} {v}");
+            }
         }
     }
 }

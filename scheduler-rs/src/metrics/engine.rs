@@ -2,6 +2,7 @@
 //! the `vllm:*` gauges and counters (docs/metrics.md).
 
 use crate::ids::WorkerId;
+use crate::protocols::worker::Stats;
 
 /// Engine-level numbers summed over the workers, for the `vllm:*` gauges and counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -16,23 +17,28 @@ pub struct EngineGauges {
 }
 
 impl EngineGauges {
-    /// From the groups' (running, waiting) heartbeat sums and the workers' `stats` fields.
+    /// From the groups' (running, waiting) heartbeat sums and the workers' `stats`.
     /// NOTE: workers report `kv_cache_usage_perc` in percent; vLLM's gauge is a fraction.
-    pub fn of(running: u64, waiting: u64, stats: &[(WorkerId, String, f64)]) -> Self {
-        let values = |name: &'static str| {
+    pub fn of(running: u64, waiting: u64, stats: &[(WorkerId, Stats)]) -> Self {
+        let sum = |field: fn(&Stats) -> Option<u64>| -> f64 {
             stats
                 .iter()
-                .filter(move |(_, k, _)| k == name)
-                .map(|(_, _, v)| *v)
+                .filter_map(|(_, s)| field(s))
+                .map(|v| v as f64)
+                .sum()
         };
-        let kv: Vec<f64> = values("kv_cache_usage_perc").map(|v| v / 100.0).collect();
+        let kv: Vec<f64> = stats
+            .iter()
+            .filter_map(|(_, s)| s.kv_cache_usage_perc)
+            .map(|v| v / 100.0)
+            .collect();
         EngineGauges {
             running,
             waiting,
             kv_usage: (!kv.is_empty()).then(|| kv.iter().sum::<f64>() / kv.len() as f64),
-            preemptions: values("num_preemptions").sum(),
-            prefix_cache_queries: values("prefix_cache_queries").sum(),
-            prefix_cache_hits: values("prefix_cache_hits").sum(),
+            preemptions: sum(|s| s.num_preemptions),
+            prefix_cache_queries: sum(|s| s.prefix_cache_queries),
+            prefix_cache_hits: sum(|s| s.prefix_cache_hits),
         }
     }
 }

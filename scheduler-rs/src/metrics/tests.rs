@@ -2,6 +2,7 @@ use super::engine::EngineGauges;
 use super::*;
 use crate::config::default_tiers;
 use crate::ids::WorkerId;
+use crate::protocols::worker::Stats;
 
 fn completion(ttft_s: f64, e2e_s: f64, tokens: u64) -> Completion {
     Completion {
@@ -145,13 +146,27 @@ fn vllm_histograms_split_a_request_into_queue_prefill_and_decode() {
 #[test]
 fn engine_gauges_sum_worker_stats_and_average_kv_usage_as_a_fraction() {
     let stats = [
-        (WorkerId(0), "kv_cache_usage_perc".to_string(), 40.0),
-        (WorkerId(2), "kv_cache_usage_perc".to_string(), 60.0),
-        (WorkerId(0), "num_preemptions".to_string(), 3.0),
-        (WorkerId(2), "num_preemptions".to_string(), 4.0),
-        (WorkerId(0), "prefix_cache_queries".to_string(), 100.0),
-        (WorkerId(0), "prefix_cache_hits".to_string(), 25.0),
-        (WorkerId(0), "num_preemptions_swap".to_string(), 9.0),
+        (
+            WorkerId(0),
+            Stats {
+                kv_cache_usage_perc: Some(40.0),
+                num_preemptions: Some(3),
+                prefix_cache_queries: Some(100),
+                prefix_cache_hits: Some(25),
+                num_preemptions_swap: Some(9),
+                ..Stats::default()
+            },
+        ),
+        (
+            WorkerId(2),
+            Stats {
+                kv_cache_usage_perc: Some(60.0),
+                num_preemptions: Some(4),
+                ..Stats::default()
+            },
+        ),
+        // A worker that reports nothing counts in no sum and no mean.
+        (WorkerId(3), Stats::default()),
     ];
     let g = EngineGauges::of(3, 2, &stats);
     assert_eq!(

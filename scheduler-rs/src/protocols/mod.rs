@@ -5,4 +5,7 @@ pub mod openai;
 pub mod structured;
 pub mod tool_calls;
 pub mod tools;
+#[cfg(test)]
+mod wire_golden;
 pub mod worker;
+pub mod worker_stats;

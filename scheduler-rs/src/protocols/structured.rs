@@ -2,14 +2,14 @@
 //! output must match, validated here with llguidance (the library the worker constrains
 //! decoding with) and sent to the worker in `generate` (docs/protocol.md).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The request field grammar errors name.
 pub const FIELD: &str = "response_format";
 
 /// What the output must be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GrammarKind {
     /// Any JSON object.
@@ -19,7 +19,7 @@ pub enum GrammarKind {
 }
 
 /// The `grammar` field of a `generate` message.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Grammar {
     pub kind: GrammarKind,
     /// The JSON Schema as JSON text (`json_schema` only).

@@ -1,10 +1,17 @@
 //! Router ↔ worker messages (docs/protocol.md, v1): one msgpack map per ZeroMQ frame with
 //! keys `v` and `type`. Encoded with named fields (`rmp_serde::to_vec_named`).
+//!
+//! Every message type both encodes and decodes, so the golden fixtures of
+//! `tests/golden/wire/` (shared with the Python worker's dataclasses) pin both directions
+//! (`protocols/wire_golden.rs`). Router → worker messages borrow what they send (`Cow`), so
+//! encoding copies nothing.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::worker_stats::Stats;
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan, Role};
 
@@ -67,14 +74,14 @@ impl Default for Sampling {
 }
 
 /// `generate` (router → group leader).
-#[derive(Debug, Serialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Generate<'a> {
     pub v: u32,
     #[serde(rename = "type")]
     pub ty: &'a str,
     pub request_id: &'a str,
-    pub input_ids: &'a [u32],
-    pub sampling: &'a Sampling,
+    pub input_ids: Cow<'a, [u32]>,
+    pub sampling: Cow<'a, Sampling>,
     pub tier: &'a str,
     pub class: &'a str,
     /// The decode group's leader when this group only prefills: the worker to hand KV to.
@@ -91,27 +98,31 @@ pub struct Generate<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bind_tp: Option<u32>,
     /// The first of n > 1 choices of the same prompt, whose prefill this one shares.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", borrow, default)]
     pub fork_of: Option<&'a str>,
     /// Structured output: the grammar the output must match (absent: none).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grammar: Option<&'a super::structured::Grammar>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub grammar: Option<Cow<'a, super::structured::Grammar>>,
 }
 
 fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
+fn one() -> u32 {
+    1
+}
+
 /// One group of a `reconfigure` message.
-#[derive(Debug, Serialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct WireGroup<'a> {
-    pub members: &'a [u32],
+    pub members: Cow<'a, [u32]>,
     pub tp: u32,
     /// Pipeline stages of `tp` devices (members stage-major); absent: 1, a TP group.
-    #[serde(skip_serializing_if = "is_one")]
+    #[serde(skip_serializing_if = "is_one", default = "one")]
     pub pp: u32,
     pub role: Role,
-    pub tiers: &'a [String],
+    pub tiers: Cow<'a, [String]>,
     pub accepts_background: bool,
     /// Local batch cap from the planner (TPOT bound); absent = the worker's own limit.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,7 +130,7 @@ pub struct WireGroup<'a> {
 }
 
 /// `reconfigure` (router → every worker): the whole new plan.
-#[derive(Debug, Serialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reconfigure<'a> {
     pub v: u32,
     #[serde(rename = "type")]
@@ -128,48 +139,51 @@ pub struct Reconfigure<'a> {
     pub groups: Vec<WireGroup<'a>>,
 }
 
-#[derive(Serialize)]
-struct Registered {
-    v: u32,
+/// `registered` (router → worker): its `register` was accepted; `epoch` is the plan's.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct Registered<'a> {
+    pub v: u32,
     #[serde(rename = "type")]
-    ty: &'static str,
-    worker_id: WorkerId,
-    epoch: u64,
+    pub ty: &'a str,
+    pub worker_id: WorkerId,
+    pub epoch: u64,
 }
 
 /// `challenge` (router → worker): answer with `register` carrying `auth`.
-#[derive(Serialize)]
-struct Challenge<'a> {
-    v: u32,
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct Challenge<'a> {
+    pub v: u32,
     #[serde(rename = "type")]
-    ty: &'static str,
-    worker_id: WorkerId,
-    nonce: &'a str,
+    pub ty: &'a str,
+    pub worker_id: WorkerId,
+    pub nonce: &'a str,
 }
 
 /// `refused` (router → worker): a `register` the router did not accept, and why.
-#[derive(Serialize)]
-struct Refused<'a> {
-    v: u32,
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct Refused<'a> {
+    pub v: u32,
     #[serde(rename = "type")]
-    ty: &'static str,
-    worker_id: WorkerId,
-    error: &'a str,
+    pub ty: &'a str,
+    pub worker_id: WorkerId,
+    pub error: &'a str,
 }
 
-#[derive(Serialize)]
-struct Abort<'a> {
-    v: u32,
+/// `abort` (router → worker): end the request (a no-op when unknown or finished).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct Abort<'a> {
+    pub v: u32,
     #[serde(rename = "type")]
-    ty: &'static str,
-    request_id: &'a str,
+    pub ty: &'a str,
+    pub request_id: &'a str,
 }
 
-#[derive(Serialize)]
-struct Bare {
-    v: u32,
+/// A message without fields: `shutdown`, `reregister`.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bare<'a> {
+    pub v: u32,
     #[serde(rename = "type")]
-    ty: &'static str,
+    pub ty: &'a str,
 }
 
 fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
@@ -249,11 +263,11 @@ pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<
             .groups
             .iter()
             .map(|g| WireGroup {
-                members: &g.members,
+                members: Cow::Borrowed(&g.members),
                 tp: g.tp,
                 pp: g.pp,
                 role: g.role,
-                tiers: &g.tiers,
+                tiers: Cow::Borrowed(&g.tiers),
                 accepts_background: g.accepts_background,
                 max_batch: max_batch(g),
             })
@@ -272,14 +286,14 @@ pub struct Incoming {
 }
 
 /// A worker message's body, by its `type`.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum Body {
     Register(Register),
     Heartbeat(Heartbeat),
     Tokens(Tokens),
     Reconfigured(Reconfigured),
-    /// Numeric counters (`decode_stats`).
-    Stats(HashMap<String, f64>),
+    /// Counters and gauges for `/metrics` (boxed: it is the largest body by far).
+    Stats(Box<Stats>),
     /// A type this router does not know (dropped with a warning).
     Unknown(String),
 }
@@ -299,26 +313,36 @@ impl Body {
 }
 
 /// `register`: a worker introduces itself (and answers a `challenge` with `auth`).
-#[derive(Debug, Default, Deserialize)]
+/// NOTE: every field is optional when decoding (absent: unknown); none is sent as null.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Register {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tp_levels: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub domain: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_capacity_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_context: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub eos_token_ids: Option<Vec<u32>>,
     /// Rendezvous address of the KV transport between host worker processes the worker
     /// joined (`nitsum worker --kv-peers`): domains that name the same one hand KV to each
     /// other, so P/D may span them.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_transport: Option<String>,
     /// Handshake proof: hex HMAC-SHA256 over the last `challenge` (docs/protocol.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
 }
 
 /// `heartbeat`: liveness and load.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Heartbeat {
     pub running: Option<u64>,
@@ -328,7 +352,9 @@ pub struct Heartbeat {
 }
 
 /// `tokens`: new tokens of one request, and its end.
-#[derive(Debug, Default, Deserialize)]
+/// NOTE: `finish_reason` and `error` are sent as null when absent; the optional keys are
+/// left out (as the Python worker does).
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Tokens {
     pub request_id: Option<String>,
@@ -336,20 +362,24 @@ pub struct Tokens {
     pub finish_reason: Option<String>,
     pub error: Option<String>,
     /// With `error`: the request field the worker refused (the client's 400 names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub error_param: Option<String>,
     pub prompt_tokens: Option<u32>,
     /// Milliseconds the worker held the request before its first scheduled step (optional;
     /// sent with the request's first tokens): the queue / prefill split of `/metrics`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_ms: Option<f64>,
     /// One per token id when the request asked for logprobs.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<TokenLogprob>>,
     /// With the first token, when the request asked: its prompt tokens' after the first.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A sampled token's logprob and its top alternatives `(token id, logprob)`, most likely
 /// first (docs/protocol.md `tokens`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TokenLogprob {
     pub logprob: f32,
@@ -357,7 +387,7 @@ pub struct TokenLogprob {
 }
 
 /// `reconfigured`: the ack of a `reconfigure`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Reconfigured {
     pub epoch: Option<u64>,
@@ -393,7 +423,7 @@ pub fn decode_incoming(bytes: &[u8]) -> Result<Incoming, rmp_serde::decode::Erro
         "heartbeat" => Body::Heartbeat(rmp_serde::from_slice(bytes)?),
         "tokens" => Body::Tokens(rmp_serde::from_slice(bytes)?),
         "reconfigured" => Body::Reconfigured(rmp_serde::from_slice(bytes)?),
-        "stats" => Body::Stats(decode_stats(bytes)),
+        "stats" => Body::Stats(Box::new(rmp_serde::from_slice(bytes)?)),
         _ => Body::Unknown(env.ty),
     };
     Ok(Incoming {
@@ -401,15 +431,6 @@ pub fn decode_incoming(bytes: &[u8]) -> Result<Incoming, rmp_serde::decode::Erro
         worker_id: env.worker_id,
         body,
     })
-}
-
-/// Numeric fields of a `stats` message (other keys dropped).
-pub fn decode_stats(bytes: &[u8]) -> HashMap<String, f64> {
-    let map: HashMap<String, serde_json::Value> = rmp_serde::from_slice(bytes).unwrap_or_default();
-    map.into_iter()
-        .filter(|(k, _)| k != "v" && k != "worker_id")
-        .filter_map(|(k, v)| v.as_f64().map(|f| (k, f)))
-        .collect()
 }
 
 #[cfg(test)]
@@ -427,8 +448,8 @@ mod tests {
             v: 1,
             ty: "generate",
             request_id: "42",
-            input_ids: &[1, 2, 3],
-            sampling: &sampling,
+            input_ids: Cow::Borrowed(&[1, 2, 3]),
+            sampling: Cow::Borrowed(&sampling),
             tier: "strict",
             class: "feasible",
             decode_target: None,
@@ -489,13 +510,26 @@ mod tests {
         };
         assert_eq!(t.token_ids, Some(vec![5, 6]));
         assert_eq!(t.finish_reason, None);
-        let stats = serde_json::json!({"v": 1, "type": "stats", "worker_id": 3, "util": 0.5});
+        // Stats: known fields typed, unknown ones (a newer worker's) ignored.
+        let stats = serde_json::json!({"v": 1, "type": "stats", "worker_id": 3, "util": 0.5,
+            "kv_handoffs": 2, "kv_cache_usage_perc": 37});
         let m = decode_incoming(&rmp_serde::to_vec_named(&stats).unwrap()).unwrap();
         let Body::Stats(s) = m.body else {
             panic!("{:?}", m.body)
         };
-        assert_eq!(s.get("util"), Some(&0.5));
-        assert!(!s.contains_key("type"));
+        let want = Stats {
+            kv_handoffs: Some(2),
+            kv_cache_usage_perc: Some(37.0),
+            ..Stats::default()
+        };
+        assert_eq!(*s, want);
+        assert_eq!(
+            s.fields(),
+            vec![("kv_handoffs", 2.0), ("kv_cache_usage_perc", 37.0)]
+        );
+        // A known stat of the wrong type is undecodable (a counter is an unsigned integer).
+        let bad = serde_json::json!({"v": 1, "type": "stats", "kv_handoffs": -1});
+        assert!(decode_incoming(&rmp_serde::to_vec_named(&bad).unwrap()).is_err());
         // A known type whose field has the wrong type is undecodable; an unknown type is not.
         let bad = serde_json::json!({"v": 1, "type": "heartbeat", "running": "many"});
         assert!(decode_incoming(&rmp_serde::to_vec_named(&bad).unwrap()).is_err());

@@ -1,5 +1,6 @@
 //! The request path: submit (dispatch + `generate`), shutdown, early end. Outputs: `tokens.rs`.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -167,8 +168,8 @@ impl RouterState {
             v: PROTOCOL_VERSION,
             ty: "generate",
             request_id: &rid,
-            input_ids: &req.input_ids,
-            sampling: &req.sampling,
+            input_ids: Cow::Borrowed(&req.input_ids),
+            sampling: Cow::Borrowed(&req.sampling),
             tier: &self.cfg.tier(req.tier).name,
             class: d.class.as_str(),
             decode_target: d.decode_leader.map(WorkerId::of_device),
@@ -179,7 +180,7 @@ impl RouterState {
             preempt: self.cfg.tier(req.tier).preempt,
             bind_tp: self.cfg.tier(req.tier).bind_tp,
             fork_of: fork_of.as_deref(),
-            grammar: req.grammar.as_ref(),
+            grammar: req.grammar.as_ref().map(Cow::Borrowed),
         });
         self.send(identity, payload);
     }

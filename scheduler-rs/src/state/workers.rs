@@ -41,7 +41,7 @@ impl RouterState {
             Body::Stats(stats) => {
                 if let Some(w) = self.lock().registry.get_mut(worker) {
                     w.last_seen = now;
-                    w.stats = stats;
+                    w.stats = *stats;
                 }
             }
             // The handshake answers `register` itself, also from a bound connection.
