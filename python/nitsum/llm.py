@@ -58,10 +58,12 @@ class LLM:
             dtype=getattr(torch, dtype),
             device=device,
             kv_cache_bytes=kv_cache_mb << 20,
-            max_batch=max_batch,
-            token_budget=token_budget,
             max_context=max_context,
-        )
+        )  # NOTE: the device's step limits (EngineConfig) unless given here
+        if max_batch is not None:
+            ecfg.max_batch = max_batch
+        if token_budget is not None:
+            ecfg.token_budget = token_budget
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.engine = open_local_engine(self.model_dir, ecfg)
         self._next_id = 0

@@ -21,6 +21,7 @@ and padding path, which is how CPU tests check it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ class CaptureAfterStartup(RuntimeError):
 class Recording:
     """One recorded decode step: a CUDA graph, or the forward itself off CUDA."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], device: torch.device, pool: object) -> None:
+    def __init__(self, fn: Callable[[], torch.Tensor], device: torch.device, pool: Any) -> None:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.fn = fn
         if device.type == "cuda":
@@ -112,7 +113,7 @@ class DecodeGraphs:
         dev = model.weights.embed.device
         self.cuda = dev.type == "cuda"
         top = self.buckets[-1]
-        long = dict(dtype=torch.long, device=dev)
+        long: dict[str, Any] = dict(dtype=torch.long, device=dev)
         self.input_ids = torch.zeros(top, **long)
         self.positions = torch.zeros(top, **long)
         self.slots = torch.zeros(top, **long)

@@ -169,13 +169,14 @@ class OverlapStepper:
             device = self.runner.model.weights.embed.device
             inputs = device_inputs(self.runner.prepare(batch), device, fill)
             tokens = sample_on_device(self.runner.forward(inputs), [s.sampling for s in seqs])
+            done: torch.cuda.Event | None = None
             if tokens.is_cuda:
                 host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
                 host.copy_(tokens, non_blocking=True)
-                done: torch.cuda.Event | None = torch.cuda.Event()
+                done = torch.cuda.Event()
                 done.record(torch.cuda.current_stream(tokens.device))
             else:
-                host, done = tokens, None
+                host = tokens
         run = Launched(self.launches, batch, [], tokens, host, done, time.monotonic())
         run.members = {id(item.seq) for item in batch}
         self.launches += 1

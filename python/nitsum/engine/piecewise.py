@@ -25,6 +25,7 @@ speed-up, but the buffer and padding path, which is how CPU tests check it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -73,7 +74,7 @@ class PiecewiseGraphs:
         self.layers = len(ctx.layers)
         dev = model.weights.embed.device
         top, cfg, heads = self.buckets[-1], model.cfg, ctx.heads
-        long = dict(dtype=torch.long, device=dev)
+        long: dict[str, Any] = dict(dtype=torch.long, device=dev)
         self.input_ids = torch.zeros(top, **long)
         self.positions = torch.zeros(top, **long)
         self.slots = torch.zeros(top, **long)

@@ -42,6 +42,7 @@ def paged_attention_triton(
     (the model's fused rotary kernel wrote them, kernels/fused_ops_triton.py); k and v are
     then not read (pass None) and nothing is written here."""
     if not kv_written:
+        assert k is not None and v is not None
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
     # NOTE: the kernels address `out` with q's strides and head dims with unit stride.

@@ -17,6 +17,8 @@ next norm, rotary with the KV-cache write (attention then only reads the cache),
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -62,7 +64,8 @@ class LlamaModel:
         self.rotary = Rotary(cfg, weights.embed.device)
         self.scale = cfg.head_dim**-0.5
         self.fused = weights.embed.is_cuda if fused is None else fused
-        self.paged_attention = paged_attention_ref
+        # NOTE: the Triton entry point also takes `kv_written` (the fused rotary wrote K/V).
+        self.paged_attention: Callable[..., torch.Tensor] = paged_attention_ref
         self.add_norm = fused_ops.add_rms_norm
         self.silu_mul = fused_ops.silu_mul
         self.rotary_kv = fused_ops.rotary_kv

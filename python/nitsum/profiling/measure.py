@@ -132,7 +132,7 @@ def shift_threshold(
 ) -> int | None:
     """Batched tokens above which a group runs SP (None: TP only), fitted over every measured
     point of both modes: a prefill of n tokens batches n, a decode step of b sequences b."""
-    sp_at = {("p", p["tokens"]): p["ms"] for p in sp_prefill}
+    sp_at: dict[tuple[str, ...], float] = {("p", p["tokens"]): p["ms"] for p in sp_prefill}
     sp_at |= {("d", p["batch"], p["context"]): p["ms"] for p in sp_decode}
     points = [(p["tokens"], p["ms"], sp_at[("p", p["tokens"])]) for p in prefill]
     points += [(p["batch"], p["ms"], sp_at[("d", p["batch"], p["context"])]) for p in decode]
