@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.config import ModelConfig  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
@@ -55,7 +56,7 @@ def switches(pool: DevicePool, cfg: ModelConfig, requests: int) -> dict[str, lis
         if with_kv:
             greedy = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
             for i in range(requests):
-                pe.add_request(f"r{i}", random_prompt(cfg, 240, i), greedy)
+                pe.add_request(f"r{i}", random_prompt(cfg, 240, i), RequestSpec(greedy))
             while any(s.num_computed < 240 for s in pe.engines[ALL].sequences()):
                 pe.step()
         for (_, before), (label, after) in zip(LAYOUTS, LAYOUTS[1:], strict=False):

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import weight_bytes  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.shift import ShiftRule  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
@@ -94,7 +95,7 @@ def serve(pe: PoolEngine, cfg, requests: int, prompt: int, output: int) -> dict[
     greedy = SamplingParams(max_tokens=output, temperature=0, ignore_eos=True)
     start = time.perf_counter()
     for i in range(requests):
-        pe.add_request(f"q{i}", random_prompt(cfg, prompt, i), greedy)
+        pe.add_request(f"q{i}", random_prompt(cfg, prompt, i), RequestSpec(greedy))
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     while pe.has_unfinished():

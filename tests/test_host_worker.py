@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
@@ -133,7 +134,7 @@ def reference(tiny, reqs: dict[str, tuple[list[int], SamplingParams]]) -> dict[s
     hf, cfg = tiny
     engine = build_engine(cfg, hf.state_dict().items(), EngineConfig(page_tokens=4))
     for rid, (ids, params) in reqs.items():
-        engine.add_request(rid, ids, params)
+        engine.add_request(rid, ids, RequestSpec(params))
     out: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for o in engine.step():

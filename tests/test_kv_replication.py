@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.kv.pages import PageAllocator
@@ -147,7 +148,7 @@ def run_manual(pool, pe, members, ids, decodes):
     logits and the greedy tokens."""
     pages = pe.alloc.group(members)
     runner = pe._engine(members).runner
-    seq = Sequence("x", list(ids), GREEDY)
+    seq = Sequence("x", list(ids), RequestSpec(GREEDY))
     seq.pages = pages.allocate(pages.pages_for(len(ids) + decodes))
     logits, start, q_len = [], 0, len(ids)
     for _ in range(decodes + 1):
@@ -180,7 +181,7 @@ def test_tp4_engine_greedy_equals_hf(pool, tiny):
     ps = prompts(cfg, 3)
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out = drain(pe, {})
     assert out == {f"r{i}": hf_greedy(hf, p, GREEDY.max_tokens) for i, p in enumerate(ps)}
 
@@ -193,11 +194,11 @@ def test_migration_through_replicated_tp4_keeps_tokens_and_moves_exact_bytes(poo
         cfg, hf.state_dict().items(), EngineConfig(kv_cache_bytes=4 << 20, page_tokens=4)
     )
     for i, p in enumerate(ps):
-        single.add_request(f"r{i}", p, GREEDY)
+        single.add_request(f"r{i}", p, RequestSpec(GREEDY))
     ref = drain(single, {})  # the no-switch run
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP1)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     head_token_bytes = cfg.num_layers * 2 * cfg.head_dim * 4  # one head of one token, K and V
     for layout in (TP4, TP2, TP1):
@@ -223,7 +224,7 @@ def test_prompt_logprobs_on_a_tp4_group_are_the_models(pool, tiny):
     prompt = random_prompt(cfg, 30, seed=7)
     p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1)
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
-    pe.add_request("s", prompt, p)
+    pe.add_request("s", prompt, RequestSpec(p))
     outs = []
     while pe.has_unfinished():
         outs += pe.step()

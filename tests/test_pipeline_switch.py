@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
@@ -48,7 +49,7 @@ def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
     prompts = [random_prompt(cfg, 5 + 3 * i, 40 + i) for i in range(4)]
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
     for i, p in enumerate(prompts):
-        pe.add_request(f"r{i}", p, greedy(16))
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(16)))
     out: dict[str, list[int]] = {}
     current = TP4
     slice_bytes = 2 * cfg.head_dim * 4  # one (layer, head) of one token: K and V, fp32
@@ -79,7 +80,7 @@ def test_shrinking_switch_preempts_exactly_the_predicted_requests(tiny_pool):
     prompts = [random_prompt(cfg, 30, 60 + i) for i in range(6)]
     for i, p in enumerate(prompts):
         # r0 is the most important (lowest priority value), r5 the least.
-        pe.add_request(f"r{i}", p, greedy(8), priority=i)
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(8), priority=i))
     out = drain(pe, {}, steps=4)  # every prompt prefilled (64 tokens a step), then decoding
     computed = sorted(s.num_computed for s in pe.engines[ALL].sequences())
     assert computed[0] >= 30 and computed[-1] <= 32 + 1
@@ -104,7 +105,7 @@ def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
     prompts = [random_prompt(cfg, 9, 80 + i) for i in range(3)]
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
     for i, p in enumerate(prompts):
-        pe.add_request(f"r{i}", p, greedy(10))
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(10)))
     out = drain(pe, {}, steps=3)
     before = pe.page_accounting()
     layouts = {s.request_id: s.layout for e in pe.engines.values() for s in e.sequences()}
@@ -146,7 +147,7 @@ def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
     with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
         pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0, 1), (2, 3)])
         for i in range(4):
-            pe.add_request(f"r{i}", random_prompt(cfg, 9, 90 + i), greedy(10))
+            pe.add_request(f"r{i}", random_prompt(cfg, 9, 90 + i), RequestSpec(greedy(10)))
         drain(pe, {}, steps=3)
         before = pe.page_accounting()
         pool.procs[3].kill()
@@ -172,12 +173,12 @@ def test_a_reshaped_group_gives_its_cache_back_and_keeps_its_counters(tiny_pool)
     pe = PoolEngine(pool, cfg, POOL_ECFG, 46, [ALL])  # the cache on
     done = [random_prompt(cfg, 24, 100 + i) for i in range(2)]
     for i, p in enumerate(done):
-        pe.add_request(f"d{i}", p, greedy(2))
+        pe.add_request(f"d{i}", p, RequestSpec(greedy(2)))
     drain(pe, {})  # finished: their full pages stay cached
     assert pe.engines[ALL].cached_pages()
     prompts = [random_prompt(cfg, 30, 110 + i) for i in range(4)]
     for i, p in enumerate(prompts):
-        pe.add_request(f"r{i}", p, greedy(6), priority=i)
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(6), priority=i))
     out = drain(pe, {}, steps=3)
     queries = pe.all_counters()["prefix_cache_queries"]
     predicted = pe.plan_switch(*TP1_PP4)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.swap import SwapSpace
 from nitsum.kv.host_pool import HostKVPool
 from nitsum.kv.pages import PageAllocator
@@ -137,11 +138,13 @@ class Loading:
         self.gate = gated(engine)
         self.ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
         self.out: dict[str, list[int]] = {}
-        engine.add_request("bg0", self.ps["bg0"], LONG, "background", "b")
-        engine.add_request("bg1", self.ps["bg1"], SHORT, "background", "b")
+        engine.add_request("bg0", self.ps["bg0"], RequestSpec(LONG, klass="background", tier="b"))
+        engine.add_request("bg1", self.ps["bg1"], RequestSpec(SHORT, klass="background", tier="b"))
         for _ in range(4):
             self.step()
-        engine.add_request("strict", self.ps["strict"], SHORT, "feasible", "s")
+        engine.add_request(
+            "strict", self.ps["strict"], RequestSpec(SHORT, klass="feasible", tier="s")
+        )
         self.step()
         assert s.swapped == 1 and engine.seqs["bg1"].host_pages
         while not engine.seqs["bg1"].loading:
@@ -203,7 +206,7 @@ def test_a_copy_out_of_a_page_being_copied_into_goes_in_the_next_ticket() -> Non
     device = PageAllocator(1, 8, P, 1).group((0,))
     swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1)
     swap.copier = copier = FakeCopier()
-    seq = Sequence("s", [1, 2, 3], SamplingParams())
+    seq = Sequence("s", [1, 2, 3], RequestSpec(SamplingParams()))
     pages = device.allocate(2)
     swap.swap_in(seq, [5, 6], pages, sync=False)
     assert copier.started == [] and seq.loading

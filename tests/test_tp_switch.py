@@ -5,6 +5,7 @@ import torch
 
 from device_probes import fill_kv, kv_of_slots, shards_share_storage
 from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import TPTopology
@@ -48,7 +49,7 @@ def reference_tokens(tiny, ps):
         cfg, hf.state_dict().items(), EngineConfig(kv_cache_bytes=4 << 20, page_tokens=4)
     )
     for i, p in enumerate(ps):
-        e.add_request(f"r{i}", p, GREEDY)
+        e.add_request(f"r{i}", p, RequestSpec(GREEDY))
     return drain(e)
 
 
@@ -79,7 +80,7 @@ def test_logits_equal_at_tp_1_2_4(pool, tiny):
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for group in ([(0,)], [(0, 1)], [(0, 1, 2, 3)]):
         pages = pe.alloc.group(group[0])
-        seq = Sequence("x", ids, GREEDY)
+        seq = Sequence("x", ids, RequestSpec(GREEDY))
         seq.pages = pages.allocate(pages.pages_for(len(ids)))
         inputs = build = pe._engine(group[0]).runner.prepare([Scheduled(seq, 0, len(ids))])
         pool.launch_step(group[0], build)
@@ -95,7 +96,7 @@ def test_switch_mid_decode_keeps_greedy_tokens(pool, tiny):
     ref = reference_tokens(tiny, ps)
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     reports = []
     for layout in (TP2, TP4, TP2, TP1):
@@ -117,7 +118,7 @@ def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
     ref = reference_tokens(tiny, ps)
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out = drain(pe, steps=5)
     before = pe.page_accounting()
     report = pe.reconfigure(TP2, fail=(1, 0))  # piece 1: device 0 -> 1
@@ -139,7 +140,7 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     ref = reference_tokens(tiny, ps)
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, [(0, 1), (2,), (3,)])
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY, group=(0, 1), decode_group=(2 + i % 2,))
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY), group=(0, 1), decode_group=(2 + i % 2,))
     out = drain(pe, steps=6)
     # Every prompt fits the budget, so all prefills are done and handed off by now.
     assert not pe.engines[(0, 1)].seqs

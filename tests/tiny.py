@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.pool import KVPool
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -151,16 +152,16 @@ def assert_pages_consistent(pe: Any) -> None:
 
 
 def run_arrivals(
-    engine: Any, arrivals: dict[int, list[tuple[tuple, dict]]]
+    engine: Any, arrivals: dict[int, list[tuple[str, list[int], RequestSpec]]]
 ) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Step `engine` to the end, adding `arrivals[step]` ((args, kwargs) of `add_request`)
+    """Step `engine` to the end, adding `arrivals[step]` ((id, prompt, spec) of `add_request`)
     before that step; every request's tokens and the step it got its first token at."""
     out: dict[str, list[int]] = {}
     first: dict[str, int] = {}
     step = 0
     while engine.has_unfinished() or any(s >= step for s in arrivals):
-        for args, kw in arrivals.get(step, []):
-            engine.add_request(*args, **kw)
+        for rid, ids, spec in arrivals.get(step, []):
+            engine.add_request(rid, ids, spec)
         for o in engine.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.new_token_ids:

@@ -15,6 +15,7 @@ from collections import Counter
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
@@ -37,7 +38,6 @@ from nitsum.pool.kv_move import (
     transfer_moves,
 )
 from nitsum.pool.switch import Switch
-from nitsum.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -183,17 +183,9 @@ class PoolEngine:
         self,
         request_id: str,
         prompt_ids: list[int],
-        sampling: SamplingParams,
+        spec: RequestSpec,
         group: tuple[int, ...] | None = None,
-        klass: str = "feasible",
-        tier: str = "",
         decode_group: tuple[int, ...] | None = None,
-        ttft_ms: float | None = None,
-        priority: int = 0,
-        may_preempt: bool = True,
-        bind_tp: int | None = None,
-        bind_hard: bool | None = None,
-        fork_of: str | None = None,
     ) -> tuple[int, ...]:
         """Queue on `group` (default: the group with the fewest requests); returns the group
         it runs on.
@@ -201,9 +193,10 @@ class PoolEngine:
         With `decode_group`, `group` only prefills: once the prompt is done and the first token
         sampled, the request's KV moves to `decode_group`, which decodes the rest.
         A request runs on a TP group bound for it (pool/binding.py) when it asks for one
-        (`bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one `group`'s
-        KV; the binding is hard (`bind_hard`; default: when it has a TTFT target) or soft.
-        `fork_of`: a sibling choice of that request, sharing its prefill on the same engine.
+        (`spec.bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one
+        `group`'s KV; the binding is hard (`spec.bind_hard`; default: when it has a TTFT
+        target) or soft. `spec.fork_of`: a sibling choice of that request, sharing its
+        prefill on the same engine.
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
@@ -212,32 +205,24 @@ class PoolEngine:
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
         engine = self.engines[group]
+        prompt_ids = spec.prompt(prompt_ids)
         if len(prompt_ids) >= self.max_servable_tokens():
             raise InvalidRequestError(
                 "prompt",
                 f"has {len(prompt_ids)} tokens; the largest TP group's KV holds "
                 f"{self.max_servable_tokens()} and at least one token must be generated",
             )
-        context = min(len(prompt_ids) + sampling.max_tokens, engine.max_context)
-        tp, need = self.binder.levels(group, context, bind_tp, ttft_ms is not None)
+        context = min(len(prompt_ids) + spec.sampling.max_tokens, engine.max_context)
+        deadline = spec.ttft_ms is not None
+        tp, need = self.binder.levels(group, context, spec.bind_tp, deadline)
         # NOTE: a pipeline is never a binding's replica (bindings merge TP groups); a request
         # its pages cannot hold is refused by its engine with the pages it needs.
         if tp > len(group) and not engine.pages.stage_tp:
-            hard = bind_hard if bind_hard is not None else ttft_ms is not None
+            hard = spec.bind_hard if spec.bind_hard is not None else deadline
             fits_replica = need <= len(group)
             group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
         try:
-            engine.add_request(
-                request_id,
-                prompt_ids,
-                sampling,
-                klass,
-                tier,
-                ttft_ms,
-                priority,
-                may_preempt,
-                fork_of=fork_of,
-            )
+            engine.add_request(request_id, prompt_ids, spec)
         except InvalidRequestError:
             self.binder.drop(request_id)
             self.binder.release()  # a binding made for it alone is undone

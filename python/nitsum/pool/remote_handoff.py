@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
 from nitsum.kv.pool import KVLayout
@@ -182,16 +183,15 @@ def _sequence(meta: dict[str, Any]) -> Sequence:
     """The running sequence a handoff describes (pages still to be given)."""
     sampling = dict(meta["sampling"])
     sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
-    seq = Sequence(
-        meta["request_id"],
-        list(meta["prompt_ids"]),
+    spec = RequestSpec(
         SamplingParams(**sampling),
-        meta["class"],
-        meta["tier"],
+        tier=meta["tier"],
+        klass=meta["class"],
+        priority=int(meta["priority"]),
     )
+    seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
     seq.output_ids = list(meta["output_ids"])
     seq.num_computed = int(meta["num_computed"])
-    seq.priority = int(meta["priority"])
     seq.status = Status.RUNNING
     if meta["generator"] is not None:
         seq.generator = torch.Generator()

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from nitsum import __version__
 from nitsum.config import ModelConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
@@ -61,7 +62,7 @@ class GroupStep:
         self.pages = pe.alloc.group(group, stage_tp or None)
         self.batch = []
         for i, (ctx, q_len) in enumerate(items):
-            seq = Sequence(f"p{i}", [1] * ctx, SamplingParams(temperature=0))
+            seq = Sequence(f"p{i}", [1] * ctx, RequestSpec(SamplingParams(temperature=0)))
             seq.pages = self.pages.allocate(self.pages.pages_for(ctx))
             self.batch.append(Scheduled(seq, ctx - q_len, q_len))
         tpp = self.pages.tokens_per_page

@@ -122,26 +122,19 @@ class PoolBackend:
 
     def add(self, device: int, req: GenerateRequest) -> None:
         group = self._group(device)
-        decode = None
-        if req.decode_target is not None and req.decode_target in self.device_ids:
-            decode = self._group(req.decode_target)  # P/D: KV moves there after prefill
+        decode, target = None, req.spec.decode_target
+        if target is not None and target in self.device_ids:
+            decode = self._group(target)  # P/D: KV moves there after prefill
         self.pe.add_request(
             req.request_id,
             req.input_ids,
-            req.sampling,
+            req.spec,
             group,
-            req.klass,
-            req.tier,
             decode_group=None if decode == group else decode,
-            ttft_ms=req.ttft_ms,
-            priority=req.priority,
-            may_preempt=req.may_preempt,
-            bind_tp=req.bind_tp,
-            fork_of=req.fork_of,
         )
-        if self.remote is not None and self.remote.wants(req.decode_target):
-            assert req.decode_target is not None
-            self.remote.add(req.request_id, req.decode_target)
+        if self.remote is not None and self.remote.wants(target):
+            assert target is not None
+            self.remote.add(req.request_id, target)
 
     def abort(self, request_id: str) -> None:
         if self.remote is not None:
