@@ -29,6 +29,7 @@ from device_probes import weight_bytes  # noqa: E402
 from nitsum.engine.build import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.shift import ShiftRule  # noqa: E402
+from nitsum.parallel.topology import GroupShape  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
@@ -54,7 +55,9 @@ def interleaved_ms(
     modes run in turn each round. NOTE: the best, not the median: a forward is deterministic
     work, and on 2 shared cores a single run jitters by +-20% (gloo's wake-ups), which the
     minimum filters out; a slow moment hits every mode alike either way."""
-    step = GroupStep(pe, group, items)  # the same pages and KV serve every mode
+    step = GroupStep(
+        pe, GroupShape.tp_group(group), items
+    )  # the same pages and KV serve every mode
     inputs = {name: replace(step.inputs, sequence_parallel=sp) for name, sp in modes.items()}
     ms: dict[str, list[float]] = {name: [] for name in modes}
     try:

@@ -336,8 +336,8 @@ def test_a_plan_with_a_pipeline_switches_to_it_mid_stream(host, tiny):
         router.pump(lambda k=after: all(len(router.tokens.get(r, [])) >= k for r in reqs))
         acks = router.reconfigure(epoch, layout)
         assert all((a["ok"], a["error"]) == (True, None) for a in acks.values()), acks
-        expect = 2 if layout is pipeline else 0
-        assert all(pe.stage_tp(g) == expect for g in pe.groups)
+        expect = (2, 2) if layout is pipeline else (1, 1)
+        assert all((pe.shape_of(g).tp, pe.shape_of(g).pp) == expect for g in pe.groups)
     router.pump(lambda: set(router.finals) >= set(reqs))
     assert {rid: router.tokens[rid] for rid in reqs} == ref
     assert pe.all_counters()["pp_steps"] > 0

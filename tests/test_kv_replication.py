@@ -15,6 +15,7 @@ from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.shard import HeadRange, shard_views
 from nitsum.parallel.shift import ShiftRule
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.migration_plan import Placement, plan_pieces
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -119,7 +120,11 @@ def test_page_capacity_follows_the_kv_split(tiny):
     pool = KVPool(cfg, num_pages=4, page_tokens=4)
     assert [pool.tokens_per_page(p) for p in (1, 2, 4)] == [4, 8, 8]
     alloc = PageAllocator(4, 16, 4, cfg.num_kv_heads)
-    assert [alloc.group(g).tokens_per_page for g in ((0,), (0, 1), (0, 1, 2, 3))] == [4, 8, 8]
+    assert [alloc.group(g, len(g)).tokens_per_page for g in ((0,), (0, 1), (0, 1, 2, 3))] == [
+        4,
+        8,
+        8,
+    ]
     # The flat (slots, local heads, hd) view of a replicated rank covers exactly the pages.
     k, _ = pool.kv(0, HeadRange.of(cfg, 4, 0).kv_heads)
     assert k.shape[0] == pool.num_pages * pool.tokens_per_page(4)
@@ -127,7 +132,14 @@ def test_page_capacity_follows_the_kv_split(tiny):
 
 def test_plan_reads_each_head_once_preferring_a_local_replica():
     def plan(old, new):  # 2 KV heads, 2 layers, 4-token base pages, 5 tokens
-        pieces = plan_pieces(2, 2, 4, 5, Placement(old, (0, 1)), Placement(new, (2, 3)))
+        pieces = plan_pieces(
+            2,
+            2,
+            4,
+            5,
+            Placement(GroupShape.tp_group(old), (0, 1)),
+            Placement(GroupShape.tp_group(new), (2, 3)),
+        )
         return sorted((p.src, p.dst, p.src_head, p.dst_head, p.heads) for p in pieces)
 
     # TP 1 → 4: every replica gets its head (head 1 lies at local head 1 of device 0).
@@ -146,8 +158,8 @@ def test_plan_reads_each_head_once_preferring_a_local_replica():
 def run_manual(pool, pe, members, ids, decodes):
     """Prefill `ids` then `decodes` greedy decode steps on group `members`: every step's
     logits and the greedy tokens."""
-    pages = pe.alloc.group(members)
-    runner = pe._engine(members).runner
+    pages = pe.alloc.group(members, len(members))
+    runner = pe.new_engine(GroupShape.tp_group(members)).runner
     seq = Sequence("x", list(ids), RequestSpec(GREEDY))
     seq.pages = pages.allocate(pages.pages_for(len(ids) + decodes))
     logits, start, q_len = [], 0, len(ids)

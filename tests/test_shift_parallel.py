@@ -41,7 +41,7 @@ def engine(pool, cfg, groups, shift):
 
 def one_step(pe, group, items):
     """Run one step of `items` = [(seq, start, q_len)] on `group`: its logits and inputs."""
-    pages = pe.alloc.group(group)
+    pages = pe.alloc.group(group, len(group))
     for seq, _, _ in items:
         if not seq.pages:
             seq.pages = pages.allocate(pages.pages_for(seq.total_len))
@@ -58,7 +58,7 @@ def test_sp_logits_equal_tp1(tiny_pool, group):
     pe = engine(pool, cfg, [group], ALWAYS_SP)
     a, b = random_prompt(cfg, 13, 1), random_prompt(cfg, 6, 2)
     sa, sb = Sequence("a", a, RequestSpec(GREEDY)), Sequence("b", b, RequestSpec(GREEDY))
-    pages = pe.alloc.group(group)
+    pages = pe.alloc.group(group, len(group))
     for seq in (sa, sb):  # room for the decode token too
         seq.pages = pages.allocate(pages.pages_for(seq.total_len + 1))
     before = pool.call(0, "stats")

@@ -70,8 +70,8 @@ class FakeCopier:
 def test_pages_under_a_copy_in_flight_go_to_nobody_until_it_is_done() -> None:
     """A swapped-out sequence's pages are released at once but held: allocations take other
     pages while any are free, and wait for the copy (settle) when only held ones are left."""
-    device = PageAllocator(1, 8, P, 1).group((0,))
-    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1)
+    device = PageAllocator(1, 8, P, 1).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,), 1), device, page_bytes=1)
     swap.copier = copier = FakeCopier()
     victim = device.allocate(4)
     assert victim == [0, 1, 2, 3]
@@ -88,8 +88,8 @@ def test_pages_under_a_copy_in_flight_go_to_nobody_until_it_is_done() -> None:
 
 
 def test_sync_or_async_swap_in_by_cost() -> None:
-    device = PageAllocator(1, 8, P, 1).group((0,))
-    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1000)
+    device = PageAllocator(1, 8, P, 1).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,), 1), device, page_bytes=1000)
     swap.bytes_per_s = 1e6  # one page: 1 ms
     assert swap.sync_is_cheaper(pages=10, others=0, step_s=0.05)  # nobody else waits
     assert swap.sync_is_cheaper(pages=10, others=4, step_s=0.05)  # 40 ms of others' time
@@ -203,8 +203,8 @@ def test_a_copy_out_of_a_page_being_copied_into_goes_in_the_next_ticket() -> Non
     ticket copies into starts that ticket first, so the copy out reads the loaded data."""
     from nitsum.engine.sequence import Sequence
 
-    device = PageAllocator(1, 8, P, 1).group((0,))
-    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1)
+    device = PageAllocator(1, 8, P, 1).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,), 1), device, page_bytes=1)
     swap.copier = copier = FakeCopier()
     seq = Sequence("s", [1, 2, 3], RequestSpec(SamplingParams()))
     pages = device.allocate(2)

@@ -8,7 +8,8 @@ from nitsum.engine.build import EngineConfig, build_engine
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.pool_engine import PoolEngine
@@ -79,10 +80,12 @@ def test_logits_equal_at_tp_1_2_4(pool, tiny):
         ref = hf(torch.tensor([ids])).logits[0, -1]
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for group in ([(0,)], [(0, 1)], [(0, 1, 2, 3)]):
-        pages = pe.alloc.group(group[0])
+        pages = pe.alloc.group(group[0], len(group[0]))
         seq = Sequence("x", ids, RequestSpec(GREEDY))
         seq.pages = pages.allocate(pages.pages_for(len(ids)))
-        inputs = build = pe._engine(group[0]).runner.prepare([Scheduled(seq, 0, len(ids))])
+        inputs = build = pe.new_engine(GroupShape.tp_group(group[0])).runner.prepare(
+            [Scheduled(seq, 0, len(ids))]
+        )
         pool.launch_step(group[0], build)
         logits = pool.collect_step(group[0])[0]
         pages.release(seq.pages)
@@ -121,7 +124,7 @@ def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
         pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out = drain(pe, steps=5)
     before = pe.page_accounting()
-    report = pe.reconfigure(TP2, fail=(1, 0))  # piece 1: device 0 -> 1
+    report = pe.reconfigure(TP2, faults=FaultPlan(transfer=(1, 0)))  # piece 1: device 0 -> 1
     assert not report.ok and "failed" in report.error
     assert pe.groups == TP1
     assert pe.page_accounting() == before
@@ -189,7 +192,7 @@ def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
             # An injected failure after 3 chunks: both ends stop there, the caller is told,
             # and the next migration (fresh chunk names) is whole again.
             with pytest.raises(TransferFailed):
-                pool.migrate([piece], mode, fail=(0, 3))
+                pool.migrate([piece], mode, faults=FaultPlan(transfer=(0, 3)))
             pool.call(1, "probe", fill_kv, (4, 5 * slot_bytes))
             pool.migrate([piece], mode)
             assert torch.equal(pool.call(1, "probe", kv_of_slots, (dst,)), want)

@@ -85,10 +85,10 @@ def build_engine(
     host_pages = host_pages_in(ecfg.host_kv_cache_bytes, pool.bytes_per_page)
     host = HostKVPool(pool, host_pages) if host_pages else None
     runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0), host)
-    pages = PageAllocator(1, num_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,))
+    pages = PageAllocator(1, num_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,), 1)
     swap = None
     if host_pages:
-        host_view = PageAllocator(1, host_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,))
+        host_view = PageAllocator(1, host_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,), 1)
         swap = SwapSpace(host_view, pages, pool.bytes_per_page, ecfg.swap_mode)
     scheduler = Scheduler(
         pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap

@@ -15,7 +15,7 @@ from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
-from nitsum.kv.pool import KVLayout
+from nitsum.parallel.topology import GroupShape
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.start import grammar_finish, start_grammar
@@ -66,6 +66,9 @@ class Engine:
             max_context or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
+        pages = scheduler.pages
+        # The group the engine runs on: its sequences' KV layout.
+        self.shape = GroupShape.pipeline(tuple(pages.members), pages.tp)
         self.seqs: dict[str, Sequence] = {}
         self.forks = Forks(scheduler.kv)
         if scheduler.swap is not None:
@@ -93,8 +96,7 @@ class Engine:
         eos = () if sampling.ignore_eos else tuple(sorted(self.eos_token_ids))
         seq.end_ids = eos + sampling.stop_token_ids
         seq.grammar = grammar
-        pages = self.scheduler.pages
-        seq.layout = KVLayout(tuple(pages.members), pages.stage_tp)
+        seq.layout = self.shape
         self.seqs[request_id] = seq
         fork_of = spec.fork_of
         self.forks.join(seq, self.seqs.get(fork_of) if fork_of is not None else None)

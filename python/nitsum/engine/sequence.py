@@ -9,7 +9,7 @@ from enum import Enum
 import torch
 
 from nitsum.engine.request_spec import CLASSES, RequestSpec
-from nitsum.kv.pool import KVLayout
+from nitsum.parallel.topology import GroupShape
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.matcher import GrammarMatcher
@@ -39,7 +39,7 @@ class Sequence:
     spec: RequestSpec = field(default_factory=RequestSpec)
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
-    layout: KVLayout = field(default_factory=KVLayout)
+    layout: GroupShape = field(default_factory=GroupShape)
     num_computed: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -29,7 +29,7 @@ from nitsum.kv.swap_copier import SwapCopier
 from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.shm_staging import SharedStaging
@@ -110,9 +110,10 @@ class Device:
                     else None
                 )
                 self.runners[members] = ModelRunner(self.model, self.pool, ctx, graphs=graphs)
-        # Pipelines (parallel/pipeline.py) by (members, tp): stages of TP groups above.
-        self.pipelines: dict[tuple[tuple[int, ...], int], ModelRunner] = {}
-        for members, tp in topology.pipelines(cfg.num_layers, spec.pp_levels):
+        # Pipelines (parallel/pipeline.py) by shape: stages of TP groups above.
+        self.pipelines: dict[GroupShape, ModelRunner] = {}
+        for shape in topology.pipelines(cfg.num_layers, spec.pp_levels):
+            members, tp = shape.members, shape.tp
             if device in members:
                 stage = build_stage(cfg.num_layers, tp, members, device)
                 assert stage is not None
@@ -127,7 +128,7 @@ class Device:
                     self.comms.get(tp_group),
                     stage,
                 )
-                self.pipelines[(members, tp)] = ModelRunner(self.model, self.pool, ctx)
+                self.pipelines[shape] = ModelRunner(self.model, self.pool, ctx)
         cuda = spec.ecfg.device.startswith("cuda")  # the same on every rank: no handshake
         self.transfer = KVTransfer(
             self.pool.storage,
@@ -171,7 +172,7 @@ class Device:
         if cmd == "step":
             members, inputs = args
             if inputs.stage_tp:
-                runner = self.pipelines[(members, inputs.stage_tp)]
+                runner = self.pipelines[GroupShape.pipeline(members, inputs.stage_tp)]
             else:
                 runner = self.runners[members]
             if not runner.ctx.samples:
@@ -185,8 +186,8 @@ class Device:
                 return self.copier.start(*args)
             return self.copier.progress(*args)
         if cmd == "migrate":
-            pieces, mode, fail, migration = args
-            return self.transfer.run(pieces, mode, fail, migration)
+            pieces, mode, faults, migration = args
+            return self.transfer.run(pieces, mode, faults, migration)
         if cmd == "kv_out":
             return pack_pieces(self.transfer, *args)
         if cmd == "kv_in":
@@ -204,7 +205,7 @@ class Device:
                 "graph_replays": sum(
                     r.graphs.replays for r in self.runners.values() if r.graphs is not None
                 ),
-                "pipelines": sorted(self.pipelines),
+                "pipelines": sorted((s.members, s.tp) for s in self.pipelines),
                 "p2p_sends": sum(
                     r.ctx.stage.stats["p2p_sends"] for r in self.pipelines.values() if r.ctx.stage
                 ),

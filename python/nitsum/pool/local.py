@@ -24,6 +24,7 @@ from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
 from nitsum.pool.device_pool import DeviceError
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed, TransferStats
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.migration_plan import Piece
@@ -94,7 +95,7 @@ class LocalDevice:
             raise DeviceError(f"device 0: no group {members}")
 
     def migrate(
-        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+        self, pieces: list[Piece], mode: str = "pipelined", faults: FaultPlan | None = None
     ) -> list[TransferStats]:
         # NOTE: one device has one group, so no sequence ever changes layout.
         if pieces:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 
 from nitsum.config import ModelConfig
 from nitsum.engine.build import EngineConfig
@@ -27,10 +28,11 @@ from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
 from nitsum.parallel.shift import ShiftRule
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology, as_shape
 from nitsum.pool.binding import Binder
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_move import (
     Move,
     ReconfigureReport,
@@ -48,13 +50,14 @@ class GroupRunner:
     def __init__(
         self,
         pool: Devices,
-        members: tuple[int, ...],
+        shape: GroupShape,
         pages: GroupPages,
         shift: ShiftRule,
         counters: dict[str, int],
     ) -> None:
         self.pool = pool
-        self.members = members
+        self.shape = shape
+        self.members = shape.members
         self.pages = pages
         self.shift = shift
         self.counters = counters
@@ -62,11 +65,11 @@ class GroupRunner:
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         """The step's inputs; a group of ≥ 2 devices runs it as SP or TP by the shift rule
         (counted in `sp_steps` / `tp_steps`)."""
-        if self.pages.stage_tp:
+        if self.shape.is_pipeline:
             # A pipeline: one micro-batch per stage keeps every stage busy.
-            stages = len(self.members) // self.pages.tp
             self.counters["pp_steps"] += 1
-            return build_pipeline_inputs(batch, self.pages.tokens_per_page, self.pages.tp, stages)
+            tpp = self.pages.tokens_per_page
+            return build_pipeline_inputs(batch, tpp, self.shape.tp, self.shape.pp)
         tokens = sum(item.q_len for item in batch)
         sp = self.shift.sequence_parallel(len(self.members), tokens)
         if len(self.members) > 1:
@@ -96,6 +99,7 @@ class PoolEngine:
         groups: list[tuple[int, ...]],
         eos_token_ids: tuple[int, ...] | None = None,
     ) -> None:
+        """`groups`: the first plan's TP groups (pipelines come with `reconfigure`)."""
         self.pool = pool
         self.cfg = cfg
         self.ecfg = ecfg
@@ -126,7 +130,10 @@ class PoolEngine:
             ),
             0,
         )
-        self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
+        # NOTE: keyed by members (a plan's groups are disjoint); `Engine.shape` is the shape.
+        self.engines: dict[tuple[int, ...], Engine] = {
+            g: self.new_engine(GroupShape.tp_group(g)) for g in groups
+        }
         # `Engine.counters` of engines already dissolved.
         self.retired: Counter[str] = Counter()
         # Per-request TP bindings borrowing the plan's groups (pool/binding.py).
@@ -134,36 +141,40 @@ class PoolEngine:
         # The last reconfigurations: outcome, preemptions and phase timings (pool/switch.py).
         self.switch_log: list[dict] = []
 
-    def _engine(self, members: tuple[int, ...], stage_tp: int = 0) -> Engine:
-        """A new engine for the group `members` (a pipeline of stages of `stage_tp` devices
-        when it is not 0)."""
-        pages = self.alloc.group(members, stage_tp or None)
+    def new_engine(self, shape: GroupShape) -> Engine:
+        """A new engine for the group `shape` (its pages, host pages and runner)."""
+        pages = self.alloc.group(shape.members, shape.tp)
         e = self.ecfg
         swap = None
         if self.host_alloc is not None:
-            host = self.host_alloc.group(members, stage_tp or None)
+            host = self.host_alloc.group(shape.members, shape.tp)
             swap = SwapSpace(host, pages, self.page_bytes, e.swap_mode)
         scheduler = Scheduler(
             pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching, swap
         )
-        runner = GroupRunner(self.pool, members, pages, e.shift, self.counters)
+        runner = GroupRunner(self.pool, shape, pages, e.shift, self.counters)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 
-    def stage_tp(self, members: tuple[int, ...]) -> int:
-        """The stage TP degree of the group `members` (0: a TP group, not a pipeline)."""
-        return self.engines[members].pages.stage_tp
+    def shape_of(self, members: tuple[int, ...]) -> GroupShape:
+        """The shape of the plan's group `members`."""
+        return self.engines[members].shape
 
-    def _check_pipelines(self, pipelines: dict[tuple[int, ...], int]) -> None:
-        """ValueError unless every (members, stage TP) has warm contexts on its devices."""
+    def check_shapes(self, shapes: list[GroupShape]) -> None:
+        """ValueError unless `shapes` are disjoint groups with warm contexts on their devices:
+        aligned TP groups of allowed levels, or pipelines the topology lists."""
+        self.topology.check([s.members for s in shapes if not s.is_pipeline])
         known = set(self.topology.pipelines(self.cfg.num_layers, DEFAULT_PP_LEVELS))
-        for members, tp in pipelines.items():
-            if (members, tp) not in known:
+        seen: set[int] = set()
+        for s in shapes:
+            if s.is_pipeline and s not in known:
                 raise ValueError(
-                    f"no pipeline of {len(members) // max(tp, 1)} stages of TP {tp} on "
-                    f"{members}: stages must be allowed TP levels, depth in "
+                    f"no pipeline {s}: stages must be allowed TP levels, depth in "
                     f"{DEFAULT_PP_LEVELS} and at most the {self.cfg.num_layers} layers, on an "
                     "aligned block"
                 )
+            if seen & set(s.members):
+                raise ValueError(f"group {s.members} overlaps another group")
+            seen |= set(s.members)
 
     @property
     def groups(self) -> list[tuple[int, ...]]:
@@ -217,7 +228,7 @@ class PoolEngine:
         tp, need = self.binder.levels(group, context, spec.bind_tp, deadline)
         # NOTE: a pipeline is never a binding's replica (bindings merge TP groups); a request
         # its pages cannot hold is refused by its engine with the pages it needs.
-        if tp > len(group) and not engine.pages.stage_tp:
+        if tp > len(group) and not engine.shape.is_pipeline:
             hard = spec.bind_hard if spec.bind_hard is not None else deadline
             fits_replica = need <= len(group)
             group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
@@ -312,23 +323,19 @@ class PoolEngine:
     # -- reconfiguration ---------------------------------------------------------------------
     def reconfigure(
         self,
-        groups: list[tuple[int, ...]],
+        groups: Iterable[GroupShape | tuple[int, ...]],
         mode: str = "pipelined",
-        fail: tuple[int, int] | None = None,
-        pipelines: dict[tuple[int, ...], int] | None = None,
-        fail_phase: str | None = None,
+        faults: FaultPlan | None = None,
     ) -> ReconfigureReport:
         """Switch the pool to `groups` at this iteration boundary, migrating running KV, as a
-        transaction (pool/switch.py). `pipelines` maps the groups that are pipelines to their
-        stages' TP degree; `fail` / `fail_phase` inject failures (tests)."""
-        return Switch(self, groups, pipelines or {}).run(mode, fail, fail_phase)
+        transaction (pool/switch.py); a bare members tuple is a TP group. `faults`: failures
+        a test injects (None: none)."""
+        return Switch(self, [as_shape(g) for g in groups]).run(mode, faults)
 
-    def plan_switch(
-        self, groups: list[tuple[int, ...]], pipelines: dict[tuple[int, ...], int] | None = None
-    ) -> list[str]:
+    def plan_switch(self, groups: Iterable[GroupShape | tuple[int, ...]]) -> list[str]:
         """The running requests a switch to `groups` would preempt for lack of pages, lowest
         priority first (the capacity check, before anything changes)."""
-        return Switch(self, groups, pipelines or {}).capacity()
+        return Switch(self, [as_shape(g) for g in groups]).capacity()
 
     # -- prefill/decode disaggregation -------------------------------------------------------
     def _hand_off_prefilled(self) -> None:
@@ -361,7 +368,7 @@ class PoolEngine:
         self.counters["kv_handoffs"] += len(moves)
         self.counters["kv_handoff_bytes"] += outcome.bytes_moved
 
-    def _retire(self, engine: Engine) -> None:
+    def retire(self, engine: Engine) -> None:
         """A dissolved group's engine: free its cached pages, keep its counters."""
         self.retired.update(engine.counters())
         engine.close()
