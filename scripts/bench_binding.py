@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402

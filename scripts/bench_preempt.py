@@ -24,7 +24,7 @@ import time
 import torch
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.host_pool import HostKVPool

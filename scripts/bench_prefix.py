@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import open_local_engine

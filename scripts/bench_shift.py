@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import weight_bytes  # noqa: E402
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.shift import ShiftRule  # noqa: E402
 from nitsum.parallel.topology import GroupShape  # noqa: E402

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import fill_kv, kv_equal  # noqa: E402
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import Device, ModelSource  # noqa: E402

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams

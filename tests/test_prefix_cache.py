@@ -4,7 +4,8 @@ prefix partly evicted is partly reused; a preempted sequence recomputes only wha
 
 import pytest
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.prefix_cache import PrefixCache
 from nitsum.sampling import SamplingParams

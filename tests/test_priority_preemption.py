@@ -3,7 +3,8 @@ starts at once, the requests it displaced finish later with unchanged tokens."""
 
 import pytest
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, make_tiny, run_arrivals

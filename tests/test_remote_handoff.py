@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import local_engine
 from nitsum.pool.peers import PeerError

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import CLASSES, RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.pool.local import local_engine

@@ -4,7 +4,8 @@ one, swap chosen over recompute by cost; tokens unchanged, every page back in it
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.host_pool import HostKVPool, runs
 from nitsum.kv.pool import KVPool

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.swap import SwapSpace
 from nitsum.kv.host_pool import HostKVPool

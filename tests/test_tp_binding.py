@@ -6,7 +6,7 @@ import threading
 import pytest
 
 import device_probes
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.pool.device_pool import DevicePool

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from device_probes import fill_kv, kv_of_slots, shards_share_storage
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence

@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import local_engine
 from nitsum.sampling import SamplingParams

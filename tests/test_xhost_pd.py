@@ -25,7 +25,7 @@ import httpx
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import open_local_engine
 from nitsum.sampling import SamplingParams

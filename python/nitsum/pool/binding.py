@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import PageAllocator
 from nitsum.parallel.topology import GroupShape, TPTopology

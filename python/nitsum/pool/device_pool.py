@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress

@@ -19,12 +19,11 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig, build_model
-from nitsum.engine.graphs import DecodeGraphs, decode_context, graph_memory_pool
+from nitsum.engine.device_build import DeviceBuild
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.load import load_model
 from nitsum.engine.runner import ModelRunner
-from nitsum.kv.host_pool import HostKVPool, host_pages_in
-from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapCopier
 from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
@@ -79,37 +78,18 @@ class Device:
         self.cfg = cfg
         topology = TPTopology.of(cfg, spec.world, spec.levels)
         self.comms = CommPool(topology)
-        self.model = build_model(cfg, tensors, spec.ecfg)
-        ecfg = spec.ecfg
-        self.pool = KVPool(
-            cfg, spec.num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_decode
-        )
-        memory_pool = graph_memory_pool(ecfg.device)
+        built = DeviceBuild(cfg, tensors, spec.ecfg, spec.num_pages)
+        self.model, self.pool = built.model, built.kv
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
             members = topology.group_of(device, tp)
             if members[-1] < spec.world:
+                rank = members.index(device)
                 ctx = build_context(
-                    cfg,
-                    self.model.weights,
-                    tp,
-                    members.index(device),
-                    members,
-                    self.comms.get(members),
+                    cfg, self.model.weights, tp, rank, members, self.comms.get(members)
                 )
-                graphs = (
-                    DecodeGraphs(
-                        self.model,
-                        ctx,
-                        self.pool,
-                        decode_context(cfg, ecfg.max_context),
-                        memory_pool=memory_pool,
-                    )
-                    if ecfg.records_decode
-                    else None
-                )
-                self.runners[members] = ModelRunner(self.model, self.pool, ctx, graphs=graphs)
+                self.runners[members] = built.runner(ctx)
         # Pipelines (parallel/pipeline.py) by shape: stages of TP groups above.
         self.pipelines: dict[GroupShape, ModelRunner] = {}
         for shape in topology.pipelines(cfg.num_layers, spec.pp_levels):
@@ -119,16 +99,9 @@ class Device:
                 assert stage is not None
                 i = members.index(device)
                 tp_group = members[i - i % tp : i - i % tp + tp]
-                ctx = build_context(
-                    cfg,
-                    self.model.weights,
-                    tp,
-                    i % tp,
-                    members,
-                    self.comms.get(tp_group),
-                    stage,
-                )
-                self.pipelines[shape] = ModelRunner(self.model, self.pool, ctx)
+                comm = self.comms.get(tp_group)
+                ctx = build_context(cfg, self.model.weights, tp, i % tp, members, comm, stage)
+                self.pipelines[shape] = built.runner(ctx, graphs=False)
         cuda = spec.ecfg.device.startswith("cuda")  # the same on every rank: no handshake
         self.transfer = KVTransfer(
             self.pool.storage,
@@ -137,10 +110,8 @@ class Device:
             device,
             staging=self._shared_staging(spec) if spec.world > 1 and not cuda else None,
         )
-        host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
-        host = HostKVPool(self.pool, host_pages) if host_pages else None
-        # The host tier's copy thread (None: no host tier).
-        self.copier = SwapCopier(host) if host is not None else None
+        # The host tier's copy thread, shared by every context (None: no host tier).
+        self.copier = SwapCopier(built.host) if built.host is not None else None
 
     def _shared_staging(self, spec: DeviceSpec) -> SharedStaging | None:
         """Transfer staging in shared memory, mapped by every peer (CPU devices of one host);

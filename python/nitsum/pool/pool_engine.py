@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Iterable
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler

@@ -35,8 +35,8 @@ from nitsum.pool.kv_move import (
 
 if TYPE_CHECKING:
     from nitsum.config import ModelConfig
-    from nitsum.engine.build import EngineConfig
     from nitsum.engine.engine import Engine
+    from nitsum.engine.engine_config import EngineConfig
     from nitsum.kv.pages import PageAllocator
     from nitsum.pool.binding import Binder
     from nitsum.pool.devices import Devices
