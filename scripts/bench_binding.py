@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
@@ -49,7 +50,9 @@ def bind_latency(pool: DevicePool, cfg, pages: int, n: int) -> None:
     binds, releases = [], []
     for i in range(n):
         t0 = time.perf_counter()
-        pe.add_request(f"b{i}", random_prompt(cfg, 8, i), greedy(1), bind_tp=2, ttft_ms=1e3)
+        pe.add_request(
+            f"b{i}", random_prompt(cfg, 8, i), RequestSpec(greedy(1), bind_tp=2, ttft_ms=1e3)
+        )
         binds.append(time.perf_counter() - t0)
         while pe.has_unfinished():
             pe.step()  # the release runs at the end of the step that finished it
@@ -57,7 +60,9 @@ def bind_latency(pool: DevicePool, cfg, pages: int, n: int) -> None:
     # The release alone: the step releases a binding whose request finished; put it back and
     # time the release call by itself.
     for i in range(n):
-        pe.add_request(f"r{i}", random_prompt(cfg, 8, i), greedy(1), bind_tp=2, ttft_ms=1e3)
+        pe.add_request(
+            f"r{i}", random_prompt(cfg, 8, i), RequestSpec(greedy(1), bind_tp=2, ttft_ms=1e3)
+        )
         b = pe.binder.bindings[0]
         pe.step()
         assert not b.engine.has_unfinished()
@@ -89,16 +94,18 @@ def mixed(pool: DevicePool, cfg, pages: int, args, bind: bool) -> dict[str, floa
         for g in ((0,), (1,)):
             while open_ and len(pe.engines[g].request_ids()) < args.dp_batch:
                 rid = f"d{n_short}"
-                pe.add_request(rid, random_prompt(cfg, 32, n_short), greedy(16), group=g)
+                pe.add_request(
+                    rid, random_prompt(cfg, 32, n_short), RequestSpec(greedy(16)), group=g
+                )
                 n_short += 1
         if open_ and now >= next_prio:
             rid = f"p{n_prio}"
             ids, params = random_prompt(cfg, 64, 10_000 + n_prio), greedy(32)
             if bind:
-                pe.add_request(rid, ids, params, bind_tp=2, ttft_ms=200)
+                pe.add_request(rid, ids, RequestSpec(params, bind_tp=2, ttft_ms=200))
             else:
                 g = min(pe.engines, key=lambda g: len(pe.engines[g].request_ids()))
-                pe.add_request(rid, ids, params, group=g, ttft_ms=200, priority=-1)
+                pe.add_request(rid, ids, RequestSpec(params, ttft_ms=200, priority=-1), group=g)
             arrival[rid] = now
             n_prio += 1
             next_prio += args.every
@@ -132,7 +139,7 @@ def longest(pool: DevicePool, cfg, pages: int) -> None:
     except InvalidRequestError:
         dp = "refused"
     t0 = time.perf_counter()
-    pe.add_request("long", ids, greedy(4))
+    pe.add_request("long", ids, RequestSpec(greedy(4)))
     out = []
     while pe.has_unfinished():
         out += [t for o in pe.step() for t in o.new_token_ids]

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.kernels.linear import linear
 from nitsum.llm import LLM
 from nitsum.pool.pool_engine import PoolEngine
@@ -45,7 +46,7 @@ def ours(engine: PoolEngine, batch: list[list[int]]) -> tuple[float, float]:
     params = SamplingParams(max_tokens=OUT_LEN, temperature=0, ignore_eos=True)
     ids = [f"b{time.monotonic_ns()}-{i}" for i in range(len(batch))]
     for rid, prompt in zip(ids, batch, strict=True):
-        engine.add_request(rid, prompt, params)
+        engine.add_request(rid, prompt, RequestSpec(params))
     got = dict.fromkeys(ids, 0)
     t0 = time.perf_counter()
     decode_start, decode_tokens = 0.0, 0

@@ -26,6 +26,7 @@ import torch
 from nitsum.config import ModelConfig, mlp_blocks
 from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
@@ -98,7 +99,7 @@ def step(cfg: ModelConfig, batch: int, context: int, chunk: int, page_tokens: in
         seq = Sequence(
             f"s{n}",
             torch.randint(0, cfg.vocab_size, (total,), generator=g).tolist(),
-            SamplingParams(),
+            RequestSpec(SamplingParams()),
         )
         pages = -(-total // page_tokens)
         seq.pages = list(range(first, first + pages))

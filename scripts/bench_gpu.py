@@ -33,7 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench_engine import PROMPT_LEN, ours, theirs  # scripts/ is on the path
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.pool.local import local_engine
 

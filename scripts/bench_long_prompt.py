@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import open_local_engine
 from nitsum.sampling import SamplingParams
 
@@ -36,7 +37,7 @@ def run(model_dir, overtaking: bool, long_len: int, n_short: int, ttft_ms: float
     klass, tier = ("feasible", "relaxed") if ttft_ms else ("background", "background")
     t0 = time.monotonic()
     long = torch.randint(100, vocab - 100, (long_len,), generator=g).tolist()
-    engine.add_request("long", long, OUT, klass=klass, tier=tier, ttft_ms=ttft_ms)
+    engine.add_request("long", long, RequestSpec(OUT, klass=klass, tier=tier, ttft_ms=ttft_ms))
     first: dict[str, float] = {}
     arrived: dict[str, float] = {}
 
@@ -48,7 +49,7 @@ def run(model_dir, overtaking: bool, long_len: int, n_short: int, ttft_ms: float
     step()
     for i in range(n_short):
         ids = torch.randint(100, vocab - 100, (SHORT_LEN,), generator=g).tolist()
-        engine.add_request(f"s{i}", ids, OUT, klass=klass, tier=tier, ttft_ms=ttft_ms)
+        engine.add_request(f"s{i}", ids, RequestSpec(OUT, klass=klass, tier=tier, ttft_ms=ttft_ms))
         arrived[f"s{i}"] = time.monotonic()
     while engine.has_unfinished():
         step()

@@ -21,7 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench_gpu import SHAPES  # scripts/ is on the path
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import local_engine
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -34,7 +35,7 @@ def decode(engine: PoolEngine, prompts: list[list[int]]) -> tuple[float, dict[st
     params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     tag = time.monotonic_ns()
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"{tag}-{i}", prompt, params)
+        engine.add_request(f"{tag}-{i}", prompt, RequestSpec(params))
     got: dict[str, list[int]] = {}
     started, steps = 0.0, 0
     while engine.has_unfinished():

@@ -26,7 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.config import ModelConfig  # noqa: E402
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec
+from nitsum.parallel.topology import GroupShape  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
@@ -35,14 +37,15 @@ from nitsum.sampling import SamplingParams  # noqa: E402
 from tiny import layout_slices, random_llama, random_prompt  # noqa: E402
 
 ALL = (0, 1, 2, 3)
-# (label, stage TP: 0 for a TP group)
-LAYOUTS = [("TP4 (4,1)", 0), ("(2,2)", 2), ("(1,4)", 1), ("TP4 (4,1)", 0)]
+# (label, the group's shape)
+LAYOUTS = [
+    ("TP4 (4,1)", GroupShape(ALL, 4, 1)),
+    ("(2,2)", GroupShape(ALL, 2, 2)),
+    ("(1,4)", GroupShape(ALL, 1, 4)),
+    ("TP4 (4,1)", GroupShape(ALL, 4, 1)),
+]
 ECFG = EngineConfig(page_tokens=16, tp_levels=(1, 2, 4), prefix_caching=False)
 PAGES = 1024
-
-
-def pipelines(stage_tp: int) -> dict[tuple[int, ...], int]:
-    return {ALL: stage_tp} if stage_tp else {}
 
 
 def switches(pool: DevicePool, cfg: ModelConfig, requests: int) -> dict[str, list[float]]:
@@ -55,15 +58,15 @@ def switches(pool: DevicePool, cfg: ModelConfig, requests: int) -> dict[str, lis
         if with_kv:
             greedy = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
             for i in range(requests):
-                pe.add_request(f"r{i}", random_prompt(cfg, 240, i), greedy)
+                pe.add_request(f"r{i}", random_prompt(cfg, 240, i), RequestSpec(greedy))
             while any(s.num_computed < 240 for s in pe.engines[ALL].sequences()):
                 pe.step()
         for (_, before), (label, after) in zip(LAYOUTS, LAYOUTS[1:], strict=False):
             tokens = sum(s.num_computed for e in pe.engines.values() for s in e.sequences())
-            old = layout_slices(cfg, [ALL], pipelines(before))
-            new = layout_slices(cfg, [ALL], pipelines(after))
+            old = layout_slices(cfg, [before])
+            new = layout_slices(cfg, [after])
             changed = sum(len(new[d] - old[d]) for d in new) * tokens * 2 * cfg.head_dim * 4
-            report = pe.reconfigure([ALL], pipelines=pipelines(after))
+            report = pe.reconfigure([after])
             assert report.ok, report.error
             ms = report.timings_ms["total"]
             out[name].append(ms)
@@ -84,7 +87,7 @@ def restart_ms(source: ModelSource, cfg: ModelConfig) -> float:
     t0 = time.perf_counter()
     with DevicePool(4, source, ECFG, PAGES, levels=(1, 2, 4)) as pool:
         pe = PoolEngine(pool, cfg, ECFG, PAGES, [ALL])
-        step = GroupStep(pe, ALL, [(16, 16)])
+        step = GroupStep(pe, GroupShape.tp_group(ALL), [(16, 16)])
         step()
         ms = (time.perf_counter() - t0) * 1e3
     return ms
@@ -95,7 +98,7 @@ def decode(pool: DevicePool, cfg: ModelConfig, rounds: int) -> None:
     pe = PoolEngine(pool, cfg, ECFG, PAGES, [ALL])
     for batch in (1, 32):
         items = [(256, 1)] * batch
-        steps = {label: GroupStep(pe, ALL, items, stage_tp=tp) for label, tp in LAYOUTS[:3]}
+        steps = {label: GroupStep(pe, shape, items) for label, shape in LAYOUTS[:3]}
         ms: dict[str, list[float]] = {label: [] for label in steps}
         for step in steps.values():
             step()

@@ -24,8 +24,9 @@ import time
 import torch
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.host_pool import HostKVPool
 from nitsum.kv.pool import KVPool
 from nitsum.pool.local import open_local_engine
@@ -109,7 +110,9 @@ def workload(
         return torch.randint(100, vocab - 100, (n,), generator=g).tolist()
 
     for i in range(args.background):
-        engine.add_request(f"bg{i}", ids(args.bg_prompt), bg_params, klass="background", tier="bg")
+        engine.add_request(
+            f"bg{i}", ids(args.bg_prompt), RequestSpec(bg_params, klass="background", tier="bg")
+        )
     arrival: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -126,7 +129,9 @@ def workload(
         now = time.monotonic()
         if sent < args.strict and now >= next_at:
             rid = f"s{sent}"
-            engine.add_request(rid, ids(48), strict_params, klass="feasible", tier="strict")
+            engine.add_request(
+                rid, ids(48), RequestSpec(strict_params, klass="feasible", tier="strict")
+            )
             arrival[rid] = now
             sent += 1
             next_at += args.gap
@@ -175,7 +180,9 @@ def markov_workload(
 
     def submit(c: int) -> None:
         rid = f"c{c}t{turn[c]}"
-        engine.add_request(rid, history[c], answer, klass="feasible", priority=priority[c])
+        engine.add_request(
+            rid, history[c], RequestSpec(answer, klass="feasible", priority=priority[c])
+        )
         arrival[rid] = time.monotonic()
         if priority[c] == 0 and turn[c] > 0:  # later turns: the cold start's queue aside
             high.add(rid)

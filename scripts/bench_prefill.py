@@ -87,7 +87,8 @@ def random_model(shape: str, device: str, dtype: torch.dtype) -> tuple[LlamaMode
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from nitsum.config import ModelConfig
-    from nitsum.engine.build import EngineConfig, build_model
+    from nitsum.engine.device_build import build_model
+    from nitsum.engine.engine_config import EngineConfig
 
     torch.manual_seed(0)
     hf_cfg = LlamaConfig(**SHAPES[shape])

@@ -20,8 +20,9 @@ import time
 
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import open_local_engine
 from nitsum.sampling import SamplingParams
 
@@ -32,7 +33,7 @@ NEW_MESSAGE = 32
 def turn(engine, rid: str, prompt: list[int]) -> tuple[list[int], float, int]:
     """(tokens, TTFT s, prompt tokens computed) of one request served alone."""
     hits = engine.all_counters()["prefix_cache_hits"]
-    engine.add_request(rid, prompt, ANSWER)
+    engine.add_request(rid, prompt, RequestSpec(ANSWER))
     t0 = time.perf_counter()
     ttft, out = 0.0, []
     while engine.has_unfinished():

@@ -26,8 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import weight_bytes  # noqa: E402
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.shift import ShiftRule  # noqa: E402
+from nitsum.parallel.topology import GroupShape  # noqa: E402
 from nitsum.pool.device_commands import Probe  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
@@ -54,7 +56,9 @@ def interleaved_ms(
     modes run in turn each round. NOTE: the best, not the median: a forward is deterministic
     work, and on 2 shared cores a single run jitters by +-20% (gloo's wake-ups), which the
     minimum filters out; a slow moment hits every mode alike either way."""
-    step = GroupStep(pe, group, items)  # the same pages and KV serve every mode
+    step = GroupStep(
+        pe, GroupShape.tp_group(group), items
+    )  # the same pages and KV serve every mode
     inputs = {name: replace(step.inputs, sequence_parallel=sp) for name, sp in modes.items()}
     ms: dict[str, list[float]] = {name: [] for name in modes}
     try:
@@ -95,7 +99,7 @@ def serve(pe: PoolEngine, cfg, requests: int, prompt: int, output: int) -> dict[
     greedy = SamplingParams(max_tokens=output, temperature=0, ignore_eos=True)
     start = time.perf_counter()
     for i in range(requests):
-        pe.add_request(f"q{i}", random_prompt(cfg, prompt, i), greedy)
+        pe.add_request(f"q{i}", random_prompt(cfg, prompt, i), RequestSpec(greedy))
     first: dict[str, float] = {}
     done: dict[str, float] = {}
     while pe.has_unfinished():

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import fill_kv, kv_equal  # noqa: E402
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.pool.device_commands import Counters, Probe  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import Device, ModelSource  # noqa: E402
@@ -152,7 +153,7 @@ def bench_switch_vs_restart() -> None:
     with DevicePool(4, source, ecfg, 512) as pool:
         pe = PoolEngine(pool, cfg, ecfg, 512, [(0,), (1,), (2,), (3,)])
         for i, p in enumerate(prompts):
-            pe.add_request(f"r{i}", p, params)
+            pe.add_request(f"r{i}", p, RequestSpec(params))
         for _ in range(20):
             pe.step()
         t0 = time.perf_counter()
@@ -164,7 +165,7 @@ def bench_switch_vs_restart() -> None:
     with DevicePool(4, source, ecfg, 512) as pool:
         pe = PoolEngine(pool, cfg, ecfg, 512, [(0, 1), (2, 3)])
         for i, p in enumerate(prompts):
-            pe.add_request(f"r{i}", p, params)
+            pe.add_request(f"r{i}", p, RequestSpec(params))
         while any(
             s.num_computed < len(s.prompt_ids) for e in pe.engines.values() for s in e.sequences()
         ):

@@ -28,7 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.config import ModelConfig  # noqa: E402
-from nitsum.engine.build import EngineConfig  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.pool.local import local_engine  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
@@ -73,7 +74,7 @@ def engine_greedy(engine: PoolEngine, prompts: list[list[int]], n: int) -> list[
     """The engine's greedy ids for every prompt, all batched together."""
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", ids, params)
+        engine.add_request(f"r{i}", ids, RequestSpec(params))
     got: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for o in engine.step():

@@ -58,7 +58,7 @@ class EchoBackend:
 
     def add(self, device: int, req: GenerateRequest) -> None:
         self.seen_ids.append(req.request_id)
-        self.reqs[req.request_id] = (list(req.input_ids), req.sampling.max_tokens, 0)
+        self.reqs[req.request_id] = (list(req.input_ids), req.spec.sampling.max_tokens, 0)
 
     def abort(self, request_id: str) -> None:
         self.reqs.pop(request_id, None)

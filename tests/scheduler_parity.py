@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.sequence import Sequence
 from nitsum.kv.pages import PageAllocator
@@ -83,8 +84,9 @@ def run(scenario: Scenario) -> list[str]:
                 seq = Sequence(
                     r["id"],
                     [1000 * (i + 1) + t for t in range(r["prompt"])],
-                    SamplingParams(max_tokens=r["output"], ignore_eos=True),
-                    klass=r["class"],
+                    RequestSpec(
+                        SamplingParams(max_tokens=r["output"], ignore_eos=True), klass=r["class"]
+                    ),
                     arrival=step + ARRIVAL_TIE * i,
                 )
                 sched.add(seq)

@@ -10,8 +10,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
 from nitsum.engine.engine import Engine
+from nitsum.engine.engine_config import EngineConfig
 from tiny import run_to_completion
 
 # SmolLM2's vocabulary and EOS (<|im_end|>).

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import SamplingParams
 from serve_launch import serving
 from structured_helpers import tiny_llama
@@ -67,7 +68,9 @@ def reference_ids(model_dir: Path) -> list[int]:
 
     engine = open_local_engine(model_dir)
     engine.add_request(
-        "ref", PROMPT, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        "ref",
+        PROMPT,
+        RequestSpec(SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)),
     )
     out: list[int] = []
     while engine.has_unfinished():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nitsum.engine.graphs import DEFAULT_BUCKETS, CaptureAfterStartup, DecodeGraphs
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.device_commands import Counters
 from nitsum.pool.local import local_engine
 from nitsum.pool.pool_engine import PoolEngine
@@ -25,7 +26,7 @@ def prompts(cfg, n):
 
 def run(engine, ps):
     for i, p in enumerate(ps):
-        engine.add_request(f"r{i}", p, GREEDY)
+        engine.add_request(f"r{i}", p, RequestSpec(GREEDY))
     return drain(engine)
 
 
@@ -74,7 +75,7 @@ def test_tp_switch_selects_recordings_and_never_records():
         assert captures == [3 * len(DEFAULT_BUCKETS)] * 4
         pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0,), (1,), (2,), (3,)])
         for i, p in enumerate(ps):
-            pe.add_request(f"r{i}", p, GREEDY)
+            pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
         out: dict[str, list[int]] = {}
         for layout in ([(0, 1), (2, 3)], [(0, 1, 2, 3)], [(0,), (1,), (2,), (3,)]):
             drain(pe, out, steps=3)

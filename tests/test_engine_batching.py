@@ -5,7 +5,9 @@ import time
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, make_tiny, run_to_completion
@@ -42,12 +44,12 @@ def test_concurrent_requests_equal_solo_runs_and_transformers(tiny):
     solo = {}
     for i, p in enumerate(ps):
         e = engine_for(tiny)
-        e.add_request(f"r{i}", p, GREEDY)
+        e.add_request(f"r{i}", p, RequestSpec(GREEDY))
         solo[f"r{i}"] = run_to_completion(e)[0][f"r{i}"]
     # Small budget forces chunked prefill interleaved with decodes of others.
     e = engine_for(tiny, token_budget=16)
     for i, p in enumerate(ps):
-        e.add_request(f"r{i}", p, GREEDY)
+        e.add_request(f"r{i}", p, RequestSpec(GREEDY))
     together, reasons = run_to_completion(e)
     assert together == solo
     assert set(reasons.values()) == {"length"}
@@ -61,13 +63,13 @@ def test_preemption_under_page_pressure_keeps_outputs(tiny):
     ps = prompts(cfg)
     full = engine_for(tiny)
     for i, p in enumerate(ps):
-        full.add_request(f"r{i}", p, GREEDY)
+        full.add_request(f"r{i}", p, RequestSpec(GREEDY))
     ref, _ = run_to_completion(full)
     # A pool so small that not all sequences fit at once: recompute preemption kicks in.
     per_page = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * cfg.head_dim * 4
     tight = engine_for(tiny, kv=per_page * 20)
     for i, p in enumerate(ps):
-        tight.add_request(f"r{i}", p, GREEDY)
+        tight.add_request(f"r{i}", p, RequestSpec(GREEDY))
     got, _ = run_to_completion(tight)
     assert got == ref
     assert tight.scheduler.num_reclaimable() == tight.scheduler.pages.num_pages
@@ -78,7 +80,7 @@ def test_abort_frees_pages_and_spares_others(tiny):
     ps = prompts(cfg, 3)
     e = engine_for(tiny)
     for i, p in enumerate(ps):
-        e.add_request(f"r{i}", p, GREEDY)
+        e.add_request(f"r{i}", p, RequestSpec(GREEDY))
     early = [o for _ in range(2) for o in e.step()]
     assert e.scheduler.pages.num_free < e.scheduler.pages.num_pages
     assert e.abort("r1")
@@ -89,7 +91,7 @@ def test_abort_frees_pages_and_spares_others(tiny):
         if o.request_id != "r1":
             outs[o.request_id][:0] = o.new_token_ids
     solo = engine_for(tiny)
-    solo.add_request("r2", ps[2], GREEDY)
+    solo.add_request("r2", ps[2], RequestSpec(GREEDY))
     assert run_to_completion(solo)[0]["r2"] == outs["r2"]
     assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
 
@@ -112,9 +114,11 @@ def test_bad_input_is_rejected_without_side_effects(tiny, prompt, params, field)
     hf, cfg = tiny
     e = engine_for(tiny)
     good = prompts(cfg, 1)[0]
-    e.add_request("ok", good, GREEDY)
+    e.add_request("ok", good, RequestSpec(GREEDY))
     with pytest.raises(InvalidRequestError) as err:
-        e.add_request("bad", [t % 128 if field != "prompt" else t for t in prompt], params)
+        e.add_request(
+            "bad", [t % 128 if field != "prompt" else t for t in prompt], RequestSpec(params)
+        )
     assert err.value.field == field
     assert field in str(err.value)
     outs, _ = run_to_completion(e)
@@ -130,15 +134,19 @@ def test_seeded_sampling_repeats_and_stop_tokens(tiny):
     runs = []
     for _ in range(2):
         e = engine_for(tiny)
-        e.add_request("s", p, params)
-        e.add_request("noise", prompts(cfg, 2)[1], SamplingParams(max_tokens=5, seed=None))
+        e.add_request("s", p, RequestSpec(params))
+        e.add_request(
+            "noise", prompts(cfg, 2)[1], RequestSpec(SamplingParams(max_tokens=5, seed=None))
+        )
         runs.append(run_to_completion(e)[0]["s"])
     assert runs[0] == runs[1]
     # Stop on a token id: cut right after its first occurrence in the greedy output.
     greedy = hf_greedy(hf, p, 12)
     stop = greedy[4]
     e = engine_for(tiny)
-    e.add_request("g", p, SamplingParams(max_tokens=12, temperature=0, stop_token_ids=(stop,)))
+    e.add_request(
+        "g", p, RequestSpec(SamplingParams(max_tokens=12, temperature=0, stop_token_ids=(stop,)))
+    )
     outs, reasons = run_to_completion(e)
     assert outs["g"] == greedy[: greedy.index(stop) + 1]
     assert reasons["g"] == "stop"
@@ -151,14 +159,20 @@ def test_a_denormal_temperature_is_greedy_and_does_not_fail_its_batch(tiny):
     ps = prompts(cfg, 3)
     sampled = SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True)
     e = engine_for(tiny)
-    e.add_request("tiny-t", ps[0], SamplingParams(max_tokens=8, temperature=1e-40, ignore_eos=True))
-    e.add_request("greedy", ps[1], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    e.add_request("sampled", ps[2], sampled)
+    e.add_request(
+        "tiny-t",
+        ps[0],
+        RequestSpec(SamplingParams(max_tokens=8, temperature=1e-40, ignore_eos=True)),
+    )
+    e.add_request(
+        "greedy", ps[1], RequestSpec(SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    )
+    e.add_request("sampled", ps[2], RequestSpec(sampled))
     outs, reasons = run_to_completion(e)
     assert outs["tiny-t"] == hf_greedy(hf, ps[0], 8)
     assert outs["greedy"] == hf_greedy(hf, ps[1], 8)
     solo = engine_for(tiny)
-    solo.add_request("sampled", ps[2], sampled)
+    solo.add_request("sampled", ps[2], RequestSpec(sampled))
     assert outs["sampled"] == run_to_completion(solo)[0]["sampled"]
     assert set(reasons.values()) == {"length"}
 
@@ -170,8 +184,12 @@ def test_a_request_past_its_ttft_deadline_is_served_last(tiny):
     hf, cfg = tiny
     engine = engine_for(tiny, max_batch=1)
     ps = prompts(cfg, 2)
-    engine.add_request("late", ps[0], GREEDY, "feasible", "strict", ttft_ms=1.0)
-    engine.add_request("on-time", ps[1], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.add_request(
+        "late", ps[0], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1.0)
+    )
+    engine.add_request(
+        "on-time", ps[1], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+    )
     engine.seqs["late"].deadline -= 1.0  # its TTFT ran out a second ago
     first = engine.step()
     assert [o.request_id for o in first] == ["on-time"]
@@ -191,9 +209,15 @@ def test_a_prompt_that_cannot_make_its_ttft_is_served_last(tiny):
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
     assume_full_steps_take(engine, 0.5)
-    engine.add_request("hopeless", ps[3], GREEDY, "feasible", "strict", ttft_ms=1200.0)
-    engine.add_request("first", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
-    engine.add_request("tight", ps[1], GREEDY, "feasible", "strict", ttft_ms=1800.0)
+    engine.add_request(
+        "hopeless", ps[3], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1200.0)
+    )
+    engine.add_request(
+        "first", ps[2], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+    )
+    engine.add_request(
+        "tight", ps[1], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1800.0)
+    )
     engine.step()
     assert engine.seqs["hopeless"].klass == "background"
     assert engine.seqs["tight"].klass == "feasible"
@@ -210,10 +234,14 @@ def test_a_started_prompt_that_cannot_make_its_ttft_yields_the_budget(tiny):
     hf, cfg = tiny
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
-    engine.add_request("started", ps[3], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.add_request(
+        "started", ps[3], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+    )
     engine.step()
     assert engine.seqs["started"].num_computed == 8
-    engine.add_request("next", ps[2], GREEDY, "feasible", "strict", ttft_ms=60_000.0)
+    engine.add_request(
+        "next", ps[2], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+    )
     assume_full_steps_take(engine, 0.5)  # the step above took milliseconds
     # 18 tokens left: 3 steps, 2 of them full (at least 1 s).
     engine.seqs["started"].deadline = time.monotonic() + 0.8
@@ -241,8 +269,8 @@ def test_a_row_that_cannot_be_sampled_fails_only_its_own_request(tiny):
     # In the engine: the failed row's request ends with "error", its batch mates go on.
     engine = engine_for(tiny)
     ps = prompts(cfg, 2)
-    engine.add_request("bad", ps[0], GREEDY)
-    engine.add_request("good", ps[1], GREEDY)
+    engine.add_request("bad", ps[0], RequestSpec(GREEDY))
+    engine.add_request("good", ps[1], RequestSpec(GREEDY))
     batch = engine.scheduler.schedule()
     outs = engine.complete_step(batch, [SAMPLE_FAILED, 42])
     assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in outs] == [
@@ -263,10 +291,14 @@ def test_a_started_lower_class_prompt_does_not_count_ahead_of_a_feasible_one(tin
     hf, cfg = tiny
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
-    engine.add_request("be", ps[3], GREEDY, "best_effort", "relaxed", ttft_ms=60_000.0)
+    engine.add_request(
+        "be", ps[3], RequestSpec(GREEDY, klass="best_effort", tier="relaxed", ttft_ms=60_000.0)
+    )
     engine.step()
     assert engine.seqs["be"].num_computed == 8
-    engine.add_request("f", ps[1], GREEDY, "feasible", "strict", ttft_ms=1000.0)
+    engine.add_request(
+        "f", ps[1], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1000.0)
+    )
     assume_full_steps_take(engine, 0.5)  # the step above took milliseconds
     engine.step()
     assert engine.seqs["f"].klass == "feasible"
@@ -280,9 +312,9 @@ def test_first_output_reports_how_long_the_request_queued(tiny):
     rides on a request's first output only, and covers its wait behind a full batch."""
     e = engine_for(tiny, max_batch=1)
     p = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    e.add_request("a", [1, 2, 3], p)
+    e.add_request("a", [1, 2, 3], RequestSpec(p))
     t_b = time.monotonic()
-    e.add_request("b", [4, 5, 6], p)
+    e.add_request("b", [4, 5, 6], RequestSpec(p))
     seen: dict[str, list[float | None]] = {}
     a_done = None
     while e.has_unfinished():

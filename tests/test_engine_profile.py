@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.profiling.engine_profile import measure_engine_profile
 from tiny import kv_bytes, make_tiny
 

@@ -12,7 +12,10 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 
-from nitsum.engine.build import EngineConfig, build_engine, build_model  # noqa: E402
+from nitsum.engine.build import build_engine  # noqa: E402
+from nitsum.engine.device_build import build_model  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.engine.scheduler import Scheduled  # noqa: E402
 from nitsum.engine.sequence import Sequence  # noqa: E402
 from nitsum.engine.step_inputs import build_step_inputs  # noqa: E402
@@ -39,7 +42,7 @@ def test_fused_chunks_and_decodes_match_transformers(variant):
     ids = torch.randint(0, cfg.vocab_size, (30,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].to(DEV)
-    seq = Sequence("r", ids[:26].tolist(), SamplingParams())
+    seq = Sequence("r", ids[:26].tolist(), RequestSpec(SamplingParams()))
     got = [all_logits(engine, seq, 0, 9), all_logits(engine, seq, 9, 17)]
     for pos in range(26, 30):
         seq.output_ids.append(int(ids[pos]))
@@ -58,7 +61,7 @@ def test_fused_engine_gives_torch_greedy_tokens():
 
     def run(engine):
         for i, p in enumerate(prompts):
-            engine.add_request(f"r{i}", p, greedy)
+            engine.add_request(f"r{i}", p, RequestSpec(greedy))
         return drain(engine)
 
     torch_ids = run(local_engine(cfg, hf.state_dict().items(), replace(ecfg, fused_ops=False)))
@@ -75,7 +78,7 @@ def test_fused_qkv_of_a_replicated_kv_head_matches_torch():
     hf, cfg = make_tiny("llama-kv2")
     ecfg = EngineConfig(device=DEV, page_tokens=4, tp_levels=(1, 2, 4))
     models = [build_model(cfg, hf.state_dict().items(), replace(ecfg, fused_ops=f)) for f in (0, 1)]
-    seq = Sequence("r", random_prompt(cfg, 11, seed=3), SamplingParams())
+    seq = Sequence("r", random_prompt(cfg, 11, seed=3), RequestSpec(SamplingParams()))
     seq.pages = [5, 2]  # 8-token pages at TP 4 (each rank stores 1 of the 2 KV heads)
     for rank in range(4):
         heads = HeadRange.of(cfg, 4, rank)

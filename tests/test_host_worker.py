@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
@@ -136,7 +138,7 @@ def reference(tiny, reqs: dict[str, tuple[list[int], SamplingParams]]) -> dict[s
     hf, cfg = tiny
     engine = build_engine(cfg, hf.state_dict().items(), EngineConfig(page_tokens=4))
     for rid, (ids, params) in reqs.items():
-        engine.add_request(rid, ids, params)
+        engine.add_request(rid, ids, RequestSpec(params))
     out: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for o in engine.step():
@@ -338,8 +340,8 @@ def test_a_plan_with_a_pipeline_switches_to_it_mid_stream(host, tiny):
         router.pump(lambda k=after: all(len(router.tokens.get(r, [])) >= k for r in reqs))
         acks = router.reconfigure(epoch, layout)
         assert all((a["ok"], a["error"]) == (True, None) for a in acks.values()), acks
-        expect = 2 if layout is pipeline else 0
-        assert all(pe.stage_tp(g) == expect for g in pe.groups)
+        expect = (2, 2) if layout is pipeline else (1, 1)
+        assert all((pe.shape_of(g).tp, pe.shape_of(g).pp) == expect for g in pe.groups)
     router.pump(lambda: set(router.finals) >= set(reqs))
     assert {rid: router.tokens[rid] for rid in reqs} == ref
     assert pe.all_counters()["pp_steps"] > 0

@@ -7,13 +7,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.shard import HeadRange, shard_views
 from nitsum.parallel.shift import ShiftRule
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.migration_plan import Placement, plan_pieces
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -118,7 +121,11 @@ def test_page_capacity_follows_the_kv_split(tiny):
     pool = KVPool(cfg, num_pages=4, page_tokens=4)
     assert [pool.tokens_per_page(p) for p in (1, 2, 4)] == [4, 8, 8]
     alloc = PageAllocator(4, 16, 4, cfg.num_kv_heads)
-    assert [alloc.group(g).tokens_per_page for g in ((0,), (0, 1), (0, 1, 2, 3))] == [4, 8, 8]
+    assert [alloc.group(g, len(g)).tokens_per_page for g in ((0,), (0, 1), (0, 1, 2, 3))] == [
+        4,
+        8,
+        8,
+    ]
     # The flat (slots, local heads, hd) view of a replicated rank covers exactly the pages.
     k, _ = pool.kv(0, HeadRange.of(cfg, 4, 0).kv_heads)
     assert k.shape[0] == pool.num_pages * pool.tokens_per_page(4)
@@ -126,7 +133,14 @@ def test_page_capacity_follows_the_kv_split(tiny):
 
 def test_plan_reads_each_head_once_preferring_a_local_replica():
     def plan(old, new):  # 2 KV heads, 2 layers, 4-token base pages, 5 tokens
-        pieces = plan_pieces(2, 2, 4, 5, Placement(old, (0, 1)), Placement(new, (2, 3)))
+        pieces = plan_pieces(
+            2,
+            2,
+            4,
+            5,
+            Placement(GroupShape.tp_group(old), (0, 1)),
+            Placement(GroupShape.tp_group(new), (2, 3)),
+        )
         return sorted((p.src, p.dst, p.src_head, p.dst_head, p.heads) for p in pieces)
 
     # TP 1 → 4: every replica gets its head (head 1 lies at local head 1 of device 0).
@@ -145,9 +159,9 @@ def test_plan_reads_each_head_once_preferring_a_local_replica():
 def run_manual(pool, pe, members, ids, decodes):
     """Prefill `ids` then `decodes` greedy decode steps on group `members`: every step's
     logits and the greedy tokens."""
-    pages = pe.alloc.group(members)
-    runner = pe._engine(members).runner
-    seq = Sequence("x", list(ids), GREEDY)
+    pages = pe.alloc.group(members, len(members))
+    runner = pe.new_engine(GroupShape.tp_group(members)).runner
+    seq = Sequence("x", list(ids), RequestSpec(GREEDY))
     seq.pages = pages.allocate(pages.pages_for(len(ids) + decodes))
     logits, start, q_len = [], 0, len(ids)
     for _ in range(decodes + 1):
@@ -182,7 +196,7 @@ def test_tp4_engine_greedy_equals_hf(pool, tiny):
     ps = prompts(cfg, 3)
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out = drain(pe, {})
     assert out == {f"r{i}": hf_greedy(hf, p, GREEDY.max_tokens) for i, p in enumerate(ps)}
 
@@ -196,11 +210,11 @@ def test_migration_through_replicated_tp4_keeps_tokens_and_moves_exact_bytes(poo
         cfg, hf.state_dict().items(), EngineConfig(kv_cache_bytes=4 << 20, page_tokens=4)
     )
     for i, p in enumerate(ps):
-        single.add_request(f"r{i}", p, GREEDY)
+        single.add_request(f"r{i}", p, RequestSpec(GREEDY))
     ref = drain(single, {})  # the no-switch run
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP1)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     head_token_bytes = cfg.num_layers * 2 * cfg.head_dim * 4  # one head of one token, K and V
     for layout in (TP4, TP2, TP1):
@@ -227,7 +241,7 @@ def test_prompt_logprobs_on_a_tp4_group_are_the_models(pool, tiny):
     prompt = random_prompt(cfg, 30, seed=7)
     p = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, prompt_logprobs=1)
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
-    pe.add_request("s", prompt, p)
+    pe.add_request("s", prompt, RequestSpec(p))
     outs = []
     while pe.has_unfinished():
         outs += pe.step()

@@ -38,7 +38,9 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 
 from nitsum.config import ModelConfig  # noqa: E402
-from nitsum.engine.build import EngineConfig, build_engine  # noqa: E402
+from nitsum.engine.build import build_engine  # noqa: E402
+from nitsum.engine.engine_config import EngineConfig  # noqa: E402
+from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
 from tiny import BASE  # noqa: E402
@@ -136,7 +138,9 @@ def decode_step_launches(monkeypatch, layers: int, fused: bool) -> list[str]:
     engine = build_engine(cfg, hf.state_dict().items(), ecfg)
     model = engine.runner.model
     model.paged_attention = paged_attention_triton  # what CUDA runs, fused or not
-    engine.add_request("r", list(range(7)), SamplingParams(max_tokens=3, temperature=0))
+    engine.add_request(
+        "r", list(range(7)), RequestSpec(SamplingParams(max_tokens=3, temperature=0))
+    )
     engine.step()  # the prefill
     forward = model.forward
     seen: list[list[str]] = []

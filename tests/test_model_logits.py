@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.sampling import SamplingParams
@@ -29,7 +31,7 @@ def test_prefill_logits_match_transformers(variant):
     ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-    seq = Sequence("r", ids.tolist(), SamplingParams())
+    seq = Sequence("r", ids.tolist(), RequestSpec(SamplingParams()))
     ours = all_logits(engine, seq, 0, len(ids))
     assert (ours - ref).abs().max().item() <= 1e-4
 
@@ -44,7 +46,7 @@ def test_chunked_prefill_and_decode_match_transformers(variant):
     ids = torch.randint(0, cfg.vocab_size, (50,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-    seq = Sequence("r", ids[:45].tolist(), SamplingParams())
+    seq = Sequence("r", ids[:45].tolist(), RequestSpec(SamplingParams()))
     got = [all_logits(engine, seq, 0, 13), all_logits(engine, seq, 13, 32)]
     for pos in range(45, 50):
         seq.output_ids.append(int(ids[pos]))

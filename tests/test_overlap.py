@@ -4,8 +4,10 @@ reasons, and really prepare step N+1 before step N's tokens are applied."""
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.overlap import PENDING, LaunchFailed, OverlapStepper, overlap_wanted
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, sample_on_device
 from tiny import kv_bytes, make_tiny, random_prompt, run_arrivals, run_to_completion
 
@@ -35,7 +37,7 @@ def both(tiny, requests, eos=(), **kw):
     for overlap in (False, True):
         e = engine(tiny, overlap, eos, **kw)
         for rid, prompt, params in requests:
-            e.add_request(rid, prompt, params)
+            e.add_request(rid, prompt, RequestSpec(params))
         results.append(run_to_completion(e))
         assert e.scheduler.num_reclaimable() == e.scheduler.pages.num_pages
     return results[0], results[1], e
@@ -63,7 +65,7 @@ def test_an_eos_ending_a_request_early_equals_the_synchronous_engine(tiny):
     _, cfg = tiny
     prompts = [random_prompt(cfg, 6 + 3 * i, 10 + i) for i in range(4)]
     probe = engine(tiny, False)
-    probe.add_request("p", prompts[1], greedy(12, ignore_eos=True))
+    probe.add_request("p", prompts[1], RequestSpec(greedy(12, ignore_eos=True)))
     eos = run_to_completion(probe)[0]["p"][3]  # a token the model does produce
     reqs = [(f"r{i}", p, greedy(12)) for i, p in enumerate(prompts)]
     sync, over, _ = both(tiny, reqs, eos=(eos,))
@@ -76,11 +78,11 @@ def test_a_request_ended_by_eos_keeps_its_pages_until_its_wasted_step_is_done(ti
     _, cfg = tiny
     prompt = random_prompt(cfg, 9, 4)
     probe = engine(tiny, False)
-    probe.add_request("p", prompt, greedy(8, ignore_eos=True))
+    probe.add_request("p", prompt, RequestSpec(greedy(8, ignore_eos=True)))
     eos = run_to_completion(probe)[0]["p"][2]
     e = engine(tiny, True, eos=(eos,))
-    e.add_request("a", prompt, greedy(8))
-    e.add_request("b", random_prompt(cfg, 5, 5), greedy(8, ignore_eos=True))
+    e.add_request("a", prompt, RequestSpec(greedy(8)))
+    e.add_request("b", random_prompt(cfg, 5, 5), RequestSpec(greedy(8, ignore_eos=True)))
     stepper: OverlapStepper = e.driver
     for _ in range(10):
         outs = e.step()
@@ -101,10 +103,10 @@ def test_a_long_prompt_chunked_while_others_decode_equals_the_synchronous_engine
     results = []
     for overlap in (False, True):
         e = engine(tiny, overlap, token_budget=12)
-        e.add_request("a", random_prompt(cfg, 5, 1), greedy(20, ignore_eos=True))
-        e.add_request("b", random_prompt(cfg, 7, 2), greedy(16, ignore_eos=True))
+        e.add_request("a", random_prompt(cfg, 5, 1), RequestSpec(greedy(20, ignore_eos=True)))
+        e.add_request("b", random_prompt(cfg, 7, 2), RequestSpec(greedy(16, ignore_eos=True)))
         early = [o for _ in range(4) for o in e.step()]
-        e.add_request("long", random_prompt(cfg, 90, 3), greedy(6, ignore_eos=True))
+        e.add_request("long", random_prompt(cfg, 90, 3), RequestSpec(greedy(6, ignore_eos=True)))
         outs, reasons = run_to_completion(e)
         for o in reversed(early):
             outs[o.request_id][:0] = o.new_token_ids
@@ -122,7 +124,7 @@ def test_an_abort_mid_run_spares_the_others_and_frees_its_pages(tiny):
     sync, _, _ = both(tiny, reqs)
     e = engine(tiny, True)
     for rid, prompt, params in reqs:
-        e.add_request(rid, prompt, params)
+        e.add_request(rid, prompt, RequestSpec(params))
     early = [o for _ in range(3) for o in e.step()]
     assert any(s.request_id == "r1" for s, _ in e.driver.inflight.sampled)  # in flight
     assert e.abort("r1") and not e.abort("r1")
@@ -155,7 +157,7 @@ def test_step_n_plus_1_is_launched_before_step_n_tokens_are_applied(tiny):
     forward, apply_token = e.runner.forward, e.apply_token
     e.runner.forward = lambda inputs: (log.append("forward"), forward(inputs))[1]
     e.apply_token = lambda seq, token: (log.append("apply"), apply_token(seq, token))[1]
-    e.add_request("a", random_prompt(cfg, 6, 7), greedy(3, ignore_eos=True))
+    e.add_request("a", random_prompt(cfg, 6, 7), RequestSpec(greedy(3, ignore_eos=True)))
     assert e.step() == [] and log == ["forward"]  # step 0 launched, nothing read back
     out = e.step()
     assert [o.new_token_ids != [PENDING] for o in out] == [True]
@@ -250,7 +252,7 @@ def test_a_one_device_pool_engine_overlaps_and_equals_the_synchronous_one(tiny, 
         )
         pe = local_engine(cfg, hf.state_dict().items(), ecfg)
         for rid, prompt, params in reqs:
-            pe.add_request(rid, prompt, params)
+            pe.add_request(rid, prompt, RequestSpec(params))
         results.append(run_to_completion(pe))
         driver = pe.engines[ONLY_GROUP].driver
         assert (driver is not None and driver.launches > 0) == overlap
@@ -278,8 +280,9 @@ def test_a_swapped_out_request_comes_back_unchanged_under_overlap(tiny):
         )
         e.scheduler.swap.bytes_per_s = 1e15  # copies cost nothing: always swap
         ps = {r: random_prompt(cfg, 30 + i, i) for i, r in enumerate(("bg0", "bg1", "strict"))}
-        bg = [((r, ps[r], long, "background", "background"), {}) for r in ("bg0", "bg1")]
-        strict = [(("strict", ps["strict"], long, "feasible", "s"), {})]
+        bg_spec = RequestSpec(long, klass="background", tier="background")
+        bg = [(r, ps[r], bg_spec) for r in ("bg0", "bg1")]
+        strict = [("strict", ps["strict"], RequestSpec(long, klass="feasible", tier="s"))]
         out, _ = run_arrivals(e, {0: bg, 12: strict})
         c = e.counters()
         assert c["num_preemptions_swap"] >= 1
@@ -300,7 +303,7 @@ def test_random_arrivals_aborts_and_preemption_equal_the_synchronous_engine(tiny
     prompts = [random_prompt(cfg, rand(2, 40), 100 * seed + i) for i in range(8)]
     probe = engine(tiny, False)
     for i, prompt in enumerate(prompts):
-        probe.add_request(f"p{i}", prompt, greedy(14, ignore_eos=True))
+        probe.add_request(f"p{i}", prompt, RequestSpec(greedy(14, ignore_eos=True)))
     made = [t for ids in run_to_completion(probe)[0].values() for t in ids]
     eos = max(set(made), key=made.count)  # the model's favourite token: some requests stop
     arrivals: dict[int, list] = {}
@@ -319,7 +322,7 @@ def test_random_arrivals_aborts_and_preemption_equal_the_synchronous_engine(tiny
         step = 0
         while e.has_unfinished() or step <= max(arrivals):
             for rid, prompt, params in arrivals.get(step, []):
-                e.add_request(rid, prompt, params)
+                e.add_request(rid, prompt, RequestSpec(params))
             if step in aborts and e.abort(aborts[step]):
                 gone.add(aborts[step])
             for o in e.step():
@@ -352,7 +355,7 @@ def test_on_cuda_the_host_returns_while_the_launched_step_still_runs(tiny):
         ecfg = EngineConfig(device="cuda", kv_cache_bytes=1 << 20, page_tokens=4, overlap=overlap)
         pe = local_engine(cfg, hf.state_dict().items(), ecfg)
         for rid, prompt, params in reqs:
-            pe.add_request(rid, prompt, params)
+            pe.add_request(rid, prompt, RequestSpec(params))
         results.append(run_to_completion(pe))
         engines.append(pe)
     assert results[0] == results[1]
@@ -362,7 +365,7 @@ def test_on_cuda_the_host_returns_while_the_launched_step_still_runs(tiny):
     runner = engines[0].pool.runner
     forward = runner.forward
     runner.forward = lambda inputs: (torch.cuda._sleep(200_000_000), forward(inputs))[1]
-    engines[0].add_request("slow", random_prompt(cfg, 6, 80), greedy(6))
+    engines[0].add_request("slow", random_prompt(cfg, 6, 80), RequestSpec(greedy(6)))
     engines[0].step()
     engines[0].step()
     assert stepper.inflight is not None and not stepper.inflight.done.query()
@@ -383,7 +386,7 @@ def test_a_failed_launch_still_hands_over_the_step_before(tiny):
         return forward(inputs)
 
     e.runner.forward = flaky
-    e.add_request("x", prompt, greedy(5))
+    e.add_request("x", prompt, RequestSpec(greedy(5)))
     assert e.step() == []
     with pytest.raises(LaunchFailed) as failed:
         e.step()

@@ -27,7 +27,7 @@ def test_random_allocations_stay_consistent_and_merge_back() -> None:
     the lowest free ids), and once all is freed the pool is one run again."""
     rng = random.Random(0)
     alloc = PageAllocator(2, 256, 4, 4)
-    group = alloc.group((0, 1))
+    group = alloc.group((0, 1), 2)
     held: list[list[int]] = []
     mean_runs = []
     for i in range(3000):

@@ -12,6 +12,7 @@ import torch
 
 from nitsum.engine.graphs import CaptureAfterStartup, DecodeGraphs
 from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
@@ -34,7 +35,7 @@ def prompts(cfg, lengths=(5, 40, 9)):
 
 def run(engine, ps, params=GREEDY):
     for i, p in enumerate(ps):
-        engine.add_request(f"r{i}", p, params)
+        engine.add_request(f"r{i}", p, RequestSpec(params))
     return drain(engine)
 
 
@@ -96,7 +97,7 @@ def test_sp_pipeline_and_oversized_steps_do_not_fit():
     hf, cfg = make_tiny("llama-gqa")
     engine = local_engine(cfg, hf.state_dict().items(), PIECEWISE)
     pw = engine.pool.runner.piecewise
-    seqs = [Sequence(f"s{i}", random_prompt(cfg, 10, i), GREEDY) for i in range(4)]
+    seqs = [Sequence(f"s{i}", random_prompt(cfg, 10, i), RequestSpec(GREEDY)) for i in range(4)]
     for s in seqs:
         s.pages = list(range(8 * int(s.request_id[1:]), 8 * int(s.request_id[1:]) + 8))
     batch = [Scheduled(s, 0, 10) for s in seqs[:2]]

@@ -3,6 +3,7 @@ micro-batches in flight, and the layer / batch partitions."""
 
 import pytest
 
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, split_batch
@@ -50,7 +51,7 @@ def test_pipeline_logits_equal_tp1(tiny_pool, members, stage_tp):
     hf, cfg, pool = tiny_pool
     tpp = tokens_per_page(POOL_ECFG.page_tokens, cfg.kv_split(stage_tp))
     a, b = random_prompt(cfg, 11, 1), random_prompt(cfg, 6, 2)
-    sa, sb = Sequence("a", a, GREEDY), Sequence("b", b, GREEDY)
+    sa, sb = Sequence("a", a, RequestSpec(GREEDY)), Sequence("b", b, RequestSpec(GREEDY))
     sa.pages = list(range(0, 8))
     sb.pages = list(range(8, 16))
     assert 8 * tpp > len(a) + 1

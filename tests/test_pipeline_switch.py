@@ -6,8 +6,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from nitsum.engine.request_spec import RequestSpec
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from tiny import (
@@ -25,9 +28,9 @@ from tiny import (
 pytestmark = pytest.mark.e2e
 
 ALL = (0, 1, 2, 3)
-TP4 = ([ALL], {})
-TP2_PP2 = ([ALL], {ALL: 2})
-TP1_PP4 = ([ALL], {ALL: 1})
+TP4 = [GroupShape.tp_group(ALL)]
+TP2_PP2 = [GroupShape(ALL, 2, 2)]
+TP1_PP4 = [GroupShape(ALL, 1, 4)]
 ECFG = replace(POOL_ECFG, prefix_caching=False)
 
 
@@ -51,18 +54,18 @@ def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
     prompts = [random_prompt(cfg, 5 + 3 * i, 40 + i) for i in range(4)]
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
     for i, p in enumerate(prompts):
-        pe.add_request(f"r{i}", p, greedy(16))
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(16)))
     out: dict[str, list[int]] = {}
     current = TP4
     slice_bytes = 2 * cfg.head_dim * 4  # one (layer, head) of one token: K and V, fp32
     for layout in (TP2_PP2, TP1_PP4, TP4):
         drain(pe, out, steps=3)
         tokens = sum(s.num_computed for e in pe.engines.values() for s in e.sequences())
-        before, after = layout_slices(cfg, *current), layout_slices(cfg, *layout)
+        before, after = layout_slices(cfg, current), layout_slices(cfg, layout)
         changed = sum(len(after[d] - before[d]) for d in after)
-        report = pe.reconfigure(layout[0], pipelines=layout[1])
+        report = pe.reconfigure(layout)
         assert report.ok, report.error
-        assert pe.stage_tp(ALL) == layout[1].get(ALL, 0)
+        assert [pe.shape_of(ALL)] == layout
         assert_pages_consistent(pe)
         assert report.bytes_sent == changed * tokens * slice_bytes
         current = layout
@@ -82,16 +85,16 @@ def test_shrinking_switch_preempts_exactly_the_predicted_requests(tiny_pool):
     prompts = [random_prompt(cfg, 30, 60 + i) for i in range(6)]
     for i, p in enumerate(prompts):
         # r0 is the most important (lowest priority value), r5 the least.
-        pe.add_request(f"r{i}", p, greedy(8), priority=i)
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(8), priority=i))
     out = drain(pe, {}, steps=4)  # every prompt prefilled (64 tokens a step), then decoding
     computed = sorted(s.num_computed for s in pe.engines[ALL].sequences())
     assert computed[0] >= 30 and computed[-1] <= 32 + 1
-    predicted = pe.plan_switch(*TP1_PP4)
+    predicted = pe.plan_switch(TP1_PP4)
     # 31-33 tokens need 8-9 pages at (1,4) and 3 at TP4. NOTE: the TP4 pages stay allocated
     # until the commit (the transfer reads them), so 36 - 6 * 3 = 18 pages take 2 requests:
     # the 4 of lowest priority go, lowest first.
     assert predicted == ["r5", "r4", "r3", "r2"]
-    report = pe.reconfigure(TP1_PP4[0], pipelines=TP1_PP4[1])
+    report = pe.reconfigure(TP1_PP4)
     assert report.ok, report.error
     assert report.preempted == predicted
     assert_pages_consistent(pe)
@@ -107,20 +110,20 @@ def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
     prompts = [random_prompt(cfg, 9, 80 + i) for i in range(3)]
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
     for i, p in enumerate(prompts):
-        pe.add_request(f"r{i}", p, greedy(10))
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(10)))
     out = drain(pe, {}, steps=3)
     before = pe.page_accounting()
     layouts = {s.request_id: s.layout for e in pe.engines.values() for s in e.sequences()}
     if phase == "transfer":
-        report = pe.reconfigure(TP2_PP2[0], fail=(1, 0), pipelines=TP2_PP2[1])
+        report = pe.reconfigure(TP2_PP2, faults=FaultPlan(transfer=(1, 0)))
     else:
-        report = pe.reconfigure(TP2_PP2[0], pipelines=TP2_PP2[1], fail_phase=phase)
+        report = pe.reconfigure(TP2_PP2, faults=FaultPlan(phase=phase))
     assert report.error is not None and ("failed" in report.error or phase in report.error)
     if phase == "after_commit":
-        assert report.ok and pe.stage_tp(ALL) == 2
-        assert all(s.layout.stage_tp == 2 for e in pe.engines.values() for s in e.sequences())
+        assert report.ok and [pe.shape_of(ALL)] == TP2_PP2
+        assert all(s.layout == TP2_PP2[0] for e in pe.engines.values() for s in e.sequences())
     else:
-        assert not report.ok and pe.stage_tp(ALL) == 0
+        assert not report.ok and [pe.shape_of(ALL)] == TP4
         assert pe.page_accounting() == before
         assert {s.request_id: s.layout for e in pe.engines.values() for s in e.sequences()} == (
             layouts
@@ -134,10 +137,12 @@ def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
 def test_unknown_pipelines_are_refused_clearly(tiny_pool):
     _, cfg, pool = tiny_pool
     pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
-    with pytest.raises(ValueError, match="no pipeline of 3 stages of TP 1"):
-        pe.reconfigure([(0, 1, 2)], pipelines={(0, 1, 2): 1})
-    with pytest.raises(ValueError, match="does not have"):
-        pe.reconfigure([ALL], pipelines={(0, 1): 1})
+    with pytest.raises(ValueError, match=r"no pipeline \[0, 1, 2\] \(TP 1 x PP 3\)"):
+        pe.reconfigure([GroupShape((0, 1, 2), 1, 3)])
+    with pytest.raises(ValueError, match="overlaps"):
+        pe.reconfigure([GroupShape((0, 1), 1, 2), ALL])
+    with pytest.raises(ValueError, match="are not 2 stage"):
+        GroupShape((0, 1, 2), 2, 2)
     assert torch.equal(torch.tensor(pe.groups), torch.tensor([ALL]))
 
 
@@ -149,12 +154,12 @@ def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
     with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
         pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0, 1), (2, 3)])
         for i in range(4):
-            pe.add_request(f"r{i}", random_prompt(cfg, 9, 90 + i), greedy(10))
+            pe.add_request(f"r{i}", random_prompt(cfg, 9, 90 + i), RequestSpec(greedy(10)))
         drain(pe, {}, steps=3)
         before = pe.page_accounting()
         pool.procs[3].kill()
         pool.procs[3].join()
-        report = pe.reconfigure([ALL], pipelines={ALL: 2})
+        report = pe.reconfigure(TP2_PP2)
         assert not report.ok and "device 3 is gone" in report.error
         assert pe.groups == [(0, 1), (2, 3)] and pe.page_accounting() == before
         # The live group still serves; the dead one's requests fail with an error.
@@ -175,16 +180,16 @@ def test_a_reshaped_group_gives_its_cache_back_and_keeps_its_counters(tiny_pool)
     pe = PoolEngine(pool, cfg, POOL_ECFG, 46, [ALL])  # the cache on
     done = [random_prompt(cfg, 24, 100 + i) for i in range(2)]
     for i, p in enumerate(done):
-        pe.add_request(f"d{i}", p, greedy(2))
+        pe.add_request(f"d{i}", p, RequestSpec(greedy(2)))
     drain(pe, {})  # finished: their full pages stay cached
     assert pe.engines[ALL].cached_pages()
     prompts = [random_prompt(cfg, 30, 110 + i) for i in range(4)]
     for i, p in enumerate(prompts):
-        pe.add_request(f"r{i}", p, greedy(6), priority=i)
+        pe.add_request(f"r{i}", p, RequestSpec(greedy(6), priority=i))
     out = drain(pe, {}, steps=3)
     queries = pe.all_counters()["prefix_cache_queries"]
-    predicted = pe.plan_switch(*TP1_PP4)
-    report = pe.reconfigure(TP1_PP4[0], pipelines=TP1_PP4[1])
+    predicted = pe.plan_switch(TP1_PP4)
+    report = pe.reconfigure(TP1_PP4)
     assert report.ok and report.preempted == predicted
     assert_pages_consistent(pe)
     assert pe.all_counters()["prefix_cache_queries"] >= queries

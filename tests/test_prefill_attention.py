@@ -14,6 +14,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
+from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment  # noqa: E402
 from nitsum.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
 from nitsum.kernels.prefill_attention_triton import (  # noqa: E402
@@ -158,7 +159,8 @@ def test_engine_steps_with_the_kernels_match_transformers():
     """The engine with the Triton kernels in place of the torch reference (as on CUDA):
     prompts prefilled in chunks under a 16-token budget, beside other requests' decodes, in
     4-token pages (GQA 4:1); every request's greedy tokens equal transformers'."""
-    from nitsum.engine.build import EngineConfig, build_engine
+    from nitsum.engine.build import build_engine
+    from nitsum.engine.engine_config import EngineConfig
     from nitsum.sampling import SamplingParams
     from tiny import hf_greedy, make_tiny, run_to_completion
 
@@ -170,6 +172,6 @@ def test_engine_steps_with_the_kernels_match_transformers():
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 19, 40)]
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, greedy)
+        engine.add_request(f"r{i}", p, RequestSpec(greedy))
     outs, _ = run_to_completion(engine)
     assert outs == {f"r{i}": hf_greedy(hf, p, 6) for i, p in enumerate(prompts)}

@@ -4,7 +4,9 @@ prefix partly evicted is partly reused; a preempted sequence recomputes only wha
 
 import pytest
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.prefix_cache import PrefixCache
 from nitsum.sampling import SamplingParams
 from tiny import kv_bytes, make_tiny
@@ -58,7 +60,7 @@ def engine_for(tiny, caching: bool = True, kv: int = 1 << 20, **kw):
 
 def serve(engine, rid: str, prompt: list[int], params=GREEDY) -> tuple[list[int], int]:
     """Run one request to the end: its tokens and the prompt tokens computed for it."""
-    engine.add_request(rid, prompt, params)
+    engine.add_request(rid, prompt, RequestSpec(params))
     out: list[int] = []
     computed = 0
     while engine.has_unfinished():
@@ -115,8 +117,8 @@ def test_a_preempted_sequence_recomputes_only_the_pages_it_lost(tiny) -> None:
         rid: serve(engine_for(tiny, caching=False), rid, p, long)[0]
         for rid, p in (("a", a), ("b", b))
     }
-    engine.add_request("a", a, long)
-    engine.add_request("b", b, long)
+    engine.add_request("a", a, RequestSpec(long))
+    engine.add_request("b", b, RequestSpec(long))
     out: dict[str, list[int]] = {}
     recomputed: dict[str, list[tuple[int, int]]] = {}  # (start, q_len) after its first token
     while engine.has_unfinished():
@@ -150,12 +152,14 @@ def test_kv_moves_into_a_group_evict_its_idle_cached_pages(tiny) -> None:
         pe = PoolEngine(pool, cfg, ecfg, 24, [(0,), (1,), (2,), (3,)])
         # Fill device 1's pool with idle cached pages: three 30-token requests there.
         for i in range(3):
-            pe.add_request(f"fill{i}", history(cfg, 30, seed=10 + i), params, group=(1,))
+            pe.add_request(
+                f"fill{i}", history(cfg, 30, seed=10 + i), RequestSpec(params), group=(1,)
+            )
         while pe.has_unfinished():
             pe.step()
         assert pe.engines[(1,)].num_evictable() >= 18
         p = history(cfg, 40, seed=20)
-        pe.add_request("pd", p, params, group=(0,), decode_group=(1,))
+        pe.add_request("pd", p, RequestSpec(params), group=(0,), decode_group=(1,))
         out: list[int] = []
         while pe.has_unfinished():
             out += [t for o in pe.step() for t in o.new_token_ids]

@@ -3,7 +3,9 @@ starts at once, the requests it displaced finish later with unchanged tokens."""
 
 import pytest
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, make_tiny, run_arrivals
 from tiny import random_prompt as prompt
@@ -26,8 +28,10 @@ def test_a_strict_request_at_a_full_engine_preempts_background_ones(tiny) -> Non
     hf, cfg = tiny
     ps = {r: prompt(cfg, 9 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
     engine = engine_for(tiny, max_batch=2)
-    bg = [((r, ps[r], LONG, "background", "background"), {}) for r in ("bg0", "bg1")]
-    strict = [(("strict", ps["strict"], LONG, "feasible", "strict"), {})]
+    bg = [
+        (r, ps[r], RequestSpec(LONG, klass="background", tier="background")) for r in ("bg0", "bg1")
+    ]
+    strict = [("strict", ps["strict"], RequestSpec(LONG, klass="feasible", tier="strict"))]
     out, first = run_arrivals(engine, {0: bg, 3: strict})
     assert first["strict"] == 3, first  # admitted in the step it arrived
     assert engine.scheduler.preemptions == 1
@@ -52,8 +56,8 @@ def test_priority_within_a_class(tiny, newcomer: dict, preempts: bool) -> None:
     out, first = run_arrivals(
         engine,
         {
-            0: [(("a", a, LONG, "feasible", "t"), {"priority": 5})],
-            2: [(("b", b, LONG, "feasible", "t"), newcomer)],
+            0: [("a", a, RequestSpec(LONG, klass="feasible", tier="t", priority=5))],
+            2: [("b", b, RequestSpec(LONG, klass="feasible", tier="t", **newcomer))],
         },
     )
     assert (first["b"] == 2) == preempts, first

@@ -6,8 +6,10 @@ import time
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.prompt_order import deadline_spare, overtaking_order
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, make_tiny
 
@@ -89,11 +91,12 @@ def test_an_8k_prompt_without_a_deadline_does_not_block_short_ones(tiny_long, kl
     engine = engine_for(tiny_long)
     long, shorts = prompts(cfg, 4)
     tier = ("background", "background") if klass == "background" else ("feasible", "relaxed")
-    engine.add_request("long", long, SHORT, *tier)  # no ttft_ms: no deadline
+    spec = RequestSpec(SHORT, klass=tier[0], tier=tier[1])
+    engine.add_request("long", long, spec)  # no ttft_ms: no deadline
     engine.step()
     assert engine.seqs["long"].num_computed == BUDGET
     for i, p in enumerate(shorts):
-        engine.add_request(f"s{i}", p, SHORT, *tier)
+        engine.add_request(f"s{i}", p, spec)
     steps, outs = run_out(engine)
     assert max(steps[f"s{i}"] for i in range(4)) <= 2, steps
     assert steps["long"] <= 2 * LONG_TOKENS // BUDGET, steps
@@ -110,15 +113,16 @@ def test_a_long_prompt_with_slack_lets_short_ones_by_but_one_without_does_not(ti
     step is its own. Either way every output is the reference."""
     hf, cfg = tiny_long
     long, shorts = prompts(cfg, 2)
+    strict = RequestSpec(SHORT, klass="feasible", tier="strict", ttft_ms=60_000.0)
     for slack, shorts_first in ((60.0, True), (7.4, False)):
         engine = engine_for(tiny_long)
-        engine.add_request("long", long, SHORT, "feasible", "strict", ttft_ms=60_000.0)
+        engine.add_request("long", long, strict)
         engine.step()
         engine.scheduler.full_steps.clear()
         engine.scheduler.full_steps.append(0.5)
         engine.seqs["long"].deadline = time.monotonic() + slack
         for i, p in enumerate(shorts):
-            engine.add_request(f"s{i}", p, SHORT, "feasible", "strict", ttft_ms=60_000.0)
+            engine.add_request(f"s{i}", p, strict)
         batch = engine.scheduler.schedule()
         shares = {s.seq.request_id: s.q_len for s in batch}
         if shorts_first:

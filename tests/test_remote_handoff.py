@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import local_engine
 from nitsum.pool.peers import PeerError
 from nitsum.pool.pool_engine import PoolEngine
@@ -89,7 +90,7 @@ def run(a: PoolBackend, b: PoolBackend, cfg) -> tuple[dict[str, list[int]], dict
     """Serve REQS with decode target 2; every backend's tokens and moves, by request."""
     for i, (rid, (n, sp)) in enumerate(REQS.items()):
         ids = random_prompt(cfg, n, seed=i)
-        a.add(0, GenerateRequest(rid, ids, sp, "strict", "feasible", decode_target=2))
+        a.add(0, GenerateRequest(rid, ids, RequestSpec(sp, tier="strict", decode_target=2)))
     out: dict[str, list[int]] = {}
     seen: dict[str, set] = {"a": set(), "b": set(), "left": set(), "came": set()}
     for _ in range(200):
@@ -110,7 +111,7 @@ def reference(tiny) -> dict[str, list[int]]:
     hf, cfg = tiny
     pe = local_engine(cfg, hf.state_dict().items(), EngineConfig(page_tokens=4))
     for i, (rid, (n, sp)) in enumerate(REQS.items()):
-        pe.add_request(rid, random_prompt(cfg, n, seed=i), sp)
+        pe.add_request(rid, random_prompt(cfg, n, seed=i), RequestSpec(sp))
     out: dict[str, list[int]] = {}
     while pe.has_unfinished():
         for o in pe.step():

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from tiny import make_tiny, random_prompt
@@ -32,7 +34,7 @@ def run(engine, requests: dict[str, tuple[list[int], SamplingParams, str | None]
     """Add every request (prompt, params, fork_of), step to the end: per request its
     tokens, finish reason, logprobs and the prompt tokens computed for it."""
     for rid, (prompt, params, fork_of) in requests.items():
-        engine.add_request(rid, prompt, params, fork_of=fork_of)
+        engine.add_request(rid, prompt, RequestSpec(params, fork_of=fork_of))
     out = {rid: ([], None, [], 0) for rid in requests}
     while engine.has_unfinished():
         batch = engine.begin_step()
@@ -141,7 +143,7 @@ def test_a_resumed_request_goes_on_as_if_never_interrupted(tiny) -> None:
     assert naive["c"][0] != ids[k:]
     # The resumed tokens are the end of a prompt: they cannot be all of it.
     with pytest.raises(InvalidRequestError) as e:
-        engine_for(tiny).add_request("d", ids[:k], rest)
+        engine_for(tiny).add_request("d", ids[:k], RequestSpec(rest))
     assert e.value.field == "resumed_tokens"
 
 
@@ -157,7 +159,7 @@ def test_prompt_logprobs_are_the_models_across_chunks_and_despite_the_prefix_cac
     with torch.no_grad():
         want = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
     for rid in ("first", "again"):
-        engine.add_request(rid, prompt, p)
+        engine.add_request(rid, prompt, RequestSpec(p))
         firsts = []
         while engine.has_unfinished():
             batch = engine.begin_step()
@@ -169,7 +171,7 @@ def test_prompt_logprobs_are_the_models_across_chunks_and_despite_the_prefix_cac
             top = want[j].topk(2)
             assert [t for t, _ in lp.top] == top.indices.tolist()
     # A request without it gets none, and shares the cache as before.
-    engine.add_request("plain", prompt, SamplingParams(max_tokens=1, temperature=0))
+    engine.add_request("plain", prompt, RequestSpec(SamplingParams(max_tokens=1, temperature=0)))
     batch = engine.begin_step()
     assert batch[0].start > 0  # served from the prefix cache
     outs = engine.end_step(batch, engine.runner.run(batch), 0.0)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from device_probes import kv_slots
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.sequence import TokenSplit, head_rows_by_rank
@@ -41,7 +42,7 @@ def engine(pool, cfg, groups, shift):
 
 def one_step(pe, group, items):
     """Run one step of `items` = [(seq, start, q_len)] on `group`: its logits and inputs."""
-    pages = pe.alloc.group(group)
+    pages = pe.alloc.group(group, len(group))
     for seq, _, _ in items:
         if not seq.pages:
             seq.pages = pages.allocate(pages.pages_for(seq.total_len))
@@ -58,8 +59,8 @@ def test_sp_logits_equal_tp1(tiny_pool, group):
     hf, cfg, pool = tiny_pool
     pe = engine(pool, cfg, [group], ALWAYS_SP)
     a, b = random_prompt(cfg, 13, 1), random_prompt(cfg, 6, 2)
-    sa, sb = Sequence("a", a, GREEDY), Sequence("b", b, GREEDY)
-    pages = pe.alloc.group(group)
+    sa, sb = Sequence("a", a, RequestSpec(GREEDY)), Sequence("b", b, RequestSpec(GREEDY))
+    pages = pe.alloc.group(group, len(group))
     for seq in (sa, sb):  # room for the decode token too
         seq.pages = pages.allocate(pages.pages_for(seq.total_len + 1))
     before = pool.call(0, Counters())
@@ -85,7 +86,7 @@ def test_one_token_on_four_ranks(tiny_pool):
     hf, cfg, pool = tiny_pool
     pe = engine(pool, cfg, [(0, 1, 2, 3)], ALWAYS_SP)
     ids = [5]
-    logits, inputs = one_step(pe, (0, 1, 2, 3), [(Sequence("x", ids, GREEDY), 0, 1)])
+    logits, inputs = one_step(pe, (0, 1, 2, 3), [(Sequence("x", ids, RequestSpec(GREEDY)), 0, 1)])
     assert inputs.sequence_parallel and len(inputs.input_ids) == 1
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0, -1]
@@ -100,7 +101,7 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
     ps = [random_prompt(cfg, 5 + 4 * i, 10 + i) for i in range(4)]
     pe = engine(pool, cfg, [(0, 1, 2, 3)], ALWAYS_SP)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     step = 0
     before = pool.call(0, Counters())
@@ -128,7 +129,10 @@ def test_sp_writes_the_kv_tp_writes(tiny_pool):
     hf, cfg, pool = tiny_pool
     pe = engine(pool, cfg, [(0, 1), (2, 3)], ALWAYS_SP)
     ids = random_prompt(cfg, 21, 3)
-    sp_seq, tp_seq = Sequence("sp", ids, GREEDY), Sequence("tp", ids, GREEDY)
+    sp_seq, tp_seq = (
+        Sequence("sp", ids, RequestSpec(GREEDY)),
+        Sequence("tp", ids, RequestSpec(GREEDY)),
+    )
     one_step(pe, (0, 1), [(sp_seq, 0, len(ids))])
     pe.engines[(2, 3)].runner.shift = NEVER_SP
     one_step(pe, (2, 3), [(tp_seq, 0, len(ids))])
@@ -150,12 +154,14 @@ def test_sp_writes_the_kv_tp_writes_on_four_ranks(tiny_pool):
     hf, cfg, pool = tiny_pool
     pe = engine(pool, cfg, [ALL], ALWAYS_SP)
     ids = random_prompt(cfg, 17, 4)
-    seq = Sequence("x", ids, GREEDY)
+    seq = Sequence("x", ids, RequestSpec(GREEDY))
     one_step(pe, ALL, [(seq, 0, len(ids))])
     local_heads = HeadRange.of(cfg, 4, 0).kv_heads
     sp_kv = [pool.call(d, Probe(kv_slots, (seq.pages, len(ids), local_heads))) for d in ALL]
     pe.engines[ALL].runner.shift = NEVER_SP
-    one_step(pe, ALL, [(Sequence("y", ids, GREEDY, pages=list(seq.pages)), 0, len(ids))])
+    one_step(
+        pe, ALL, [(Sequence("y", ids, RequestSpec(GREEDY), pages=list(seq.pages)), 0, len(ids))]
+    )
     assert pe.counters["sp_steps"] == 1 and pe.counters["tp_steps"] == 1
     for d in ALL:
         tp_kv = pool.call(d, Probe(kv_slots, (seq.pages, len(ids), local_heads)))

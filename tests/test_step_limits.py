@@ -5,7 +5,7 @@ decode steps cover its whole batch."""
 from __future__ import annotations
 
 from nitsum import serve, serve_commands
-from nitsum.engine.build import EngineConfig, default_step_limits
+from nitsum.engine.engine_config import EngineConfig, default_step_limits
 from nitsum.engine.graphs import DEFAULT_BUCKETS, decode_buckets
 from nitsum.worker.__main__ import build_parser as worker_parser
 from nitsum.worker.__main__ import engine_config

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from tokenizers import Tokenizer
 
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.structured import compiler
@@ -89,10 +90,10 @@ def test_schema_output_parses_and_validates(hf, tok, temperature) -> None:
         sp = SamplingParams(
             max_tokens=120, temperature=temperature, seed=7, grammar=grammar(schema)
         )
-        engine.add_request(name, PROMPT, sp)
+        engine.add_request(name, PROMPT, RequestSpec(sp))
     # An unconstrained request in the same batches is untouched by the masks.
     engine.add_request(
-        "free", PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+        "free", PROMPT, RequestSpec(SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     )
     outs, reasons = run(engine)
     for name, schema in SCHEMAS.items():
@@ -100,7 +101,9 @@ def test_schema_output_parses_and_validates(hf, tok, temperature) -> None:
         assert reasons[name] == "stop", (name, text)
         jsonschema.validate(json.loads(text), schema)
     alone = tiny_engine(hf)
-    alone.add_request("free", PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    alone.add_request(
+        "free", PROMPT, RequestSpec(SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    )
     assert outs["free"] == run(alone)[0]["free"]
 
 
@@ -113,7 +116,7 @@ def test_json_object_output_stays_inside_the_grammar(hf, tok) -> None:
         sp = SamplingParams(
             max_tokens=60, temperature=1.0, seed=seed, grammar=GrammarSpec("json_object")
         )
-        engine.add_request(f"o{seed}", PROMPT, sp)
+        engine.add_request(f"o{seed}", PROMPT, RequestSpec(sp))
     outs, reasons = run(engine)
     for rid, ids in outs.items():
         fresh = compiler.current().matcher(GrammarSpec("json_object"))
@@ -129,7 +132,7 @@ def test_json_object_output_stays_inside_the_grammar(hf, tok) -> None:
 def test_without_the_grammar_the_model_emits_no_json(hf, tok) -> None:
     # The test above can fail: the random model alone does not write valid JSON.
     engine = tiny_engine(hf)
-    engine.add_request("free", PROMPT, SamplingParams(max_tokens=30, temperature=0))
+    engine.add_request("free", PROMPT, RequestSpec(SamplingParams(max_tokens=30, temperature=0)))
     outs, _ = run(engine)
     with pytest.raises(ValueError):
         json.loads(text_of(tok, outs["free"]))
@@ -139,7 +142,9 @@ def test_resume_replays_the_output_into_the_grammar(hf) -> None:
     schema = SCHEMAS["array"]
     engine = tiny_engine(hf)
     engine.add_request(
-        "whole", PROMPT, SamplingParams(max_tokens=120, temperature=0, grammar=grammar(schema))
+        "whole",
+        PROMPT,
+        RequestSpec(SamplingParams(max_tokens=120, temperature=0, grammar=grammar(schema))),
     )
     whole = run(engine)[0]["whole"]
     assert len(whole) > 4
@@ -147,7 +152,9 @@ def test_resume_replays_the_output_into_the_grammar(hf) -> None:
     k = 3
     spec = GrammarSpec("json_schema", json.dumps(schema), replay=k)
     engine.add_request(
-        "rest", PROMPT + whole[:k], SamplingParams(max_tokens=120, temperature=0, grammar=spec)
+        "rest",
+        PROMPT + whole[:k],
+        RequestSpec(SamplingParams(max_tokens=120, temperature=0, grammar=spec)),
     )
     assert run(engine)[0]["rest"] == whole[k:]
 
@@ -160,7 +167,7 @@ def test_preempted_sequences_keep_their_grammar_state(hf, tok) -> None:
     def outputs(engine) -> dict[str, list[int]]:
         for i in range(4):
             sp = SamplingParams(max_tokens=36, temperature=0, grammar=grammar(schema))
-            engine.add_request(f"r{i}", PROMPT[:-1] + [100 + i], sp)
+            engine.add_request(f"r{i}", PROMPT[:-1] + [100 + i], RequestSpec(sp))
         return run(engine)[0]
 
     small = tiny_engine(hf, kv_cache_bytes=12 * 2048, page_tokens=4, prefix_caching=False)
@@ -178,11 +185,11 @@ def test_bad_grammars_are_refused_at_add(hf) -> None:
         "json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "x"}}})
     )
     with pytest.raises(InvalidRequestError) as e:
-        engine.add_request("b", PROMPT, SamplingParams(grammar=bad))
+        engine.add_request("b", PROMPT, RequestSpec(SamplingParams(grammar=bad)))
     assert e.value.field == "response_format"
     broken = GrammarSpec("json_object", replay=2)  # the prompt's last 2 tokens are no object
     with pytest.raises(InvalidRequestError, match="replayed output"):
-        engine.add_request("c", PROMPT, SamplingParams(grammar=broken))
+        engine.add_request("c", PROMPT, RequestSpec(SamplingParams(grammar=broken)))
     assert not engine.has_unfinished()
 
 
@@ -209,8 +216,8 @@ def test_grammar_combines_with_logprobs_processors_and_forks(hf, tok) -> None:
             frequency_penalty=0.5,
         )
 
-    engine.add_request("c0", prompt, params(1))
-    engine.add_request("c1", prompt, params(2), fork_of="c0")
+    engine.add_request("c0", prompt, RequestSpec(params(1)))
+    engine.add_request("c1", prompt, RequestSpec(params(2), fork_of="c0"))
     ids: dict[str, list[int]] = {"c0": [], "c1": []}
     lps: dict[str, list] = {"c0": [], "c1": []}
     reasons: dict[str, str] = {}

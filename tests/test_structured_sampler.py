@@ -150,9 +150,9 @@ def test_generate_carries_the_grammar_to_the_workers_sampling_params() -> None:
         protocol.encode(protocol.generate("r", [1, 2, 3], SamplingParams(grammar=g)))
     )
     assert msg["grammar"] == {"kind": "json_schema", "schema": json.dumps(SCHEMA), "replay": 2}
-    assert inbound.parse_generate(msg).sampling.grammar == g
+    assert inbound.parse_generate(msg).spec.sampling.grammar == g
     plain = protocol.decode(protocol.encode(protocol.generate("r", [1], SamplingParams())))
-    assert "grammar" not in plain and inbound.parse_generate(plain).sampling.grammar is None
+    assert "grammar" not in plain and inbound.parse_generate(plain).spec.sampling.grammar is None
     with pytest.raises(InvalidRequestError) as e:
         inbound.parse_generate({**plain, "grammar": {"kind": "lark"}})
     assert e.value.field == "response_format"

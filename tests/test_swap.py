@@ -4,7 +4,9 @@ one, swap chosen over recompute by cost; tokens unchanged, every page back in it
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.host_pool import HostKVPool, runs
 from nitsum.kv.pool import KVPool
 from nitsum.sampling import SamplingParams
@@ -67,8 +69,10 @@ def test_a_strict_request_swaps_background_ones_out_and_they_finish_unchanged(
     engine = engine_for(tiny, pages=64, host_pages=32, max_batch=2, prefix_caching=caching)
     engine.scheduler.swap.bytes_per_s = 1e15  # copies cost nothing: always swap
     ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
-    bg = [((r, ps[r], LONG, "background", "background"), {}) for r in ("bg0", "bg1")]
-    strict = [(("strict", ps["strict"], LONG, "feasible", "s"), {})]
+    bg = [
+        (r, ps[r], RequestSpec(LONG, klass="background", tier="background")) for r in ("bg0", "bg1")
+    ]
+    strict = [("strict", ps["strict"], RequestSpec(LONG, klass="feasible", tier="s"))]
     out, first = run_arrivals(engine, {0: bg, 12: strict})
     assert first["strict"] == 12, first
     for r, p in ps.items():
@@ -96,17 +100,17 @@ def test_short_contexts_recompute_and_abort_frees_host_pages(tiny) -> None:
     out, _ = run_arrivals(
         engine,
         {
-            0: [(("bg", prompt(cfg, 40, 1), LONG, "background", "b"), {})],
-            3: [(("strict", prompt(cfg, 9, 2), LONG, "feasible", "s"), {})],
+            0: [("bg", prompt(cfg, 40, 1), RequestSpec(LONG, klass="background", tier="b"))],
+            3: [("strict", prompt(cfg, 9, 2), RequestSpec(LONG, klass="feasible", tier="s"))],
         },
     )
     assert (s.preemptions, s.swapped) == (1, 0)
     # Copies cheap: swap; then abort the swapped-out request while it waits on host.
     s.swap.bytes_per_s = 1e15
-    engine.add_request("bg2", prompt(cfg, 30, 3), LONG, "background", "b")
+    engine.add_request("bg2", prompt(cfg, 30, 3), RequestSpec(LONG, klass="background", tier="b"))
     for _ in range(3):
         engine.step()
-    engine.add_request("strict2", prompt(cfg, 9, 4), LONG, "feasible", "s")
+    engine.add_request("strict2", prompt(cfg, 9, 4), RequestSpec(LONG, klass="feasible", tier="s"))
     engine.step()
     assert s.swapped == 1 and s.swap.host.num_free < s.swap.host.num_pages
     assert engine.abort("bg2")
@@ -139,9 +143,11 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
         for step in range(200):
             if step == 0:
                 for r in ("bg0", "bg1"):
-                    pe.add_request(r, ps[r], LONG, klass="background", tier="b")
+                    pe.add_request(r, ps[r], RequestSpec(LONG, klass="background", tier="b"))
             if step == 6:
-                pe.add_request("strict", ps["strict"], LONG, klass="feasible", tier="s")
+                pe.add_request(
+                    "strict", ps["strict"], RequestSpec(LONG, klass="feasible", tier="s")
+                )
             if step > 6 and not pe.has_unfinished():
                 break
             for o in pe.step():

@@ -8,7 +8,9 @@ import time
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.swap import SwapSpace
 from nitsum.kv.host_pool import HostKVPool
 from nitsum.kv.pages import PageAllocator
@@ -69,8 +71,8 @@ class FakeCopier:
 def test_pages_under_a_copy_in_flight_go_to_nobody_until_it_is_done() -> None:
     """A swapped-out sequence's pages are released at once but held: allocations take other
     pages while any are free, and wait for the copy (settle) when only held ones are left."""
-    device = PageAllocator(1, 8, P, 1).group((0,))
-    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1)
+    device = PageAllocator(1, 8, P, 1).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,), 1), device, page_bytes=1)
     swap.copier = copier = FakeCopier()
     victim = device.allocate(4)
     assert victim == [0, 1, 2, 3]
@@ -87,8 +89,8 @@ def test_pages_under_a_copy_in_flight_go_to_nobody_until_it_is_done() -> None:
 
 
 def test_sync_or_async_swap_in_by_cost() -> None:
-    device = PageAllocator(1, 8, P, 1).group((0,))
-    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1000)
+    device = PageAllocator(1, 8, P, 1).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,), 1), device, page_bytes=1000)
     swap.bytes_per_s = 1e6  # one page: 1 ms
     assert swap.sync_is_cheaper(pages=10, others=0, step_s=0.05)  # nobody else waits
     assert swap.sync_is_cheaper(pages=10, others=4, step_s=0.05)  # 40 ms of others' time
@@ -137,11 +139,13 @@ class Loading:
         self.gate = gated(engine)
         self.ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
         self.out: dict[str, list[int]] = {}
-        engine.add_request("bg0", self.ps["bg0"], LONG, "background", "b")
-        engine.add_request("bg1", self.ps["bg1"], SHORT, "background", "b")
+        engine.add_request("bg0", self.ps["bg0"], RequestSpec(LONG, klass="background", tier="b"))
+        engine.add_request("bg1", self.ps["bg1"], RequestSpec(SHORT, klass="background", tier="b"))
         for _ in range(4):
             self.step()
-        engine.add_request("strict", self.ps["strict"], SHORT, "feasible", "s")
+        engine.add_request(
+            "strict", self.ps["strict"], RequestSpec(SHORT, klass="feasible", tier="s")
+        )
         self.step()
         assert s.swapped == 1 and engine.seqs["bg1"].host_pages
         while not engine.seqs["bg1"].loading:
@@ -200,10 +204,10 @@ def test_a_copy_out_of_a_page_being_copied_into_goes_in_the_next_ticket() -> Non
     ticket copies into starts that ticket first, so the copy out reads the loaded data."""
     from nitsum.engine.sequence import Sequence
 
-    device = PageAllocator(1, 8, P, 1).group((0,))
-    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,)), device, page_bytes=1)
+    device = PageAllocator(1, 8, P, 1).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 8, P, 1).group((0,), 1), device, page_bytes=1)
     swap.copier = copier = FakeCopier()
-    seq = Sequence("s", [1, 2, 3], SamplingParams())
+    seq = Sequence("s", [1, 2, 3], RequestSpec(SamplingParams()))
     pages = device.allocate(2)
     swap.swap_in(seq, [5, 6], pages, sync=False)
     assert copier.started == [] and seq.loading

@@ -6,7 +6,8 @@ import threading
 import pytest
 
 import device_probes
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.device_pool import DevicePool
@@ -93,19 +94,22 @@ def test_a_prompt_longer_than_a_device_runs_on_a_bound_group(run, tiny) -> None:
     hf, cfg = tiny
     long = prompt(cfg, 100, seed=1)
     assert run.pe.max_servable_tokens() == 160
-    group = run.pe.add_request("long", long, greedy(20))
+    group = run.pe.add_request("long", long, RequestSpec(greedy(20)))
     assert group == (0, 1) and run.pe.binder.bindings[0].hard is False
     run.finish()
     assert run.out["long"] == hf_greedy(hf, long, 20)
     assert run.pe.all_counters()["tp_binds"] == 1
     short = prompt(cfg, 20, seed=2)
-    assert run.pe.add_request("short", short, greedy(8), group=(1,)) == (1,)
+    assert run.pe.add_request("short", short, RequestSpec(greedy(8)), group=(1,)) == (1,)
     run.finish()
     assert run.out["short"] == hf_greedy(hf, short, 8)
     with pytest.raises(InvalidRequestError):
-        run.pe.add_request("too-long", prompt(cfg, 170, seed=3), greedy(4))
+        run.pe.add_request("too-long", prompt(cfg, 170, seed=3), RequestSpec(greedy(4)))
     # A tier's bind_tp beyond the pool's levels binds the largest one below it.
-    assert run.pe.add_request("four", short, greedy(2), bind_tp=4, ttft_ms=900) == (0, 1)
+    assert run.pe.add_request("four", short, RequestSpec(greedy(2), bind_tp=4, ttft_ms=900)) == (
+        0,
+        1,
+    )
     run.finish()
     assert run.out["four"] == hf_greedy(hf, short, 2)
     assert run.pe.all_counters()["tp_binds_clamped"] == 1
@@ -118,12 +122,15 @@ def test_hard_binding_pauses_replicas_with_their_kv_intact(run, pool, tiny) -> N
     hf, cfg = tiny
     created = [pool.call(d, Counters())["groups_created"] for d in range(2)]
     ps = {r: prompt(cfg, 24 + i, seed=10 + i) for i, r in enumerate("abs")}
-    run.pe.add_request("a", ps["a"], greedy(16), group=(0,))
-    run.pe.add_request("b", ps["b"], greedy(16), group=(1,))
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(16)), group=(0,))
+    run.pe.add_request("b", ps["b"], RequestSpec(greedy(16)), group=(1,))
     for _ in range(4):
         run.step()
     bound_at = run.n
-    assert run.pe.add_request("s", ps["s"], greedy(6), bind_tp=2, ttft_ms=500) == (0, 1)
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2, ttft_ms=500)) == (
+        0,
+        1,
+    )
     run.finish()
     s_steps = run.steps["s"]
     assert s_steps[0] == bound_at  # started at once
@@ -142,11 +149,13 @@ def test_soft_binding_starts_in_dp_and_moves_when_the_group_forms(run, tiny) -> 
     goes on there; its tokens equal the reference."""
     hf, cfg = tiny
     busy, req = prompt(cfg, 30, seed=20), prompt(cfg, 40, seed=21)
-    run.pe.add_request("busy", busy, greedy(6), group=(0,))
+    run.pe.add_request("busy", busy, RequestSpec(greedy(6)), group=(0,))
     run.step()
-    assert run.pe.add_request("soft", req, greedy(24), bind_tp=2, bind_hard=False) == (1,)
+    assert run.pe.add_request("soft", req, RequestSpec(greedy(24), bind_tp=2, bind_hard=False)) == (
+        1,
+    )
     b = run.pe.binder.bindings[0]
-    run.pe.add_request("later", prompt(cfg, 10, seed=22), greedy(4), group=(0,))
+    run.pe.add_request("later", prompt(cfg, 10, seed=22), RequestSpec(greedy(4)), group=(0,))
     while not b.formed:
         run.step()
     in_dp = len(run.out.get("soft", []))
@@ -166,10 +175,10 @@ def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:
     pool.call(0, Probe(device_probes.slow_steps, (0.2,)))
     try:
         ps = {r: prompt(cfg, 20 + i, seed=30 + i) for i, r in enumerate("abs")}
-        run.pe.add_request("a", ps["a"], greedy(6), group=(0,))
-        run.pe.add_request("b", ps["b"], greedy(6), group=(1,))
+        run.pe.add_request("a", ps["a"], RequestSpec(greedy(6)), group=(0,))
+        run.pe.add_request("b", ps["b"], RequestSpec(greedy(6)), group=(1,))
         run.step()
-        run.pe.add_request("s", ps["s"], greedy(4), bind_tp=2, ttft_ms=100)
+        run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=100))
         done = threading.Event()
 
         def finish() -> None:
@@ -193,15 +202,15 @@ def test_light_load_binds_idle_replicas_for_a_strict_request(pool, tiny) -> None
     hf, cfg = tiny
     pe = PoolEngine(pool, cfg, replace(ECFG, bind_idle=True), PAGES, [(0,), (1,)])
     ps = [prompt(cfg, 16, seed=40 + i) for i in range(3)]
-    assert pe.add_request("idle", ps[0], greedy(4), group=(0,), ttft_ms=500) == (0, 1)
-    assert pe.add_request("bulk", ps[1], greedy(4), group=(1,)) == (1,)  # no TTFT: DP
+    assert pe.add_request("idle", ps[0], RequestSpec(greedy(4), ttft_ms=500), group=(0,)) == (0, 1)
+    assert pe.add_request("bulk", ps[1], RequestSpec(greedy(4)), group=(1,)) == (1,)  # no TTFT: DP
     out: dict[str, list[int]] = {}
     while pe.has_unfinished():
         for o in pe.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    pe.add_request("busy", ps[1], greedy(30), group=(1,))
+    pe.add_request("busy", ps[1], RequestSpec(greedy(30)), group=(1,))
     pe.step()
-    assert pe.add_request("strict", ps[2], greedy(4), group=(0,), ttft_ms=500) == (0,)
+    assert pe.add_request("strict", ps[2], RequestSpec(greedy(4), ttft_ms=500), group=(0,)) == (0,)
     while pe.has_unfinished():
         for o in pe.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
@@ -219,12 +228,12 @@ def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
     hf, cfg = tiny
     pe = PoolEngine(pool, cfg, replace(ECFG, prefix_caching=True), PAGES, [(0,), (1,)])
     for i, g in enumerate(((0,), (1,))):
-        pe.add_request(f"warm{i}", prompt(cfg, 64, seed=50 + i), greedy(4), group=g)
+        pe.add_request(f"warm{i}", prompt(cfg, 64, seed=50 + i), RequestSpec(greedy(4)), group=g)
     while pe.has_unfinished():
         pe.step()
     assert all(e.num_evictable() >= 15 for e in pe.engines.values())
     long = prompt(cfg, 100, seed=52)
-    pe.add_request("long", long, greedy(20), ttft_ms=5000)
+    pe.add_request("long", long, RequestSpec(greedy(20), ttft_ms=5000))
     out: list[int] = []
     for _ in range(100):
         if not pe.has_unfinished():
@@ -233,7 +242,7 @@ def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
     assert out == hf_greedy(hf, long, 20)
     pe.step()
     assert not pe.binder.bindings
-    pe.add_request("gone", prompt(cfg, 8, seed=53), greedy(4), bind_tp=2, ttft_ms=500)
+    pe.add_request("gone", prompt(cfg, 8, seed=53), RequestSpec(greedy(4), bind_tp=2, ttft_ms=500))
     assert pe.binder.bindings and pe.binder.paused() == {(0,), (1,)}
     assert pe.abort("gone")
     assert not pe.binder.bindings and not pe.binder.paused()
@@ -246,8 +255,8 @@ def test_a_group_failing_to_begin_a_step_fails_alone(run, tiny) -> None:
     with an error; the other group's launched step is still collected and it finishes."""
     hf, cfg = tiny
     ps = [prompt(cfg, 12, seed=60 + i) for i in range(2)]
-    run.pe.add_request("ok", ps[0], greedy(6), group=(0,))
-    run.pe.add_request("bad", ps[1], greedy(6), group=(1,))
+    run.pe.add_request("ok", ps[0], RequestSpec(greedy(6)), group=(0,))
+    run.pe.add_request("bad", ps[1], RequestSpec(greedy(6)), group=(1,))
     broken = run.pe.engines[(1,)]
 
     def fail():

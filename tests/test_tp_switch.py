@@ -4,11 +4,14 @@ import pytest
 import torch
 
 from device_probes import fill_kv, kv_of_slots, shards_share_storage
-from nitsum.engine.build import EngineConfig, build_engine
+from nitsum.engine.build import build_engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.device_commands import Counters, Probe
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.pool_engine import PoolEngine
@@ -49,7 +52,7 @@ def reference_tokens(tiny, ps):
         cfg, hf.state_dict().items(), EngineConfig(kv_cache_bytes=4 << 20, page_tokens=4)
     )
     for i, p in enumerate(ps):
-        e.add_request(f"r{i}", p, GREEDY)
+        e.add_request(f"r{i}", p, RequestSpec(GREEDY))
     return drain(e)
 
 
@@ -81,10 +84,12 @@ def test_logits_equal_at_tp_1_2_4(pool, tiny):
         ref = hf(torch.tensor([ids])).logits[0, -1]
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for group in ([(0,)], [(0, 1)], [(0, 1, 2, 3)]):
-        pages = pe.alloc.group(group[0])
-        seq = Sequence("x", ids, GREEDY)
+        pages = pe.alloc.group(group[0], len(group[0]))
+        seq = Sequence("x", ids, RequestSpec(GREEDY))
         seq.pages = pages.allocate(pages.pages_for(len(ids)))
-        inputs = build = pe._engine(group[0]).runner.prepare([Scheduled(seq, 0, len(ids))])
+        inputs = build = pe.new_engine(GroupShape.tp_group(group[0])).runner.prepare(
+            [Scheduled(seq, 0, len(ids))]
+        )
         pool.launch_step(group[0], build)
         logits = pool.collect_step(group[0])[0]
         pages.release(seq.pages)
@@ -99,7 +104,7 @@ def test_switch_mid_decode_keeps_greedy_tokens(pool, tiny):
     ref = reference_tokens(tiny, ps)
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     reports = []
     for layout in (TP2, TP4, TP2, TP1):
@@ -122,10 +127,10 @@ def test_failed_transfer_rolls_back_and_requests_finish(pool, tiny):
     ref = reference_tokens(tiny, ps)
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, TP1)
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY)
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out = drain(pe, steps=5)
     before = pe.page_accounting()
-    report = pe.reconfigure(TP2, fail=(1, 0))  # piece 1: device 0 -> 1
+    report = pe.reconfigure(TP2, faults=FaultPlan(transfer=(1, 0)))  # piece 1: device 0 -> 1
     assert not report.ok and "failed" in report.error
     assert pe.groups == TP1
     assert pe.page_accounting() == before
@@ -145,7 +150,7 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     ref = reference_tokens(tiny, ps)
     pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, [(0, 1), (2,), (3,)])
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, GREEDY, group=(0, 1), decode_group=(2 + i % 2,))
+        pe.add_request(f"r{i}", p, RequestSpec(GREEDY), group=(0, 1), decode_group=(2 + i % 2,))
     out = drain(pe, steps=6)
     # Every prompt fits the budget, so all prefills are done and handed off by now.
     assert not pe.engines[(0, 1)].seqs
@@ -195,7 +200,7 @@ def test_migration_moves_exact_bytes_in_every_mode(pool, tiny, mode):
             # An injected failure after 3 chunks: both ends stop there, the caller is told,
             # and the next migration (fresh chunk names) is whole again.
             with pytest.raises(TransferFailed):
-                pool.migrate([piece], mode, fail=(0, 3))
+                pool.migrate([piece], mode, faults=FaultPlan(transfer=(0, 3)))
             pool.call(1, Probe(fill_kv, (4, 5 * slot_bytes)))
             pool.migrate([piece], mode)
             assert torch.equal(pool.call(1, Probe(kv_of_slots, (dst,))), want)

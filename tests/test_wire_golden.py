@@ -65,15 +65,18 @@ def test_the_fixtures_set_every_field_of_every_type():
 
 def test_the_generate_fixture_parses_into_the_request_it_describes():
     req = inbound.parse_generate(proto.decode(fixture("generate")))
-    assert (req.request_id, req.input_ids, req.tier, req.klass) == (
+    spec = req.spec
+    assert (req.request_id, req.input_ids, spec.tier, spec.klass) == (
         "0123456789abcdef0123456789abcdef",
         [1, 15, 27, 3],
         "gold",
         "feasible",
     )
-    assert (req.decode_target, req.ttft_ms, req.priority, req.may_preempt) == (2, 250.0, -1, False)
-    assert (req.bind_tp, req.fork_of) == (2, "fedcba9876543210fedcba9876543210")
-    assert req.sampling == SamplingParams(
+    assert (spec.decode_target, spec.ttft_ms) == (2, 250.0)
+    assert (spec.priority, spec.may_preempt) == (-1, False)
+    assert (spec.bind_tp, spec.fork_of) == (2, "fedcba9876543210fedcba9876543210")
+    assert spec.truncate_prompt_tokens == 3
+    assert spec.sampling == SamplingParams(
         max_tokens=32, temperature=0.5, top_p=0.75, top_k=40, seed=1234, stop_token_ids=(2, 13),
         ignore_eos=False, presence_penalty=0.25, frequency_penalty=-0.5,
         repetition_penalty=1.25, logit_bias=((7, 2.5),), min_tokens=3, min_p=0.125, logprobs=2,

@@ -93,22 +93,26 @@ def test_parse_generate_round_trips_sampling():
                             stop_token_ids=(3, 4), ignore_eos=True)  # fmt: skip
     msg = roundtrip(proto.generate("r1", [1, 2], params, tier="gold", klass="background"))
     req = inbound.parse_generate(msg)
-    assert (req.request_id, req.input_ids, req.tier, req.klass) == (
+    assert (req.request_id, req.input_ids, req.spec.tier, req.spec.klass) == (
         "r1",
         [1, 2],
         "gold",
         "background",
     )
-    assert req.sampling == params and req.decode_target is None and req.ttft_ms is None
-    assert inbound.parse_generate({**msg, "ttft_ms": 250}).ttft_ms == 250.0
-    assert (req.priority, req.may_preempt) == (0, True)
+    assert (
+        req.spec.sampling == params and req.spec.decode_target is None and req.spec.ttft_ms is None
+    )
+    assert inbound.parse_generate({**msg, "ttft_ms": 250}).spec.ttft_ms == 250.0
+    assert (req.spec.priority, req.spec.may_preempt) == (0, True)
     got = inbound.parse_generate({**msg, "priority": -4, "preempt": False})
-    assert (got.priority, got.may_preempt) == (-4, False)
-    assert req.bind_tp is None
-    assert inbound.parse_generate({**msg, "bind_tp": 2}).bind_tp == 2
+    assert (got.spec.priority, got.spec.may_preempt) == (-4, False)
+    assert req.spec.bind_tp is None
+    assert inbound.parse_generate({**msg, "bind_tp": 2}).spec.bind_tp == 2
     # Integer temperature from a loose encoder is accepted as a float.
     loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
-    assert inbound.parse_generate(loose).sampling == SamplingParams(max_tokens=2, temperature=0.0)
+    assert inbound.parse_generate(loose).spec.sampling == SamplingParams(
+        max_tokens=2, temperature=0.0
+    )
 
 
 def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
@@ -118,11 +122,11 @@ def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
     msg = roundtrip(proto.generate("r1", [1, 2], params))
     assert msg["sampling"]["logit_bias"] == [[7, 100.0], [3, -2.5]]
     req = inbound.parse_generate(msg)
-    assert req.sampling == params and req.fork_of is None
-    assert inbound.parse_generate({**msg, "fork_of": "r0"}).fork_of == "r0"
+    assert req.spec.sampling == params and req.spec.fork_of is None
+    assert inbound.parse_generate({**msg, "fork_of": "r0"}).spec.fork_of == "r0"
     # Integer values from a loose encoder (the router's f32 as msgpack ints) are floats here.
     loose = inbound.parse_generate({**msg, "sampling": {"logit_bias": [[7, 100]], "min_p": 0}})
-    assert loose.sampling.logit_bias == ((7, 100.0),) and loose.sampling.min_p == 0.0
+    assert loose.spec.sampling.logit_bias == ((7, 100.0),) and loose.spec.sampling.min_p == 0.0
     lp = [TokenLogprob(-0.25, ((5, -0.25), (6, -1.5))), TokenLogprob(-3.0)]
     tokens = roundtrip(proto.Tokens(0, "r1", [5, 9], None, None, 2, logprobs=lp).to_wire())
     assert tokens["logprobs"] == [

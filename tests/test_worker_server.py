@@ -11,7 +11,8 @@ import pytest
 import torch
 import zmq
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import local_engine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
@@ -100,7 +101,7 @@ def engine_of(server):
 
 def solo(tiny, ids, params=GREEDY):
     engine = make_engine(tiny)
-    engine.add_request("solo", ids, params)
+    engine.add_request("solo", ids, RequestSpec(params))
     out = []
     while engine.has_unfinished():
         for o in engine.step():

@@ -25,7 +25,8 @@ import httpx
 import pytest
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import open_local_engine
 from nitsum.sampling import SamplingParams
 from test_router_protocol import BIN, EOS, free_port, write_tiny_model
@@ -197,7 +198,7 @@ def reference(
     """Tokens of a mixed run: one in-process engine serves each request from start to end."""
     pe = open_local_engine(model, EngineConfig(kv_cache_bytes=4 << 20, page_tokens=PAGE_TOKENS))
     for rid, (ids, sp) in reqs.items():
-        pe.add_request(rid, ids, sp)
+        pe.add_request(rid, ids, RequestSpec(sp))
     out: dict[str, list[int]] = {rid: [] for rid in reqs}
     for _ in range(500):
         if not pe.has_unfinished():

@@ -10,8 +10,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.pool import KVPool
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 
@@ -151,16 +153,16 @@ def assert_pages_consistent(pe: Any) -> None:
 
 
 def run_arrivals(
-    engine: Any, arrivals: dict[int, list[tuple[tuple, dict]]]
+    engine: Any, arrivals: dict[int, list[tuple[str, list[int], RequestSpec]]]
 ) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Step `engine` to the end, adding `arrivals[step]` ((args, kwargs) of `add_request`)
+    """Step `engine` to the end, adding `arrivals[step]` ((id, prompt, spec) of `add_request`)
     before that step; every request's tokens and the step it got its first token at."""
     out: dict[str, list[int]] = {}
     first: dict[str, int] = {}
     step = 0
     while engine.has_unfinished() or any(s >= step for s in arrivals):
-        for args, kw in arrivals.get(step, []):
-            engine.add_request(*args, **kw)
+        for rid, ids, spec in arrivals.get(step, []):
+            engine.add_request(rid, ids, spec)
         for o in engine.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
             if o.new_token_ids:
@@ -191,19 +193,16 @@ def tiny_device_pool(
         yield pool
 
 
-def layout_slices(
-    cfg: ModelConfig, groups: list[tuple[int, ...]], pipelines: dict[tuple[int, ...], int]
-) -> dict[int, set[tuple[int, int]]]:
+def layout_slices(cfg: ModelConfig, shapes: list[GroupShape]) -> dict[int, set[tuple[int, int]]]:
     """(device -> the (layer, KV head) slices it holds) in a layout of TP groups and pipelines
     (an independent count of what a 2-D migration must move: the slices a device gains)."""
     from nitsum.parallel.pipeline import stage_layers
     from nitsum.parallel.shard import kv_head_range
 
     out: dict[int, set[tuple[int, int]]] = {}
-    for members in groups:
-        tp = pipelines.get(members) or len(members)
-        pp = len(members) // tp
-        for i, d in enumerate(members):
+    for shape in shapes:
+        tp, pp = shape.tp, shape.pp
+        for i, d in enumerate(shape.members):
             layers = stage_layers(cfg.num_layers, pp, i // tp)
             heads = kv_head_range(cfg.num_kv_heads, tp, i % tp)
             out[d] = {(layer, h) for layer in layers for h in heads}

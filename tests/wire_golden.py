@@ -95,7 +95,7 @@ def generate() -> dict[str, Any]:
         "v": 1, "type": "generate", "request_id": "0123456789abcdef0123456789abcdef",
         "input_ids": [1, 15, 27, 3], "sampling": sampling, "tier": "gold", "class": "feasible",
         "decode_target": 2, "ttft_ms": 250.0, "priority": -1, "preempt": False, "bind_tp": 2,
-        "fork_of": "fedcba9876543210fedcba9876543210",
+        "fork_of": "fedcba9876543210fedcba9876543210", "truncate_prompt_tokens": 3,
         "grammar": {"kind": "json_schema", "schema": '{"type":"object"}', "replay": 1},
     }  # fmt: skip
 

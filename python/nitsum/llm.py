@@ -9,8 +9,9 @@ from typing import cast
 
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.local import open_local_engine
 from nitsum.sampling import SamplingParams
 from nitsum.tokenizer import Tokenizer
@@ -87,7 +88,7 @@ class LLM:
         for prompt_ids, p in zip(ids, params, strict=True):
             request_ids.append(f"llm-{self._next_id}")
             self._next_id += 1
-            self.engine.add_request(request_ids[-1], prompt_ids, p)
+            self.engine.add_request(request_ids[-1], prompt_ids, RequestSpec(p))
         tokens: dict[str, list[int]] = {r: [] for r in request_ids}
         reasons: dict[str, str] = {}
         while self.engine.has_unfinished():

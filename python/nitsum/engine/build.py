@@ -1,118 +1,21 @@
-"""Assemble a single-device engine from a config and HF-named tensors."""
+"""A single-device TP-1 `Engine` without a pool: for tests and tools that drive the engine
+and its scheduler directly (serving goes through a PoolEngine, pool/local.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
-from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig, mlp_blocks
+from nitsum.config import ModelConfig
+from nitsum.engine.device_build import DeviceBuild, pages_for_config
 from nitsum.engine.engine import Engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.overlap import enable_overlap, overlap_wanted
-from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.swap import SwapSpace
-from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pages import PageAllocator
-from nitsum.kv.pool import KVPool
-from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import build_context
-from nitsum.parallel.shift import ShiftRule
-from nitsum.weights.layout import build_weights
-
-# Per-step limits by device type: (token budget: prompt + decode tokens one step may run,
-# running sequences cap). A GPU step costs about the same up to thousands of tokens (weight
-# reads dominate), so it takes vLLM's 8192 tokens / 256 sequences; a CPU step grows with its
-# tokens, so small steps keep decode latency low there.
-STEP_LIMITS = {"cpu": (512, 64), "cuda": (8192, 256)}
-
-
-def default_step_limits(device: str) -> tuple[int, int]:
-    """(token_budget, max_batch) for `device` ("cuda:1" is a "cuda"; unknown types: CPU's)."""
-    return STEP_LIMITS.get(device.split(":")[0], STEP_LIMITS["cpu"])
-
-
-@dataclass
-class EngineConfig:
-    """Engine knobs with sane defaults; `max_batch` and `token_budget` left None take the
-    device's (`default_step_limits`)."""
-
-    dtype: torch.dtype = torch.float32
-    device: str = "cpu"
-    kv_cache_bytes: int = 512 << 20
-    page_tokens: int = 16
-    max_batch: int = None  # type: ignore[assignment]  # NOTE: an int after __post_init__
-    token_budget: int = None  # type: ignore[assignment]
-    max_context: int | None = None
-    tp_levels: tuple[int, ...] = DEFAULT_TP_LEVELS
-    # Short prompts overtake long ones that can spare the tokens (engine/prompt_order.py).
-    overtaking: bool = True
-    # Keep finished sequences' full KV pages for prompts that start the same way
-    # (kv/prefix_cache.py).
-    prefix_caching: bool = True
-    # Host memory per device for the KV of swapped-out sequences (kv/host_pool.py); 0: none,
-    # preemption always recomputes. (`nitsum serve` and the worker default to
-    # config.HOST_KV_CACHE_MB.)
-    host_kv_cache_bytes: int = 0
-    # Swap-ins: "auto" (asynchronous unless a synchronous copy is cheaper, engine/swap.py),
-    # "sync" or "async".
-    swap_mode: str = "auto"
-    # Under light load, run a request with a TTFT target on a TP group bound from idle
-    # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
-    bind_idle: bool = False
-    # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
-    shift: ShiftRule = field(default_factory=ShiftRule)
-    # Record decode steps per warm context and batch bucket at start-up (engine/graphs.py):
-    # None = on CUDA only (CUDA graphs); True elsewhere runs the same static-buffer path
-    # eagerly (tests).
-    decode_graphs: bool | None = None
-    # The fused Triton elementwise kernels and Triton attention (models/llama.py): None = on
-    # CUDA only; True on CPU runs them under Triton's interpreter (tests).
-    fused_ops: bool | None = None
-    # Record every step but attention piecewise per token bucket at start-up
-    # (engine/piecewise.py): None = on CUDA only; True elsewhere runs the same static-buffer
-    # path eagerly (tests).
-    piecewise_graphs: bool | None = None
-    # A single-device engine prepares the next step while the device runs this one
-    # (engine/overlap.py): None = on CUDA only (or as NITSUM_OVERLAP says); True forces it.
-    overlap: bool | None = None
-
-    def __post_init__(self) -> None:
-        budget, batch = default_step_limits(self.device)
-        if self.token_budget is None:
-            self.token_budget = budget
-        if self.max_batch is None:
-            self.max_batch = batch
-
-    @property
-    def records_decode(self) -> bool:
-        """Whether devices record decode steps (`decode_graphs`, resolved)."""
-        if self.decode_graphs is None:
-            return self.device.startswith("cuda")
-        return self.decode_graphs
-
-    @property
-    def records_piecewise(self) -> bool:
-        """Whether devices record steps piecewise (`piecewise_graphs`, resolved)."""
-        if self.piecewise_graphs is None:
-            return self.device.startswith("cuda")
-        return self.piecewise_graphs
-
-    @property
-    def records_steps(self) -> bool:
-        """Whether devices record steps of either kind (their KV pool then has a scratch page
-        for padding rows)."""
-        return self.records_decode or self.records_piecewise
-
-
-def build_model(
-    cfg: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]], ecfg: EngineConfig
-) -> LlamaModel:
-    """Fuse the weights once, laid out for every TP level the model allows."""
-    blocks = mlp_blocks(cfg, cfg.allowed_tp_levels(ecfg.tp_levels))
-    weights = build_weights(cfg, tensors, blocks, ecfg.dtype, ecfg.device)
-    return LlamaModel(cfg, weights, ecfg.fused_ops)
 
 
 def build_engine(
@@ -121,19 +24,18 @@ def build_engine(
     ecfg: EngineConfig | None = None,
     eos_token_ids: tuple[int, ...] | None = None,
 ) -> Engine:
-    """A TP-1 engine on one device."""
+    """A TP-1 engine on one device (the device built as every device is: DeviceBuild)."""
     ecfg = ecfg or EngineConfig()
-    model = build_model(cfg, tensors, ecfg)
-    num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
-    pool = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device)
-    host_pages = host_pages_in(ecfg.host_kv_cache_bytes, pool.bytes_per_page)
-    host = HostKVPool(pool, host_pages) if host_pages else None
-    runner = ModelRunner(model, pool, build_context(cfg, model.weights, 1, 0), host)
-    pages = PageAllocator(1, num_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,))
+    num_pages = pages_for_config(cfg, ecfg)
+    device = DeviceBuild(cfg, tensors, ecfg, num_pages)
+    runner = device.runner(build_context(cfg, device.model.weights, 1, 0), swaps=True)
+    heads = cfg.num_kv_heads
+    pages = PageAllocator(1, num_pages, ecfg.page_tokens, heads).group((0,), 1)
     swap = None
-    if host_pages:
-        host_view = PageAllocator(1, host_pages, ecfg.page_tokens, cfg.num_kv_heads).group((0,))
-        swap = SwapSpace(host_view, pages, pool.bytes_per_page, ecfg.swap_mode)
+    if device.host is not None:
+        host_pages = device.host.num_pages
+        host_view = PageAllocator(1, host_pages, ecfg.page_tokens, heads).group((0,), 1)
+        swap = SwapSpace(host_view, pages, device.kv.bytes_per_page, ecfg.swap_mode)
     scheduler = Scheduler(
         pages, ecfg.max_batch, ecfg.token_budget, ecfg.overtaking, ecfg.prefix_caching, swap
     )

@@ -9,13 +9,14 @@ from typing import Protocol
 
 from nitsum.config import ModelConfig
 from nitsum.engine.forks import Forks
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import Runner
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
-from nitsum.kv.pool import KVLayout
+from nitsum.parallel.topology import GroupShape
 from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.start import grammar_finish, start_grammar
@@ -79,6 +80,9 @@ class Engine:
             max_context or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
         self.eos_token_ids = set(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
+        pages = scheduler.pages
+        # The group the engine runs on: its sequences' KV layout.
+        self.shape = GroupShape.pipeline(tuple(pages.members), pages.tp)
         self.seqs: dict[str, Sequence] = {}
         self.forks = Forks(scheduler.kv)
         if scheduler.swap is not None:
@@ -87,44 +91,30 @@ class Engine:
         self.driver: StepDriver | None = None
 
     # -- requests -------------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        klass: str = "feasible",
-        tier: str = "",
-        ttft_ms: float | None = None,
-        priority: int = 0,
-        may_preempt: bool = True,
-        fork_of: str | None = None,
-    ) -> None:
+    def add_request(self, request_id: str, prompt_ids: list[int], spec: RequestSpec) -> None:
         """Validate and queue a request; raises InvalidRequestError and changes nothing else.
 
-        `fork_of`: the request of the first of n > 1 choices of the same prompt, whose
-        prefill this one shares when it is here (engine/forks.py).
-
-        `ttft_ms`: the tier's TTFT target; a request not started within it is served last.
-        `priority`: lower is served first within its class; with `may_preempt` it preempts
-        running requests of a lower class or priority when it cannot get in otherwise.
+        `spec.fork_of`: the request of the first of n > 1 choices of the same prompt, whose
+        prefill this one shares when it is here (engine/forks.py). `spec.ttft_ms`: the
+        tier's TTFT target; a request not started within it is served last. `spec.priority`:
+        lower is served first within its class; with `spec.may_preempt` it preempts running
+        requests of a lower class or priority when it cannot get in otherwise.
         """
         if request_id in self.seqs:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
-        if klass not in CLASSES:
-            raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
+        sampling = spec.sampling
         self.validate(prompt_ids, sampling)
         grammar = start_grammar(sampling.grammar, prompt_ids)
-        seq = Sequence(request_id, list(prompt_ids), sampling, klass, tier)
-        seq.priority, seq.may_preempt = priority, may_preempt
-        if ttft_ms is not None:
-            seq.deadline = seq.arrival + ttft_ms / 1000.0
+        seq = Sequence(request_id, list(prompt_ids), spec)
+        if spec.ttft_ms is not None:
+            seq.deadline = seq.arrival + spec.ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
         eos = () if sampling.ignore_eos else tuple(sorted(self.eos_token_ids))
         seq.end_ids = eos + sampling.stop_token_ids
         seq.grammar = grammar
-        pages = self.scheduler.pages
-        seq.layout = KVLayout(tuple(pages.members), pages.stage_tp)
+        seq.layout = self.shape
         self.seqs[request_id] = seq
+        fork_of = spec.fork_of
         self.forks.join(seq, self.seqs.get(fork_of) if fork_of is not None else None)
         self.scheduler.add(seq)
 

@@ -8,7 +8,8 @@ from enum import Enum
 
 import torch
 
-from nitsum.kv.pool import KVLayout
+from nitsum.engine.request_spec import CLASSES, RequestSpec
+from nitsum.parallel.topology import GroupShape
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.structured.matcher import GrammarMatcher
@@ -20,8 +21,6 @@ class Status(Enum):
     FINISHED = "finished"
 
 
-# Local-scheduler classes, in the order the batch is filled (architecture §3, Nitsum §3.3.2).
-CLASSES = ("feasible", "best_effort", "background")
 # Position of each class in that order (lower is served first).
 CLASS_RANK = {c: i for i, c in enumerate(CLASSES)}
 
@@ -36,12 +35,11 @@ class Sequence:
 
     request_id: str
     prompt_ids: list[int]
-    sampling: SamplingParams
-    klass: str = "feasible"
-    tier: str = ""
+    # What the request asked for (sampling, tier, class, priority, ...), as it arrived.
+    spec: RequestSpec = field(default_factory=RequestSpec)
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
-    layout: KVLayout = field(default_factory=KVLayout)
+    layout: GroupShape = field(default_factory=GroupShape)
     num_computed: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
@@ -53,10 +51,6 @@ class Sequence:
     first_scheduled: float | None = None
     # Monotonic time by which the first token is due (arrival + the tier's TTFT); None: none.
     deadline: float | None = None
-    # Within its class, lower is served first (vLLM's `priority` convention).
-    priority: int = 0
-    # May preempt running sequences of a lower class or priority to get in (its tier's say).
-    may_preempt: bool = True
     # Host pages holding its first `num_computed` tokens' KV while it is swapped out.
     host_pages: list[int] = field(default_factory=list)
     # Running, but its KV is still being copied back from host: not scheduled until done.
@@ -71,6 +65,31 @@ class Sequence:
     # With `sampling.prompt_logprobs`: entry j is prompt token j + 1's logprob, from the
     # logits at position j (runner.sample_batch; sent with the first output token).
     prompt_lps: list[TokenLogprob] = field(default_factory=list)
+
+    # The local-scheduler class it is queued in now: the spec's, until the scheduler demotes
+    # a request that missed its deadline to the last class.
+    klass: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.klass = self.spec.klass
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.spec.sampling
+
+    @property
+    def tier(self) -> str:
+        return self.spec.tier
+
+    @property
+    def priority(self) -> int:
+        """Within its class, lower is served first (vLLM's `priority` convention)."""
+        return self.spec.priority
+
+    @property
+    def may_preempt(self) -> bool:
+        """May preempt running sequences of a lower class or priority to get in."""
+        return self.spec.may_preempt
 
     @property
     def scores_prompt(self) -> bool:

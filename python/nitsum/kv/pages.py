@@ -49,8 +49,9 @@ class PageAllocator:
         # held is handed out only once they are done.
         self.held = np.zeros((num_devices, num_pages), dtype=np.int32)
 
-    def group(self, members: tuple[int, ...], tp: int | None = None) -> GroupPages:
-        """The view of the group `members` (a pipeline's: stages of `tp` devices)."""
+    def group(self, members: tuple[int, ...], tp: int) -> GroupPages:
+        """The view of the group `members`, whose KV is split `tp` ways (a pipeline's
+        stages of `tp` devices each use the same page ids; `parallel.topology.GroupShape`)."""
         return GroupPages(self, members, tp)
 
     def tokens_per_page(self, tp: int) -> int:
@@ -71,20 +72,13 @@ class GroupPages:
     only its own layers' part of them, so a page holds the tokens of its stage's TP degree.
     """
 
-    def __init__(
-        self, alloc: PageAllocator, members: tuple[int, ...], tp: int | None = None
-    ) -> None:
+    def __init__(self, alloc: PageAllocator, members: tuple[int, ...], tp: int) -> None:
         self.alloc = alloc
         self.members = list(members)
-        self.tp = tp or len(members)
+        self.tp = tp
         # Waits for the copies in flight (their held pages become free to hand out); set by
         # the group's swap manager, None: nothing is ever held.
         self.settle: Callable[[], None] | None = None
-
-    @property
-    def stage_tp(self) -> int:
-        """The TP degree of a pipeline's stages; 0 for a TP group (`KVLayout.stage_tp`)."""
-        return self.tp if self.tp < len(self.members) else 0
 
     @property
     def num_pages(self) -> int:

@@ -8,31 +8,10 @@ never changes shape on a TP switch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from nitsum.config import ModelConfig
 from nitsum.kv.pages import tokens_per_page
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """The group a request's KV was written under: rank r of `members` holds the KV heads
-    `parallel.shard.kv_head_range(H, tp, r)` of every token, in the same page ids on every
-    member. A pipeline's members are `pp` stages of `tp` devices (stage-major), stage s
-    holding only its layers (`parallel.pipeline.stage_layers`)."""
-
-    members: tuple[int, ...] = (0,)
-    stage_tp: int = 0  # 0: one TP group of all members
-
-    @property
-    def tp(self) -> int:
-        return self.stage_tp or len(self.members)
-
-    @property
-    def pp(self) -> int:
-        return len(self.members) // self.tp
 
 
 class KVPool:

@@ -14,6 +14,60 @@ from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig
 
 
 @dataclass(frozen=True)
+class GroupShape:
+    """The devices one engine runs on: `pp` pipeline stages of `tp` devices each, `members`
+    stage-major (stage s is `members[s*tp : (s+1)*tp]`). `pp == 1` is a TP group.
+
+    NOTE: this is also a sequence's KV layout: rank r of a stage holds the KV heads
+    `parallel.shard.kv_head_range(H, tp, r)` of its stage's layers, in the same page ids on
+    every member. Hashable, so it keys groups, pipelines and warm contexts.
+    """
+
+    members: tuple[int, ...] = (0,)
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1 or len(self.members) != self.tp * self.pp:
+            raise ValueError(
+                f"group {self.members}: {len(self.members)} devices are not {self.pp} "
+                f"stage(s) of TP {self.tp}"
+            )
+
+    @classmethod
+    def tp_group(cls, members: tuple[int, ...]) -> GroupShape:
+        """One TP group of all of `members`."""
+        return cls(tuple(members), len(members), 1)
+
+    @classmethod
+    def pipeline(cls, members: tuple[int, ...], stage_tp: int) -> GroupShape:
+        """Stages of `stage_tp` devices over `members` (one stage when that is all of them)."""
+        if stage_tp < 1 or len(members) % stage_tp:
+            raise ValueError(f"group {members}: not whole stages of TP {stage_tp}")
+        return cls(tuple(members), stage_tp, len(members) // stage_tp)
+
+    @property
+    def is_pipeline(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def stage(self, s: int) -> tuple[int, ...]:
+        """The members of stage `s`."""
+        return self.members[s * self.tp : (s + 1) * self.tp]
+
+    def __str__(self) -> str:
+        return f"{list(self.members)} (TP {self.tp} x PP {self.pp})"
+
+
+def as_shape(group: GroupShape | tuple[int, ...]) -> GroupShape:
+    """`group` as a shape: a bare members tuple is one TP group of all of them."""
+    return group if isinstance(group, GroupShape) else GroupShape.tp_group(group)
+
+
+@dataclass(frozen=True)
 class TPTopology:
     """`levels`: the TP levels the pool can run, ascending, 1 always among them.
 
@@ -46,19 +100,20 @@ class TPTopology:
             for start in range(0, self.num_devices - p + 1, p)
         ]
 
-    def pipelines(
-        self, num_layers: int, pp_levels: tuple[int, ...]
-    ) -> list[tuple[tuple[int, ...], int]]:
-        """Every (members, tp) of a pipeline: `pp` ≥ 2 stages of an allowed TP level, on an
-        aligned block of tp·pp devices (stage-major; each stage an aligned TP group), for each
-        depth of `pp_levels` that the pool and the model's layers allow."""
+    def pipelines(self, num_layers: int, pp_levels: tuple[int, ...]) -> list[GroupShape]:
+        """Every pipeline: `pp` ≥ 2 stages of an allowed TP level, on an aligned block of
+        tp·pp devices (stage-major; each stage an aligned TP group), for each depth of
+        `pp_levels` that the pool and the model's layers allow."""
         out = []
         for pp in sorted(set(pp_levels)):
             for tp in self.levels:
                 n = tp * pp
                 if pp < 2 or pp > num_layers or n > self.num_devices:
                     continue
-                out += [(tuple(range(k, k + n)), tp) for k in range(0, self.num_devices - n + 1, n)]
+                out += [
+                    GroupShape(tuple(range(k, k + n)), tp, pp)
+                    for k in range(0, self.num_devices - n + 1, n)
+                ]
         return out
 
     def check(self, groups: list[tuple[int, ...]]) -> None:

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import PageAllocator
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.devices import Devices
 from nitsum.pool.kv_move import Move, commit_moves, transfer_moves
 
@@ -55,7 +55,7 @@ class Pool(Protocol):
     counters: dict[str, int]
     retired: Counter[str]
 
-    def _engine(self, members: Group) -> Engine: ...
+    def new_engine(self, shape: GroupShape) -> Engine: ...
 
 
 @dataclass
@@ -179,7 +179,7 @@ class Binder:
         replicas = [g for g in self.pe.engines if set(g) & set(members)]
         if any(not set(g) <= set(members) for g in replicas):
             raise InvalidRequestError("bind_tp", f"the plan's groups straddle {members}")
-        b = Binding(members, replicas, self.pe._engine(members), hard)
+        b = Binding(members, replicas, self.pe.new_engine(GroupShape.tp_group(members)), hard)
         self.bindings.append(b)
         if hard:
             self._form(b)  # NOTE: requests are added between steps: an iteration boundary

@@ -15,6 +15,7 @@ import torch
 
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
 
 
@@ -45,12 +46,13 @@ class SwapPoll:
 
 @dataclass(frozen=True)
 class Migrate:
-    """Run the KV transfer pieces this device takes part in (a plan switch); `fail` injects a
-    failure (tests), `migration` names this migration's chunks in shared memory."""
+    """Run the KV transfer pieces this device takes part in (a plan switch); `faults` injects
+    failures (tests only, pool/faults.py), `migration` names this migration's chunks in shared
+    memory."""
 
     pieces: list[Piece]
     mode: str
-    fail: tuple[int, int] | None
+    faults: FaultPlan | None
     migration: int
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
@@ -26,6 +26,7 @@ from nitsum.pool.device_commands import (
     SwapStart,
 )
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
 from nitsum.ports import free_port
@@ -146,7 +147,7 @@ class DevicePool:
 
     # -- reconfiguration ---------------------------------------------------------------------
     def migrate(
-        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+        self, pieces: list[Piece], mode: str = "pipelined", faults: FaultPlan | None = None
     ) -> list[TransferStats]:
         """Run a migration on every device involved; raise TransferFailed if any piece failed.
 
@@ -154,7 +155,7 @@ class DevicePool:
         """
         devices = sorted({p.src for p in pieces} | {p.dst for p in pieces})
         self._migrations += 1  # names this migration's chunks in shared memory
-        self.send_many(devices, Migrate(pieces, mode, fail, self._migrations))
+        self.send_many(devices, Migrate(pieces, mode, faults, self._migrations))
         stats, failure = [], None
         for d in devices:
             try:

@@ -20,23 +20,17 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig, build_model
-from nitsum.engine.graphs import (
-    DecodeGraphs,
-    decode_buckets,
-    decode_context,
-    graph_memory_pool,
-)
+from nitsum.engine.device_build import DeviceBuild
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.load import load_model
-from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
+from nitsum.engine.piecewise import PiecewiseGraphs
 from nitsum.engine.runner import ModelRunner
-from nitsum.kv.host_pool import HostKVPool, host_pages_in
-from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapCopier
 from nitsum.parallel.comm_pool import CommPool
 from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.device_commands import (
     Counters,
     DeviceCommand,
@@ -99,62 +93,30 @@ class Device:
         self.cfg = cfg
         topology = TPTopology.of(cfg, spec.world, spec.levels)
         self.comms = CommPool(topology)
-        self.model = build_model(cfg, tensors, spec.ecfg)
-        ecfg = spec.ecfg
-        self.pool = KVPool(
-            cfg, spec.num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_steps
-        )
-        memory_pool = graph_memory_pool(ecfg.device)
+        built = DeviceBuild(cfg, tensors, spec.ecfg, spec.num_pages)
+        self.model, self.pool = built.model, built.kv
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
             members = topology.group_of(device, tp)
             if members[-1] < spec.world:
+                rank = members.index(device)
                 ctx = build_context(
-                    cfg,
-                    self.model.weights,
-                    tp,
-                    members.index(device),
-                    members,
-                    self.comms.get(members),
+                    cfg, self.model.weights, tp, rank, members, self.comms.get(members)
                 )
-                graphs = (
-                    DecodeGraphs(
-                        self.model,
-                        ctx,
-                        self.pool,
-                        decode_context(cfg, ecfg.max_context),
-                        decode_buckets(ecfg.max_batch),
-                        memory_pool,
-                    )
-                    if ecfg.records_decode
-                    else None
-                )
-                piecewise = None
-                if ecfg.records_piecewise:
-                    buckets = token_buckets(ecfg.token_budget)
-                    piecewise = PiecewiseGraphs(self.model, ctx, self.pool, buckets, memory_pool)
-                self.runners[members] = ModelRunner(
-                    self.model, self.pool, ctx, graphs=graphs, piecewise=piecewise
-                )
-        # Pipelines (parallel/pipeline.py) by (members, tp): stages of TP groups above.
-        self.pipelines: dict[tuple[tuple[int, ...], int], ModelRunner] = {}
-        for members, tp in topology.pipelines(cfg.num_layers, spec.pp_levels):
+                self.runners[members] = built.runner(ctx)
+        # Pipelines (parallel/pipeline.py) by shape: stages of TP groups above.
+        self.pipelines: dict[GroupShape, ModelRunner] = {}
+        for shape in topology.pipelines(cfg.num_layers, spec.pp_levels):
+            members, tp = shape.members, shape.tp
             if device in members:
                 stage = build_stage(cfg.num_layers, tp, members, device)
                 assert stage is not None
                 i = members.index(device)
                 tp_group = members[i - i % tp : i - i % tp + tp]
-                ctx = build_context(
-                    cfg,
-                    self.model.weights,
-                    tp,
-                    i % tp,
-                    members,
-                    self.comms.get(tp_group),
-                    stage,
-                )
-                self.pipelines[(members, tp)] = ModelRunner(self.model, self.pool, ctx)
+                comm = self.comms.get(tp_group)
+                ctx = build_context(cfg, self.model.weights, tp, i % tp, members, comm, stage)
+                self.pipelines[shape] = built.runner(ctx, graphs=False)
         cuda = spec.ecfg.device.startswith("cuda")  # the same on every rank: no handshake
         self.transfer = KVTransfer(
             self.pool.storage,
@@ -163,10 +125,8 @@ class Device:
             device,
             staging=self._shared_staging(spec) if spec.world > 1 and not cuda else None,
         )
-        host_pages = host_pages_in(spec.ecfg.host_kv_cache_bytes, self.pool.bytes_per_page)
-        host = HostKVPool(self.pool, host_pages) if host_pages else None
-        # The host tier's copy thread (None: no host tier).
-        self.copier = SwapCopier(host) if host is not None else None
+        # The host tier's copy thread, shared by every context (None: no host tier).
+        self.copier = SwapCopier(built.host) if built.host is not None else None
 
     def _shared_staging(self, spec: DeviceSpec) -> SharedStaging | None:
         """Transfer staging in shared memory, mapped by every peer (CPU devices of one host);
@@ -198,7 +158,7 @@ class Device:
         match cmd:
             case Step(members, inputs):
                 if inputs.stage_tp:
-                    runner = self.pipelines[(members, inputs.stage_tp)]
+                    runner = self.pipelines[GroupShape.pipeline(members, inputs.stage_tp)]
                 else:
                     runner = self.runners[members]
                 if not runner.ctx.samples:
@@ -209,8 +169,8 @@ class Device:
                 return self._copier().start(ticket, out, into)
             case SwapPoll(wait_for):
                 return self._copier().progress(wait_for)
-            case Migrate(pieces, mode, fail, migration):
-                return self.transfer.run(pieces, mode, fail, migration)
+            case Migrate(pieces, mode, faults, migration):
+                return self.transfer.run(pieces, mode, faults, migration)
             case KvOut(pieces):
                 return pack_pieces(self.transfer, pieces)
             case KvIn(pieces, blocks):
@@ -244,7 +204,7 @@ class Device:
             "piecewise_replays": sum(
                 r.piecewise.replays for r in self.runners.values() if r.piecewise is not None
             ),
-            "pipelines": sorted(self.pipelines),
+            "pipelines": sorted((s.members, s.tp) for s in self.pipelines),
             "p2p_sends": sum(
                 r.ctx.stage.stats["p2p_sends"] for r in self.pipelines.values() if r.ctx.stage
             ),

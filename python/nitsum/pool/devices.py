@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from nitsum.engine.step_inputs import StepInputs
     from nitsum.kv.host_pool import PageCopies
     from nitsum.kv.swap_copier import SwapProgress
+    from nitsum.pool.faults import FaultPlan
     from nitsum.pool.kv_transfer import TransferStats
     from nitsum.pool.migration_plan import Piece
 
@@ -46,7 +47,7 @@ class Devices(Protocol):
         ...
 
     def migrate(
-        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+        self, pieces: list[Piece], mode: str = "pipelined", faults: FaultPlan | None = None
     ) -> list[TransferStats]:
         """Move KV pieces between (or within) devices; all or nothing (TransferFailed)."""
         ...

@@ -15,8 +15,8 @@ from nitsum.config import ModelConfig
 from nitsum.engine.engine import Engine
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
-from nitsum.kv.pool import KVLayout
 from nitsum.pool.devices import Devices
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferStats
 from nitsum.pool.migration_plan import Piece, Placement, aggregate, plan_pieces
 
@@ -66,7 +66,7 @@ def transfer_moves(
     moves: list[Move],
     engines: dict[tuple[int, ...], Engine],
     mode: str = "pipelined",
-    fail: tuple[int, int] | None = None,
+    faults: FaultPlan | None = None,
     preempt: set[str] | frozenset[str] = frozenset(),
 ) -> MoveOutcome:
     """Allocate target pages, plan pieces and move the KV of `moves`, in their order (pages go
@@ -80,7 +80,7 @@ def transfer_moves(
     recompute: set[str] = set(preempt)
     try:
         plan_end, stats = _allocate_and_move(
-            pool, cfg, page_tokens, moves, engines, mode, fail, new_pages, recompute
+            pool, cfg, page_tokens, moves, engines, mode, faults, new_pages, recompute
         )
     except Exception:  # TransferFailed, DeviceError (a device gone), ...: nothing committed
         release_new_pages(moves, engines, new_pages)
@@ -97,7 +97,7 @@ def _allocate_and_move(
     moves: list[Move],
     engines: dict[tuple[int, ...], Engine],
     mode: str,
-    fail: tuple[int, int] | None,
+    faults: FaultPlan | None,
     new_pages: dict[str, list[int]],
     recompute: set[str],
 ) -> tuple[float, list[TransferStats]]:
@@ -117,14 +117,14 @@ def _allocate_and_move(
         except OutOfPages:
             recompute.add(seq.request_id)  # soft preempt: drop KV, re-prefill later
             continue
-        old = Placement(seq.layout.members, tuple(seq.pages), seq.layout.stage_tp)
-        placement = Placement(target, tuple(new_pages[seq.request_id]), pages.stage_tp)
+        old = Placement(seq.layout, tuple(seq.pages))
+        placement = Placement(engines[target].shape, tuple(new_pages[seq.request_id]))
         pieces += plan_pieces(
             cfg.num_kv_heads, cfg.num_layers, page_tokens, seq.num_computed, old, placement
         )
     pieces = aggregate(pieces)
     plan_end = time.perf_counter()
-    return plan_end, pool.migrate(pieces, mode, fail) if pieces else []
+    return plan_end, pool.migrate(pieces, mode, faults) if pieces else []
 
 
 def release_new_pages(
@@ -144,7 +144,7 @@ def commit_moves(
     for seq, target, source in moves:
         source.detach(seq)
         seq.pages = new_pages.get(seq.request_id, [])
-        seq.layout = KVLayout(target, engines[target].pages.stage_tp)
+        seq.layout = engines[target].shape
         if seq.request_id in recompute:
             seq.num_computed, seq.status = 0, Status.WAITING
         engines[target].adopt(seq)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from nitsum.config import kv_heads_per_rank
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.shm_staging import SharedStaging, StagingTimeout, token_of
 
@@ -105,14 +106,14 @@ class KVTransfer:
         self,
         pieces: list[Piece],
         mode: str = "pipelined",
-        fail: tuple[int, int] | None = None,
+        faults: FaultPlan | None = None,
         migration: int = 0,
     ) -> TransferStats:
         """Run every piece this device takes part in.
 
-        `fail = (piece_index, chunk)` injects a transfer failure: both ends of that piece stop
-        after `chunk` chunks, every other piece still completes (so no peer is left waiting),
-        and then TransferFailed is raised so the caller rolls back. `migration`: a number the
+        `faults` (tests) may fail a piece: both ends of it stop after the chunk it names,
+        every other piece still completes (so no peer is left waiting), and then
+        TransferFailed is raised so the caller rolls back. `migration`: a number the
         controller gives each migration (the same on every device), naming its chunks in
         shared memory.
         """
@@ -126,7 +127,7 @@ class KVTransfer:
         for index, piece in enumerate(pieces):
             if self.device not in (piece.src, piece.dst):
                 continue
-            stop = fail[1] if fail is not None and fail[0] == index else None
+            stop = faults.stop_chunk(index) if faults is not None else None
             if piece.src_slots.device != self.storage.device:
                 piece = replace(
                     piece,
@@ -147,7 +148,7 @@ class KVTransfer:
                 failed |= not self._pipelined(piece, stats, stop)
         stats.seconds = time.perf_counter() - t0
         if failed:
-            raise TransferFailed(f"transfer of piece {fail} failed before commit")
+            raise TransferFailed(f"transfer failed before commit ({faults})")
         return stats
 
     def _local(self, p: Piece, stats: TransferStats) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from nitsum.config import ModelConfig
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.devices import Devices
 from nitsum.pool.kv_transfer import KVTransfer
 from nitsum.pool.migration_plan import Piece, Placement, plan_pieces
@@ -25,7 +26,7 @@ WIRE = -1
 def _wire_placement(page_tokens: int, tokens: int) -> Placement:
     """The wire tensor as a TP-1 placement on `WIRE`: pages 0.. in order, so its slots are
     the token positions."""
-    return Placement((WIRE,), tuple(range(-(-tokens // page_tokens))), 0)
+    return Placement(GroupShape((WIRE,)), tuple(range(-(-tokens // page_tokens))))
 
 
 def outgoing_pieces(cfg: ModelConfig, page_tokens: int, tokens: int, src: Placement) -> list[Piece]:

@@ -14,23 +14,16 @@ from pathlib import Path
 import torch
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig, build_model
-from nitsum.engine.graphs import (
-    DecodeGraphs,
-    decode_buckets,
-    decode_context,
-    graph_memory_pool,
-)
+from nitsum.engine.device_build import DeviceBuild, pages_for_config
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import install_grammars, load_model, model_eos_ids
 from nitsum.engine.overlap import enable_overlap, overlap_wanted
-from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
-from nitsum.engine.runner import ModelRunner
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.host_pool import HostKVPool, PageCopies, host_pages_in
-from nitsum.kv.pool import KVPool
+from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
 from nitsum.pool.device_pool import DeviceError
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed, TransferStats
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.migration_plan import Piece
@@ -53,27 +46,12 @@ class LocalDevice:
         num_pages: int,
     ) -> None:
         self.levels = (1,)
-        model = build_model(cfg, tensors, ecfg)
-        kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_steps)
-        host_pages = host_pages_in(ecfg.host_kv_cache_bytes, kv.bytes_per_page)
-        host = HostKVPool(kv, host_pages) if host_pages else None
-        ctx = build_context(cfg, model.weights, 1, 0)
-        graphs, piecewise, memory_pool = None, None, graph_memory_pool(ecfg.device)
-        if ecfg.records_decode:
-            graphs = DecodeGraphs(
-                model,
-                ctx,
-                kv,
-                decode_context(cfg, ecfg.max_context),
-                decode_buckets(ecfg.max_batch),
-                memory_pool,
-            )
-        if ecfg.records_piecewise:
-            buckets = token_buckets(ecfg.token_budget)
-            piecewise = PiecewiseGraphs(model, ctx, kv, buckets, memory_pool)
-        self.runner = ModelRunner(model, kv, ctx, host, graphs, piecewise)
+        device = DeviceBuild(cfg, tensors, ecfg, num_pages)
+        ctx = build_context(cfg, device.model.weights, 1, 0)
+        self.runner = device.runner(ctx, swaps=True)
         # Packs and unpacks KV leaving for / coming from another host worker (kv_wire.py).
-        self.transfer = KVTransfer(kv.storage, cfg.num_kv_heads, cfg.head_dim, 0, chunk_bytes=0)
+        storage = device.kv.storage
+        self.transfer = KVTransfer(storage, cfg.num_kv_heads, cfg.head_dim, 0, chunk_bytes=0)
         self._launched: StepInputs | None = None
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
@@ -108,7 +86,7 @@ class LocalDevice:
             raise DeviceError(f"device 0: no group {members}")
 
     def migrate(
-        self, pieces: list[Piece], mode: str = "pipelined", fail: tuple[int, int] | None = None
+        self, pieces: list[Piece], mode: str = "pipelined", faults: FaultPlan | None = None
     ) -> list[TransferStats]:
         # NOTE: one device has one group, so no sequence ever changes layout.
         if pieces:
@@ -145,7 +123,7 @@ def local_engine(
 ) -> PoolEngine:
     """A PoolEngine over one in-process device (its one group is TP 1)."""
     ecfg = ecfg or EngineConfig()
-    num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
+    num_pages = pages_for_config(cfg, ecfg)
     device = LocalDevice(cfg, tensors, ecfg, num_pages)
     pe = PoolEngine(device, cfg, ecfg, num_pages, [ONLY_GROUP], eos_token_ids)
     if overlap_wanted(ecfg.device, ecfg.overlap):

@@ -20,28 +20,28 @@ from nitsum.config import kv_split
 from nitsum.kv.pages import context_slots, tokens_per_page
 from nitsum.parallel.pipeline import stage_layers
 from nitsum.parallel.shard import kv_head_range, kv_replicas
+from nitsum.parallel.topology import GroupShape
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a sequence's KV lives: a group (stages of `tp` devices, stage-major; one stage
-    when `stage_tp` is 0) and its mirrored pages."""
+    """Where a sequence's KV lives: its group's shape (the KV layout) and its pages, the same
+    ids on every member."""
 
-    members: tuple[int, ...]
+    shape: GroupShape
     pages: tuple[int, ...]
-    stage_tp: int = 0
 
     @property
     def tp(self) -> int:
-        return self.stage_tp or len(self.members)
+        return self.shape.tp
 
     @property
     def pp(self) -> int:
-        return len(self.members) // self.tp
+        return self.shape.pp
 
     def stage(self, s: int) -> tuple[int, ...]:
         """The members of stage `s`."""
-        return self.members[s * self.tp : (s + 1) * self.tp]
+        return self.shape.stage(s)
 
 
 @dataclass

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
 from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.overlap import LaunchFailed
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduler import Scheduled, Scheduler
 from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
@@ -27,10 +29,11 @@ from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
 from nitsum.parallel.shift import ShiftRule
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology, as_shape
 from nitsum.pool.binding import Binder
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices
+from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_move import (
     Move,
     ReconfigureReport,
@@ -38,7 +41,6 @@ from nitsum.pool.kv_move import (
     transfer_moves,
 )
 from nitsum.pool.switch import Switch
-from nitsum.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +51,14 @@ class GroupRunner:
     def __init__(
         self,
         pool: Devices,
-        members: tuple[int, ...],
+        shape: GroupShape,
         pages: GroupPages,
         shift: ShiftRule,
         counters: dict[str, int],
     ) -> None:
         self.pool = pool
-        self.members = members
+        self.shape = shape
+        self.members = shape.members
         self.pages = pages
         self.shift = shift
         self.counters = counters
@@ -63,11 +66,11 @@ class GroupRunner:
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         """The step's inputs; a group of ≥ 2 devices runs it as SP or TP by the shift rule
         (counted in `sp_steps` / `tp_steps`)."""
-        if self.pages.stage_tp:
+        if self.shape.is_pipeline:
             # A pipeline: one micro-batch per stage keeps every stage busy.
-            stages = len(self.members) // self.pages.tp
             self.counters["pp_steps"] += 1
-            return build_pipeline_inputs(batch, self.pages.tokens_per_page, self.pages.tp, stages)
+            tpp = self.pages.tokens_per_page
+            return build_pipeline_inputs(batch, tpp, self.shape.tp, self.shape.pp)
         tokens = sum(item.q_len for item in batch)
         sp = self.shift.sequence_parallel(len(self.members), tokens)
         if len(self.members) > 1:
@@ -97,6 +100,7 @@ class PoolEngine:
         groups: list[tuple[int, ...]],
         eos_token_ids: tuple[int, ...] | None = None,
     ) -> None:
+        """`groups`: the first plan's TP groups (pipelines come with `reconfigure`)."""
         self.pool = pool
         self.cfg = cfg
         self.ecfg = ecfg
@@ -127,7 +131,10 @@ class PoolEngine:
             ),
             0,
         )
-        self.engines: dict[tuple[int, ...], Engine] = {g: self._engine(g) for g in groups}
+        # NOTE: keyed by members (a plan's groups are disjoint); `Engine.shape` is the shape.
+        self.engines: dict[tuple[int, ...], Engine] = {
+            g: self.new_engine(GroupShape.tp_group(g)) for g in groups
+        }
         # `Engine.counters` of engines already dissolved.
         self.retired: Counter[str] = Counter()
         # Per-request TP bindings borrowing the plan's groups (pool/binding.py).
@@ -135,36 +142,40 @@ class PoolEngine:
         # The last reconfigurations: outcome, preemptions and phase timings (pool/switch.py).
         self.switch_log: list[dict] = []
 
-    def _engine(self, members: tuple[int, ...], stage_tp: int = 0) -> Engine:
-        """A new engine for the group `members` (a pipeline of stages of `stage_tp` devices
-        when it is not 0)."""
-        pages = self.alloc.group(members, stage_tp or None)
+    def new_engine(self, shape: GroupShape) -> Engine:
+        """A new engine for the group `shape` (its pages, host pages and runner)."""
+        pages = self.alloc.group(shape.members, shape.tp)
         e = self.ecfg
         swap = None
         if self.host_alloc is not None:
-            host = self.host_alloc.group(members, stage_tp or None)
+            host = self.host_alloc.group(shape.members, shape.tp)
             swap = SwapSpace(host, pages, self.page_bytes, e.swap_mode)
         scheduler = Scheduler(
             pages, e.max_batch, e.token_budget, e.overtaking, e.prefix_caching, swap
         )
-        runner = GroupRunner(self.pool, members, pages, e.shift, self.counters)
+        runner = GroupRunner(self.pool, shape, pages, e.shift, self.counters)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 
-    def stage_tp(self, members: tuple[int, ...]) -> int:
-        """The stage TP degree of the group `members` (0: a TP group, not a pipeline)."""
-        return self.engines[members].pages.stage_tp
+    def shape_of(self, members: tuple[int, ...]) -> GroupShape:
+        """The shape of the plan's group `members`."""
+        return self.engines[members].shape
 
-    def _check_pipelines(self, pipelines: dict[tuple[int, ...], int]) -> None:
-        """ValueError unless every (members, stage TP) has warm contexts on its devices."""
+    def check_shapes(self, shapes: list[GroupShape]) -> None:
+        """ValueError unless `shapes` are disjoint groups with warm contexts on their devices:
+        aligned TP groups of allowed levels, or pipelines the topology lists."""
+        self.topology.check([s.members for s in shapes if not s.is_pipeline])
         known = set(self.topology.pipelines(self.cfg.num_layers, DEFAULT_PP_LEVELS))
-        for members, tp in pipelines.items():
-            if (members, tp) not in known:
+        seen: set[int] = set()
+        for s in shapes:
+            if s.is_pipeline and s not in known:
                 raise ValueError(
-                    f"no pipeline of {len(members) // max(tp, 1)} stages of TP {tp} on "
-                    f"{members}: stages must be allowed TP levels, depth in "
+                    f"no pipeline {s}: stages must be allowed TP levels, depth in "
                     f"{DEFAULT_PP_LEVELS} and at most the {self.cfg.num_layers} layers, on an "
                     "aligned block"
                 )
+            if seen & set(s.members):
+                raise ValueError(f"group {s.members} overlaps another group")
+            seen |= set(s.members)
 
     @property
     def groups(self) -> list[tuple[int, ...]]:
@@ -184,17 +195,9 @@ class PoolEngine:
         self,
         request_id: str,
         prompt_ids: list[int],
-        sampling: SamplingParams,
+        spec: RequestSpec,
         group: tuple[int, ...] | None = None,
-        klass: str = "feasible",
-        tier: str = "",
         decode_group: tuple[int, ...] | None = None,
-        ttft_ms: float | None = None,
-        priority: int = 0,
-        may_preempt: bool = True,
-        bind_tp: int | None = None,
-        bind_hard: bool | None = None,
-        fork_of: str | None = None,
     ) -> tuple[int, ...]:
         """Queue on `group` (default: the group with the fewest requests); returns the group
         it runs on.
@@ -202,9 +205,10 @@ class PoolEngine:
         With `decode_group`, `group` only prefills: once the prompt is done and the first token
         sampled, the request's KV moves to `decode_group`, which decodes the rest.
         A request runs on a TP group bound for it (pool/binding.py) when it asks for one
-        (`bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one `group`'s
-        KV; the binding is hard (`bind_hard`; default: when it has a TTFT target) or soft.
-        `fork_of`: a sibling choice of that request, sharing its prefill on the same engine.
+        (`spec.bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one
+        `group`'s KV; the binding is hard (`spec.bind_hard`; default: when it has a TTFT
+        target) or soft. `spec.fork_of`: a sibling choice of that request, sharing its
+        prefill on the same engine.
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
@@ -213,32 +217,24 @@ class PoolEngine:
         if group is None:
             group = min(self.engines, key=lambda g: len(self.engines[g].request_ids()))
         engine = self.engines[group]
+        prompt_ids = spec.prompt(prompt_ids)
         if len(prompt_ids) >= self.max_servable_tokens():
             raise InvalidRequestError(
                 "prompt",
                 f"has {len(prompt_ids)} tokens; the largest TP group's KV holds "
                 f"{self.max_servable_tokens()} and at least one token must be generated",
             )
-        context = min(len(prompt_ids) + sampling.max_tokens, engine.max_context)
-        tp, need = self.binder.levels(group, context, bind_tp, ttft_ms is not None)
+        context = min(len(prompt_ids) + spec.sampling.max_tokens, engine.max_context)
+        deadline = spec.ttft_ms is not None
+        tp, need = self.binder.levels(group, context, spec.bind_tp, deadline)
         # NOTE: a pipeline is never a binding's replica (bindings merge TP groups); a request
         # its pages cannot hold is refused by its engine with the pages it needs.
-        if tp > len(group) and not engine.pages.stage_tp:
-            hard = bind_hard if bind_hard is not None else ttft_ms is not None
+        if tp > len(group) and not engine.shape.is_pipeline:
+            hard = spec.bind_hard if spec.bind_hard is not None else deadline
             fits_replica = need <= len(group)
             group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
         try:
-            engine.add_request(
-                request_id,
-                prompt_ids,
-                sampling,
-                klass,
-                tier,
-                ttft_ms,
-                priority,
-                may_preempt,
-                fork_of=fork_of,
-            )
+            engine.add_request(request_id, prompt_ids, spec)
         except InvalidRequestError:
             self.binder.drop(request_id)
             self.binder.release()  # a binding made for it alone is undone
@@ -339,23 +335,19 @@ class PoolEngine:
     # -- reconfiguration ---------------------------------------------------------------------
     def reconfigure(
         self,
-        groups: list[tuple[int, ...]],
+        groups: Iterable[GroupShape | tuple[int, ...]],
         mode: str = "pipelined",
-        fail: tuple[int, int] | None = None,
-        pipelines: dict[tuple[int, ...], int] | None = None,
-        fail_phase: str | None = None,
+        faults: FaultPlan | None = None,
     ) -> ReconfigureReport:
         """Switch the pool to `groups` at this iteration boundary, migrating running KV, as a
-        transaction (pool/switch.py). `pipelines` maps the groups that are pipelines to their
-        stages' TP degree; `fail` / `fail_phase` inject failures (tests)."""
-        return Switch(self, groups, pipelines or {}).run(mode, fail, fail_phase)
+        transaction (pool/switch.py); a bare members tuple is a TP group. `faults`: failures
+        a test injects (None: none)."""
+        return Switch(self, [as_shape(g) for g in groups]).run(mode, faults)
 
-    def plan_switch(
-        self, groups: list[tuple[int, ...]], pipelines: dict[tuple[int, ...], int] | None = None
-    ) -> list[str]:
+    def plan_switch(self, groups: Iterable[GroupShape | tuple[int, ...]]) -> list[str]:
         """The running requests a switch to `groups` would preempt for lack of pages, lowest
         priority first (the capacity check, before anything changes)."""
-        return Switch(self, groups, pipelines or {}).capacity()
+        return Switch(self, [as_shape(g) for g in groups]).capacity()
 
     # -- prefill/decode disaggregation -------------------------------------------------------
     def _hand_off_prefilled(self) -> None:
@@ -388,7 +380,7 @@ class PoolEngine:
         self.counters["kv_handoffs"] += len(moves)
         self.counters["kv_handoff_bytes"] += outcome.bytes_moved
 
-    def _retire(self, engine: Engine) -> None:
+    def retire(self, engine: Engine) -> None:
         """A dissolved group's engine: free its cached pages, keep its counters."""
         self.retired.update(engine.counters())
         engine.close()

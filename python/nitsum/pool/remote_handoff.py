@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
-from nitsum.kv.pool import KVLayout
 from nitsum.pool.kv_wire import export_kv, import_kv
 from nitsum.pool.migration_plan import Placement
 from nitsum.pool.peers import KVPeers, PeerError
@@ -102,7 +102,7 @@ class RemoteHandoffs:
         return [o for o in outputs if o.request_id not in left]
 
     def _send(self, seq: Sequence, engine: Engine, target: int) -> bool:
-        placement = Placement(seq.layout.members, tuple(seq.pages), seq.layout.stage_tp)
+        placement = Placement(seq.layout, tuple(seq.pages))
         kv = export_kv(
             self.pe.pool, self.pe.cfg, self.pe.ecfg.page_tokens, seq.num_computed, placement
         )
@@ -146,7 +146,7 @@ class RemoteHandoffs:
         engine.reclaim(need)  # NOTE: idle cached pages give way to arriving KV
         try:
             seq.pages = pages.allocate(need)
-            placement = Placement(group, tuple(seq.pages), pages.stage_tp)
+            placement = Placement(engine.shape, tuple(seq.pages))
             import_kv(self.pe.pool, self.pe.cfg, self.pe.ecfg.page_tokens, kv, placement)
         except (OutOfPages, RuntimeError) as e:  # no room, or a device failed: recompute
             log.warning("handoff of %s recomputes: %s", seq.request_id, e)
@@ -154,7 +154,7 @@ class RemoteHandoffs:
                 pages.release(seq.pages)
             seq.pages, seq.num_computed, seq.status = [], 0, Status.WAITING
             self.counters["kv_remote_recomputed"] += 1
-        seq.layout = KVLayout(group, pages.stage_tp)
+        seq.layout = engine.shape
         engine.adopt(seq)
         return seq
 
@@ -182,16 +182,15 @@ def _sequence(meta: dict[str, Any]) -> Sequence:
     """The running sequence a handoff describes (pages still to be given)."""
     sampling = dict(meta["sampling"])
     sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
-    seq = Sequence(
-        meta["request_id"],
-        list(meta["prompt_ids"]),
+    spec = RequestSpec(
         SamplingParams(**sampling),
-        meta["class"],
-        meta["tier"],
+        tier=meta["tier"],
+        klass=meta["class"],
+        priority=int(meta["priority"]),
     )
+    seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
     seq.output_ids = list(meta["output_ids"])
     seq.num_computed = int(meta["num_computed"])
-    seq.priority = int(meta["priority"])
     seq.status = Status.RUNNING
     if meta["generator"] is not None:
         seq.generator = torch.Generator()

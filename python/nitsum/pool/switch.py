@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from nitsum.engine.sequence import CLASS_RANK, Sequence
+from nitsum.parallel.topology import GroupShape
+from nitsum.pool.faults import FaultPlan, SwitchFault
 from nitsum.pool.kv_move import (
     Move,
     MoveOutcome,
@@ -33,23 +35,16 @@ from nitsum.pool.kv_move import (
 
 if TYPE_CHECKING:
     from nitsum.config import ModelConfig
-    from nitsum.engine.build import EngineConfig
     from nitsum.engine.engine import Engine
+    from nitsum.engine.engine_config import EngineConfig
     from nitsum.kv.pages import PageAllocator
-    from nitsum.parallel.topology import TPTopology
     from nitsum.pool.binding import Binder
     from nitsum.pool.devices import Devices
 
-# Phases a test may fail (`fail_phase`); "after_commit" fails once the switch stands.
-PHASES = ("plan", "capacity", "transfer", "commit", "after_commit")
-# NOTE: the timed ones are reported as `timings_ms` in `reconfigured` (plan, capacity,
-# transfer, commit_activate, total).
+# NOTE: the timed phases (pool/faults.py PHASES) are reported as `timings_ms` in
+# `reconfigured` (plan, capacity, transfer, commit_activate, total).
 # Reconfigurations the pool's log keeps.
 LOG_SIZE = 64
-
-
-class SwitchFault(RuntimeError):
-    """A failure injected into a phase of a switch (tests)."""
 
 
 class SwitchablePool(Protocol):
@@ -58,7 +53,6 @@ class SwitchablePool(Protocol):
     pool: Devices
     cfg: ModelConfig
     ecfg: EngineConfig
-    topology: TPTopology
     alloc: PageAllocator
     engines: dict[tuple[int, ...], Engine]
     binder: Binder
@@ -68,11 +62,11 @@ class SwitchablePool(Protocol):
     @property
     def groups(self) -> list[tuple[int, ...]]: ...
 
-    def _engine(self, members: tuple[int, ...], stage_tp: int = 0) -> Engine: ...
+    def new_engine(self, shape: GroupShape) -> Engine: ...
 
-    def _check_pipelines(self, pipelines: dict[tuple[int, ...], int]) -> None: ...
+    def check_shapes(self, shapes: list[GroupShape]) -> None: ...
 
-    def _retire(self, engine: Engine) -> None: ...
+    def retire(self, engine: Engine) -> None: ...
 
 
 def priority_key(seq: Sequence) -> tuple[int, int, float]:
@@ -81,31 +75,18 @@ def priority_key(seq: Sequence) -> tuple[int, int, float]:
 
 
 class Switch:
-    """One reconfiguration of `pe` to `groups` (`pipelines`: the groups that are pipelines, and
-    their stages' TP degree)."""
+    """One reconfiguration of `pe` to the groups `shapes` (TP groups and pipelines)."""
 
-    def __init__(
-        self,
-        pe: SwitchablePool,
-        groups: list[tuple[int, ...]],
-        pipelines: dict[tuple[int, ...], int],
-    ) -> None:
-        pe.topology.check([g for g in groups if g not in pipelines])
-        pe._check_pipelines(pipelines)
-        seen: set[int] = set()
-        for g in groups:
-            if seen & set(g):
-                raise ValueError(f"group {g} overlaps another group")
-            seen |= set(g)
-        if set(pipelines) - set(groups):
-            raise ValueError("pipelines names a group the plan does not have")
-        self.pe, self.groups, self.pipelines = pe, groups, pipelines
+    def __init__(self, pe: SwitchablePool, shapes: list[GroupShape]) -> None:
+        pe.check_shapes(shapes)
+        self.pe = pe
+        self.groups = [s.members for s in shapes]
+        self.shapes = {s.members: s for s in shapes}
 
     def _same(self, g: tuple[int, ...]) -> bool:
         """Whether group `g` of the plan exists now with the same shape (kept as it is)."""
         engine = self.pe.engines.get(g)
-        same_shape = engine is not None and engine.pages.stage_tp == self.pipelines.get(g, 0)
-        return same_shape and g in self.groups
+        return engine is not None and g in self.shapes and engine.shape == self.shapes[g]
 
     def _moves(self, targets: dict[tuple[int, ...], Engine]) -> list[Move]:
         """Every sequence of a vanishing group to a new group sharing devices (the least
@@ -136,8 +117,7 @@ class Switch:
         for seq, target, _ in moves:
             if seq.num_computed == 0 or seq.host_pages:
                 continue
-            tp = self.pipelines.get(target) or len(target)
-            need = -(-seq.num_computed // self.pe.alloc.tokens_per_page(tp))
+            need = -(-seq.num_computed // self.pe.alloc.tokens_per_page(self.shapes[target].tp))
             if need > sizes[target]:
                 short.append(seq.request_id)
             else:
@@ -147,9 +127,7 @@ class Switch:
     def capacity(self) -> list[str]:
         """The requests this switch would preempt, lowest priority first (nothing changes)."""
         targets = {g: self.pe.engines[g] for g in self.groups if self._same(g)}
-        targets |= {
-            g: self.pe._engine(g, self.pipelines.get(g, 0)) for g in self.groups if g not in targets
-        }
+        targets |= {g: self.pe.new_engine(self.shapes[g]) for g in self.groups if g not in targets}
         free = self.pe.alloc.free.copy()
         for g, engine in self.pe.engines.items():
             if not self._same(g):  # its idle cached pages are freed before the transfer
@@ -158,10 +136,9 @@ class Switch:
                 free[np.ix_(list(g), idle)] = True
         return self._short(self._moves(targets), free, lambda e: e.num_evictable())[::-1]
 
-    def run(
-        self, mode: str, fail: tuple[int, int] | None, fail_phase: str | None
-    ) -> ReconfigureReport:
-        """Carry the switch out; a failure before the commit leaves the old layout intact."""
+    def run(self, mode: str, faults: FaultPlan | None = None) -> ReconfigureReport:
+        """Carry the switch out; a failure before the commit leaves the old layout intact.
+        `faults`: failures a test injects (None: none)."""
         pe, t = self.pe, [time.perf_counter()]
         timings: dict[str, float] = {}
 
@@ -171,8 +148,8 @@ class Switch:
                 now = time.perf_counter()
                 timings[name] = (now - t[-1]) * 1e3
                 t.append(now)
-            if fail_phase == name:
-                raise SwitchFault(f"failure injected in phase {name!r}")
+            if faults is not None:
+                faults.check(name)
 
         if pe.binder.bindings:
             # NOTE: the plan owns the layout, but a binding has borrowed part of it; the
@@ -187,9 +164,7 @@ class Switch:
         outcome: MoveOutcome | None = None
         try:
             targets = {g: pe.engines[g] for g in self.groups if self._same(g)}
-            targets |= {
-                g: pe._engine(g, self.pipelines.get(g, 0)) for g in self.groups if g not in targets
-            }
+            targets |= {g: pe.new_engine(self.shapes[g]) for g in self.groups if g not in targets}
             moves = self._moves(targets)
             phase("plan")
             # NOTE: the vanishing groups' idle cached pages are freed first (their devices'
@@ -201,7 +176,7 @@ class Switch:
             preempt = self._short(moves, pe.alloc.free, lambda e: e.num_evictable())
             phase("capacity")
             outcome = transfer_moves(
-                pe.pool, pe.cfg, pe.ecfg.page_tokens, moves, targets, mode, fail, set(preempt)
+                pe.pool, pe.cfg, pe.ecfg.page_tokens, moves, targets, mode, faults, set(preempt)
             )
             phase("transfer")
             phase("commit", timed=False)  # the last point a failure rolls back from
@@ -214,7 +189,7 @@ class Switch:
         commit_moves(moves, targets, outcome)
         for group, engine in pe.engines.items():
             if targets.get(group) is not engine:
-                pe._retire(engine)
+                pe.retire(engine)
         pe.engines = targets
         phase("commit_activate")
         pe.counters["reconfigurations"] += 1
@@ -243,7 +218,7 @@ class Switch:
             {
                 "ok": report.ok,
                 "groups": [list(g) for g in report.groups],
-                "pipelines": {str(list(g)): tp for g, tp in self.pipelines.items()},
+                "pipelines": {str(list(g)): s.tp for g, s in self.shapes.items() if s.is_pipeline},
                 "preempted": list(report.preempted),
                 "bytes_sent": report.bytes_sent,
                 "timings_ms": dict(report.timings_ms),

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 
 
 def main(argv: list[str] | None = None) -> int:

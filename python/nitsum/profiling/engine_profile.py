@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch
 
 from nitsum.config import ModelConfig
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.pool.local import local_engine
 from nitsum.profiling.measure import measure_profile
 

@@ -20,11 +20,13 @@ from tqdm import tqdm
 
 from nitsum import __version__
 from nitsum.config import ModelConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
 from nitsum.parallel.shift import crossover
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 
@@ -49,11 +51,11 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def fits(pe: PoolEngine, group: tuple[int, ...], items: list[tuple[int, int]]) -> bool:
+def fits(pe: PoolEngine, shape: GroupShape, items: list[tuple[int, int]]) -> bool:
     """Whether the group's free KV pages hold these sequences (a GPU's largest decode points,
     e.g. 256 sequences of 8k tokens, do not: they are left out, as the analytic profile
     leaves them out)."""
-    pages = pe.alloc.group(group)
+    pages = pe.alloc.group(shape.members, shape.tp)
     return sum(pages.pages_for(ctx) for ctx, _ in items) <= pages.num_free
 
 
@@ -64,24 +66,21 @@ class GroupStep:
     def __init__(
         self,
         pe: PoolEngine,
-        group: tuple[int, ...],
+        shape: GroupShape,
         items: list[tuple[int, int]],
         sequence_parallel: bool = False,
-        stage_tp: int = 0,
     ):
-        """`stage_tp`: run `group` as a pipeline of stages of that many devices, one
-        micro-batch per stage (as the engine does)."""
-        self.pe, self.group = pe, group
-        self.pages = pe.alloc.group(group, stage_tp or None)
+        """A pipeline `shape` runs one micro-batch per stage (as the engine does)."""
+        self.pe, self.group = pe, shape.members
+        self.pages = pe.alloc.group(shape.members, shape.tp)
         self.batch = []
         for i, (ctx, q_len) in enumerate(items):
-            seq = Sequence(f"p{i}", [1] * ctx, SamplingParams(temperature=0))
+            seq = Sequence(f"p{i}", [1] * ctx, RequestSpec(SamplingParams(temperature=0)))
             seq.pages = self.pages.allocate(self.pages.pages_for(ctx))
             self.batch.append(Scheduled(seq, ctx - q_len, q_len))
         tpp = self.pages.tokens_per_page
-        if stage_tp:
-            stages = len(group) // stage_tp
-            self.inputs = build_pipeline_inputs(self.batch, tpp, stage_tp, stages)
+        if shape.is_pipeline:
+            self.inputs = build_pipeline_inputs(self.batch, tpp, shape.tp, shape.pp)
         else:
             self.inputs = build_step_inputs(self.batch, tpp, sequence_parallel)
 
@@ -96,31 +95,28 @@ class GroupStep:
 
 def _sweep(
     pe: PoolEngine,
-    size: int,
+    shape: GroupShape,
     sp: bool,
     repeats: int,
     prefill_tokens: tuple[int, ...],
     batches: tuple[int, ...],
     contexts: tuple[int, ...],
     bar: tqdm,
-    stage_tp: int = 0,
 ) -> tuple[list[dict], list[dict]]:
-    """Prefill and decode points of the group of devices 0..size-1 in one mode (TP, SP, or a
-    pipeline of stages of `stage_tp` devices)."""
-    group = tuple(range(size))
+    """Prefill and decode points of the group `shape` in one mode (TP, SP, or a pipeline)."""
     prefill = []
     for n in prefill_tokens:
-        fn = GroupStep(pe, group, [(n, n)], sp, stage_tp)
+        fn = GroupStep(pe, shape, [(n, n)], sp)
         prefill.append({"tokens": n, "ms": round(median_ms(fn, repeats), 3)})
         fn.release()
         bar.update()
     decode = []
     for b in batches:
         for c in contexts:
-            if not fits(pe, group, [(c, 1)] * b):
+            if not fits(pe, shape, [(c, 1)] * b):
                 bar.update()
                 continue
-            fn = GroupStep(pe, group, [(c, 1)] * b, sp, stage_tp)
+            fn = GroupStep(pe, shape, [(c, 1)] * b, sp)
             decode.append({"batch": b, "context": c, "ms": round(median_ms(fn, repeats), 3)})
             fn.release()
             bar.update()
@@ -161,9 +157,9 @@ def measure_profile(
     pp_decode: dict[str, list[dict]] = {}
     # One pipeline of each shape (the first block of devices), e.g. "2x2": TP 2 x PP 2.
     shapes = {
-        f"{tp}x{len(members) // tp}": (len(members), tp)
-        for members, tp in pe.topology.pipelines(cfg.num_layers, DEFAULT_PP_LEVELS)
-        if members[0] == 0
+        f"{s.tp}x{s.pp}": s
+        for s in pe.topology.pipelines(cfg.num_layers, DEFAULT_PP_LEVELS)
+        if s.members[0] == 0
     }
     per_mode = len(prefill_tokens) + len(batches) * len(contexts)
     points = sum(per_mode * (2 if tp > 1 else 1) for tp in levels) + per_mode * len(shapes)
@@ -171,14 +167,15 @@ def measure_profile(
     with tqdm(total=points, desc="profiling", unit="pt") as bar:
         for tp in levels:
             key = str(tp)
-            prefill[key], decode[key] = _sweep(pe, tp, False, repeats, *grid, bar)
+            group = GroupShape.tp_group(tuple(range(tp)))
+            prefill[key], decode[key] = _sweep(pe, group, False, repeats, *grid, bar)
             if tp > 1:
-                sp_prefill[key], sp_decode[key] = _sweep(pe, tp, True, repeats, *grid, bar)
+                sp_prefill[key], sp_decode[key] = _sweep(pe, group, True, repeats, *grid, bar)
                 thresholds[key] = shift_threshold(
                     prefill[key], decode[key], sp_prefill[key], sp_decode[key]
                 )
-        for key, (size, stage_tp) in shapes.items():
-            pp_prefill[key], pp_decode[key] = _sweep(pe, size, False, repeats, *grid, bar, stage_tp)
+        for key, shape in shapes.items():
+            pp_prefill[key], pp_decode[key] = _sweep(pe, shape, False, repeats, *grid, bar)
     return {
         "schema": "nitsum-profile/1",
         "device": device_kind,

@@ -17,7 +17,7 @@ from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import DEFAULT_SHIFT_THRESHOLD, ShiftRule, shift_rule
 
 if TYPE_CHECKING:
-    from nitsum.engine.build import EngineConfig
+    from nitsum.engine.engine_config import EngineConfig
 
 DEFAULT_ROUTER = "tcp://127.0.0.1:5557"
 
@@ -111,7 +111,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine settings the parsed worker flags ask for (every engine flag lands here)."""
     import torch
 
-    from nitsum.engine.build import EngineConfig
+    from nitsum.engine.engine_config import EngineConfig
 
     return EngineConfig(
         dtype=getattr(torch, args.dtype),

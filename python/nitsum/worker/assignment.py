@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nitsum.parallel.topology import GroupShape
 from nitsum.worker.protocol import Group
 
 
@@ -29,14 +30,12 @@ class LocalPlan:
     TP-1 groups of their own (idle for the router, but their requests are never lost).
     """
 
-    groups: list[tuple[int, ...]]
+    groups: list[GroupShape]
     assignments: dict[int, Assignment]
-    # The groups that are pipelines, and their stages' TP degree.
-    pipelines: dict[tuple[int, ...], int] = field(default_factory=dict)
 
-    def max_batch(self, group: tuple[int, ...]) -> int | None:
+    def max_batch(self, group: GroupShape) -> int | None:
         """The plan's batch cap of `group` (held by its leader's assignment)."""
-        return self.assignments[group[0]].max_batch
+        return self.assignments[group.members[0]].max_batch
 
 
 def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
@@ -44,8 +43,7 @@ def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
     puts a device in two groups, a group's `tp` · `pp` disagrees with its members, or a group
     mixes these devices with devices of another process."""
     mine = set(device_ids)
-    out: list[tuple[int, ...]] = []
-    pipelines: dict[tuple[int, ...], int] = {}
+    out: list[GroupShape] = []
     assignments: dict[int, Assignment] = {}
     for g in groups:
         members = tuple(sorted(g.members))
@@ -55,8 +53,6 @@ def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
             raise PlanRefused(
                 f"group {list(g.members)}: tp {g.tp} x pp {g.pp} != its {len(members)} members"
             )
-        if g.pp > 1:
-            pipelines[members] = g.tp
         if not set(members) <= mine:
             raise PlanRefused(
                 f"group {list(members)} spans devices of another worker process "
@@ -67,9 +63,9 @@ def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
             if d in assignments:
                 raise PlanRefused(f"worker {d} is in more than one group of the plan")
             assignments[d] = Assignment(g.role, list(g.tiers), g.accepts_background, g.max_batch)
-        out.append(members)
+        out.append(GroupShape(members, g.tp, g.pp))
     for d in device_ids:
         if d not in assignments:
             assignments[d] = Assignment()
-            out.append((d,))
-    return LocalPlan(sorted(out), assignments, pipelines)
+            out.append(GroupShape((d,)))
+    return LocalPlan(sorted(out, key=lambda s: s.members), assignments)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from nitsum.engine.engine import RequestOutput
+from nitsum.parallel.topology import GroupShape
 from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.inbound import GenerateRequest
 
@@ -122,26 +123,19 @@ class PoolBackend:
 
     def add(self, device: int, req: GenerateRequest) -> None:
         group = self._group(device)
-        decode = None
-        if req.decode_target is not None and req.decode_target in self.device_ids:
-            decode = self._group(req.decode_target)  # P/D: KV moves there after prefill
+        decode, target = None, req.spec.decode_target
+        if target is not None and target in self.device_ids:
+            decode = self._group(target)  # P/D: KV moves there after prefill
         self.pe.add_request(
             req.request_id,
             req.input_ids,
-            req.sampling,
+            req.spec,
             group,
-            req.klass,
-            req.tier,
             decode_group=None if decode == group else decode,
-            ttft_ms=req.ttft_ms,
-            priority=req.priority,
-            may_preempt=req.may_preempt,
-            bind_tp=req.bind_tp,
-            fork_of=req.fork_of,
         )
-        if self.remote is not None and self.remote.wants(req.decode_target):
-            assert req.decode_target is not None
-            self.remote.add(req.request_id, req.decode_target)
+        if self.remote is not None and self.remote.wants(target):
+            assert target is not None
+            self.remote.add(req.request_id, target)
 
     def abort(self, request_id: str) -> None:
         if self.remote is not None:
@@ -169,17 +163,18 @@ class PoolBackend:
         return [rid for _, e in self.pe.every_engine() for rid in e.request_ids()]
 
     def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
-        groups = [tuple(d - self.first_id for d in g) for g in plan.groups]
-        pipelines = {tuple(d - self.first_id for d in g): tp for g, tp in plan.pipelines.items()}
+        groups = [
+            GroupShape(tuple(d - self.first_id for d in g.members), g.tp, g.pp) for g in plan.groups
+        ]
         try:
-            report = self.pe.reconfigure(groups, self.mode, pipelines=pipelines)
-        except ValueError as e:  # TPTopology.check: unaligned, overlapping or unsupported TP
+            report = self.pe.reconfigure(groups, self.mode)
+        except ValueError as e:  # check_shapes: unaligned, overlapping or unsupported groups
             raise PlanRefused(str(e)) from e
         if not report.ok:  # the transfer failed and was rolled back
             raise PlanRefused(f"plan not applied, nothing changed: {report.error}")
         for local, g in zip(groups, plan.groups, strict=True):
             cap = plan.max_batch(g) or self.max_batch
-            self.pe.engines[local].max_batch = min(self.max_batch, cap)
+            self.pe.engines[local.members].max_batch = min(self.max_batch, cap)
         return dict(report.timings_ms)
 
     def counters(self) -> dict[str, int]:

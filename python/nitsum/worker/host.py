@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from nitsum.engine.build import EngineConfig
+from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import install_grammars, load_config, model_eos_ids
 from nitsum.kv.pool import KVPool
 from nitsum.pool.device_pool import DevicePool

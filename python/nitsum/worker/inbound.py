@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nitsum.engine.sequence import CLASSES
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.structured.spec import GrammarSpec
@@ -45,21 +45,11 @@ def request_id_of(msg: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A validated `generate` message."""
+    """A validated `generate` message: the request's id, its prompt and what it asks for."""
 
     request_id: str
     input_ids: list[int]
-    sampling: SamplingParams
-    tier: str
-    klass: str
-    decode_target: int | None
-    ttft_ms: float | None = None
-    priority: int = 0
-    may_preempt: bool = True
-    # Run on a TP group of this size bound for the request (its tier's `bind_tp`).
-    bind_tp: int | None = None
-    # The first of n > 1 choices of the same prompt: share its prefill (engine/forks.py).
-    fork_of: str | None = None
+    spec: RequestSpec
 
 
 _SAMPLING_CHECKS = {
@@ -109,34 +99,7 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
             kwargs[name] = float(kwargs[name])
     if "logit_bias" in kwargs:
         kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
-    klass = msg.get("class", "feasible")
-    if klass not in CLASSES:
-        raise InvalidRequestError("class", f"must be one of {CLASSES}, got {klass!r}")
-    tier = msg.get("tier", "")
-    if not isinstance(tier, str):
-        raise InvalidRequestError("tier", f"must be a string, got {tier!r}")
-    target = msg.get("decode_target")
-    if target is not None and not _is_int(target):
-        raise InvalidRequestError("decode_target", f"must be an integer or null, got {target!r}")
-    ttft = msg.get("ttft_ms")
-    if ttft is not None and not (_is_num(ttft) and ttft > 0):
-        raise InvalidRequestError("ttft_ms", f"must be a positive number or null, got {ttft!r}")
-    priority = msg.get("priority", 0)
-    if not _is_int(priority):
-        raise InvalidRequestError("priority", f"must be an integer, got {priority!r}")
-    preempt = msg.get("preempt", True)
-    if not isinstance(preempt, bool):
-        raise InvalidRequestError("preempt", f"must be a boolean, got {preempt!r}")
-    bind_tp = msg.get("bind_tp")
-    if bind_tp is not None and not (_is_int(bind_tp) and bind_tp >= 1):
-        raise InvalidRequestError("bind_tp", f"must be a positive integer, got {bind_tp!r}")
-    fork_of = msg.get("fork_of")
-    if fork_of is not None and not (isinstance(fork_of, str) and fork_of):
-        raise InvalidRequestError("fork_of", f"must be a request id or null, got {fork_of!r}")
     # Structured output rides in SamplingParams inside the worker (it goes wherever they go).
     kwargs["grammar"] = GrammarSpec.from_wire(msg.get("grammar"))
-    sampling = SamplingParams(**kwargs)
-    ttft_ms = None if ttft is None else float(ttft)
-    return GenerateRequest(
-        rid, ids, sampling, tier, klass, target, ttft_ms, priority, preempt, bind_tp, fork_of
-    )
+    # NOTE: every other field is checked by its declaration on RequestSpec (from_wire).
+    return GenerateRequest(rid, ids, RequestSpec.from_wire(msg, SamplingParams(**kwargs)))

@@ -256,6 +256,7 @@ fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
         preempt: false,
         bind_tp: Some(2),
         fork_of: Some(RID2),
+        truncate_prompt_tokens: Some(3),
         grammar: Some(Cow::Borrowed(&grammar)),
     };
     let caps = |g: &GroupPlan| (g.pp == 2).then_some(8);

@@ -100,6 +100,10 @@ pub struct Generate<'a> {
     /// The first of n > 1 choices of the same prompt, whose prefill this one shares.
     #[serde(skip_serializing_if = "Option::is_none", borrow, default)]
     pub fork_of: Option<&'a str>,
+    /// vLLM's `truncate_prompt_tokens`: the worker serves only the last this-many
+    /// `input_ids` (left truncation); absent: the whole prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncate_prompt_tokens: Option<u32>,
     /// Structured output: the grammar the output must match (absent: none).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub grammar: Option<Cow<'a, super::structured::Grammar>>,
@@ -458,6 +462,7 @@ mod tests {
             preempt: false,
             bind_tp: Some(2),
             fork_of: None,
+            truncate_prompt_tokens: Some(5),
             grammar: None,
         });
         // Generic decode: keys are strings (a map, not an array).
@@ -470,6 +475,7 @@ mod tests {
         assert_eq!(v["priority"], -3);
         assert_eq!(v["preempt"], false);
         assert_eq!(v["bind_tp"], 2);
+        assert_eq!(v["truncate_prompt_tokens"], 5);
     }
 
     #[test]

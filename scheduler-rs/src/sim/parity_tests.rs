@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::group::GroupSim;
 use super::reqs::{Req, Reqs};
 use crate::dispatch::Class;
+use crate::ids::TierId;
 use crate::plan::{GroupPlan, Role};
 use crate::profile::{Profile, ProfileFile};
 
@@ -58,7 +59,7 @@ fn arriving(input: u32, output: u32, class: Class, arrival: f64) -> Req {
         arrival,
         input,
         output,
-        tier: 0,
+        tier: TierId(0),
         class,
         prefilled: 0,
         generated: 0,

@@ -180,6 +180,8 @@ impl RouterState {
             preempt: self.cfg.tier(req.tier).preempt,
             bind_tp: self.cfg.tier(req.tier).bind_tp,
             fork_of: fork_of.as_deref(),
+            // NOTE: the HTTP API does not take it yet (protocols/extensions.rs lists it).
+            truncate_prompt_tokens: None,
             grammar: req.grammar.as_ref().map(Cow::Borrowed),
         });
         self.send(identity, payload);

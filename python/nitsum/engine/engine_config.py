@@ -1,0 +1,94 @@
+"""Engine knobs: one `EngineConfig` for every engine and device a process builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nitsum.config import DEFAULT_TP_LEVELS
+from nitsum.parallel.shift import ShiftRule
+
+# Per-step limits by device type: (token budget: prompt + decode tokens one step may run,
+# running sequences cap). A GPU step costs about the same up to thousands of tokens (weight
+# reads dominate), so it takes vLLM's 8192 tokens / 256 sequences; a CPU step grows with its
+# tokens, so small steps keep decode latency low there.
+STEP_LIMITS = {"cpu": (512, 64), "cuda": (8192, 256)}
+
+
+def default_step_limits(device: str) -> tuple[int, int]:
+    """(token_budget, max_batch) for `device` ("cuda:1" is a "cuda"; unknown types: CPU's)."""
+    return STEP_LIMITS.get(device.split(":")[0], STEP_LIMITS["cpu"])
+
+
+@dataclass
+class EngineConfig:
+    """Engine knobs with sane defaults; `max_batch` and `token_budget` left None take the
+    device's (`default_step_limits`)."""
+
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    kv_cache_bytes: int = 512 << 20
+    page_tokens: int = 16
+    max_batch: int = None  # type: ignore[assignment]  # NOTE: an int after __post_init__
+    token_budget: int = None  # type: ignore[assignment]
+    max_context: int | None = None
+    tp_levels: tuple[int, ...] = DEFAULT_TP_LEVELS
+    # Short prompts overtake long ones that can spare the tokens (engine/prompt_order.py).
+    overtaking: bool = True
+    # Keep finished sequences' full KV pages for prompts that start the same way
+    # (kv/prefix_cache.py).
+    prefix_caching: bool = True
+    # Host memory per device for the KV of swapped-out sequences (kv/host_pool.py); 0: none,
+    # preemption always recomputes. (`nitsum serve` and the worker default to
+    # config.HOST_KV_CACHE_MB.)
+    host_kv_cache_bytes: int = 0
+    # Swap-ins: "auto" (asynchronous unless a synchronous copy is cheaper, engine/swap.py),
+    # "sync" or "async".
+    swap_mode: str = "auto"
+    # Under light load, run a request with a TTFT target on a TP group bound from idle
+    # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
+    bind_idle: bool = False
+    # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
+    shift: ShiftRule = field(default_factory=ShiftRule)
+    # Record decode steps per warm context and batch bucket at start-up (engine/graphs.py):
+    # None = on CUDA only (CUDA graphs); True elsewhere runs the same static-buffer path
+    # eagerly (tests).
+    decode_graphs: bool | None = None
+    # The fused Triton elementwise kernels and Triton attention (models/llama.py): None = on
+    # CUDA only; True on CPU runs them under Triton's interpreter (tests).
+    fused_ops: bool | None = None
+    # Record every step but attention piecewise per token bucket at start-up
+    # (engine/piecewise.py): None = on CUDA only; True elsewhere runs the same static-buffer
+    # path eagerly (tests).
+    piecewise_graphs: bool | None = None
+    # A single-device engine prepares the next step while the device runs this one
+    # (engine/overlap.py): None = on CUDA only (or as NITSUM_OVERLAP says); True forces it.
+    overlap: bool | None = None
+
+    def __post_init__(self) -> None:
+        budget, batch = default_step_limits(self.device)
+        if self.token_budget is None:
+            self.token_budget = budget
+        if self.max_batch is None:
+            self.max_batch = batch
+
+    @property
+    def records_decode(self) -> bool:
+        """Whether devices record decode steps (`decode_graphs`, resolved)."""
+        if self.decode_graphs is None:
+            return self.device.startswith("cuda")
+        return self.decode_graphs
+
+    @property
+    def records_piecewise(self) -> bool:
+        """Whether devices record steps piecewise (`piecewise_graphs`, resolved)."""
+        if self.piecewise_graphs is None:
+            return self.device.startswith("cuda")
+        return self.piecewise_graphs
+
+    @property
+    def records_steps(self) -> bool:
+        """Whether devices record steps of either kind (their KV pool then has a scratch page
+        for padding rows)."""
+        return self.records_decode or self.records_piecewise
