@@ -93,7 +93,7 @@ class GroupPages:
         return -(-tokens // self.tokens_per_page)
 
     def _free_mask(self) -> np.ndarray:
-        return self.alloc.free[self.members].all(axis=0)
+        return np.asarray(self.alloc.free[self.members].all(axis=0))
 
     @property
     def num_free(self) -> int:
@@ -125,7 +125,7 @@ class GroupPages:
             self.alloc.free[np.ix_(self.members, pages)] = True
 
     def _held_mask(self) -> np.ndarray:
-        return (self.alloc.held[self.members] > 0).any(axis=0)
+        return np.asarray((self.alloc.held[self.members] > 0).any(axis=0))
 
     def hold(self, pages: list[int]) -> None:
         """Copies in flight use `pages`: hand none of them out (once free) until `unhold`."""

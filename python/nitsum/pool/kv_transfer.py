@@ -211,14 +211,17 @@ class KVTransfer:
         for i, c in enumerate(chunks):
             buf = self.buffers[i % 2]
             if sending:
-                if pending[i % 2] is not None:
-                    pending[i % 2].wait()  # the buffer is free again once its send is done
+                work = pending[i % 2]
+                if work is not None:
+                    work.wait()  # the buffer is free again once its send is done
                     pending[i % 2] = None
                 block = self.pack(view, p.src_slots[c], p.src_head, p.heads, buf)
                 pending[i % 2] = dist.isend(buf[: block.numel()], p.dst)
                 stats.bytes_sent += block.numel() * block.element_size()
             else:
-                pending[i % 2].wait()
+                work = pending[i % 2]
+                assert work is not None  # NOTE: the receive was posted a chunk ahead
+                work.wait()
                 pending[i % 2] = None  # NOTE: gloo work must be waited exactly once
                 if i + 1 < len(chunks):
                     # Post the next receive before unpacking this one: transfer overlaps unpack.

@@ -45,7 +45,7 @@ class LocalDevice:
         ecfg: EngineConfig,
         num_pages: int,
     ) -> None:
-        self.levels = (1,)
+        self.levels: tuple[int, ...] = (1,)
         device = DeviceBuild(cfg, tensors, ecfg, num_pages)
         ctx = build_context(cfg, device.model.weights, 1, 0)
         self.runner = device.runner(ctx, swaps=True)

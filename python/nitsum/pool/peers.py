@@ -138,7 +138,7 @@ class KVPeers:
         return raw.numel()
 
     def _send(self, t: torch.Tensor, dst: int) -> None:
-        self.pg.send([t], dst, TAG).wait(self.timeout)
+        self.pg.send([t], dst, TAG).wait(self.timeout)  # type: ignore[attr-defined]
 
     # -- receiving --------------------------------------------------------------------------
     def pending(self) -> bool:
@@ -159,7 +159,7 @@ class KVPeers:
         while True:
             header = torch.zeros(3, dtype=torch.int64)
             try:
-                self.pg.recv([header], src, TAG).wait(IDLE_WAIT)
+                self.pg.recv([header], src, TAG).wait(IDLE_WAIT)  # type: ignore[attr-defined]
             except RuntimeError as e:
                 self.lost.add(src)
                 log.warning("KV transport: rank %d lost: %s", src, e)
@@ -180,7 +180,7 @@ class KVPeers:
             self._inbox.put((meta, raw.view(dtype).view(meta["kv_shape"])))
 
     def _recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
-        self.pg.recv([t], src, TAG).wait(self.timeout)
+        self.pg.recv([t], src, TAG).wait(self.timeout)  # type: ignore[attr-defined]
         return t
 
 

@@ -263,7 +263,7 @@ class PoolEngine:
         self.binder.form()
         paused = self.binder.paused()
         active = [(g, e) for g, e in self.engines.items() if g not in paused]
-        launched: list[tuple[Engine, list[Scheduled]]] = []
+        launched: list[tuple[tuple[int, ...], Engine, list[Scheduled]]] = []
         outputs: list[RequestOutput] = []
         started = time.monotonic()
         for members, engine in active + self.binder.active():

@@ -30,7 +30,7 @@ def open_pool_backend(
     source = ModelSource(model_dir=str(model_dir))
     pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
     try:
-        groups = [(d,) for d in range(num_devices)]
+        groups: list[tuple[int, ...]] = [(d,) for d in range(num_devices)]
         eos = model_eos_ids(model_dir)
         install_grammars(model_dir, eos)
         pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, eos)

@@ -8,7 +8,7 @@ dataclasses (protocol.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
@@ -70,7 +70,7 @@ _SAMPLING_CHECKS = {
     "logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
     "prompt_logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
 }
-_FLOAT_KEYS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_FLOAT_KEYS: tuple[str, ...] = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _FLOAT_KEYS += ("repetition_penalty", "min_p")
 
 
@@ -102,4 +102,5 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
     # Structured output rides in SamplingParams inside the worker (it goes wherever they go).
     kwargs["grammar"] = GrammarSpec.from_wire(msg.get("grammar"))
     # NOTE: every other field is checked by its declaration on RequestSpec (from_wire).
-    return GenerateRequest(rid, ids, RequestSpec.from_wire(msg, SamplingParams(**kwargs)))
+    spec = RequestSpec.from_wire(msg, SamplingParams(**kwargs))
+    return GenerateRequest(rid, cast(list[int], ids), spec)
