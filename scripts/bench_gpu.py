@@ -29,35 +29,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from bench_engine import PROMPT_LEN, ours, theirs  # scripts/ is on the path
+from model_shapes import SHAPES, random_llama
 from nitsum.config import ModelConfig
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.pool.local import local_engine
 
-SHAPES = {
-    "8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-    ),
-    "tiny": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        max_position_embeddings=2048,
-    ),
-}
 PROMPT = PROMPT_LEN  # and 64 new tokens (bench_engine's)
 
 
@@ -138,10 +117,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    hf_cfg = LlamaConfig(**SHAPES[args.shape])
-    with torch.device(args.device):
-        hf = LlamaForCausalLM(hf_cfg).to(dtype).eval()
+    hf, hf_cfg = random_llama(args.shape, args.device, dtype)
     cfg = ModelConfig.from_hf(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     ecfg = EngineConfig(
         dtype=dtype, device=args.device, kv_cache_bytes=8 << 30, max_batch=64, max_context=1024

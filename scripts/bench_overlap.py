@@ -17,9 +17,8 @@ import time
 from dataclasses import replace
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench_gpu import SHAPES  # scripts/ is on the path
+from model_shapes import SHAPES, random_llama  # scripts/ is on the path
 from nitsum.config import ModelConfig
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
@@ -56,10 +55,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    hf_cfg = LlamaConfig(**SHAPES[args.shape])
-    with torch.device(args.device):
-        hf = LlamaForCausalLM(hf_cfg).to(dtype).eval()
+    hf, hf_cfg = random_llama(args.shape, args.device, dtype)
     cfg = ModelConfig.from_hf(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     cuda = args.device.startswith("cuda")
     ecfg = EngineConfig(

@@ -44,28 +44,6 @@ if TYPE_CHECKING:  # NOTE: nitsum imports wait for main (TRITON_INTERPRET must c
 TARGET = 0.5  # of the GEMM rate, for the whole prefill forward
 Runner = Callable[[Callable[[], object]], float]  # seconds of one call (median)
 
-SHAPES = {
-    "8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-    ),
-    "tiny": dict(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        max_position_embeddings=2048,
-    ),
-}
-
 
 def timed(fn: Callable[[], object], device: str, warmup: int, repeats: int) -> float:
     """Median seconds of `fn` over `repeats` runs after `warmup` (synchronized on CUDA)."""
@@ -84,21 +62,13 @@ def timed(fn: Callable[[], object], device: str, warmup: int, repeats: int) -> f
 
 def random_model(shape: str, device: str, dtype: torch.dtype) -> tuple[LlamaModel, ModelConfig]:
     """The engine's model (fused weights) of a random HF Llama of `shape`, and its config."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    from model_shapes import random_llama  # scripts/ is on the path
     from nitsum.config import ModelConfig
     from nitsum.engine.device_build import build_model
     from nitsum.engine.engine_config import EngineConfig
 
-    torch.manual_seed(0)
-    hf_cfg = LlamaConfig(**SHAPES[shape])
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # NOTE: made in bf16 directly: no fp32 copy of 8B weights
-    try:
-        with torch.device(device):
-            hf = LlamaForCausalLM(hf_cfg).eval()
-    finally:
-        torch.set_default_dtype(default)
+    layers = {"num_hidden_layers": 2} if shape == "tiny" else {}
+    hf, hf_cfg = random_llama(shape, device, dtype, **layers)
     cfg = ModelConfig.from_hf(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
     model = build_model(cfg, hf.state_dict().items(), EngineConfig(dtype=dtype, device=device))
     return model, cfg
