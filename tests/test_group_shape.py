@@ -8,7 +8,7 @@ import pytest
 from nitsum.parallel.topology import GroupShape, TPTopology, as_shape
 from nitsum.pool.faults import FaultPlan, SwitchFault
 from nitsum.worker.assignment import local_plan
-from nitsum.worker.inbound import Group
+from nitsum.worker.protocol import Group
 
 
 def test_shapes_derive_their_stages_and_compare_by_value() -> None:
