@@ -128,6 +128,14 @@ class RequestSpec:
             values[f.name] = check.convert(value) if check.convert is not None else value
         return cls(**values)
 
+    def to_wire(self) -> dict[str, Any]:
+        """Every wire field by its wire key (`from_wire`'s inverse; sampling excluded)."""
+        return {
+            f.metadata["wire"].key or f.name: getattr(self, f.name)
+            for f in fields(self)
+            if "wire" in f.metadata
+        }
+
     @classmethod
     def wire_keys(cls) -> dict[str, Any]:
         """Wire key -> default of every field the wire may set (docs and tests)."""

@@ -23,12 +23,15 @@ import torch
 from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.sequence import Sequence, Status
+from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import OutOfPages
 from nitsum.pool.kv_wire import export_kv, import_kv
 from nitsum.pool.migration_plan import Placement
 from nitsum.pool.peers import KVPeers, PeerError
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from nitsum.structured.spec import GrammarSpec
+from nitsum.structured.start import start_grammar
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +135,13 @@ class RemoteHandoffs:
                 continue
             target = int(meta["target"])
             group = group_of[target]
-            seq = self._adopt(meta, kv, group)
+            try:
+                seq = self._adopt(meta, kv, group)
+            except (InvalidRequestError, ValueError) as e:
+                # NOTE: its sender let it go: end it with the error rather than lose it.
+                log.error("handoff of %s refused: %s", meta["request_id"], e)
+                outputs.append(RequestOutput(meta["request_id"], [], "error", str(e)))
+                continue
             self._came.append((seq.request_id, target, len(seq.prompt_ids)))
             self.counters["kv_remote_in"] += 1
             outputs.append(RequestOutput(seq.request_id, list(seq.output_ids), None))
@@ -160,9 +169,13 @@ class RemoteHandoffs:
 
 
 def _meta(seq: Sequence, target: int) -> dict[str, Any]:
-    """What the receiver needs besides the KV to go on exactly where this process stopped."""
+    """What the receiver needs besides the KV to go on exactly where this process stopped:
+    the whole spec (NOTE: its grammar as its wire form; the receiver replays the output into
+    a fresh matcher) and the sequence's state."""
     sampling = asdict(seq.sampling)
     sampling["stop_token_ids"] = list(seq.sampling.stop_token_ids)
+    grammar = seq.sampling.grammar
+    sampling["grammar"] = grammar.to_wire() if grammar is not None else None
     generator = seq.generator.get_state().numpy().tobytes() if seq.generator is not None else None
     return {
         "target": target,
@@ -171,9 +184,8 @@ def _meta(seq: Sequence, target: int) -> dict[str, Any]:
         "output_ids": seq.output_ids,
         "num_computed": seq.num_computed,
         "sampling": sampling,
-        "class": seq.klass,
-        "tier": seq.tier,
-        "priority": seq.priority,
+        # NOTE: the class as it is now (the scheduler may have demoted it).
+        "spec": seq.spec.to_wire() | {"class": seq.klass},
         "generator": generator,
     }
 
@@ -182,14 +194,15 @@ def _sequence(meta: dict[str, Any]) -> Sequence:
     """The running sequence a handoff describes (pages still to be given)."""
     sampling = dict(meta["sampling"])
     sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
-    spec = RequestSpec(
-        SamplingParams(**sampling),
-        tier=meta["tier"],
-        klass=meta["class"],
-        priority=int(meta["priority"]),
-    )
+    sampling["logit_bias"] = tuple(tuple(b) for b in sampling["logit_bias"])
+    sampling["grammar"] = GrammarSpec.from_wire(sampling["grammar"])
+    spec = RequestSpec.from_wire(meta["spec"], SamplingParams(**sampling))
     seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
     seq.output_ids = list(meta["output_ids"])
+    # The grammar where the sender's was: started on the prompt, then over the output so far.
+    seq.grammar = start_grammar(spec.sampling.grammar, seq.prompt_ids)
+    if seq.grammar is not None and seq.output_ids and not seq.grammar.consume(seq.output_ids):
+        raise ValueError(f"handoff of {seq.request_id}: its output breaks its grammar")
     seq.num_computed = int(meta["num_computed"])
     seq.status = Status.RUNNING
     if meta["generator"] is not None:
