@@ -69,7 +69,7 @@ def _line(step: int, parts: dict[str, list[str]]) -> str:
 
 def run(scenario: Scenario) -> list[str]:
     """The step trace of `scenario` through the worker's scheduler."""
-    pages = PageAllocator(1, NUM_PAGES, PAGE_TOKENS, num_kv_heads=1).group((0,))
+    pages = PageAllocator(1, NUM_PAGES, PAGE_TOKENS, num_kv_heads=1).group((0,), 1)
     sched = Scheduler(
         pages, max_batch=scenario.max_batch, token_budget=scenario.budget, overtaking=True
     )
