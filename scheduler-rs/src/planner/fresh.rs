@@ -69,7 +69,7 @@ pub(super) fn plan_fresh(
             wanted.push(Wanted {
                 shape: g.shape,
                 role: g.role,
-                tiers: vec![tiers[u.tier.index()].name.clone()],
+                tiers: vec![u.tier],
                 accepts_background: false,
                 max_rps: g.est.rps,
                 max_inflight: g.est.rps * g.est.residence_s,

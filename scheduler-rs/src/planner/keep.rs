@@ -41,7 +41,7 @@ impl Reevaluated {
 pub fn capacity(tiers: &[Tier], groups: &[crate::plan::GroupPlan]) -> Vec<f64> {
     let mut cap = vec![(0.0, 0.0, 0.0); tiers.len()];
     for g in groups {
-        let Some(i) = tiers.iter().position(|t| g.tiers.first() == Some(&t.name)) else {
+        let Some(i) = g.tiers.first().map(|t| t.index()) else {
             continue;
         };
         match g.role {
@@ -66,11 +66,6 @@ pub fn reevaluate(
     cfg: &PlannerConfig,
     levels: &[Shape],
 ) -> Option<Reevaluated> {
-    let index: HashMap<&str, usize> = tiers
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.name.as_str(), i))
-        .collect();
     let mut used = vec![false; devices as usize];
     // (max_rps, max_inflight) refreshed per group; cloned into a plan only on success.
     let mut fresh = Vec::with_capacity(prev.groups.len());
@@ -93,11 +88,11 @@ pub fn reevaluate(
             batch_caps.push(0.0);
             continue;
         }
-        let [name] = g.tiers.as_slice() else {
+        let [id] = g.tiers.as_slice() else {
             return None;
         };
-        let i = *index.get(name.as_str())?;
-        let d = demand.get(name.as_str())?;
+        let i = id.index();
+        let d = demand.get(tiers[i].name.as_str())?;
         if tiers[i].background {
             return None;
         }
