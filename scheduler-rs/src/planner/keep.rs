@@ -29,11 +29,15 @@ pub struct Reevaluated {
 
 impl Reevaluated {
     /// Whether every tier's rate is within `keep_utilization` of its capacity.
-    pub fn serves(&self, tiers: &[Tier], demand: &HashMap<&str, &TierDemand>, keep: f64) -> bool {
-        tiers.iter().zip(&self.capacity).all(|(t, &cap)| {
-            let rate = demand.get(t.name.as_str()).map_or(0.0, |d| d.rate_rps);
-            t.background || rate <= 0.0 || rate <= cap * keep
-        })
+    pub fn serves(&self, tiers: &[Tier], demand: &[Option<&TierDemand>], keep: f64) -> bool {
+        tiers
+            .iter()
+            .zip(demand)
+            .zip(&self.capacity)
+            .all(|((t, d), &cap)| {
+                let rate = d.map_or(0.0, |d| d.rate_rps);
+                t.background || rate <= 0.0 || rate <= cap * keep
+            })
     }
 }
 
@@ -60,7 +64,7 @@ pub fn capacity(tiers: &[Tier], groups: &[crate::plan::GroupPlan]) -> Vec<f64> {
 pub fn reevaluate(
     profile: &Profile,
     tiers: &[Tier],
-    demand: &HashMap<&str, &TierDemand>,
+    demand: &[Option<&TierDemand>],
     devices: u32,
     prev: &Plan,
     cfg: &PlannerConfig,
@@ -92,7 +96,7 @@ pub fn reevaluate(
             return None;
         };
         let i = id.index();
-        let d = demand.get(tiers[i].name.as_str())?;
+        let d = demand[i]?;
         if tiers[i].background {
             return None;
         }

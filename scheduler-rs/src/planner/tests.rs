@@ -555,3 +555,19 @@ fn linked_hosts_get_a_pd_bundle_across_them_and_no_tp_group_spans_two() {
         out.plan.groups
     );
 }
+
+#[test]
+fn demand_resolves_to_tier_positions_once_per_plan() {
+    let tiers = [tier("A", 200.0, 61.0), tier("B", 200.0, 61.0)];
+    // "B" twice (the last counts, as a map by name kept it), "gone" not in the list, no "A".
+    let dem = [
+        demand("B", 1.0, 10.0, 1.0),
+        demand("gone", 5.0, 10.0, 1.0),
+        demand("B", 2.0, 10.0, 1.0),
+    ];
+    let rates: Vec<Option<f64>> = super::score::demand_by_tier(&tiers, &dem)
+        .iter()
+        .map(|d| d.map(|d| d.rate_rps))
+        .collect();
+    assert_eq!(rates, [None, Some(2.0)]);
+}
