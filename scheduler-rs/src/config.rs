@@ -9,7 +9,7 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::ids::TierId;
-use crate::plan::{GroupPlan, Role};
+use crate::plan::{GroupPlan, NamedGroupPlan, Role};
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
 use crate::tiers::Tier;
@@ -283,42 +283,33 @@ impl RouterConfig {
     pub fn from_file(file: FileConfig) -> Result<Self> {
         let d = RouterConfig::default();
         let tiers = file.tiers.unwrap_or(d.tiers);
-        let default_tiers: Vec<TierId> = (0..tiers.len())
-            .filter(|&i| !tiers[i].background)
-            .map(TierId)
+        let default_tiers: Vec<String> = tiers
+            .iter()
+            .filter(|t| !t.background)
+            .map(|t| t.name.clone())
             .collect();
-        let resolve = |name: &String, members: &[u32]| {
-            tiers
-                .iter()
-                .position(|t| t.name == *name)
-                .map(TierId)
-                .with_context(|| {
-                    format!("config: plan group {members:?} uses unknown tier {name:?}")
-                })
-        };
         let static_plan = file
             .plan
             .map(|groups| {
                 groups
                     .into_iter()
                     .map(|g| {
-                        Ok(GroupPlan {
+                        NamedGroupPlan {
                             tp: g.members.len() as u32,
                             pp: 1,
+                            members: g.members,
                             role: g.role,
                             tiers: if g.tiers.is_empty() {
                                 default_tiers.clone()
                             } else {
                                 g.tiers
-                                    .iter()
-                                    .map(|name| resolve(name, &g.members))
-                                    .collect::<Result<_>>()?
                             },
-                            members: g.members,
                             accepts_background: g.accepts_background,
                             max_rps: g.max_rps,
                             max_inflight: g.max_inflight,
-                        })
+                        }
+                        .resolve(&tiers)
+                        .context("config")
                     })
                     .collect::<Result<Vec<_>>>()
             })

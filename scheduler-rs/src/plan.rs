@@ -71,10 +71,10 @@ fn is_one(n: &u32) -> bool {
 pub type NamedGroupPlan = GroupPlan<String>;
 
 impl<T> GroupPlan<T> {
-    /// The same group with each tier mapped by `f`.
-    fn map_tiers<U>(self, f: impl FnMut(T) -> Result<U>) -> Result<GroupPlan<U>> {
-        Ok(GroupPlan {
-            tiers: self.tiers.into_iter().map(f).collect::<Result<_>>()?,
+    /// The same group planned for `tiers` (the same tiers in another form).
+    fn with_tiers<U>(self, tiers: Vec<U>) -> GroupPlan<U> {
+        GroupPlan {
+            tiers,
             members: self.members,
             tp: self.tp,
             pp: self.pp,
@@ -82,7 +82,7 @@ impl<T> GroupPlan<T> {
             accepts_background: self.accepts_background,
             max_rps: self.max_rps,
             max_inflight: self.max_inflight,
-        })
+        }
     }
 
     /// The group's parallel shape (its profile key).
@@ -107,9 +107,12 @@ impl<T> GroupPlan<T> {
 impl GroupPlan {
     /// The serde form: tier ids replaced by their names in `tiers` (the list they index).
     pub fn named(&self, tiers: &[Tier]) -> NamedGroupPlan {
-        self.clone()
-            .map_tiers(|id| Ok(tiers[id.index()].name.clone()))
-            .expect("naming cannot fail")
+        let names = self
+            .tiers
+            .iter()
+            .map(|id| tiers[id.index()].name.clone())
+            .collect();
+        self.clone().with_tiers(names)
     }
 
     /// Short form for logs: role initial, TP, `@` leader, `:` tiers (`-`: best-effort only),
@@ -138,14 +141,17 @@ impl NamedGroupPlan {
     /// The router form: tier names resolved to their positions in `tiers`. Errs on a name
     /// the list lacks (no request of that tier can come, so the plan is wrong).
     pub fn resolve(self, tiers: &[Tier]) -> Result<GroupPlan> {
-        let members = self.members.clone();
-        self.map_tiers(|name| {
-            tiers
-                .iter()
-                .position(|t| t.name == name)
-                .map(TierId)
-                .ok_or_else(|| anyhow!("plan group {members:?} uses unknown tier {name:?}"))
-        })
+        let ids = self
+            .tiers
+            .iter()
+            .map(|name| {
+                let i = tiers.iter().position(|t| t.name == *name);
+                i.map(TierId).ok_or_else(|| {
+                    anyhow!("plan group {:?} uses unknown tier {name:?}", self.members)
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(self.with_tiers(ids))
     }
 }
 
