@@ -176,27 +176,20 @@ async fn engine_latency(engine: &Arc<RouterState>, args: &Args) -> Vec<f64> {
 fn dispatcher_only(replicas: u32, n: u64, window: u64) -> f64 {
     use nitsum_scheduler::dispatch::{DispatchRequest, Dispatcher};
     use nitsum_scheduler::plan::{GroupPlan, Plan, Role};
-    use nitsum_scheduler::tiers::Tier;
-    let tiers: Vec<Tier> = ["strict", "relaxed"]
-        .iter()
-        .map(|name| {
-            let tier = serde_json::json!({"name": name, "ttft_ms": 1000.0, "tpot_ms": 100.0});
-            serde_json::from_value(tier).expect("a tier")
-        })
-        .collect();
+    // Every group serves both tiers of a two-tier list ("strict", "relaxed").
     let groups = (0..replicas)
         .map(|i| GroupPlan {
             members: vec![i],
             tp: 1,
             pp: 1,
             role: Role::Mixed,
-            tiers: vec!["strict".into(), "relaxed".into()],
+            tiers: vec![TierId(0), TierId(1)],
             accepts_background: true,
             max_rps: 0.0,
             max_inflight: 0.0,
         })
         .collect();
-    let mut d = Dispatcher::new(&Plan { epoch: 1, groups }, &tiers);
+    let mut d = Dispatcher::new(&Plan { epoch: 1, groups });
     let req = DispatchRequest {
         tier: TierId(0),
         background: false,

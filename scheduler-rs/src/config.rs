@@ -9,7 +9,7 @@ use clap::Parser;
 use serde::Deserialize;
 
 use crate::ids::TierId;
-use crate::plan::{GroupPlan, Role};
+use crate::plan::{GroupPlan, NamedGroupPlan, Role};
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
 use crate::tiers::Tier;
@@ -288,25 +288,32 @@ impl RouterConfig {
             .filter(|t| !t.background)
             .map(|t| t.name.clone())
             .collect();
-        let static_plan = file.plan.map(|groups| {
-            groups
-                .into_iter()
-                .map(|g| GroupPlan {
-                    tp: g.members.len() as u32,
-                    pp: 1,
-                    members: g.members,
-                    role: g.role,
-                    tiers: if g.tiers.is_empty() {
-                        default_tiers.clone()
-                    } else {
-                        g.tiers
-                    },
-                    accepts_background: g.accepts_background,
-                    max_rps: g.max_rps,
-                    max_inflight: g.max_inflight,
-                })
-                .collect()
-        });
+        let static_plan = file
+            .plan
+            .map(|groups| {
+                groups
+                    .into_iter()
+                    .map(|g| {
+                        NamedGroupPlan {
+                            tp: g.members.len() as u32,
+                            pp: 1,
+                            members: g.members,
+                            role: g.role,
+                            tiers: if g.tiers.is_empty() {
+                                default_tiers.clone()
+                            } else {
+                                g.tiers
+                            },
+                            accepts_background: g.accepts_background,
+                            max_rps: g.max_rps,
+                            max_inflight: g.max_inflight,
+                        }
+                        .resolve(&tiers)
+                        .context("config")
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .transpose()?;
         let served_model_name = match (&file.served_model_name, &file.model_dir) {
             (Some(n), _) => n.clone(),
             (None, Some(dir)) => model_name_of(dir),
@@ -378,9 +385,7 @@ impl RouterConfig {
             if g.members.is_empty() {
                 bail!("config: plan group without members");
             }
-            if let Some(t) = g.tiers.iter().find(|t| !known(t)) {
-                bail!("config: plan group {:?} uses unknown tier {t:?}", g.members);
-            }
+            // NOTE: its tier names were resolved (unknown ones refused) by `from_file`.
         }
         if self.heartbeat_timeout_ms == 0
             || self.control_window_ms == 0
@@ -435,7 +440,7 @@ mod tests {
         assert_eq!(cfg.tier_index("bg"), Some(TierId(1)));
         let plan = cfg.static_plan.unwrap();
         assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
-        assert_eq!(plan[0].tiers, ["gold"]);
+        assert_eq!(plan[0].tiers, [TierId(0)]);
         assert_eq!(cfg.heartbeat_timeout_ms, 10_000);
     }
 

@@ -7,7 +7,6 @@
 use crate::fasthash::IntMap;
 use crate::ids::TierId;
 use crate::plan::{GroupPlan, Plan, Role};
-use crate::tiers::Tier;
 
 /// Marks a charge whose group no longer exists.
 const NO_GROUP: u32 = u32::MAX;
@@ -62,9 +61,6 @@ pub struct Decision {
 #[derive(Debug)]
 struct GroupLoad {
     plan: GroupPlan,
-    /// `plan.tiers` resolved against the dispatcher's tier list (names it lacks dropped: no
-    /// request of theirs can come).
-    tiers: Vec<TierId>,
     /// Requests assigned and not yet finished.
     assigned: u32,
 }
@@ -97,7 +93,7 @@ impl GroupLoad {
     }
 
     fn serves(&self, tier: TierId) -> bool {
-        self.tiers.contains(&tier)
+        self.plan.tiers.contains(&tier)
     }
 }
 
@@ -114,20 +110,17 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher routing by `plan` for requests of `tiers` (the list their `TierId`s index).
-    pub fn new(plan: &Plan, tiers: &[Tier]) -> Self {
+    /// A dispatcher routing by `plan` (requests' and groups' `TierId`s index one tier list).
+    pub fn new(plan: &Plan) -> Self {
         let mut d = Dispatcher::default();
-        d.set_plan(plan, tiers);
+        d.set_plan(plan);
         d
     }
 
     /// Switch to a new plan. Groups that survive unchanged (same members) keep their
     /// assigned-work count; requests charged to vanished groups are simply released when
     /// they complete.
-    ///
-    /// NOTE: plans name tiers (they cross to workers and JSON by name); they are resolved to
-    /// `TierId`s here, once per plan, so dispatching a request compares no strings.
-    pub fn set_plan(&mut self, plan: &Plan, tiers: &[Tier]) {
+    pub fn set_plan(&mut self, plan: &Plan) {
         let mut old = std::mem::take(&mut self.groups);
         self.order.clear();
         let mut survived = std::collections::HashSet::new();
@@ -145,12 +138,6 @@ impl Dispatcher {
                 leader,
                 GroupLoad {
                     plan: g.clone(),
-                    tiers: g
-                        .tiers
-                        .iter()
-                        .filter_map(|name| tiers.iter().position(|t| t.name == *name))
-                        .map(TierId)
-                        .collect(),
                     assigned,
                 },
             );

@@ -59,8 +59,11 @@ impl fmt::Display for WorkerId {
 /// NOTE (invariant): a `TierId` indexes the tier list it was resolved against. The router's
 /// tier list is fixed for the process's life (config), so every `TierId` it holds is in
 /// range for `RouterConfig::tiers` and `Metrics::tiers`, which are built in the same order.
-/// Plans and window statistics still name tiers by `Tier::name` (they cross to workers and
-/// JSON by name); the lookahead's `InFlight` takes the bare index ([`TierId::index`]).
+/// Plans ([`crate::plan::GroupPlan::tiers`]) hold `TierId`s too and are named only where they
+/// are serialized ([`crate::plan::Plan::named`], [`crate::plan::NamedPlan::resolve`]). Window
+/// statistics and demand (`stats::TierDemand`) and trace requests (`sim::TraceRequest`)
+/// still name tiers by `Tier::name`; the lookahead's `InFlight` takes the bare index
+/// ([`TierId::index`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TierId(pub usize);

@@ -1,10 +1,18 @@
 //! The plan: which device groups exist, at which TP level, in which role, for which tiers.
 //! Shared vocabulary of the planner (which makes plans), the dispatcher (which routes by
 //! them), the control loop (which applies them) and the simulator.
+//!
+//! NOTE: inside the router a plan names its tiers by [`TierId`] ([`GroupPlan`], [`Plan`]);
+//! names appear only at the serde boundary (worker `reconfigure`, `/admin/plan`, plan JSON,
+//! config files), where [`Plan::named`] and [`NamedPlan::resolve`] convert against the tier
+//! list the ids index.
 
+use anyhow::{anyhow, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::TierId;
 use crate::profile::Shape;
+use crate::tiers::Tier;
 
 /// What a group does with the requests routed to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -18,9 +26,17 @@ pub enum Role {
     Mixed,
 }
 
-/// One TP group of devices.
+/// One TP group of devices, its tiers as `T`: [`TierId`]s inside the router, names
+/// ([`NamedGroupPlan`]) on the wire.
+///
+/// NOTE: only the named form is (de)serializable (the serde bounds ask `T: AsRef<str>`, which
+/// `TierId` is not), so a plan cannot reach JSON or msgpack with bare tier indices.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GroupPlan {
+#[serde(bound(
+    serialize = "T: Serialize + AsRef<str>",
+    deserialize = "T: Deserialize<'de> + AsRef<str>"
+))]
+pub struct GroupPlan<T = TierId> {
     /// Device (worker) ids, contiguous and aligned to `tp` (`members[0] % tp == 0`).
     pub members: Vec<u32>,
     /// Tensor-parallel degree (of each stage, in a pipeline); `members.len() == tp * pp`.
@@ -29,8 +45,8 @@ pub struct GroupPlan {
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub pp: u32,
     pub role: Role,
-    /// Tiers this group is planned for (names from the tier config). Empty: best-effort only.
-    pub tiers: Vec<String>,
+    /// Tiers this group is planned for. Empty: best-effort only.
+    pub tiers: Vec<T>,
     /// Whether background requests may be placed here.
     pub accepts_background: bool,
     /// Planned SLO-compliant throughput of this group in requests/s (0 when unknown); the
@@ -51,7 +67,24 @@ fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
-impl GroupPlan {
+/// A [`GroupPlan`] as serialized: tiers by name.
+pub type NamedGroupPlan = GroupPlan<String>;
+
+impl<T> GroupPlan<T> {
+    /// The same group planned for `tiers` (the same tiers in another form).
+    fn with_tiers<U>(self, tiers: Vec<U>) -> GroupPlan<U> {
+        GroupPlan {
+            tiers,
+            members: self.members,
+            tp: self.tp,
+            pp: self.pp,
+            role: self.role,
+            accepts_background: self.accepts_background,
+            max_rps: self.max_rps,
+            max_inflight: self.max_inflight,
+        }
+    }
+
     /// The group's parallel shape (its profile key).
     pub fn shape(&self) -> Shape {
         Shape {
@@ -69,10 +102,22 @@ impl GroupPlan {
     pub fn leader(&self) -> u32 {
         self.members[0]
     }
+}
+
+impl GroupPlan {
+    /// The serde form: tier ids replaced by their names in `tiers` (the list they index).
+    pub fn named(&self, tiers: &[Tier]) -> NamedGroupPlan {
+        let names = self
+            .tiers
+            .iter()
+            .map(|id| tiers[id.index()].name.clone())
+            .collect();
+        self.clone().with_tiers(names)
+    }
 
     /// Short form for logs: role initial, TP, `@` leader, `:` tiers (`-`: best-effort only),
     /// e.g. `P1@0:strict`, `D2@2:strict`, `M1@1:-`.
-    pub fn summary(&self) -> String {
+    pub fn summary(&self, tiers: &[Tier]) -> String {
         let role = match self.role {
             Role::Prefill => 'P',
             Role::Decode => 'D',
@@ -81,16 +126,121 @@ impl GroupPlan {
         let tiers = if self.tiers.is_empty() {
             "-".to_string()
         } else {
-            self.tiers.join("+")
+            let names: Vec<&str> = self
+                .tiers
+                .iter()
+                .map(|id| tiers[id.index()].name.as_str())
+                .collect();
+            names.join("+")
         };
         format!("{role}{}@{}:{tiers}", self.shape().key(), self.leader())
     }
 }
 
-/// A whole-pool plan for one control epoch.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
+impl NamedGroupPlan {
+    /// The router form: tier names resolved to their positions in `tiers`. Errs on a name
+    /// the list lacks (no request of that tier can come, so the plan is wrong).
+    pub fn resolve(self, tiers: &[Tier]) -> Result<GroupPlan> {
+        let ids = self
+            .tiers
+            .iter()
+            .map(|name| {
+                let i = tiers.iter().position(|t| t.name == *name);
+                i.map(TierId).ok_or_else(|| {
+                    anyhow!("plan group {:?} uses unknown tier {name:?}", self.members)
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(self.with_tiers(ids))
+    }
+}
+
+/// A whole-pool plan for one control epoch, its tiers as `T` (see [`GroupPlan`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "T: Serialize + AsRef<str>",
+    deserialize = "T: Deserialize<'de> + AsRef<str>"
+))]
+pub struct Plan<T = TierId> {
     /// Monotonic plan number; workers ack `reconfigure` with it.
     pub epoch: u64,
-    pub groups: Vec<GroupPlan>,
+    pub groups: Vec<GroupPlan<T>>,
+}
+
+/// A [`Plan`] as serialized: tiers by name.
+pub type NamedPlan = Plan<String>;
+
+impl<T> Default for Plan<T> {
+    fn default() -> Self {
+        Plan {
+            epoch: 0,
+            groups: Vec::new(),
+        }
+    }
+}
+
+impl Plan {
+    /// The serde form: tier ids replaced by their names in `tiers` (the list they index).
+    pub fn named(&self, tiers: &[Tier]) -> NamedPlan {
+        Plan {
+            epoch: self.epoch,
+            groups: self.groups.iter().map(|g| g.named(tiers)).collect(),
+        }
+    }
+}
+
+impl NamedPlan {
+    /// The router form: every group's tier names resolved against `tiers`.
+    pub fn resolve(self, tiers: &[Tier]) -> Result<Plan> {
+        Ok(Plan {
+            epoch: self.epoch,
+            groups: self
+                .groups
+                .into_iter()
+                .map(|g| g.resolve(tiers))
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiers(names: &[&str]) -> Vec<Tier> {
+        names.iter().map(|n| Tier::with_name(n)).collect()
+    }
+
+    const PLAN_JSON: &str = r#"{"epoch":4,"groups":[{"members":[0,1],"tp":2,"role":"prefill","tiers":["gold","silver"],"accepts_background":false,"max_rps":2.5,"max_inflight":3.0},{"members":[2],"tp":1,"role":"mixed","tiers":[],"accepts_background":true,"max_rps":0.0,"max_inflight":0.0}]}"#;
+
+    #[test]
+    fn names_resolve_to_positions_and_name_back_byte_identically() {
+        // The list order decides the ids: "gold" is 1 here, "silver" 0.
+        let list = tiers(&["silver", "gold"]);
+        let named: NamedPlan = serde_json::from_str(PLAN_JSON).unwrap();
+        let plan = named.resolve(&list).unwrap();
+        assert_eq!(plan.groups[0].tiers, [TierId(1), TierId(0)]);
+        assert!(plan.groups[1].tiers.is_empty());
+        assert_eq!((plan.epoch, plan.groups[0].max_rps), (4, 2.5));
+        assert_eq!(
+            serde_json::to_string(&plan.named(&list)).unwrap(),
+            PLAN_JSON
+        );
+    }
+
+    #[test]
+    fn an_unknown_tier_name_is_refused() {
+        let named: NamedPlan = serde_json::from_str(PLAN_JSON).unwrap();
+        let err = named.resolve(&tiers(&["gold"])).unwrap_err();
+        assert!(err.to_string().contains("\"silver\""), "{err}");
+    }
+
+    #[test]
+    fn summary_names_the_tiers() {
+        let list = tiers(&["silver", "gold"]);
+        let named: NamedPlan = serde_json::from_str(PLAN_JSON).unwrap();
+        let plan = named.resolve(&list).unwrap();
+        let layout: Vec<String> = plan.groups.iter().map(|g| g.summary(&list)).collect();
+        assert_eq!(layout, ["P2@0:gold+silver", "M1@2:-"]);
+    }
 }

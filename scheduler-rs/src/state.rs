@@ -329,12 +329,9 @@ impl RouterState {
             tp: 1,
             pp: 1,
             role: Role::Mixed,
-            tiers: self
-                .cfg
-                .tiers
-                .iter()
-                .filter(|t| !t.background)
-                .map(|t| t.name.clone())
+            tiers: (0..self.cfg.tiers.len())
+                .filter(|&i| !self.cfg.tiers[i].background)
+                .map(TierId)
                 .collect(),
             accepts_background: true,
             max_rps: 0.0,

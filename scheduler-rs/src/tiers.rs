@@ -48,3 +48,13 @@ fn yes() -> bool {
 fn default_weight() -> f64 {
     1.0
 }
+
+impl Tier {
+    /// A tier of this name with a 1 s TTFT and 100 ms TPOT target and the defaults otherwise
+    /// (tests: tier lists that ids and plan names resolve against).
+    #[cfg(test)]
+    pub fn with_name(name: &str) -> Self {
+        serde_json::from_value(serde_json::json!({"name": name, "ttft_ms": 1000, "tpot_ms": 100}))
+            .expect("a valid tier")
+    }
+}

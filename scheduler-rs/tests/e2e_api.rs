@@ -390,17 +390,18 @@ async fn no_worker_is_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_plan_groups_need_all_members_and_set_decode_target() {
     use nitsum_scheduler::plan::{GroupPlan, Role};
+    let mut cfg = config();
+    let strict = cfg.tier_index("strict").unwrap();
     let group = |members: &[u32], role| GroupPlan {
         members: members.to_vec(),
         tp: members.len() as u32,
         pp: 1,
         role,
-        tiers: vec!["strict".into()],
+        tiers: vec![strict],
         accepts_background: false,
         max_rps: 0.0,
         max_inflight: 0.0,
     };
-    let mut cfg = config();
     // Workers 0+1 prefill at TP 2 and hand off to worker 2, which decodes.
     cfg.static_plan = Some(vec![
         group(&[0, 1], Role::Prefill),

@@ -109,13 +109,14 @@ async fn a_burst_far_past_capacity_is_bounded_and_loses_nothing() {
 async fn a_tier_that_rejects_unattainable_requests_refuses_what_its_slo_bandwidth_cannot_take() {
     use nitsum_scheduler::plan::{GroupPlan, Role};
     let mut cfg = config();
+    let strict = cfg.tier_index("strict").unwrap();
     // One strict group that holds one request within its SLO.
     cfg.static_plan = Some(vec![GroupPlan {
         members: vec![0],
         tp: 1,
         pp: 1,
         role: Role::Mixed,
-        tiers: vec!["strict".into()],
+        tiers: vec![strict],
         accepts_background: true,
         max_rps: 1.0,
         max_inflight: 1.0,

@@ -77,7 +77,14 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) 
     if let Err(e) = state.auth.require_admin(&headers) {
         return e.into_response();
     }
-    let plan = state.router.plan();
+    let tiers = &state.router.cfg.tiers;
+    let plan = state.router.plan().named(tiers);
+    let history: Vec<_> = state
+        .router
+        .plan_history()
+        .iter()
+        .map(|r| r.named(tiers))
+        .collect();
     let workers: Vec<_> = state
         .router
         .workers()
@@ -89,7 +96,7 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) 
         "control": state.router.cfg.profile.is_some(),
         "pending": state.router.round_pending(),
         "strategy": state.router.last_choice(),
-        "history": state.router.plan_history()}),
+        "history": history}),
     )
     .into_response()
 }

@@ -8,27 +8,16 @@ fn group(members: &[u32], role: Role, tiers: &[&str], bg: bool, cap: f64) -> Gro
         tp: members.len() as u32,
         pp: 1,
         role,
-        tiers: tiers.iter().map(|s| s.to_string()).collect(),
+        tiers: tiers.iter().map(|name| tier(name)).collect(),
         accepts_background: bg,
         max_rps: 0.0,
         max_inflight: cap,
     }
 }
 
-/// The tier list every test dispatches for; a request's `TierId` is its position here.
+/// The tier list every test dispatches for; a request's or group's `TierId` is its position
+/// here.
 const TIERS: [&str; 5] = ["strict", "relaxed", "t", "batch", "b"];
-
-fn tiers() -> Vec<Tier> {
-    TIERS
-        .iter()
-        .map(|name| {
-            serde_json::from_value(
-                serde_json::json!({"name": name, "ttft_ms": 1.0, "tpot_ms": 1.0}),
-            )
-            .unwrap()
-        })
-        .collect()
-}
 
 fn tier(name: &str) -> TierId {
     TierId(TIERS.iter().position(|t| *t == name).expect("a test tier"))
@@ -52,7 +41,7 @@ fn feasible_goes_to_least_loaded_prefill_group_of_its_tier() {
             group(&[2], Role::Mixed, &["relaxed"], true, 2.0),
         ],
     };
-    let mut d = Dispatcher::new(&plan, &tiers());
+    let mut d = Dispatcher::new(&plan);
     let picks: Vec<_> = (0..4)
         .map(|i| d.dispatch(i, &req("strict")).unwrap())
         .collect();
@@ -95,7 +84,7 @@ fn background_round_robins_over_accepting_groups() {
             group(&[2, 3], Role::Mixed, &[], true, 1.0),
         ],
     };
-    let mut d = Dispatcher::new(&plan, &tiers());
+    let mut d = Dispatcher::new(&plan);
     let bg = DispatchRequest {
         tier: tier("batch"),
         background: true,
@@ -119,7 +108,7 @@ fn prefill_group_pairs_with_least_loaded_decode_group_of_tier() {
             group(&[3], Role::Decode, &["strict"], false, 4.0),
         ],
     };
-    let mut d = Dispatcher::new(&plan, &tiers());
+    let mut d = Dispatcher::new(&plan);
     let a = d.dispatch(0, &req("strict")).unwrap();
     let b = d.dispatch(1, &req("strict")).unwrap();
     assert_eq!((a.prefill_leader, a.decode_leader), (0, Some(2)));
@@ -136,9 +125,7 @@ fn a_prefill_group_without_any_decode_group_decodes_itself() {
         epoch: 2,
         groups: vec![group(&[0, 1], Role::Prefill, &["strict"], false, 4.0)],
     };
-    let d = Dispatcher::new(&plan, &tiers())
-        .dispatch(0, &req("strict"))
-        .unwrap();
+    let d = Dispatcher::new(&plan).dispatch(0, &req("strict")).unwrap();
     assert_eq!((d.prefill_leader, d.decode_leader), (0, None));
 }
 
@@ -148,7 +135,7 @@ fn unbounded_capacity_and_no_groups() {
         epoch: 1,
         groups: vec![group(&[0], Role::Mixed, &["t"], false, 0.0)],
     };
-    let mut d = Dispatcher::new(&plan, &tiers());
+    let mut d = Dispatcher::new(&plan);
     for i in 0..100 {
         assert_eq!(d.dispatch(i, &req("t")).unwrap().class, Class::Feasible);
     }
@@ -163,7 +150,7 @@ fn unbounded_capacity_and_no_groups() {
             }
         )
         .is_none());
-    let mut empty = Dispatcher::new(&Plan::default(), &tiers());
+    let mut empty = Dispatcher::new(&Plan::default());
     assert!(empty.dispatch(0, &req("t")).is_none());
 }
 
@@ -171,26 +158,20 @@ fn unbounded_capacity_and_no_groups() {
 fn surviving_groups_keep_their_load_across_plans() {
     let g0 = group(&[0], Role::Mixed, &["t"], false, 10.0);
     let g1 = group(&[1], Role::Mixed, &["t"], false, 10.0);
-    let mut d = Dispatcher::new(
-        &Plan {
-            epoch: 1,
-            groups: vec![g0.clone(), g1],
-        },
-        &tiers(),
-    );
+    let mut d = Dispatcher::new(&Plan {
+        epoch: 1,
+        groups: vec![g0.clone(), g1],
+    });
     for i in 0..4 {
         d.dispatch(i, &req("t")).unwrap();
     }
     assert_eq!((d.assigned(0), d.assigned(1)), (2, 2));
     // [0] and [1] merge into a new TP2 group led by 0: a rebuilt group starts empty.
     let merged = group(&[0, 1], Role::Mixed, &["t"], false, 10.0);
-    d.set_plan(
-        &Plan {
-            epoch: 2,
-            groups: vec![merged],
-        },
-        &tiers(),
-    );
+    d.set_plan(&Plan {
+        epoch: 2,
+        groups: vec![merged],
+    });
     assert_eq!(d.assigned(0), 0);
     // Old requests complete without underflow or touching the new group's count.
     d.dispatch(10, &req("t")).unwrap();
@@ -199,42 +180,4 @@ fn surviving_groups_keep_their_load_across_plans() {
     }
     assert_eq!(d.assigned(0), 1);
     assert_eq!(d.inflight(), 1);
-}
-
-#[test]
-fn plan_tier_names_resolve_against_the_tier_list() {
-    // Group 0 is planned for a tier the list lacks, group 1 for "relaxed" (TierId 1): a
-    // "relaxed" request is feasible on group 1 only, a "strict" one only spills.
-    let plan = Plan {
-        epoch: 1,
-        groups: vec![
-            group(&[0], Role::Mixed, &["gone"], false, 4.0),
-            group(&[1], Role::Mixed, &["relaxed"], false, 4.0),
-        ],
-    };
-    let mut d = Dispatcher::new(&plan, &tiers());
-    let relaxed = d.dispatch(0, &req("relaxed")).unwrap();
-    assert_eq!(
-        (relaxed.prefill_leader, relaxed.class),
-        (1, Class::Feasible)
-    );
-    assert_eq!(
-        d.dispatch(1, &req("strict")).unwrap().class,
-        Class::BestEffort
-    );
-    // Resolved by position: the same names in another order route the same request by name.
-    let mut swapped = tiers();
-    swapped.swap(0, 1);
-    let mut d = Dispatcher::new(&plan, &swapped);
-    let r = d.dispatch(
-        0,
-        &DispatchRequest {
-            tier: TierId(0),
-            ..req("strict")
-        },
-    );
-    assert_eq!(
-        r.map(|r| (r.prefill_leader, r.class)),
-        Some((1, Class::Feasible))
-    );
 }

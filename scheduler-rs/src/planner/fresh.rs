@@ -1,8 +1,6 @@
 //! The planner proper (architecture §4 steps 1-4, without hysteresis): per-tier candidates from the
 //! efficiency estimates, the weighted greedy, leftover best-effort groups and placement.
 
-use std::collections::HashMap;
-
 use crate::ids::TierId;
 use crate::plan::{Plan, Role};
 use crate::profile::{Profile, Shape};
@@ -20,7 +18,7 @@ use super::score::{planned_rate, shape};
 pub(super) fn plan_fresh(
     profile: &Profile,
     tiers: &[Tier],
-    by_name: &HashMap<&str, &TierDemand>,
+    by_tier: &[Option<&TierDemand>],
     devices: u32,
     previous: Option<&Plan>,
     cfg: &PlannerConfig,
@@ -31,7 +29,7 @@ pub(super) fn plan_fresh(
     let mut units: Vec<Unit> = Vec::new();
     let mut best_mixed: Vec<Option<(Shape, f64)>> = Vec::with_capacity(tiers.len());
     for (i, tier) in tiers.iter().enumerate() {
-        let d = by_name.get(tier.name.as_str());
+        let d = by_tier[i];
         rates.push(planned_rate(tier, d, cfg));
         weights.push(tier.weight.max(0.0));
         best_mixed.push(None);
@@ -69,7 +67,7 @@ pub(super) fn plan_fresh(
             wanted.push(Wanted {
                 shape: g.shape,
                 role: g.role,
-                tiers: vec![tiers[u.tier.index()].name.clone()],
+                tiers: vec![u.tier],
                 accepts_background: false,
                 max_rps: g.est.rps,
                 max_inflight: g.est.rps * g.est.residence_s,

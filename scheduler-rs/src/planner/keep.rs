@@ -29,11 +29,15 @@ pub struct Reevaluated {
 
 impl Reevaluated {
     /// Whether every tier's rate is within `keep_utilization` of its capacity.
-    pub fn serves(&self, tiers: &[Tier], demand: &HashMap<&str, &TierDemand>, keep: f64) -> bool {
-        tiers.iter().zip(&self.capacity).all(|(t, &cap)| {
-            let rate = demand.get(t.name.as_str()).map_or(0.0, |d| d.rate_rps);
-            t.background || rate <= 0.0 || rate <= cap * keep
-        })
+    pub fn serves(&self, tiers: &[Tier], demand: &[Option<&TierDemand>], keep: f64) -> bool {
+        tiers
+            .iter()
+            .zip(demand)
+            .zip(&self.capacity)
+            .all(|((t, d), &cap)| {
+                let rate = d.map_or(0.0, |d| d.rate_rps);
+                t.background || rate <= 0.0 || rate <= cap * keep
+            })
     }
 }
 
@@ -41,7 +45,7 @@ impl Reevaluated {
 pub fn capacity(tiers: &[Tier], groups: &[crate::plan::GroupPlan]) -> Vec<f64> {
     let mut cap = vec![(0.0, 0.0, 0.0); tiers.len()];
     for g in groups {
-        let Some(i) = tiers.iter().position(|t| g.tiers.first() == Some(&t.name)) else {
+        let Some(i) = g.tiers.first().map(|t| t.index()) else {
             continue;
         };
         match g.role {
@@ -60,17 +64,12 @@ pub fn capacity(tiers: &[Tier], groups: &[crate::plan::GroupPlan]) -> Vec<f64> {
 pub fn reevaluate(
     profile: &Profile,
     tiers: &[Tier],
-    demand: &HashMap<&str, &TierDemand>,
+    demand: &[Option<&TierDemand>],
     devices: u32,
     prev: &Plan,
     cfg: &PlannerConfig,
     levels: &[Shape],
 ) -> Option<Reevaluated> {
-    let index: HashMap<&str, usize> = tiers
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.name.as_str(), i))
-        .collect();
     let mut used = vec![false; devices as usize];
     // (max_rps, max_inflight) refreshed per group; cloned into a plan only on success.
     let mut fresh = Vec::with_capacity(prev.groups.len());
@@ -93,11 +92,11 @@ pub fn reevaluate(
             batch_caps.push(0.0);
             continue;
         }
-        let [name] = g.tiers.as_slice() else {
+        let [id] = g.tiers.as_slice() else {
             return None;
         };
-        let i = *index.get(name.as_str())?;
-        let d = demand.get(name.as_str())?;
+        let i = id.index();
+        let d = demand[i]?;
         if tiers[i].background {
             return None;
         }

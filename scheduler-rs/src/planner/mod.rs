@@ -15,7 +15,7 @@ mod replan;
 mod score;
 pub mod strategy;
 
-use crate::plan::Plan;
+use crate::plan::{NamedPlan, Plan};
 use crate::profile::Profile;
 use crate::stats::TierDemand;
 use crate::tiers::Tier;
@@ -41,9 +41,12 @@ pub fn plan_json(
     let demand: Vec<TierDemand> =
         serde_json::from_str(demand_json).context("plan: invalid demand JSON")?;
     let previous: Option<Plan> = previous_json
-        .map(serde_json::from_str)
+        .map(serde_json::from_str::<NamedPlan>)
         .transpose()
-        .context("plan: invalid previous plan JSON")?;
+        .context("plan: invalid previous plan JSON")?
+        .map(|p| p.resolve(&tiers))
+        .transpose()
+        .context("plan: previous plan")?;
     let cfg: PlannerConfig = config_json
         .map(serde_json::from_str)
         .transpose()
@@ -53,7 +56,7 @@ pub fn plan_json(
     let out = plan(&profile, &tiers, &demand, devices, previous.as_ref(), &cfg);
     Ok(serde_json::to_string(&serde_json::json!({
         "epoch": out.plan.epoch,
-        "groups": out.plan.groups,
+        "groups": out.plan.named(&tiers).groups,
         "batch_caps": out.batch_caps,
     }))?)
 }

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 
+use crate::ids::TierId;
 use crate::plan::{GroupPlan, Plan, Role};
 use crate::profile::Shape;
 
@@ -23,7 +24,7 @@ pub struct Wanted {
     /// TP level, or pipeline (stages of TP devices).
     pub shape: Shape,
     pub role: Role,
-    pub tiers: Vec<String>,
+    pub tiers: Vec<TierId>,
     pub accepts_background: bool,
     pub max_rps: f64,
     pub max_inflight: f64,
@@ -93,7 +94,7 @@ fn place_keeping(wanted: &[Wanted], n: u32, prev: &Plan) -> Option<Vec<u32>> {
         })
         .collect();
     let mut claimed = vec![false; old.len()];
-    let mut by_exact: HashMap<(Shape, Role, &[String]), Vec<usize>> = HashMap::new();
+    let mut by_exact: HashMap<(Shape, Role, &[TierId]), Vec<usize>> = HashMap::new();
     let mut by_shape: HashMap<Shape, Vec<usize>> = HashMap::new();
     // Reverse so `pop` yields previous groups in plan order.
     for (k, g) in old.iter().enumerate().rev() {
@@ -162,11 +163,12 @@ fn place_keeping(wanted: &[Wanted], n: u32, prev: &Plan) -> Option<Vec<u32>> {
 mod tests {
     use super::*;
 
+    /// A mixed group for tier `tier`, a letter: `a` is `TierId(0)`, `b` `TierId(1)`, ...
     fn want(tp: u32, tier: &str) -> Wanted {
         Wanted {
             shape: Shape::from(tp),
             role: Role::Mixed,
-            tiers: vec![tier.to_string()],
+            tiers: vec![TierId(usize::from(tier.as_bytes()[0] - b'a'))],
             accepts_background: false,
             max_rps: 1.0,
             max_inflight: 1.0,
@@ -177,7 +179,10 @@ mod tests {
     fn layout(groups: &[(GroupPlan, f64)]) -> Vec<(u32, u32, String)> {
         groups
             .iter()
-            .map(|(g, _)| (g.leader(), g.tp, g.tiers.join(",")))
+            .map(|(g, _)| {
+                let letters = g.tiers.iter().map(|t| char::from(b'a' + t.index() as u8));
+                (g.leader(), g.tp, letters.collect())
+            })
             .collect()
     }
 

@@ -1,8 +1,6 @@
 //! One window's plan ([`plan`]): the previous plan while it still serves the demand, else a
 //! fresh one, unless under load the fresh one would serve too little more to be worth moving.
 
-use std::collections::HashMap;
-
 use crate::plan::Plan;
 use crate::profile::Profile;
 use crate::stats::TierDemand;
@@ -12,7 +10,7 @@ use super::config::PlannerConfig;
 use super::fresh::plan_fresh;
 use super::keep;
 use super::planned::Planned;
-use super::score::{candidate_shapes, planned_rate};
+use super::score::{candidate_shapes, demand_by_tier, planned_rate};
 
 /// Plan `devices` devices for `tiers` under `demand` (matched by tier name; tiers without an
 /// entry have no demand). `previous` is kept outright while it still serves the demand
@@ -26,17 +24,17 @@ pub fn plan(
     cfg: &PlannerConfig,
 ) -> Planned {
     let levels = candidate_shapes(profile, cfg, devices);
-    let by_name: HashMap<&str, &TierDemand> = demand.iter().map(|d| (d.tier.as_str(), d)).collect();
+    let by_tier = demand_by_tier(tiers, demand);
     let kept = previous
         .filter(|_| cfg.keep_utilization > 0.0)
-        .and_then(|prev| keep::reevaluate(profile, tiers, &by_name, devices, prev, cfg, &levels));
+        .and_then(|prev| keep::reevaluate(profile, tiers, &by_tier, devices, prev, cfg, &levels));
     if let Some(k) = kept
         .as_ref()
-        .filter(|k| k.serves(tiers, &by_name, cfg.keep_utilization))
+        .filter(|k| k.serves(tiers, &by_tier, cfg.keep_utilization))
     {
         return k.planned.clone();
     }
-    let fresh = plan_fresh(profile, tiers, &by_name, devices, previous, cfg, &levels);
+    let fresh = plan_fresh(profile, tiers, &by_tier, devices, previous, cfg, &levels);
     match kept {
         // NOTE: a re-plan moves devices and KV and stalls their requests; under overload the
         // window-to-window noise in rates and lengths would otherwise swing the layout every
@@ -44,10 +42,10 @@ pub fn plan(
         Some(k)
             if served(
                 tiers,
-                &by_name,
+                &by_tier,
                 &keep::capacity(tiers, &fresh.plan.groups),
                 cfg,
-            ) <= served(tiers, &by_name, &k.capacity, cfg) * (1.0 + cfg.switch_gain) =>
+            ) <= served(tiers, &by_tier, &k.capacity, cfg) * (1.0 + cfg.switch_gain) =>
         {
             k.planned
         }
@@ -58,15 +56,16 @@ pub fn plan(
 /// Weighted planned demand (as the greedy sizes it) that per-tier `capacity` serves.
 fn served(
     tiers: &[Tier],
-    demand: &HashMap<&str, &TierDemand>,
+    demand: &[Option<&TierDemand>],
     capacity: &[f64],
     cfg: &PlannerConfig,
 ) -> f64 {
     tiers
         .iter()
+        .zip(demand)
         .zip(capacity)
-        .map(|(t, &cap)| {
-            let rate = planned_rate(t, demand.get(t.name.as_str()), cfg);
+        .map(|((t, &d), &cap)| {
+            let rate = planned_rate(t, d, cfg);
             t.weight.max(0.0) * rate.min(cap)
         })
         .sum()

@@ -62,9 +62,24 @@ pub fn shape(tier: &Tier, d: &TierDemand, cfg: &PlannerConfig) -> TierShape {
     s
 }
 
+/// `demand` by tier: entry `i` is the demand of `tiers[i]` (the last entry naming it, as a
+/// map by name would keep), `None` for a tier without one.
+///
+/// NOTE: demand names its tiers (it crosses plan JSON and `/admin/plan` by name); the planner
+/// resolves the names here, once per planning call, and then looks demand up by position.
+pub fn demand_by_tier<'a>(tiers: &[Tier], demand: &'a [TierDemand]) -> Vec<Option<&'a TierDemand>> {
+    let mut out = vec![None; tiers.len()];
+    for d in demand {
+        if let Some(i) = tiers.iter().position(|t| t.name == d.tier) {
+            out[i] = Some(d);
+        }
+    }
+    out
+}
+
 /// The demand the planner sizes a tier for: its arrival rate / `target_utilization` (0 for a
 /// background tier or one without demand).
-pub fn planned_rate(tier: &Tier, demand: Option<&&TierDemand>, cfg: &PlannerConfig) -> f64 {
+pub fn planned_rate(tier: &Tier, demand: Option<&TierDemand>, cfg: &PlannerConfig) -> f64 {
     match demand {
         Some(d) if !tier.background => {
             d.rate_rps.max(0.0) / cfg.target_utilization.clamp(0.05, 1.0)

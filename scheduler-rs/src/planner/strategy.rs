@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::TierId;
 use crate::plan::{Plan, Role};
 use crate::profile::{Profile, Shape};
 use crate::stats::TierDemand;
@@ -90,12 +91,12 @@ pub fn plan_strategy(
 
 /// ⌊devices / tp⌋ mixed TP-`tp` groups serving every tier, unbounded capacity.
 pub fn static_tp(tiers: &[Tier], devices: u32, tp: u32, previous: Option<&Plan>) -> Planned {
-    let names: Vec<String> = tiers.iter().map(|t| t.name.clone()).collect();
+    let all: Vec<TierId> = (0..tiers.len()).map(TierId).collect();
     let wanted = (0..devices / tp.max(1))
         .map(|_| Wanted {
             shape: Shape::from(tp),
             role: Role::Mixed,
-            tiers: names.clone(),
+            tiers: all.clone(),
             accepts_background: true,
             max_rps: 0.0,
             max_inflight: 0.0,
@@ -129,9 +130,9 @@ pub fn split(
     let total: f64 = tiers.iter().map(rate).sum();
     // (tp, group template, share of requests) for SLO tiers with traffic.
     let mut parts: Vec<(u32, Wanted, f64)> = Vec::new();
-    for (tier, d) in tiers.iter().filter_map(|t| {
+    for (id, tier, d) in tiers.iter().enumerate().filter_map(|(i, t)| {
         let d = demand.iter().find(|d| d.tier == t.name)?;
-        (rate(t) > 0.0).then_some((t, d))
+        (rate(t) > 0.0).then_some((TierId(i), t, d))
     }) {
         let shape = shape(tier, d, cfg);
         let est = |t: u32| efficiency::mixed(profile, t, &shape, cfg.chunk_tokens);
@@ -146,7 +147,7 @@ pub fn split(
         let w = Wanted {
             shape: Shape::from(tp),
             role: Role::Mixed,
-            tiers: vec![tier.name.clone()],
+            tiers: vec![id],
             accepts_background: true,
             max_rps,
             max_inflight,

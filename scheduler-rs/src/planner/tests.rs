@@ -51,15 +51,24 @@ fn mixed_only() -> PlannerConfig {
     }
 }
 
-fn count(plan: &Plan, tier: &str) -> usize {
-    plan.groups.iter().filter(|g| g.tiers == [tier]).count()
+/// Whether `g` is planned for exactly the tier named `name` in `tiers`.
+fn only_for(g: &GroupPlan, tiers: &[Tier], name: &str) -> bool {
+    matches!(g.tiers.as_slice(), [id] if tiers[id.index()].name == name)
+}
+
+fn count(plan: &Plan, tiers: &[Tier], tier: &str) -> usize {
+    plan.groups
+        .iter()
+        .filter(|g| only_for(g, tiers, tier))
+        .count()
 }
 
 #[test]
 fn one_tier_takes_what_it_needs_and_leaves_the_rest_best_effort() {
+    let tiers = [tier("A", 200.0, 61.0)];
     let out = plan(
         &linear(),
-        &[tier("A", 200.0, 61.0)],
+        &tiers,
         &[demand("A", 50.0, 100.0, 11.0)],
         4,
         None,
@@ -67,7 +76,7 @@ fn one_tier_takes_what_it_needs_and_leaves_the_rest_best_effort() {
     );
     // 50 rps at 41.67 per device → 2 devices; 2 best-effort devices accept background.
     let g = &out.plan.groups;
-    assert_eq!(count(&out.plan, "A"), 2);
+    assert_eq!(count(&out.plan, &tiers, "A"), 2);
     assert!((g[0].max_rps - 125.0 / 3.0).abs() < 1e-6);
     assert!((g[0].max_inflight - 125.0 / 3.0 * 0.7724).abs() < 1e-6);
     assert_eq!(out.batch_caps, vec![25.0, 25.0, 0.0, 0.0]);
@@ -88,12 +97,18 @@ fn two_tiers_compete_and_the_weight_prevents_starvation() {
     // Seeding gives A and B one device each; unmet (108.33, 150): A scores
     // 41.67·108.33/258.33 = 17.5 against B's 25·150/258.33 = 14.5, so A gets the third.
     let three = run(3);
-    assert_eq!((count(&three, "A"), count(&three, "B")), (2, 1));
+    assert_eq!(
+        (count(&three, &tiers, "A"), count(&three, &tiers, "B")),
+        (2, 1)
+    );
     // Fourth device: unmet (66.67, 150) → A 41.67·66.67/216.67 = 12.8, B 25·150/216.67 = 17.3:
     // the less efficient tier wins because its unmet share is larger, although A could still
     // use a whole device (demand-capped efficiency alone would pick A: 41.67 vs 25).
     let four = run(4);
-    assert_eq!((count(&four, "A"), count(&four, "B")), (2, 2));
+    assert_eq!(
+        (count(&four, &tiers, "A"), count(&four, &tiers, "B")),
+        (2, 2)
+    );
     // No leftover: every SLO group also takes background work.
     assert!(four.groups.iter().all(|g| g.accepts_background));
 }
@@ -114,13 +129,13 @@ fn previous_plan_is_kept_while_it_serves_the_demand() {
         .plan
     };
     let first = at(50.0, None);
-    assert_eq!(count(&first, "A"), 2);
+    assert_eq!(count(&first, &tiers, "A"), 2);
     // 2 × 41.67 = 83.33 rps of capacity; keep while demand ≤ 0.9 × 83.33 = 75.
     let low = at(10.0, Some(&first));
     assert_eq!((low.groups.clone(), low.epoch), (first.groups.clone(), 2));
-    assert_eq!(count(&at(10.0, None), "A"), 1);
+    assert_eq!(count(&at(10.0, None), &tiers, "A"), 1);
     // 100 rps no longer fits: re-plan to 3 devices.
-    assert_eq!(count(&at(100.0, Some(&first)), "A"), 3);
+    assert_eq!(count(&at(100.0, Some(&first)), &tiers, "A"), 3);
 }
 
 #[test]
@@ -135,7 +150,11 @@ fn infeasible_tier_and_background_tier_get_no_reserved_groups() {
     ];
     let out = plan(&linear(), &tiers, &dem, 3, None, &mixed_only()).plan;
     assert_eq!(
-        (count(&out, "A"), count(&out, "X"), count(&out, "bg")),
+        (
+            count(&out, &tiers, "A"),
+            count(&out, &tiers, "X"),
+            count(&out, &tiers, "bg")
+        ),
         (1, 0, 0)
     );
     assert_eq!(out.groups.iter().filter(|g| g.tiers.is_empty()).count(), 2);
@@ -250,7 +269,7 @@ fn property_plans_are_well_formed_fair_and_stable() {
                         .plan
                         .groups
                         .iter()
-                        .any(|g| g.tiers == [d.tier.clone()]),
+                        .any(|g| only_for(g, &tiers, &d.tier)),
                     "tier {} starved: {n} devices, {wanting} tiers with demand",
                     d.tier
                 );
@@ -324,7 +343,7 @@ fn tier_only_disaggregation_serves_gets_a_bundle_that_fits() {
             .plan
             .groups
             .iter()
-            .filter(|g| g.tiers == ["strict"])
+            .filter(|g| only_for(g, &tiers, "strict"))
             .map(|g| g.role)
             .collect();
         assert!(
@@ -365,17 +384,17 @@ fn under_overload_a_new_plan_must_serve_clearly_more_to_replace_the_old() {
         max_rps: 0.0,
         max_inflight: 0.0,
     });
-    assert_eq!(count(&prev, "A"), 3);
+    assert_eq!(count(&prev, &tiers, "A"), 3);
     // The fresh plan gives A all 4 devices: 4/3 of the old capacity, a gain > 10%: switch.
     let out = plan(&linear(), &tiers, &dem, 4, Some(&prev), &cfg);
-    assert_eq!(count(&out.plan, "A"), 4);
+    assert_eq!(count(&out.plan, &tiers, "A"), 4);
     // Asking for more than a 50% gain keeps the old layout (capacities refreshed).
     let strict = PlannerConfig {
         switch_gain: 0.5,
         ..mixed_only()
     };
     let kept = plan(&linear(), &tiers, &dem, 4, Some(&prev), &strict);
-    assert_eq!(count(&kept.plan, "A"), 3);
+    assert_eq!(count(&kept.plan, &tiers, "A"), 3);
     assert_eq!(kept.plan.epoch, prev.epoch + 1);
     assert!((kept.plan.groups[0].max_rps - 125.0 / 3.0).abs() < 1e-6);
 }
@@ -417,7 +436,7 @@ fn the_planner_picks_a_pipeline_when_the_profile_makes_it_the_most_efficient() {
     assert_eq!(out.plan.groups[1].members, vec![2, 3]);
     // The reconfigure message carries the shape; a TP-only plan omits `pp`.
     let wire: serde_json::Value = rmp_serde::from_slice(
-        &crate::protocols::worker::encode_reconfigure(&out.plan, |_| None),
+        &crate::protocols::worker::encode_reconfigure(&out.plan, &tiers, |_| None),
     )
     .unwrap();
     assert_eq!(
@@ -509,7 +528,7 @@ fn linked_hosts_get_a_pd_bundle_across_them_and_no_tp_group_spans_two() {
     let hosts_of = |role: Role| -> Vec<u32> {
         groups
             .iter()
-            .filter(|g| g.role == role && g.tiers == ["strict"])
+            .filter(|g| g.role == role && only_for(g, &tiers, "strict"))
             .map(|g| host(g.members[0]))
             .collect()
     };
@@ -535,4 +554,20 @@ fn linked_hosts_get_a_pd_bundle_across_them_and_no_tp_group_spans_two() {
         "{:?}",
         out.plan.groups
     );
+}
+
+#[test]
+fn demand_resolves_to_tier_positions_once_per_plan() {
+    let tiers = [tier("A", 200.0, 61.0), tier("B", 200.0, 61.0)];
+    // "B" twice (the last counts, as a map by name kept it), "gone" not in the list, no "A".
+    let dem = [
+        demand("B", 1.0, 10.0, 1.0),
+        demand("gone", 5.0, 10.0, 1.0),
+        demand("B", 2.0, 10.0, 1.0),
+    ];
+    let rates: Vec<Option<f64>> = super::score::demand_by_tier(&tiers, &dem)
+        .iter()
+        .map(|d| d.map(|d| d.rate_rps))
+        .collect();
+    assert_eq!(rates, [None, Some(2.0)]);
 }

@@ -17,7 +17,8 @@ use serde_json::Value;
 use super::structured::{Grammar, GrammarKind};
 use super::worker::*;
 use crate::ids::WorkerId;
-use crate::plan::{GroupPlan, Plan, Role};
+use crate::plan::{GroupPlan, NamedGroupPlan, NamedPlan, Plan, Role};
+use crate::tiers::Tier;
 
 const RID: &str = "0123456789abcdef0123456789abcdef";
 const RID2: &str = "fedcba9876543210fedcba9876543210";
@@ -207,8 +208,13 @@ fn golden_sampling() -> Sampling {
     }
 }
 
+/// The tier list the golden plan's tier ids index.
+fn golden_tiers() -> Vec<Tier> {
+    vec![Tier::with_name("gold"), Tier::with_name("silver")]
+}
+
 fn golden_plan() -> Plan {
-    let group = |members: Vec<u32>, tp, pp, role, tiers: &[&str], background| GroupPlan {
+    let group = |members: Vec<u32>, tp, pp, role, tiers: &[&str], background| NamedGroupPlan {
         members,
         tp,
         pp,
@@ -218,7 +224,7 @@ fn golden_plan() -> Plan {
         max_rps: 0.0,
         max_inflight: 0.0,
     };
-    Plan {
+    NamedPlan {
         epoch: 9,
         groups: vec![
             group(
@@ -232,6 +238,8 @@ fn golden_plan() -> Plan {
             group(vec![4], 1, 1, Role::Prefill, &[], true),
         ],
     }
+    .resolve(&golden_tiers())
+    .expect("golden tiers are listed")
 }
 
 /// What the router sends, by its own encoders, for each router → worker fixture.
@@ -270,7 +278,10 @@ fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
         ("registered", encode_registered(WorkerId(3), 9)),
         ("reregister", encode_reregister()),
         ("abort", encode_abort(RID)),
-        ("reconfigure", encode_reconfigure(&golden_plan(), caps)),
+        (
+            "reconfigure",
+            encode_reconfigure(&golden_plan(), &golden_tiers(), caps),
+        ),
         ("shutdown", encode_shutdown()),
     ]
 }

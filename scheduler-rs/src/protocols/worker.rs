@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 pub use super::worker_stats::Stats;
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan, Role};
+use crate::tiers::Tier;
 
 /// Protocol version carried in every message as `v`.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -257,8 +258,13 @@ pub fn encode_reregister() -> Vec<u8> {
     })
 }
 
-/// Encode `reconfigure` for a whole plan; `max_batch` gives each group's optional batch cap.
-pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<u32>) -> Vec<u8> {
+/// Encode `reconfigure` for a whole plan, its tiers named from `tiers` (the list its ids
+/// index); `max_batch` gives each group's optional batch cap.
+pub fn encode_reconfigure(
+    plan: &Plan,
+    tiers: &[Tier],
+    max_batch: impl Fn(&GroupPlan) -> Option<u32>,
+) -> Vec<u8> {
     encode(&Reconfigure {
         v: PROTOCOL_VERSION,
         ty: "reconfigure",
@@ -271,7 +277,12 @@ pub fn encode_reconfigure(plan: &Plan, max_batch: impl Fn(&GroupPlan) -> Option<
                 tp: g.tp,
                 pp: g.pp,
                 role: g.role,
-                tiers: Cow::Borrowed(&g.tiers),
+                tiers: Cow::Owned(
+                    g.tiers
+                        .iter()
+                        .map(|id| tiers[id.index()].name.clone())
+                        .collect(),
+                ),
                 accepts_background: g.accepts_background,
                 max_batch: max_batch(g),
             })

@@ -373,7 +373,7 @@ fn predict(
         return (0.0, 0.0);
     }
     let policy = Policy::FixedPlan {
-        plan: planned.plan.clone(),
+        plan: planned.plan.named(s.tiers),
         batch_caps: planned.batch_caps.clone(),
         reject_best_effort: false,
     };

@@ -147,7 +147,7 @@ fn calibration(d: &[TierDemand], devices: u32) -> Vec<(String, f64, f64)> {
         .map(|(&s, p)| {
             let planned = plan_strategy(s, &profile, &t, d, devices, None, &pc);
             let policy = Policy::FixedPlan {
-                plan: planned.plan,
+                plan: planned.plan.named(&t),
                 batch_caps: planned.batch_caps,
                 reject_best_effort: false,
             };

@@ -36,7 +36,7 @@ fn mixed_group() -> GroupPlan {
         tp: 1,
         pp: 1,
         role: Role::Mixed,
-        tiers: vec!["t".into()],
+        tiers: vec![crate::ids::TierId(0)], // "t", the configs' only tier
         accepts_background: true,
         max_rps: 0.0,
         max_inflight: 0.0,

@@ -1,10 +1,10 @@
 //! The simulated policies ([`Policy`]) and their plans: the live planner (Nitsum and its
 //! fixed-TP ablation) or a static plan built once (static TP-k, per-tier split, a given plan).
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::plan::Plan;
+use crate::plan::NamedPlan;
 use crate::planner::strategy::{self, Strategy};
 use crate::planner::{self, Planned, PlannerConfig};
 use crate::profile::Profile;
@@ -31,8 +31,12 @@ pub enum Policy {
     Fixed(Strategy),
     /// A given plan for the whole trace (e.g. SGLang-PD-like static disaggregation, or any
     /// layout to test). `batch_caps` per group; missing or 0: the profile's max batch.
+    ///
+    /// NOTE: the plan is kept as the config states it (tiers by name): it is resolved
+    /// against `SimConfig::tiers` when the simulation starts ([`static_plan`]), since serde
+    /// reads the policy without the tier list.
     FixedPlan {
-        plan: Plan,
+        plan: NamedPlan,
         batch_caps: Vec<f64>,
         /// Reject what the plan's SLO bandwidth cannot take (as Split does).
         reject_best_effort: bool,
@@ -67,7 +71,7 @@ enum PolicyWire {
     },
     Split,
     FixedPlan {
-        plan: Plan,
+        plan: NamedPlan,
         #[serde(default)]
         batch_caps: Vec<f64>,
         #[serde(default)]
@@ -209,7 +213,7 @@ pub fn static_plan(cfg: &SimConfig, profile: &Profile) -> Result<Planned> {
             let mut caps = batch_caps.clone();
             caps.resize(plan.groups.len(), 0.0);
             Ok(Planned {
-                plan: plan.clone(),
+                plan: plan.clone().resolve(&cfg.tiers).context("fixed plan")?,
                 batch_caps: caps,
             })
         }

@@ -62,7 +62,7 @@ impl Cluster<'_> {
             // SLO groups keep lower-class work within their tier's iteration target: TPOT for
             // decoding groups, the planner's prefill batch bound for prefill-only groups.
             let slo_group = g.max_inflight > 0.0 && g.max_inflight.is_finite();
-            let mine = self.cfg.tiers.iter().filter(|t| g.tiers.contains(&t.name));
+            let mine = g.tiers.iter().map(|id| &self.cfg.tiers[id.index()]);
             engine.iter_limit_ms = match (slo_group, g.role) {
                 (false, _) => f64::INFINITY,
                 (true, Role::Prefill) => mine
@@ -78,11 +78,16 @@ impl Cluster<'_> {
             orphans_dec.extend(dec.into_iter().map(|r| (r, l)));
         }
         self.plan = planned.plan;
-        self.dispatcher.set_plan(&self.plan, &self.cfg.tiers);
+        self.dispatcher.set_plan(&self.plan);
         if changed && pay {
             self.reconfigs += 1;
         }
-        let layout: Vec<String> = self.plan.groups.iter().map(|g| g.summary()).collect();
+        let layout: Vec<String> = self
+            .plan
+            .groups
+            .iter()
+            .map(|g| g.summary(&self.cfg.tiers))
+            .collect();
         let layout = layout.join(" ");
         if self.timeline.last().is_none_or(|(_, last)| *last != layout) {
             self.timeline.push((self.now, layout));

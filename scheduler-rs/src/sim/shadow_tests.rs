@@ -65,7 +65,7 @@ fn policy_of(st: Strategy, devices: u32) -> Option<Policy> {
         Strategy::StaticTp { tp } => {
             let planned = strategy::static_tp(&tiers(), devices, tp, None);
             Policy::FixedPlan {
-                plan: planned.plan,
+                plan: planned.plan.named(&tiers()),
                 batch_caps: planned.batch_caps,
                 reject_best_effort: false,
             }

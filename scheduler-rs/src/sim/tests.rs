@@ -92,7 +92,7 @@ fn overlapping_arrivals_match_the_hand_computed_schedule() {
 
 #[test]
 fn disaggregated_handoff_pays_the_kv_transfer() {
-    let plan: crate::plan::Plan = serde_json::from_str(
+    let plan: crate::plan::NamedPlan = serde_json::from_str(
         r#"{"epoch": 1, "groups": [
             {"members": [0], "tp": 1, "role": "prefill", "tiers": ["t"], "accepts_background": false, "max_rps": 0},
             {"members": [1], "tp": 1, "role": "decode", "tiers": ["t"], "accepts_background": false, "max_rps": 0}]}"#,
@@ -229,7 +229,7 @@ fn one_device_group() -> crate::plan::GroupPlan {
         tp: 1,
         pp: 1,
         role: crate::plan::Role::Mixed,
-        tiers: vec!["t".into()],
+        tiers: vec![crate::ids::TierId(0)], // "t", the configs' only tier
         accepts_background: true,
         max_rps: 0.0,
         max_inflight: 0.0,

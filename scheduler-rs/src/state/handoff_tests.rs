@@ -19,7 +19,9 @@ fn group(member: u32, role: Role, tier: &str) -> GroupPlan {
         tp: 1,
         pp: 1,
         role,
-        tiers: vec![tier.into()],
+        tiers: vec![RouterConfig::default()
+            .tier_index(tier)
+            .expect("a default tier")],
         accepts_background: true,
         max_rps: 0.0,
         max_inflight: 0.0,

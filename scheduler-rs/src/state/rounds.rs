@@ -23,6 +23,7 @@ use crate::protocols::worker::{self as wire, Reconfigured};
 use crate::sim::choice::Choice;
 use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::stats::TierDemand;
+use crate::tiers::Tier;
 
 /// Control decisions kept for `/admin/plan`.
 pub const HISTORY_LEN: usize = 64;
@@ -57,9 +58,11 @@ pub struct Refusal {
     pub error: Option<String>,
 }
 
-/// One control decision, as logged and shown in `/admin/plan` history.
+/// One control decision, as logged and shown in `/admin/plan` history; its groups' tiers as
+/// `T` (ids in the router, names once [`PlanRecord::named`] for JSON; see [`GroupPlan`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct PlanRecord {
+#[serde(bound(serialize = "T: Serialize + AsRef<str>"))]
+pub struct PlanRecord<T = TierId> {
     /// Epoch the plan was proposed under (the `reconfigure` epoch).
     pub epoch: u64,
     /// Epoch routing runs under after the round (the new plan's, or the old plan's
@@ -68,10 +71,10 @@ pub struct PlanRecord {
     pub result: PlanResult,
     pub unix_ms: u64,
     /// The proposed groups and their planner batch caps (0 = none).
-    pub groups: Vec<GroupPlan>,
+    pub groups: Vec<GroupPlan<T>>,
     pub batch_caps: Vec<f64>,
     /// The groups routing ran on before the round.
-    pub previous: Vec<GroupPlan>,
+    pub previous: Vec<GroupPlan<T>>,
     /// The demand the planner saw.
     pub demand: Vec<TierDemand>,
     pub refused: Vec<Refusal>,
@@ -80,6 +83,27 @@ pub struct PlanRecord {
     /// Planner decision time and round time (send → last ack or timeout).
     pub plan_ms: f64,
     pub round_ms: f64,
+}
+
+impl PlanRecord {
+    /// The serde form: the groups' tier ids named from `tiers` (the list they index).
+    pub fn named(&self, tiers: &[Tier]) -> PlanRecord<String> {
+        let named = |groups: &[GroupPlan]| groups.iter().map(|g| g.named(tiers)).collect();
+        PlanRecord {
+            epoch: self.epoch,
+            routing_epoch: self.routing_epoch,
+            result: self.result,
+            unix_ms: self.unix_ms,
+            groups: named(&self.groups),
+            batch_caps: self.batch_caps.clone(),
+            previous: named(&self.previous),
+            demand: self.demand.clone(),
+            refused: self.refused.clone(),
+            missing: self.missing.clone(),
+            plan_ms: self.plan_ms,
+            round_ms: self.round_ms,
+        }
+    }
 }
 
 /// A control round waiting for acks.
@@ -340,8 +364,9 @@ impl RouterState {
             .zip(batch_caps.iter().copied().chain(std::iter::repeat(0.0)))
             .map(|(g, c)| (g.members.as_slice(), cap(c)))
             .collect();
-        let payload =
-            wire::encode_reconfigure(&plan, |g| caps.get(g.members.as_slice()).copied().flatten());
+        let payload = wire::encode_reconfigure(&plan, &self.cfg.tiers, |g| {
+            caps.get(g.members.as_slice()).copied().flatten()
+        });
         let targets: Vec<(WorkerId, bytes::Bytes)> = st
             .registry
             .iter()
@@ -473,7 +498,11 @@ impl RouterState {
         }
         .fetch_add(1, Ordering::Relaxed);
         if result == PlanResult::Applied {
-            let layout: Vec<String> = record.groups.iter().map(GroupPlan::summary).collect();
+            let layout: Vec<String> = record
+                .groups
+                .iter()
+                .map(|g| g.summary(&self.cfg.tiers))
+                .collect();
             tracing::info!(
                 epoch = plan.epoch,
                 layout = layout.join(" "),

@@ -18,7 +18,14 @@ fn group(members: &[u32], tiers: &[&str]) -> GroupPlan {
         tp: members.len() as u32,
         pp: 1,
         role: Role::Mixed,
-        tiers: tiers.iter().map(|s| s.to_string()).collect(),
+        tiers: tiers
+            .iter()
+            .map(|name| {
+                RouterConfig::default()
+                    .tier_index(name)
+                    .expect("a default tier")
+            })
+            .collect(),
         accepts_background: true,
         max_rps: 10.0,
         max_inflight: 4.0,
@@ -224,5 +231,6 @@ async fn a_capacity_only_change_refreshes_routing_without_a_round() {
     let moved = vec![group(&[0], &["relaxed"]), group(&[1], &["strict"])];
     assert!(!engine.refresh_capacities(&moved, &[20.0, 0.0]));
     assert!(!engine.refresh_capacities(&[group(&[0, 1], &["strict"])], &[20.0]));
-    assert_eq!(engine.plan().groups[0].tiers, vec!["strict".to_string()]);
+    let strict = RouterConfig::default().tier_index("strict").unwrap();
+    assert_eq!(engine.plan().groups[0].tiers, [strict]);
 }

@@ -238,14 +238,15 @@ impl RouterState {
             }
         };
         st.plan = Plan { epoch, groups };
-        st.dispatcher.set_plan(&st.plan, &self.cfg.tiers);
+        st.dispatcher.set_plan(&st.plan);
         st.plan.clone()
     }
 
     /// Send `reconfigure` with the whole plan to every live worker.
     pub(super) fn broadcast_plan(&self, plan: &Plan) {
         let st = self.lock();
-        let payload = wire::encode_reconfigure(plan, |g| Self::max_batch_of(&st, g));
+        let payload =
+            wire::encode_reconfigure(plan, &self.cfg.tiers, |g| Self::max_batch_of(&st, g));
         let idents: Vec<Bytes> = st
             .registry
             .iter()
