@@ -98,8 +98,8 @@ ORDER=(tests agreement decode attention prefill serve)
 
 TESTS=()
 for pat in tests/test_kernels_triton.py tests/test_decode_graphs.py tests/test_decode_attention.py \
-    tests/test_prefill_attention.py 'tests/test_fused_ops*.py' 'tests/test_piecewise*.py' \
-    tests/test_launch_budget.py; do
+    tests/test_prefill_attention.py 'tests/test_fused_ops*.py' tests/test_fused_forward.py \
+    'tests/test_piecewise*.py' tests/test_launch_budget.py tests/test_overlap.py; do
   for f in $pat; do [ -f "$f" ] && TESTS+=("$f"); done
 done
 
@@ -108,7 +108,10 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
     tests)
       # NOTE: never a bare pytest (it would run the whole suite).
       [ ${#TESTS[@]} -gt 0 ] || { echo "no CUDA-path test files"; return 1; }
-      "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" ;;
+      # Triton compiles dominate on a GPU: spread the files over processes when xdist is there.
+      local par=()
+      [ "$DEVICE" = cuda ] && "$PYTHON" -c "import xdist" 2>/dev/null && par=(-n 4)
+      "$PYTHON" -m pytest -q -p no:cacheprovider ${par[@]+"${par[@]}"} "${TESTS[@]}" ;;
     agreement) "$PYTHON" scripts/gpu_agreement.py --device "$DEVICE" --json "$W/agreement.json" ;;
     decode) "$PYTHON" scripts/bench_gpu.py --device "$DEVICE" --engine-only "${DECODE_ARGS[@]}" \
               --json "$W/decode.json" ;;
