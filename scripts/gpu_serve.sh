@@ -23,8 +23,15 @@ else
   SHAPE=(--layers 2 --hidden 256 --heads 4 --kv-heads 2 --device cpu)
   KV=256 LO=0.5 HI=1 DUR=10 IN=32:256 OUTL=8:32
 fi
+# The tokenizer: carried (gpu_check.sh --prepare); else, on a machine that has it, the
+# prepared embedded model's (a CPU dry run without --prepare).
+TOK=.gpu_carry/tokenizer
+if [ ! -f "$TOK/tokenizer.json" ]; then
+  TOK=$("$PY" -c 'from nitsum.engine.load import resolve_model_dir; print(resolve_model_dir(None))') \
+    || { echo "[serve] no tokenizer: run scripts/gpu_check.sh --prepare first"; exit 1; }
+fi
 if [ ! -f "$M/config.json" ]; then
-  "$PY" scripts/random_model.py "$M" "${SHAPE[@]}" --tokenizer-dir .gpu_carry/tokenizer || exit 1
+  "$PY" scripts/random_model.py "$M" "${SHAPE[@]}" --tokenizer-dir "$TOK" || exit 1
 fi
 echo "[serve] model ready at $(elapsed) s"
 
