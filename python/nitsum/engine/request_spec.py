@@ -19,11 +19,13 @@ from nitsum.sampling import SamplingParams
 CLASSES = ("feasible", "best_effort", "background")
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
+    """A wire integer (msgpack's bool is not one)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_num(x: object) -> bool:
+def is_num(x: object) -> bool:
+    """A wire number, integer or float (not a bool)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -56,7 +58,7 @@ def _optional(ok: Callable[[object], bool]) -> Callable[[object], bool]:
 
 
 def _positive_int(x: object) -> bool:
-    return _is_int(x) and x >= 1  # type: ignore[operator]
+    return is_int(x) and x >= 1  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,12 @@ class RequestSpec:
     # The tier's TTFT target: a request not started within it is served last.
     ttft_ms: float | None = wire_field(
         None,
-        _optional(lambda x: _is_num(x) and x > 0),  # type: ignore[operator]
+        _optional(lambda x: is_num(x) and x > 0),  # type: ignore[operator]
         "a positive number or null",
         convert=lambda x: None if x is None else float(x),
     )
     # Lower is served first within its class (vLLM's `priority` convention).
-    priority: int = wire_field(0, _is_int, "an integer")
+    priority: int = wire_field(0, is_int, "an integer")
     # May preempt running requests of a lower class or priority to get in.
     may_preempt: bool = wire_field(True, lambda x: isinstance(x, bool), "a boolean", key="preempt")
     # Run on a TP group of this size bound for the request (its tier's `bind_tp`).
@@ -94,7 +96,7 @@ class RequestSpec:
         None, _optional(lambda x: isinstance(x, str) and bool(x)), "a request id or null"
     )
     # P/D: the decode group's leader (a router worker id) to hand the KV to after prefill.
-    decode_target: int | None = wire_field(None, _optional(_is_int), "an integer or null")
+    decode_target: int | None = wire_field(None, _optional(is_int), "an integer or null")
     # vLLM's `truncate_prompt_tokens`: serve only the last k prompt tokens (left
     # truncation); None: the whole prompt.
     truncate_prompt_tokens: int | None = wire_field(

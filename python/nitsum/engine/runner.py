@@ -71,21 +71,27 @@ class ModelRunner:
     def prepare(self, batch: list[Scheduled]) -> StepInputs:
         return build_step_inputs(batch, self.pool.tokens_per_page(self.ctx.tp))
 
+    def _recorded(self, inputs: StepInputs) -> DecodeGraphs | PiecewiseGraphs | None:
+        """The recordings that run `inputs`: the whole-step decode ones, else the piecewise
+        ones, else none (eager)."""
+        for recorded in (self.graphs, self.piecewise):
+            if recorded is not None and recorded.fits(inputs):
+                return recorded
+        return None
+
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Float32 logits of the sampled rows (identical on every rank of the group)."""
-        if self.graphs is not None and self.graphs.fits(inputs):
-            return self.graphs.run(inputs)
-        if self.piecewise is not None and self.piecewise.fits(inputs):
-            return self.piecewise.run(inputs)
+        recorded = self._recorded(inputs)
+        if recorded is not None:
+            return recorded.run(inputs)
         return self.model.logits(self.hidden(inputs))
 
     def join(self, inputs: StepInputs) -> None:
         """Run a step on a rank that does not sample: its collectives, not its logits (a
         recorded step holds both, and every rank of the group must replay the same one)."""
-        if self.graphs is not None and self.graphs.fits(inputs):
-            self.graphs.run(inputs)
-        elif self.piecewise is not None and self.piecewise.fits(inputs):
-            self.piecewise.run(inputs)
+        recorded = self._recorded(inputs)
+        if recorded is not None:
+            recorded.run(inputs)
         else:
             self.hidden(inputs)
 

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 
 import msgpack
 
+from nitsum.engine.request_spec import is_int
+
 PROTOCOL_VERSION = 1
 
 M = TypeVar("M", bound="Message")
@@ -149,10 +151,6 @@ def _from_map(cls: Any, raw: Any, where: str) -> Any:
     return cls(**kwargs)
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _from_wire_value(hint: Any, value: Any, path: str) -> Any:
     """`value` as `hint` says, or _Bad naming `path` and what it must be."""
     origin, args = get_origin(hint), get_args(hint)
@@ -169,10 +167,10 @@ def _from_wire_value(hint: Any, value: Any, path: str) -> Any:
         if value is None:
             return None
     elif hint is int:
-        if _is_int(value):
+        if is_int(value):
             return value
     elif hint is float:
-        if _is_int(value) or isinstance(value, float):
+        if is_int(value) or isinstance(value, float):
             return float(value)
     elif hint is str or hint is bool:
         if isinstance(value, hint):

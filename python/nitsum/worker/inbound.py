@@ -10,28 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from nitsum.engine.request_spec import RequestSpec
+from nitsum.engine.request_spec import RequestSpec, is_int, is_num
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.structured.spec import GrammarSpec
 from nitsum.worker.protocol import ProtocolError
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _int_list(x: object) -> bool:
-    return isinstance(x, list) and all(_is_int(t) for t in x)
+    return isinstance(x, list) and all(is_int(t) for t in x)
 
 
 def _bias_pairs(x: object) -> bool:
     return isinstance(x, list) and all(
-        isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_num(p[1]) for p in x
+        isinstance(p, list) and len(p) == 2 and is_int(p[0]) and is_num(p[1]) for p in x
     )
 
 
@@ -53,22 +45,22 @@ class GenerateRequest:
 
 
 _SAMPLING_CHECKS = {
-    "max_tokens": (_is_int, "an integer"),
-    "temperature": (_is_num, "a number"),
-    "top_p": (_is_num, "a number"),
-    "top_k": (_is_int, "an integer"),
-    "seed": (lambda x: x is None or _is_int(x), "an integer or null"),
+    "max_tokens": (is_int, "an integer"),
+    "temperature": (is_num, "a number"),
+    "top_p": (is_num, "a number"),
+    "top_k": (is_int, "an integer"),
+    "seed": (lambda x: x is None or is_int(x), "an integer or null"),
     "stop_token_ids": (_int_list, "a list of integers"),
     "ignore_eos": (lambda x: isinstance(x, bool), "a boolean"),
-    "presence_penalty": (_is_num, "a number"),
-    "frequency_penalty": (_is_num, "a number"),
-    "repetition_penalty": (_is_num, "a number"),
+    "presence_penalty": (is_num, "a number"),
+    "frequency_penalty": (is_num, "a number"),
+    "repetition_penalty": (is_num, "a number"),
     "logit_bias": (_bias_pairs, "a list of [token id, bias] pairs"),
-    "min_tokens": (_is_int, "an integer"),
-    "resumed_tokens": (_is_int, "an integer"),
-    "min_p": (_is_num, "a number"),
-    "logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
-    "prompt_logprobs": (lambda x: x is None or _is_int(x), "an integer or null"),
+    "min_tokens": (is_int, "an integer"),
+    "resumed_tokens": (is_int, "an integer"),
+    "min_p": (is_num, "a number"),
+    "logprobs": (lambda x: x is None or is_int(x), "an integer or null"),
+    "prompt_logprobs": (lambda x: x is None or is_int(x), "an integer or null"),
 }
 _FLOAT_KEYS: tuple[str, ...] = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _FLOAT_KEYS += ("repetition_penalty", "min_p")
