@@ -196,12 +196,10 @@ class LlamaModel:
         if act.k is None or act.v is None:  # the fused rotary kernel wrote K/V
             o = self.paged_attention(
                 act.q[:n], None, None, k_cache, v_cache, meta, self.scale, kv_written=True
-            )
+            ).view(n, -1)
         else:
-            o = self.paged_attention(
-                act.q[:n], act.k[:n], act.v[:n].contiguous(), k_cache, v_cache, meta, self.scale
-            )
-        act.put("o", o.view(n, -1))
+            o = self.attend(act.q[:n], act.k[:n], act.v[:n], k_cache, v_cache, meta)
+        act.put("o", o)
 
     def _qkv(
         self,
