@@ -29,6 +29,15 @@ enum DecoderState {
 /// bytes: a frame header announcing 1 TiB aborted the process on allocation failure.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
+/// NITSUM PATCH: the most frames one multipart message may have (ours have a handful). More is
+/// a decode error: an endless message of empty frames (`\x01\x00` forever) has no payload
+/// bytes for [`MAX_MESSAGE_BYTES`] to count, yet each frame costs the router memory.
+pub const MAX_MESSAGE_FRAMES: usize = 4096;
+
+/// NITSUM PATCH: what one buffered frame costs besides its payload (its `Bytes` handle, its
+/// deque slot, its shared-storage header), charged toward [`MAX_MESSAGE_BYTES`].
+pub const FRAME_OVERHEAD_BYTES: usize = 64;
+
 #[derive(Debug)]
 pub struct ZmqCodec {
     state: DecoderState,
@@ -37,8 +46,10 @@ pub struct ZmqCodec {
     // This allows to encapsulate its processing inside codec and not expose
     // internal details to higher levels
     buffered_message: Option<ZmqMessage>,
-    /// NITSUM PATCH: bytes of `buffered_message` so far.
+    /// NITSUM PATCH: bytes of `buffered_message` so far, each frame's overhead included.
     buffered_bytes: usize,
+    /// NITSUM PATCH: frames of `buffered_message` so far.
+    buffered_frames: usize,
     max_read_chunk_size: usize,
 }
 
@@ -53,6 +64,7 @@ impl ZmqCodec {
             waiting_for: 64, // len of the greeting frame
             buffered_message: None,
             buffered_bytes: 0,
+            buffered_frames: 0,
             max_read_chunk_size: options.read_buffer_max_size,
         }
     }
@@ -132,8 +144,13 @@ impl Decoder for ZmqCodec {
                         usize::from(src.get_u8())
                     };
                     // NITSUM PATCH: bound frames and multipart messages before reserving.
-                    if frame_len > MAX_MESSAGE_BYTES - self.buffered_bytes.min(MAX_MESSAGE_BYTES) {
+                    // NOTE: a frame costs its overhead too, so empty frames reach the cap.
+                    let room = MAX_MESSAGE_BYTES - self.buffered_bytes.min(MAX_MESSAGE_BYTES);
+                    if frame_len.saturating_add(FRAME_OVERHEAD_BYTES) > room {
                         return Err(CodecError::Decode("Message exceeds MAX_MESSAGE_BYTES"));
+                    }
+                    if !frame.command && self.buffered_frames >= MAX_MESSAGE_FRAMES {
+                        return Err(CodecError::Decode("Message exceeds MAX_MESSAGE_FRAMES"));
                     }
                     self.state = DecoderState::Frame(frame);
                     self.waiting_for = frame_len;
@@ -147,7 +164,8 @@ impl Decoder for ZmqCodec {
                     }
 
                     // process incoming message frame
-                    self.buffered_bytes += data.len();
+                    self.buffered_bytes += data.len() + FRAME_OVERHEAD_BYTES;
+                    self.buffered_frames += 1;
                     match &mut self.buffered_message {
                         Some(v) => v.push_back(data.freeze()),
                         None => self.buffered_message = Some(ZmqMessage::from(data.freeze())),
@@ -155,6 +173,7 @@ impl Decoder for ZmqCodec {
 
                     if !frame.more {
                         self.buffered_bytes = 0;
+                        self.buffered_frames = 0;
                         // Quoth the Raven “Nevermore.”
                         return Ok(Some(Message::Message(
                             self.buffered_message
