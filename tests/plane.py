@@ -21,8 +21,8 @@ import zmq
 
 from nitsum.engine.engine import RequestOutput
 from nitsum.worker.assignment import LocalPlan
+from nitsum.worker.handshake import new_nonce, worker_proof
 from nitsum.worker.inbound import GenerateRequest
-from nitsum.worker.protocol import proof
 from nitsum.worker.server import WorkerServer
 from test_router_protocol import BIN, EOS, free_port, write_tiny_model
 
@@ -97,13 +97,17 @@ class EchoBackend:
 class Router:
     """`nitsum-router` on free loopback ports with the shared secret in its environment."""
 
-    def __init__(self, tmp: Path, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, config: dict[str, Any] | None = None, log_level: str = "error"
+    ) -> None:
+        """`log_level` other than "error": the router's log goes to `self.log` (a file)."""
         write_tiny_model(tmp)
         self.http = f"http://127.0.0.1:{free_port()}"
         self.addr = f"tcp://127.0.0.1:{free_port()}"
         self.args = [str(BIN), "--listen", self.http.removeprefix("http://")]
         self.args += ["--worker-addr", self.addr, "--model-dir", str(tmp)]
-        self.args += ["--served-model-name", MODEL, "--log-level", "error"]
+        self.args += ["--served-model-name", MODEL, "--log-level", log_level]
+        self.log: Path | None = None if log_level == "error" else tmp / "router.log"
         self.args += ["--heartbeat-timeout-ms", "3000"]
         if config is not None:
             (tmp / "router.json").write_text(json.dumps(config))
@@ -113,7 +117,8 @@ class Router:
 
     def start(self) -> None:
         env = {**os.environ, "NITSUM_WORKER_SECRET": SECRET}
-        self.proc = subprocess.Popen(self.args, env=env)
+        out = None if self.log is None else self.log.open("ab")
+        self.proc = subprocess.Popen(self.args, env=env, stdout=out, stderr=out)
         wait(lambda: self.health() is not None, what="router HTTP up")
 
     def stop(self) -> None:
@@ -187,17 +192,18 @@ class Peer:
         return msgpack.unpackb(self.sock.recv(), raw=False)
 
     def register(self, worker_id: int, model: str = MODEL, secret: str | None = None) -> str:
-        """Try to register; answers a challenge with `secret` (else a made-up proof).
-        Returns the router's last answer type: "registered", "refused" or "silence"."""
+        """Try to register (`hello`, then `register`); answers the challenge with `secret`
+        (else a made-up proof). Returns the router's last answer type: "registered",
+        "refused" or "silence"."""
         reg = {"type": "register", "worker_id": worker_id, "device": "cpu", "model": model}
         reg |= {"tp_levels": [1], "kv_capacity_tokens": 4096, "max_context": 256}
-        self.send(**reg, eos_token_ids=[EOS])
+        nonce = new_nonce()
+        self.send(type="hello", worker_id=worker_id, handshake=2, nonce=nonce)
         while (msg := self.recv()) is not None:
             if msg["type"] == "challenge":
                 key = (secret or "not-the-secret-at-all").encode()
-                self.send(
-                    **reg, eos_token_ids=[EOS], auth=proof(key, msg["nonce"], worker_id, model)
-                )
+                auth = worker_proof(key, nonce, msg["nonce"], worker_id, model)
+                self.send(**reg, eos_token_ids=[EOS], auth=auth)
             elif msg["type"] in ("registered", "refused"):
                 self.last = msg
                 return msg["type"]

@@ -19,7 +19,8 @@ import pytest
 import zmq
 
 from nitsum.ports import free_port
-from nitsum.worker.protocol import encode, proof
+from nitsum.worker.handshake import new_nonce, router_proven, worker_proof
+from nitsum.worker.protocol import encode
 from nitsum.worker.stats import Stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,8 +111,8 @@ SECRET = "test-worker-secret-0123456789"
 
 
 class PyWorker(threading.Thread):
-    """A minimal Python worker: registers (answering the router's challenge), heartbeats,
-    echoes the prompt one token per message."""
+    """A minimal Python worker: registers (the mutual handshake: `hello`, the router's proof
+    checked, `register` with ours), heartbeats, echoes the prompt one token per message."""
 
     def __init__(self, addr: str, worker_id: int = 0):
         super().__init__(daemon=True)
@@ -136,21 +137,28 @@ class PyWorker(threading.Thread):
             max_context=256,
             eos_token_ids=[EOS],
         )
-        self.send(sock, **register)
+        nonces = [new_nonce()]  # of every hello sent: a challenge may answer an older one
+        self.send(sock, type="hello", handshake=2, nonce=nonces[-1])
         registered, last_beat = False, 0.0
         while not self.stop.is_set():
             now = time.monotonic()
             if now - last_beat > 0.1:
                 self.send(sock, type="heartbeat", running=0, waiting=0, free_pages=10, epoch=0)
                 if not registered:
-                    self.send(sock, **register)
+                    nonces.append(new_nonce())
+                    self.send(sock, type="hello", handshake=2, nonce=nonces[-1])
                 last_beat = now
             if not sock.poll(20):
                 continue
             msg = msgpack.unpackb(sock.recv(), raw=False)
             self.received.append(msg)
             if msg["type"] == "challenge":
-                auth = proof(SECRET.encode(), msg["nonce"], self.worker_id, "tiny")
+                key, theirs = SECRET.encode(), msg["nonce"]
+                ours = [
+                    n for n in nonces if router_proven(key, n, theirs, self.worker_id, msg["proof"])
+                ]
+                assert ours, "the router's proof matches none of our hellos"
+                auth = worker_proof(key, ours[0], theirs, self.worker_id, "tiny")
                 self.send(sock, **register, auth=auth)
             elif msg["type"] == "registered":
                 registered = True

@@ -180,6 +180,63 @@ def test_garbage_frames_do_not_hurt(plane: tuple[Router, RealWorker]) -> None:
     assert_serving(router, worker)
 
 
+def rss_kib(pid: int) -> int:
+    """VmRSS of process `pid` in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1])
+
+
+def test_endless_message_of_empty_frames_is_cut_off(plane: tuple[Router, RealWorker]) -> None:
+    # Issue 29.1: after the greeting, `\x01\x00` forever (one multipart message of empty
+    # frames). The codec counted payload bytes only, so this grew the router ~17 bytes of
+    # memory per byte sent until the peer left. Now the message's frame cap ends it.
+    router, worker = plane
+    assert router.proc is not None
+    before = rss_kib(router.proc.pid)
+    host, port = router.addr.removeprefix("tcp://").rsplit(":", 1)
+    chunk, sent, limit = b"\x01\x00" * (1 << 15), 0, 16 << 20  # 64 KiB writes, 16 MiB at most
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(zmtp_handshake())
+        try:
+            while sent < limit:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # reset or broken pipe: the router dropped the connection
+            pass
+        grown = rss_kib(router.proc.pid) - before
+    assert sent < limit, f"the router read {sent} bytes of empty frames and kept the connection"
+    assert grown < 32 << 10, f"the router grew by {grown} KiB"
+    assert_serving(router, worker)
+
+
+def test_failed_registers_are_counted_but_logged_sparingly(tmp_path: Path) -> None:
+    # Issue 29.8: one WARN per refused register let a peer fill the log (5,000 wrote 775 KB
+    # in 2 s). Now the first few are logged, the rest summed up; the metric counts them all.
+    router = Router(tmp_path, log_level="warn")
+    peer = Peer(router.addr)
+    try:
+        n = 1000
+        for i in range(n):  # a proof with no live challenge: refused as bad_proof
+            peer.send(type="register", worker_id=i % 4, model="tiny", auth="ab" * 32)
+        wait(lambda: router.rejected("bad_proof") == n, what=f"{n} refusals counted")
+        assert router.log is not None
+        lines = router.log.read_text().splitlines()
+        one_by_one = [x for x in lines if "refused a worker register" in x]
+        assert 1 <= len(one_by_one) <= 5, one_by_one[:10]
+        assert len(lines) <= 10, lines[:20]
+        # The rest in one summary line once the 10 s window is over (even with no new refusal).
+        want = f"{n - len(one_by_one)} more failed registers in the last"
+        wait(lambda: want in router.log.read_text(), timeout=15, what="the summary line")
+        [summary] = [x for x in router.log.read_text().splitlines() if want in x]
+        assert (
+            f"bad_proof: {n - len(one_by_one)}" in summary
+            and "for worker ids [0, 1, 2, 3]" in summary
+        )
+    finally:
+        peer.close()
+        router.stop()
+
+
 def test_worker_reauthenticates_after_router_restart_and_ids_change(
     plane: tuple[Router, RealWorker],
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
-from nitsum.worker import inbound
+from nitsum.worker import handshake, inbound
 from nitsum.worker import protocol as proto
 from nitsum.worker.protocol import ProtocolError
 from nitsum.worker.stats import Stats
@@ -199,17 +199,30 @@ def test_reconfigure_from_wire():
         proto.Reconfigure.from_wire({"v": 1, "type": "reconfigure", "groups": []})
 
 
-def test_handshake_proof_matches_the_router():
-    # Same vector as scheduler-rs/src/worker_auth/mod.rs (proof_matches_a_known_vector).
-    key = b"nitsum-test-secret-0001"
-    got = proto.proof(key, "ab" * 32, 7, "tiny")
-    assert got == "946c70f6dbefeb483b9ddb5eba200027107e6991d29f1336966db503d5aba95e"
-    assert proto.proof(key, "ab" * 32, 8, "tiny") != got
-    for bad in ("zz" * 32, "ab" * 16, ""):
+def test_handshake_proofs_match_the_router():
+    # Same vectors as scheduler-rs/src/worker_auth/mod.rs (proofs_match_known_vectors).
+    key, ours, theirs = b"nitsum-test-secret-0001", "ab" * 32, "cd" * 32
+    router = "f4f77be8f6514f3a2f624bbee5db92b568ad5f0517369f85321b1d18ca245db8"
+    worker = "e26dc0e8e309d10a1db7e74eb7774853d021734b33642178f1d4e2d488e03f15"
+    assert handshake.router_proof(key, ours, theirs, 7) == router
+    assert handshake.worker_proof(key, ours, theirs, 7, "tiny") == worker
+    assert handshake.router_proven(key, ours, theirs, 7, router)
+    assert handshake.router_proven(key, ours, theirs, 7, router.upper())
+    # Another worker nonce (a relay's own hello), id, secret, or the worker's own proof: no.
+    assert not handshake.router_proven(key, "ef" * 32, theirs, 7, router)
+    assert not handshake.router_proven(key, ours, theirs, 8, router)
+    assert not handshake.router_proven(b"another-secret-0000000", ours, theirs, 7, router)
+    assert not handshake.router_proven(key, ours, theirs, 7, worker)
+    for bad in ("", "zz" * 32, router[:-2], "\u00e9" * 64):
+        assert not handshake.router_proven(key, ours, theirs, 7, bad)
+    for bad_nonce in ("zz" * 32, "ab" * 16, ""):
         with pytest.raises(ProtocolError):
-            proto.proof(key, bad, 7, "tiny")
-    reg = proto.Register(7, "cpu", "tiny", [1], 7, 64, 64, [2], auth=got).to_wire()
-    assert reg["auth"] == got
+            handshake.worker_proof(key, ours, bad_nonce, 7, "tiny")
+        assert not handshake.router_proven(key, ours, bad_nonce, 7, router)
+    nonce = handshake.new_nonce()
+    assert len(bytes.fromhex(nonce)) == 32 and nonce != handshake.new_nonce()
+    reg = proto.Register(7, "cpu", "tiny", [1], 7, 64, 64, [2], auth=worker).to_wire()
+    assert reg["auth"] == worker
     assert "auth" not in proto.Register(7, "cpu", "tiny", [1], 7, 64, 64, [2]).to_wire()
 
 

@@ -17,7 +17,7 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::ids::WorkerId;
 use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
-use crate::worker_auth::{Nonce, WorkerSecret};
+use crate::worker_auth::{HandshakeNonces, Nonce, WorkerSecret, HANDSHAKE_VERSION};
 
 /// How a mock worker behaves.
 #[derive(Debug, Clone)]
@@ -124,6 +124,7 @@ struct RouterMsg {
     tier: String,
     class: String,
     nonce: String,
+    proof: String,
     decode_target: Option<WorkerId>,
     groups: Vec<MockGroup>,
 }
@@ -202,7 +203,14 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
     if let Some(domain) = opts.domain {
         register["domain"] = domain.into();
     }
-    let _ = sock.send(encode(&register)).await;
+    // With a secret, `hello` (a fresh nonce each time) opens the handshake; else `register`.
+    let mut our_nonce = Nonce::random();
+    let opening = |nonce: &Nonce| match &opts.secret {
+        Some(_) => encode(&serde_json::json!({"v": PROTOCOL_VERSION, "type": "hello",
+            "worker_id": id, "handshake": HANDSHAKE_VERSION, "nonce": nonce.to_hex()})),
+        None => encode(&register),
+    };
+    let _ = sock.send(opening(&our_nonce)).await;
     let mut beat = tokio::time::interval(opts.heartbeat);
     let mut registered = false;
     let mut ticks = 0u64;
@@ -216,9 +224,12 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                 let Ok(mut m) = rmp_serde::from_slice::<RouterMsg>(&body) else { continue };
                 match m.ty.as_str() {
                     "challenge" => {
-                        let (Some(secret), Some(nonce)) = (&opts.secret, Nonce::from_hex(&m.nonce)) else { continue };
+                        let (Some(secret), Some(router)) = (&opts.secret, Nonce::from_hex(&m.nonce)) else { continue };
+                        let nonces = HandshakeNonces { worker: our_nonce, router };
+                        // Like the real worker: nothing goes to a router that did not prove the secret.
+                        if !secret.verify_router_proof(&nonces, id, &m.proof) { continue }
                         let mut proven = register.clone();
-                        proven["auth"] = secret.proof(&nonce, id, &opts.model).into();
+                        proven["auth"] = secret.worker_proof(&nonces, id, &opts.model).into();
                         let _ = sock.send(encode(&proven)).await;
                     }
                     "registered" => {
@@ -286,7 +297,8 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                 }
                 // Re-register until acknowledged (the router may have started after us).
                 if !registered && ticks.is_multiple_of(4) {
-                    let _ = sock.send(encode(&register)).await;
+                    our_nonce = Nonce::random();
+                    let _ = sock.send(opening(&our_nonce)).await;
                 }
             }
         }

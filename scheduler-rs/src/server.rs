@@ -100,6 +100,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
             loop {
                 tick.tick().await;
                 engine.reap_dead(Instant::now());
+                engine.flush_refusal_log(Instant::now());
             }
         })
     };

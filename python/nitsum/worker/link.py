@@ -1,4 +1,5 @@
-"""One device id's connection to the router: a DEALER socket, its monitor, register/heartbeat.
+"""One device id's connection to the router: a DEALER socket, its monitor, register/heartbeat,
+and whether the peer at the router's address has proven the worker secret on it.
 
 A host worker owns one link per device it serves, so the router sees one worker per device
 (docs/protocol.md). The link knows nothing about engines: the server builds the messages.
@@ -13,11 +14,14 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from nitsum.worker import handshake
+from nitsum.worker import protocol as proto
 from nitsum.worker.codec import Message, encode
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20  # a larger message drops the connection (docs/security.md)
+MAX_HELD_BYTES = 64 << 20  # frames held while the router has not proven itself yet
 
 
 class RouterLink:
@@ -35,8 +39,20 @@ class RouterLink:
         router_addr: str,
         register_every_s: float,
         heartbeat_every_s: float,
+        authenticate: bool = False,
     ) -> None:
+        """`authenticate`: the worker has a secret, so the router must prove it (handshake.py)
+        before anything it sends is acted on; without one every peer counts as proven."""
         self.worker_id = worker_id
+        self.router_addr = router_addr
+        self.authenticate = authenticate
+        # NOTE (invariant): with `authenticate`, `proven` is True only after the peer on this
+        # connection answered our latest `hello` with a valid proof; it drops with the
+        # connection. Until then frames are held (bounded), not handled.
+        self.proven = not authenticate
+        self.hello_nonce: str | None = None  # our nonce of the handshake in progress
+        self.held: list[bytes] = []
+        self._held_bytes = 0
         self.register_every_s = register_every_s
         self.heartbeat_every_s = heartbeat_every_s
         self.registered = False
@@ -68,11 +84,48 @@ class RouterLink:
         if event == zmq.EVENT_DISCONNECTED:
             log.warning("worker %d lost the router; will re-register", self.worker_id)
             self.registered = False
+            self.proven = not self.authenticate  # whoever answers next must prove it again
             self._lost = True
         elif event == zmq.EVENT_CONNECTED and self._lost:
             self._lost = False
             self.next_register = time.monotonic()
         # The first connect needs nothing: the register queued before it goes out by itself.
+
+    def hello(self) -> proto.Hello:
+        """Open a handshake: `hello` with a fresh nonce; the peer must answer it with a valid
+        proof before anything it sends is handled."""
+        self.hello_nonce = handshake.new_nonce()
+        self.proven = not self.authenticate
+        return proto.Hello(self.worker_id, handshake.HANDSHAKE_VERSION, self.hello_nonce)
+
+    def hold(self, frame: bytes) -> None:
+        """Keep a frame from a peer that has not proven itself yet (handled if it does)."""
+        if self._held_bytes + len(frame) > MAX_HELD_BYTES:
+            log.warning("worker %d dropped a frame from an unproven router", self.worker_id)
+            return
+        self.held.append(frame)
+        self._held_bytes += len(frame)
+
+    def answer(self, secret: bytes, msg: proto.Challenge, model: str) -> str | None:
+        """End the handshake in progress on `msg`: our `register.auth` when the peer proved
+        the secret for our `hello` (then `take_held` has what it sent meanwhile), else None
+        (the held frames are dropped, the next `hello` goes out on the register timer)."""
+        ours, self.hello_nonce = self.hello_nonce, None
+        self.proven = (
+            ours is not None
+            and msg.handshake == handshake.HANDSHAKE_VERSION
+            and msg.worker_id == self.worker_id
+            and handshake.router_proven(secret, ours, msg.nonce, self.worker_id, msg.proof)
+        )
+        if ours is None or not self.proven:
+            self.take_held()
+            return None
+        return handshake.worker_proof(secret, ours, msg.nonce, self.worker_id, model)
+
+    def take_held(self) -> list[bytes]:
+        """The frames held while the handshake was in progress, removed."""
+        held, self.held, self._held_bytes = self.held, [], 0
+        return held
 
     def recv_all(self) -> list[bytes]:
         """Every frame waiting on the socket, without blocking."""

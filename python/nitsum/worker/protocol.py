@@ -7,15 +7,14 @@ by `inbound.parse_generate` (it becomes the engine's request); `stats` is in sta
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker.codec import PROTOCOL_VERSION as PROTOCOL_VERSION
-from nitsum.worker.codec import Message, ProtocolError, wire_field
+from nitsum.worker.codec import Message, wire_field
+from nitsum.worker.codec import ProtocolError as ProtocolError
 from nitsum.worker.codec import decode as decode
 from nitsum.worker.codec import encode as encode
 
@@ -35,8 +34,18 @@ AT_LEAST_ONE = (_positive, "an integer >= 1")
 
 # -- worker → router ------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Hello(Message):
+    """A worker with a secret opens the handshake (handshake.py): its own 64-hex `nonce`."""
+
+    TYPE = "hello"
+    worker_id: int
+    handshake: int
+    nonce: str
+
+
+@dataclass(frozen=True)
 class Register(Message):
-    """A worker introduces itself (again with `auth`, answering a `challenge`).
+    """A worker introduces itself (with `auth` when answering a `challenge`).
 
     `domain`: the worker ids that can form TP groups and hand KV to each other share it;
     `auth`: the handshake proof (`proof`); `kv_transport`: the rendezvous address of the KV
@@ -106,27 +115,17 @@ class Reconfigured(Message):
     timings_ms: dict[str, float]
 
 
-def proof(secret: bytes, nonce_hex: str, worker_id: int, model: str) -> str:
-    """The handshake proof (docs/protocol.md "Handshake"): hex HMAC-SHA256 under the shared
-    secret of nonce ‖ worker id (u32 big-endian) ‖ model name (UTF-8)."""
-    try:
-        nonce = bytes.fromhex(nonce_hex)
-    except (TypeError, ValueError) as e:
-        raise ProtocolError(f"challenge: 'nonce' must be hex, got {nonce_hex!r}") from e
-    if len(nonce) != 32 or not 0 <= worker_id < 2**32:
-        raise ProtocolError(f"challenge: bad nonce length {len(nonce)} or worker id {worker_id}")
-    body = nonce + worker_id.to_bytes(4, "big") + model.encode()
-    return hmac.new(secret, body, hashlib.sha256).hexdigest()
-
-
 # -- router → worker ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Challenge(Message):
-    """Prove the worker secret: `register` again with `auth` over `nonce` (64 hex chars)."""
+    """The answer to `hello`: the router's `nonce` (64 hex chars) and its `proof` of the secret
+    (handshake.py); a worker checks it, then proves the secret in `register.auth`."""
 
     TYPE = "challenge"
     worker_id: int
+    handshake: int
     nonce: str
+    proof: str
 
 
 @dataclass(frozen=True)

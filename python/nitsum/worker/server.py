@@ -100,7 +100,12 @@ class WorkerServer:
         owners: dict[zmq.Socket, tuple[RouterLink, bool]] = {}  # socket -> (link, is monitor)
         for d in self.backend.device_ids:
             link = RouterLink(
-                self.ctx, d, self.router_addr, self.register_every_s, self.heartbeat_every_s
+                self.ctx,
+                d,
+                self.router_addr,
+                self.register_every_s,
+                self.heartbeat_every_s,
+                authenticate=self.secret is not None,
             )
             self.links[d] = link
             for sock, is_monitor in ((link.sock, False), (link.monitor, True)):
@@ -113,8 +118,9 @@ class WorkerServer:
                 for d, link in self.links.items():
                     register, heartbeat = link.due(now)
                     if register:
-                        link.send(self._register_msg(d))
-                    if heartbeat:
+                        link.send(self._opening_msg(link))
+                    # NOTE: nothing but the handshake goes to a router that has not accepted us.
+                    if heartbeat and link.registered:
                         link.send(self._heartbeat_msg(d))
                         # One report per backend (with its first device's heartbeat): the
                         # counters cover all its devices.
@@ -123,7 +129,9 @@ class WorkerServer:
                         ):
                             link.send(Stats.of(d, counters))
                 busy = self.backend.has_unfinished()
-                for sock, _ in poller.poll(0 if busy else self.idle_poll_ms):
+                events = poller.poll(0 if busy else self.idle_poll_ms)
+                # Connection events first: a frame from a new peer is never taken for the old's.
+                for sock, _ in sorted(events, key=lambda e: not owners[e[0]][1]):
                     link, is_monitor = owners[sock]
                     if is_monitor:
                         link.on_monitor()
@@ -142,6 +150,10 @@ class WorkerServer:
     def _handle(self, device: int, frame: bytes) -> None:
         try:
             msg = proto.decode(frame)
+            link = self.links[device]
+            if not link.proven and msg["type"] not in ("challenge", "refused"):
+                link.hold(frame)  # handled once the router proves the secret, else dropped
+                return
             if msg["type"] == "generate":
                 self._on_generate(device, msg)
                 return
@@ -174,6 +186,11 @@ class WorkerServer:
                 self._stop.set()
 
     # -- messages ---------------------------------------------------------------------------------
+    def _opening_msg(self, link: RouterLink) -> Message:
+        """What opens a registration: `hello` when we have a secret (the router must prove it
+        first, docs/protocol.md "Handshake"), else a plain `register`."""
+        return self._register_msg(link.worker_id) if self.secret is None else link.hello()
+
     def _register_msg(self, device: int, auth: str | None = None) -> proto.Register:
         kv_tokens, max_context, eos = self.backend.capacity()
         return proto.Register(
@@ -194,7 +211,8 @@ class WorkerServer:
         return proto.Heartbeat(device, running, waiting, free_pages, self.epoch)
 
     def _on_challenge(self, device: int, msg: proto.Challenge) -> None:
-        """Prove knowledge of the secret: `register` again with `auth` (docs/protocol.md)."""
+        """Check the router's proof of the secret; only then prove ours in `register` and
+        handle what it sent meanwhile (docs/protocol.md "Handshake")."""
         if self.secret is None:
             log.error(
                 "the router requires worker authentication: set %s for worker %d",
@@ -202,8 +220,20 @@ class WorkerServer:
                 device,
             )
             return
-        auth = proto.proof(self.secret, msg.nonce, device, self.model_name)
-        self.links[device].send(self._register_msg(device, auth))
+        link = self.links[device]
+        auth = link.answer(self.secret, msg, self.model_name)
+        if auth is None:
+            log.error(
+                "the peer at %s did not prove the worker secret to worker %d (a wrong secret, "
+                "an old router, or not the router at all): sent it nothing; retrying in %.0f s",
+                self.router_addr,
+                device,
+                self.register_every_s,
+            )
+            return
+        link.send(self._register_msg(device, auth))
+        for frame in link.take_held():
+            self._handle(device, frame)
 
     def _on_registered(self, device: int, msg: proto.Registered) -> None:
         self.epoch = msg.epoch

@@ -62,6 +62,7 @@ fn assert_matches_fixture(name: &str, got: Value) {
 /// A decoded worker message back on the wire: its envelope and its body's fields.
 fn wire_of(m: &Incoming) -> Value {
     let body = match &m.body {
+        Body::Hello(b) => serde_json::to_value(b),
         Body::Register(b) => serde_json::to_value(b),
         Body::Heartbeat(b) => serde_json::to_value(b),
         Body::Tokens(b) => serde_json::to_value(b),
@@ -83,6 +84,13 @@ fn worker_messages() -> Vec<(&'static str, Body)> {
         top: top.to_vec(),
     };
     vec![
+        (
+            "hello",
+            Body::Hello(Hello {
+                handshake: Some(2),
+                nonce: Some("ef".repeat(32)),
+            }),
+        ),
         (
             "register",
             Body::Register(Register {
@@ -270,7 +278,10 @@ fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
     let caps = |g: &GroupPlan| (g.pp == 2).then_some(8);
     vec![
         ("generate", encode_generate(&generate)),
-        ("challenge", encode_challenge(WorkerId(3), &"cd".repeat(32))),
+        (
+            "challenge",
+            encode_challenge(WorkerId(3), &"cd".repeat(32), &"12".repeat(32)),
+        ),
         (
             "refused",
             encode_refused(WorkerId(3), "model 'other' is not the served model 'tiny'"),

@@ -15,6 +15,7 @@ pub use super::worker_stats::Stats;
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan, Role};
 use crate::tiers::Tier;
+use crate::worker_auth::HANDSHAKE_VERSION;
 
 /// Protocol version carried in every message as `v`.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -154,14 +155,17 @@ pub struct Registered<'a> {
     pub epoch: u64,
 }
 
-/// `challenge` (router → worker): answer with `register` carrying `auth`.
+/// `challenge` (router → worker), the answer to `hello`: the router's `nonce` and its `proof`
+/// of the secret over both nonces; the worker checks it, then sends `register` with `auth`.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Challenge<'a> {
     pub v: u32,
     #[serde(rename = "type")]
     pub ty: &'a str,
     pub worker_id: WorkerId,
+    pub handshake: u32,
     pub nonce: &'a str,
+    pub proof: &'a str,
 }
 
 /// `refused` (router → worker): a `register` the router did not accept, and why.
@@ -211,13 +215,15 @@ pub fn encode_registered(worker_id: WorkerId, epoch: u64) -> Vec<u8> {
     })
 }
 
-/// Encode `challenge` with a hex nonce (docs/protocol.md "Handshake").
-pub fn encode_challenge(worker_id: WorkerId, nonce_hex: &str) -> Vec<u8> {
+/// Encode `challenge` with the router's hex nonce and hex proof (docs/protocol.md "Handshake").
+pub fn encode_challenge(worker_id: WorkerId, nonce_hex: &str, proof_hex: &str) -> Vec<u8> {
     encode(&Challenge {
         v: PROTOCOL_VERSION,
         ty: "challenge",
         worker_id,
+        handshake: HANDSHAKE_VERSION,
         nonce: nonce_hex,
+        proof: proof_hex,
     })
 }
 
@@ -303,6 +309,7 @@ pub struct Incoming {
 /// A worker message's body, by its `type`.
 #[derive(Debug, PartialEq)]
 pub enum Body {
+    Hello(Hello),
     Register(Register),
     Heartbeat(Heartbeat),
     Tokens(Tokens),
@@ -317,6 +324,7 @@ impl Body {
     /// The message's `type`, for logs.
     pub fn kind(&self) -> &str {
         match self {
+            Body::Hello(_) => "hello",
             Body::Register(_) => "register",
             Body::Heartbeat(_) => "heartbeat",
             Body::Tokens(_) => "tokens",
@@ -325,6 +333,18 @@ impl Body {
             Body::Unknown(ty) => ty,
         }
     }
+}
+
+/// `hello`: a worker opens the handshake with its own nonce (docs/protocol.md "Handshake").
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Hello {
+    /// The handshake version the worker speaks ([`HANDSHAKE_VERSION`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handshake: Option<u32>,
+    /// The worker's nonce: 64 hex characters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 /// `register`: a worker introduces itself (and answers a `challenge` with `auth`).
@@ -351,7 +371,7 @@ pub struct Register {
     /// other, so P/D may span them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_transport: Option<String>,
-    /// Handshake proof: hex HMAC-SHA256 over the last `challenge` (docs/protocol.md).
+    /// Handshake proof: hex HMAC-SHA256 over both nonces of the handshake (docs/protocol.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
 }
@@ -434,6 +454,7 @@ pub fn decode_incoming(bytes: &[u8]) -> Result<Incoming, rmp_serde::decode::Erro
         });
     }
     let body = match env.ty.as_str() {
+        "hello" => Body::Hello(rmp_serde::from_slice(bytes)?),
         "register" => Body::Register(rmp_serde::from_slice(bytes)?),
         "heartbeat" => Body::Heartbeat(rmp_serde::from_slice(bytes)?),
         "tokens" => Body::Tokens(rmp_serde::from_slice(bytes)?),

@@ -1,11 +1,12 @@
 //! The worker-plane gate: the `register` handshake and the binding of worker ids to
 //! connections (docs/protocol.md "Handshake", docs/security.md).
 //!
-//! NOTE (invariants): only `register` is read from a connection that is not bound to a worker
-//! id; every other message from it is dropped and counted. A connection is bound by an
-//! accepted `register` (a valid proof over a nonce issued to that connection when the router
-//! has a secret, the served model, an id no other live connection holds), and from then on
-//! its messages act for that worker id only.
+//! NOTE (invariants): only `hello` and `register` are read from a connection that is not bound
+//! to a worker id; every other message from it is dropped and counted. A connection is bound by
+//! an accepted `register` (when the router has a secret: a valid proof over both nonces of the
+//! challenge issued to that connection, for the worker id its `hello` named; the served model;
+//! an id no other live connection holds), and from then on its messages act for that worker
+//! id only.
 
 use std::time::Instant;
 
@@ -13,9 +14,9 @@ use bytes::Bytes;
 
 use super::RouterState;
 use crate::ids::WorkerId;
-use crate::protocols::worker::{self as wire, Body, Incoming, Register, PROTOCOL_VERSION};
+use crate::protocols::worker::{self as wire, Body, Hello, Incoming, Register, PROTOCOL_VERSION};
 use crate::registry::WorkerInfo;
-use crate::worker_auth::Rejection;
+use crate::worker_auth::{Nonce, Rejection, HANDSHAKE_VERSION};
 
 impl RouterState {
     /// Handle one decoded message from connection `identity`.
@@ -32,6 +33,7 @@ impl RouterState {
             worker_id, body, ..
         } = m;
         let body = match body {
+            Body::Hello(h) => return self.on_hello(identity, worker_id, h),
             Body::Register(r) => return self.on_register(identity, worker_id, r),
             other => other,
         };
@@ -62,7 +64,40 @@ impl RouterState {
         self.on_bound_message(worker, identity, body);
     }
 
-    /// `register`: challenge it, or check its proof, model and id, then admit the worker.
+    /// `hello`: answer with a challenge (a fresh nonce and the router's proof of the secret).
+    fn on_hello(&self, identity: Bytes, worker_id: Option<WorkerId>, h: Hello) {
+        let Some(worker) = worker_id else {
+            self.metrics.plane.count(Rejection::Malformed);
+            tracing::warn!("dropped a hello without worker_id");
+            return;
+        };
+        let Some(secret) = &self.cfg.worker_secret else {
+            let why = "this router runs without worker authentication (--insecure-worker-plane): \
+                       it cannot prove a secret; a worker without one registers directly";
+            return self.refuse(identity, worker, Rejection::Handshake, why);
+        };
+        if h.handshake != Some(HANDSHAKE_VERSION) {
+            let why = format!(
+                "handshake version {:?} is not supported; this router speaks {HANDSHAKE_VERSION}",
+                h.handshake
+            );
+            return self.refuse(identity, worker, Rejection::Handshake, &why);
+        }
+        let Some(worker_nonce) = h.nonce.as_deref().and_then(Nonce::from_hex) else {
+            let why = "hello needs `nonce`: 64 hex characters";
+            return self.refuse(identity, worker, Rejection::Handshake, why);
+        };
+        let now = Instant::now();
+        let nonces = self
+            .lock()
+            .sessions
+            .challenge(&identity, worker, worker_nonce, now);
+        let proof = secret.router_proof(&nonces, worker);
+        let challenge = wire::encode_challenge(worker, &nonces.router.to_hex(), &proof);
+        self.send(identity, challenge);
+    }
+
+    /// `register`: check its proof (with a secret), model and id, then admit the worker.
     fn on_register(&self, identity: Bytes, worker_id: Option<WorkerId>, m: Register) {
         let Some(worker) = worker_id else {
             self.metrics.plane.count(Rejection::Malformed);
@@ -72,15 +107,18 @@ impl RouterState {
         let model = m.model.as_deref().unwrap_or("");
         let mut st = self.lock();
         if let Some(secret) = &self.cfg.worker_secret {
-            let now = Instant::now();
             let Some(proof) = m.auth.as_deref() else {
-                let nonce = st.sessions.challenge(&identity, now);
                 drop(st);
-                self.send(identity, wire::encode_challenge(worker, &nonce.to_hex()));
-                return;
+                let why = "this router requires worker authentication: open with `hello` \
+                           (handshake 2, docs/protocol.md) and set the worker secret";
+                return self.refuse(identity, worker, Rejection::BadProof, why);
             };
-            let nonce = st.sessions.take_nonce(&identity, now);
-            if !nonce.is_some_and(|n| secret.verify(&n, worker, model, proof)) {
+            // NOTE: the challenge is consumed whatever the outcome: one try per `hello`.
+            let challenge = st.sessions.take_challenge(&identity, Instant::now());
+            let valid = challenge.is_some_and(|(nonces, hello_worker)| {
+                hello_worker == worker && secret.verify_worker_proof(&nonces, worker, model, proof)
+            });
+            if !valid {
                 drop(st);
                 let why = "authentication failed (wrong worker secret, or no live challenge)";
                 return self.refuse(identity, worker, Rejection::BadProof, why);
@@ -107,14 +145,30 @@ impl RouterState {
         self.admit(st, worker, identity, WorkerInfo::from_register(&m));
     }
 
-    /// Refuse a `register`: count, log, and tell the peer why.
+    /// Refuse a `register`: count, log (the first few per window, then a summary), and tell
+    /// the peer why.
     fn refuse(&self, identity: Bytes, worker: WorkerId, why: Rejection, error: &str) {
         self.metrics.plane.count(why);
-        tracing::warn!(
-            %worker,
-            reason = why.as_str(),
-            "refused a worker register: {error}"
-        );
+        let refusals = &self.metrics.plane.refusals;
+        let (log_this, summary) = refusals.note(Instant::now(), why, &identity, worker);
+        if let Some(summary) = summary {
+            tracing::warn!("{summary}");
+        }
+        if log_this {
+            tracing::warn!(
+                %worker,
+                reason = why.as_str(),
+                "refused a worker register: {error}"
+            );
+        }
         self.send(identity, wire::encode_refused(worker, error));
+    }
+
+    /// Write the summary of refused registers not logged one by one, once their window is over
+    /// (called periodically).
+    pub fn flush_refusal_log(&self, now: Instant) {
+        if let Some(summary) = self.metrics.plane.refusals.flush(now) {
+            tracing::warn!("{summary}");
+        }
     }
 }

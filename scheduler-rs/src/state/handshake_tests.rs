@@ -13,7 +13,7 @@ use super::{Event, Outbound, RouterState};
 use crate::config::RouterConfig;
 use crate::ids::WorkerId;
 use crate::protocols::worker::decode_incoming;
-use crate::worker_auth::{Nonce, Rejection, WorkerSecret};
+use crate::worker_auth::{HandshakeNonces, Nonce, Rejection, WorkerSecret};
 
 type Rx = UnboundedReceiver<Outbound>;
 
@@ -39,6 +39,31 @@ fn register_msg(worker: u32, model: &str, auth: Option<String>) -> Value {
     json!({"v": 1, "type": "register", "worker_id": worker, "model": model, "auth": auth})
 }
 
+fn hello_msg(worker: u32, nonce: &Nonce) -> Value {
+    json!({"v": 1, "type": "hello", "worker_id": worker, "handshake": 2, "nonce": nonce.to_hex()})
+}
+
+/// Send `hello` for `worker` on `conn`; the nonces of the challenge that answers it, after
+/// checking the router's proof in it.
+fn hello(engine: &RouterState, rx: &mut Rx, conn: &str, worker: u32) -> HandshakeNonces {
+    let ours = Nonce::random();
+    send(engine, conn, hello_msg(worker, &ours));
+    let sent = drain_raw(rx);
+    let (_, challenge) = sent
+        .iter()
+        .find(|(to, m)| to == conn && m["type"] == "challenge")
+        .expect("a challenge");
+    assert_eq!(challenge["handshake"], 2);
+    assert_eq!(challenge["worker_id"], worker);
+    let nonces = HandshakeNonces {
+        worker: ours,
+        router: Nonce::from_hex(challenge["nonce"].as_str().unwrap()).unwrap(),
+    };
+    let proof = challenge["proof"].as_str().unwrap();
+    assert!(secret().verify_router_proof(&nonces, WorkerId(worker), proof));
+    nonces
+}
+
 /// Register `worker` on `conn`, proving `key`; the type of the router's last answer to `conn`.
 fn handshake(
     engine: &RouterState,
@@ -48,22 +73,9 @@ fn handshake(
     model: &str,
     key: &WorkerSecret,
 ) -> String {
-    send(engine, conn, register_msg(worker, model, None));
-    let sent = drain_raw(rx);
-    let (_, challenge) = sent
-        .iter()
-        .find(|(to, m)| to == conn && m["type"] == "challenge")
-        .expect("a challenge");
-    let nonce = Nonce::from_hex(challenge["nonce"].as_str().unwrap()).unwrap();
-    send(
-        engine,
-        conn,
-        register_msg(
-            worker,
-            model,
-            Some(key.proof(&nonce, WorkerId(worker), model)),
-        ),
-    );
+    let nonces = hello(engine, rx, conn, worker);
+    let auth = key.worker_proof(&nonces, WorkerId(worker), model);
+    send(engine, conn, register_msg(worker, model, Some(auth)));
     let sent = drain_raw(rx);
     let last = sent
         .iter()
@@ -124,10 +136,8 @@ fn bad_proofs_and_wrong_models_are_refused() {
     );
     assert_eq!(rejected(&engine, Rejection::WrongModel), 1);
     // A challenge answered once cannot be answered again (replay).
-    send(&engine, "b", register_msg(1, "nitsum", None));
-    let sent = drain_raw(&mut rx);
-    let nonce = Nonce::from_hex(sent[0].1["nonce"].as_str().unwrap()).unwrap();
-    let proof = secret().proof(&nonce, WorkerId(1), "nitsum");
+    let nonces = hello(&engine, &mut rx, "b", 1);
+    let proof = secret().worker_proof(&nonces, WorkerId(1), "nitsum");
     send(&engine, "b", register_msg(1, "nitsum", Some(proof.clone())));
     send(&engine, "c", register_msg(1, "nitsum", Some(proof)));
     assert_eq!(
@@ -136,6 +146,93 @@ fn bad_proofs_and_wrong_models_are_refused() {
         "replayed on another connection"
     );
     assert_eq!(engine.workers().len(), 1);
+}
+
+#[test]
+fn the_challenge_proves_the_router_secret_over_both_nonces() {
+    let (engine, mut rx) = engine();
+    let ours = Nonce::random();
+    send(&engine, "a", hello_msg(4, &ours));
+    let sent = drain_raw(&mut rx);
+    let challenge = &sent[0].1;
+    let proof = challenge["proof"].as_str().unwrap();
+    let router = Nonce::from_hex(challenge["nonce"].as_str().unwrap()).unwrap();
+    assert_ne!(router, ours);
+    let nonces = HandshakeNonces {
+        worker: ours,
+        router,
+    };
+    assert!(secret().verify_router_proof(&nonces, WorkerId(4), proof));
+    // Not for another worker nonce (a relay's own `hello`), id or secret.
+    let relayed = HandshakeNonces {
+        worker: Nonce::random(),
+        router,
+    };
+    assert!(!secret().verify_router_proof(&relayed, WorkerId(4), proof));
+    assert!(!secret().verify_router_proof(&nonces, WorkerId(5), proof));
+    let wrong = WorkerSecret::new("not-the-router-secret-0000").unwrap();
+    assert!(!wrong.verify_router_proof(&nonces, WorkerId(4), proof));
+    // The router's proof is no worker proof: sent back as `auth` it is refused.
+    send(
+        &engine,
+        "a",
+        register_msg(4, "nitsum", Some(proof.to_string())),
+    );
+    assert_eq!(rejected(&engine, Rejection::BadProof), 1);
+    assert!(engine.workers().is_empty());
+}
+
+#[test]
+fn a_register_answers_only_the_challenge_of_its_own_hello() {
+    let (engine, mut rx) = engine();
+    // Without `auth` (the old handshake opened with a bare register): refused, not challenged.
+    send(&engine, "a", register_msg(2, "nitsum", None));
+    let sent = drain_raw(&mut rx);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].1["type"], "refused");
+    assert!(sent[0].1["error"].as_str().unwrap().contains("hello"));
+    // A proof over the router nonce but another worker nonce than the hello's.
+    let nonces = hello(&engine, &mut rx, "a", 2);
+    let other = HandshakeNonces {
+        worker: Nonce::random(),
+        ..nonces
+    };
+    let auth = secret().worker_proof(&other, WorkerId(2), "nitsum");
+    send(&engine, "a", register_msg(2, "nitsum", Some(auth)));
+    // A valid proof for another id than the one the hello named.
+    let nonces = hello(&engine, &mut rx, "a", 2);
+    let auth = secret().worker_proof(&nonces, WorkerId(3), "nitsum");
+    send(&engine, "a", register_msg(3, "nitsum", Some(auth)));
+    assert_eq!(rejected(&engine, Rejection::BadProof), 3);
+    assert!(engine.workers().is_empty());
+}
+
+#[test]
+fn a_hello_the_router_cannot_answer_is_refused() {
+    let (engine, mut rx) = engine();
+    let nonce = Nonce::random().to_hex();
+    for bad in [
+        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 1, "nonce": nonce}),
+        json!({"v": 1, "type": "hello", "worker_id": 0, "nonce": nonce}),
+        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 2}),
+        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 2, "nonce": "abcd"}),
+    ] {
+        send(&engine, "a", bad);
+    }
+    let sent = drain_raw(&mut rx);
+    let types: Vec<_> = sent.iter().map(|(_, m)| m["type"].clone()).collect();
+    assert_eq!(types, vec!["refused"; 4]);
+    assert!(sent[0].1["error"]
+        .as_str()
+        .unwrap()
+        .contains("handshake version Some(1)"));
+    assert_eq!(rejected(&engine, Rejection::Handshake), 4);
+    // A router without a secret cannot prove one: it refuses `hello` too.
+    let (open, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
+    send(&open, "a", hello_msg(0, &Nonce::random()));
+    let sent = drain_raw(&mut rx);
+    assert_eq!(sent[0].1["type"], "refused");
+    assert!(sent[0].1["error"].as_str().unwrap().contains("insecure"));
 }
 
 #[test]

@@ -44,8 +44,8 @@ impl RouterState {
                     w.stats = *stats;
                 }
             }
-            // The handshake answers `register` itself, also from a bound connection.
-            Body::Register(_) => {}
+            // The handshake answers `hello` and `register` itself, also from a bound connection.
+            Body::Hello(_) | Body::Register(_) => {}
             Body::Unknown(ty) => {
                 tracing::warn!(%worker, ty, "dropping a message of unknown type")
             }

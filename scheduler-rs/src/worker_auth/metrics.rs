@@ -1,7 +1,10 @@
-//! Counters of what the worker plane refused (`nitsum_worker_plane_rejected_total{reason}`).
+//! Counters of what the worker plane refused (`nitsum_worker_plane_rejected_total{reason}`),
+//! and the rate limit on logging refused registers ([`RefusalLog`]).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::refusal_log::RefusalLog;
 
 /// Why a worker message was dropped or a `register` refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +15,8 @@ pub enum Rejection {
     Version,
     /// A message other than the handshake from a connection that has not authenticated.
     Unauthenticated,
+    /// `hello` the router cannot answer: another handshake version, no nonce, or no secret.
+    Handshake,
     /// `register` with a missing, wrong, expired or reused proof.
     BadProof,
     /// `register` for a model this router does not serve.
@@ -31,10 +36,11 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 11] = [
+    pub const ALL: [Rejection; 12] = [
         Rejection::Undecodable,
         Rejection::Version,
         Rejection::Unauthenticated,
+        Rejection::Handshake,
         Rejection::BadProof,
         Rejection::WrongModel,
         Rejection::IdTaken,
@@ -51,6 +57,7 @@ impl Rejection {
             Rejection::Undecodable => "undecodable",
             Rejection::Version => "version",
             Rejection::Unauthenticated => "unauthenticated",
+            Rejection::Handshake => "handshake",
             Rejection::BadProof => "bad_proof",
             Rejection::WrongModel => "wrong_model",
             Rejection::IdTaken => "id_taken",
@@ -67,6 +74,8 @@ impl Rejection {
 #[derive(Debug, Default)]
 pub struct PlaneMetrics {
     counts: [AtomicU64; Rejection::ALL.len()],
+    /// Which refused registers are logged (every one is counted).
+    pub refusals: RefusalLog,
 }
 
 impl PlaneMetrics {

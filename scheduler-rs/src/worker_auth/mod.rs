@@ -1,14 +1,18 @@
 //! Worker-plane authentication (docs/security.md, docs/protocol.md "Handshake").
 //!
-//! The `zeromq` crate has no CURVE, so workers prove knowledge of a shared secret with a
-//! challenge–response: the router answers a `register` without proof by a `challenge`
-//! holding a fresh random nonce; the worker repeats `register` with
-//! `auth = hex(HMAC-SHA256(secret, nonce ‖ worker_id as u32 big-endian ‖ model as UTF-8))`.
-//! A nonce is bound to the connection it was issued to and used at most once.
+//! The `zeromq` crate has no CURVE, so router and worker prove knowledge of a shared secret to
+//! each other with a challenge–response over two nonces (handshake version
+//! [`HANDSHAKE_VERSION`]): the worker opens with `hello` carrying its nonce; the router answers
+//! `challenge` with its own nonce and `proof = HMAC(secret, "router" label ‖ worker nonce ‖
+//! router nonce ‖ worker_id)`; the worker checks that proof before it sends anything else and
+//! answers `register` with `auth = HMAC(secret, "worker" label ‖ worker nonce ‖ router nonce ‖
+//! worker_id ‖ model)`. The labels differ, so neither side's proof passes for the other's; both
+//! nonces are in both, so a proof made for one handshake passes in no other.
+//! A router nonce is bound to the connection it was issued to and used at most once.
 //!
-//! This module holds the secret, the MAC and the startup policy; [`sessions`] tracks which
+//! This module holds the secret, the MACs and the startup policy; [`sessions`] tracks which
 //! connection is bound to which worker id, [`request_ids`] makes the request ids sent to
-//! workers unguessable.
+//! workers unguessable, [`refusal_log`] keeps refused registers from flooding the log.
 
 use anyhow::{bail, Result};
 use hmac::{Hmac, Mac};
@@ -17,12 +21,21 @@ use sha2::Sha256;
 use crate::ids::WorkerId;
 
 pub mod metrics;
+pub mod refusal_log;
 pub mod request_ids;
 pub mod sessions;
 
 pub use metrics::{PlaneMetrics, Rejection};
 pub use request_ids::RequestIds;
-pub use sessions::{Nonce, Sessions};
+pub use sessions::{HandshakeNonces, Nonce, Sessions};
+
+/// The handshake version `hello` and `challenge` carry (docs/protocol.md "Handshake").
+pub const HANDSHAKE_VERSION: u32 = 2;
+/// What the router's proof starts with. NOTE: both labels have the same length and differ,
+/// so a proof made by one side never verifies as the other's.
+const ROUTER_LABEL: &[u8] = b"nitsum-handshake-v2 router";
+/// What the worker's proof starts with.
+const WORKER_LABEL: &[u8] = b"nitsum-handshake-v2 worker";
 
 /// Environment variable holding the shared worker secret (router and workers).
 pub const SECRET_ENV: &str = "NITSUM_WORKER_SECRET";
@@ -60,27 +73,52 @@ impl WorkerSecret {
         WorkerSecret(hex(&bytes).into_bytes())
     }
 
-    fn mac(&self, nonce: &Nonce, worker: WorkerId, model: &str) -> HmacSha256 {
+    fn mac(&self, label: &[u8], n: &HandshakeNonces, worker: WorkerId, model: &str) -> HmacSha256 {
         // NOTE: HMAC accepts keys of any length; `new_from_slice` cannot fail for HMAC.
         let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
-        mac.update(nonce.as_bytes());
+        mac.update(label);
+        mac.update(n.worker.as_bytes());
+        mac.update(n.router.as_bytes());
         // NOTE: the proof covers the id as the u32 the wire carries (Python: `to_bytes(4, "big")`).
         mac.update(&worker.0.to_be_bytes());
         mac.update(model.as_bytes());
         mac
     }
 
-    /// The proof a worker sends in `register.auth` (64 lowercase hex characters).
-    pub fn proof(&self, nonce: &Nonce, worker: WorkerId, model: &str) -> String {
-        hex(&self.mac(nonce, worker, model).finalize().into_bytes())
+    /// The router's proof in `challenge.proof` (64 lowercase hex characters).
+    pub fn router_proof(&self, n: &HandshakeNonces, worker: WorkerId) -> String {
+        hex(&self
+            .mac(ROUTER_LABEL, n, worker, "")
+            .finalize()
+            .into_bytes())
     }
 
-    /// Whether `proof` (hex) is the right proof. NOTE: compared in constant time.
-    pub fn verify(&self, nonce: &Nonce, worker: WorkerId, model: &str, proof: &str) -> bool {
-        match unhex(proof) {
-            Some(bytes) => self.mac(nonce, worker, model).verify_slice(&bytes).is_ok(),
-            None => false,
-        }
+    /// Whether `proof` (hex) is the router's proof for this handshake (what a worker checks).
+    /// NOTE: compared in constant time.
+    pub fn verify_router_proof(&self, n: &HandshakeNonces, worker: WorkerId, proof: &str) -> bool {
+        let mac = self.mac(ROUTER_LABEL, n, worker, "");
+        unhex(proof).is_some_and(|bytes| mac.verify_slice(&bytes).is_ok())
+    }
+
+    /// The worker's proof in `register.auth` (64 lowercase hex characters).
+    pub fn worker_proof(&self, n: &HandshakeNonces, worker: WorkerId, model: &str) -> String {
+        hex(&self
+            .mac(WORKER_LABEL, n, worker, model)
+            .finalize()
+            .into_bytes())
+    }
+
+    /// Whether `proof` (hex) is the worker's proof for this handshake, id and model.
+    /// NOTE: compared in constant time.
+    pub fn verify_worker_proof(
+        &self,
+        n: &HandshakeNonces,
+        worker: WorkerId,
+        model: &str,
+        proof: &str,
+    ) -> bool {
+        let mac = self.mac(WORKER_LABEL, n, worker, model);
+        unhex(proof).is_some_and(|bytes| mac.verify_slice(&bytes).is_ok())
     }
 }
 
@@ -162,35 +200,72 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn proof_verifies_only_for_its_nonce_worker_model_and_secret() {
-        let s = WorkerSecret::new("0123456789abcdef-secret").unwrap();
-        let n = Nonce::random();
-        let (w3, w4) = (WorkerId(3), WorkerId(4));
-        let p = s.proof(&n, w3, "tiny");
-        assert_eq!(p.len(), 64);
-        assert!(s.verify(&n, w3, "tiny", &p));
-        assert!(s.verify(&n, w3, "tiny", &p.to_uppercase()));
-        assert!(!s.verify(&n, w4, "tiny", &p), "another worker id");
-        assert!(!s.verify(&n, w3, "other", &p), "another model");
-        assert!(!s.verify(&Nonce::random(), w3, "tiny", &p), "another nonce");
-        let other = WorkerSecret::new("another-secret-of-16+").unwrap();
-        assert!(!other.verify(&n, w3, "tiny", &p), "another secret");
-        for bad in ["", "zz", &p[..63], &p[..62], "00"] {
-            assert!(!s.verify(&n, w3, "tiny", bad), "{bad:?}");
+    fn nonces() -> HandshakeNonces {
+        HandshakeNonces {
+            worker: Nonce::random(),
+            router: Nonce::random(),
         }
     }
 
     #[test]
-    fn proof_matches_a_known_vector() {
-        // The same vector is checked by the Python worker's tests (tests/test_worker_auth.py).
-        let s = WorkerSecret::new("nitsum-test-secret-0001").unwrap();
-        let n = Nonce::from_hex(&"ab".repeat(32)).unwrap();
-        assert_eq!(
-            s.proof(&n, WorkerId(7), "tiny"),
-            "946c70f6dbefeb483b9ddb5eba200027107e6991d29f1336966db503d5aba95e"
+    fn proofs_verify_only_for_their_side_nonces_worker_model_and_secret() {
+        let s = WorkerSecret::new("0123456789abcdef-secret").unwrap();
+        let n = nonces();
+        let (w3, w4) = (WorkerId(3), WorkerId(4));
+        let p = s.worker_proof(&n, w3, "tiny");
+        assert_eq!(p.len(), 64);
+        assert!(s.verify_worker_proof(&n, w3, "tiny", &p));
+        assert!(s.verify_worker_proof(&n, w3, "tiny", &p.to_uppercase()));
+        assert!(
+            !s.verify_worker_proof(&n, w4, "tiny", &p),
+            "another worker id"
         );
+        assert!(!s.verify_worker_proof(&n, w3, "other", &p), "another model");
+        let other_worker_nonce = HandshakeNonces {
+            worker: Nonce::random(),
+            ..n
+        };
+        let other_router_nonce = HandshakeNonces {
+            router: Nonce::random(),
+            ..n
+        };
+        assert!(!s.verify_worker_proof(&other_worker_nonce, w3, "tiny", &p));
+        assert!(!s.verify_worker_proof(&other_router_nonce, w3, "tiny", &p));
+        let other = WorkerSecret::new("another-secret-of-16+").unwrap();
+        assert!(
+            !other.verify_worker_proof(&n, w3, "tiny", &p),
+            "another secret"
+        );
+        for bad in ["", "zz", &p[..63], &p[..62], "00"] {
+            assert!(!s.verify_worker_proof(&n, w3, "tiny", bad), "{bad:?}");
+        }
+        // The router's proof: its own label, so neither side's proof passes for the other's.
+        let r = s.router_proof(&n, w3);
+        assert!(s.verify_router_proof(&n, w3, &r));
+        assert!(!s.verify_router_proof(&other_worker_nonce, w3, &r));
+        assert!(!s.verify_router_proof(&n, w4, &r));
+        assert!(!other.verify_router_proof(&n, w3, &r));
+        assert!(
+            !s.verify_worker_proof(&n, w3, "", &r),
+            "a router proof is no worker proof"
+        );
+        assert!(!s.verify_router_proof(&n, w3, &s.worker_proof(&n, w3, "")));
     }
+
+    #[test]
+    fn proofs_match_known_vectors() {
+        // The same vectors are checked by the Python worker's tests (tests/test_worker_protocol.py).
+        let s = WorkerSecret::new("nitsum-test-secret-0001").unwrap();
+        let n = HandshakeNonces {
+            worker: Nonce::from_hex(&"ab".repeat(32)).unwrap(),
+            router: Nonce::from_hex(&"cd".repeat(32)).unwrap(),
+        };
+        assert_eq!(s.router_proof(&n, WorkerId(7)), ROUTER_VECTOR);
+        assert_eq!(s.worker_proof(&n, WorkerId(7), "tiny"), WORKER_VECTOR);
+    }
+
+    const ROUTER_VECTOR: &str = "f4f77be8f6514f3a2f624bbee5db92b568ad5f0517369f85321b1d18ca245db8";
+    const WORKER_VECTOR: &str = "e26dc0e8e309d10a1db7e74eb7774853d021734b33642178f1d4e2d488e03f15";
 
     #[test]
     fn short_secrets_are_refused_and_debug_redacts() {

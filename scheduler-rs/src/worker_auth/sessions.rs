@@ -3,7 +3,8 @@
 //!
 //! NOTE (invariants): a worker id is bound to at most one connection and a connection to at
 //! most one worker id (`bound` and `by_worker` mirror each other); a nonce is issued to one
-//! connection, expires after [`NONCE_TTL`] and is consumed by its first use. The pending table
+//! connection (for the worker id and worker nonce of its `hello`), expires after [`NONCE_TTL`]
+//! and is consumed by its first use. The pending table
 //! is bounded ([`MAX_PENDING`]), so unauthenticated peers cannot grow router memory.
 
 use std::collections::HashMap;
@@ -44,38 +45,70 @@ impl Nonce {
     }
 }
 
+/// The two nonces of one handshake: the worker's (from `hello`) and the router's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeNonces {
+    pub worker: Nonce,
+    pub router: Nonce,
+}
+
+/// A challenge waiting for its `register`.
+#[derive(Debug)]
+struct Pending {
+    nonces: HandshakeNonces,
+    worker: WorkerId,
+    at: Instant,
+}
+
 /// A connection's routing identity.
 pub type ConnId = Bytes;
 
 /// Handshake and binding state of the worker plane.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    pending: HashMap<ConnId, (Nonce, Instant)>,
+    pending: HashMap<ConnId, Pending>,
     bound: HashMap<ConnId, WorkerId>,
     by_worker: HashMap<WorkerId, ConnId>,
 }
 
 impl Sessions {
-    /// Issue a fresh challenge to `conn` (replacing one it had).
-    pub fn challenge(&mut self, conn: &ConnId, now: Instant) -> Nonce {
+    /// Issue a fresh challenge to `conn`, answering the `hello` of `worker` with
+    /// `worker_nonce` (replacing a challenge it had).
+    pub fn challenge(
+        &mut self,
+        conn: &ConnId,
+        worker: WorkerId,
+        worker_nonce: Nonce,
+        now: Instant,
+    ) -> HandshakeNonces {
         if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(conn) {
             self.pending
-                .retain(|_, (_, at)| now.saturating_duration_since(*at) < NONCE_TTL);
+                .retain(|_, p| now.saturating_duration_since(p.at) < NONCE_TTL);
             if self.pending.len() >= MAX_PENDING {
-                let oldest = self.pending.iter().min_by_key(|(_, (_, at))| *at);
+                let oldest = self.pending.iter().min_by_key(|(_, p)| p.at);
                 let oldest = oldest.map(|(c, _)| c.clone()).expect("table is full");
                 self.pending.remove(&oldest);
             }
         }
-        let nonce = Nonce::random();
-        self.pending.insert(conn.clone(), (nonce, now));
-        nonce
+        let nonces = HandshakeNonces {
+            worker: worker_nonce,
+            router: Nonce::random(),
+        };
+        let at = now;
+        self.pending
+            .insert(conn.clone(), Pending { nonces, worker, at });
+        nonces
     }
 
-    /// The live nonce issued to `conn`, consumed: a second call returns `None`.
-    pub fn take_nonce(&mut self, conn: &ConnId, now: Instant) -> Option<Nonce> {
-        let (nonce, at) = self.pending.remove(conn)?;
-        (now.saturating_duration_since(at) < NONCE_TTL).then_some(nonce)
+    /// The live challenge issued to `conn` (its nonces and the worker id its `hello` named),
+    /// consumed: a second call returns `None`.
+    pub fn take_challenge(
+        &mut self,
+        conn: &ConnId,
+        now: Instant,
+    ) -> Option<(HandshakeNonces, WorkerId)> {
+        let p = self.pending.remove(conn)?;
+        (now.saturating_duration_since(p.at) < NONCE_TTL).then_some((p.nonces, p.worker))
     }
 
     /// Pending challenges (for tests and metrics).
@@ -118,17 +151,26 @@ mod tests {
     fn nonces_are_single_use_per_connection_and_expire() {
         let mut s = Sessions::default();
         let t0 = Instant::now();
-        let n = s.challenge(&conn("a"), t0);
+        let (w1, theirs) = (WorkerId(1), Nonce::random());
+        let n = s.challenge(&conn("a"), w1, theirs, t0);
+        assert_eq!(n.worker, theirs);
+        assert_ne!(n.router, theirs);
         assert_eq!(
-            s.take_nonce(&conn("b"), t0),
+            s.take_challenge(&conn("b"), t0),
             None,
             "issued to another connection"
         );
-        assert_eq!(s.take_nonce(&conn("a"), t0), Some(n));
-        assert_eq!(s.take_nonce(&conn("a"), t0), None, "used once");
-        s.challenge(&conn("a"), t0);
-        assert_eq!(s.take_nonce(&conn("a"), t0 + NONCE_TTL), None, "expired");
-        assert_eq!(Nonce::from_hex(&n.to_hex()), Some(n));
+        assert_eq!(s.take_challenge(&conn("a"), t0), Some((n, w1)));
+        assert_eq!(s.take_challenge(&conn("a"), t0), None, "used once");
+        s.challenge(&conn("a"), w1, theirs, t0);
+        assert_eq!(
+            s.take_challenge(&conn("a"), t0 + NONCE_TTL),
+            None,
+            "expired"
+        );
+        let again = s.challenge(&conn("a"), w1, theirs, t0);
+        assert_ne!(again.router, n.router, "a fresh router nonce per challenge");
+        assert_eq!(Nonce::from_hex(&n.router.to_hex()), Some(n.router));
         assert_eq!(Nonce::from_hex("abcd"), None);
     }
 
@@ -137,14 +179,15 @@ mod tests {
         let mut s = Sessions::default();
         let t0 = Instant::now();
         for i in 0..MAX_PENDING + 50 {
-            s.challenge(&conn(&i.to_string()), t0 + Duration::from_millis(i as u64));
+            let at = t0 + Duration::from_millis(i as u64);
+            s.challenge(&conn(&i.to_string()), WorkerId(0), Nonce::random(), at);
         }
         assert_eq!(s.pending(), MAX_PENDING);
         // The oldest went first; the newest is still answerable.
         let now = t0 + Duration::from_secs(1);
-        assert_eq!(s.take_nonce(&conn("0"), now), None);
+        assert_eq!(s.take_challenge(&conn("0"), now), None);
         assert!(s
-            .take_nonce(&conn(&(MAX_PENDING + 49).to_string()), now)
+            .take_challenge(&conn(&(MAX_PENDING + 49).to_string()), now)
             .is_some());
     }
 
