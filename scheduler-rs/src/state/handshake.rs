@@ -150,7 +150,7 @@ impl RouterState {
     fn refuse(&self, identity: Bytes, worker: WorkerId, why: Rejection, error: &str) {
         self.metrics.plane.count(why);
         let refusals = &self.metrics.plane.refusals;
-        let (log_this, summary) = refusals.note(Instant::now(), why, &identity, worker);
+        let (log_this, summary) = refusals.note(Instant::now(), why.as_str(), &identity, worker);
         if let Some(summary) = summary {
             tracing::warn!("{summary}");
         }

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::metrics::Rejection;
 use super::sessions::ConnId;
 use crate::ids::WorkerId;
 
@@ -39,12 +38,12 @@ pub struct RefusalLog {
 }
 
 impl RefusalLog {
-    /// Note one refusal at `now`. Returns (log this one?, the previous window's summary when
-    /// that window just ended).
+    /// Note one refusal at `now` for `reason` (a `Rejection` label). Returns (log this one?,
+    /// the previous window's summary when that window just ended).
     pub fn note(
         &self,
         now: Instant,
-        why: Rejection,
+        reason: &'static str,
         conn: &ConnId,
         worker: WorkerId,
     ) -> (bool, Option<String>) {
@@ -55,7 +54,7 @@ impl RefusalLog {
             return (true, summary);
         }
         w.suppressed += 1;
-        *w.by_reason.entry(why.as_str()).or_default() += 1;
+        *w.by_reason.entry(reason).or_default() += 1;
         if w.conns.len() < MAX_TRACKED {
             w.conns.insert(conn.clone());
         } else if !w.conns.contains(conn) {
@@ -133,9 +132,9 @@ mod tests {
         let mut logged = 0;
         for i in 0..5_000 {
             let why = if i % 2 == 0 {
-                Rejection::BadProof
+                "bad_proof"
             } else {
-                Rejection::WrongModel
+                "wrong_model"
             };
             let (one, summary) = log.note(t0, why, &conn(i % 7), WorkerId(i as u32 % 3));
             logged += usize::from(one);
@@ -167,13 +166,13 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..LOGGED_PER_WINDOW {
             assert_eq!(
-                log.note(t0, Rejection::BadProof, &conn(0), WorkerId(1)),
+                log.note(t0, "bad_proof", &conn(0), WorkerId(1)),
                 (true, None)
             );
         }
-        assert!(!log.note(t0, Rejection::BadProof, &conn(0), WorkerId(1)).0);
+        assert!(!log.note(t0, "bad_proof", &conn(0), WorkerId(1)).0);
         // The next refusal after the window both logs and carries the summary.
-        let (one, summary) = log.note(t0 + WINDOW, Rejection::IdTaken, &conn(1), WorkerId(2));
+        let (one, summary) = log.note(t0 + WINDOW, "id_taken", &conn(1), WorkerId(2));
         assert!(one);
         assert!(summary.unwrap().starts_with("1 more failed registers"));
         assert_eq!(
