@@ -24,7 +24,7 @@ from test_host_worker import ECFG, NUM_PAGES, HostRouter, greedy, plan, prompt, 
 from tiny import make_tiny, tiny_device_pool
 
 # Spawns device processes: out of the fast lane (scripts/test.sh --fast).
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 N = 2
 REPORT_S = 2.0  # a dead device is reported this fast (not after a heartbeat timeout)

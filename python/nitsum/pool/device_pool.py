@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -33,6 +34,8 @@ from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
 from nitsum.ports import free_port
+
+log = logging.getLogger(__name__)
 
 
 class DeviceError(RuntimeError):
@@ -89,6 +92,7 @@ class DevicePool:
         proc = ctx.Process(target=device_main, args=(device, spec, self.source, child), daemon=True)
         proc.start()
         child.close()  # NOTE: only the device holds its end, so its death is EOF here
+        log.info("device %d started (pid %s)", device, proc.pid)
         return proc, parent
 
     # -- device deaths and restarts (worker/device_watch.py drives them) -----------------------
