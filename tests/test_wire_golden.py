@@ -20,7 +20,15 @@ from wire_golden import GOLDEN_DIR, all_wire
 
 TYPES: dict[str, type[proto.Message]] = {
     m.TYPE: m
-    for m in (proto.Hello, proto.Register, proto.Heartbeat, proto.Tokens, proto.Reconfigured, Stats)
+    for m in (
+        proto.Hello,
+        proto.Register,
+        proto.Heartbeat,
+        proto.DeviceLost,
+        proto.Tokens,
+        proto.Reconfigured,
+        Stats,
+    )
 } | proto.ROUTER_MESSAGES
 GOLDEN = all_wire()
 TYPED = sorted(name for name, wire in GOLDEN.items() if wire["type"] != "generate")

@@ -39,6 +39,7 @@ def worker_messages() -> dict[str, proto.Message]:
             kv_transport="tcp://10.0.0.1:29500",
         ),  # fmt: skip
         "heartbeat": proto.Heartbeat(3, running=2, waiting=5, free_pages=120, epoch=9),
+        "device_lost": proto.DeviceLost(3, reason="device process exited with code -9"),
         "tokens": proto.Tokens(
             3,
             "0123456789abcdef0123456789abcdef",

@@ -121,6 +121,11 @@ impl Registry {
         dead
     }
 
+    /// Remove worker `id` (declared dead by its own process); false if it was not live.
+    pub fn remove(&mut self, id: WorkerId) -> bool {
+        self.workers.remove(&id).is_some()
+    }
+
     /// Ids of the live workers, ascending.
     pub fn ids(&self) -> impl Iterator<Item = WorkerId> + '_ {
         self.workers.keys().copied()

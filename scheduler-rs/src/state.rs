@@ -190,6 +190,8 @@ pub struct RouterState {
     draining: std::sync::atomic::AtomicBool,
 }
 
+#[cfg(test)]
+mod device_lost_tests;
 mod handle;
 #[cfg(test)]
 mod handoff_tests;

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import pickle
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
@@ -30,6 +34,8 @@ from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
 from nitsum.ports import free_port
+
+log = logging.getLogger(__name__)
 
 
 class DeviceError(RuntimeError):
@@ -60,15 +66,18 @@ class DevicePool:
         spec = DeviceSpec(
             num_devices, levels, ecfg, num_pages, f"tcp://127.0.0.1:{free_port()}", threads
         )
-        ctx = mp.get_context("spawn")
-        self.conns = []
-        self.procs = []
+        self.spec, self.source = spec, source
+        self.conns: list[Connection] = []
+        self.procs: list[BaseProcess] = []
         for d in range(num_devices):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=device_main, args=(d, spec, source, child), daemon=True)
-            proc.start()
+            proc, parent = self._spawn(d, spec)
             self.conns.append(parent)
             self.procs.append(proc)
+        # Devices whose process died (until a restart is up) and those not yet reported.
+        self.down: set[int] = set()
+        self._unreported: list[int] = []
+        # Restarted processes not ready yet: device -> (process, pipe).
+        self.starting: dict[int, tuple[BaseProcess, Connection]] = {}
         self.contexts: list[list[tuple[int, ...]]] = []
         self._migrations = 0
         for d, conn in enumerate(self.conns):
@@ -76,6 +85,63 @@ class DevicePool:
                 self.close()
                 raise DeviceError(f"device {d} did not start within {start_timeout:.0f}s")
             self.contexts.append(self._reply(d))
+
+    def _spawn(self, device: int, spec: DeviceSpec) -> tuple[BaseProcess, Connection]:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=device_main, args=(device, spec, self.source, child), daemon=True)
+        proc.start()
+        child.close()  # NOTE: only the device holds its end, so its death is EOF here
+        log.info("device %d started (pid %s)", device, proc.pid)
+        return proc, parent
+
+    # -- device deaths and restarts (worker/device_watch.py drives them) -----------------------
+    def _gone(self, device: int) -> None:
+        """`device` is dead: its pipe broke or its process exited (reaped before reporting)."""
+        if device not in self.down:
+            self.procs[device].join(timeout=5)  # NOTE: EOF comes a moment before the exit
+            self.down.add(device)
+            self._unreported.append(device)
+
+    def lost(self) -> list[tuple[int, int | None]]:
+        """(device, exit code) of each device that died since the last call."""
+        for d, proc in enumerate(self.procs):
+            if d not in self.down and d not in self.starting and not proc.is_alive():
+                self._gone(d)
+        out = [(d, self.procs[d].exitcode) for d in self._unreported]
+        self._unreported = []
+        return out
+
+    def restart(self, device: int) -> None:
+        """Start a dead device's process again, alone (`DeviceSpec.solo`: the old world
+        cannot be rejoined); `started` tells when it is ready."""
+        assert device in self.down and device not in self.starting, device
+        spec = replace(self.spec, init_method=f"tcp://127.0.0.1:{free_port()}", solo=True)
+        self.starting[device] = self._spawn(device, spec)
+
+    def started(self) -> list[tuple[int, str | None]]:
+        """(device, None) for each restarted device now serving; (device, why) for each
+        restart that failed (its process is gone: restart it again later)."""
+        out: list[tuple[int, str | None]] = []
+        for d, (proc, conn) in list(self.starting.items()):
+            try:
+                if not conn.poll(0):
+                    if proc.is_alive():
+                        continue
+                    raise EOFError(f"exited with code {proc.exitcode}")
+                reply: Reply = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError) as e:
+                reply = Reply("error", f"{type(e).__name__}: {e}")
+            del self.starting[d]
+            if reply.status != "ok":
+                proc.join(timeout=5)
+                out.append((d, str(reply.value).strip().splitlines()[-1]))
+                continue
+            self.procs[d], self.conns[d] = proc, conn
+            self.contexts[d] = reply.value
+            self.down.discard(d)
+            out.append((d, None))
+        return out
 
     # -- messaging ---------------------------------------------------------------------------
     def send(self, device: int, cmd: DeviceCommand) -> None:
@@ -85,7 +151,9 @@ class DevicePool:
         """Send one command to every device of `devices`, or to none: DeviceError when one of
         them is gone (its process died), before anything is sent, so no live device starts a
         collective or a transfer its dead peer will never join."""
-        dead = [d for d in devices if not self.procs[d].is_alive()]
+        dead = [d for d in devices if d in self.down or not self.procs[d].is_alive()]
+        for d in dead:
+            self._gone(d)
         if dead:
             raise DeviceError(f"device {dead[0]} is gone (its process exited)")
         data = pickle.dumps(cmd)  # pickled once for the whole group
@@ -93,12 +161,14 @@ class DevicePool:
             try:
                 self.conns[d].send_bytes(data)
             except OSError as e:
+                self._gone(d)
                 raise DeviceError(f"device {d} is gone: {e}") from e
 
     def _reply(self, device: int) -> Any:
         try:
             raw = self.conns[device].recv_bytes()
         except (EOFError, OSError) as e:
+            self._gone(device)
             raise DeviceError(f"device {device} is gone: {type(e).__name__}") from e
         reply: Reply = pickle.loads(raw)
         if reply.status == "transfer_failed":
@@ -186,11 +256,13 @@ class DevicePool:
         self._replies(tuple(mine))
 
     def close(self) -> None:
+        for proc, _ in self.starting.values():
+            proc.kill()  # NOTE: still loading; nothing of it is in use
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):
                     conn.send_bytes(pickle.dumps(Stop()))
-        for proc in self.procs:
+        for proc in [*self.procs, *(p for p, _ in self.starting.values())]:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()

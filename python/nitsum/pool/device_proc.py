@@ -73,6 +73,9 @@ class DeviceSpec:
     init_method: str
     threads: int = 1
     pp_levels: tuple[int, ...] = DEFAULT_PP_LEVELS
+    # A device restarted alone after its process died (pool/device_pool.py `restart`): a
+    # world of its own (the old one cannot be rejoined), so TP 1 only and no KV transfers.
+    solo: bool = False
 
 
 class Device:
@@ -86,8 +89,13 @@ class Device:
             spec = replace(spec, ecfg=replace(spec.ecfg, device=f"cuda:{device}"))
             torch.cuda.set_device(device)
         backend = "nccl" if spec.ecfg.device.startswith("cuda") else "gloo"
+        # NOTE: a solo device is rank 0 of a world of one; its one context still answers to
+        # its pool-wide group `(device,)`, the name the controller's steps use.
+        rank = 0 if spec.solo else device
+        if spec.solo:
+            spec = replace(spec, world=1, levels=(1,))
         dist.init_process_group(
-            backend, init_method=spec.init_method, rank=device, world_size=spec.world
+            backend, init_method=spec.init_method, rank=rank, world_size=spec.world
         )
         cfg, tensors = source.load()
         self.cfg = cfg
@@ -98,16 +106,16 @@ class Device:
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
-            members = topology.group_of(device, tp)
+            members = topology.group_of(rank, tp)
             if members[-1] < spec.world:
-                rank = members.index(device)
                 ctx = build_context(
-                    cfg, self.model.weights, tp, rank, members, self.comms.get(members)
-                )
-                self.runners[members] = built.runner(ctx)
+                    cfg, self.model.weights, tp, members.index(rank), members,
+                    self.comms.get(members),
+                )  # fmt: skip
+                self.runners[(device,) if spec.solo else members] = built.runner(ctx)
         # Pipelines (parallel/pipeline.py) by shape: stages of TP groups above.
         self.pipelines: dict[GroupShape, ModelRunner] = {}
-        for shape in topology.pipelines(cfg.num_layers, spec.pp_levels):
+        for shape in [] if spec.solo else topology.pipelines(cfg.num_layers, spec.pp_levels):
             members, tp = shape.members, shape.tp
             if device in members:
                 stage = build_stage(cfg.num_layers, tp, members, device)

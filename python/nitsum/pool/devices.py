@@ -24,6 +24,8 @@ class Devices(Protocol):
     # NOTE: the candidate TP levels the devices were built with; the PoolEngine derives its
     # TPTopology from the same ones.
     levels: tuple[int, ...]
+    # Devices whose process died, until a restart is up (pool/device_loss.py).
+    down: set[int]
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
         """Start one forward of the group `members` (every member runs it)."""

@@ -46,6 +46,7 @@ class LocalDevice:
         num_pages: int,
     ) -> None:
         self.levels: tuple[int, ...] = (1,)
+        self.down: set[int] = set()  # NOTE: it dies only with this process
         device = DeviceBuild(cfg, tensors, ecfg, num_pages)
         ctx = build_context(cfg, device.model.weights, 1, 0)
         self.runner = device.runner(ctx, swaps=True)

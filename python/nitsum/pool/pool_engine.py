@@ -141,6 +141,9 @@ class PoolEngine:
         self.binder = Binder(self)
         # The last reconfigurations: outcome, preemptions and phase timings (pool/switch.py).
         self.switch_log: list[dict] = []
+        # Devices that serve only as TP-1 groups of their own: lost or restarted alone
+        # (pool/device_loss.py).
+        self.solo: set[int] = set()
 
     def new_engine(self, shape: GroupShape) -> Engine:
         """A new engine for the group `shape` (its pages, host pages and runner)."""
@@ -175,6 +178,11 @@ class PoolEngine:
                 )
             if seen & set(s.members):
                 raise ValueError(f"group {s.members} overlaps another group")
+            if len(s.members) > 1 and set(s.members) & self.solo:
+                raise ValueError(
+                    f"group {s.members}: device(s) {sorted(set(s.members) & self.solo)} "
+                    "restarted alone after a crash serve as TP-1 groups only"
+                )
             seen |= set(s.members)
 
     @property
@@ -229,7 +237,9 @@ class PoolEngine:
         tp, need = self.binder.levels(group, context, spec.bind_tp, deadline)
         # NOTE: a pipeline is never a binding's replica (bindings merge TP groups); a request
         # its pages cannot hold is refused by its engine with the pages it needs.
-        if tp > len(group) and not engine.shape.is_pipeline:
+        # NOTE: never a binding over a device restarted alone (pool/device_loss.py).
+        lone = set(self.topology.group_of(group[0], tp)) & self.solo if tp > len(group) else None
+        if tp > len(group) and not engine.shape.is_pipeline and not lone:
             hard = spec.bind_hard if spec.bind_hard is not None else deadline
             fits_replica = need <= len(group)
             group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
@@ -291,6 +301,8 @@ class PoolEngine:
                     self.pool.launch_step(members, engine.runner.prepare(batch))
                 except DeviceError as e:  # e.g. a member's process is gone: nothing was sent
                     log.error("group %s could not start a step: %s", members, e)
+                    if set(members) & self.pool.down:
+                        continue  # NOTE: not failed: lose_device hands them to the router
                     outputs += self._fail_batch(engine, batch, f"engine step failed: {e}")
                     continue
                 launched.append((members, engine, batch))
@@ -300,6 +312,8 @@ class PoolEngine:
             except DeviceError as e:
                 # A failing group fails only its own requests; the other groups carry on.
                 log.error("group %s failed a step: %s", members, e)
+                if set(members) & self.pool.down:
+                    continue  # NOTE: not failed: lose_device hands them to the router
                 why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
                 outputs += self._fail_batch(engine, batch, why)
                 continue

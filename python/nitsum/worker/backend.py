@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from nitsum.engine.engine import RequestOutput
 from nitsum.parallel.topology import GroupShape
 from nitsum.worker.assignment import LocalPlan, PlanRefused
+from nitsum.worker.device_watch import DeviceEvents, DeviceWatch
 from nitsum.worker.inbound import GenerateRequest
 
 if TYPE_CHECKING:
@@ -29,6 +30,14 @@ class Backend(Protocol):
 
     def capacity(self) -> tuple[int, int, list[int]]:
         """(KV tokens of one device at TP 1, max context, EOS ids) for `register`."""
+        ...
+
+    def register_shape(self, device: int) -> tuple[list[int], int]:
+        """(TP levels, domain) of `device` for `register`."""
+        ...
+
+    def device_events(self) -> DeviceEvents:
+        """Devices lost and restarted since the last call (worker/device_watch.py)."""
         ...
 
     def load(self, device: int) -> tuple[int, int, int]:
@@ -90,12 +99,24 @@ class PoolBackend:
         # P/D across host worker processes (`attach_peers`); None: a decode target in another
         # process is not reachable and the request decodes here.
         self.remote: RemoteHandoffs | None = None
+        # Dead device processes out, restarts back in (`watch_devices`); None: not watched.
+        self.watch: DeviceWatch | None = None
 
     def attach_peers(self, peers: KVPeers) -> None:
         """Hand KV to and take it from other host worker processes over `peers`."""
         from nitsum.pool.remote_handoff import RemoteHandoffs
 
         self.remote = RemoteHandoffs(self.pe, peers)
+
+    def device_events(self) -> DeviceEvents:
+        return self.watch.poll() if self.watch is not None else DeviceEvents()
+
+    def register_shape(self, device: int) -> tuple[list[int], int]:
+        if device - self.first_id in self.pe.solo:
+            # NOTE: a device restarted alone is its own domain of TP 1: the router's planner
+            # then puts it in no TP group and no P/D handoff with the others.
+            return [1], device
+        return list(self.tp_levels), self.first_id  # one process = one domain
 
     def _group(self, device: int) -> tuple[int, ...]:
         local = device - self.first_id
@@ -163,6 +184,11 @@ class PoolBackend:
         return [rid for _, e in self.pe.every_engine() for rid in e.request_ids()]
 
     def reconfigure(self, plan: LocalPlan) -> dict[str, float]:
+        down = self.pe.pool.down
+        # NOTE: local_plan gives every device a group; a dead one has none until it is back.
+        dead = {self.first_id + d for d in down}
+        kept = [g for g in plan.groups if not (len(g.members) == 1 and g.members[0] in dead)]
+        plan = LocalPlan(kept, plan.assignments)
         groups = [
             GroupShape(tuple(d - self.first_id for d in g.members), g.tp, g.pp) for g in plan.groups
         ]

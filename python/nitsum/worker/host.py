@@ -12,17 +12,25 @@ from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.worker.backend import PoolBackend
+from nitsum.worker.device_watch import DeviceWatch
+from nitsum.worker.supervise import Restarts
 
 log = logging.getLogger(__name__)
 
 
 def open_pool_backend(
-    model_dir: str | Path, ecfg: EngineConfig, num_devices: int, first_id: int = 0
+    model_dir: str | Path,
+    ecfg: EngineConfig,
+    num_devices: int,
+    first_id: int = 0,
+    restarts: Restarts | None = None,
 ) -> PoolBackend:
     """Start `num_devices` device processes on the model in `model_dir` (each loads the full
     weights and warms every TP context it can join); every device starts as its own TP-1 group.
 
-    The caller owns the pool: `backend.pe.pool.close()` stops the device processes.
+    The caller owns the pool: `backend.pe.pool.close()` stops the device processes. A device
+    process that dies leaves the plan and is restarted with `restarts`' backoff
+    (worker/device_watch.py).
     """
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
@@ -37,4 +45,6 @@ def open_pool_backend(
     except BaseException:
         pool.close()
         raise
-    return PoolBackend(pe, first_id)
+    backend = PoolBackend(pe, first_id)
+    backend.watch = DeviceWatch(pe, pool, first_id, restarts or Restarts())
+    return backend

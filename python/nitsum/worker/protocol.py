@@ -104,6 +104,20 @@ class Tokens(Message):
 
 
 @dataclass(frozen=True)
+class DeviceLost(Message):
+    """Device `worker_id` of a host worker died (its process exited): the router takes it out
+    of the plan and resumes its requests elsewhere at once, as for a missed heartbeat. It
+    comes back with a `register` once the host worker restarted it.
+
+    NOTE: sent on the dead device's own socket after its last `tokens`, so the router has
+    every token it streamed when it resumes its requests."""
+
+    TYPE = "device_lost"
+    worker_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Reconfigured(Message):
     """The ack of a `reconfigure`, on the socket it came on."""
 

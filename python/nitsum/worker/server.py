@@ -77,6 +77,8 @@ class WorkerServer:
         self.live: dict[str, tuple[int, int]] = {}  # request id -> (device it came on, prompt)
         self.links: dict[int, RouterLink] = {}
         self._acks: OrderedDict[int, Ack] = OrderedDict()  # epoch -> its answer
+        # Device ids whose process died, until restarted: no register, no heartbeat.
+        self.down: set[int] = set()
         self._stop = threading.Event()
 
     @property
@@ -114,8 +116,11 @@ class WorkerServer:
         log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addr)
         try:
             while not self._stop.is_set():
+                self._watch_devices()
                 now = time.monotonic()
                 for d, link in self.links.items():
+                    if d in self.down:
+                        continue
                     register, heartbeat = link.due(now)
                     if register:
                         link.send(self._opening_msg(link))
@@ -140,6 +145,7 @@ class WorkerServer:
                         self._handle(link.worker_id, frame)
                 if self.backend.has_unfinished() and not self._stop.is_set():
                     self._step()
+                    self._watch_devices()  # NOTE: a device that died in the step: report now
             self._fail_all("worker shut down")
         finally:
             for link in self.links.values():
@@ -193,12 +199,13 @@ class WorkerServer:
 
     def _register_msg(self, device: int, auth: str | None = None) -> proto.Register:
         kv_tokens, max_context, eos = self.backend.capacity()
+        tp_levels, domain = self.backend.register_shape(device)
         return proto.Register(
             device,
             self.device,
             self.model_name,
-            list(self.backend.tp_levels),
-            self.backend.device_ids[0],  # one process = one domain
+            tp_levels,
+            domain,
             kv_tokens,
             max_context,
             list(eos),
@@ -256,8 +263,38 @@ class WorkerServer:
         link.registered = False
         link.next_register = time.monotonic()
 
+    def _watch_devices(self) -> None:
+        """Report dead devices to the router at once (`device_lost`: it resumes their
+        requests elsewhere) and register restarted ones again (worker/device_watch.py)."""
+        events = self.backend.device_events()
+        for lost in events.lost:
+            d = lost.device
+            self.down.add(d)
+            mates: set[int] = set()
+            for rid in lost.request_ids:  # dropped by the engines: no final from here
+                arrived_on, _ = self.live.pop(rid, (d, 0))
+                mates.add(arrived_on)
+            # NOTE: the router resumes every request that came on `d`, wherever it runs now.
+            for rid in [r for r, (on, _) in self.live.items() if on == d]:
+                self.backend.abort(rid)
+                del self.live[rid]
+            link = self.links[d]
+            link.registered = False
+            link.send(proto.DeviceLost(d, lost.reason))  # NOTE: after its last `tokens`
+            # Members of a TP group with `d` that live on: their requests were dropped too;
+            # registering again is how the router learns to resume them (`reregister`).
+            for mate in sorted(mates - self.down):
+                self._on_reregister(mate)
+        for d in events.back:
+            self.down.discard(d)
+            self.links[d].next_register = time.monotonic()
+
     def _on_generate(self, device: int, msg: dict[str, Any]) -> None:
         rid = inbound.request_id_of(msg)
+        if device in self.down:
+            # Sent before the router read our `device_lost`: it resumes this request too.
+            log.warning("dropped generate for %r on lost device %d", rid, device)
+            return
         if rid in self.live:
             # Answering would end the running request's stream twice; the router owns ids.
             log.error("dropped generate for %r: that request is already running", rid)

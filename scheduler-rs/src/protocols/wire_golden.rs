@@ -65,6 +65,7 @@ fn wire_of(m: &Incoming) -> Value {
         Body::Hello(b) => serde_json::to_value(b),
         Body::Register(b) => serde_json::to_value(b),
         Body::Heartbeat(b) => serde_json::to_value(b),
+        Body::DeviceLost(b) => serde_json::to_value(b),
         Body::Tokens(b) => serde_json::to_value(b),
         Body::Reconfigured(b) => serde_json::to_value(b),
         Body::Stats(b) => serde_json::to_value(b),
@@ -112,6 +113,12 @@ fn worker_messages() -> Vec<(&'static str, Body)> {
                 waiting: Some(5),
                 free_pages: Some(120),
                 epoch: Some(9),
+            }),
+        ),
+        (
+            "device_lost",
+            Body::DeviceLost(DeviceLost {
+                reason: Some("device process exited with code -9".into()),
             }),
         ),
         (

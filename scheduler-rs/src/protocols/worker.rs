@@ -312,6 +312,8 @@ pub enum Body {
     Hello(Hello),
     Register(Register),
     Heartbeat(Heartbeat),
+    /// A host worker's device process died: out of the plan at once, like a missed heartbeat.
+    DeviceLost(DeviceLost),
     Tokens(Tokens),
     Reconfigured(Reconfigured),
     /// Counters and gauges for `/metrics` (boxed: it is the largest body by far).
@@ -327,6 +329,7 @@ impl Body {
             Body::Hello(_) => "hello",
             Body::Register(_) => "register",
             Body::Heartbeat(_) => "heartbeat",
+            Body::DeviceLost(_) => "device_lost",
             Body::Tokens(_) => "tokens",
             Body::Reconfigured(_) => "reconfigured",
             Body::Stats(_) => "stats",
@@ -384,6 +387,16 @@ pub struct Heartbeat {
     pub waiting: Option<u64>,
     pub free_pages: Option<u64>,
     pub epoch: Option<u64>,
+}
+
+/// `device_lost`: the worker id's device process died (a host worker serves several ids);
+/// the router treats it as dead now rather than after the heartbeat timeout. The id comes
+/// back with a `register` once its host worker restarted the device.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceLost {
+    /// Why, for the log (e.g. the exit code).
+    pub reason: Option<String>,
 }
 
 /// `tokens`: new tokens of one request, and its end.
@@ -457,6 +470,7 @@ pub fn decode_incoming(bytes: &[u8]) -> Result<Incoming, rmp_serde::decode::Erro
         "hello" => Body::Hello(rmp_serde::from_slice(bytes)?),
         "register" => Body::Register(rmp_serde::from_slice(bytes)?),
         "heartbeat" => Body::Heartbeat(rmp_serde::from_slice(bytes)?),
+        "device_lost" => Body::DeviceLost(rmp_serde::from_slice(bytes)?),
         "tokens" => Body::Tokens(rmp_serde::from_slice(bytes)?),
         "reconfigured" => Body::Reconfigured(rmp_serde::from_slice(bytes)?),
         "stats" => Body::Stats(Box::new(rmp_serde::from_slice(bytes)?)),

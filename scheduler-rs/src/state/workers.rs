@@ -37,6 +37,7 @@ impl RouterState {
                     self.send(identity, wire::encode_reregister());
                 }
             }
+            Body::DeviceLost(m) => self.on_device_lost(worker, &m),
             Body::Reconfigured(m) => self.on_reconfigured(worker, &m, now),
             Body::Stats(stats) => {
                 if let Some(w) = self.lock().registry.get_mut(worker) {
@@ -87,14 +88,35 @@ impl RouterState {
             return dead;
         }
         tracing::warn!(?dead, "workers missed their heartbeats");
+        self.bury(st, &dead);
+        dead
+    }
+
+    /// `device_lost`: the worker's own process says its device died; it is dead now, exactly
+    /// as if it had missed its heartbeats (out of the plan, its requests resumed elsewhere).
+    /// NOTE: it comes after the device's last `tokens` on the same connection, so what it
+    /// streamed is known; it comes back through `register` once restarted.
+    fn on_device_lost(&self, worker: WorkerId, m: &wire::DeviceLost) {
+        let mut st = self.lock();
+        if !st.registry.remove(worker) {
+            return; // already reaped (or never registered): nothing is left to resume
+        }
+        let reason = m.reason.as_deref().unwrap_or("no reason given");
+        tracing::warn!(%worker, reason, "worker lost its device");
+        self.bury(st, &[worker]);
+    }
+
+    /// Workers already out of the registry: rebuild the plan without them, then retry,
+    /// resume or fail their requests.
+    fn bury(&self, st: MutexGuard<'_, State>, dead: &[WorkerId]) {
+        let mut st = st;
         // Rebuild first so retries cannot land on a dead worker.
         let plan = self.rebuild_plan(&mut st);
         let mut actions = Vec::new();
-        self.orphan(&mut st, &dead, &mut actions);
+        self.orphan(&mut st, dead, &mut actions);
         drop(st);
         self.broadcast_plan(&plan);
         self.run_actions(actions);
-        dead
     }
 
     /// Requests served by `dead` workers: re-dispatch each (up to `max_retries` times) to a

@@ -1,0 +1,50 @@
+"""A device whose process died leaves a PoolEngine's plan; restarted, it comes back alone.
+
+NOTE: a restarted device is a world of one (pool/device_proc.py `DeviceSpec.solo`): the old
+world cannot be rejoined, so it serves only as its own TP-1 group (`PoolEngine.solo`: never
+in a TP group, a binding or a pipeline with another device) until its host worker restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from nitsum.parallel.topology import GroupShape
+
+if TYPE_CHECKING:
+    from nitsum.pool.pool_engine import PoolEngine
+
+log = logging.getLogger(__name__)
+
+
+def lose_device(pe: PoolEngine, device: int) -> list[str]:
+    """Take the dead `device` out of `pe`: every request of a group or binding it was in is
+    dropped without an answer (the caller hands them back to the router, which resumes them
+    from the tokens they streamed), and the surviving members of those groups become TP-1
+    groups of their own. Returns the ids dropped.
+
+    NOTE: nothing is sent to any device: the dead one cannot answer, and the survivors'
+    pages of the dropped requests are only bookkeeping in the controller.
+    """
+    hit = [e for members, e in pe.every_engine() if device in members]
+    dropped = [rid for e in hit for rid in e.request_ids()]
+    for rid in dropped:
+        pe.abort(rid)  # NOTE: before the groups go: a binding over them is released first
+    pe.solo.add(device)
+    for members in [g for g in pe.engines if device in g]:
+        pe.retire(pe.engines.pop(members))
+        for m in members:
+            if m != device:
+                pe.engines[(m,)] = pe.new_engine(GroupShape.tp_group((m,)))
+    log.error(
+        "device %d lost: dropped %d request(s) for the router to resume", device, len(dropped)
+    )
+    return dropped
+
+
+def revive_device(pe: PoolEngine, device: int) -> None:
+    """The restarted `device` serves again, as a TP-1 group of its own."""
+    assert device in pe.solo and not any(device in g for g in pe.engines), device
+    pe.engines[(device,)] = pe.new_engine(GroupShape.tp_group((device,)))
+    log.info("device %d is back (TP 1 only until its host worker restarts)", device)
