@@ -4,9 +4,10 @@ A single-device worker is the N=1 case of a host worker (both a `PoolBackend`: a
 over one in-process device or N device processes): towards the router both look like one
 worker per device id (docs/protocol.md). One thread does everything: poll the sockets,
 handle messages, run `backend.step()` while there is work, stream `tokens`, and send
-`register` / `heartbeat` on each link's timers. Messages are handled between steps, so a
-`reconfigure` is always applied at an iteration boundary. See docs/serving.md for how it is
-launched.
+`register` / `heartbeat` on each link's timers; only while a step runs does a second thread
+(`heartbeat.py`) send the heartbeats, so that a long step is not silence. Messages are
+handled between steps, so a `reconfigure` is always applied at an iteration boundary. See
+docs/serving.md for how it is launched.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nitsum.worker import inbound
 from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
 from nitsum.worker.backend import Backend
+from nitsum.worker.heartbeat import StepHeartbeats
 from nitsum.worker.link import RouterLink
 from nitsum.worker.protocol import Message, ProtocolError
 from nitsum.worker.stats import Stats
@@ -78,6 +80,7 @@ class WorkerServer:
         self.links: dict[int, RouterLink] = {}
         self._acks: OrderedDict[int, Ack] = OrderedDict()  # epoch -> its answer
         self._stop = threading.Event()
+        self.heartbeats = StepHeartbeats(self.links, heartbeat_every_s)
 
     @property
     def assignment(self) -> Assignment:
@@ -107,6 +110,8 @@ class WorkerServer:
                 poller.register(sock, zmq.POLLIN)
                 owners[sock] = (link, is_monitor)
         log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addr)
+        self.heartbeats = StepHeartbeats(self.links, self.heartbeat_every_s)
+        self.heartbeats.start()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -115,7 +120,9 @@ class WorkerServer:
                     if register:
                         link.send(self._register_msg(d))
                     if heartbeat:
-                        link.send(self._heartbeat_msg(d))
+                        beat = self._heartbeat_msg(d)
+                        self.heartbeats.latest[d] = beat
+                        link.send(beat)
                         # One report per backend (with its first device's heartbeat): the
                         # counters cover all its devices.
                         if d == self.backend.device_ids[0] and (
@@ -134,9 +141,10 @@ class WorkerServer:
                     self._step()
             self._fail_all("worker shut down")
         finally:
+            self.heartbeats.close()
             for link in self.links.values():
                 link.close()
-            self.links = {}
+            self.links.clear()
             log.info("worker %s stopped", self.backend.device_ids)
 
     def _handle(self, device: int, frame: bytes) -> None:
@@ -291,7 +299,8 @@ class WorkerServer:
     # -- engine -----------------------------------------------------------------------------------
     def _step(self) -> None:
         try:
-            outputs = self.backend.step()
+            with self.heartbeats.stepping():
+                outputs = self.backend.step()
         except Exception as e:
             log.exception("engine step failed")
             # The sequences of the failed batch are the running ones; if none is running the
