@@ -38,10 +38,18 @@ def host_worker(url: str) -> psutil.Process:
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
         if "serve" in cmd and "--port" in cmd and cmd[cmd.index("--port") + 1] == port:
-            workers = [c for c in p.children() if "--devices" in c.cmdline()]
-            assert len(workers) == 1, [c.cmdline() for c in p.children()]
+            workers = [c for c in p.children() if "--devices" in cmdline(c)]
+            assert len(workers) == 1, [cmdline(c) for c in p.children()]
             return workers[0]
     raise AssertionError(f"no nitsum serve process on port {port}")
+
+
+def cmdline(p: psutil.Process) -> list[str]:
+    """`p`'s command line; [] for a killed worker not yet reaped (a zombie)."""
+    try:
+        return p.cmdline() if p.status() != psutil.STATUS_ZOMBIE else []
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return []
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +122,15 @@ def test_kill_9_of_the_host_worker_loses_and_fails_nothing(server, baseline) -> 
         all_streaming(res)
         killed["streaming"] = len(res.streaming)
         os.kill(victim.pid, signal.SIGKILL)
+
         # `nitsum serve` starts a new host worker, which registers its devices again.
-        wait_until(
-            "a new host worker",
-            lambda: host_worker(url).pid != victim.pid,
-            timeout=30,
-        )
+        def replaced() -> bool:
+            try:
+                return host_worker(url).pid != victim.pid
+            except AssertionError:  # between the death and the restart: none
+                return False
+
+        wait_until("a new host worker", replaced, timeout=30)
 
     t0 = time.monotonic()
     res = run_streams(url, None, bodies(model), kill, timeout_s=150)
