@@ -38,9 +38,15 @@ pub struct Cli {
     /// Model name served on /v1/models and accepted in `model`.
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// A worker silent for this long is dead.
+    /// A worker silent for this long is suspect: no new work, its requests held.
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// A worker silent for this long is gone: its requests resume elsewhere.
+    #[arg(long)]
+    pub worker_gone_ms: Option<u64>,
+    /// How long a request no live worker can take is held for one that can.
+    #[arg(long)]
+    pub retry_window_ms: Option<u64>,
     /// Control window length.
     #[arg(long)]
     pub control_window_ms: Option<u64>,
@@ -121,6 +127,8 @@ pub struct FileConfig {
     /// Static plan groups; absent = one TP-1 mixed group per registered worker.
     pub plan: Option<Vec<StaticGroup>>,
     pub heartbeat_timeout_ms: Option<u64>,
+    pub worker_gone_ms: Option<u64>,
+    pub retry_window_ms: Option<u64>,
     pub control_window_ms: Option<u64>,
     pub max_retries: Option<u32>,
     /// Profile file: enables the control loop.
@@ -156,7 +164,15 @@ pub struct RouterConfig {
     pub tiers: Vec<Tier>,
     pub api_keys: Vec<ApiKey>,
     pub static_plan: Option<Vec<GroupPlan>>,
+    /// A worker silent for this long is suspect (slow, maybe gone): no new work goes to it,
+    /// its requests are held where they are (docs/serving.md "Stalls and deaths").
     pub heartbeat_timeout_ms: u64,
+    /// A worker silent for this long is gone: its requests resume elsewhere from their tokens.
+    /// NOTE: at least `heartbeat_timeout_ms` (checked by `validate`).
+    pub worker_gone_ms: u64,
+    /// How long a request that no live worker can take (its worker gone, none left) is held
+    /// for one that can (a worker that returns or a replacement that registers).
+    pub retry_window_ms: u64,
     pub control_window_ms: u64,
     /// How often a request is re-dispatched after its worker died (one that had streamed
     /// tokens resumes from them).
@@ -221,6 +237,8 @@ impl Default for RouterConfig {
             api_keys: Vec::new(),
             static_plan: None,
             heartbeat_timeout_ms: 10_000,
+            worker_gone_ms: 30_000,
+            retry_window_ms: 60_000,
             control_window_ms: 1000,
             max_retries: 3,
             profile: None,
@@ -262,6 +280,8 @@ impl RouterConfig {
             }
         }
         cfg.heartbeat_timeout_ms = cli.heartbeat_timeout_ms.unwrap_or(cfg.heartbeat_timeout_ms);
+        cfg.worker_gone_ms = cli.worker_gone_ms.unwrap_or(cfg.worker_gone_ms);
+        cfg.retry_window_ms = cli.retry_window_ms.unwrap_or(cfg.retry_window_ms);
         cfg.control_window_ms = cli.control_window_ms.unwrap_or(cfg.control_window_ms);
         if cli.profile.is_some() {
             cfg.profile = cli.profile.clone();
@@ -328,6 +348,8 @@ impl RouterConfig {
             api_keys: file.api_keys,
             static_plan,
             heartbeat_timeout_ms: file.heartbeat_timeout_ms.unwrap_or(d.heartbeat_timeout_ms),
+            worker_gone_ms: file.worker_gone_ms.unwrap_or(d.worker_gone_ms),
+            retry_window_ms: file.retry_window_ms.unwrap_or(d.retry_window_ms),
             control_window_ms: file.control_window_ms.unwrap_or(d.control_window_ms),
             max_retries: file.max_retries.unwrap_or(d.max_retries),
             profile: file.profile,
@@ -393,6 +415,13 @@ impl RouterConfig {
             || self.client_read_timeout_ms == 0
         {
             bail!("config: heartbeat_timeout_ms, control_window_ms, reconfigure_timeout_ms and client_read_timeout_ms must be > 0");
+        }
+        if self.worker_gone_ms < self.heartbeat_timeout_ms {
+            bail!(
+                "config: worker_gone_ms ({}) must be at least heartbeat_timeout_ms ({}): a worker is suspect before it is gone",
+                self.worker_gone_ms,
+                self.heartbeat_timeout_ms
+            );
         }
         Ok(())
     }

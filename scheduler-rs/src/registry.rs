@@ -56,6 +56,9 @@ pub struct WorkerEntry {
     pub epoch: u64,
     /// The last `stats` message.
     pub stats: Stats,
+    /// Silent past the heartbeat timeout but not yet gone: no new work goes to it, its
+    /// requests are held where they are (it may be slow, not dead).
+    pub suspect: bool,
 }
 
 /// Live workers by id (ordered, so default plans list them by id).
@@ -82,6 +85,7 @@ impl Registry {
             free_pages: 0,
             epoch: 0,
             stats: Stats::default(),
+            suspect: false,
         };
         self.workers.insert(id, entry).is_some()
     }
@@ -124,6 +128,42 @@ impl Registry {
     /// Remove worker `id` (declared dead by its own process); false if it was not live.
     pub fn remove(&mut self, id: WorkerId) -> bool {
         self.workers.remove(&id).is_some()
+    }
+
+    /// Mark the workers silent for longer than `timeout` as suspect; returns those newly so.
+    pub fn mark_suspects(&mut self, now: Instant, timeout: Duration) -> Vec<WorkerId> {
+        let mut newly = Vec::new();
+        for (id, w) in self.workers.iter_mut() {
+            if !w.suspect && now.saturating_duration_since(w.last_seen) > timeout {
+                w.suspect = true;
+                newly.push(*id);
+            }
+        }
+        newly
+    }
+
+    /// A heartbeat from worker `id`: true when it was suspect (it is live again).
+    pub fn recover(&mut self, id: WorkerId) -> bool {
+        match self.workers.get_mut(&id) {
+            Some(w) if w.suspect => {
+                w.suspect = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether worker `id` is registered and not suspect: it may get new work.
+    pub fn is_live(&self, id: WorkerId) -> bool {
+        self.workers.get(&id).is_some_and(|w| !w.suspect)
+    }
+
+    /// Ids of the registered workers that are not suspect, ascending.
+    pub fn live_ids(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.workers
+            .iter()
+            .filter(|(_, w)| !w.suspect)
+            .map(|(id, _)| *id)
     }
 
     /// Ids of the live workers, ascending.

@@ -114,6 +114,8 @@ struct Inflight {
     generated: Vec<u32>,
     /// Re-dispatches after a worker died (bounded by `max_retries`).
     retries: u32,
+    /// Since when it waits for a worker, on none (`held.rs`); `None`: a worker runs it.
+    held_since: Option<Instant>,
     start: Instant,
     first: Option<Instant>,
     /// When its latest tokens arrived (inter-token latency).
@@ -198,6 +200,9 @@ mod handoff_tests;
 mod handshake;
 #[cfg(test)]
 mod handshake_tests;
+mod held;
+#[cfg(test)]
+mod held_tests;
 mod requests;
 mod rounds;
 #[cfg(test)]
@@ -267,11 +272,12 @@ impl RouterState {
         self.lock().inflight.len()
     }
 
-    /// Live workers: (id, info).
+    /// Live workers (registered, not suspect): (id, info).
     pub fn workers(&self) -> Vec<(WorkerId, WorkerInfo)> {
         self.lock()
             .registry
             .iter()
+            .filter(|(_, w)| !w.suspect)
             .map(|(id, w)| (*id, w.info.clone()))
             .collect()
     }

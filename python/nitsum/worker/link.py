@@ -73,10 +73,14 @@ class RouterLink:
         register = not self.registered and now >= self.next_register
         if register:
             self.next_register = now + self.register_every_s
-        heartbeat = now >= self.next_heartbeat
-        if heartbeat:
-            self.next_heartbeat = now + self.heartbeat_every_s
-        return register, heartbeat
+        return register, self.heartbeat_due(now)
+
+    def heartbeat_due(self, now: float) -> bool:
+        """Whether a heartbeat is due at `now`; advances its timer if so."""
+        if now < self.next_heartbeat:
+            return False
+        self.next_heartbeat = now + self.heartbeat_every_s
+        return True
 
     def on_monitor(self) -> None:
         """Track the connection; when it comes back (a restarted router), re-register now."""

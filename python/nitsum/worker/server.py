@@ -4,9 +4,10 @@ A single-device worker is the N=1 case of a host worker (both a `PoolBackend`: a
 over one in-process device or N device processes): towards the router both look like one
 worker per device id (docs/protocol.md). One thread does everything: poll the sockets,
 handle messages, run `backend.step()` while there is work, stream `tokens`, and send
-`register` / `heartbeat` on each link's timers. Messages are handled between steps, so a
-`reconfigure` is always applied at an iteration boundary. See docs/serving.md for how it is
-launched.
+`register` / `heartbeat` on each link's timers; only while a step runs does a second thread
+(`heartbeat.py`) send the heartbeats, so that a long step is not silence. Messages are
+handled between steps, so a `reconfigure` is always applied at an iteration boundary. See
+docs/serving.md for how it is launched.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nitsum.worker import inbound
 from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment, PlanRefused, local_plan
 from nitsum.worker.backend import Backend
+from nitsum.worker.heartbeat import StepHeartbeats
 from nitsum.worker.link import RouterLink
 from nitsum.worker.protocol import Message, ProtocolError
 from nitsum.worker.stats import Stats
@@ -80,6 +82,7 @@ class WorkerServer:
         # Device ids whose process died, until restarted: no register, no heartbeat.
         self.down: set[int] = set()
         self._stop = threading.Event()
+        self.heartbeats = StepHeartbeats(self.links, heartbeat_every_s)
 
     @property
     def assignment(self) -> Assignment:
@@ -114,19 +117,25 @@ class WorkerServer:
                 poller.register(sock, zmq.POLLIN)
                 owners[sock] = (link, is_monitor)
         log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addr)
+        self.heartbeats = StepHeartbeats(self.links, self.heartbeat_every_s)
+        self.heartbeats.start()
         try:
             while not self._stop.is_set():
                 self._watch_devices()
                 now = time.monotonic()
                 for d, link in self.links.items():
                     if d in self.down:
+                        # NOTE: the step thread must not keep a dead device alive either.
+                        self.heartbeats.latest.pop(d, None)
                         continue
                     register, heartbeat = link.due(now)
                     if register:
                         link.send(self._opening_msg(link))
                     # NOTE: nothing but the handshake goes to a router that has not accepted us.
                     if heartbeat and link.registered:
-                        link.send(self._heartbeat_msg(d))
+                        beat = self._heartbeat_msg(d)
+                        self.heartbeats.latest[d] = beat
+                        link.send(beat)
                         # One report per backend (with its first device's heartbeat): the
                         # counters cover all its devices.
                         if d == self.backend.device_ids[0] and (
@@ -148,9 +157,10 @@ class WorkerServer:
                     self._watch_devices()  # NOTE: a device that died in the step: report now
             self._fail_all("worker shut down")
         finally:
+            self.heartbeats.close()
             for link in self.links.values():
                 link.close()
-            self.links = {}
+            self.links.clear()
             log.info("worker %s stopped", self.backend.device_ids)
 
     def _handle(self, device: int, frame: bytes) -> None:
@@ -358,7 +368,8 @@ class WorkerServer:
     # -- engine -----------------------------------------------------------------------------------
     def _step(self) -> None:
         try:
-            outputs = self.backend.step()
+            with self.heartbeats.stepping():
+                outputs = self.backend.step()
         except Exception as e:
             log.exception("engine step failed")
             # The sequences of the failed batch are the running ones; if none is running the

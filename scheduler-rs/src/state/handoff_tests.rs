@@ -33,6 +33,7 @@ async fn the_decode_host_takes_over_and_a_dead_prefill_host_loses_nothing() {
     // Prefill on worker 0, decode on worker 1 (strict), a mixed worker 2 (relaxed only).
     let cfg = RouterConfig {
         heartbeat_timeout_ms: 100,
+        worker_gone_ms: 100,
         static_plan: Some(vec![
             group(0, Role::Prefill, "strict"),
             group(1, Role::Decode, "strict"),

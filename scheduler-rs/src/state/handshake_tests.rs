@@ -25,6 +25,7 @@ fn engine() -> (Arc<RouterState>, Rx) {
     RouterState::new(Arc::new(RouterConfig {
         worker_secret: Some(secret()),
         heartbeat_timeout_ms: 100,
+        worker_gone_ms: 100,
         ..RouterConfig::default()
     }))
 }
@@ -79,7 +80,8 @@ fn handshake(
     let sent = drain_raw(rx);
     let last = sent
         .iter()
-        .rfind(|(to, m)| to == conn && m["type"] != "reconfigure");
+        // NOTE: a held request may resume on the new connection (`generate`): not an answer.
+        .rfind(|(to, m)| to == conn && m["type"] != "reconfigure" && m["type"] != "generate");
     last.map(|(_, m)| m["type"].as_str().unwrap().to_string())
         .unwrap_or_default()
 }

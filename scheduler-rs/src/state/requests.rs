@@ -88,12 +88,40 @@ impl RouterState {
                         decode: d.decode_leader.map(WorkerId::of_device),
                         generated: Vec::new(),
                         retries: 0,
+                        held_since: None,
                         start: Instant::now(),
                         first: None,
                         last: None,
                         queue_s: None,
                     },
                 );
+            } else {
+                // NOTE: workers are registered but none is live (all suspect: stalled, or
+                // dead and not yet gone): hold the request for one that returns, as one
+                // whose worker died is held (held.rs), rather than answer 503 at once.
+                let none_live = st.registry.live_ids().next().is_none();
+                let nominal = st.registry.ids().next().filter(|_| none_live);
+                if let Some(w) = nominal.filter(|_| st.held_count() < super::held::MAX_HELD) {
+                    let now = Instant::now();
+                    st.hold(
+                        id,
+                        Inflight {
+                            tx,
+                            req: req.clone(),
+                            leader: w,
+                            decode: None,
+                            generated: Vec::new(),
+                            retries: 0,
+                            held_since: Some(now),
+                            start: now,
+                            first: None,
+                            last: None,
+                            queue_s: None,
+                        },
+                    );
+                    tm.best_effort.fetch_add(1, Ordering::Relaxed);
+                    return Ok(RequestHandle::new(id, Class::BestEffort, rx, self.clone()));
+                }
             }
             placed
         };
@@ -148,7 +176,10 @@ impl RouterState {
     /// A sibling choice goes where its first choice is (so that it shares its prefill),
     /// charged as that one was; `None` when the first choice is no longer in flight.
     fn place_sibling(st: &mut State, id: u64, fork: Fork) -> Option<(Bytes, Decision)> {
-        let parent = st.inflight.get(&fork.parent)?;
+        let parent = st
+            .inflight
+            .get(&fork.parent)
+            .filter(|p| p.held_since.is_none())?;
         let d = Decision {
             prefill_leader: parent.leader.device(),
             decode_leader: parent.decode.map(|w| w.device()),

@@ -367,9 +367,11 @@ impl RouterState {
         let payload = wire::encode_reconfigure(&plan, &self.cfg.tiers, |g| {
             caps.get(g.members.as_slice()).copied().flatten()
         });
+        // NOTE: not suspect workers (silent): they get the plan their return rebuilds.
         let targets: Vec<(WorkerId, bytes::Bytes)> = st
             .registry
             .iter()
+            .filter(|(_, w)| !w.suspect)
             .map(|(id, w)| (*id, w.identity.clone()))
             .collect();
         let mut round = Round {

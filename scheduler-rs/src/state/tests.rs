@@ -137,6 +137,7 @@ async fn tokens_only_count_from_the_serving_worker() {
 async fn dead_worker_requests_are_retried_resumed_or_completed() {
     let cfg = RouterConfig {
         heartbeat_timeout_ms: 100,
+        worker_gone_ms: 100,
         ..RouterConfig::default()
     };
     let (engine, mut rx) = RouterState::new(Arc::new(cfg));

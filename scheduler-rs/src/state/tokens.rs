@@ -31,6 +31,12 @@ impl RouterState {
         let Some(e) = st.inflight.get(&id) else {
             return; // finished, cancelled or retried elsewhere: a normal race
         };
+        if e.held_since.is_some() {
+            // NOTE: held for a worker (held.rs): what a stalled worker streams after it was
+            // declared gone is stale; the request resumes from the tokens the client has.
+            tracing::debug!(%worker, "dropped tokens for a held request");
+            return;
+        }
         let (leader, decode) = (e.leader, e.decode);
         if worker != leader && Some(worker) != decode {
             // NOTE: never mix outputs: only the worker currently serving the request counts.

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -30,6 +30,9 @@ impl RouterState {
                     w.waiting = m.waiting.unwrap_or(0);
                     w.free_pages = m.free_pages.unwrap_or(0);
                     w.epoch = m.epoch.unwrap_or(w.epoch);
+                    if st.registry.recover(worker) {
+                        self.on_recovered(st, worker);
+                    }
                 } else {
                     // NOTE: a live worker we declared dead (a long step outlasted the
                     // heartbeat timeout) must come back: ask it to register again.
@@ -72,6 +75,8 @@ impl RouterState {
             self.orphan(&mut st, &[worker], &mut actions);
         }
         let plan = self.rebuild_plan(&mut st);
+        // Requests held for a worker resume on this one if its group takes them.
+        self.place_held(&mut st, &mut actions);
         let epoch = plan.epoch;
         drop(st);
         self.send(identity, wire::encode_registered(worker, epoch));
@@ -79,18 +84,52 @@ impl RouterState {
         self.run_actions(actions);
     }
 
-    /// Reap workers silent for longer than the heartbeat timeout; retry or fail their
-    /// requests. Called periodically by the server. Returns the dead worker ids.
+    /// A suspect worker's heartbeat: it was slow, not gone. Its requests never left it; it
+    /// takes new work again, and requests held for a worker may go to it.
+    fn on_recovered(&self, st: MutexGuard<'_, State>, worker: WorkerId) {
+        tracing::info!(%worker, "suspect worker answers again: live");
+        let mut st = st;
+        let plan = self.rebuild_plan(&mut st);
+        let mut actions = Vec::new();
+        self.place_held(&mut st, &mut actions);
+        drop(st);
+        self.broadcast_plan(&plan);
+        self.run_actions(actions);
+    }
+
+    /// Liveness, called periodically by the server: a worker silent for longer than the
+    /// heartbeat timeout becomes suspect (no new work; its requests stay with it), one silent
+    /// for longer than `worker_gone_ms` is gone (its requests resume elsewhere, or are held
+    /// for a worker when none is live); held requests past the retry window end. Returns the
+    /// gone worker ids.
     pub fn reap_dead(&self, now: Instant) -> Vec<WorkerId> {
         let mut st = self.lock();
-        let dead = st.registry.reap(now, self.heartbeat_timeout());
-        if dead.is_empty() {
-            return dead;
+        let suspects = st.registry.mark_suspects(now, self.heartbeat_timeout());
+        let gone = Duration::from_millis(self.cfg.worker_gone_ms);
+        let dead = st.registry.reap(now, gone);
+        let mut actions = Vec::new();
+        let mut plan = None;
+        if !suspects.is_empty() || !dead.is_empty() {
+            if !suspects.is_empty() {
+                tracing::warn!(
+                    ?suspects,
+                    "workers missed their heartbeats: suspect, no new work; their requests are held"
+                );
+            }
+            if !dead.is_empty() {
+                tracing::warn!(?dead, "workers gone: their requests resume elsewhere");
+            }
+            // Rebuild first so retries cannot land on a suspect or gone worker.
+            plan = Some(self.rebuild_plan(&mut st));
+            self.orphan(&mut st, &dead, &mut actions);
         }
-        tracing::warn!(?dead, "workers missed their heartbeats");
-        self.bury(st, &dead);
+        self.expire_held(&mut st, now, &mut actions);
+        drop(st);
+        if let Some(plan) = plan {
+            self.broadcast_plan(&plan);
+        }
+        self.run_actions(actions);
         dead
-    }
 
     /// `device_lost`: the worker's own process says its device died; it is dead now, exactly
     /// as if it had missed its heartbeats (out of the plan, its requests resumed elsewhere).
@@ -128,10 +167,12 @@ impl RouterState {
             .inflight
             .iter()
             .filter(|(_, e)| {
-                dead.contains(&e.leader) || e.decode.is_some_and(|d| dead.contains(&d))
+                e.held_since.is_none()
+                    && (dead.contains(&e.leader) || e.decode.is_some_and(|d| dead.contains(&d)))
             })
             .map(|(id, _)| *id)
             .collect();
+        let mut held = st.held_count();
         for id in hit {
             st.dispatcher.complete(id);
             let e = st.inflight.get_mut(&id).expect("listed above");
@@ -184,6 +225,25 @@ impl RouterState {
                     continue;
                 }
             }
+            let e = st.inflight.get_mut(&id).expect("listed above");
+            if e.retries < self.cfg.max_retries && held < super::held::MAX_HELD {
+                // NOTE: no live group can take it now: hold it for a worker that returns or
+                // registers within the retry window (held.rs) rather than fail it.
+                e.retries += 1;
+                e.held_since = Some(Instant::now());
+                held += 1;
+                self.metrics
+                    .tier(e.req.tier)
+                    .retries
+                    .fetch_add(1, Ordering::Relaxed);
+                let abort = wire::encode_abort(&self.ids.encode(id));
+                for w in survivors {
+                    if let Some(w) = st.registry.get(w) {
+                        self.send(w.identity.clone(), abort.clone());
+                    }
+                }
+                continue;
+            }
             let e = st.release(id).expect("listed above");
             let why = if e.retries >= self.cfg.max_retries {
                 format!(
@@ -230,15 +290,21 @@ impl RouterState {
     /// [`Self::rebuild_plan`] under `epoch` (a control round's, not yet superseded) or, with
     /// `None`, a fresh one.
     pub(super) fn rebuild_plan_with(&self, st: &mut State, epoch: Option<u64>) -> Plan {
+        // NOTE: suspect workers are left out: no new work goes to a worker that stopped
+        // answering (its requests stay with it until it returns or is gone).
         let alive = |g: &GroupPlan| {
             g.members
                 .iter()
-                .all(|&m| st.registry.contains(WorkerId::of_device(m)))
+                .all(|&m| st.registry.is_live(WorkerId::of_device(m)))
         };
         let mut groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref())
         {
             Some(groups) => groups.iter().filter(|g| alive(g)).cloned().collect(),
-            None => st.registry.ids().map(|w| self.default_group(w)).collect(),
+            None => st
+                .registry
+                .live_ids()
+                .map(|w| self.default_group(w))
+                .collect(),
         };
         if st.planned.is_some() {
             // NOTE: a worker that registered after the control loop's last plan serves as its
@@ -246,7 +312,7 @@ impl RouterState {
             let covered: Vec<u32> = groups.iter().flat_map(|g| g.members.clone()).collect();
             let new: Vec<WorkerId> = st
                 .registry
-                .ids()
+                .live_ids()
                 .filter(|w| !covered.contains(&w.device()))
                 .collect();
             groups.extend(new.into_iter().map(|w| self.default_group(w)));
@@ -269,9 +335,11 @@ impl RouterState {
         let st = self.lock();
         let payload =
             wire::encode_reconfigure(plan, &self.cfg.tiers, |g| Self::max_batch_of(&st, g));
+        // NOTE: not to suspect workers: one that returns gets the plan its return rebuilds.
         let idents: Vec<Bytes> = st
             .registry
             .iter()
+            .filter(|(_, w)| !w.suspect)
             .map(|(_, w)| w.identity.clone())
             .collect();
         drop(st);
