@@ -38,6 +38,12 @@ pub struct Cli {
     /// Model name served on /v1/models and accepted in `model`.
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Another name the model answers to (listed on /v1/models too); repeatable.
+    #[arg(long = "model-alias")]
+    pub model_aliases: Vec<String>,
+    /// A Jinja chat template file used instead of the model directory's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
     /// A worker silent for this long is dead.
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
@@ -62,6 +68,20 @@ pub struct Cli {
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+}
+
+/// Environment variable with API keys, one a line (`nitsum serve --api-key`): kept off the
+/// command line that `ps` shows. Each may use every tier, like a config key without `tiers`.
+pub const API_KEYS_ENV: &str = "NITSUM_API_KEYS";
+
+/// The keys of `NITSUM_API_KEYS` (blank lines skipped).
+pub fn env_api_keys(text: &str) -> Result<Vec<ApiKey>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        // NOTE: through serde, so that every other field takes its config-file default.
+        .map(|k| serde_json::from_value(serde_json::json!({ "key": k })).context(API_KEYS_ENV))
+        .collect()
 }
 
 /// An API key and the tiers it may use.
@@ -152,6 +172,11 @@ pub struct RouterConfig {
     pub worker_addr: String,
     pub model_dir: Option<PathBuf>,
     pub served_model_name: String,
+    /// Other names the model answers to (`--model-alias`, `nitsum serve --served-model-name
+    /// a b`): accepted as `model` and listed on /v1/models.
+    pub model_aliases: Vec<String>,
+    /// Chat template file overriding the model directory's (`--chat-template`).
+    pub chat_template: Option<PathBuf>,
     /// NOTE: non-empty, names unique, at least one non-background tier (checked by `validate`).
     pub tiers: Vec<Tier>,
     pub api_keys: Vec<ApiKey>,
@@ -217,6 +242,8 @@ impl Default for RouterConfig {
             worker_addr: "tcp://127.0.0.1:5557".into(),
             model_dir: None,
             served_model_name: "nitsum".into(),
+            model_aliases: Vec::new(),
+            chat_template: None,
             tiers: default_tiers(),
             api_keys: Vec::new(),
             static_plan: None,
@@ -260,6 +287,14 @@ impl RouterConfig {
             if cli.served_model_name.is_none() {
                 cfg.served_model_name = model_name_of(dir);
             }
+        }
+        cfg.model_aliases = cli.model_aliases.clone();
+        if cli.chat_template.is_some() {
+            cfg.chat_template = cli.chat_template.clone();
+        }
+        if let Some(keys) = std::env::var_os(API_KEYS_ENV) {
+            let keys = keys.to_str().context("NITSUM_API_KEYS is not UTF-8")?;
+            cfg.api_keys.extend(env_api_keys(keys)?);
         }
         cfg.heartbeat_timeout_ms = cli.heartbeat_timeout_ms.unwrap_or(cfg.heartbeat_timeout_ms);
         cfg.control_window_ms = cli.control_window_ms.unwrap_or(cfg.control_window_ms);
@@ -324,6 +359,8 @@ impl RouterConfig {
             worker_addr: file.worker_addr.unwrap_or(d.worker_addr),
             model_dir: file.model_dir,
             served_model_name,
+            model_aliases: Vec::new(),
+            chat_template: None,
             tiers,
             api_keys: file.api_keys,
             static_plan,
@@ -442,6 +479,17 @@ mod tests {
         assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
         assert_eq!(plan[0].tiers, [TierId(0)]);
         assert_eq!(cfg.heartbeat_timeout_ms, 10_000);
+    }
+
+    #[test]
+    fn env_api_keys_are_one_a_line_and_may_use_every_tier() {
+        let keys = env_api_keys("k1\n\n  k2 \n").unwrap();
+        assert_eq!(
+            keys.iter().map(|k| k.key.as_str()).collect::<Vec<_>>(),
+            ["k1", "k2"]
+        );
+        assert!(keys.iter().all(|k| k.tiers.is_empty() && !k.admin));
+        assert!(env_api_keys("").unwrap().is_empty());
     }
 
     #[test]
