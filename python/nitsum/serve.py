@@ -136,8 +136,12 @@ def use_host_worker(flag: bool | None, control: bool, device: str, workers: int)
 
 
 def _supervise(
-    children: Children, workers: dict[str, list[str]], router: list[str], env: dict[str, str],
-    args: argparse.Namespace, url: str,
+    children: Children,
+    workers: dict[str, list[str]],
+    router: list[str],
+    env: dict[str, str],
+    args: argparse.Namespace,
+    url: str,
 ) -> None:
     """Keep the router and the workers running until a signal: restart whoever exits (with
     backoff, supervise.py) unless told not to.
