@@ -41,13 +41,18 @@ def test_abbreviations_are_off_so_tp_is_not_tp_switching(capsys):
     assert parse("--tensor-parallel-size", "1").tensor_parallel_size == 1
 
 
-def test_tensor_parallel_above_one_is_refused_by_name_not_ignored():
-    args = parse("--workers", "2", "--tensor-parallel-size", "2")
-    errors = resolve_flags(args)
-    assert len(errors) == 1 and errors[0].startswith("--tensor-parallel-size 2: only 1")
+def test_tensor_parallel_size_reaches_the_router_and_needs_a_host_worker():
+    args = parse("--workers", "4", "--tensor-parallel-size", "2")
+    assert resolve_flags(args) == []
+    cmd = sc.router_command(["r"], "h", 1, "tcp://x", Path("/m"), ["m"], args=args)
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
     assert resolve_flags(parse("--workers", "1", "-tp", "3"))[0].startswith(
         "--tensor-parallel-size 3 needs at least 3 --workers"
     )
+    assert resolve_flags(parse("--workers", "2", "-tp", "2", "--no-tp-switching")) == [
+        "--tensor-parallel-size 2 needs one host worker for the devices of a group "
+        "(drop --no-tp-switching)"
+    ]
 
 
 def test_positional_model_and_model_flag(tmp_path):

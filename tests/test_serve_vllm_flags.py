@@ -97,3 +97,23 @@ def test_vllm_flags_each_have_their_effect(tmp_path: Path) -> None:
                 time.sleep(0.2)
             assert [f.result() for f in futures] == [200] * 6
         assert max(seen) == 2, seen
+
+
+def test_tensor_parallel_size_without_control_runs_one_tp_group(tmp_path: Path) -> None:
+    """`-tp 2 --no-control` on 2 devices: one host worker, one TP-2 group that answers."""
+    flags = ["--workers", "2", "--no-control", "--tensor-parallel-size", "2"]
+    with serving(tmp_path, *flags) as (base, log):
+        http = httpx.Client(base_url=base, timeout=300)
+        deadline = time.monotonic() + 60
+        while True:  # the plan is sent to the host worker once both devices registered
+            plan = http.get("/admin/plan").json()
+            if [(g["members"], g["tp"]) for g in plan["groups"]] == [([0, 1], 2)]:
+                break
+            assert time.monotonic() < deadline, plan
+            time.sleep(0.5)
+        assert "--devices 2" in log.read_text()  # one host worker serves both devices
+        r = chat(
+            http, "What is the capital of France?", model="SmolLM2-135M-Instruct", max_tokens=16
+        )
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["choices"][0]["message"]["content"]

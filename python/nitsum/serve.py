@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.shift_threshold is None:
         args.shift_threshold = profile_shift_rule(choice.profile or config_profile(args.config))
     host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)
+    # NOTE: only the devices of one host worker can form a TP group.
+    host_worker |= (args.tensor_parallel_size or 1) > 1
     if host_worker and args.tp_switching is None:
         log.info(
             "one host worker serves the %d devices: the plan can change TP levels and split "

@@ -77,6 +77,8 @@ def router_command(
         cmd += ["--config", config]
     if profile:
         cmd += ["--profile", profile]
+    if args is not None and getattr(args, "tensor_parallel_size", None):
+        cmd += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args is not None and getattr(args, "chat_template", None):
         cmd += ["--chat-template", str(Path(args.chat_template).resolve())]
     return cmd

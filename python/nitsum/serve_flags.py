@@ -67,8 +67,8 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
         "-tp",
         type=positive_int,
         default=None,
-        help="devices per TP group; only 1 today (the control loop picks TP levels itself "
-        "with --tp-switching)",
+        help="devices per TP group: the planner's lowest TP level with the control loop, the "
+        "fixed level without (aligned groups; above 1 one host worker serves the devices)",
     )
     v.add_argument(
         "--gpu-memory-utilization",
@@ -238,12 +238,10 @@ def resolve_flags(args: argparse.Namespace) -> list[str]:
     tp = args.tensor_parallel_size
     if tp is not None and tp > args.workers:
         errors.append(f"--tensor-parallel-size {tp} needs at least {tp} --workers")
-    if tp is not None and tp > 1:
-        # NOTE: refused rather than ignored: the planner's TP floor and a fixed static TP
-        # level are not plumbed to the router yet (docs/serving.md, "vLLM flags").
+    if tp is not None and tp > 1 and args.tp_switching is False:
         errors.append(
-            f"--tensor-parallel-size {tp}: only 1 is supported by `nitsum serve` today; with "
-            "the control loop the planner picks TP levels itself (--tp-switching)"
+            f"--tensor-parallel-size {tp} needs one host worker for the devices of a group "
+            "(drop --no-tp-switching)"
         )
     if args.gpu_memory_utilization is not None and args.device != "cuda":
         errors.append("--gpu-memory-utilization sizes KV on CUDA only (--device cuda)")

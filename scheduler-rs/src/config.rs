@@ -44,6 +44,10 @@ pub struct Cli {
     /// A Jinja chat template file used instead of the model directory's.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// Devices per TP group: the planner's lowest TP level with the control loop, else the
+    /// fixed level of the default plan (aligned groups of registered workers).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<u32>,
     /// A worker silent for this long is dead.
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
@@ -177,6 +181,9 @@ pub struct RouterConfig {
     pub model_aliases: Vec<String>,
     /// Chat template file overriding the model directory's (`--chat-template`).
     pub chat_template: Option<PathBuf>,
+    /// `--tensor-parallel-size`: the default plan's TP level (without the control loop;
+    /// with it the planner's `tp_levels` start there). 1: every worker its own group.
+    pub default_tp: u32,
     /// NOTE: non-empty, names unique, at least one non-background tier (checked by `validate`).
     pub tiers: Vec<Tier>,
     pub api_keys: Vec<ApiKey>,
@@ -209,6 +216,9 @@ pub struct RouterConfig {
     pub worker_secret: Option<WorkerSecret>,
     pub insecure_worker_plane: bool,
 }
+
+/// The largest TP level `--tensor-parallel-size` lets the planner consider.
+const MAX_TP_LEVEL: u32 = 1024;
 
 /// Requests each default tier holds at once before new ones get 429 (`Tier::max_inflight`).
 pub const DEFAULT_TIER_MAX_INFLIGHT: u32 = 1024;
@@ -244,6 +254,7 @@ impl Default for RouterConfig {
             served_model_name: "nitsum".into(),
             model_aliases: Vec::new(),
             chat_template: None,
+            default_tp: 1,
             tiers: default_tiers(),
             api_keys: Vec::new(),
             static_plan: None,
@@ -291,6 +302,19 @@ impl RouterConfig {
         cfg.model_aliases = cli.model_aliases.clone();
         if cli.chat_template.is_some() {
             cfg.chat_template = cli.chat_template.clone();
+        }
+        if let Some(tp) = cli.tensor_parallel_size {
+            if tp == 0 {
+                bail!("--tensor-parallel-size must be >= 1");
+            }
+            cfg.default_tp = tp;
+            // NOTE: a floor for the planner: the levels it may pick are those >= tp (the
+            // pool's registered levels intersect them, PlannerConfig::for_pool).
+            let allowed: Vec<u32> = match cfg.planner.tp_levels.take() {
+                Some(levels) => levels.into_iter().filter(|&l| l >= tp).collect(),
+                None => (tp..=MAX_TP_LEVEL).collect(),
+            };
+            cfg.planner.tp_levels = Some(allowed);
         }
         if let Some(keys) = std::env::var_os(API_KEYS_ENV) {
             let keys = keys.to_str().context("NITSUM_API_KEYS is not UTF-8")?;
@@ -361,6 +385,7 @@ impl RouterConfig {
             served_model_name,
             model_aliases: Vec::new(),
             chat_template: None,
+            default_tp: d.default_tp,
             tiers,
             api_keys: file.api_keys,
             static_plan,
@@ -479,6 +504,18 @@ mod tests {
         assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
         assert_eq!(plan[0].tiers, [TierId(0)]);
         assert_eq!(cfg.heartbeat_timeout_ms, 10_000);
+    }
+
+    #[test]
+    fn tensor_parallel_size_sets_the_default_level_and_the_planners_floor() {
+        let cli = Cli::parse_from(["nitsum-router", "--tensor-parallel-size", "2"]);
+        let cfg = RouterConfig::from_cli(&cli).unwrap();
+        assert_eq!(cfg.default_tp, 2);
+        let allowed = cfg.planner.for_pool(&[1, 2, 4], false).tp_levels.unwrap();
+        assert_eq!(allowed, [2, 4]);
+        let cli = Cli::parse_from(["nitsum-router", "--tensor-parallel-size", "0"]);
+        assert!(RouterConfig::from_cli(&cli).is_err());
+        assert_eq!(RouterConfig::default().default_tp, 1);
     }
 
     #[test]

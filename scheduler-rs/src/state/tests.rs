@@ -302,6 +302,29 @@ async fn generate_carries_the_priority_and_the_tiers_preempt_and_bind_tp() {
 }
 
 #[tokio::test]
+async fn tensor_parallel_size_groups_aligned_blocks_of_registered_workers() {
+    let cfg = RouterConfig {
+        default_tp: 2,
+        ..RouterConfig::default()
+    };
+    let (engine, _rx) = RouterState::new(Arc::new(cfg));
+    let shape = |e: &RouterState| -> Vec<(Vec<u32>, u32)> {
+        e.plan()
+            .groups
+            .iter()
+            .map(|g| (g.members.clone(), g.tp))
+            .collect()
+    };
+    register(&engine, 0);
+    assert_eq!(shape(&engine), [(vec![0], 1)]); // a block not yet whole serves as TP 1
+    register(&engine, 1);
+    register(&engine, 2);
+    assert_eq!(shape(&engine), [(vec![0, 1], 2), (vec![2], 1)]);
+    register(&engine, 3);
+    assert_eq!(shape(&engine), [(vec![0, 1], 2), (vec![2, 3], 2)]);
+}
+
+#[tokio::test]
 async fn the_next_turn_follows_the_answer_to_the_group_that_generated_it() {
     let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
     register(&engine, 0);
