@@ -24,6 +24,7 @@ FLOORS: list[set[str]] = [
         "chat",
         "serve",
         "serve_commands",
+        "serve_flags",
         "cli",
         "simulate",
         "bench",

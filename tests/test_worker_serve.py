@@ -194,6 +194,45 @@ def test_serve_killed_by_sigkill_still_takes_its_children(launch, tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_router_killed_after_startup_is_restarted_with_the_same_command_and_secret(
+    launch, tmp_path
+):
+    proc, port = launch("ok,ok")
+    assert "ready at" in read_ready_line(proc)
+    first = json.loads((tmp_path / "router.json").read_text())
+    os.kill(first["pid"], signal.SIGKILL)
+
+    def restarted() -> dict | None:
+        now = json.loads((tmp_path / "router.json").read_text() or "{}")
+        return now if now.get("pid", first["pid"]) != first["pid"] else None
+
+    deadline = time.monotonic() + 15
+    while (again := restarted()) is None:
+        assert proc.poll() is None, (tmp_path / "serve.err").read_text()
+        assert time.monotonic() < deadline, "the router was not restarted"
+        time.sleep(0.1)
+    assert (again["argv"], again["secret"]) == (first["argv"], first["secret"])
+    deadline = time.monotonic() + 10
+    while serve.get_health(f"http://127.0.0.1:{port}") is None:  # it answers on the same port
+        assert time.monotonic() < deadline, "the restarted router does not answer"
+        time.sleep(0.1)
+    assert "router exited with code -9" in (tmp_path / "serve.err").read_text()
+    pids = child_pids(tmp_path, 2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert wait_dead(pids) == []
+
+
+@pytest.mark.e2e
+def test_no_restart_router_makes_serve_exit_with_its_router(launch, tmp_path):
+    proc, _ = launch("ok", "--no-restart-router")
+    assert "ready at" in read_ready_line(proc)
+    os.kill(json.loads((tmp_path / "router.json").read_text())["pid"], signal.SIGKILL)
+    assert proc.wait(15) == 1
+    assert "the router exited with code -9" in (tmp_path / "serve.err").read_text()
+
+
+@pytest.mark.e2e
 def test_a_worker_dying_at_startup_fails_serve_cleanly(launch, tmp_path):
     proc, _ = launch("ok,crash", "--startup-timeout", "20")
     assert read_ready_line(proc) == ""  # EOF, no URL

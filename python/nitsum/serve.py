@@ -34,16 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.control_profile import (
     ControlConfigError,
     choose_control_profile,
     config_profile,
     read_json,
 )
-from nitsum.parallel.shift import ShiftRule, shift_rule
+from nitsum.parallel.shift import ShiftRule
 from nitsum.ports import free_port
 from nitsum.serve_commands import (
+    API_KEYS_ENV,
     ServeError,
     host_worker_command,
     resolve_router,
@@ -51,13 +51,12 @@ from nitsum.serve_commands import (
     without_kv_transport,
     worker_command,
 )
+from nitsum.serve_flags import build_parser, kv_sizing, resolve_dtype, resolve_flags
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
 from nitsum.worker.supervise import Restarts
 
 log = logging.getLogger("nitsum.serve")
-
-DEFAULT_WORKER_ADDR = "tcp://127.0.0.1:5557"
 
 
 def profile_shift_rule(profile: Path | str | None) -> ShiftRule | None:
@@ -136,97 +135,57 @@ def use_host_worker(flag: bool | None, control: bool, device: str, workers: int)
     return control and device == "cpu" and workers > 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nitsum serve", description="Serve a model (router + workers)")
-    p.add_argument("--model", default="default", help="'default', an HF dir or a .gguf file")
-    p.add_argument("--workers", type=int, default=2, help="devices (worker ids 0..N-1)")
-    p.add_argument(
-        "--tp-switching",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="serve the N devices from one host worker that switches TP and hands prefilled "
-        "KV to decode groups on `reconfigure` (default: on with the control loop on CPU; "
-        "--no-tp-switching: one worker process per device)",
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--config", default=None, help="router config (tiers, API keys)")
-    p.add_argument(
-        "--profile",
-        default=None,
-        help="performance profile for the router's control loop (planner every window); "
-        "default: a measured profile of the model from ./profiles or the shipped profiles/",
-    )
-    p.add_argument(
-        "--no-control",
-        dest="control",
-        action="store_false",
-        help="no control loop: a static plan (every worker its own TP-1 mixed group)",
-    )
-    p.add_argument("--router-bin", default=None, help="router executable")
-    p.add_argument("--worker-addr", default=DEFAULT_WORKER_ADDR, help="router's ZMQ address")
-    p.add_argument("--served-model-name", default=None, help="default: the model dir's name")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda (worker i gets cuda:i)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
-    p.add_argument("--kv-cache-mb", type=int, default=512)
-    p.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="float32",
-        help="weights, activations and KV (bfloat16: about 2.6x the decode speed of float32 "
-        "on a CPU with AVX512-BF16, half the memory)",
-    )
-    p.add_argument(
-        "--host-kv-cache-mb",
-        type=mebibytes,
-        default=HOST_KV_CACHE_MB,
-        help="host memory per device for swapped-out KV (0: preemption recomputes)",
-    )
-    p.add_argument(
-        "--max-batch", type=int, default=None, help="running sequences cap (cpu 64, cuda 256)"
-    )
-    p.add_argument(
-        "--token-budget", type=int, default=None, help="tokens per step (cpu 512, cuda 8192)"
-    )
-    p.add_argument(
-        "--bind-idle",
-        action="store_true",
-        help="with --tp-switching: under light load, run a strict request on a TP group bound "
-        "from idle devices (docs/architecture.md, 'Per-request TP binding')",
-    )
-    p.add_argument(
-        "--shift-threshold",
-        type=shift_rule,
-        default=None,
-        help="with --tp-switching: batched tokens above which a TP group runs the iteration as "
-        "sequence parallelism (N, off, or SIZE=N per group size, comma-separated); default: "
-        "the control profile's measured crossovers, else the worker's default",
-    )
-    p.add_argument(
-        "--kv-transport",
-        action="store_true",
-        help="with --no-tp-switching: join the worker processes by a KV transport on a free "
-        "loopback port, so the planner may split prefill/decode across them (a restarted "
-        "worker runs without it, which turns such splits off)",
-    )
-    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
-    p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
-    p.add_argument(
-        "--restart-workers",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="start a worker that exits again, with backoff (1 s doubling to 30 s while it "
-        "keeps dying within a minute)",
-    )
-    return p
+def _supervise(
+    children: Children,
+    workers: dict[str, list[str]],
+    router: list[str],
+    env: dict[str, str],
+    args: argparse.Namespace,
+    url: str,
+) -> None:
+    """Keep the router and the workers running until a signal: restart whoever exits (with
+    backoff, supervise.py) unless told not to.
+
+    NOTE: a restarted router keeps its command line, address and worker secret, so the live
+    workers reconnect to it and register again by themselves (worker/link.py) and abort what
+    the dead router had sent them (worker/server.py); a restarted worker registers afresh.
+    """
+    restarts = Restarts()
+    for who in (*workers, "router"):
+        restarts.started(who)
+    reported: set[str] = set()
+    waiting_for_workers = False
+    while True:
+        for who, code in children.exited():
+            if who == "router" and not args.restart_router:
+                raise ServeError(f"the router exited with code {code}")
+            if who == "router" or args.restart_workers:
+                restarts.exited(who, code)
+            elif who not in reported:  # the router retries its requests (docs/protocol.md)
+                log.error("%s exited with code %s; serving with the others", who, code)
+                reported.add(who)
+        for who in restarts.due():
+            cmd = router if who == "router" else without_kv_transport(workers[who])
+            children.spawn(who, cmd, env=env)
+            restarts.started(who)
+            waiting_for_workers |= who == "router"
+        if waiting_for_workers and workers_ready(get_health(url, timeout=0.5), args.workers):
+            log.info("the restarted router serves %d workers again", args.workers)
+            waiting_for_workers = False
+        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run until SIGINT/SIGTERM or the router exits; 0 on a clean stop, 1 or 2 on failure."""
+    """Run until SIGINT/SIGTERM (or the router exits, with --no-restart-router); 0 on a clean
+    stop, 1 or 2 on failure."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
+    errors = resolve_flags(args)
     if args.workers < 1:
-        print("nitsum serve: --workers must be >= 1", file=sys.stderr)
+        errors.append("--workers must be >= 1")
+    if errors:
+        for error in errors:
+            print(f"nitsum serve: {error}", file=sys.stderr)
         return 2
     try:
         from nitsum.engine.load import resolve_model_dir
@@ -237,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         choice = choose_control_profile(
             model_dir, args.device, args.profile, args.control, args.config
         )
+        args.dtype = resolve_dtype(args.dtype, args.device, model_dir)
+        kv_sizing(args, model_dir)
     except (ServeError, ControlConfigError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"nitsum serve: {e}", file=sys.stderr)
         return 2
@@ -245,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.shift_threshold is None:
         args.shift_threshold = profile_shift_rule(choice.profile or config_profile(args.config))
     host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)
+    # NOTE: only the devices of one host worker can form a TP group.
+    host_worker |= (args.tensor_parallel_size or 1) > 1
     if host_worker and args.tp_switching is None:
         log.info(
             "one host worker serves the %d devices: the plan can change TP levels and split "
@@ -259,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     args.kv_peers_addr = f"tcp://127.0.0.1:{free_port()}" if args.kv_transport else None
-    name = args.served_model_name or model_dir.name
-    url = f"http://{args.host}:{args.port}"
+    names = args.served_model_name or [model_dir.name]
+    name = names[0]
+    url = f"http://{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
     children = Children(grace_s=args.stop_timeout)
     received: list[int] = []
 
@@ -269,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         raise _Stop
 
     # NOTE: a fresh worker secret per run, for this router and its own workers only; passed in
-    # the environment, never on a command line that `ps` shows (docs/security.md).
+    # the environment, never on a command line that `ps` shows (docs/security.md). The API
+    # keys travel the same way.
     env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
+    if args.api_keys:
+        env[API_KEYS_ENV] = "\n".join(args.api_keys)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         rcmd = router_command(
@@ -279,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             args.port,
             args.worker_addr,
             model_dir,
-            name,
+            names,
             args.config,
             str(choice.profile) if choice.profile else None,
+            args,
         )
         children.spawn("router", rcmd, env=env)
         _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
@@ -293,10 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 for i in range(args.workers)
             }
         )
-        restarts = Restarts()
         for who, cmd in workers.items():
             children.spawn(who, cmd, env=env)
-            restarts.started(who)
         _wait(
             f"{args.workers} workers to register",
             children,
@@ -304,20 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: workers_ready(get_health(url), args.workers),
         )
         print(f"nitsum serve: {name} ready at {url}/v1 ({args.workers} workers)", flush=True)
-        reported: set[str] = set()
-        while True:
-            for who, code in children.exited():
-                if who == "router":
-                    raise ServeError(f"the router exited with code {code}")
-                if args.restart_workers:
-                    restarts.exited(who, code)
-                elif who not in reported:  # the router retries its requests (docs/protocol.md)
-                    log.error("%s exited with code %s; serving with the others", who, code)
-                    reported.add(who)
-            for who in restarts.due():
-                children.spawn(who, without_kv_transport(workers[who]), env=env)
-                restarts.started(who)
-            time.sleep(0.5)
+        _supervise(children, workers, rcmd, env, args, url)
     except _Stop:
         log.info("signal %d: stopping", received[0])
         return 0
@@ -331,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         children.stop(received[0] if received else signal.SIGTERM)
         for s, h in old.items():
             signal.signal(s, h)
+    return 0
 
 
 if __name__ == "__main__":

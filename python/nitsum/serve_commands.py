@@ -12,7 +12,12 @@ import shutil
 import sys
 from pathlib import Path
 
+from nitsum.serve_flags import resolve_dtype
+
 ROUTER_EXE = "nitsum-router"
+# NOTE: API keys reach the router in its environment (newline-separated), never on a command
+# line that `ps` shows; the router adds them to its config's (scheduler-rs/src/config.rs).
+API_KEYS_ENV = "NITSUM_API_KEYS"
 
 
 class ServeError(RuntimeError):
@@ -56,17 +61,26 @@ def router_command(
     port: int,
     worker_addr: str,
     model_dir: Path,
-    served_model_name: str,
+    served_model_names: list[str],
     config: str | None = None,
     profile: str | None = None,
+    args: argparse.Namespace | None = None,
 ) -> list[str]:
-    """The router's command line. NOTE: the one place that knows the router's flags."""
+    """The router's command line. NOTE: the one place that knows the router's flags.
+
+    The first served name is the model's; the others are aliases it also answers to."""
     cmd = [*prefix, "--listen", f"{host}:{port}", "--worker-addr", worker_addr]
-    cmd += ["--model-dir", str(model_dir), "--served-model-name", served_model_name]
+    cmd += ["--model-dir", str(model_dir), "--served-model-name", served_model_names[0]]
+    for alias in served_model_names[1:]:
+        cmd += ["--model-alias", alias]
     if config:
         cmd += ["--config", config]
     if profile:
         cmd += ["--profile", profile]
+    if args is not None and getattr(args, "tensor_parallel_size", None):
+        cmd += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args is not None and getattr(args, "chat_template", None):
+        cmd += ["--chat-template", str(Path(args.chat_template).resolve())]
     return cmd
 
 
@@ -77,6 +91,18 @@ def step_limit_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--max-batch", str(args.max_batch)]
     if getattr(args, "token_budget", None) is not None:
         flags += ["--token-budget", str(args.token_budget)]
+    return flags
+
+
+def engine_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
+    """The engine settings every worker gets alike (KV pools, dtype, limits, caching)."""
+    dtype = resolve_dtype(args.dtype, args.device, model_dir)
+    flags = ["--kv-cache-mb", str(args.kv_cache_mb), *step_limit_flags(args)]
+    flags += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", dtype]
+    if getattr(args, "max_model_len", None) is not None:
+        flags += ["--max-context", str(args.max_model_len)]
+    if getattr(args, "prefix_caching", True) is False:
+        flags += ["--no-prefix-caching"]
     return flags
 
 
@@ -93,8 +119,7 @@ def worker_command(
     cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
     cmd += ["--worker-id", str(worker_id), "--router", worker_addr, "--device", device]
     cmd += ["--served-model-name", served_model_name, "--threads", str(threads)]
-    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), *step_limit_flags(args)]
-    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
+    cmd += engine_flags(args, model_dir)
     if getattr(args, "kv_peers_addr", None):
         cmd += ["--kv-peers", args.kv_peers_addr, "--kv-rank", str(worker_id)]
         cmd += ["--kv-world", str(args.workers)]
@@ -132,8 +157,7 @@ def host_worker_command(
     cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
     cmd += ["--worker-id", "0", "--devices", str(args.workers), "--router", worker_addr]
     cmd += ["--device", args.device, "--served-model-name", served_model_name]
-    cmd += ["--kv-cache-mb", str(args.kv_cache_mb), *step_limit_flags(args)]
-    cmd += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", args.dtype]
+    cmd += engine_flags(args, model_dir)
     if args.bind_idle:
         cmd += ["--bind-idle"]
     if args.shift_threshold is not None:

@@ -38,6 +38,16 @@ pub struct Cli {
     /// Model name served on /v1/models and accepted in `model`.
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Another name the model answers to (listed on /v1/models too); repeatable.
+    #[arg(long = "model-alias")]
+    pub model_aliases: Vec<String>,
+    /// A Jinja chat template file used instead of the model directory's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Devices per TP group: the planner's lowest TP level with the control loop, else the
+    /// fixed level of the default plan (aligned groups of registered workers).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<u32>,
     /// A worker silent for this long is suspect: no new work, its requests held.
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
@@ -68,6 +78,20 @@ pub struct Cli {
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+}
+
+/// Environment variable with API keys, one a line (`nitsum serve --api-key`): kept off the
+/// command line that `ps` shows. Each may use every tier, like a config key without `tiers`.
+pub const API_KEYS_ENV: &str = "NITSUM_API_KEYS";
+
+/// The keys of `NITSUM_API_KEYS` (blank lines skipped).
+pub fn env_api_keys(text: &str) -> Result<Vec<ApiKey>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        // NOTE: through serde, so that every other field takes its config-file default.
+        .map(|k| serde_json::from_value(serde_json::json!({ "key": k })).context(API_KEYS_ENV))
+        .collect()
 }
 
 /// An API key and the tiers it may use.
@@ -160,6 +184,14 @@ pub struct RouterConfig {
     pub worker_addr: String,
     pub model_dir: Option<PathBuf>,
     pub served_model_name: String,
+    /// Other names the model answers to (`--model-alias`, `nitsum serve --served-model-name
+    /// a b`): accepted as `model` and listed on /v1/models.
+    pub model_aliases: Vec<String>,
+    /// Chat template file overriding the model directory's (`--chat-template`).
+    pub chat_template: Option<PathBuf>,
+    /// `--tensor-parallel-size`: the default plan's TP level (without the control loop;
+    /// with it the planner's `tp_levels` start there). 1: every worker its own group.
+    pub default_tp: u32,
     /// NOTE: non-empty, names unique, at least one non-background tier (checked by `validate`).
     pub tiers: Vec<Tier>,
     pub api_keys: Vec<ApiKey>,
@@ -201,6 +233,9 @@ pub struct RouterConfig {
     pub insecure_worker_plane: bool,
 }
 
+/// The largest TP level `--tensor-parallel-size` lets the planner consider.
+const MAX_TP_LEVEL: u32 = 1024;
+
 /// Requests each default tier holds at once before new ones get 429 (`Tier::max_inflight`).
 pub const DEFAULT_TIER_MAX_INFLIGHT: u32 = 1024;
 
@@ -233,6 +268,9 @@ impl Default for RouterConfig {
             worker_addr: "tcp://127.0.0.1:5557".into(),
             model_dir: None,
             served_model_name: "nitsum".into(),
+            model_aliases: Vec::new(),
+            chat_template: None,
+            default_tp: 1,
             tiers: default_tiers(),
             api_keys: Vec::new(),
             static_plan: None,
@@ -278,6 +316,27 @@ impl RouterConfig {
             if cli.served_model_name.is_none() {
                 cfg.served_model_name = model_name_of(dir);
             }
+        }
+        cfg.model_aliases = cli.model_aliases.clone();
+        if cli.chat_template.is_some() {
+            cfg.chat_template = cli.chat_template.clone();
+        }
+        if let Some(tp) = cli.tensor_parallel_size {
+            if tp == 0 {
+                bail!("--tensor-parallel-size must be >= 1");
+            }
+            cfg.default_tp = tp;
+            // NOTE: a floor for the planner: the levels it may pick are those >= tp (the
+            // pool's registered levels intersect them, PlannerConfig::for_pool).
+            let allowed: Vec<u32> = match cfg.planner.tp_levels.take() {
+                Some(levels) => levels.into_iter().filter(|&l| l >= tp).collect(),
+                None => (tp..=MAX_TP_LEVEL).collect(),
+            };
+            cfg.planner.tp_levels = Some(allowed);
+        }
+        if let Some(keys) = std::env::var_os(API_KEYS_ENV) {
+            let keys = keys.to_str().context("NITSUM_API_KEYS is not UTF-8")?;
+            cfg.api_keys.extend(env_api_keys(keys)?);
         }
         cfg.heartbeat_timeout_ms = cli.heartbeat_timeout_ms.unwrap_or(cfg.heartbeat_timeout_ms);
         cfg.worker_gone_ms = cli.worker_gone_ms.unwrap_or(cfg.worker_gone_ms);
@@ -344,6 +403,9 @@ impl RouterConfig {
             worker_addr: file.worker_addr.unwrap_or(d.worker_addr),
             model_dir: file.model_dir,
             served_model_name,
+            model_aliases: Vec::new(),
+            chat_template: None,
+            default_tp: d.default_tp,
             tiers,
             api_keys: file.api_keys,
             static_plan,
@@ -471,6 +533,29 @@ mod tests {
         assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
         assert_eq!(plan[0].tiers, [TierId(0)]);
         assert_eq!(cfg.heartbeat_timeout_ms, 10_000);
+    }
+
+    #[test]
+    fn tensor_parallel_size_sets_the_default_level_and_the_planners_floor() {
+        let cli = Cli::parse_from(["nitsum-router", "--tensor-parallel-size", "2"]);
+        let cfg = RouterConfig::from_cli(&cli).unwrap();
+        assert_eq!(cfg.default_tp, 2);
+        let allowed = cfg.planner.for_pool(&[1, 2, 4], false).tp_levels.unwrap();
+        assert_eq!(allowed, [2, 4]);
+        let cli = Cli::parse_from(["nitsum-router", "--tensor-parallel-size", "0"]);
+        assert!(RouterConfig::from_cli(&cli).is_err());
+        assert_eq!(RouterConfig::default().default_tp, 1);
+    }
+
+    #[test]
+    fn env_api_keys_are_one_a_line_and_may_use_every_tier() {
+        let keys = env_api_keys("k1\n\n  k2 \n").unwrap();
+        assert_eq!(
+            keys.iter().map(|k| k.key.as_str()).collect::<Vec<_>>(),
+            ["k1", "k2"]
+        );
+        assert!(keys.iter().all(|k| k.tiers.is_empty() && !k.admin));
+        assert!(env_api_keys("").unwrap().is_empty());
     }
 
     #[test]

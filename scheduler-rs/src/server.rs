@@ -71,7 +71,7 @@ impl Running {
 pub fn load_model(cfg: &RouterConfig) -> Result<Option<Arc<ModelFiles>>> {
     cfg.model_dir
         .as_deref()
-        .map(|d| ModelFiles::load(d).map(Arc::new))
+        .map(|d| ModelFiles::load_with(d, cfg.chat_template.as_deref()).map(Arc::new))
         .transpose()
 }
 

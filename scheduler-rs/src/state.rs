@@ -331,6 +331,32 @@ impl RouterState {
 
     /// Default groups when no plan is configured: each live worker is a TP-1 mixed group
     /// serving every non-background tier and accepting background work.
+    /// The plan without a control round or a static plan: aligned groups of `default_tp`
+    /// registered workers (`--tensor-parallel-size`); a block with a member missing serves as
+    /// TP-1 groups until it is whole.
+    fn default_groups(&self, workers: impl Iterator<Item = WorkerId>) -> Vec<GroupPlan> {
+        let mut devices: Vec<u32> = workers.map(|w| w.device()).collect();
+        devices.sort_unstable();
+        let tp = self.cfg.default_tp.max(1);
+        let mut groups = Vec::new();
+        for block in devices.chunk_by(|a, b| a / tp == b / tp) {
+            let whole = tp > 1 && block.len() == tp as usize;
+            if whole {
+                groups.push(GroupPlan {
+                    members: block.to_vec(),
+                    tp,
+                    ..self.default_group(WorkerId::of_device(block[0]))
+                });
+            } else {
+                let each = block
+                    .iter()
+                    .map(|&d| self.default_group(WorkerId::of_device(d)));
+                groups.extend(each);
+            }
+        }
+        groups
+    }
+
     fn default_group(&self, worker: WorkerId) -> GroupPlan {
         GroupPlan {
             members: vec![worker.device()],

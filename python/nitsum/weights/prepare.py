@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nitsum.paths import cache_dir
+from nitsum.weights.hf_cache import cached_snapshot, looks_like_repo_id
 
 if TYPE_CHECKING:
     from nitsum.weights.gguf import GGUFModel
@@ -179,6 +180,7 @@ def resolve_model(model: str | Path | None) -> Path:
       ``cache_dir()/models/SmolLM2-135M-Instruct``.
     - a directory containing ``config.json``: itself.
     - a ``*.gguf`` file: prepared into the cache, keyed by file name and size.
+    - an HF repo id ``org/name``: its snapshot in the local HF cache (hf_cache.py).
 
     Raises:
         ValueError: anything else (with what was expected).
@@ -201,6 +203,8 @@ def resolve_model(model: str | Path | None) -> Path:
         raise ValueError(f"model directory {path} has no config.json (not an HF model directory)")
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _prepared_in_cache(path, f"{path.stem}-{path.stat().st_size}")
+    if looks_like_repo_id(str(model)):
+        return cached_snapshot(str(model))
     raise ValueError(
         f"cannot resolve model {str(model)!r}: expected 'default', {DEFAULT_MODEL_NAME!r}, "
         "an HF model directory with config.json, or an existing .gguf file"

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-budget", type=int, default=None, help="tokens per step (cpu 512, cuda 8192)"
     )
     p.add_argument("--max-context", type=int, default=None, help="cap the context window")
+    p.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV of prompt prefixes already computed",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (--devices 1)")
     p.add_argument(
         "--worker-secret-file",
@@ -122,6 +128,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_batch=args.max_batch,
         token_budget=args.token_budget,
         max_context=args.max_context,
+        prefix_caching=args.prefix_caching,
         bind_idle=args.bind_idle,
         shift=args.shift_threshold,
         # NOTE: a KV handoff to a peer process reads a request's pages as soon as its first

@@ -54,9 +54,13 @@ class Children:
         )
         if self.pgid is None:
             self.pgid = proc.pid
-        # A restarted child replaces its earlier, exited self.
-        self.procs = [(n, p) for n, p in self.procs if n != name or p.poll() is None]
-        self.procs.append((name, proc))
+        # A restarted child replaces its earlier, exited self in place.
+        # NOTE: in place keeps the first-started child (the router) first: stop() stops it last.
+        at = next(
+            (i for i, (n, p) in enumerate(self.procs) if n == name and p.poll() is not None),
+            len(self.procs),
+        )
+        self.procs[at : at + 1] = [(name, proc)]
         log.info("started %s (pid %d): %s", name, proc.pid, " ".join(cmd))
         return proc
 

@@ -259,7 +259,21 @@ class WorkerServer:
             # Maybe a restarted router, whose epochs may repeat the old one's: forget the
             # answers kept for the old router's plans.
             self._acks.clear()
+            self._drop_orphans(device)
         self.links[device].registered = True
+
+    def _drop_orphans(self, device: int) -> None:
+        """Abort what arrived on `device` before this registration, without answering.
+
+        NOTE: a router that admits a worker (again) holds none of its earlier requests (a
+        restarted router never knew them; a live one resumes them elsewhere, state/workers.rs):
+        running them on would only hold KV pages nobody reads."""
+        orphans = [rid for rid, (arrived_on, _) in self.live.items() if arrived_on == device]
+        for rid in orphans:
+            self.backend.abort(rid)
+            del self.live[rid]
+        if orphans:
+            log.warning("worker %d aborted %d requests of a lost router", device, len(orphans))
 
     def _on_reregister(self, device: int) -> None:
         """The router declared this device dead (e.g. a step outlasted the heartbeat timeout)

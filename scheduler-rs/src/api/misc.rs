@@ -23,26 +23,27 @@ pub fn max_model_len(state: &AppState) -> Option<u64> {
     }
 }
 
-/// The served model as an OpenAI model object (with vLLM's `max_model_len`).
-fn model_card(state: &AppState) -> serde_json::Value {
+/// The served model under name `id` as an OpenAI model object (with vLLM's `max_model_len`).
+fn model_card(state: &AppState, id: &str) -> serde_json::Value {
     json!({
-        "id": state.served_model(), "object": "model", "created": unix_now(),
+        "id": id, "object": "model", "created": unix_now(),
         "owned_by": "nitsum",
         "max_model_len": max_model_len(state),
     })
 }
 
-/// `GET /v1/models`: the one served model.
+/// `GET /v1/models`: the one served model, once per name it answers to.
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [model_card(&state)]})).into_response()
+    let data: Vec<_> = state.model_names().map(|n| model_card(&state, n)).collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /v1/models/{id}`: the served model, 404 for any other id.
 pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if id != state.served_model() {
+    if !state.serves_model(&id) {
         return ApiError::model_not_found(&id).into_response();
     }
-    axum::Json(model_card(&state)).into_response()
+    axum::Json(model_card(&state, &id)).into_response()
 }
 
 /// `GET /version`: the server's version (vLLM's and SGLang's endpoint).

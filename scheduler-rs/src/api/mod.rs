@@ -47,6 +47,18 @@ impl AppState {
         &self.router.cfg.served_model_name
     }
 
+    /// Every name the model answers to: the served name first, then its aliases.
+    pub fn model_names(&self) -> impl Iterator<Item = &str> {
+        let cfg = &self.router.cfg;
+        std::iter::once(cfg.served_model_name.as_str())
+            .chain(cfg.model_aliases.iter().map(String::as_str))
+    }
+
+    /// Whether `model` is one of the names the model answers to.
+    pub fn serves_model(&self, model: &str) -> bool {
+        self.model_names().any(|n| n == model)
+    }
+
     /// Per-request deadline (zero: none).
     pub fn request_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.router.cfg.request_timeout_ms)

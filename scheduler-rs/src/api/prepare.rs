@@ -75,7 +75,7 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
                 state.served_model()
             ),
         )),
-        Some(m) if m != state.served_model() => Err(ApiError::model_not_found(m)),
+        Some(m) if !state.serves_model(m) => Err(ApiError::model_not_found(m)),
         Some(_) => Ok(()),
     }
 }

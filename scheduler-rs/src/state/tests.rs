@@ -303,6 +303,68 @@ async fn generate_carries_the_priority_and_the_tiers_preempt_and_bind_tp() {
 }
 
 #[tokio::test]
+async fn tensor_parallel_size_groups_aligned_blocks_of_registered_workers() {
+    let cfg = RouterConfig {
+        default_tp: 2,
+        ..RouterConfig::default()
+    };
+    let (engine, _rx) = RouterState::new(Arc::new(cfg));
+    let shape = |e: &RouterState| -> Vec<(Vec<u32>, u32)> {
+        e.plan()
+            .groups
+            .iter()
+            .map(|g| (g.members.clone(), g.tp))
+            .collect()
+    };
+    register(&engine, 0);
+    assert_eq!(shape(&engine), [(vec![0], 1)]); // a block not yet whole serves as TP 1
+    register(&engine, 1);
+    register(&engine, 2);
+    assert_eq!(shape(&engine), [(vec![0, 1], 2), (vec![2], 1)]);
+    register(&engine, 3);
+    assert_eq!(shape(&engine), [(vec![0, 1], 2), (vec![2, 3], 2)]);
+}
+
+#[tokio::test]
+async fn the_next_turn_follows_the_answer_to_the_group_that_generated_it() {
+    let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
+    register(&engine, 0);
+    register(&engine, 1);
+    drain(&mut rx);
+    let with_prompt = |ids: Vec<u32>| Submit {
+        input_ids: ids,
+        ..submit()
+    };
+    let to = |h: &super::RequestHandle, rx: &mut _| -> String {
+        let sent = drain_raw(rx);
+        let id = engine.wire_id(h.id());
+        let (to, _) = sent
+            .iter()
+            .find(|(_, v)| v["request_id"] == id.as_str())
+            .unwrap();
+        to.clone()
+    };
+    // Turn 1: a prompt shorter than a block (nothing to index), a long answer from worker 0.
+    let prompt: Vec<u32> = (0..40).collect();
+    let answer: Vec<u32> = (1000..1100).collect();
+    let mut turn1 = engine.submit(with_prompt(prompt.clone())).unwrap();
+    assert_eq!(to(&turn1, &mut rx), "0");
+    tokens(&engine, 0, turn1.id(), &answer, Some("length"));
+    assert!(matches!(turn1.recv().await, Some(Event::Tokens { .. })));
+    // Another conversation now keeps worker 0 busier than worker 1.
+    let _other = engine.submit(with_prompt((5000..5010).collect())).unwrap();
+    // Turn 2 = turn 1's prompt + its answer + a new message: back to worker 0, where that KV is.
+    let mut turn2 = prompt.clone();
+    turn2.extend(&answer);
+    turn2.extend(2000..2020);
+    let next = engine.submit(with_prompt(turn2)).unwrap();
+    assert_eq!(to(&next, &mut rx), "0");
+    // An unrelated prompt still balances to the idle worker.
+    let fresh = engine.submit(with_prompt((7000..7200).collect())).unwrap();
+    assert_eq!(to(&fresh, &mut rx), "1");
+}
+
+#[tokio::test]
 async fn a_prompt_goes_where_its_prefix_went_unless_that_group_is_much_busier() {
     let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
     register(&engine, 0);

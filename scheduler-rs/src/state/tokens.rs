@@ -8,8 +8,31 @@ use super::{Event, FinishReason, Inflight, RouterState};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::vllm::FinishedReason;
 use crate::metrics::Completion;
+use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::Tokens;
 use crate::worker_auth::Rejection;
+
+/// Index a finished request's prompt + answer under the group that decoded it.
+///
+/// NOTE: a conversation's next turn starts with this turn's prompt and answer (the chat
+/// template renders the answer back as the same tokens, up to its last partial block), and the
+/// group that decoded it holds that KV: without the answer, a short first prompt leaves the
+/// next turn no prefix to follow (prefix_index.rs). A decode-only group is skipped: it
+/// prefills nothing, so the prompt's prefill group stays the hint.
+fn remember_answer(st: &mut super::State, e: &Inflight) {
+    let decoder = e.decode.unwrap_or(e.leader).device();
+    let prefills = st
+        .plan
+        .groups
+        .iter()
+        .any(|g| g.leader() == decoder && g.role != crate::plan::Role::Decode);
+    if prefills && !e.generated.is_empty() {
+        let mut seq = Vec::with_capacity(e.req.input_ids.len() + e.generated.len());
+        seq.extend_from_slice(&e.req.input_ids);
+        seq.extend_from_slice(&e.generated);
+        st.prefixes.record(&prefix_keys(&seq), decoder);
+    }
+}
 
 impl RouterState {
     /// A `tokens` message from a worker.
@@ -132,6 +155,7 @@ impl RouterState {
         st.dispatcher.complete(id);
         if matches!(event, Event::Tokens { .. }) {
             self.stats_completion(&mut st, e.req.tier, e.tokens());
+            remember_answer(&mut st, &e);
         }
         drop(st);
         self.finish(e, event, now);

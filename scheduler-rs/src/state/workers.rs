@@ -300,11 +300,7 @@ impl RouterState {
         let mut groups: Vec<GroupPlan> = match st.planned.as_ref().or(self.cfg.static_plan.as_ref())
         {
             Some(groups) => groups.iter().filter(|g| alive(g)).cloned().collect(),
-            None => st
-                .registry
-                .live_ids()
-                .map(|w| self.default_group(w))
-                .collect(),
+            None => self.default_groups(st.registry.live_ids()),
         };
         if st.planned.is_some() {
             // NOTE: a worker that registered after the control loop's last plan serves as its

@@ -63,9 +63,15 @@ fn token_str(v: Option<&Value>) -> Option<String> {
     }
 }
 
-/// The chat template: `chat_template.jinja` if present, else `chat_template` of
-/// tokenizer_config.json (a string, or a list of `{name, template}` where `default` wins).
-fn template_source(dir: &Path, tok_cfg: &Value) -> Result<Option<String>> {
+/// The chat template: the `--chat-template` file if given, else `chat_template.jinja` if
+/// present, else `chat_template` of tokenizer_config.json (a string, or a list of
+/// `{name, template}` where `default` wins).
+fn template_source(dir: &Path, tok_cfg: &Value, given: Option<&Path>) -> Result<Option<String>> {
+    if let Some(file) = given {
+        let src = std::fs::read_to_string(file)
+            .with_context(|| format!("reading the chat template {}", file.display()))?;
+        return Ok(Some(src));
+    }
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
         return Ok(Some(std::fs::read_to_string(jinja)?));
@@ -85,6 +91,11 @@ impl ModelFiles {
     /// Load from an HF model directory. `tokenizer.json` is required; the other files are
     /// optional (no template: chat requests are refused; no config: context 4096).
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, None)
+    }
+
+    /// `load`, with the chat template read from `chat_template` when given.
+    pub fn load_with(dir: &Path, chat_template: Option<&Path>) -> Result<Self> {
         let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| anyhow!("loading {}/tokenizer.json: {e}", dir.display()))?;
         let opt = |name: &str| -> Result<Value> {
@@ -101,7 +112,7 @@ impl ModelFiles {
 
         let bos = token_str(tok_cfg.get("bos_token")).unwrap_or_default();
         let eos = token_str(tok_cfg.get("eos_token")).unwrap_or_default();
-        let template = template_source(dir, &tok_cfg)?
+        let template = template_source(dir, &tok_cfg, chat_template)?
             .map(|src| ChatTemplate::new(&src, &bos, &eos))
             .transpose()
             .map_err(|e| anyhow!("compiling the chat template: {e}"))?;
