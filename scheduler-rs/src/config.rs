@@ -393,8 +393,7 @@ impl RouterConfig {
             if k.max_inflight == Some(0) || k.burst == Some(0) {
                 bail!("config: an API key's max_inflight and burst must be at least 1");
             }
-            if k
-                .requests_per_minute
+            if k.requests_per_minute
                 .is_some_and(|r| !r.is_finite() || r <= 0.0)
             {
                 bail!("config: an API key's requests_per_minute must be a positive number");

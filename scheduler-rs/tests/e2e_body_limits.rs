@@ -113,7 +113,11 @@ async fn expect_continue_within_the_limit_still_gets_100_then_its_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_chunk_size_is_a_400_not_a_413() {
     let r = start(config(), &[MockOptions::default()]).await;
-    for chunks in [&b"zz\r\n{}\r\n0\r\n\r\n"[..], b"-1\r\n", b"1G\r\n{\r\n0\r\n\r\n"] {
+    for chunks in [
+        &b"zz\r\n{}\r\n0\r\n\r\n"[..],
+        b"-1\r\n",
+        b"1G\r\n{\r\n0\r\n\r\n",
+    ] {
         let (line, took, raw) =
             first_status(&r, &head("Transfer-Encoding: chunked\r\n"), chunks).await;
         let shown = String::from_utf8_lossy(chunks);
@@ -122,7 +126,10 @@ async fn a_malformed_chunk_size_is_a_400_not_a_413() {
         let err = json_body(&raw)["error"].clone();
         assert_eq!(err["type"], "invalid_request_error", "{err}");
         assert!(
-            err["message"].as_str().unwrap().contains("malformed request body"),
+            err["message"]
+                .as_str()
+                .unwrap()
+                .contains("malformed request body"),
             "{err}"
         );
         still_serves(&r).await;

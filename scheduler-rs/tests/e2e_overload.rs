@@ -194,7 +194,10 @@ async fn one_key_at_its_quota_is_refused_while_another_key_is_served() {
     assert!(third.headers.to_lowercase().contains("retry-after: 1"));
     let other = as_key("sk-free", false).await;
     assert_eq!(other.status, 200, "{}", other.body);
-    assert_eq!(other.json()["output_ids"], json!([104, 105, 104, 105, 104, 105]));
+    assert_eq!(
+        other.json()["output_ids"],
+        json!([104, 105, 104, 105, 104, 105])
+    );
     for h in held {
         let resp = h.await.unwrap();
         assert_eq!(resp.status, 200, "{}", resp.body);
@@ -216,7 +219,11 @@ async fn one_key_at_its_quota_is_refused_while_another_key_is_served() {
     let over = as_key("sk-rated", false).await;
     assert_eq!(over.status, 429, "{}", over.body);
     assert_eq!(over.json()["error"]["code"], "key_rate_limit");
-    assert!(over.headers.to_lowercase().contains("retry-after: "), "{}", over.headers);
+    assert!(
+        over.headers.to_lowercase().contains("retry-after: "),
+        "{}",
+        over.headers
+    );
     assert_eq!(as_key("sk-free", false).await.status, 200);
     // A wrong key is still a 401, not a quota answer.
     assert_eq!(as_key("sk-nope", false).await.status, 401);

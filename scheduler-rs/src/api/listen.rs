@@ -106,7 +106,9 @@ pub async fn read_body_within(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if let Some(n) = declared.filter(|&n| n > MAX_BODY_BYTES as u64) {
-        let why = format!("request body: Content-Length {n} is above the limit of {MAX_BODY_BYTES} bytes");
+        let why = format!(
+            "request body: Content-Length {n} is above the limit of {MAX_BODY_BYTES} bytes"
+        );
         return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, why).into_response();
     }
     let bytes = match tokio::time::timeout(limit, read_at_most(body, MAX_BODY_BYTES)).await {
