@@ -156,3 +156,11 @@ def test_generate_carries_the_grammar_to_the_workers_sampling_params() -> None:
     with pytest.raises(InvalidRequestError) as e:
         inbound.parse_generate({**plain, "grammar": {"kind": "lark"}})
     assert e.value.field == "response_format"
+
+
+def test_a_grammar_error_says_why_without_the_parser_state(comp, tok) -> None:
+    # A client reads this (400 or a stream's error event): the reason, not llguidance's
+    # internal state and the whole grammar.
+    m = comp.matcher(spec({"type": "integer"}))
+    assert not m.consume(tok.encode("x", add_special_tokens=False).ids)
+    assert m.error == "Parser Error: token \"x\" doesn't satisfy the grammar; byte 'x' fails parse"

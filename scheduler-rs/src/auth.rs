@@ -5,8 +5,13 @@
 //! the `x-nitsum-tier` header, else the body field `tier`, else the key's default tier, else
 //! the config's first non-background tier. An unknown tier is a 400; a tier the key may not
 //! use is a 403.
+//!
+//! NOTE: keys are compared in constant time: the given key and every configured key are
+//! hashed (SHA-256) and all digests compared without an early exit, so neither the position
+//! of the first wrong byte nor which key matched shows in the response time.
 
 use axum::http::HeaderMap;
+use sha2::{Digest, Sha256};
 
 use crate::config::ApiKey;
 use crate::errors::ApiError;
@@ -20,12 +25,29 @@ pub const TIER_HEADER: &str = "x-nitsum-tier";
 #[derive(Debug, Clone)]
 pub struct Auth {
     keys: Vec<ApiKey>,
+    /// SHA-256 of each key, in `keys` order.
+    digests: Vec<[u8; 32]>,
     tiers: Vec<Tier>,
 }
 
 impl Auth {
     pub fn new(keys: Vec<ApiKey>, tiers: Vec<Tier>) -> Self {
-        Auth { keys, tiers }
+        let digests = keys.iter().map(|k| digest(&k.key)).collect();
+        Auth {
+            keys,
+            digests,
+            tiers,
+        }
+    }
+
+    /// The configured keys, in config order (`key_index` indexes them).
+    pub fn keys(&self) -> &[ApiKey] {
+        &self.keys
+    }
+
+    /// Index in `keys` of the request's valid API key; `None` without one (or with auth off).
+    pub fn key_index(&self, headers: &HeaderMap) -> Option<usize> {
+        self.find(bearer(headers)?)
     }
 
     /// Resolve the tier index of a request from its headers and optional body `tier`.
@@ -83,20 +105,23 @@ impl Auth {
         if self.keys.is_empty() {
             return Ok(None);
         }
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim)
+        let given = bearer(headers)
             .ok_or_else(|| ApiError::unauthorized("missing API key (Authorization: Bearer ...)"))?;
-        self.keys
-            .iter()
-            .find(|k| k.key == given)
-            .map(Some)
+        self.find(given)
+            .map(|i| Some(&self.keys[i]))
             .ok_or_else(|| ApiError::unauthorized("invalid API key"))
+    }
+
+    /// The index of key `given`: every digest is compared in full (see the module's NOTE).
+    fn find(&self, given: &str) -> Option<usize> {
+        let given = digest(given);
+        let mut found = None;
+        for (i, d) in self.digests.iter().enumerate() {
+            if digests_equal(d, &given) {
+                found = Some(i);
+            }
+        }
+        found
     }
 
     fn first_foreground(&self) -> &str {
@@ -106,6 +131,27 @@ impl Auth {
             .find(|t| !t.background)
             .map_or("", |t| t.name.as_str())
     }
+}
+
+/// The key of an `Authorization: Bearer <key>` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// Equality of two digests that reads every byte whatever the first difference.
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
@@ -127,7 +173,7 @@ mod tests {
             key: key.into(),
             tiers: tiers.iter().map(|s| s.to_string()).collect(),
             default_tier: default.map(String::from),
-            admin: false,
+            ..ApiKey::default()
         }
     }
 
@@ -187,5 +233,23 @@ mod tests {
         let all = headers(&[("authorization", "Bearer sk-all")]);
         assert_eq!(auth.resolve_tier(&all, Some("background")), Ok(TierId(2)));
         assert_eq!(auth.resolve_tier(&all, None), Ok(TierId(0)));
+    }
+
+    #[test]
+    fn key_lookup_compares_digests_in_full() {
+        let auth = Auth::new(
+            vec![key("sk-aaaa", &[], None), key("sk-aaab", &[], None)],
+            default_tiers(),
+        );
+        let with = |k: &str| headers(&[("authorization", &format!("Bearer {k}"))]);
+        assert_eq!(auth.key_index(&with("sk-aaaa")), Some(0));
+        assert_eq!(auth.key_index(&with("sk-aaab")), Some(1));
+        // A prefix, an extension and a one-byte change are all different keys.
+        for wrong in ["sk-aaa", "sk-aaaaa", "sk-aaac", ""] {
+            assert_eq!(auth.key_index(&with(wrong)), None, "{wrong}");
+        }
+        assert_eq!(auth.key_index(&HeaderMap::new()), None);
+        assert!(digests_equal(&digest("x"), &digest("x")));
+        assert!(!digests_equal(&digest("x"), &digest("y")));
     }
 }

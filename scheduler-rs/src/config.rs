@@ -94,8 +94,8 @@ pub fn env_api_keys(text: &str) -> Result<Vec<ApiKey>> {
         .collect()
 }
 
-/// An API key and the tiers it may use.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// An API key, the tiers it may use and its quotas (absent: unlimited).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKey {
     pub key: String,
@@ -108,6 +108,16 @@ pub struct ApiKey {
     /// May read `/admin/*` (and `/metrics` with `restrict_metrics`).
     #[serde(default)]
     pub admin: bool,
+    /// Most requests of this key in flight at once (api/quota.rs); more get 429.
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
+    /// Sustained request rate of this key (a token bucket refilled at this rate).
+    #[serde(default)]
+    pub requests_per_minute: Option<f64>,
+    /// The bucket's size: requests the key may send at once after a quiet spell
+    /// (default: one second's worth of `requests_per_minute`, at least 1).
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 /// One group of the static plan as written in the config (`tp` is `members.len()`).
@@ -464,6 +474,14 @@ impl RouterConfig {
                     bail!("config: API key default tier {d:?} is not among its tiers");
                 }
             }
+            if k.max_inflight == Some(0) || k.burst == Some(0) {
+                bail!("config: an API key's max_inflight and burst must be at least 1");
+            }
+            if k.requests_per_minute
+                .is_some_and(|r| !r.is_finite() || r <= 0.0)
+            {
+                bail!("config: an API key's requests_per_minute must be a positive number");
+            }
         }
         for g in self.static_plan.iter().flatten() {
             if g.members.is_empty() {
@@ -566,6 +584,10 @@ mod tests {
             r#"{"api_keys": [{"key": "k", "tiers": ["nope"]}]}"#,
             r#"{"api_keys": [{"key": "k", "tiers": ["strict"], "default_tier": "relaxed"}]}"#,
             r#"{"plan": [{"members": [0], "tiers": ["gold"]}]}"#,
+            r#"{"api_keys": [{"key": "k", "max_inflight": 0}]}"#,
+            r#"{"api_keys": [{"key": "k", "requests_per_minute": 0}]}"#,
+            r#"{"api_keys": [{"key": "k", "requests_per_minute": -1.5}]}"#,
+            r#"{"api_keys": [{"key": "k", "requests_per_minute": 60, "burst": 0}]}"#,
         ] {
             let file: FileConfig = serde_json::from_str(bad).unwrap();
             assert!(RouterConfig::from_file(file).is_err(), "{bad}");

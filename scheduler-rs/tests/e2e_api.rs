@@ -289,18 +289,21 @@ async fn api_keys_and_tiers() {
             tiers: vec!["strict".into(), "relaxed".into()],
             default_tier: Some("relaxed".into()),
             admin: false,
+            ..ApiKey::default()
         },
         ApiKey {
             key: "sk-bg".into(),
             tiers: vec!["background".into()],
             default_tier: None,
             admin: false,
+            ..ApiKey::default()
         },
         ApiKey {
             key: "sk-ops".into(),
             tiers: vec![],
             default_tier: None,
             admin: true,
+            ..ApiKey::default()
         },
     ];
     cfg.restrict_metrics = true;

@@ -72,6 +72,39 @@ fn cases() -> Vec<Case> {
             400,
             none.clone(),
         ),
+        // One JSON value and nothing after it (issue 29 item 7).
+        (
+            "POST",
+            c,
+            JSON,
+            chat(json!({})) + " {\"model\": \"tiny\"}",
+            400,
+            none.clone(),
+        ),
+        (
+            "POST",
+            p,
+            JSON,
+            completion(json!({})) + "xyz",
+            400,
+            none.clone(),
+        ),
+        (
+            "POST",
+            g,
+            JSON,
+            generate(json!({})) + "]",
+            400,
+            none.clone(),
+        ),
+        (
+            "POST",
+            "/tokenize",
+            JSON,
+            "{\"prompt\": \"hi\"} {}".into(),
+            400,
+            none.clone(),
+        ),
         // Wrong paths and methods.
         ("GET", c, JSON, String::new(), 405, none.clone()),
         ("PUT", g, JSON, generate(json!({})), 405, none.clone()),
@@ -167,6 +200,32 @@ fn cases() -> Vec<Case> {
             400,
             "response_format",
         ),
+        // Structured output the worker could not serve (issue 29 item 6): refused before
+        // queueing, naming the field.
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema":
+                {"name": "x", "schema": {"type": "string", "pattern": "^(a{1000}){1000}$"}}}}),
+            400,
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema":
+                {"name": "x", "schema": {"$ref": "#"}}}}),
+            400,
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
+                           "$ref": "#/$defs/A"}}}}),
+            400,
+            "response_format",
+        ),
+        (
+            json!({"stop_token_ids": [999_999_999]}),
+            400,
+            "stop_token_ids",
+        ),
         (json!({"logit_bias": {"1": 500}}), 400, "logit_bias"),
         (json!({"logit_bias": {"x": 5}}), 400, "logit_bias"),
         (json!({"logit_bias": [1]}), 400, "logit_bias"),
@@ -210,6 +269,7 @@ fn cases() -> Vec<Case> {
         (json!({"logprobs": true}), 400, "logprobs"),
         (json!({"top_logprobs": 2}), 400, "top_logprobs"),
         (json!({"temperature": -1}), 400, "temperature"),
+        (json!({"stop_token_ids": [1, 4096]}), 400, "stop_token_ids"),
     ];
     for (extra, status, param) in completion_cases {
         v.push(("POST", p, JSON, completion(extra), status, json!(param)));
@@ -245,6 +305,21 @@ fn cases() -> Vec<Case> {
             json!({"input_ids": [104], "sampling_params": "x"}).to_string(),
             400,
             "sampling_params",
+        ),
+        (
+            json!({"input_ids": [104], "text": "hi"}).to_string(),
+            400,
+            "text",
+        ),
+        (
+            generate(json!({"stop_token_ids": [999_999_999]})),
+            400,
+            "stop_token_ids",
+        ),
+        (
+            generate(json!({"json_schema": "{\"$ref\": \"#\"}"})),
+            400,
+            "sampling_params.json_schema",
         ),
     ];
     for (body, status, param) in generate_cases {

@@ -145,3 +145,86 @@ async fn a_tier_that_rejects_unattainable_requests_refuses_what_its_slo_bandwidt
     let resp = post(&r, "/generate", relaxed).await;
     assert_eq!(resp.status, 200, "{}", resp.body);
 }
+
+/// Issue 29 item 8: per-key quotas. One key at its `max_inflight` gets 429 while another key
+/// is still served; a key past its request rate gets 429 with the wait in `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_at_its_quota_is_refused_while_another_key_is_served() {
+    use nitsum_scheduler::config::ApiKey;
+    let mut cfg = config();
+    let key = |k: &str, max_inflight, rpm, burst| ApiKey {
+        key: k.into(),
+        max_inflight,
+        requests_per_minute: rpm,
+        burst,
+        ..ApiKey::default()
+    };
+    cfg.api_keys = vec![
+        key("sk-capped", Some(2), None, None),
+        key("sk-free", None, None, None),
+        key("sk-rated", None, Some(30.0), Some(2)),
+    ];
+    let r = Arc::new(start(cfg, &[paced(60)]).await);
+    let body = |stream: bool| {
+        json!({"input_ids": [104, 105], "stream": stream,
+               "sampling_params": {"max_new_tokens": 6, "ignore_eos": true}})
+        .to_string()
+    };
+    let as_key = |k: &'static str, stream: bool| {
+        let (r, b) = (r.clone(), body(stream));
+        async move {
+            let auth = format!("Bearer {k}");
+            call(&r, "POST", "/generate", &[("Authorization", &auth)], &b).await
+        }
+    };
+    // Two requests of the capped key in flight (one streaming: its slot lasts its stream).
+    let held = [
+        tokio::spawn(as_key("sk-capped", false)),
+        tokio::spawn(as_key("sk-capped", true)),
+    ];
+    wait_until(|| r.run.router.inflight() == 2).await;
+    let third = as_key("sk-capped", false).await;
+    assert_eq!(third.status, 429, "{}", third.body);
+    let e = third.json()["error"].clone();
+    assert_eq!(
+        (e["code"].as_str(), e["type"].as_str()),
+        (Some("key_inflight_limit"), Some("rate_limit_error")),
+        "{e}"
+    );
+    assert!(third.headers.to_lowercase().contains("retry-after: 1"));
+    let other = as_key("sk-free", false).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    assert_eq!(
+        other.json()["output_ids"],
+        json!([104, 105, 104, 105, 104, 105])
+    );
+    for h in held {
+        let resp = h.await.unwrap();
+        assert_eq!(resp.status, 200, "{}", resp.body);
+    }
+    // Slots come back once the answers are sent.
+    let t0 = Instant::now();
+    loop {
+        let again = as_key("sk-capped", false).await;
+        if again.status == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "{}", again.body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The rated key: a burst of 2, then one every 2 s.
+    for _ in 0..2 {
+        assert_eq!(as_key("sk-rated", false).await.status, 200);
+    }
+    let over = as_key("sk-rated", false).await;
+    assert_eq!(over.status, 429, "{}", over.body);
+    assert_eq!(over.json()["error"]["code"], "key_rate_limit");
+    assert!(
+        over.headers.to_lowercase().contains("retry-after: "),
+        "{}",
+        over.headers
+    );
+    assert_eq!(as_key("sk-free", false).await.status, 200);
+    // A wrong key is still a 401, not a quota answer.
+    assert_eq!(as_key("sk-nope", false).await.status, 401);
+}

@@ -29,6 +29,9 @@ _JSON_OPTIONS: JsonCompileOptions = {
     "key_separator": ": ",
 }
 _ANY_OBJECT = {"type": "object"}
+# NOTE: llguidance's default errors carry its parser state and the whole grammar; a client
+# reads this error (400 or a stream's error event), so it gets the reason alone.
+_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 class GrammarCompiler:
@@ -64,7 +67,7 @@ class GrammarCompiler:
         """A fresh matcher for `spec` (having consumed nothing); InvalidRequestError naming
         `response_format` with the library's message if it cannot compile."""
         grammar = self._compile(spec.kind, spec.schema)
-        inner = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        inner = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_LIMITS)
         return GrammarMatcher(inner, self.vocab_size)
 
     def check(self, spec: GrammarSpec) -> None:

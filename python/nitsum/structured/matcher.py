@@ -35,4 +35,7 @@ class GrammarMatcher:
     @property
     def error(self) -> str | None:
         """Why the matcher failed (a token it refused), else None."""
-        return self.inner.get_error() or None if self.inner.is_error() else None
+        if not self.inner.is_error():
+            return None
+        # llguidance marks an error without its parser state so; the marker says nothing.
+        return (self.inner.get_error() or "").removesuffix("<non-verbose/>").strip() or None

@@ -86,19 +86,40 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, read_timeout:
 
 /// Middleware: read the whole body within `client_read_timeout_ms` (408 otherwise) and at
 /// most [`MAX_BODY_BYTES`] (413), then hand the request on with the body in memory.
+///
+/// NOTE: a declared `Content-Length` above the limit is refused before a byte of the body is
+/// read, so a client announcing gigabytes (with `Expect: 100-continue`: hyper sends `100
+/// Continue` only once the body is first read, so it gets the 413 instead) waits for
+/// nothing. A body that breaks HTTP framing (a malformed chunk size) is the client's 400, not
+/// a 413.
 pub async fn read_body_within(
     State(state): State<Arc<AppState>>,
     req: Request,
     next: Next,
 ) -> Response {
+    use axum::http::StatusCode;
     let limit = Duration::from_millis(state.router.cfg.client_read_timeout_ms);
     let (parts, body) = req.into_parts();
-    let bytes = match tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY_BYTES)).await
-    {
+    let declared = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > MAX_BODY_BYTES as u64) {
+        let why = format!(
+            "request body: Content-Length {n} is above the limit of {MAX_BODY_BYTES} bytes"
+        );
+        return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, why).into_response();
+    }
+    let bytes = match tokio::time::timeout(limit, read_at_most(body, MAX_BODY_BYTES)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            let status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
-            return ApiError::from_status(status, format!("request body: {e}")).into_response();
+        Ok(Err(BodyError::TooLarge)) => {
+            let why = format!("request body: longer than the limit of {MAX_BODY_BYTES} bytes");
+            return ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, why).into_response();
+        }
+        Ok(Err(BodyError::Malformed(e))) => {
+            let why = format!("malformed request body: {e}");
+            return ApiError::from_status(StatusCode::BAD_REQUEST, why).into_response();
         }
         Err(_) => {
             return ApiError::timeout(format!(
@@ -110,4 +131,26 @@ pub async fn read_body_within(
     };
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// Why a body could not be read.
+enum BodyError {
+    TooLarge,
+    /// The connection's framing broke (bad chunk size, cut short): the client's fault.
+    Malformed(axum::Error),
+}
+
+/// The whole of `body` if it holds at most `max` bytes.
+async fn read_at_most(body: Body, max: usize) -> Result<axum::body::Bytes, BodyError> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BodyError::Malformed)?;
+        if out.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out.into())
 }

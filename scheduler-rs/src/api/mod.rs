@@ -11,6 +11,7 @@ mod native;
 pub mod output;
 pub mod prepare;
 pub mod processors;
+mod quota;
 mod sse;
 mod tokens;
 mod tool_reply;
@@ -31,15 +32,19 @@ pub struct AppState {
     /// `None` without `--model-dir`: only token-id requests work then.
     pub model: Option<Arc<ModelFiles>>,
     pub auth: Auth,
+    /// Per-key quotas, indexed as `auth.keys()`.
+    pub quotas: quota::Quotas,
 }
 
 impl AppState {
     pub fn new(router: Arc<RouterState>, model: Option<Arc<ModelFiles>>) -> Arc<Self> {
         let auth = Auth::new(router.cfg.api_keys.clone(), router.cfg.tiers.clone());
+        let quotas = quota::Quotas::new(auth.keys());
         Arc::new(AppState {
             router,
             model,
             auth,
+            quotas,
         })
     }
 
@@ -82,6 +87,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             listen::read_body_within,
+        ))
+        // NOTE: outside the body read: a key over its quota is refused before its body is.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            quota::enforce,
         ))
         .with_state(state)
         .layer(axum::middleware::map_response(openai_errors))

@@ -135,7 +135,15 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     };
     let tier = prepare::tier(&state, &headers, req.tier.as_deref())?;
     let (ids, field) = match (req.input_ids, req.text.as_deref()) {
-        (Some(ids), _) => (ids, "input_ids"),
+        // NOTE: as SGLang, one prompt: which of two would win is a guess the client must
+        // not have to make.
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "text",
+                "send either `text` or `input_ids`, not both",
+            ))
+        }
+        (Some(ids), None) => (ids, "input_ids"),
         (None, Some(t)) => (prepare::encode(&state, t, true, "text").await?, "text"),
         (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
     };

@@ -187,13 +187,18 @@ pub fn build(
         return Err(ApiError::invalid(prompt_field, "the prompt is empty"));
     }
     if let Some(m) = model {
+        // NOTE: every token id a client sends is checked here: a worker indexing its logits
+        // with an id past the vocabulary fails the whole batch, not just this request.
         let vocab = m.vocab_size() as u32;
-        if let Some(bad) = input_ids.iter().find(|&&t| t >= vocab) {
-            return Err(ApiError::invalid(
-                prompt_field,
+        let outside = |ids: &[u32], field: &str| match ids.iter().find(|&&t| t >= vocab) {
+            Some(bad) => Err(ApiError::invalid(
+                field,
                 format!("token id {bad} is outside the vocabulary (size {vocab})"),
-            ));
-        }
+            )),
+            None => Ok(()),
+        };
+        outside(&input_ids, prompt_field)?;
+        outside(&s.stop_token_ids, "stop_token_ids")?;
     }
     // NOTE: capped by the most any worker's KV holds (its largest TP group's), so a prompt
     // no worker can serve is refused here, with the limit, rather than failing there.

@@ -1,6 +1,7 @@
 //! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
 
 pub mod extensions;
+pub mod grammar_probe;
 pub mod openai;
 pub mod structured;
 pub mod tool_calls;

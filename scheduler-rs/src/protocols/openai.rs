@@ -244,8 +244,11 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
     // NOTE: a type error names its field (`param`), as a hand-written check would: from the
     // deserializer's path, or, for fields inside `#[serde(flatten)]` (whose errors lose the
     // path and point at the object's end), by finding the one top-level field that fails alone.
+    // NOTE: `end` refuses bytes after the value (a second object, garbage): serde_json's
+    // `from_slice` checks that, a bare `Deserializer` does not, and a request that is not one
+    // JSON value must not half-run.
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let param = if !inner.is_data() {
@@ -259,7 +262,13 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(
             crate::errors::ApiError::bad_json(format!("could not parse the JSON body: {inner}"));
         err.param = param;
         err
-    })
+    })?;
+    de.end().map_err(|e| {
+        crate::errors::ApiError::bad_json(format!(
+            "could not parse the JSON body: bytes after the JSON value ({e})"
+        ))
+    })?;
+    Ok(value)
 }
 
 /// The top-level field of a JSON object body that `T` cannot take even on its own (every
@@ -290,6 +299,23 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_body::<ChatCompletionRequest>(b"{not json").unwrap_err();
         assert_eq!(e.param, None);
+    }
+
+    #[test]
+    fn bytes_after_the_json_value_are_refused() {
+        for body in [
+            &br#"{"model": "m"} {"model": "n"}"#[..],
+            br#"{"model": "m"}garbage"#,
+            br#"{"model": "m"}]"#,
+        ] {
+            let e = parse_body::<ChatCompletionRequest>(body).unwrap_err();
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+            assert!(e.message.contains("after the JSON value"), "{e:?}");
+            assert_eq!(e.code, Some("invalid_json"));
+        }
+        // Whitespace after the value is not content.
+        let ok = parse_body::<ChatCompletionRequest>(b"{\"model\": \"m\"}\r\n \t");
+        assert_eq!(ok.unwrap().common.model.as_deref(), Some("m"));
     }
 
     #[test]

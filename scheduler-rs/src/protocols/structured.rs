@@ -37,6 +37,7 @@ impl Grammar {
             return Err("the JSON schema must be an object".into());
         }
         check_schema(schema)?;
+        off_the_async_threads(|| super::grammar_probe::probe_schema(schema))?;
         Ok(Grammar {
             kind: GrammarKind::JsonSchema,
             schema: Some(schema.to_string()),
@@ -62,6 +63,17 @@ fn check_schema(schema: &Value) -> Result<(), String> {
     match GrammarInit::Serialized(grammar).validate(None, ParserLimits::default()) {
         ValidationResult::Error(e) => Err(format!("invalid JSON schema: {e}")),
         _ => Ok(()),
+    }
+}
+
+/// Run `f` (CPU work of up to seconds: a schema at the library's limits) so that it does not
+/// hold up the other requests of an async worker thread: on a multi-thread runtime that
+/// thread's tasks move to another thread meanwhile.
+fn off_the_async_threads<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -147,6 +159,18 @@ mod tests {
         assert!(with(local).unwrap().is_some());
         let outside = json!({"type": "object", "properties": {"p": {"$ref": "other.json"}}});
         assert!(with(outside).unwrap_err().contains("other.json"));
+    }
+
+    #[test]
+    fn schemas_the_worker_cannot_serve_are_refused_here() {
+        let with = |schema: Value| {
+            response_format(Some(&json!({"type": "json_schema",
+                                         "json_schema": {"name": "x", "schema": schema}})))
+        };
+        let e = with(json!({"$ref": "#"})).unwrap_err();
+        assert!(e.contains("admits no JSON value"), "{e}");
+        let e = with(json!({"type": "string", "pattern": "^(a{1000}){1000}$"})).unwrap_err();
+        assert!(e.contains("cannot be enforced"), "{e}");
     }
 
     #[test]
