@@ -4,6 +4,7 @@
 
 mod chat;
 mod completions;
+mod fields;
 pub mod listen;
 mod logprobs;
 mod misc;

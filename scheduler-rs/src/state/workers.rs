@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::{Event, FinishReason, Inflight, RouterState, State, Submit};
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
-use crate::prefix_index::prefix_keys;
+use crate::prefix_index::cache_keys;
 use crate::protocols::worker::{self as wire, Body};
 use crate::registry::WorkerInfo;
 
@@ -136,7 +136,7 @@ impl RouterState {
             if e.retries < self.cfg.max_retries {
                 let tier_id = e.req.tier;
                 let background = self.cfg.tier(tier_id).background;
-                let keys = prefix_keys(&rest.input_ids);
+                let keys = cache_keys(&rest.input_ids, &rest.cache);
                 if let Some((identity, d)) = Self::place(st, id, tier_id, background, &keys) {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
@@ -307,6 +307,7 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
         priority: req.priority,
         fork_of: None,
         grammar,
+        cache: req.cache.clone(),
     }))
 }
 
