@@ -1,6 +1,7 @@
 """Logit processors applied before sampling, batched over the rows that ask for one:
 allowed_token_ids, logit_bias, bad_words, min_tokens, then repetition, frequency and presence
-penalties (vLLM's semantics and order). Rows with neutral parameters are not touched (no cost for them)."""
+penalties (vLLM's semantics and order). Rows with neutral parameters are not touched (no
+cost for them)."""
 
 from __future__ import annotations
 
