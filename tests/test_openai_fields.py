@@ -160,7 +160,7 @@ def test_logprob_fields(client, model, base) -> None:
     plp = r.model_extra["prompt_logprobs"]
     prompt = raw(base, "/tokenize", {"model": model, "messages": ASK}).json()["tokens"]
     assert len(plp) == len(prompt) == r.usage.prompt_tokens and plp[0] is None
-    for token, entry in zip(prompt[1:], plp[1:]):
+    for token, entry in zip(prompt[1:], plp[1:], strict=True):
         assert str(token) in entry and all(v["logprob"] <= 0 for v in entry.values())
         assert sorted({v["rank"] for v in entry.values()})[:2] == [1, 2]
     r = chat(

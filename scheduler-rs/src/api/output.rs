@@ -146,8 +146,20 @@ impl TextStream {
         self.logprobs.extend_from_slice(&logprobs);
         self.completion_tokens += ids.len();
         let keep_special = self.options.keep_special;
+        // NOTE: as vLLM, the EOS that ends a request is not text, even with special tokens
+        // shown (unless `include_stop_str_in_output`).
+        let shown = match (&self.model, finish) {
+            (Some(m), Some(crate::state::FinishReason::Stop))
+                if keep_special
+                    && !self.options.keep_stop
+                    && ids.last().is_some_and(|t| m.eos_token_ids.contains(t)) =>
+            {
+                &ids[..ids.len() - 1]
+            }
+            _ => &ids[..],
+        };
         let mut text = match &self.model {
-            Some(m) if keep_special => self.detok.push(&WithSpecial(m), &ids),
+            Some(m) if keep_special => self.detok.push(&WithSpecial(m), shown),
             Some(m) => self.detok.push(m.as_ref(), &ids),
             None => String::new(),
         };
