@@ -21,10 +21,11 @@ pub fn prefix_keys(ids: &[u32]) -> Vec<u64> {
     salted_keys(ids, IntHasher::default())
 }
 
-/// A request's keys: its salt's prefix keys (different salts never share a key, as their
-/// KV is never shared on the worker), led by its `prompt_cache_key`'s own key when it has
-/// one (the shortest "prefix": a request with the same key but another prompt finds it).
-pub fn cache_keys(ids: &[u32], hints: &crate::state::CacheHints) -> Vec<u64> {
+/// A prompt's keys under a cache salt (vLLM's `cache_salt`): its prefix keys (different salts
+/// never share a key, as their KV is never shared on the worker), led by the key of its
+/// `prompt_cache_key` when it has one (the shortest "prefix": a request with the same key but
+/// another prompt finds it).
+pub fn cache_keys(ids: &[u32], salt: Option<&str>, key: Option<&str>) -> Vec<u64> {
     let seeded = |tag: u8, text: Option<&str>| {
         let mut h = IntHasher::default();
         if let Some(text) = text {
@@ -34,9 +35,8 @@ pub fn cache_keys(ids: &[u32], hints: &crate::state::CacheHints) -> Vec<u64> {
         }
         h
     };
-    let salt = hints.salt.as_deref();
     let mut keys = Vec::with_capacity(ids.len() / BLOCK + 1);
-    if let Some(key) = hints.key.as_deref() {
+    if let Some(key) = key {
         let mut h = seeded(1, salt);
         h.write_u8(2);
         h.write(key.as_bytes());
@@ -136,21 +136,16 @@ mod tests {
 
     #[test]
     fn salts_and_cache_keys_change_the_keys() {
-        use crate::state::CacheHints;
         let ids: Vec<u32> = (0..130).collect();
-        let hints = |salt: Option<&str>, key: Option<&str>| CacheHints {
-            salt: salt.map(str::to_string),
-            key: key.map(str::to_string),
-        };
-        let plain = cache_keys(&ids, &hints(None, None));
+        let plain = cache_keys(&ids, None, None);
         assert_eq!(plain, prefix_keys(&ids));
-        let salted = cache_keys(&ids, &hints(Some("a"), None));
+        let salted = cache_keys(&ids, Some("a"), None);
         assert_eq!(salted.len(), 2);
         assert!(salted.iter().all(|k| !plain.contains(k)));
-        assert_ne!(salted, cache_keys(&ids, &hints(Some("b"), None)));
+        assert_ne!(salted, cache_keys(&ids, Some("b"), None));
         // A cache key leads: the same key on another prompt shares that one key only.
-        let keyed = cache_keys(&ids, &hints(None, Some("k")));
-        let other = cache_keys(&[7; 64], &hints(None, Some("k")));
+        let keyed = cache_keys(&ids, None, Some("k"));
+        let other = cache_keys(&[7; 64], None, Some("k"));
         assert_eq!((keyed.len(), keyed[0]), (3, other[0]));
         assert_eq!(keyed[1..], plain[..]);
     }

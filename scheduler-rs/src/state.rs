@@ -96,6 +96,13 @@ pub struct CacheHints {
     pub key: Option<String>,
 }
 
+impl CacheHints {
+    /// The prefix-index keys of a prompt under these hints.
+    pub fn keys(&self, ids: &[u32]) -> Vec<u64> {
+        crate::prefix_index::cache_keys(ids, self.salt.as_deref(), self.key.as_deref())
+    }
+}
+
 /// The first choice a sibling choice shares its prefill with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fork {

@@ -14,7 +14,6 @@ use super::{
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::vllm::FinishedReason;
-use crate::prefix_index::cache_keys;
 use crate::protocols::worker::{self as wire, PROTOCOL_VERSION};
 
 impl State {
@@ -55,7 +54,7 @@ impl RouterState {
         let (tx, rx) = mpsc::unbounded_channel();
         let tier = self.cfg.tier(req.tier);
         let tm = self.metrics.tier(req.tier);
-        let keys = cache_keys(&req.input_ids, &req.cache);
+        let keys = req.cache.keys(&req.input_ids);
         let placed = {
             let mut guard = self.lock();
             let st = &mut *guard;
