@@ -251,7 +251,10 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         tokens_as_ids: replies.tokens_as_ids,
     };
     if req.common.stream {
-        return Ok(sse::respond(all, fields::Shaped::new(fmt, replies)));
+        return Ok(sse::respond(
+            all,
+            super::fields_stream::Shaped::new(fmt, replies),
+        ));
     }
     let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
     let choice_ids: Vec<Vec<u32>> = outs.iter().map(|(_, ids, _)| ids.clone()).collect();

@@ -188,7 +188,10 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         files: state.model.clone(),
     };
     if req.common.stream {
-        return Ok(sse::respond(all, fields::Shaped::new(fmt, replies)));
+        return Ok(sse::respond(
+            all,
+            super::fields_stream::Shaped::new(fmt, replies),
+        ));
     }
     let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
     let echo = fmt.echo.clone().unwrap_or_default();

@@ -1,12 +1,12 @@
 //! vLLM's request fields on the OpenAI endpoints (protocols/vllm_fields.rs), applied: what
 //! they change in the request (grammar, sampling masks, cache hints, the prompt, the text) and
-//! in the reply (its id, token ids, logprob token names, prompt logprobs, usage per chunk).
+//! in the reply (its id, token ids, logprob token names, prompt logprobs); streams: api/
+//! fields_stream.rs.
 
 use serde_json::{json, Value};
 
-use super::output::{OutputOptions, Piece, TextStream};
+use super::output::{OutputOptions, TextStream};
 use super::prepare::{self, SamplingInput};
-use super::sse::ChunkFormat;
 use super::AppState;
 use crate::errors::ApiError;
 use crate::protocols::openai::CommonParams;
@@ -250,72 +250,6 @@ pub fn name_tokens_by_id(content: &mut [Value], ids: &[u32], lps: &[TokenLogprob
         if let Some(top) = entry["top_logprobs"].as_array_mut() {
             for (alt, &(alt_id, _)) in top.iter_mut().zip(&lp.top) {
                 rename(alt, alt_id);
-            }
-        }
-    }
-}
-
-/// A stream's chunks with what the fields add: each choice's `token_ids` (the ids of its
-/// pieces since its last chunk) and, with `continuous_usage`, the choice's usage so far.
-pub struct Shaped<F> {
-    pub inner: F,
-    pub replies: Replies,
-    /// Per choice: ids not yet sent on a chunk.
-    pending: Vec<Vec<u32>>,
-}
-
-impl<F> Shaped<F> {
-    pub fn new(inner: F, replies: Replies) -> Self {
-        Shaped {
-            inner,
-            replies,
-            pending: Vec::new(),
-        }
-    }
-}
-
-impl<F: ChunkFormat> ChunkFormat for Shaped<F> {
-    fn start(&mut self, index: usize, ts: &TextStream) -> Vec<Value> {
-        let mut chunks = self.inner.start(index, ts);
-        self.shape(index, ts, &mut chunks);
-        chunks
-    }
-
-    fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
-        if self.pending.len() <= index {
-            self.pending.resize_with(index + 1, Vec::new);
-        }
-        self.pending[index].extend_from_slice(&p.ids);
-        let mut chunks = self.inner.piece(index, ts, p);
-        self.shape(index, ts, &mut chunks);
-        chunks
-    }
-
-    fn end(&mut self, all: &[TextStream]) -> Vec<Value> {
-        self.inner.end(all)
-    }
-}
-
-impl<F> Shaped<F> {
-    fn shape(&mut self, index: usize, ts: &TextStream, chunks: &mut [Value]) {
-        for chunk in chunks.iter_mut() {
-            let Some(choice) = chunk["choices"].get_mut(0) else {
-                continue;
-            };
-            if self.replies.token_ids {
-                let ids = self
-                    .pending
-                    .get_mut(index)
-                    .map(std::mem::take)
-                    .unwrap_or_default();
-                choice["token_ids"] = json!(ids);
-            }
-            if self.replies.continuous_usage {
-                let (prompt, completion) = (ts.prompt_tokens, ts.completion_tokens);
-                chunk["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
-                                        "total_tokens": prompt + completion,
-                                        "prompt_tokens_details":
-                                            {"cached_tokens": ts.cached_tokens.unwrap_or(0)}});
             }
         }
     }

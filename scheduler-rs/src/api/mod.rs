@@ -5,6 +5,7 @@
 mod chat;
 mod completions;
 mod fields;
+mod fields_stream;
 pub mod listen;
 mod logprobs;
 mod misc;
