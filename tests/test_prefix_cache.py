@@ -16,6 +16,18 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 P = 4  # tokens per page
 
 
+def test_a_cache_salt_isolates_prefixes() -> None:
+    """vLLM's cache_salt: pages released under one salt are found only under that salt."""
+    c = PrefixCache(P)
+    tokens = list(range(9))
+    assert c.release([1, 2, 3], tokens, computed=9, salt="a") == [3]
+    assert c.match(tokens) == []  # unsalted
+    assert c.match(tokens, salt="b") == []
+    assert c.match(tokens, salt="a") == [1, 2]
+    assert c.publish([5, 6], tokens, computed=8) == 8  # the unsalted copy is its own
+    assert c.match(tokens) == [5, 6]
+
+
 def test_match_release_evict() -> None:
     c = PrefixCache(P)
     tokens = list(range(14))  # pages [0..3] [4..7] [8..11], 2 tokens on a partial page
@@ -217,3 +229,33 @@ def test_host_entries_load_evict_and_drop() -> None:
     assert c.evict(1, lambda page: 5) == [21] and c.num_host == 1
     assert c.evict_host(3) == [5] and c.num_host == 0
     assert c.match(tokens) == [10]
+
+
+def first_output(engine, rid: str, prompt: list[int], spec: RequestSpec):
+    """Run one request to the end; its first output (which reports `cached_tokens`)."""
+    engine.add_request(rid, prompt, spec)
+    outs = []
+    while engine.has_unfinished():
+        batch = engine.begin_step()
+        outs += [
+            o for o in engine.end_step(batch, engine.runner.run(batch), 0.0) if o.new_token_ids
+        ]
+    return outs[0]
+
+
+def test_cached_tokens_are_reported_and_a_salt_shares_only_with_its_own(tiny) -> None:
+    hf, cfg = tiny
+    prompt = history(cfg, 23, seed=5)
+    e = engine_for(tiny)
+    assert first_output(e, "a", prompt, RequestSpec(GREEDY)).cached_tokens == 0
+    # The same prompt: its 5 full pages (20 tokens; the last page is partial) are hits.
+    again = first_output(e, "b", prompt, RequestSpec(GREEDY))
+    assert again.cached_tokens == 20
+    # Under a salt: nothing shared with the unsalted run, then shared with the same salt.
+    salted = RequestSpec(GREEDY, cache_salt="tenant-1")
+    assert first_output(e, "c", prompt, salted).cached_tokens == 0
+    assert first_output(e, "d", prompt, salted).cached_tokens == 20
+    other = RequestSpec(GREEDY, cache_salt="tenant-2")
+    assert first_output(e, "e", prompt, other).cached_tokens == 0
+    # The answer does not depend on where the KV came from.
+    assert first_output(e, "f", prompt, salted).new_token_ids == again.new_token_ids

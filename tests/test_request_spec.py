@@ -38,6 +38,7 @@ def test_absent_fields_take_the_declared_defaults() -> None:
         "fork_of": None,
         "decode_target": None,
         "truncate_prompt_tokens": None,
+        "cache_salt": None,
     }
 
 

@@ -282,6 +282,8 @@ def test_openai_client_through_python_worker(router):
         "logprobs",
         "resumed_tokens",
         "prompt_logprobs",
+        "allowed_token_ids",
+        "bad_words",
     }
     # Neutral unless asked: the worker skips the processors for such rows.
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
@@ -290,6 +292,7 @@ def test_openai_client_through_python_worker(router):
     assert gen["sampling"]["min_p"] == 0.0 and gen["sampling"]["logprobs"] is None
     assert gen["sampling"]["resumed_tokens"] == 0  # a fresh request
     assert gen["sampling"]["prompt_logprobs"] is None
+    assert gen["sampling"]["allowed_token_ids"] == [] and gen["sampling"]["bad_words"] == []
     assert gen["sampling"]["stop_token_ids"] == [EOS] and gen["sampling"]["top_k"] == -1
     reg = next(m for m in worker.received if m["type"] == "registered")
     assert reg["worker_id"] == 0 and reg["epoch"] >= 1

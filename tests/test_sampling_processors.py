@@ -117,3 +117,55 @@ def test_bad_values_name_their_field(kwargs: dict, field: str) -> None:
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(**kwargs).validate()
     assert e.value.field == field
+
+
+def reference_masks(logits: list[float], p: SamplingParams, output: list[int]) -> list[float]:
+    """vLLM's allowed_token_ids and bad_words, token by token: every id not allowed is
+    -inf; a bad word's last id is -inf when the output ends with the ids before it."""
+    out = [x if not p.allowed_token_ids or t in p.allowed_token_ids else -math.inf
+           for t, x in enumerate(logits)]  # fmt: skip
+    for word in p.bad_words:
+        *head, last = word
+        if not head or output[len(output) - len(head) :] == head:
+            out[last] = -math.inf
+    return out
+
+
+MASK_CASES = [
+    (SamplingParams(allowed_token_ids=(2, 5, 7)), []),
+    (SamplingParams(bad_words=((4,),)), [1]),  # a one-token word: always banned
+    (SamplingParams(bad_words=((3, 9), (8, 3, 6))), [1, 8, 3]),  # both heads match
+    (SamplingParams(bad_words=((3, 9), (8, 3, 6))), [3, 1]),  # neither does
+    (SamplingParams(allowed_token_ids=(1, 9), bad_words=((2, 9),)), [2]),
+]
+
+
+def test_allowed_ids_and_bad_words_match_the_reference() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(len(MASK_CASES), VOCAB)
+    params = [p for p, _ in MASK_CASES]
+    ctx = [RowContext([0], out) for _, out in MASK_CASES]
+    got = apply_processors(logits, params, ctx)
+    want = [reference_masks(logits[i].tolist(), p, o) for i, (p, o) in enumerate(MASK_CASES)]
+    assert torch.allclose(got, torch.tensor(want), atol=1e-6)
+    assert set(torch.isfinite(got[0]).nonzero().flatten().tolist()) == {2, 5, 7}
+    assert got[2, 9] == -math.inf and got[2, 6] == -math.inf and torch.isfinite(got[3]).all()
+    assert set(torch.isfinite(got[4]).nonzero().flatten().tolist()) == {1}  # 9 banned after 2
+
+
+def test_sampled_ids_obey_allowed_token_ids_and_bad_words() -> None:
+    g = torch.Generator().manual_seed(3)
+    allowed = SamplingParams(temperature=1.0, allowed_token_ids=(3, 4))
+    banned = SamplingParams(temperature=1.0, bad_words=((6,), (2, 7)))
+    for _ in range(50):
+        row = torch.randn(2, VOCAB, generator=g)
+        row[:, 6] += 50.0  # what the model wants most
+        row[:, 7] += 40.0
+        logits = apply_processors(
+            row, [allowed, banned], [RowContext([0], []), RowContext([0], [2])]
+        )
+        a, b = sample(logits, [allowed, banned], [g, g])
+        assert a in (3, 4) and b not in (6, 7)
+    greedy = SamplingParams(temperature=0, allowed_token_ids=(1,))
+    logits = apply_processors(torch.randn(1, VOCAB), [greedy], [RowContext([0], [])])
+    assert sample(logits, [greedy], [None]) == [1]

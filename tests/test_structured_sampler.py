@@ -119,7 +119,9 @@ def test_a_json_schema_spec_without_schema_names_response_format(comp) -> None:
 @pytest.mark.parametrize(
     "raw, why",
     [
-        ({"kind": "regex"}, "kind"),
+        ({"kind": "yaml"}, "kind"),
+        ({"kind": "regex"}, "source text"),
+        ({"kind": "lark", "schema": ""}, "source text"),
         ({"kind": "json_schema"}, "schema text"),
         ({"kind": "json_schema", "schema": "[1, 2]"}, "JSON object"),
         ({"kind": "json_schema", "schema": "{not json"}, "not JSON"),
@@ -164,3 +166,20 @@ def test_a_grammar_error_says_why_without_the_parser_state(comp, tok) -> None:
     m = comp.matcher(spec({"type": "integer"}))
     assert not m.consume(tok.encode("x", add_special_tokens=False).ids)
     assert m.error == "Parser Error: token \"x\" doesn't satisfy the grammar; byte 'x' fails parse"
+
+
+def test_regex_and_lark_grammars_constrain_the_output(comp, tok) -> None:
+    """vLLM's guided_regex / guided_choice / guided_grammar arrive as `regex` and `lark`."""
+    digits = comp.matcher(GrammarSpec("regex", "[0-9]{2}"))
+    allowed = allowed_by_matcher(digits, comp.vocab_size)
+    assert allowed and all(tok.decode([t]).isdigit() for t in allowed)
+    assert digits.consume(tok.encode("42", add_special_tokens=False).ids) and digits.accepting
+    choice = comp.matcher(GrammarSpec("lark", 'start: "Paris" | "Rome"'))
+    # Greedy with the model wanting "Lyon": the best allowed first token is taken.
+    logits = torch.zeros(1, comp.vocab_size)
+    logits[0, tok.encode("Lyon", add_special_tokens=False).ids[0]] = 100.0
+    first = sample(logits, [SamplingParams(temperature=0)], [None], [choice])[0]
+    assert "Paris".startswith(tok.decode([first])) or "Rome".startswith(tok.decode([first]))
+    with pytest.raises(InvalidRequestError) as e:
+        comp.check(GrammarSpec("lark", "root ::= x"))
+    assert e.value.field == "response_format" and "lark" in e.value.message

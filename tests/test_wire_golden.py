@@ -84,11 +84,12 @@ def test_the_generate_fixture_parses_into_the_request_it_describes():
     assert (spec.decode_target, spec.ttft_ms) == (2, 250.0)
     assert (spec.priority, spec.may_preempt) == (-1, False)
     assert (spec.bind_tp, spec.fork_of) == (2, "fedcba9876543210fedcba9876543210")
-    assert spec.truncate_prompt_tokens == 3
+    assert (spec.truncate_prompt_tokens, spec.cache_salt) == (3, "tenant-a")
     assert spec.sampling == SamplingParams(
         max_tokens=32, temperature=0.5, top_p=0.75, top_k=40, seed=1234, stop_token_ids=(2, 13),
         ignore_eos=False, presence_penalty=0.25, frequency_penalty=-0.5,
         repetition_penalty=1.25, logit_bias=((7, 2.5),), min_tokens=3, min_p=0.125, logprobs=2,
-        resumed_tokens=1, prompt_logprobs=1,
+        resumed_tokens=1, prompt_logprobs=1, allowed_token_ids=(5, 9, 27),
+        bad_words=((13,), (15, 27)),
         grammar=GrammarSpec("json_schema", '{"type":"object"}', replay=1),
     )  # fmt: skip

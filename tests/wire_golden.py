@@ -50,6 +50,7 @@ def worker_messages() -> dict[str, proto.Message]:
             queue_ms=12.5,
             logprobs=lp,
             prompt_logprobs=[TokenLogprob(-1.5, ((4, -1.5),))],
+            cached_tokens=8,
         ),  # fmt: skip
         "tokens_error": proto.Tokens(
             3,
@@ -92,6 +93,7 @@ def generate() -> dict[str, Any]:
         "stop_token_ids": [2, 13], "ignore_eos": False, "presence_penalty": 0.25,
         "frequency_penalty": -0.5, "repetition_penalty": 1.25, "logit_bias": [[7, 2.5]],
         "min_tokens": 3, "min_p": 0.125, "logprobs": 2, "resumed_tokens": 1, "prompt_logprobs": 1,
+        "allowed_token_ids": [5, 9, 27], "bad_words": [[13], [15, 27]],
     }  # fmt: skip
     return {
         "v": 1, "type": "generate", "request_id": "0123456789abcdef0123456789abcdef",
@@ -99,6 +101,7 @@ def generate() -> dict[str, Any]:
         "decode_target": 2, "ttft_ms": 250.0, "priority": -1, "preempt": False, "bind_tp": 2,
         "fork_of": "fedcba9876543210fedcba9876543210", "truncate_prompt_tokens": 3,
         "grammar": {"kind": "json_schema", "schema": '{"type":"object"}', "replay": 1},
+        "cache_salt": "tenant-a",
     }  # fmt: skip
 
 

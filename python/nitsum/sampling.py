@@ -53,6 +53,12 @@ class SamplingParams:
     # The last this-many prompt ids are output streamed before the request was resumed here
     # (the router's); the penalties count them as output, as they were.
     resumed_tokens: int = 0
+    # vLLM's `allowed_token_ids`: only these ids may be sampled (empty: any).
+    allowed_token_ids: tuple[int, ...] = ()
+    # vLLM's `bad_words`, as token id sequences (the router tokenizes each word with and
+    # without a leading space): a sequence's last id is banned when the output ends with
+    # the ids before it.
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""
@@ -102,6 +108,10 @@ class SamplingParams:
             )
         if not 0 <= self.min_p <= 1:
             raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
+        if any(t < 0 for t in self.allowed_token_ids):
+            raise InvalidRequestError("allowed_token_ids", "token ids must be >= 0")
+        if any(not word or min(word) < 0 for word in self.bad_words):
+            raise InvalidRequestError("bad_words", "each word must be a non-empty id sequence")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidRequestError(
                 "logprobs", f"must be in [0, {MAX_LOGPROBS}] alternatives, got {self.logprobs}"

@@ -1,6 +1,7 @@
 """Logit processors applied before sampling, batched over the rows that ask for one:
-logit_bias, min_tokens, then repetition, frequency and presence penalties (vLLM's semantics
-and order). Rows with neutral parameters are not touched (no cost for them)."""
+allowed_token_ids, logit_bias, bad_words, min_tokens, then repetition, frequency and presence
+penalties (vLLM's semantics and order). Rows with neutral parameters are not touched (no
+cost for them)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,20 @@ def wants_processing(p: SamplingParams) -> bool:
         or p.repetition_penalty != 1.0
         or p.logit_bias
         or p.min_tokens
+        or p.allowed_token_ids
+        or p.bad_words
     )
+
+
+def banned_by_bad_words(p: SamplingParams, output: Sequence[int]) -> list[int]:
+    """The ids `p.bad_words` bans next after `output` (vLLM's rule: a word's last id when the
+    output ends with the ids before it; a one-token word is always banned)."""
+    banned = []
+    for word in p.bad_words:
+        head = word[:-1]
+        if len(output) >= len(head) and tuple(output[len(output) - len(head) :]) == head:
+            banned.append(word[-1])
+    return banned
 
 
 def _id_matrix(lists: list[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -77,9 +91,19 @@ def apply_processors(
     col = lambda xs: torch.tensor(xs, dtype=sub.dtype, device=sub.device).unsqueeze(1)  # noqa: E731
 
     for r, p in enumerate(ps):
+        if p.allowed_token_ids:
+            # NOTE: every other id is masked, even when none of these is in the vocab
+            # (the row then fails to sample: an error, never an id the client forbade).
+            keep = torch.full((vocab,), float("-inf"), dtype=sub.dtype, device=sub.device)
+            allowed = [t for t in p.allowed_token_ids if t < vocab]
+            keep[allowed] = 0.0
+            sub[r] += keep
         for token, bias in p.logit_bias:
             if 0 <= token < vocab:
                 sub[r, token] += bias
+        banned = [t for t in banned_by_bad_words(p, ctx[r].penalised_output) if t < vocab]
+        if banned:
+            sub[r, banned] = float("-inf")
         if len(ctx[r].output_ids) < p.min_tokens:
             ends = [t for t in ctx[r].end_ids if 0 <= t < vocab]
             if ends:

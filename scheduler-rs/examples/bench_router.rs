@@ -77,6 +77,7 @@ fn make_request(i: usize, args: &Args) -> Submit {
         priority: 0,
         fork_of: None,
         grammar: None,
+        cache: Default::default(),
     }
 }
 

@@ -18,9 +18,37 @@ pub const BLOCK: usize = 64;
 
 /// Keys of every full block prefix of `ids`, shortest first.
 pub fn prefix_keys(ids: &[u32]) -> Vec<u64> {
-    let mut h = IntHasher::default();
+    salted_keys(ids, IntHasher::default())
+}
+
+/// A prompt's keys under a cache salt (vLLM's `cache_salt`): its prefix keys (different salts
+/// never share a key, as their KV is never shared on the worker), led by the key of its
+/// `prompt_cache_key` when it has one (the shortest "prefix": a request with the same key but
+/// another prompt finds it).
+pub fn cache_keys(ids: &[u32], salt: Option<&str>, key: Option<&str>) -> Vec<u64> {
+    let seeded = |tag: u8, text: Option<&str>| {
+        let mut h = IntHasher::default();
+        if let Some(text) = text {
+            h.write_u8(tag);
+            h.write(text.as_bytes());
+            h.write_u8(0xff);
+        }
+        h
+    };
+    let mut keys = Vec::with_capacity(ids.len() / BLOCK + 1);
+    if let Some(key) = key {
+        let mut h = seeded(1, salt);
+        h.write_u8(2);
+        h.write(key.as_bytes());
+        keys.push(h.finish());
+    }
+    keys.extend(salted_keys(ids, seeded(1, salt)));
+    keys
+}
+
+fn salted_keys(ids: &[u32], mut h: IntHasher) -> Vec<u64> {
     ids.chunks_exact(BLOCK)
-        .map(|block| {
+        .map(move |block| {
             for &t in block {
                 h.write_u32(t);
             }
@@ -104,6 +132,22 @@ mod tests {
         assert_eq!(idx.lookup(&kb), Some((7, 3)));
         assert_eq!(idx.lookup(&ka), Some((4, 3)));
         assert_eq!(idx.lookup(&prefix_keys(&a[..63])), None); // no full block
+    }
+
+    #[test]
+    fn salts_and_cache_keys_change_the_keys() {
+        let ids: Vec<u32> = (0..130).collect();
+        let plain = cache_keys(&ids, None, None);
+        assert_eq!(plain, prefix_keys(&ids));
+        let salted = cache_keys(&ids, Some("a"), None);
+        assert_eq!(salted.len(), 2);
+        assert!(salted.iter().all(|k| !plain.contains(k)));
+        assert_ne!(salted, cache_keys(&ids, Some("b"), None));
+        // A cache key leads: the same key on another prompt shares that one key only.
+        let keyed = cache_keys(&ids, None, Some("k"));
+        let other = cache_keys(&[7; 64], None, Some("k"));
+        assert_eq!((keyed.len(), keyed[0]), (3, other[0]));
+        assert_eq!(keyed[1..], plain[..]);
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub enum Event {
     /// The prompt tokens' logprobs after the first (echo with logprobs), before the first
     /// `Tokens`; not a final event.
     Prompt(Vec<crate::protocols::worker::TokenLogprob>),
+    /// Prompt tokens the worker found in its prefix cache, before the first `Tokens`; not a
+    /// final event.
+    Cached(u32),
 }
 
 /// A request ready for dispatch (already tokenized and validated).
@@ -79,6 +82,25 @@ pub struct Submit {
     pub fork_of: Option<Fork>,
     /// Structured output: the grammar the output must match (protocols/structured.rs).
     pub grammar: Option<crate::protocols::structured::Grammar>,
+    /// Prefix-cache salt and affinity key (prefix_index.rs `cache_keys`).
+    pub cache: CacheHints,
+}
+
+/// A request's prefix-cache hints: vLLM's `cache_salt` and OpenAI's `prompt_cache_key`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheHints {
+    /// Only requests with the same salt share cached KV (the worker's prefix cache and the
+    /// router's prefix index both key on it).
+    pub salt: Option<String>,
+    /// Requests with the same key prefer the group that got the key last.
+    pub key: Option<String>,
+}
+
+impl CacheHints {
+    /// The prefix-index keys of a prompt under these hints.
+    pub fn keys(&self, ids: &[u32]) -> Vec<u64> {
+        crate::prefix_index::cache_keys(ids, self.salt.as_deref(), self.key.as_deref())
+    }
 }
 
 /// The first choice a sibling choice shares its prefill with.

@@ -261,9 +261,9 @@ async fn bad_requests_get_openai_errors() {
         ),
         (
             "/v1/completions",
-            json!({"model": "tiny", "prompt": "hi", "include_stop_str_in_output": true}),
+            json!({"model": "tiny", "prompt": "hi", "use_beam_search": true}),
             400,
-            json!("include_stop_str_in_output"),
+            json!("use_beam_search"),
         ),
         (
             "/generate",

@@ -54,6 +54,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
         priority: 0,
         fork_of: None,
         grammar: None,
+        cache: Default::default(),
     };
     let Ok(mut h) = engine.submit(req) else {
         return false;
@@ -68,7 +69,7 @@ async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
                         return n == 8;
                     }
                 }
-                Event::Prompt(_) => {}
+                Event::Prompt(_) | Event::Cached(_) => {}
                 Event::Error(_) | Event::Invalid { .. } => return false,
             }
         }

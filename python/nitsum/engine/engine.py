@@ -39,6 +39,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     # On a request's first token, when it asked: its prompt tokens' logprobs after the first.
     prompt_logprobs: list[TokenLogprob] | None = None
+    # On a request's first token: its prompt tokens found in the prefix cache.
+    cached_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -332,6 +334,8 @@ class Engine:
         out = RequestOutput(seq.request_id, [token], reason, error, logprobs=logprobs)
         if len(seq.output_ids) == 1 and seq.first_scheduled is not None:
             out.queue_s = max(0.0, seq.first_scheduled - seq.arrival)
+        if len(seq.output_ids) == 1:
+            out.cached_tokens = seq.cached_tokens or 0
         if len(seq.output_ids) == 1 and seq.sampling.prompt_logprobs is not None:
             out.prompt_logprobs = list(seq.prompt_lps)
         return out

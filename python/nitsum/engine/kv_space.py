@@ -40,7 +40,7 @@ class KVSpace:
             # NOTE: a sequence still scoring its prompt takes no cached pages past what it
             # computed (nothing may skip a position it has to score): it copies its own back.
             if self.cache is not None and not seq.scores_prompt:
-                seq.pages = self.cache.match(tokens)
+                seq.pages = self.cache.match(tokens, salt=seq.spec.cache_salt)
             cached = len(seq.pages) * self.pages.tokens_per_page
             if cached >= seq.num_computed:  # the device still holds all it had, or more
                 seq.num_computed = cached
@@ -48,8 +48,11 @@ class KVSpace:
             return
         if self.cache is None or seq.num_computed or seq.pages or seq.scores_prompt:
             return
-        seq.pages = self.cache.match(tokens, self._load if self.swap is not None else None)
+        load = self._load if self.swap is not None else None
+        seq.pages = self.cache.match(tokens, load, salt=seq.spec.cache_salt)
         seq.num_computed = len(seq.pages) * self.pages.tokens_per_page
+        if seq.cached_tokens is None:  # NOTE: the first admission's hit is what usage reports
+            seq.cached_tokens = seq.num_computed
 
     def publish(self, seq: Sequence) -> int:
         """Share `seq`'s computed prompt pages through the prefix cache while it runs (its
@@ -57,7 +60,7 @@ class KVSpace:
         if self.cache is None or seq.loading:
             return 0
         computed = min(seq.num_computed, len(seq.prompt_ids))
-        return self.cache.publish(seq.pages, seq.prompt_ids, computed)
+        return self.cache.publish(seq.pages, seq.prompt_ids, computed, seq.spec.cache_salt)
 
     def allocate(self, seq: Sequence, tokens: int) -> bool:
         """Give `seq` pages for `tokens` tokens if free (or idle cached) ones allow."""
@@ -152,7 +155,8 @@ class KVSpace:
             self.pages.release(seq.pages)
         else:
             tokens = seq.prompt_ids + seq.output_ids
-            self.pages.release(self.cache.release(seq.pages, tokens, seq.num_computed))
+            salt = seq.spec.cache_salt
+            self.pages.release(self.cache.release(seq.pages, tokens, seq.num_computed, salt))
         seq.pages = []
 
     def free(self, seq: Sequence) -> None:

@@ -103,6 +103,11 @@ class RequestSpec:
         None, _optional(_positive_int), "a positive integer or null"
     )
 
+    # vLLM's `cache_salt`: only requests with the same salt share prefix-cached KV.
+    cache_salt: str | None = wire_field(
+        None, _optional(lambda x: isinstance(x, str) and bool(x)), "a non-empty string or null"
+    )
+
     def __post_init__(self) -> None:
         if self.klass not in CLASSES:
             raise InvalidRequestError("class", f"must be one of {CLASSES}, got {self.klass!r}")

@@ -65,6 +65,8 @@ class Sequence:
     # With `sampling.prompt_logprobs`: entry j is prompt token j + 1's logprob, from the
     # logits at position j (runner.sample_batch; sent with the first output token).
     prompt_lps: list[TokenLogprob] = field(default_factory=list)
+    # Prompt tokens its first admission found in the prefix cache (None: not admitted yet).
+    cached_tokens: int | None = None
 
     # The local-scheduler class it is queued in now: the spec's, until the scheduler demotes
     # a request that missed its deadline to the last class.

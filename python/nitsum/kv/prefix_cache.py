@@ -12,6 +12,8 @@ load)`). The caller does the copies (engine/swap.py); the cache only keeps where
 NOTE (invariants):
 - Only *full* pages are cached; a page is keyed by (its parent's node id, its tokens): the
   whole prefix up to and including it, matched exactly (dict equality, no hash collisions).
+  A first page's parent is `ROOT`, or the request's cache salt (vLLM's `cache_salt`): pages of
+  requests with different salts are never shared.
   Node ids are never reused, so an entry whose parent was evicted can no longer be reached.
 - A cached page is read-only: a sequence that reuses it starts computing after it, and a
   sequence only ever writes the slots from its `num_computed` on.
@@ -29,6 +31,13 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 ROOT = -1
+# A page's parent: a node id, or (first pages) ROOT or the salt of the requests sharing it.
+Parent = int | str
+
+
+def root(salt: str | None) -> Parent:
+    """The parent of a request's first page: its cache salt's own root, or ROOT."""
+    return ROOT if salt is None else salt
 
 
 @dataclass
@@ -38,7 +47,7 @@ class Entry:
 
     node: int
     page: int | None
-    key: tuple[int, tuple[int, ...]]
+    key: tuple[Parent, tuple[int, ...]]
     refs: int = 0
     host: int | None = None
 
@@ -48,7 +57,7 @@ class PrefixCache:
 
     def __init__(self, tokens_per_page: int) -> None:
         self.tokens_per_page = tokens_per_page
-        self.by_key: dict[tuple[int, tuple[int, ...]], Entry] = {}
+        self.by_key: dict[tuple[Parent, tuple[int, ...]], Entry] = {}
         self.by_page: dict[int, Entry] = {}
         # Entries no sequence uses, least recently used first.
         self.idle: OrderedDict[int, Entry] = OrderedDict()
@@ -82,7 +91,12 @@ class PrefixCache:
         p = self.tokens_per_page
         return [tuple(tokens[i : i + p]) for i in range(0, len(tokens) - p + 1, p)]
 
-    def match(self, tokens: Seq[int], load: Callable[[int], int | None] | None = None) -> list[int]:
+    def match(
+        self,
+        tokens: Seq[int],
+        load: Callable[[int], int | None] | None = None,
+        salt: str | None = None,
+    ) -> list[int]:
         """Pages holding the longest cached prefix of `tokens` that leaves at least one token
         to compute (the step that samples needs it); each gets one more reference.
 
@@ -90,7 +104,7 @@ class PrefixCache:
         caller copies it into (None: no room, the prefix ends there)."""
         self.queries += len(tokens)
         got: list[int] = []
-        parent = ROOT
+        parent = root(salt)
         for chunk in self._pages_of(tokens[: len(tokens) - 1]):
             e = self.by_key.get((parent, chunk))
             if e is None:
@@ -122,13 +136,15 @@ class PrefixCache:
         e.refs += 1
         self.idle.pop(e.node, None)
 
-    def release(self, pages: list[int], tokens: Seq[int], computed: int) -> list[int]:
+    def release(
+        self, pages: list[int], tokens: Seq[int], computed: int, salt: str | None = None
+    ) -> list[int]:
         """A sequence lets go of `pages` whose first `computed` tokens of `tokens` hold KV:
         its cached pages lose a reference, its other full computed pages join the cache;
         returns the pages to give back to the allocator (partial ones and duplicates)."""
         free: list[int] = []
         idle: list[Entry] = []
-        parent = ROOT
+        parent = root(salt)
         full = computed // self.tokens_per_page
         chunks = self._pages_of(tokens[: full * self.tokens_per_page])
         for i, page in enumerate(pages):
@@ -159,12 +175,14 @@ class PrefixCache:
             self.idle[e.node] = e
         return free
 
-    def publish(self, pages: list[int], tokens: Seq[int], computed: int) -> int:
+    def publish(
+        self, pages: list[int], tokens: Seq[int], computed: int, salt: str | None = None
+    ) -> int:
         """A running sequence shares its full computed pages (its first `computed` tokens of
         `tokens`) while it still uses them (n > 1 choices forking after one prefill): they
         join the cache referenced once, by it, so later matches share them and its
         `release` only drops that reference. Returns the tokens now matchable."""
-        parent = ROOT
+        parent = root(salt)
         full = computed // self.tokens_per_page
         chunks = self._pages_of(tokens[: full * self.tokens_per_page])
         for i, page in enumerate(pages[:full]):

@@ -16,7 +16,7 @@ import llguidance
 
 from nitsum.errors import InvalidRequestError
 from nitsum.structured.matcher import GrammarMatcher
-from nitsum.structured.spec import FIELD, GrammarSpec
+from nitsum.structured.spec import FIELD, TEXT_KINDS, GrammarSpec
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -47,6 +47,8 @@ class GrammarCompiler:
         return self.tokenizer.vocab_size
 
     def _compile_uncached(self, kind: str, schema: str | None) -> str:
+        if kind in TEXT_KINDS:
+            return self._compile_text(kind, schema or "")
         source: Any = _ANY_OBJECT
         if kind == "json_schema":
             if schema is None:  # `GrammarSpec.from_wire` refuses it; a direct caller may not
@@ -61,6 +63,17 @@ class GrammarCompiler:
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
             raise InvalidRequestError(FIELD, f"invalid JSON schema: {error}")
+        return grammar
+
+    def _compile_text(self, kind: str, source: str) -> str:
+        """A `regex` or `lark` grammar, checked against the tokenizer."""
+        if kind == "regex":
+            grammar = llguidance.LLMatcher.grammar_from_regex(source)
+        else:
+            grammar = llguidance.LLMatcher.grammar_from_lark(source)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise InvalidRequestError(FIELD, f"invalid {kind} grammar: {error}")
         return grammar
 
     def matcher(self, spec: GrammarSpec) -> GrammarMatcher:

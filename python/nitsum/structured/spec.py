@@ -8,8 +8,12 @@ from typing import Any
 
 from nitsum.errors import InvalidRequestError
 
-# `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`.
-KINDS = ("json_object", "json_schema")
+# `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`;
+# `regex`: text matching the regex `schema`; `lark`: text of the llguidance Lark grammar
+# `schema` (vLLM's guided_regex / guided_grammar / guided_choice).
+KINDS = ("json_object", "json_schema", "regex", "lark")
+# Kinds whose `schema` is source text (not JSON).
+TEXT_KINDS = ("regex", "lark")
 # The request field a bad grammar is blamed on (the router builds grammars from it).
 FIELD = "response_format"
 
@@ -24,7 +28,7 @@ class GrammarSpec:
     """
 
     kind: str
-    # The JSON Schema as JSON text (`json_schema` only).
+    # The JSON Schema as JSON text (`json_schema`), the regex or the Lark grammar.
     schema: str | None = None
     replay: int = 0
 
@@ -52,6 +56,9 @@ class GrammarSpec:
                 raise InvalidRequestError(FIELD, f"the schema is not JSON: {e}") from e
             if not isinstance(parsed, (dict, bool)):
                 raise InvalidRequestError(FIELD, "the schema must be a JSON object")
+        elif kind in TEXT_KINDS:
+            if not isinstance(schema, str) or not schema:
+                raise InvalidRequestError(FIELD, f"a {kind} grammar needs its source text")
         elif schema is not None:
             raise InvalidRequestError(FIELD, "a json_object grammar takes no schema")
         if not isinstance(replay, int) or isinstance(replay, bool) or replay < 0:

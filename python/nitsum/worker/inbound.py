@@ -61,6 +61,8 @@ _SAMPLING_CHECKS = {
     "min_p": (is_num, "a number"),
     "logprobs": (lambda x: x is None or is_int(x), "an integer or null"),
     "prompt_logprobs": (lambda x: x is None or is_int(x), "an integer or null"),
+    "allowed_token_ids": (_int_list, "a list of integers"),
+    "bad_words": (lambda x: isinstance(x, list) and all(map(_int_list, x)), "a list of id lists"),
 }
 _FLOAT_KEYS: tuple[str, ...] = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _FLOAT_KEYS += ("repetition_penalty", "min_p")
@@ -84,8 +86,11 @@ def parse_generate(msg: dict[str, Any]) -> GenerateRequest:
             if not ok(raw[name]):
                 raise InvalidRequestError(name, f"must be {what}, got {raw[name]!r}")
             kwargs[name] = raw[name]
-    if "stop_token_ids" in kwargs:
-        kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        if name in kwargs:
+            kwargs[name] = tuple(kwargs[name])
+    if "bad_words" in kwargs:
+        kwargs["bad_words"] = tuple(tuple(word) for word in kwargs["bad_words"])
     for name in _FLOAT_KEYS:
         if name in kwargs:
             kwargs[name] = float(kwargs[name])

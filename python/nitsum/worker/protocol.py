@@ -84,6 +84,7 @@ class Tokens(Message):
     `logprobs` (one per token id, when the request asked). `error_param` (with `error`): the
     request field the worker refused, so the client gets a 400 naming it rather than a 500.
     `prompt_logprobs` (with the first token, when asked): the prompt tokens' after the first.
+    `cached_tokens` (with the first token): prompt tokens found in the prefix cache.
     """
 
     TYPE = "tokens"
@@ -97,6 +98,7 @@ class Tokens(Message):
     logprobs: list[TokenLogprob] | None = wire_field(omit=None, default=None)
     error_param: str | None = wire_field(omit=None, default=None)
     prompt_logprobs: list[TokenLogprob] | None = wire_field(omit=None, default=None)
+    cached_tokens: int | None = wire_field(omit=None, default=None)
 
     def __post_init__(self) -> None:
         # NOTE: the router ends a request on any non-null reason: a typo would end it silently.

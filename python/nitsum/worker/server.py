@@ -402,6 +402,7 @@ class WorkerServer:
         queued: dict[str, float] = {}
         logprobs: dict[str, list[TokenLogprob]] = {}
         prompt_lps: dict[str, list[TokenLogprob]] = {}
+        cached: dict[str, int] = {}
         for out in outputs:  # one message per request per step, whatever the engine yields
             new.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.queue_s is not None:
@@ -410,6 +411,8 @@ class WorkerServer:
                 logprobs.setdefault(out.request_id, []).extend(out.logprobs)
             if out.prompt_logprobs is not None:
                 prompt_lps[out.request_id] = out.prompt_logprobs
+            if out.cached_tokens is not None:
+                cached[out.request_id] = out.cached_tokens
             if out.finish_reason is not None:
                 reasons[out.request_id] = out.finish_reason
             if out.error is not None:
@@ -428,6 +431,7 @@ class WorkerServer:
                     queued.get(rid),
                     logprobs.get(rid),
                     prompt_logprobs=prompt_lps.get(rid),
+                    cached_tokens=cached.get(rid),
                 )
             else:
                 device, prompt_tokens = self.live[rid]
@@ -441,6 +445,7 @@ class WorkerServer:
                     queue_ms=queued.get(rid),
                     logprobs=logprobs.get(rid),
                     prompt_logprobs=prompt_lps.get(rid),
+                    cached_tokens=cached.get(rid),
                 )
                 self.links[device].send(msg)
 
@@ -464,6 +469,7 @@ class WorkerServer:
         logprobs: list[TokenLogprob] | None = None,
         error_param: str | None = None,
         prompt_logprobs: list[TokenLogprob] | None = None,
+        cached_tokens: int | None = None,
     ) -> None:
         device, prompt_tokens = self.live.pop(rid)
         msg = proto.Tokens(
@@ -477,5 +483,6 @@ class WorkerServer:
             logprobs=logprobs,
             error_param=error_param,
             prompt_logprobs=prompt_logprobs,
+            cached_tokens=cached_tokens,
         )
         self.links[device].send(msg)

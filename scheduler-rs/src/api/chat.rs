@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
+use super::fields;
 use super::logprobs;
 use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
@@ -114,6 +115,8 @@ struct ChatChunks {
     /// logprobs) is held back until its end.
     calls: Option<CallFormat>,
     held: Vec<Held>,
+    /// vLLM's `return_tokens_as_token_ids` (api/fields.rs).
+    tokens_as_ids: bool,
 }
 
 /// A choice's reply held back while tool calls are read from it.
@@ -137,7 +140,11 @@ impl ChatChunks {
         if !self.logprobs {
             return Value::Null;
         }
-        json!({"content": logprobs::chat_content(self.files.as_deref(), ids, lps)})
+        let mut content = logprobs::chat_content(self.files.as_deref(), ids, lps);
+        if self.tokens_as_ids {
+            fields::name_tokens_by_id(&mut content, ids, lps);
+        }
+        json!({"content": content})
     }
 }
 
@@ -222,13 +229,18 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let tools = tools::parse(req.common.tools.as_ref(), req.common.tool_choice.as_ref())
         .map_err(|(field, why)| ApiError::invalid(field, why))?;
     sampling.grammar = grammar(&req, tools.as_ref())?;
+    let replies = fields::apply(&state, &req.common, &mut sampling).await?;
+    fields::want_prompt_logprobs(&mut sampling, &replies);
     let prompt = render(&state, messages, tools.as_ref())?;
     // NOTE: the template already inserts BOS where the model wants it.
     let ids = prepare::encode(&state, &prompt, false, "messages").await?;
+    let ids = fields::truncate(&state, &req.common, ids);
+    let prompt_ids = ids.clone();
     let stops = req.common.stop_strings();
     let mut all = prepare::start_choices(&state, tier, ids, "messages", &sampling, stops, n)?;
+    replies.log(&all);
     let fmt = ChatChunks {
-        id: format!("chatcmpl-{}", all[0].id),
+        id: replies.response_id("chatcmpl-", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
@@ -236,11 +248,16 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         files: state.model.clone(),
         calls: CallFormat::of(tools.as_ref()),
         held: Vec::new(),
+        tokens_as_ids: replies.tokens_as_ids,
     };
     if req.common.stream {
-        return Ok(sse::respond(all, fmt));
+        return Ok(sse::respond(
+            all,
+            super::fields_stream::Shaped::new(fmt, replies),
+        ));
     }
     let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
+    let choice_ids: Vec<Vec<u32>> = outs.iter().map(|(_, ids, _)| ids.clone()).collect();
     let choices: Vec<Value> = outs
         .into_iter()
         .zip(&all)
@@ -252,12 +269,20 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
                    "logprobs": fmt.logprobs(&ids, &ts.logprobs), "finish_reason": finish})
         })
         .collect();
-    Ok(axum::Json(json!({
+    let mut body = json!({
         "id": fmt.id, "object": "chat.completion", "created": fmt.created, "model": fmt.model,
         "choices": choices,
         "usage": output::usage(&all),
-    }))
-    .into_response())
+    });
+    let choice_ids: Vec<&[u32]> = choice_ids.iter().map(Vec::as_slice).collect();
+    replies.finish_body(
+        &mut body,
+        &prompt_ids,
+        &all,
+        &choice_ids,
+        state.model.as_deref(),
+    );
+    Ok(axum::Json(body).into_response())
 }
 
 /// The grammar the reply must match: `response_format`'s, or a forced tool call's (the two

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
+use super::fields;
 use super::logprobs::{self, CompletionLogprobs};
 use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
@@ -149,8 +150,19 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     // OpenAI's echo with logprobs reports the prompt's tokens too (lm-evaluation-harness
     // scores continuations this way).
     sampling.prompt_logprobs = sampling.logprobs.filter(|_| req.echo);
+    let replies = fields::apply(&state, &req.common, &mut sampling).await?;
+    if replies.tokens_as_ids {
+        return Err(ApiError::invalid(
+            "return_tokens_as_token_ids",
+            "return_tokens_as_token_ids is supported by /v1/chat/completions only",
+        ));
+    }
     let (ids, text) = prompt_ids(&state, req.prompt).await?;
+    let ids = fields::truncate(&state, &req.common, ids);
+    let prompt_ids = ids.clone();
     let echo_ids = sampling.prompt_logprobs.map(|_| ids.clone());
+    // NOTE: after `echo_ids`: the echo's logprobs follow `echo`, not `prompt_logprobs`.
+    fields::want_prompt_logprobs(&mut sampling, &replies);
     let echo = if req.echo {
         Some(match (text, state.model.as_deref()) {
             (Some(t), _) => t,
@@ -162,8 +174,9 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     };
     let stops = req.common.stop_strings();
     let mut all = prepare::start_choices(&state, tier, ids, "prompt", &sampling, stops, n)?;
+    replies.log(&all);
     let mut fmt = CompletionChunks {
-        id: format!("cmpl-{}", all[0].id),
+        id: replies.response_id("cmpl-", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
@@ -175,7 +188,10 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         files: state.model.clone(),
     };
     if req.common.stream {
-        return Ok(sse::respond(all, fmt));
+        return Ok(sse::respond(
+            all,
+            super::fields_stream::Shaped::new(fmt, replies),
+        ));
     }
     let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
     let echo = fmt.echo.clone().unwrap_or_default();
@@ -190,12 +206,20 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
                    "finish_reason": finish})
         })
         .collect();
-    Ok(axum::Json(json!({
+    let mut body = json!({
         "id": fmt.id, "object": "text_completion", "created": fmt.created, "model": fmt.model,
         "choices": choices,
         "usage": output::usage(&all),
-    }))
-    .into_response())
+    });
+    let choice_ids: Vec<&[u32]> = outs.iter().map(|(_, ids, _)| ids.as_slice()).collect();
+    replies.finish_body(
+        &mut body,
+        &prompt_ids,
+        &all,
+        &choice_ids,
+        state.model.as_deref(),
+    );
+    Ok(axum::Json(body).into_response())
 }
 
 /// `response_format`'s grammar; `tools` (a chat feature: calls need a chat template) refused.

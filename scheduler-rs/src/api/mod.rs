@@ -4,6 +4,8 @@
 
 mod chat;
 mod completions;
+mod fields;
+mod fields_stream;
 pub mod listen;
 mod logprobs;
 mod misc;

@@ -69,6 +69,7 @@ impl Meta {
             "id": self.rid.clone().unwrap_or_else(|| ts.id.to_string()),
             "prompt_tokens": ts.prompt_tokens,
             "completion_tokens": ts.completion_tokens,
+            "cached_tokens": ts.cached_tokens.unwrap_or(0),
             "finish_reason": finish.map(|f| json!({"type": f})),
             "e2e_latency": self.start.elapsed().as_secs_f64(),
             "tier": self.tier,
@@ -179,6 +180,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         logprobs: top,
         prompt_logprobs: input_start.and(top),
         grammar,
+        ..SamplingInput::default()
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     let mut ts = prepare::start(&state, tier, ids, field, &sampling, stops)?;

@@ -5,7 +5,25 @@ use std::sync::Arc;
 use crate::errors::ApiError;
 use crate::protocols::worker::TokenLogprob;
 use crate::state::{Event, RequestHandle};
-use crate::tokenize::{IncrementalDetokenizer, ModelFiles, StopMatcher};
+use crate::tokenize::{Decode, IncrementalDetokenizer, ModelFiles, StopMatcher};
+
+/// How a choice's text is made (vLLM's detokenization fields; the defaults are OpenAI's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputOptions {
+    /// `skip_special_tokens: false`: special tokens appear in the text.
+    pub keep_special: bool,
+    /// `include_stop_str_in_output: true`: the matched stop string ends the text.
+    pub keep_stop: bool,
+}
+
+/// The tokenizer decoding special tokens too.
+struct WithSpecial<'a>(&'a ModelFiles);
+
+impl Decode for WithSpecial<'_> {
+    fn decode(&self, ids: &[u32]) -> String {
+        (*self.0.tokenizer).decode(ids, false).unwrap_or_default()
+    }
+}
 
 /// One step of output.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -38,6 +56,9 @@ pub struct TextStream {
     pub prompt_logprobs: Option<Vec<TokenLogprob>>,
     /// When the request times out (`request_timeout_ms` after submission); `None`: never.
     deadline: Option<tokio::time::Instant>,
+    options: OutputOptions,
+    /// Prompt tokens the worker found in its prefix cache (first report; `None`: none yet).
+    pub cached_tokens: Option<u32>,
 }
 
 impl TextStream {
@@ -59,7 +80,18 @@ impl TextStream {
             prompt_logprobs: None,
             prompt_tokens,
             deadline: None,
+            options: OutputOptions::default(),
+            cached_tokens: None,
         }
+    }
+
+    /// Make the text as `options` say.
+    pub fn with_options(mut self, options: OutputOptions) -> Self {
+        if options.keep_stop {
+            self.stop = std::mem::take(&mut self.stop).keeping_stop();
+        }
+        self.options = options;
+        self
     }
 
     /// End the request with 408 if it is still generating `timeout` from now (0: never).
@@ -88,11 +120,15 @@ impl TextStream {
             };
             match ev {
                 Event::Prompt(lps) => self.prompt_logprobs = Some(lps),
+                Event::Cached(n) => {
+                    // NOTE: a resumed request's new worker reports again: the first counts.
+                    self.cached_tokens.get_or_insert(n);
+                }
                 ev => break ev,
             }
         };
         let (ids, finish, logprobs) = match ev {
-            Event::Prompt(_) => unreachable!("taken by the loop above"),
+            Event::Prompt(_) | Event::Cached(_) => unreachable!("taken by the loop above"),
             Event::Error(msg) => {
                 self.handle = None;
                 return Some(Err(ApiError::internal(msg)));
@@ -109,13 +145,31 @@ impl TextStream {
         };
         self.logprobs.extend_from_slice(&logprobs);
         self.completion_tokens += ids.len();
+        let keep_special = self.options.keep_special;
+        // NOTE: as vLLM, the EOS that ends a request is not text, even with special tokens
+        // shown (unless `include_stop_str_in_output`).
+        let shown = match (&self.model, finish) {
+            (Some(m), Some(crate::state::FinishReason::Stop))
+                if keep_special
+                    && !self.options.keep_stop
+                    && ids.last().is_some_and(|t| m.eos_token_ids.contains(t)) =>
+            {
+                &ids[..ids.len() - 1]
+            }
+            _ => &ids[..],
+        };
         let mut text = match &self.model {
+            Some(m) if keep_special => self.detok.push(&WithSpecial(m), shown),
             Some(m) => self.detok.push(m.as_ref(), &ids),
             None => String::new(),
         };
         if finish.is_some() {
             if let Some(m) = &self.model {
-                text.push_str(&self.detok.flush(m.as_ref()));
+                let rest = match keep_special {
+                    true => self.detok.flush(&WithSpecial(m)),
+                    false => self.detok.flush(m.as_ref()),
+                };
+                text.push_str(&rest);
             }
         }
         let step = self.stop.push(&text);
@@ -174,13 +228,16 @@ impl TextStream {
 }
 
 /// The `usage` of the choices of one request: the prompt counted once (OpenAI's way for
-/// n > 1), the completion tokens of every choice.
+/// n > 1), the completion tokens of every choice; `prompt_tokens_details.cached_tokens`:
+/// the prompt tokens choice 0's worker found in its prefix cache.
 pub fn usage(choices: &[TextStream]) -> serde_json::Value {
     let prompt = choices.first().map_or(0, |ts| ts.prompt_tokens);
     let completion: usize = choices.iter().map(|ts| ts.completion_tokens).sum();
+    let cached = choices.first().and_then(|ts| ts.cached_tokens).unwrap_or(0);
     serde_json::json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }

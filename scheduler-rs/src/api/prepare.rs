@@ -3,14 +3,14 @@
 
 use axum::http::HeaderMap;
 
-use super::output::TextStream;
+use super::output::{OutputOptions, TextStream};
 use super::processors::Processors;
 use super::AppState;
 use crate::errors::ApiError;
 use crate::ids::TierId;
 use crate::protocols::openai::CommonParams;
 use crate::protocols::worker::Sampling;
-use crate::state::{Fork, Submit};
+use crate::state::{CacheHints, Fork, Submit};
 
 /// Sampling fields as the client sent them, with the name of the max-tokens field used.
 #[derive(Debug, Clone, Default)]
@@ -36,6 +36,13 @@ pub struct SamplingInput {
     pub prompt_logprobs: Option<u32>,
     /// Structured output: the grammar the output must match (set by the endpoint).
     pub grammar: Option<crate::protocols::structured::Grammar>,
+    /// vLLM's `allowed_token_ids` and tokenized `bad_words` (api/fields.rs).
+    pub allowed_token_ids: Vec<u32>,
+    pub bad_words: Vec<Vec<u32>>,
+    /// Prefix-cache salt and affinity key (api/fields.rs).
+    pub cache: CacheHints,
+    /// How the text is made (special tokens, the stop string).
+    pub output: OutputOptions,
 }
 
 impl SamplingInput {
@@ -60,6 +67,10 @@ impl SamplingInput {
             logprobs: None,
             prompt_logprobs: None,
             grammar: None,
+            allowed_token_ids: Vec::new(),
+            bad_words: Vec::new(),
+            cache: CacheHints::default(),
+            output: OutputOptions::default(),
         }
     }
 }
@@ -168,7 +179,8 @@ pub fn start_choices(
         });
         streams.push(
             TextStream::new(handle, state.model.clone(), stops.clone(), prompt_tokens)
-                .with_timeout(state.request_timeout()),
+                .with_timeout(state.request_timeout())
+                .with_options(sampling.output),
         );
     }
     Ok(streams)
@@ -288,6 +300,8 @@ pub fn build(
         ignore_eos: s.ignore_eos,
         logprobs: s.logprobs,
         prompt_logprobs: s.prompt_logprobs,
+        allowed_token_ids: s.allowed_token_ids.clone(),
+        bad_words: s.bad_words.clone(),
         ..Sampling::default()
     };
     s.processors
@@ -299,6 +313,7 @@ pub fn build(
         priority,
         fork_of: None,
         grammar: s.grammar.clone(),
+        cache: s.cache.clone(),
     })
 }
 

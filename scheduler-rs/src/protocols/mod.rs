@@ -6,6 +6,7 @@ pub mod openai;
 pub mod structured;
 pub mod tool_calls;
 pub mod tools;
+pub mod vllm_fields;
 #[cfg(test)]
 mod wire_golden;
 pub mod worker;

@@ -42,6 +42,12 @@ pub enum Prompt {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM: usage on every chunk, not only at the end.
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+    /// Any other key: refused by name (`stream_options.<key>`), never ignored.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// Fields shared by chat and text completions (and Nitsum extensions).
@@ -90,6 +96,9 @@ pub struct CommonParams {
     /// OpenAI fields not implemented (`unsupported` refuses them when they ask for anything).
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
+    /// vLLM's extensions Nitsum implements (protocols/vllm_fields.rs, api/fields.rs).
+    #[serde(flatten)]
+    pub vllm: super::vllm_fields::VllmFields,
     /// Every other field, checked by `extensions::refused`.
     /// NOTE: declared last: serde hands a flattened map only what no named field took.
     #[serde(flatten)]
@@ -133,10 +142,19 @@ pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
         ("best_of", not(&c.best_of, &[Value::from(1)])),
         ("suffix", truthy(&c.suffix)),
     ];
+    let stream_option = c.stream_options.iter().flat_map(|o| o.extra.keys()).next();
     checks
         .into_iter()
         .find(|&(_, asks)| asks)
         .map(|(name, _)| (name.to_string(), not_supported(name)))
+        .or_else(|| {
+            stream_option.map(|k| {
+                let name = format!("stream_options.{k}");
+                let why = format!("Unrecognized request argument supplied: {name}");
+                (name, why)
+            })
+        })
+        .or_else(|| c.vllm.check())
         .or_else(|| refused(&c.extra))
 }
 

@@ -16,13 +16,19 @@ pub enum GrammarKind {
     JsonObject,
     /// A JSON value valid under `Grammar::schema`.
     JsonSchema,
+    /// Text matching the regular expression `Grammar::schema` (vLLM's `guided_regex`).
+    Regex,
+    /// Text of the llguidance Lark grammar `Grammar::schema` (vLLM's `guided_grammar`,
+    /// `guided_choice`).
+    Lark,
 }
 
 /// The `grammar` field of a `generate` message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Grammar {
     pub kind: GrammarKind,
-    /// The JSON Schema as JSON text (`json_schema` only).
+    /// The JSON Schema as JSON text (`json_schema`), the regex (`regex`) or the grammar
+    /// (`lark`); none for `json_object`.
     pub schema: Option<String>,
     /// How many tokens at the end of `input_ids` are output the grammar already matched
     /// (a request resumed on another worker): the worker's matcher replays them first.
@@ -45,6 +51,43 @@ impl Grammar {
         })
     }
 
+    /// Text matching the regular expression `rx` (Rust `regex` syntax, anchored at both
+    /// ends), checked by llguidance.
+    pub fn regex(rx: &str) -> Result<Self, String> {
+        use llguidance::api::TopLevelGrammar;
+        validate(TopLevelGrammar::from_regex(rx)).map_err(|e| format!("invalid regex: {e}"))?;
+        Ok(Grammar {
+            kind: GrammarKind::Regex,
+            schema: Some(rx.to_string()),
+            replay: 0,
+        })
+    }
+
+    /// Text of the llguidance Lark grammar `lark` (its `start` rule), checked by llguidance.
+    pub fn lark(lark: &str) -> Result<Self, String> {
+        use llguidance::api::TopLevelGrammar;
+        validate(TopLevelGrammar::from_lark(lark.to_string()))
+            .map_err(|e| format!("invalid grammar: {e}"))?;
+        Ok(Grammar {
+            kind: GrammarKind::Lark,
+            schema: Some(lark.to_string()),
+            replay: 0,
+        })
+    }
+
+    /// Exactly one of `choices` (vLLM's `guided_choice`): a Lark grammar of string literals.
+    pub fn choice(choices: &[String]) -> Result<Self, String> {
+        if choices.is_empty() || choices.iter().any(String::is_empty) {
+            return Err("the choices must be a non-empty list of non-empty strings".into());
+        }
+        // NOTE: a JSON string is a valid Lark string literal (same escapes).
+        let alternatives: Vec<String> = choices
+            .iter()
+            .map(|c| Value::from(c.as_str()).to_string())
+            .collect();
+        Self::lark(&format!("start: {}", alternatives.join(" | ")))
+    }
+
     /// Any JSON object.
     pub fn json_object() -> Self {
         Grammar {
@@ -57,11 +100,17 @@ impl Grammar {
 
 /// Whether llguidance compiles `schema` (as the worker will).
 fn check_schema(schema: &Value) -> Result<(), String> {
-    use llguidance::api::{GrammarInit, ParserLimits, TopLevelGrammar};
+    use llguidance::api::TopLevelGrammar;
+    validate(TopLevelGrammar::from_json_schema(schema.clone()))
+        .map_err(|e| format!("invalid JSON schema: {e}"))
+}
+
+/// Whether llguidance compiles `grammar` (without a tokenizer); its message when not.
+fn validate(grammar: llguidance::api::TopLevelGrammar) -> Result<(), String> {
+    use llguidance::api::{GrammarInit, ParserLimits};
     use llguidance::earley::ValidationResult;
-    let grammar = TopLevelGrammar::from_json_schema(schema.clone());
     match GrammarInit::Serialized(grammar).validate(None, ParserLimits::default()) {
-        ValidationResult::Error(e) => Err(format!("invalid JSON schema: {e}")),
+        ValidationResult::Error(e) => Err(e),
         _ => Ok(()),
     }
 }

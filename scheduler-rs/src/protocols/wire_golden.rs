@@ -130,6 +130,7 @@ fn worker_messages() -> Vec<(&'static str, Body)> {
                 queue_ms: Some(12.5),
                 logprobs: Some(vec![lp(-0.25, &[(5, -0.25), (6, -1.5)]), lp(-3.0, &[])]),
                 prompt_logprobs: Some(vec![lp(-1.5, &[(4, -1.5)])]),
+                cached_tokens: Some(8),
                 ..Tokens::default()
             }),
         ),
@@ -220,6 +221,8 @@ fn golden_sampling() -> Sampling {
         logprobs: Some(2),
         resumed_tokens: 1,
         prompt_logprobs: Some(1),
+        allowed_token_ids: vec![5, 9, 27],
+        bad_words: vec![vec![13], vec![15, 27]],
     }
 }
 
@@ -280,6 +283,7 @@ fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
         bind_tp: Some(2),
         fork_of: Some(RID2),
         truncate_prompt_tokens: Some(3),
+        cache_salt: Some("tenant-a"),
         grammar: Some(Cow::Borrowed(&grammar)),
     };
     let caps = |g: &GroupPlan| (g.pp == 2).then_some(8);

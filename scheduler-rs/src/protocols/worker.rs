@@ -50,6 +50,13 @@ pub struct Sampling {
     /// Alternatives per prompt token with the prompt's logprobs (echo); `None`: none.
     #[serde(default)]
     pub prompt_logprobs: Option<u32>,
+    /// vLLM's `allowed_token_ids`: only these may be sampled (empty: any).
+    #[serde(default)]
+    pub allowed_token_ids: Vec<u32>,
+    /// vLLM's `bad_words` as token id sequences: a sequence's last id is banned when the
+    /// output ends with the ids before it.
+    #[serde(default)]
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl Default for Sampling {
@@ -71,6 +78,8 @@ impl Default for Sampling {
             logprobs: None,
             resumed_tokens: 0,
             prompt_logprobs: None,
+            allowed_token_ids: Vec::new(),
+            bad_words: Vec::new(),
         }
     }
 }
@@ -109,6 +118,9 @@ pub struct Generate<'a> {
     /// Structured output: the grammar the output must match (absent: none).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub grammar: Option<Cow<'a, super::structured::Grammar>>,
+    /// vLLM's `cache_salt`: only requests with the same salt share prefix-cached KV.
+    #[serde(skip_serializing_if = "Option::is_none", borrow, default)]
+    pub cache_salt: Option<&'a str>,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -423,6 +435,9 @@ pub struct Tokens {
     /// With the first token, when the request asked: its prompt tokens' after the first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logprobs: Option<Vec<TokenLogprob>>,
+    /// With the first token: its prompt tokens found in the worker's prefix cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
 }
 
 /// A sampled token's logprob and its top alternatives `(token id, logprob)`, most likely
@@ -510,6 +525,7 @@ mod tests {
             fork_of: None,
             truncate_prompt_tokens: Some(5),
             grammar: None,
+            cache_salt: None,
         });
         // Generic decode: keys are strings (a map, not an array).
         let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();

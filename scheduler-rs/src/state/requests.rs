@@ -14,7 +14,6 @@ use super::{
 use crate::dispatch::{Class, Decision, DispatchRequest};
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::vllm::FinishedReason;
-use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::{self as wire, PROTOCOL_VERSION};
 
 impl State {
@@ -55,7 +54,7 @@ impl RouterState {
         let (tx, rx) = mpsc::unbounded_channel();
         let tier = self.cfg.tier(req.tier);
         let tm = self.metrics.tier(req.tier);
-        let keys = prefix_keys(&req.input_ids);
+        let keys = req.cache.keys(&req.input_ids);
         let placed = {
             let mut guard = self.lock();
             let st = &mut *guard;
@@ -214,6 +213,7 @@ impl RouterState {
             // NOTE: the HTTP API does not take it yet (protocols/extensions.rs lists it).
             truncate_prompt_tokens: None,
             grammar: req.grammar.as_ref().map(Cow::Borrowed),
+            cache_salt: req.cache.salt.as_deref(),
         });
         self.send(identity, payload);
     }

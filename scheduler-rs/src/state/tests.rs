@@ -80,6 +80,7 @@ pub(super) fn submit() -> Submit {
         priority: 0,
         fork_of: None,
         grammar: None,
+        cache: Default::default(),
     }
 }
 
@@ -481,4 +482,49 @@ async fn a_refused_input_is_invalid_unless_output_was_already_streamed() {
     assert_eq!(engine.inflight(), 0);
     let errors = &engine.metrics.tier(TierId(0)).errors;
     assert_eq!(errors.load(std::sync::atomic::Ordering::Relaxed), 3);
+}
+
+#[tokio::test]
+async fn a_prompt_cache_key_steers_to_its_group_and_a_cache_salt_isolates_prefixes() {
+    use crate::state::CacheHints;
+    let (engine, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
+    register(&engine, 0);
+    register(&engine, 1);
+    drain(&mut rx);
+    let with = |ids: Vec<u32>, salt: Option<&str>, key: Option<&str>| Submit {
+        input_ids: ids,
+        cache: CacheHints {
+            salt: salt.map(str::to_string),
+            key: key.map(str::to_string),
+        },
+        ..submit()
+    };
+    let sent_to = |h: &super::RequestHandle, rx: &mut _| {
+        let sent = drain_raw(rx);
+        let (to, msg) = sent
+            .iter()
+            .find(|(_, v)| v["request_id"] == engine.wire_id(h.id()).as_str())
+            .unwrap();
+        (to.clone(), msg.get("cache_salt").cloned())
+    };
+    let history: Vec<u32> = (0..150).collect();
+    let a = engine
+        .submit(with(history.clone(), None, Some("user-7")))
+        .unwrap();
+    assert_eq!(sent_to(&a, &mut rx), ("0".into(), None));
+    // Another prompt with the same key: its group, though worker 1 is idle.
+    let other: Vec<u32> = (5000..5150).collect();
+    let b = engine.submit(with(other, None, Some("user-7"))).unwrap();
+    assert_eq!(sent_to(&b, &mut rx).0, "0");
+    // The same prompt under a salt shares no prefix with the unsalted one: it balances, and
+    // the worker is told the salt.
+    let c = engine
+        .submit(with(history.clone(), Some("tenant-b"), None))
+        .unwrap();
+    assert_eq!(sent_to(&c, &mut rx), ("1".into(), Some(json!("tenant-b"))));
+    // Its next turn under the same salt follows it.
+    let mut turn2 = history;
+    turn2.extend(600..700);
+    let d = engine.submit(with(turn2, Some("tenant-b"), None)).unwrap();
+    assert_eq!(sent_to(&d, &mut rx).0, "1");
 }

@@ -98,6 +98,9 @@ impl RouterState {
         if let Some(lps) = m.prompt_logprobs {
             let _ = e.tx.send(Event::Prompt(lps));
         }
+        if let Some(cached) = m.cached_tokens {
+            let _ = e.tx.send(Event::Cached(cached));
+        }
         if let Some(q) = m.queue_ms.filter(|q| q.is_finite() && *q >= 0.0) {
             e.queue_s.get_or_insert(q / 1e3);
         }
@@ -171,7 +174,7 @@ impl RouterState {
                 };
                 self.record(e.req.tier, &e, now, reason);
             }
-            Event::Prompt(_) => {} // NOTE: never final; finish() gets final events only
+            Event::Prompt(_) | Event::Cached(_) => {} // NOTE: never final events
             Event::Error(_) | Event::Invalid { .. } => {
                 self.metrics
                     .tier(e.req.tier)

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use super::{Event, FinishReason, Inflight, RouterState, State, Submit};
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
-use crate::prefix_index::prefix_keys;
 use crate::protocols::worker::{self as wire, Body};
 use crate::registry::WorkerInfo;
 
@@ -199,7 +198,7 @@ impl RouterState {
             if e.retries < self.cfg.max_retries {
                 let tier_id = e.req.tier;
                 let background = self.cfg.tier(tier_id).background;
-                let keys = prefix_keys(&rest.input_ids);
+                let keys = rest.cache.keys(&rest.input_ids);
                 if let Some((identity, d)) = Self::place(st, id, tier_id, background, &keys) {
                     let e = st.inflight.get_mut(&id).expect("listed above");
                     e.retries += 1;
@@ -393,6 +392,7 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
         priority: req.priority,
         fork_of: None,
         grammar,
+        cache: req.cache.clone(),
     }))
 }
 

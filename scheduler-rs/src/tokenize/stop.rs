@@ -20,6 +20,9 @@ pub struct StopMatcher {
     /// Text received but not emitted yet.
     held: String,
     stopped: bool,
+    /// Keep the matched stop string at the end of the text (vLLM's
+    /// `include_stop_str_in_output`).
+    keep_stop: bool,
 }
 
 impl StopMatcher {
@@ -29,6 +32,12 @@ impl StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             ..Default::default()
         }
+    }
+
+    /// The matched stop string stays in the output (it still ends it).
+    pub fn keeping_stop(mut self) -> Self {
+        self.keep_stop = true;
+        self
     }
 
     pub fn is_empty(&self) -> bool {
@@ -55,11 +64,12 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(pos) = first {
+            .filter_map(|s| self.held.find(s.as_str()).map(|pos| (pos, s.len())))
+            .min_by_key(|&(pos, len)| (pos, std::cmp::Reverse(len)));
+        if let Some((pos, len)) = first {
             self.stopped = true;
-            let emit = self.held[..pos].to_string();
+            let end = if self.keep_stop { pos + len } else { pos };
+            let emit = self.held[..end].to_string();
             self.held.clear();
             return StopStep {
                 emit,
@@ -124,6 +134,16 @@ mod tests {
         assert!(stopped);
         assert_eq!(out, ["hello ", "", ""]);
         assert_eq!(out.concat(), "hello ");
+    }
+
+    #[test]
+    fn a_kept_stop_string_ends_the_text_and_nothing_after_it_streams() {
+        let mut m = StopMatcher::new(vec!["END".into()]).keeping_stop();
+        assert_eq!(m.push("hello E").emit, "hello ");
+        let step = m.push("ND and more");
+        assert!(step.stopped);
+        assert_eq!(step.emit, "END");
+        assert_eq!(m.push("x").emit, "");
     }
 
     #[test]
