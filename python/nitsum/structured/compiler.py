@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from nitsum.errors import InvalidRequestError
 from nitsum.structured.matcher import GrammarMatcher
-from nitsum.structured.spec import FIELD, GrammarSpec
+from nitsum.structured.spec import FIELD, GrammarSpec, field_of
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -44,6 +45,8 @@ class GrammarCompiler:
         return self.tokenizer.vocab_size
 
     def _compile_uncached(self, kind: str, schema: str | None) -> str:
+        if kind in ("regex", "ebnf"):
+            return self._compile_text(kind, schema)
         source: Any = _ANY_OBJECT
         if kind == "json_schema":
             if schema is None:  # `GrammarSpec.from_wire` refuses it; a direct caller may not
@@ -58,6 +61,23 @@ class GrammarCompiler:
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
             raise InvalidRequestError(FIELD, f"invalid JSON schema: {error}")
+        return grammar
+
+    def _compile_text(self, kind: str, text: str | None) -> str:
+        """A regular expression or an EBNF (GBNF) grammar, validated against the tokenizer."""
+        field = field_of(kind)
+        if not text:
+            raise InvalidRequestError(field, f"a {kind} grammar needs its source text")
+        try:
+            if kind == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(text)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(text))
+        except Exception as e:  # the converter raises its own types on malformed EBNF
+            raise InvalidRequestError(field, f"invalid {kind}: {e}") from e
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise InvalidRequestError(field, f"invalid {kind}: {error}")
         return grammar
 
     def matcher(self, spec: GrammarSpec) -> GrammarMatcher:

@@ -8,10 +8,21 @@ from typing import Any
 
 from nitsum.errors import InvalidRequestError
 
-# `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`.
-KINDS = ("json_object", "json_schema")
+# `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`;
+# `regex`: text the regular expression `schema` matches whole; `ebnf`: text the EBNF (GBNF,
+# `root ::= ...`) grammar `schema` derives (SGLang's `regex` and `ebnf` sampling params).
+KINDS = ("json_object", "json_schema", "regex", "ebnf")
+# Kinds whose `schema` is the grammar's source text.
+SOURCE_KINDS = ("json_schema", "regex", "ebnf")
 # The request field a bad grammar is blamed on (the router builds grammars from it).
 FIELD = "response_format"
+# NOTE: /generate's regex and ebnf come from `sampling_params`; their errors name those.
+FIELD_OF_KIND = {"regex": "sampling_params.regex", "ebnf": "sampling_params.ebnf"}
+
+
+def field_of(kind: str) -> str:
+    """The request field a bad grammar of `kind` is blamed on."""
+    return FIELD_OF_KIND.get(kind, FIELD)
 
 
 @dataclass(frozen=True)
@@ -24,7 +35,8 @@ class GrammarSpec:
     """
 
     kind: str
-    # The JSON Schema as JSON text (`json_schema` only).
+    # The JSON Schema as JSON text (`json_schema`), the regular expression (`regex`) or the
+    # EBNF grammar (`ebnf`); None for `json_object`.
     schema: str | None = None
     replay: int = 0
 
@@ -52,6 +64,9 @@ class GrammarSpec:
                 raise InvalidRequestError(FIELD, f"the schema is not JSON: {e}") from e
             if not isinstance(parsed, (dict, bool)):
                 raise InvalidRequestError(FIELD, "the schema must be a JSON object")
+        elif kind in SOURCE_KINDS:
+            if not isinstance(schema, str) or not schema:
+                raise InvalidRequestError(field_of(kind), f"a {kind} grammar needs its source text")
         elif schema is not None:
             raise InvalidRequestError(FIELD, "a json_object grammar takes no schema")
         if not isinstance(replay, int) or isinstance(replay, bool) or replay < 0:

@@ -3,6 +3,7 @@
 //! `output` turns engine events into text with detokenization and stop strings.
 
 mod chat;
+mod completion_chunks;
 mod completions;
 pub mod listen;
 mod logprobs;
@@ -14,6 +15,7 @@ pub mod processors;
 mod sse;
 mod tokens;
 mod tool_reply;
+mod utility;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -67,6 +69,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/admin/plan", get(misc::admin_plan))
+        .route("/ping", get(utility::ping).post(utility::ping))
+        .route("/load", get(utility::load))
+        .route("/get_model_info", get(utility::model_info))
+        .route("/server_info", get(utility::server_info))
+        .route("/get_server_info", get(utility::server_info))
+        .route(
+            "/health_generate",
+            get(utility::health_generate).post(utility::health_generate),
+        )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             listen::read_body_within,

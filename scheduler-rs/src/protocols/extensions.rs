@@ -93,15 +93,12 @@ const NATIVE: &[(&str, Accept)] = &[
 
 /// Fields of SGLang's `sampling_params` that Nitsum does not implement.
 const NATIVE_SAMPLING: &[(&str, Accept)] = &[
-    ("n", Accept::Neutral(|| vec![json!(1)])),
     ("skip_special_tokens", Accept::Neutral(|| vec![json!(true)])),
     (
         "spaces_between_special_tokens",
         Accept::Neutral(|| vec![json!(true)]),
     ),
     ("no_stop_trim", Accept::Neutral(|| vec![json!(false)])),
-    ("regex", Accept::Neutral(Vec::new)),
-    ("ebnf", Accept::Neutral(Vec::new)),
     ("structural_tag", Accept::Neutral(Vec::new)),
     ("stop_regex", Accept::Neutral(Vec::new)),
     ("custom_params", Accept::Neutral(Vec::new)),

@@ -16,13 +16,19 @@ pub enum GrammarKind {
     JsonObject,
     /// A JSON value valid under `Grammar::schema`.
     JsonSchema,
+    /// Text the regular expression in `Grammar::schema` matches whole (SGLang's `regex`).
+    Regex,
+    /// Text the EBNF (GBNF: `root ::= ...`) grammar in `Grammar::schema` derives (SGLang's
+    /// `ebnf`); the worker converts it for llguidance and refuses one it cannot compile.
+    Ebnf,
 }
 
 /// The `grammar` field of a `generate` message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Grammar {
     pub kind: GrammarKind,
-    /// The JSON Schema as JSON text (`json_schema` only).
+    /// The JSON Schema as JSON text (`json_schema`), the regular expression (`regex`) or the
+    /// EBNF grammar (`ebnf`); none for `json_object`.
     pub schema: Option<String>,
     /// How many tokens at the end of `input_ids` are output the grammar already matched
     /// (a request resumed on another worker): the worker's matcher replays them first.
@@ -40,6 +46,32 @@ impl Grammar {
         Ok(Grammar {
             kind: GrammarKind::JsonSchema,
             schema: Some(schema.to_string()),
+            replay: 0,
+        })
+    }
+
+    /// Text matching the regular expression `rx` whole; its syntax checked here with the
+    /// parser llguidance's regexes are read by (the worker compiles it with llguidance).
+    pub fn regex(rx: &str) -> Result<Self, String> {
+        regex_syntax::Parser::new()
+            .parse(rx)
+            .map_err(|e| format!("invalid regular expression: {e}"))?;
+        Ok(Grammar {
+            kind: GrammarKind::Regex,
+            schema: Some(rx.to_string()),
+            replay: 0,
+        })
+    }
+
+    /// Text the EBNF grammar `ebnf` derives (compiled, and refused if it cannot be, by the
+    /// worker: llguidance reads GBNF through its Python converter only).
+    pub fn ebnf(ebnf: &str) -> Result<Self, String> {
+        if ebnf.trim().is_empty() {
+            return Err("the EBNF grammar is empty".into());
+        }
+        Ok(Grammar {
+            kind: GrammarKind::Ebnf,
+            schema: Some(ebnf.to_string()),
             replay: 0,
         })
     }
