@@ -71,6 +71,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/admin/plan", get(misc::admin_plan))
         .route("/ping", get(utility::ping).post(utility::ping))
         .route("/load", get(utility::load))
+        .route("/flush_cache", post(utility::flush_cache))
+        .route("/reset_prefix_cache", post(utility::flush_cache))
         .route("/get_model_info", get(utility::model_info))
         .route("/server_info", get(utility::server_info))
         .route("/get_server_info", get(utility::server_info))

@@ -1,6 +1,7 @@
 //! The utility endpoints vLLM's and SGLang's clients call besides generation: `/ping` and
 //! `/load` (vLLM), `/get_model_info`, `/server_info` and `/health_generate` (SGLang; the
-//! `sgl.RuntimeEndpoint` frontend reads `/get_model_info` when it connects).
+//! `sgl.RuntimeEndpoint` frontend reads `/get_model_info` when it connects), and the prefix
+//! cache resets `/flush_cache` (SGLang) and `/reset_prefix_cache` (vLLM).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,18 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         }],
     }))
     .into_response()
+}
+
+/// `POST /flush_cache` (SGLang) and `POST /reset_prefix_cache` (vLLM): every live worker
+/// drops its prefix caches' pages that no running request holds (running requests keep
+/// theirs). Admin only, as vLLM's dev-mode endpoints. The workers are told, not waited for:
+/// `{"workers": N}` says how many were told.
+pub async fn flush_cache(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = state.auth.require_admin(&headers) {
+        return e.into_response();
+    }
+    let workers = state.router.flush_prefix_caches();
+    axum::Json(json!({"workers": workers})).into_response()
 }
 
 /// `GET|POST /health_generate`: SGLang's deep health check: a one-token generation through
