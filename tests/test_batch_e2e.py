@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from test_openai_sampling import MODEL, client, http, server, tok  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,9 @@ def test_batched_echo_logprobs_equal_the_single_prompt_ones(client, tok) -> None
         model=MODEL, prompt=PROMPTS, max_tokens=0, temperature=0, logprobs=1, echo=True
     )
     for a, b in zip(texts.choices, r.choices, strict=True):
-        assert a.logprobs.token_logprobs[1:] == pytest.approx(b.logprobs.token_logprobs[1:], abs=1e-4)
+        assert a.logprobs.token_logprobs[1:] == pytest.approx(
+            b.logprobs.token_logprobs[1:], abs=1e-4
+        )
 
 
 def test_batched_generation_equals_single_prompts_with_n(client) -> None:  # noqa: F811

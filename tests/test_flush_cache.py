@@ -18,6 +18,14 @@ from test_router_protocol import BIN
 from tiny import random_prompt as history
 
 
+def step(engine) -> list[int]:
+    """One engine step: the tokens it produced."""
+    batch = engine.begin_step()
+    return [
+        t for o in engine.end_step(batch, engine.runner.run(batch), 0.0) for t in o.new_token_ids
+    ]
+
+
 def test_a_flush_frees_idle_cached_pages_and_keeps_a_running_requests(tiny) -> None:  # noqa: F811
     hf, cfg = tiny
     engine = engine_for(tiny)
@@ -34,11 +42,17 @@ def test_a_flush_frees_idle_cached_pages_and_keeps_a_running_requests(tiny) -> N
     # A running request holds the 9 cached pages of its prompt: they stay, the 10th goes.
     engine.add_request("t3", turn, RequestSpec(GREEDY))
     batch = engine.begin_step()
-    got = [t for o in engine.end_step(batch, engine.runner.run(batch), 0.0) for t in o.new_token_ids]
+    got = [
+        t for o in engine.end_step(batch, engine.runner.run(batch), 0.0) for t in o.new_token_ids
+    ]
     assert engine.flush_prefix_cache() == 1
     while engine.has_unfinished():
         batch = engine.begin_step()
-        got += [t for o in engine.end_step(batch, engine.runner.run(batch), 0.0) for t in o.new_token_ids]
+        got += [
+            t
+            for o in engine.end_step(batch, engine.runner.run(batch), 0.0)
+            for t in o.new_token_ids
+        ]
     assert got == out
 
 

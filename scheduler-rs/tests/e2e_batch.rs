@@ -106,7 +106,10 @@ async fn a_bad_batch_element_or_too_many_prompts_is_a_400_naming_prompt() {
         )
         .await;
         assert_eq!(err(&resp), (400, json!("prompt")), "{prompt}");
-        let msg = resp.json()["error"]["message"].as_str().unwrap().to_string();
+        let msg = resp.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
         assert!(msg.contains(says), "{prompt}: {msg}");
     }
     // Nothing of a refused batch was submitted: the router holds no request.
@@ -138,7 +141,10 @@ async fn echo_with_max_tokens_0_answers_the_prompt_alone() {
         .map(|c| c["choices"][0]["text"].as_str().unwrap())
         .collect();
     assert_eq!(texts.concat(), "hello");
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
     // Without echo, max_tokens 0 asks for nothing: still a 400.
     let resp = post(
         &r,
@@ -160,9 +166,13 @@ async fn generate_answers_a_batch_or_n_with_a_list_in_sglangs_order() {
             .map(|x| x["text"].as_str().unwrap().to_string())
             .collect()
     };
-    let v = post(&r, "/generate", json!({"text": ["ab", "xyz"], "sampling_params": sp}))
-        .await
-        .json();
+    let v = post(
+        &r,
+        "/generate",
+        json!({"text": ["ab", "xyz"], "sampling_params": sp}),
+    )
+    .await
+    .json();
     assert_eq!(list(v), ["aba", "xyz"]);
     let v = post(
         &r,
@@ -176,30 +186,48 @@ async fn generate_answers_a_batch_or_n_with_a_list_in_sglangs_order() {
     assert_eq!(v[0]["meta_info"]["prompt_tokens"], 2);
     // n > 1: one prompt, a list of n; with a batch, prompt-major.
     let n2 = json!({"max_new_tokens": 2, "n": 2});
-    let v = post(&r, "/generate", json!({"text": "ab", "sampling_params": n2}))
-        .await
-        .json();
+    let v = post(
+        &r,
+        "/generate",
+        json!({"text": "ab", "sampling_params": n2}),
+    )
+    .await
+    .json();
     assert_eq!(list(v), ["ab", "ab"]);
-    let v = post(&r, "/generate", json!({"text": ["ab", "q"], "sampling_params": n2}))
-        .await
-        .json();
+    let v = post(
+        &r,
+        "/generate",
+        json!({"text": ["ab", "q"], "sampling_params": n2}),
+    )
+    .await
+    .json();
     assert_eq!(list(v), ["ab", "ab", "qq", "qq"]);
     // One prompt in a one-element list is still a list (SGLang's batch of one).
-    let v = post(&r, "/generate", json!({"text": ["ab"], "sampling_params": sp}))
-        .await
-        .json();
+    let v = post(
+        &r,
+        "/generate",
+        json!({"text": ["ab"], "sampling_params": sp}),
+    )
+    .await
+    .json();
     assert_eq!(list(v), ["aba"]);
     // A single prompt stays one object.
-    let v = post(&r, "/generate", json!({"text": "ab", "sampling_params": sp}))
-        .await
-        .json();
+    let v = post(
+        &r,
+        "/generate",
+        json!({"text": "ab", "sampling_params": sp}),
+    )
+    .await
+    .json();
     assert_eq!(v["text"], "aba");
     // Streamed: cumulative per choice, told apart by `index`.
     let body = json!({"text": ["ab", "xyz"], "sampling_params": sp, "stream": true});
     let chunks = post(&r, "/generate", body).await.sse_chunks();
     let mut last: BTreeMap<u64, String> = BTreeMap::new();
     for c in &chunks {
-        let i = c["index"].as_u64().unwrap_or_else(|| panic!("no index: {c}"));
+        let i = c["index"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no index: {c}"));
         last.insert(i, c["text"].as_str().unwrap().to_string());
     }
     assert_eq!(last.into_values().collect::<Vec<_>>(), ["aba", "xyz"]);
@@ -239,7 +267,12 @@ async fn generate_answers_a_batch_or_n_with_a_list_in_sglangs_order() {
         json!({"max_new_tokens": 2, "regex": "[a-z]+"}),
         json!({"max_new_tokens": 2, "ebnf": "root ::= \"ab\""}),
     ] {
-        let resp = post(&r, "/generate", json!({"text": "ab", "sampling_params": sp})).await;
+        let resp = post(
+            &r,
+            "/generate",
+            json!({"text": "ab", "sampling_params": sp}),
+        )
+        .await;
         assert_eq!(resp.status, 200, "{}", resp.body);
     }
 }

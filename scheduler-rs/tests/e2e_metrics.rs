@@ -164,7 +164,9 @@ async fn vllm_metrics_exist_with_model_name_and_move_by_what_requests_did() {
         11.0
     );
     assert_eq!(
-        delta(format!("vllm:request_max_num_generation_tokens_count{{{M}}}")),
+        delta(format!(
+            "vllm:request_max_num_generation_tokens_count{{{M}}}"
+        )),
         3.0
     );
     assert_eq!(delta(format!("vllm:request_params_n_sum{{{M}}}")), 3.0);
@@ -176,7 +178,10 @@ async fn vllm_metrics_exist_with_model_name_and_move_by_what_requests_did() {
         delta(format!("vllm:iteration_tokens_total_sum{{{M}}}")),
         11.0
     );
-    assert_eq!(delta(format!("vllm:prompt_tokens_cached_total{{{M}}}")), 4.0);
+    assert_eq!(
+        delta(format!("vllm:prompt_tokens_cached_total{{{M}}}")),
+        4.0
+    );
     assert_eq!(
         get(
             &after,
@@ -184,7 +189,10 @@ async fn vllm_metrics_exist_with_model_name_and_move_by_what_requests_did() {
         ),
         0.0
     );
-    assert_eq!(get(&after, &format!("vllm:admission_rejections_total{{{M}}}")), 0.0);
+    assert_eq!(
+        get(&after, &format!("vllm:admission_rejections_total{{{M}}}")),
+        0.0
+    );
     assert!(after
         .lines()
         .any(|l| l.starts_with(&format!("vllm:cache_config_info{{{M},")) && l.ends_with(" 1")));
@@ -289,7 +297,11 @@ fn check_dashboards(metrics: &str) {
         }
     }
     // nitsum.json, vLLM's three and SGLang's one.
-    assert!(files.len() >= 5, "dashboards missing in {}: {files:?}", dir.display());
+    assert!(
+        files.len() >= 5,
+        "dashboards missing in {}: {files:?}",
+        dir.display()
+    );
     // NOTE: a sample line, with this model's label for the engines' families (the stock
     // dashboards filter on `model_name`): a declared family without samples is no data.
     let exists = |n: &str| {
@@ -316,7 +328,10 @@ fn check_dashboards(metrics: &str) {
         "sglang:num_running_reqs",
         "sglang:cache_hit_rate",
     ] {
-        assert!(names.contains(n), "{n} is not queried by the vendored dashboards");
+        assert!(
+            names.contains(n),
+            "{n} is not queried by the vendored dashboards"
+        );
     }
     assert!(names.len() >= 30, "suspiciously few metrics: {names:?}");
 }

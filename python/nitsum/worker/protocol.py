@@ -202,9 +202,7 @@ class Shutdown(Message):
 # Router → worker messages by `type`, but `generate` (`inbound.parse_generate`).
 ROUTER_MESSAGES: dict[str, type[Message]] = {
     m.TYPE: m
-    for m in (
-        Challenge, Refused, Registered, Reregister, Abort, Reconfigure, FlushCache, Shutdown
-    )
+    for m in (Challenge, Refused, Registered, Reregister, Abort, Reconfigure, FlushCache, Shutdown)
 }
 
 

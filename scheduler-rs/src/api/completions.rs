@@ -67,7 +67,9 @@ fn check_batch(state: &AppState, len: usize) -> Result<(), ApiError> {
     if len > max {
         return Err(ApiError::invalid(
             "prompt",
-            format!("{len} prompts in one request; this server takes at most {max} (max_batch_prompts)"),
+            format!(
+                "{len} prompts in one request; this server takes at most {max} (max_batch_prompts)"
+            ),
         ));
     }
     Ok(())
@@ -104,12 +106,13 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let mut built = Vec::with_capacity(batch.len());
     let mut echoes = Vec::with_capacity(batch.len());
     for (i, p) in batch.into_iter().enumerate() {
-        let submit = prepare::build(&state, tier, p.ids, "prompt", &sampling).map_err(|mut e| {
-            if i > 0 || e.param.as_deref() != Some("prompt") {
-                e.message = format!("prompt {i}: {}", e.message);
-            }
-            e
-        })?;
+        let submit =
+            prepare::build(&state, tier, p.ids, "prompt", &sampling).map_err(|mut e| {
+                if i > 0 || e.param.as_deref() != Some("prompt") {
+                    e.message = format!("prompt {i}: {}", e.message);
+                }
+                e
+            })?;
         let ids = &submit.input_ids;
         let text = req.echo.then(|| match (p.text, state.model.as_deref()) {
             (Some(t), _) => t,
@@ -133,9 +136,11 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         n,
         echoes,
         prompt_only,
-        logprobs: sampling
-            .logprobs
-            .map(|_| (0..choices).map(|_| CompletionLogprobs::default()).collect()),
+        logprobs: sampling.logprobs.map(|_| {
+            (0..choices)
+                .map(|_| CompletionLogprobs::default())
+                .collect()
+        }),
         files: state.model.clone(),
         echoed: vec![false; choices],
     };

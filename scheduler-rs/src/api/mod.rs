@@ -9,6 +9,7 @@ pub mod listen;
 mod logprobs;
 mod misc;
 mod native;
+mod native_input;
 pub mod output;
 pub mod prepare;
 pub mod processors;

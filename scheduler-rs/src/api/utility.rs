@@ -106,7 +106,10 @@ async fn run_health_generate(state: &AppState, headers: &HeaderMap) -> Result<Re
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, ts.collect()).await {
         Ok(Ok((_, ids, _))) if !ids.is_empty() => Ok(StatusCode::OK.into_response()),
         Ok(Ok(_)) => Err(ApiError::unavailable("the generation produced no token")),
-        Ok(Err(e)) => Err(ApiError::unavailable(format!("generation failed: {}", e.message))),
+        Ok(Err(e)) => Err(ApiError::unavailable(format!(
+            "generation failed: {}",
+            e.message
+        ))),
         Err(_) => Err(ApiError::unavailable(format!(
             "no token within {} s",
             HEALTH_GENERATE_TIMEOUT.as_secs()

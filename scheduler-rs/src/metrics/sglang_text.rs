@@ -30,8 +30,8 @@ impl VllmMetrics {
         }
         // NOTE: SGLang's cache_hit_rate is a fraction of prompt tokens found cached; without
         // any worker-reported lookups it has no sample rather than a made-up 0.
-        let hit_rate = (g.prefix_cache_queries > 0.0)
-            .then(|| g.prefix_cache_hits / g.prefix_cache_queries);
+        let hit_rate =
+            (g.prefix_cache_queries > 0.0).then(|| g.prefix_cache_hits / g.prefix_cache_queries);
         let gauges = [
             (
                 "sglang:num_running_reqs",
@@ -48,7 +48,11 @@ impl VllmMetrics {
                 "The generation throughput (token/s).",
                 Some(self.throughput()),
             ),
-            ("sglang:cache_hit_rate", "The prefix cache hit rate.", hit_rate),
+            (
+                "sglang:cache_hit_rate",
+                "The prefix cache hit rate.",
+                hit_rate,
+            ),
         ];
         for (name, help, v) in gauges {
             family(out, name, "gauge", help);

@@ -212,7 +212,12 @@ impl VllmMetrics {
             let _ = writeln!(out, "{name}{{{l}}} {v}");
         }
         let name = "vllm:num_requests_waiting_by_reason";
-        family(out, name, "gauge", "Number of requests waiting, by why they wait.");
+        family(
+            out,
+            name,
+            "gauge",
+            "Number of requests waiting, by why they wait.",
+        );
         // NOTE: Nitsum's workers queue only for capacity (KV pages, batch slots).
         let _ = writeln!(out, "{name}{{{l},reason=\"capacity\"}} {}", g.waiting);
         let name = "vllm:cache_config_info";
