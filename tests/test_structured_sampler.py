@@ -119,7 +119,7 @@ def test_a_json_schema_spec_without_schema_names_response_format(comp) -> None:
 @pytest.mark.parametrize(
     "raw, why",
     [
-        ({"kind": "regex"}, "kind"),
+        ({"kind": "lark"}, "kind"),
         ({"kind": "json_schema"}, "schema text"),
         ({"kind": "json_schema", "schema": "[1, 2]"}, "JSON object"),
         ({"kind": "json_schema", "schema": "{not json"}, "not JSON"),
@@ -131,6 +131,31 @@ def test_malformed_wire_grammars_are_refused(raw, why) -> None:
     with pytest.raises(InvalidRequestError) as e:
         GrammarSpec.from_wire(raw)
     assert e.value.field == "response_format" and why in e.value.message
+
+
+@pytest.mark.parametrize(
+    "spec, field, why",
+    [
+        ({"kind": "regex"}, "sampling_params.regex", "source text"),
+        ({"kind": "ebnf", "schema": ""}, "sampling_params.ebnf", "source text"),
+    ],
+)
+def test_regex_and_ebnf_grammars_need_their_text_and_name_their_field(spec, field, why) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        GrammarSpec.from_wire(spec)
+    assert e.value.field == field and why in e.value.message
+
+
+def test_regex_and_ebnf_compile_and_bad_ones_name_their_field(comp) -> None:
+    comp.check(GrammarSpec("regex", "[0-9]{3}-[a-z]+"))
+    comp.check(GrammarSpec("ebnf", 'root ::= "yes" | "no"'))
+    for spec, field in [
+        (GrammarSpec("regex", "[0-9"), "sampling_params.regex"),
+        (GrammarSpec("ebnf", "root ::= missing_rule"), "sampling_params.ebnf"),
+    ]:
+        with pytest.raises(InvalidRequestError) as e:
+            comp.check(spec)
+        assert e.value.field == field, e.value.message
 
 
 def test_wire_round_trip_and_no_compiler() -> None:
