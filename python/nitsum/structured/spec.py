@@ -16,8 +16,9 @@ KINDS = ("json_object", "json_schema", "regex", "ebnf")
 SOURCE_KINDS = ("json_schema", "regex", "ebnf")
 # The request field a bad grammar is blamed on (the router builds grammars from it).
 FIELD = "response_format"
-# NOTE: /generate's regex and ebnf come from `sampling_params`; their errors name those.
-FIELD_OF_KIND = {"regex": "sampling_params.regex", "ebnf": "sampling_params.ebnf"}
+# NOTE: an EBNF grammar comes only from /generate's `sampling_params.ebnf` and is compiled
+# (so refused) only here; a regex is checked by the router before it is queued.
+FIELD_OF_KIND = {"ebnf": "sampling_params.ebnf"}
 
 
 def field_of(kind: str) -> str:
