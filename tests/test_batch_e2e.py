@@ -48,6 +48,31 @@ def test_batched_echo_logprobs_equal_the_single_prompt_ones(client, tok) -> None
         )
 
 
+def test_a_streamed_batch_scores_each_prompt_under_its_index(client, tok) -> None:  # noqa: F811
+    batch = [tok.encode(p) for p in PROMPTS]
+    whole = client.completions.create(
+        model=MODEL, prompt=batch, max_tokens=0, temperature=0, logprobs=1, echo=True
+    )
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt=batch, max_tokens=0, temperature=0, logprobs=1, echo=True,
+            stream=True,
+        )
+    )  # fmt: skip
+    texts: dict[int, str] = {}
+    scores: dict[int, list[float | None]] = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.logprobs is not None:
+                scores.setdefault(ch.index, []).extend(ch.logprobs.token_logprobs)
+    assert sorted(texts) == [0, 1, 2]
+    for i, choice in enumerate(whole.choices):
+        assert texts[i] == choice.text
+        assert scores[i][0] is None
+        assert scores[i][1:] == pytest.approx(choice.logprobs.token_logprobs[1:], abs=1e-6)
+
+
 def test_batched_generation_equals_single_prompts_with_n(client) -> None:  # noqa: F811
     """Greedy: each choice of a batch with n = 2 is its prompt's answer alone."""
     r = client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=6, temperature=0, n=2)
