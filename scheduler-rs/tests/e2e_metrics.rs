@@ -344,3 +344,20 @@ fn metric_names_skip_label_values_and_functions() {
         ["nitsum_ttft_seconds_bucket", "vllm:num_requests_running"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_rejections_count_requests_refused_at_admission() {
+    // No worker: every request is refused with 503 and counted once.
+    let r = start(common::config(), &[]).await;
+    for _ in 0..2 {
+        let body = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2});
+        assert_eq!(post(&r, "/v1/completions", body).await.status, 503);
+    }
+    let text = scrape(&r).await;
+    assert_eq!(
+        get(&text, &format!("vllm:admission_rejections_total{{{M}}}")),
+        2.0
+    );
+    // No worker reports lookups: no hit rate rather than a made-up 0.
+    assert!(value(&text, &format!("sglang:cache_hit_rate{{{M}}}")).is_none());
+}

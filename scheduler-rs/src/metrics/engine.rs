@@ -14,7 +14,8 @@ pub struct EngineGauges {
     pub preemptions: f64,
     pub prefix_cache_queries: f64,
     pub prefix_cache_hits: f64,
-    /// Requests the router refused for want of capacity (set by the caller: router-side).
+    /// Requests the router refused at admission: a full tier (429), an unattainable SLO or
+    /// no worker (503) (set by the caller: the tiers' `rejected`).
     pub admission_rejections: f64,
     /// KV tokens the live workers hold in all (set by the caller: from `register`).
     pub kv_tokens: u64,

@@ -203,7 +203,7 @@ impl VllmMetrics {
             ),
             (
                 "vllm:admission_rejections_total",
-                "Requests refused for want of capacity (503) by the router.",
+                "Requests the router refused at admission (tier full, unattainable SLO, no worker).",
                 g.admission_rejections,
             ),
         ];
