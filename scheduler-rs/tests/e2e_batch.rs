@@ -112,6 +112,17 @@ async fn a_bad_batch_element_or_too_many_prompts_is_a_400_naming_prompt() {
             .to_string();
         assert!(msg.contains(says), "{prompt}: {msg}");
     }
+    // A sampling error is the same for every prompt: it names its field, no prompt.
+    for prompt in [json!("hi"), json!(["hi", "yo"])] {
+        let body = json!({"model": "tiny", "prompt": prompt, "temperature": -1});
+        let resp = post(&r, "/v1/completions", body).await;
+        assert_eq!(err(&resp), (400, json!("temperature")));
+        let msg = resp.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(msg, "temperature must be >= 0");
+    }
     // Nothing of a refused batch was submitted: the router holds no request.
     let load = call(&r, "GET", "/load", &[], "").await.json();
     assert_eq!(load, json!({"server_load": 0}));

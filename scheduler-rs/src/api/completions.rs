@@ -101,6 +101,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     if prompt_only {
         sampling.max_tokens = Some(1);
     }
+    let batched = matches!(req.prompt, Some(Prompt::Texts(_) | Prompt::IdBatch(_)));
     let batch = prompts(&state, req.prompt).await?;
     let stops = req.common.stop_strings();
     let mut built = Vec::with_capacity(batch.len());
@@ -108,7 +109,9 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     for (i, p) in batch.into_iter().enumerate() {
         let submit =
             prepare::build(&state, tier, p.ids, "prompt", &sampling).map_err(|mut e| {
-                if i > 0 || e.param.as_deref() != Some("prompt") {
+                // NOTE: a batch's prompt errors say which prompt; sampling errors are the same
+                // for every prompt and say nothing more.
+                if batched && e.param.as_deref() == Some("prompt") {
                     e.message = format!("prompt {i}: {}", e.message);
                 }
                 e

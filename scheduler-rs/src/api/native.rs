@@ -192,7 +192,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         .enumerate()
         .map(|(i, ids)| {
             prepare::build(&state, tier, ids.clone(), field, &sampling).map_err(|mut e| {
-                if batched {
+                if batched && e.param.as_deref() == Some(field) {
                     e.message = format!("prompt {i}: {}", e.message);
                 }
                 e
