@@ -135,6 +135,31 @@ def test_malformed_wire_grammars_are_refused(raw, why) -> None:
     assert e.value.field == "response_format" and why in e.value.message
 
 
+@pytest.mark.parametrize(
+    "spec, field, why",
+    [
+        ({"kind": "regex"}, "response_format", "source text"),
+        ({"kind": "ebnf", "schema": ""}, "sampling_params.ebnf", "source text"),
+    ],
+)
+def test_regex_and_ebnf_grammars_need_their_text(spec, field, why) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        GrammarSpec.from_wire(spec)
+    assert e.value.field == field and why in e.value.message
+
+
+def test_regex_and_ebnf_compile_and_bad_ones_name_their_field(comp) -> None:
+    comp.check(GrammarSpec("regex", "[0-9]{3}-[a-z]+"))
+    comp.check(GrammarSpec("ebnf", 'root ::= "yes" | "no"'))
+    for spec, field in [
+        (GrammarSpec("regex", "[0-9"), "response_format"),
+        (GrammarSpec("ebnf", "root ::= missing_rule"), "sampling_params.ebnf"),
+    ]:
+        with pytest.raises(InvalidRequestError) as e:
+            comp.check(spec)
+        assert e.value.field == field, e.value.message
+
+
 def test_wire_round_trip_and_no_compiler() -> None:
     s = GrammarSpec("json_schema", json.dumps(SCHEMA), replay=4)
     assert GrammarSpec.from_wire(s.to_wire()) == s

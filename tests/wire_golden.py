@@ -82,6 +82,7 @@ def router_messages() -> dict[str, proto.Message]:
         "reregister": proto.Reregister(),
         "abort": proto.Abort("0123456789abcdef0123456789abcdef"),
         "reconfigure": proto.Reconfigure(9, groups),
+        "flush_cache": proto.FlushCache(),
         "shutdown": proto.Shutdown(),
     }
 

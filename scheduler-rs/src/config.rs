@@ -179,6 +179,8 @@ pub struct FileConfig {
     pub client_read_timeout_ms: Option<u64>,
     /// With API keys: `/metrics` needs an admin key too.
     pub restrict_metrics: Option<bool>,
+    /// Most prompts one `/v1/completions` or `/generate` request may batch.
+    pub max_batch_prompts: Option<usize>,
     /// Strategy choice by simulated lookahead (docs/planner.md); any subset.
     pub lookahead: Option<LookaheadConfig>,
     /// Shared secret workers authenticate with (NITSUM_WORKER_SECRET overrides it).
@@ -235,6 +237,9 @@ pub struct RouterConfig {
     pub client_read_timeout_ms: u64,
     /// With API keys configured, `/metrics` needs an admin key (`/admin/*` always does).
     pub restrict_metrics: bool,
+    /// Most prompts one `/v1/completions` (`prompt: [..]`) or `/generate` (`text: [..]`)
+    /// request may batch; more is a 400 naming the prompt field.
+    pub max_batch_prompts: usize,
     pub mock_workers: u32,
     pub shutdown_workers_on_exit: bool,
     /// Secret workers must prove they know (docs/security.md); `None` needs
@@ -245,6 +250,9 @@ pub struct RouterConfig {
 
 /// The largest TP level `--tensor-parallel-size` lets the planner consider.
 const MAX_TP_LEVEL: u32 = 1024;
+
+/// Prompts one request may batch by default (lm-eval's `--batch_size` stays far below).
+pub const DEFAULT_MAX_BATCH_PROMPTS: usize = 256;
 
 /// Requests each default tier holds at once before new ones get 429 (`Tier::max_inflight`).
 pub const DEFAULT_TIER_MAX_INFLIGHT: u32 = 1024;
@@ -297,6 +305,7 @@ impl Default for RouterConfig {
             request_timeout_ms: 600_000,
             client_read_timeout_ms: 10_000,
             restrict_metrics: false,
+            max_batch_prompts: DEFAULT_MAX_BATCH_PROMPTS,
             mock_workers: 0,
             shutdown_workers_on_exit: false,
             worker_secret: None,
@@ -436,6 +445,7 @@ impl RouterConfig {
                 .client_read_timeout_ms
                 .unwrap_or(d.client_read_timeout_ms),
             restrict_metrics: file.restrict_metrics.unwrap_or(d.restrict_metrics),
+            max_batch_prompts: file.max_batch_prompts.unwrap_or(d.max_batch_prompts),
             worker_secret: file
                 .worker_secret
                 .as_deref()
@@ -451,6 +461,9 @@ impl RouterConfig {
 
     /// Reject configs the router cannot serve with.
     pub fn validate(&self) -> Result<()> {
+        if self.max_batch_prompts == 0 {
+            bail!("config: max_batch_prompts must be at least 1");
+        }
         if self.tiers.is_empty() || self.tiers.iter().all(|t| t.background) {
             bail!("config: at least one non-background tier is required");
         }

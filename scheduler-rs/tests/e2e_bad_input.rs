@@ -252,7 +252,7 @@ fn cases() -> Vec<Case> {
             "prompt",
         ),
         (
-            json!({"model": "tiny", "prompt": [[1, 2], [3]]}),
+            json!({"model": "tiny", "prompt": [[1, 2], [99999]]}),
             400,
             "prompt",
         ),

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use nitsum_scheduler::mock_worker::MockOptions;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_agrees_with_what_generation_counts_and_detokenize_inverts_it() {
@@ -123,4 +123,60 @@ async fn native_stream_chunks_are_cumulative_like_sglang() {
     assert_eq!(last["output_ids"], whole["output_ids"]);
     assert_eq!(last["meta_info"]["completion_tokens"], 6);
     assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_and_sglang_utility_endpoints_answer_in_their_shapes() {
+    let r = start(config(), &[MockOptions::default()]).await;
+    // vLLM's /ping (GET and POST) and /load.
+    for method in ["GET", "POST"] {
+        let resp = call(&r, method, "/ping", &[], "").await;
+        assert_eq!(resp.status, 200, "{method} /ping: {}", resp.body);
+    }
+    let load = call(&r, "GET", "/load", &[], "").await.json();
+    assert_eq!(load, json!({"server_load": 0}));
+    // SGLang's /get_model_info, as `sgl.RuntimeEndpoint` reads it when it connects.
+    let info = call(&r, "GET", "/get_model_info", &[], "").await.json();
+    assert_eq!(info["model_path"], "tiny");
+    assert_eq!(info["is_generation"], true);
+    assert_eq!(info["served_model_name"], "tiny");
+    assert_eq!(info["max_model_len"], 64);
+    for path in ["/server_info", "/get_server_info"] {
+        let s = call(&r, "GET", path, &[], "").await.json();
+        assert_eq!(s["served_model_name"], "tiny", "{path}");
+        assert_eq!(s["context_length"], 64);
+        assert_eq!(s["max_batch_prompts"], 256);
+        assert_eq!(s["internal_states"][0]["workers"], 1);
+        assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+    }
+    // /health_generate runs a one-token generation through the worker.
+    for method in ["GET", "POST"] {
+        let resp = call(&r, method, "/health_generate", &[], "").await;
+        assert_eq!(resp.status, 200, "{method}: {}", resp.body);
+    }
+    // /v1/models: vLLM's root (the model's source) and parent (an adapter's base: none).
+    let models = call(&r, "GET", "/v1/models", &[], "").await.json();
+    assert_eq!(models["data"][0]["root"], "tiny");
+    assert_eq!(models["data"][0]["parent"], Value::Null);
+    // /tokenize's return_token_strs: the tokenizer's own strings (byte-level: "Ġ" is a space).
+    let t = post(
+        &r,
+        "/tokenize",
+        json!({"prompt": "hi all", "return_token_strs": true}),
+    )
+    .await
+    .json();
+    assert_eq!(t["token_strs"], json!(["h", "i", "Ġ", "a", "ll"]));
+    assert_eq!(t["count"], 5);
+    let t = post(&r, "/tokenize", json!({"prompt": "hi"})).await.json();
+    assert_eq!(t["token_strs"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_generate_and_ping_say_503_without_a_worker() {
+    let r = start(config(), &[]).await;
+    let resp = call(&r, "GET", "/health_generate", &[], "").await;
+    assert_eq!(err(&resp).0, 503, "{}", resp.body);
+    assert!(resp.body.contains("no worker"), "{}", resp.body);
+    assert_eq!(call(&r, "GET", "/ping", &[], "").await.status, 503);
 }

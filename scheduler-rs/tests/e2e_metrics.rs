@@ -157,6 +157,61 @@ async fn vllm_metrics_exist_with_model_name_and_move_by_what_requests_did() {
         get(&after, &format!("vllm:num_requests_waiting{{{M}}}")),
         0.0
     );
+    // Request shape: per request its output tokens, n and max_tokens; per worker message
+    // its tokens; cached prompt tokens are the prefix cache's hits.
+    assert_eq!(
+        delta(format!("vllm:request_max_num_generation_tokens_sum{{{M}}}")),
+        11.0
+    );
+    assert_eq!(
+        delta(format!(
+            "vllm:request_max_num_generation_tokens_count{{{M}}}"
+        )),
+        3.0
+    );
+    assert_eq!(delta(format!("vllm:request_params_n_sum{{{M}}}")), 3.0);
+    assert_eq!(
+        delta(format!("vllm:request_params_max_tokens_sum{{{M}}}")),
+        4.0 + 4.0 + 8.0
+    );
+    assert_eq!(
+        delta(format!("vllm:iteration_tokens_total_sum{{{M}}}")),
+        11.0
+    );
+    assert_eq!(
+        delta(format!("vllm:prompt_tokens_cached_total{{{M}}}")),
+        4.0
+    );
+    assert_eq!(
+        get(
+            &after,
+            &format!("vllm:num_requests_waiting_by_reason{{{M},reason=\"capacity\"}}")
+        ),
+        0.0
+    );
+    assert_eq!(
+        get(&after, &format!("vllm:admission_rejections_total{{{M}}}")),
+        0.0
+    );
+    assert!(after
+        .lines()
+        .any(|l| l.starts_with(&format!("vllm:cache_config_info{{{M},")) && l.ends_with(" 1")));
+    // SGLang's names carry the same numbers.
+    for h in [
+        "sglang:time_to_first_token_seconds",
+        "sglang:e2e_request_latency_seconds",
+    ] {
+        assert_eq!(delta(format!("{h}_count{{{M}}}")), 3.0, "{h}");
+    }
+    assert_eq!(get(&after, &format!("sglang:num_running_reqs{{{M}}}")), 0.0);
+    assert_eq!(get(&after, &format!("sglang:num_queue_reqs{{{M}}}")), 0.0);
+    let hits = get(&after, &format!("vllm:prefix_cache_hits_total{{{M}}}"));
+    let queries = get(&after, &format!("vllm:prefix_cache_queries_total{{{M}}}"));
+    assert!(close(
+        get(&after, &format!("sglang:cache_hit_rate{{{M}}}")),
+        hits / queries
+    ));
+    assert!(get(&after, &format!("sglang:gen_throughput{{{M}}}")) >= 0.0);
     // Nitsum's own metrics stay beside them.
     assert_eq!(
         get(&after, "nitsum_requests_finished_total{tier=\"strict\"}"),
@@ -164,37 +219,13 @@ async fn vllm_metrics_exist_with_model_name_and_move_by_what_requests_did() {
     );
     // Tiers that finished nothing have no attainment (NaN), not a perfect 1.
     assert!(get(&after, "nitsum_slo_attainment{tier=\"relaxed\"}").is_nan());
-    // Every name vLLM's shipped Grafana dashboard queries (vLLM's
-    // examples/online_serving/prometheus_grafana/grafana.json) has samples.
-    for name in [
-        "vllm:e2e_request_latency_seconds_bucket",
-        "vllm:e2e_request_latency_seconds_sum",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-        "vllm:time_per_output_token_seconds_bucket",
-        "vllm:time_to_first_token_seconds_bucket",
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:gpu_cache_usage_perc",
-        "vllm:request_prompt_tokens_bucket",
-        "vllm:request_generation_tokens_bucket",
-        "vllm:request_success_total",
-        "vllm:request_queue_time_seconds_sum",
-        "vllm:request_prefill_time_seconds_sum",
-        "vllm:request_decode_time_seconds_sum",
-    ] {
-        assert!(
-            after
-                .lines()
-                .any(|l| l.starts_with(&format!("{name}{{{M}"))),
-            "{name} has no sample with {M}"
-        );
-    }
-    // ... and so does every metric the repository's dashboards query.
+    // Every metric the repository's dashboards query has samples: Nitsum's own, and those of
+    // vLLM's and SGLang's stock dashboards (vendored in dashboards/vllm and dashboards/sglang,
+    // dashboards/SOURCES.md), the engines' families with this model's `model_name` label.
     check_dashboards(&after);
 }
 
-/// Metric names (`nitsum_*`, `vllm:*`) in a PromQL expression.
+/// Metric names (`nitsum_*`, `vllm:*`, `sglang:*`) in a PromQL expression.
 fn metric_names(expr: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
@@ -208,7 +239,10 @@ fn metric_names(expr: &str) -> Vec<String> {
             cur.push(c);
             continue;
         }
-        if cur.starts_with("nitsum_") || cur.starts_with("vllm:") {
+        if ["nitsum_", "vllm:", "sglang:"]
+            .iter()
+            .any(|p| cur.starts_with(p))
+        {
             out.push(cur.clone());
         }
         cur.clear();
@@ -232,17 +266,25 @@ fn exprs(v: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// The dashboard files under `dir` and its subfolders.
+fn dashboard_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            dashboard_files(&path, out);
+        } else if path.extension().and_then(|e| e.to_str()) == Some("json") {
+            out.push(path);
+        }
+    }
+}
+
 fn check_dashboards(metrics: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards");
-    let mut files = 0;
+    let mut files = Vec::new();
+    dashboard_files(&dir, &mut files);
     let mut names = BTreeSet::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
-        }
-        files += 1;
-        let text = std::fs::read_to_string(&path).unwrap();
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
         let v: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()));
         let mut ex = Vec::new();
@@ -254,20 +296,44 @@ fn check_dashboards(metrics: &str) {
             names.extend(found);
         }
     }
-    assert!(files >= 1, "no dashboards in {}", dir.display());
-    // NOTE: a sample line, or a declared family (a gauge no worker reported yet has none).
+    // nitsum.json, vLLM's three and SGLang's one.
+    assert!(
+        files.len() >= 5,
+        "dashboards missing in {}: {files:?}",
+        dir.display()
+    );
+    // NOTE: a sample line, with this model's label for the engines' families (the stock
+    // dashboards filter on `model_name`): a declared family without samples is no data.
     let exists = |n: &str| {
         metrics.lines().any(|l| {
-            l.strip_prefix(n)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            l.strip_prefix(n).is_some_and(|rest| {
+                if n.starts_with("nitsum_") {
+                    rest.starts_with('{') || rest.starts_with(' ')
+                } else {
+                    rest.starts_with(&format!("{{{M}"))
+                }
+            })
         })
     };
     let missing: Vec<&String> = names.iter().filter(|n| !exists(n)).collect();
     assert!(
         missing.is_empty(),
-        "dashboard metrics missing from /metrics: {missing:?}"
+        "dashboard metrics without samples in /metrics: {missing:?}"
     );
-    assert!(names.len() >= 10, "suspiciously few metrics: {names:?}");
+    // The two panels vLLM's stock dashboards left empty, and SGLang's core names.
+    for n in [
+        "vllm:request_max_num_generation_tokens_sum",
+        "vllm:iteration_tokens_total_count",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:num_running_reqs",
+        "sglang:cache_hit_rate",
+    ] {
+        assert!(
+            names.contains(n),
+            "{n} is not queried by the vendored dashboards"
+        );
+    }
+    assert!(names.len() >= 30, "suspiciously few metrics: {names:?}");
 }
 
 #[test]
@@ -277,4 +343,21 @@ fn metric_names_skip_label_values_and_functions() {
         metric_names(e),
         ["nitsum_ttft_seconds_bucket", "vllm:num_requests_running"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_rejections_count_requests_refused_at_admission() {
+    // No worker: every request is refused with 503 and counted once.
+    let r = start(common::config(), &[]).await;
+    for _ in 0..2 {
+        let body = json!({"model": "tiny", "prompt": "hi", "max_tokens": 2});
+        assert_eq!(post(&r, "/v1/completions", body).await.status, 503);
+    }
+    let text = scrape(&r).await;
+    assert_eq!(
+        get(&text, &format!("vllm:admission_rejections_total{{{M}}}")),
+        2.0
+    );
+    // No worker reports lookups: no hit rate rather than a made-up 0.
+    assert!(value(&text, &format!("sglang:cache_hit_rate{{{M}}}")).is_none());
 }

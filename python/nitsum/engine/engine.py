@@ -220,6 +220,10 @@ class Engine:
         cache = self.scheduler.cache
         return cache.num_evictable if cache is not None else 0
 
+    def flush_prefix_cache(self) -> int:
+        """Drop the cached prefix pages no sequence uses; returns the device pages freed."""
+        return self.scheduler.kv.flush()
+
     def num_host_cached(self) -> int:
         """Host pages holding cached prefix pages (free as soon as a swap needs them)."""
         cache = self.scheduler.cache

@@ -178,6 +178,22 @@ class KVSpace:
         """Pages free now or as soon as asked (idle cached pages)."""
         return self.pages.num_free + (self.cache.num_evictable if self.cache else 0)
 
+    def flush(self) -> int:
+        """Drop the prefix cache's idle pages, on the device and on host (`/flush_cache`);
+        returns how many device pages went back to the allocator.
+
+        NOTE: pages a running sequence references stay (and stay matchable) until it
+        releases them: flushing never touches a request in flight."""
+        if self.cache is None:
+            return 0
+        if self.swap is not None:
+            self.swap.settle()  # no copy may still target a page dropped here
+        freed = self.cache.clear()
+        self.pages.release(freed)
+        if self.swap is not None:
+            self.swap.host.release(self.cache.evict_host(self.cache.num_host))
+        return len(freed)
+
     def close(self) -> None:
         """The group is going away: finish its copies, give its idle cached pages back."""
         if self.swap is not None:

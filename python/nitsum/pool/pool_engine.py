@@ -404,6 +404,11 @@ class PoolEngine:
         cached = sum(e.num_evictable() for g, e in self.every_engine() if device in g)
         return self.alloc.num_free(device) + cached
 
+    def flush_prefix_cache(self) -> int:
+        """Drop every engine's idle cached prefix pages (`/flush_cache`); returns the device
+        pages freed over all groups."""
+        return sum(engine.flush_prefix_cache() for _, engine in self.every_engine())
+
     def all_counters(self) -> dict[str, int]:
         """Cumulative counters for the `stats` message: the pool's own and its engines'
         (`Engine.counters`), dissolved ones included."""

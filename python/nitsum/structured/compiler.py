@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from nitsum.errors import InvalidRequestError
 from nitsum.structured.matcher import GrammarMatcher
-from nitsum.structured.spec import FIELD, TEXT_KINDS, GrammarSpec
+from nitsum.structured.spec import FIELD, TEXT_KINDS, GrammarSpec, field_of
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -48,7 +49,7 @@ class GrammarCompiler:
 
     def _compile_uncached(self, kind: str, schema: str | None) -> str:
         if kind in TEXT_KINDS:
-            return self._compile_text(kind, schema or "")
+            return self._compile_text(kind, schema)
         source: Any = _ANY_OBJECT
         if kind == "json_schema":
             if schema is None:  # `GrammarSpec.from_wire` refuses it; a direct caller may not
@@ -65,15 +66,23 @@ class GrammarCompiler:
             raise InvalidRequestError(FIELD, f"invalid JSON schema: {error}")
         return grammar
 
-    def _compile_text(self, kind: str, source: str) -> str:
-        """A `regex` or `lark` grammar, checked against the tokenizer."""
-        if kind == "regex":
-            grammar = llguidance.LLMatcher.grammar_from_regex(source)
-        else:
-            grammar = llguidance.LLMatcher.grammar_from_lark(source)
+    def _compile_text(self, kind: str, text: str | None) -> str:
+        """A `regex`, `lark` or `ebnf` (GBNF) grammar, validated against the tokenizer."""
+        field = field_of(kind)
+        if not text:
+            raise InvalidRequestError(field, f"a {kind} grammar needs its source text")
+        try:
+            if kind == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(text)
+            elif kind == "lark":
+                grammar = llguidance.LLMatcher.grammar_from_lark(text)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(text))
+        except Exception as e:  # the converter raises its own types on malformed EBNF
+            raise InvalidRequestError(field, f"invalid {kind} grammar: {e}") from e
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
-            raise InvalidRequestError(FIELD, f"invalid {kind} grammar: {error}")
+            raise InvalidRequestError(field, f"invalid {kind} grammar: {error}")
         return grammar
 
     def matcher(self, spec: GrammarSpec) -> GrammarMatcher:

@@ -10,12 +10,21 @@ from nitsum.errors import InvalidRequestError
 
 # `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`;
 # `regex`: text matching the regex `schema`; `lark`: text of the llguidance Lark grammar
-# `schema` (vLLM's guided_regex / guided_grammar / guided_choice).
-KINDS = ("json_object", "json_schema", "regex", "lark")
+# `schema` (vLLM's guided_regex / guided_grammar / guided_choice); `ebnf`: text the EBNF (GBNF,
+# `root ::= ...`) grammar `schema` derives (SGLang's `ebnf` sampling param).
+KINDS = ("json_object", "json_schema", "regex", "lark", "ebnf")
 # Kinds whose `schema` is source text (not JSON).
-TEXT_KINDS = ("regex", "lark")
+TEXT_KINDS = ("regex", "lark", "ebnf")
 # The request field a bad grammar is blamed on (the router builds grammars from it).
 FIELD = "response_format"
+# NOTE: an EBNF grammar comes only from /generate's `sampling_params.ebnf` and is compiled
+# (so refused) only here; a regex is checked by the router before it is queued.
+FIELD_OF_KIND = {"ebnf": "sampling_params.ebnf"}
+
+
+def field_of(kind: str) -> str:
+    """The request field a bad grammar of `kind` is blamed on."""
+    return FIELD_OF_KIND.get(kind, FIELD)
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,7 @@ class GrammarSpec:
     """
 
     kind: str
-    # The JSON Schema as JSON text (`json_schema`), the regex or the Lark grammar.
+    # The JSON Schema as JSON text (`json_schema`), the regex, the Lark or the EBNF grammar.
     schema: str | None = None
     replay: int = 0
 
@@ -58,7 +67,7 @@ class GrammarSpec:
                 raise InvalidRequestError(FIELD, "the schema must be a JSON object")
         elif kind in TEXT_KINDS:
             if not isinstance(schema, str) or not schema:
-                raise InvalidRequestError(FIELD, f"a {kind} grammar needs its source text")
+                raise InvalidRequestError(field_of(kind), f"a {kind} grammar needs its source text")
         elif schema is not None:
             raise InvalidRequestError(FIELD, "a json_object grammar takes no schema")
         if not isinstance(replay, int) or isinstance(replay, bool) or replay < 0:

@@ -75,6 +75,10 @@ class Backend(Protocol):
         """Cumulative counters of the whole backend for the `stats` message ({}: none)."""
         ...
 
+    def flush_prefix_cache(self) -> int:
+        """Drop the prefix caches' pages no request holds; returns the device pages freed."""
+        ...
+
     def moved(self) -> tuple[list[str], list[tuple[str, int, int]]]:
         """Since the last call: ids of requests handed off to another process (they end
         there, not here), and (id, worker id, prompt tokens) of those handed to this one
@@ -202,6 +206,9 @@ class PoolBackend:
             cap = plan.max_batch(g) or self.max_batch
             self.pe.engines[local.members].max_batch = min(self.max_batch, cap)
         return dict(report.timings_ms)
+
+    def flush_prefix_cache(self) -> int:
+        return self.pe.flush_prefix_cache()
 
     def counters(self) -> dict[str, int]:
         remote = self.remote.counters if self.remote is not None else {}

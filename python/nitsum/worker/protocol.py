@@ -201,6 +201,13 @@ class Reconfigure(Message):
 
 
 @dataclass(frozen=True)
+class FlushCache(Message):
+    """Drop the prefix caches' pages no running request holds (`/flush_cache`)."""
+
+    TYPE = "flush_cache"
+
+
+@dataclass(frozen=True)
 class Shutdown(Message):
     """Stop: end the live requests with an error and exit."""
 
@@ -209,7 +216,8 @@ class Shutdown(Message):
 
 # Router → worker messages by `type`, but `generate` (`inbound.parse_generate`).
 ROUTER_MESSAGES: dict[str, type[Message]] = {
-    m.TYPE: m for m in (Challenge, Refused, Registered, Reregister, Abort, Reconfigure, Shutdown)
+    m.TYPE: m
+    for m in (Challenge, Refused, Registered, Reregister, Abort, Reconfigure, FlushCache, Shutdown)
 }
 
 

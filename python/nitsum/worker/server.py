@@ -198,6 +198,9 @@ class WorkerServer:
                 self._on_reregister(device)
             case proto.Abort():
                 self._on_abort(msg.request_id)
+            case proto.FlushCache():
+                freed = self.backend.flush_prefix_cache()
+                log.info("flushed the prefix caches: %d device pages freed", freed)
             case proto.Shutdown():
                 self._stop.set()
 

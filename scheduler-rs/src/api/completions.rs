@@ -1,4 +1,6 @@
-//! `POST /v1/completions`: `prompt` is text or a list of token ids.
+//! `POST /v1/completions`: `prompt` is text or a list of token ids, or a batch of either
+//! (a list of texts, a list of id lists: lm-eval's `--batch_size`), each prompt answered by
+//! `n` choices (api/completion_chunks.rs formats them).
 
 use std::sync::Arc;
 
@@ -9,125 +11,69 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
+use super::completion_chunks::{CompletionChunks, Echo};
 use super::fields;
 use super::logprobs::{self, CompletionLogprobs};
-use super::output::{self, Piece, TextStream};
+use super::output::TextStream;
 use super::prepare::{self, SamplingInput};
-use super::sse::{self, ChunkFormat};
+use super::sse;
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
 use crate::protocols::openai::{parse_body, CompletionRequest, Prompt};
-use crate::protocols::worker::TokenLogprob;
-use crate::tokenize::ModelFiles;
 
-/// Prompt token ids, and the prompt text when `echo` needs it.
-async fn prompt_ids(
-    state: &AppState,
-    prompt: Option<Prompt>,
-) -> Result<(Vec<u32>, Option<String>), ApiError> {
-    let batch = || {
-        ApiError::invalid(
-            "prompt",
-            "batched prompts are not supported; send one prompt",
-        )
+/// One prompt of the request: its ids, and its text when it was sent as text.
+struct PromptIn {
+    ids: Vec<u32>,
+    text: Option<String>,
+}
+
+/// The request's prompts: one (text or ids), or a batch (a list of texts or of id lists, at
+/// most `max_batch_prompts`). Every element is checked before any is submitted.
+async fn prompts(state: &AppState, prompt: Option<Prompt>) -> Result<Vec<PromptIn>, ApiError> {
+    let texts = match prompt {
+        None => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "missing required field `prompt`",
+            ))
+        }
+        Some(Prompt::Ids(ids)) => return Ok(vec![PromptIn { ids, text: None }]),
+        Some(Prompt::IdBatch(v)) => {
+            check_batch(state, v.len())?;
+            return Ok(v
+                .into_iter()
+                .map(|ids| PromptIn { ids, text: None })
+                .collect());
+        }
+        Some(Prompt::Text(t)) => vec![t],
+        Some(Prompt::Texts(v)) => {
+            check_batch(state, v.len())?;
+            v
+        }
     };
-    match prompt {
-        None => Err(ApiError::invalid(
+    let mut out = Vec::with_capacity(texts.len());
+    for t in texts {
+        let ids = prepare::encode(state, &t, true, "prompt").await?;
+        out.push(PromptIn { ids, text: Some(t) });
+    }
+    Ok(out)
+}
+
+/// 400 naming `prompt` for an empty batch or one over the configured limit.
+fn check_batch(state: &AppState, len: usize) -> Result<(), ApiError> {
+    let max = state.router.cfg.max_batch_prompts;
+    if len == 0 {
+        return Err(ApiError::invalid("prompt", "the prompt list is empty"));
+    }
+    if len > max {
+        return Err(ApiError::invalid(
             "prompt",
-            "missing required field `prompt`",
-        )),
-        Some(Prompt::Text(t)) => Ok((prepare::encode(state, &t, true, "prompt").await?, Some(t))),
-        Some(Prompt::Ids(ids)) => Ok((ids, None)),
-        Some(Prompt::Texts(mut v)) if v.len() == 1 => {
-            let t = v.pop().expect("len 1");
-            Ok((prepare::encode(state, &t, true, "prompt").await?, Some(t)))
-        }
-        Some(Prompt::IdBatch(mut v)) if v.len() == 1 => Ok((v.pop().expect("len 1"), None)),
-        Some(_) => Err(batch()),
+            format!(
+                "{len} prompts in one request; this server takes at most {max} (max_batch_prompts)"
+            ),
+        ));
     }
-}
-
-struct CompletionChunks {
-    id: String,
-    model: String,
-    created: u64,
-    include_usage: bool,
-    /// The prompt text every choice starts with (`echo`).
-    echo: Option<String>,
-    /// With echo and logprobs: the prompt's ids; the echo then goes out with the first piece,
-    /// which carries the prompt's logprobs (they come with the first token).
-    echo_ids: Option<Vec<u32>>,
-    /// One per choice when the request asked for logprobs (the tokenizer names tokens).
-    logprobs: Option<Vec<CompletionLogprobs>>,
-    files: Option<Arc<ModelFiles>>,
-}
-
-impl CompletionChunks {
-    fn chunk(&self, index: usize, text: &str, finish: Option<&str>, logprobs: Value) -> Value {
-        json!({"id": self.id, "object": "text_completion", "created": self.created,
-               "model": self.model,
-               "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                            "finish_reason": finish}]})
-    }
-
-    /// Choice `index`'s `logprobs` for these tokens (null when the request did not ask),
-    /// after the echoed prompt's when `prompt` is given.
-    fn logprobs(
-        &mut self,
-        index: usize,
-        prompt: Option<&[TokenLogprob]>,
-        ids: &[u32],
-        lps: &[TokenLogprob],
-    ) -> Value {
-        match self.logprobs.as_mut() {
-            None => Value::Null,
-            Some(all) => {
-                if let (Some(p), Some(echo)) = (prompt, self.echo_ids.as_deref()) {
-                    all[index].push_prompt(self.files.as_deref(), echo, p);
-                }
-                all[index].push(self.files.as_deref(), ids, lps);
-                all[index].take()
-            }
-        }
-    }
-}
-
-impl ChunkFormat for CompletionChunks {
-    fn start(&mut self, index: usize, _ts: &TextStream) -> Vec<Value> {
-        match &self.echo {
-            Some(t) if !t.is_empty() && self.echo_ids.is_none() => {
-                vec![self.chunk(index, t, None, Value::Null)]
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
-        // NOTE: with echo and logprobs the first piece of each choice carries the prompt.
-        let first = self.echo_ids.is_some() && ts.completion_tokens == p.ids.len();
-        if !first && p.text.is_empty() && p.finish.is_none() && p.logprobs.is_empty() {
-            return Vec::new();
-        }
-        let prompt = first.then(|| ts.prompt_logprobs.as_deref().unwrap_or_default());
-        let lps = self.logprobs(index, prompt, &p.ids, &p.logprobs);
-        let text = match (first, &self.echo) {
-            (true, Some(echo)) => format!("{echo}{}", p.text),
-            _ => p.text.clone(),
-        };
-        vec![self.chunk(index, &text, p.finish, lps)]
-    }
-
-    fn end(&mut self, all: &[TextStream]) -> Vec<Value> {
-        let (id, model) = (&self.id, &self.model);
-        sse::usage_chunk(
-            self.include_usage,
-            id,
-            "text_completion",
-            self.created,
-            model,
-            all,
-        )
-    }
+    Ok(())
 }
 
 /// Handler.
@@ -157,35 +103,69 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             "return_tokens_as_token_ids is supported by /v1/chat/completions only",
         ));
     }
-    let (ids, text) = prompt_ids(&state, req.prompt).await?;
-    let ids = fields::truncate(&state, &req.common, ids);
-    let prompt_ids = ids.clone();
-    let echo_ids = sampling.prompt_logprobs.map(|_| ids.clone());
-    // NOTE: after `echo_ids`: the echo's logprobs follow `echo`, not `prompt_logprobs`.
-    fields::want_prompt_logprobs(&mut sampling, &replies);
-    let echo = if req.echo {
-        Some(match (text, state.model.as_deref()) {
-            (Some(t), _) => t,
-            (None, Some(m)) => crate::tokenize::Decode::decode(m, &ids),
-            (None, None) => String::new(),
-        })
-    } else {
-        None
-    };
+    // NOTE: echo with max_tokens 0 answers the prompt alone (vLLM's scoring request): one
+    // token is generated to get the prompt's logprobs, and dropped.
+    let prompt_only = req.echo && sampling.max_tokens == Some(0);
+    if prompt_only {
+        sampling.max_tokens = Some(1);
+    }
+    let batched = matches!(req.prompt, Some(Prompt::Texts(_) | Prompt::IdBatch(_)));
+    if batched && (replies.token_ids || replies.prompt_logprobs.is_some()) {
+        let field = if replies.token_ids { "return_token_ids" } else { "prompt_logprobs" };
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} is supported for a single prompt only, not a batch"),
+        ));
+    }
+    let batch = prompts(&state, req.prompt).await?;
     let stops = req.common.stop_strings();
-    let mut all = prepare::start_choices(&state, tier, ids, "prompt", &sampling, stops, n)?;
+    // NOTE: the echo's logprobs follow `echo`, not `prompt_logprobs` (asked for below).
+    let echo_logprobs = sampling.prompt_logprobs;
+    fields::want_prompt_logprobs(&mut sampling, &replies);
+    let mut built = Vec::with_capacity(batch.len());
+    let mut echoes = Vec::with_capacity(batch.len());
+    for (i, p) in batch.into_iter().enumerate() {
+        let ids = fields::truncate(&state, &req.common, p.ids);
+        let submit = prepare::build(&state, tier, ids, "prompt", &sampling).map_err(|mut e| {
+            // NOTE: a batch's prompt errors say which prompt; sampling errors are the same
+            // for every prompt and say nothing more.
+            if batched && e.param.as_deref() == Some("prompt") {
+                e.message = format!("prompt {i}: {}", e.message);
+            }
+            e
+        })?;
+        let ids = &submit.input_ids;
+        let text = req.echo.then(|| match (p.text, state.model.as_deref()) {
+            (Some(t), _) => t,
+            (None, Some(m)) => crate::tokenize::Decode::decode(m, ids),
+            (None, None) => String::new(),
+        });
+        let ids = echo_logprobs.map(|_| ids.clone());
+        echoes.push(Echo { text, ids });
+        built.push(submit);
+    }
+    let prompt_ids = built[0].input_ids.clone();
+    let mut all = Vec::with_capacity(built.len() * n);
+    for submit in built {
+        all.extend(prepare::submit_choices(&state, submit, stops.clone(), n)?);
+    }
     replies.log(&all);
+    let choices = all.len();
     let mut fmt = CompletionChunks {
         id: replies.response_id("cmpl-", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
-        logprobs: sampling
-            .logprobs
-            .map(|_| (0..n).map(|_| CompletionLogprobs::default()).collect()),
-        echo,
-        echo_ids,
+        n,
+        echoes,
+        prompt_only,
+        logprobs: sampling.logprobs.map(|_| {
+            (0..choices)
+                .map(|_| CompletionLogprobs::default())
+                .collect()
+        }),
         files: state.model.clone(),
+        echoed: vec![false; choices],
     };
     if req.common.stream {
         return Ok(sse::respond(
@@ -194,22 +174,16 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         ));
     }
     let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
-    let echo = fmt.echo.clone().unwrap_or_default();
     let choices: Vec<Value> = outs
         .iter()
         .zip(&all)
         .enumerate()
-        .map(|(index, ((text, ids, finish), ts))| {
-            let prompt = ts.prompt_logprobs.as_deref().or(Some(&[]));
-            let lps = fmt.logprobs(index, prompt, ids, &ts.logprobs);
-            json!({"index": index, "text": echo.clone() + text, "logprobs": lps,
-                   "finish_reason": finish})
-        })
+        .map(|(index, (out, ts))| fmt.choice(index, out, ts))
         .collect();
     let mut body = json!({
         "id": fmt.id, "object": "text_completion", "created": fmt.created, "model": fmt.model,
         "choices": choices,
-        "usage": output::usage(&all),
+        "usage": fmt.usage(&all),
     });
     let choice_ids: Vec<&[u32]> = outs.iter().map(|(_, ids, _)| ids.as_slice()).collect();
     replies.finish_body(

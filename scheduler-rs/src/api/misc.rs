@@ -23,11 +23,22 @@ pub fn max_model_len(state: &AppState) -> Option<u64> {
     }
 }
 
+/// Where the served model was loaded from (`--model-dir`), else its served name.
+pub fn model_path(state: &AppState) -> String {
+    match &state.router.cfg.model_dir {
+        Some(dir) => dir.display().to_string(),
+        None => state.served_model().to_string(),
+    }
+}
+
 /// The served model under name `id` as an OpenAI model object (with vLLM's `max_model_len`).
 fn model_card(state: &AppState, id: &str) -> serde_json::Value {
     json!({
         "id": id, "object": "model", "created": unix_now(),
         "owned_by": "nitsum",
+        // vLLM's: the model the name serves (its path), and the base of an adapter (none).
+        "root": model_path(state),
+        "parent": null,
         "max_model_len": max_model_len(state),
     })
 }
@@ -176,8 +187,16 @@ fn render_gauges(state: &AppState, out: &mut String) {
     let (running, waiting) = groups
         .iter()
         .fold((0, 0), |(r, w), g| (r + g.running, w + g.waiting));
-    let engine = EngineGauges::of(running, waiting, &stats);
+    let mut engine = EngineGauges::of(running, waiting, &stats);
+    engine.admission_rejections = e
+        .metrics
+        .tiers
+        .iter()
+        .map(|(_, t)| t.rejected.load(std::sync::atomic::Ordering::Relaxed) as f64)
+        .sum();
+    engine.kv_tokens = e.workers().iter().map(|(_, w)| w.kv_capacity_tokens).sum();
     e.metrics.vllm.render(out, &engine);
+    e.metrics.vllm.render_sglang(out, &engine);
     if stats.iter().any(|(_, s)| !s.fields().is_empty()) {
         gauge(
             out,

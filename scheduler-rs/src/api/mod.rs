@@ -3,6 +3,7 @@
 //! `output` turns engine events into text with detokenization and stop strings.
 
 mod chat;
+mod completion_chunks;
 mod completions;
 mod fields;
 mod fields_stream;
@@ -10,6 +11,7 @@ pub mod listen;
 mod logprobs;
 mod misc;
 mod native;
+mod native_input;
 pub mod output;
 pub mod prepare;
 pub mod processors;
@@ -17,6 +19,7 @@ mod quota;
 mod sse;
 mod tokens;
 mod tool_reply;
+mod utility;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -86,6 +89,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/admin/plan", get(misc::admin_plan))
+        .route("/ping", get(utility::ping).post(utility::ping))
+        .route("/load", get(utility::load))
+        .route("/flush_cache", post(utility::flush_cache))
+        .route("/reset_prefix_cache", post(utility::flush_cache))
+        .route("/get_model_info", get(utility::model_info))
+        .route("/server_info", get(utility::server_info))
+        .route("/get_server_info", get(utility::server_info))
+        .route(
+            "/health_generate",
+            get(utility::health_generate).post(utility::health_generate),
+        )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             listen::read_body_within,

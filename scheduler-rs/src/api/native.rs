@@ -1,5 +1,7 @@
 //! `POST /generate`, SGLang-style: `{"input_ids": [...] | "text": "...", "sampling_params":
-//! {...}}` → `{"text", "output_ids", "meta_info"}`. With `"stream": true`, each SSE chunk
+//! {...}}` → `{"text", "output_ids", "meta_info"}`; a batch (`text: [..]`, `input_ids:
+//! [[..]]`) or `sampling_params.n` > 1 → a list of them, prompt-major (streamed: each chunk
+//! with its `index`). `regex`, `ebnf` and `json_schema` constrain the output. With `"stream": true`, each SSE chunk
 //! carries the text and ids generated so far (cumulative, as SGLang streams by default, so
 //! its clients keep the last chunk's `text`); the last one has `meta_info.finish_reason`.
 //! With `return_logprob`, `meta_info` carries SGLang's `output_token_logprobs` (and
@@ -17,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::logprobs;
+use super::native_input::{grammar, prompts};
 use super::output::{Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::processors::Processors;
@@ -25,7 +28,6 @@ use super::AppState;
 use crate::errors::ApiError;
 use crate::protocols::extensions;
 use crate::protocols::openai::{parse_body, NativeGenerateRequest};
-use crate::protocols::structured::Grammar;
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::ModelFiles;
 
@@ -52,27 +54,34 @@ impl Logprobs {
     }
 }
 
-struct Meta {
-    tier: String,
-    start: Instant,
-    /// The caller's `rid`, else the router's id.
-    rid: Option<String>,
-    /// Text and ids streamed so far.
+/// One choice's output streamed so far.
+struct Choice {
     text: String,
     ids: Vec<u32>,
     logprobs: Option<Logprobs>,
 }
 
-impl Meta {
-    fn info(&self, ts: &TextStream, finish: Option<&str>) -> Value {
+struct Meta {
+    tier: String,
+    start: Instant,
+    /// The caller's `rid`, else the router's id.
+    rid: Option<String>,
+    /// One per choice: prompt `i / n`'s choice `i % n` (SGLang's order).
+    choices: Vec<Choice>,
+    /// Whether the answer is a list (a batch, or n > 1): streamed chunks then carry `index`.
+    listed: bool,
+}
+
+impl Choice {
+    fn info(&self, meta: &Meta, ts: &TextStream, finish: Option<&str>) -> Value {
         let mut info = json!({
-            "id": self.rid.clone().unwrap_or_else(|| ts.id.to_string()),
+            "id": meta.rid.clone().unwrap_or_else(|| ts.id.to_string()),
             "prompt_tokens": ts.prompt_tokens,
             "completion_tokens": ts.completion_tokens,
             "cached_tokens": ts.cached_tokens.unwrap_or(0),
             "finish_reason": finish.map(|f| json!({"type": f})),
-            "e2e_latency": self.start.elapsed().as_secs_f64(),
-            "tier": self.tier,
+            "e2e_latency": meta.start.elapsed().as_secs_f64(),
+            "tier": meta.tier,
             "class": ts.class.as_str(),
         });
         if let Some(lp) = &self.logprobs {
@@ -95,14 +104,27 @@ impl Meta {
 }
 
 impl ChunkFormat for Meta {
-    fn piece(&mut self, _index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
-        self.text.push_str(&p.text);
-        self.ids.extend_from_slice(&p.ids);
-        if let Some(lp) = &mut self.logprobs {
+    fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
+        let mut c = std::mem::replace(
+            &mut self.choices[index],
+            Choice {
+                text: String::new(),
+                ids: Vec::new(),
+                logprobs: None,
+            },
+        );
+        c.text.push_str(&p.text);
+        c.ids.extend_from_slice(&p.ids);
+        if let Some(lp) = &mut c.logprobs {
             lp.push(&p.ids, &p.logprobs);
         }
-        let info = self.info(ts, p.finish);
-        vec![json!({"text": self.text, "output_ids": self.ids, "meta_info": info})]
+        let mut chunk = json!({"text": c.text, "output_ids": c.ids,
+                               "meta_info": c.info(self, ts, p.finish)});
+        if self.listed {
+            chunk["index"] = json!(index);
+        }
+        self.choices[index] = c;
+        vec![chunk]
     }
 }
 
@@ -125,38 +147,21 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         return Err(ApiError::invalid(&field, why));
     }
     let asked = logprobs::native_request(&req)?;
-    let grammar = match &sp.json_schema {
-        None => None,
-        Some(text) => {
-            let field = "sampling_params.json_schema";
-            let schema: Value = serde_json::from_str(text)
-                .map_err(|e| ApiError::invalid(field, format!("not JSON: {e}")))?;
-            Some(Grammar::json_schema(&schema).map_err(|e| ApiError::invalid(field, e))?)
-        }
-    };
+    let grammar = grammar(sp)?;
+    let n =
+        prepare::check_n(sp.n).map_err(|e| ApiError::invalid("sampling_params.n", e.message))?;
     let tier = prepare::tier(&state, &headers, req.tier.as_deref())?;
-    let (ids, field) = match (req.input_ids, req.text.as_deref()) {
-        // NOTE: as SGLang, one prompt: which of two would win is a guess the client must
-        // not have to make.
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "text",
-                "send either `text` or `input_ids`, not both",
-            ))
-        }
-        (Some(ids), None) => (ids, "input_ids"),
-        (None, Some(t)) => (prepare::encode(&state, t, true, "text").await?, "text"),
-        (None, None) => return Err(ApiError::invalid("input_ids", "send `input_ids` or `text`")),
-    };
+    let (prompts, batched, field) = prompts(&state, &req).await?;
     let top = asked.map(|(top, _)| top);
     let input_start = asked.and_then(|(_, start)| start);
-    if let Some(start) = input_start.filter(|&s| s >= ids.len()) {
-        return Err(ApiError::invalid(
-            "logprob_start_len",
-            format!("{start} is not below the prompt's {} tokens", ids.len()),
-        ));
+    if let Some(start) = input_start {
+        if let Some(short) = prompts.iter().map(Vec::len).find(|&len| start >= len) {
+            return Err(ApiError::invalid(
+                "logprob_start_len",
+                format!("{start} is not below the prompt's {short} tokens"),
+            ));
+        }
     }
-    let prompt = input_start.map(|s| (ids.clone(), s));
     let sampling = SamplingInput {
         max_tokens: sp.max_new_tokens,
         max_tokens_field: "max_new_tokens",
@@ -183,33 +188,69 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         ..SamplingInput::default()
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
-    let mut ts = prepare::start(&state, tier, ids, field, &sampling, stops)?;
+    // NOTE: every prompt is checked before any is submitted: a bad one costs no work.
+    let built = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| {
+            prepare::build(&state, tier, ids.clone(), field, &sampling).map_err(|mut e| {
+                if batched && e.param.as_deref() == Some(field) {
+                    e.message = format!("prompt {i}: {}", e.message);
+                }
+                e
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut all = Vec::with_capacity(built.len() * n);
+    for submit in built {
+        all.extend(prepare::submit_choices(&state, submit, stops.clone(), n)?);
+    }
+    let choices = (0..all.len())
+        .map(|i| Choice {
+            text: String::new(),
+            ids: Vec::new(),
+            logprobs: top.map(|top| Logprobs {
+                files: state.model.clone(),
+                top,
+                with_text: req.return_text_in_logprobs,
+                tokens: Vec::new(),
+                tops: Vec::new(),
+                input: input_start.map(|s| (prompts[i / n].clone(), s)),
+            }),
+        })
+        .collect();
     let mut meta = Meta {
         tier: state.router.cfg.tier(tier).name.clone(),
         start,
         rid: req.rid.clone(),
-        text: String::new(),
-        ids: Vec::new(),
-        logprobs: top.map(|top| Logprobs {
-            files: state.model.clone(),
-            top,
-            with_text: req.return_text_in_logprobs,
-            tokens: Vec::new(),
-            tops: Vec::new(),
-            input: prompt,
-        }),
+        choices,
+        listed: batched || n > 1,
     };
     if req.stream {
-        return Ok(sse::respond(vec![ts], meta));
+        return Ok(sse::respond(all, meta));
     }
-    let (text, output_ids, finish) = ts.collect().await?;
-    if let Some(lp) = &mut meta.logprobs {
-        lp.push(&output_ids, &ts.logprobs);
+    let outs = futures_util::future::try_join_all(all.iter_mut().map(TextStream::collect)).await?;
+    let mut results = Vec::with_capacity(all.len());
+    for (i, ((text, output_ids, finish), ts)) in outs.into_iter().zip(&all).enumerate() {
+        let mut c = std::mem::replace(
+            &mut meta.choices[i],
+            Choice {
+                text: String::new(),
+                ids: Vec::new(),
+                logprobs: None,
+            },
+        );
+        if let Some(lp) = &mut c.logprobs {
+            lp.push(&output_ids, &ts.logprobs);
+        }
+        let info = c.info(&meta, ts, Some(finish));
+        results.push(json!({"text": text, "output_ids": output_ids, "meta_info": info}));
     }
-    Ok(axum::Json(json!({
-        "text": text,
-        "output_ids": output_ids,
-        "meta_info": meta.info(&ts, Some(finish)),
-    }))
-    .into_response())
+    // NOTE: SGLang answers one prompt with one object, a batch or n > 1 with a list.
+    let body = if meta.listed {
+        Value::Array(results)
+    } else {
+        results.pop().expect("one result")
+    };
+    Ok(axum::Json(body).into_response())
 }

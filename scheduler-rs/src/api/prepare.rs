@@ -164,8 +164,19 @@ pub fn start_choices(
     stops: Vec<String>,
     n: usize,
 ) -> Result<Vec<TextStream>, ApiError> {
-    let prompt_tokens = input_ids.len();
     let first = build(state, tier, input_ids, prompt_field, sampling)?;
+    submit_choices(state, first, stops, n)
+}
+
+/// Submit `n` choices of a request `build` validated (see `start_choices`); a batch
+/// validates every prompt before it submits any.
+pub fn submit_choices(
+    state: &AppState,
+    first: Submit,
+    stops: Vec<String>,
+    n: usize,
+) -> Result<Vec<TextStream>, ApiError> {
+    let prompt_tokens = first.input_ids.len();
     let mut streams = Vec::with_capacity(n);
     let mut fork = None;
     for i in 0..n {
@@ -183,6 +194,8 @@ pub fn start_choices(
                 .with_options(sampling.output),
         );
     }
+    let metrics = &state.router.metrics.vllm;
+    metrics.on_request(n, first.sampling.max_tokens);
     Ok(streams)
 }
 

@@ -29,6 +29,9 @@ struct TokenizeRequest {
     add_special_tokens: Option<bool>,
     /// For `messages`: only the value a chat completion uses is supported.
     add_generation_prompt: Option<bool>,
+    /// vLLM's: also the tokenizer's string of each token (`token_strs`).
+    #[serde(default)]
+    return_token_strs: bool,
 }
 
 /// `POST /detokenize`.
@@ -85,10 +88,16 @@ async fn run_tokenize(
         }
         (None, None) => return Err(ApiError::invalid("prompt", "send `prompt` or `messages`")),
     };
+    // NOTE: vLLM sends `token_strs: null` unless asked.
+    let token_strs = match (req.return_token_strs, state.model.as_deref()) {
+        (true, Some(m)) => json!(m.token_strs(&tokens)),
+        _ => serde_json::Value::Null,
+    };
     Ok(axum::Json(json!({
         "tokens": tokens,
         "count": tokens.len(),
         "max_model_len": max_model_len(&state),
+        "token_strs": token_strs,
     }))
     .into_response())
 }

@@ -14,6 +14,11 @@ pub struct EngineGauges {
     pub preemptions: f64,
     pub prefix_cache_queries: f64,
     pub prefix_cache_hits: f64,
+    /// Requests the router refused at admission: a full tier (429), an unattainable SLO or
+    /// no worker (503) (set by the caller: the tiers' `rejected`).
+    pub admission_rejections: f64,
+    /// KV tokens the live workers hold in all (set by the caller: from `register`).
+    pub kv_tokens: u64,
 }
 
 impl EngineGauges {
@@ -39,6 +44,8 @@ impl EngineGauges {
             preemptions: sum(|s| s.num_preemptions),
             prefix_cache_queries: sum(|s| s.prefix_cache_queries),
             prefix_cache_hits: sum(|s| s.prefix_cache_hits),
+            admission_rejections: 0.0,
+            kv_tokens: 0,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod engine;
 mod histogram;
+mod sglang_text;
 mod text;
 pub mod vllm;
 mod vllm_text;

@@ -178,6 +178,8 @@ fn engine_gauges_sum_worker_stats_and_average_kv_usage_as_a_fraction() {
             preemptions: 7.0,
             prefix_cache_queries: 100.0,
             prefix_cache_hits: 25.0,
+            admission_rejections: 0.0,
+            kv_tokens: 0,
         }
     );
 }

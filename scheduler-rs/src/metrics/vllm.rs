@@ -33,6 +33,15 @@ pub const LENGTH_BUCKETS: [f64; 16] = [
     50000.0, 100000.0,
 ];
 
+/// `vllm:iteration_tokens_total` buckets (vLLM's).
+pub const ITERATION_BUCKETS: [f64; 13] = [
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// `vllm:request_params_n` buckets (vLLM's).
+pub const N_BUCKETS: [f64; 5] = [1.0, 2.0, 5.0, 10.0, 20.0];
+/// `vllm:request_num_preemptions` buckets (vLLM's).
+pub const PREEMPTION_BUCKETS: [f64; 7] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
+
 /// How a request ended: vLLM's `finished_reason` label of `vllm:request_success_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishedReason {
@@ -88,6 +97,21 @@ pub struct VllmMetrics {
     pub generation_tokens: AtomicU64,
     /// Ended requests, indexed by `FinishedReason as usize`.
     ended: [AtomicU64; 4],
+    /// Tokens per worker output message of one request (`vllm:iteration_tokens_total`).
+    /// NOTE: the router sees each request's steps, not the worker's batch: one observation
+    /// per step of one request, not per engine step.
+    pub iteration: Histogram,
+    /// Output tokens of each finished choice (`vllm:request_max_num_generation_tokens`; each
+    /// choice of an n > 1 request is its own router request).
+    pub max_generation: Histogram,
+    /// Per client prompt: the `n` and the resolved `max_tokens` it asked for.
+    pub params_n: Histogram,
+    pub params_max_tokens: Histogram,
+    /// Per-request preemptions: declared, no samples until workers report them per request.
+    pub preemptions: Histogram,
+    /// Generation throughput (`sglang:gen_throughput`): (when, tokens) of the last sample and
+    /// the rate measured then.
+    throughput: std::sync::Mutex<(std::time::Instant, u64, f64)>,
 }
 
 impl VllmMetrics {
@@ -107,7 +131,32 @@ impl VllmMetrics {
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             ended: Default::default(),
+            iteration: Histogram::new(&ITERATION_BUCKETS),
+            max_generation: Histogram::new(&LENGTH_BUCKETS),
+            params_n: Histogram::new(&N_BUCKETS),
+            params_max_tokens: Histogram::new(&LENGTH_BUCKETS),
+            preemptions: Histogram::new(&PREEMPTION_BUCKETS),
+            throughput: std::sync::Mutex::new((std::time::Instant::now(), 0, 0.0)),
         }
+    }
+
+    /// A client prompt was submitted with `n` choices of at most `max_tokens` tokens each.
+    pub fn on_request(&self, n: usize, max_tokens: u32) {
+        self.params_n.observe(n as f64);
+        self.params_max_tokens.observe(f64::from(max_tokens));
+    }
+
+    /// Output tokens per second since the previous call at least a second ago (SGLang's
+    /// `gen_throughput`, which its scheduler measures per logging interval).
+    pub fn throughput(&self) -> f64 {
+        let now = std::time::Instant::now();
+        let tokens = self.generation_tokens.load(Ordering::Relaxed);
+        let mut last = self.throughput.lock().unwrap_or_else(|e| e.into_inner());
+        let secs = (now - last.0).as_secs_f64();
+        if secs >= 1.0 {
+            *last = (now, tokens, tokens.saturating_sub(last.1) as f64 / secs);
+        }
+        last.2
     }
 
     /// `n` tokens of a request arrived, `gap_s` after its previous ones (None for its first
@@ -116,6 +165,9 @@ impl VllmMetrics {
     pub fn on_tokens(&self, n: usize, gap_s: Option<f64>) {
         self.generation_tokens
             .fetch_add(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            self.iteration.observe(n as f64);
+        }
         if let Some(gap) = gap_s.filter(|_| n > 0) {
             for _ in 0..n {
                 self.itl.observe(gap / n as f64);
@@ -135,6 +187,7 @@ impl VllmMetrics {
         self.e2e.observe(c.e2e_s);
         self.prompt_len.observe(c.prompt_tokens as f64);
         self.generation_len.observe(c.tokens as f64);
+        self.max_generation.observe(c.tokens as f64);
         let Some(ttft) = c.ttft_s else { return };
         self.ttft.observe(ttft);
         self.decode.observe((c.e2e_s - ttft).max(0.0));

@@ -72,6 +72,7 @@ impl VllmMetrics {
             family(out, name, "histogram", help);
             h.render(out, name, l);
         }
+        self.render_request_shape(out, g);
         let counters = [
             (
                 "vllm:prompt_tokens_total",
@@ -147,5 +148,84 @@ impl VllmMetrics {
                 let _ = writeln!(out, "{name}{{{l}}} {v}");
             }
         }
+    }
+
+    /// The families of vLLM's request-shape and cache panels (`iteration_tokens_total`,
+    /// `request_max_num_generation_tokens`, `request_params_*`, cached prompt tokens, waiting
+    /// by reason, `cache_config_info`, admission rejections).
+    fn render_request_shape(&self, out: &mut String, g: &EngineGauges) {
+        let l = &self.labels;
+        let hists: [(&str, &str, &Histogram); 4] = [
+            (
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step (per request step here).",
+                &self.iteration,
+            ),
+            (
+                "vllm:request_max_num_generation_tokens",
+                "Histogram of maximum number of requested generation tokens.",
+                &self.max_generation,
+            ),
+            (
+                "vllm:request_params_n",
+                "Histogram of the n request parameter.",
+                &self.params_n,
+            ),
+            (
+                "vllm:request_params_max_tokens",
+                "Histogram of the max_tokens request parameter.",
+                &self.params_max_tokens,
+            ),
+        ];
+        for (name, help, h) in hists {
+            family(out, name, "histogram", help);
+            h.render(out, name, l);
+        }
+        // NOTE: declared without samples: workers report neither per-request preemptions nor
+        // per-request cached tokens yet, and a made-up 0 would read as "none happened".
+        family(
+            out,
+            "vllm:request_num_preemptions",
+            "histogram",
+            "Histogram of preemptions per request (not reported by Nitsum's workers yet).",
+        );
+        family(
+            out,
+            "vllm:request_prefill_kv_computed_tokens",
+            "histogram",
+            "Histogram of new KV tokens computed during prefill (not reported per request yet).",
+        );
+        let counters = [
+            (
+                "vllm:prompt_tokens_cached_total",
+                "Number of cached prompt tokens (local + external).",
+                g.prefix_cache_hits,
+            ),
+            (
+                "vllm:admission_rejections_total",
+                "Requests the router refused at admission (tier full, unattainable SLO, no worker).",
+                g.admission_rejections,
+            ),
+        ];
+        for (name, help, v) in counters {
+            family(out, name, "counter", help);
+            let _ = writeln!(out, "{name}{{{l}}} {v}");
+        }
+        let name = "vllm:num_requests_waiting_by_reason";
+        family(
+            out,
+            name,
+            "gauge",
+            "Number of requests waiting, by why they wait.",
+        );
+        // NOTE: Nitsum's workers queue only for capacity (KV pages, batch slots).
+        let _ = writeln!(out, "{name}{{{l},reason=\"capacity\"}} {}", g.waiting);
+        let name = "vllm:cache_config_info";
+        family(out, name, "gauge", "Information of the LLM cache config.");
+        let _ = writeln!(
+            out,
+            "{name}{{{l},enable_prefix_caching=\"True\",kv_cache_tokens=\"{}\"}} 1",
+            g.kv_tokens
+        );
     }
 }

@@ -83,17 +83,15 @@ const NATIVE: &[(&str, Accept)] = &[
 
 /// Fields of SGLang's `sampling_params` that Nitsum does not implement.
 const NATIVE_SAMPLING: &[(&str, Accept)] = &[
-    ("n", Accept::Neutral(|| vec![json!(1)])),
     ("skip_special_tokens", Accept::Neutral(|| vec![json!(true)])),
     (
         "spaces_between_special_tokens",
         Accept::Neutral(|| vec![json!(true)]),
     ),
     ("no_stop_trim", Accept::Neutral(|| vec![json!(false)])),
-    ("regex", Accept::Neutral(Vec::new)),
-    ("ebnf", Accept::Neutral(Vec::new)),
     ("structural_tag", Accept::Neutral(Vec::new)),
-    ("stop_regex", Accept::Neutral(Vec::new)),
+    // NOTE: SGLang's frontend sends `stop_regex: []` (none) with every request.
+    ("stop_regex", Accept::Neutral(|| vec![json!([])])),
     ("custom_params", Accept::Neutral(Vec::new)),
 ];
 
@@ -183,9 +181,14 @@ mod tests {
             top(json!({"input_embeds": [1.0]})).unwrap().0,
             "input_embeds"
         );
-        assert_eq!(sampling(json!({"n": 1, "skip_special_tokens": true})), None);
-        let (name, why) = sampling(json!({"regex": "a+"})).unwrap();
-        assert_eq!(name, "sampling_params.regex");
+        // SGLang's frontend sends `stop_regex: []` (none); `n`, `regex` and `ebnf` are typed.
+        let neutral = json!({"skip_special_tokens": true, "stop_regex": [], "no_stop_trim": false});
+        assert_eq!(sampling(neutral), None);
+        let (name, why) = sampling(json!({"stop_regex": ["a+"]})).unwrap();
+        assert_eq!(name, "sampling_params.stop_regex");
+        assert!(why.contains("not supported"), "{why}");
+        let (name, why) = sampling(json!({"structural_tag": "{}"})).unwrap();
+        assert_eq!(name, "sampling_params.structural_tag");
         assert!(why.contains("not supported"), "{why}");
         let (name, why) = sampling(json!({"temprature": 0})).unwrap();
         assert_eq!(name, "sampling_params.temprature");

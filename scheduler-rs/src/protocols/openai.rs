@@ -220,17 +220,33 @@ pub struct NativeSampling {
     pub logit_bias: Option<std::collections::HashMap<String, f64>>,
     /// SGLang's structured output: a JSON Schema, as JSON text.
     pub json_schema: Option<String>,
+    /// SGLang's parallel sampling: choices per prompt (as OpenAI's `n`).
+    pub n: Option<i64>,
+    /// SGLang's structured output: a regular expression the whole output matches.
+    pub regex: Option<String>,
+    /// SGLang's structured output: an EBNF (GBNF) grammar whose `root` the output matches.
+    pub ebnf: Option<String>,
     /// Fields no member above took: refused unless neutral (protocols/extensions.rs).
     /// NOTE: flattened, so it must stay the last field.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
 }
 
+/// `input_ids` of `/generate`: one prompt or a batch (SGLang answers a batch with a list).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum NativeIds {
+    One(Vec<u32>),
+    Batch(Vec<Vec<u32>>),
+}
+
 /// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct NativeGenerateRequest {
-    pub input_ids: Option<Vec<u32>>,
-    pub text: Option<String>,
+    /// One prompt's ids, or a batch of them.
+    pub input_ids: Option<NativeIds>,
+    /// One prompt, or a batch of them.
+    pub text: Option<StringOrList>,
     #[serde(default)]
     pub sampling_params: NativeSampling,
     #[serde(default)]

@@ -21,14 +21,17 @@ pub enum GrammarKind {
     /// Text of the llguidance Lark grammar `Grammar::schema` (vLLM's `guided_grammar`,
     /// `guided_choice`).
     Lark,
+    /// Text the EBNF (GBNF: `root ::= ...`) grammar in `Grammar::schema` derives (SGLang's
+    /// `ebnf`); the worker converts it for llguidance and refuses one it cannot compile.
+    Ebnf,
 }
 
 /// The `grammar` field of a `generate` message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Grammar {
     pub kind: GrammarKind,
-    /// The JSON Schema as JSON text (`json_schema`), the regex (`regex`) or the grammar
-    /// (`lark`); none for `json_object`.
+    /// The JSON Schema as JSON text (`json_schema`), the regex (`regex`), the grammar
+    /// (`lark`) or the EBNF grammar (`ebnf`); none for `json_object`.
     pub schema: Option<String>,
     /// How many tokens at the end of `input_ids` are output the grammar already matched
     /// (a request resumed on another worker): the worker's matcher replays them first.
@@ -71,6 +74,19 @@ impl Grammar {
         Ok(Grammar {
             kind: GrammarKind::Lark,
             schema: Some(lark.to_string()),
+            replay: 0,
+        })
+    }
+
+    /// Text the EBNF grammar `ebnf` derives (compiled, and refused if it cannot be, by the
+    /// worker: llguidance reads GBNF through its Python converter only).
+    pub fn ebnf(ebnf: &str) -> Result<Self, String> {
+        if ebnf.trim().is_empty() {
+            return Err("the EBNF grammar is empty".into());
+        }
+        Ok(Grammar {
+            kind: GrammarKind::Ebnf,
+            schema: Some(ebnf.to_string()),
             replay: 0,
         })
     }

@@ -304,6 +304,7 @@ fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
             "reconfigure",
             encode_reconfigure(&golden_plan(), &golden_tiers(), caps),
         ),
+        ("flush_cache", encode_flush_cache()),
         ("shutdown", encode_shutdown()),
     ]
 }
@@ -322,7 +323,7 @@ fn reencode_router_message(bytes: &[u8]) -> Vec<u8> {
             rmp_serde::to_vec_named(&rmp_serde::from_slice::<Registered>(bytes).unwrap())
         }
         "abort" => rmp_serde::to_vec_named(&rmp_serde::from_slice::<Abort>(bytes).unwrap()),
-        "reregister" | "shutdown" => {
+        "reregister" | "shutdown" | "flush_cache" => {
             rmp_serde::to_vec_named(&rmp_serde::from_slice::<Bare>(bytes).unwrap())
         }
         other => panic!("no router type for {other}"),

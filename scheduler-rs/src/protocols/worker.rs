@@ -259,6 +259,15 @@ pub fn encode_abort(request_id: &str) -> Vec<u8> {
     })
 }
 
+/// Encode `flush_cache`: drop the prefix caches' pages no running request holds
+/// (`/flush_cache`, `/reset_prefix_cache`).
+pub fn encode_flush_cache() -> Vec<u8> {
+    encode(&Bare {
+        v: PROTOCOL_VERSION,
+        ty: "flush_cache",
+    })
+}
+
 /// Encode `shutdown`.
 pub fn encode_shutdown() -> Vec<u8> {
     encode(&Bare {

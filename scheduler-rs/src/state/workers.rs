@@ -343,6 +343,20 @@ impl RouterState {
         }
     }
 
+    /// Send `flush_cache` to every live worker; returns how many were told.
+    pub fn flush_prefix_caches(&self) -> usize {
+        let idents: Vec<Bytes> = self
+            .lock()
+            .registry
+            .iter()
+            .map(|(_, w)| w.identity.clone())
+            .collect();
+        for ident in &idents {
+            self.send(ident.clone(), wire::encode_flush_cache());
+        }
+        idents.len()
+    }
+
     /// Send `shutdown` to every live worker.
     pub fn shutdown_workers(&self) {
         let idents: Vec<Bytes> = self

@@ -158,6 +158,14 @@ impl ModelFiles {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The tokenizer's own string of each id (`Ġthe`, `<|im_end|>`: not decoded text), as
+    /// vLLM's `/tokenize` `return_token_strs` gives them; empty for an unknown id.
+    pub fn token_strs(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter()
+            .map(|&id| self.tokenizer.id_to_token(id).unwrap_or_default())
+            .collect()
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
