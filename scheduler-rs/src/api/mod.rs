@@ -3,6 +3,7 @@
 //! `output` turns engine events into text with detokenization and stop strings.
 
 mod chat;
+mod chat_render;
 mod completions;
 pub mod listen;
 mod logprobs;
@@ -11,6 +12,9 @@ mod native;
 pub mod output;
 pub mod prepare;
 pub mod processors;
+mod response_object;
+mod responses;
+mod responses_stream;
 mod sse;
 mod tokens;
 mod tool_reply;
@@ -58,6 +62,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/responses", post(responses::handle))
         .route("/v1/models", get(misc::models))
         .route("/v1/models/{id}", get(misc::model))
         .route("/tokenize", post(tokens::tokenize))

@@ -2,8 +2,10 @@
 
 pub mod extensions;
 pub mod openai;
+pub mod responses;
 pub mod structured;
 pub mod tool_calls;
+pub mod tool_prompt;
 pub mod tools;
 #[cfg(test)]
 mod wire_golden;
