@@ -128,6 +128,7 @@ struct RouterMsg {
     nonce: String,
     decode_target: Option<WorkerId>,
     groups: Vec<MockGroup>,
+    grammar: Option<crate::protocols::structured::Grammar>,
 }
 
 /// A `reconfigure` group as the mock reads it.
@@ -233,7 +234,7 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                             Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
                         let sampling = m.sampling.take().unwrap_or_default();
                         *stats.last_input.lock().unwrap() = Some((m.input_ids.clone(), sampling.max_tokens));
-                        *stats.last_grammar.lock().unwrap() = sampling.grammar.as_deref().cloned();
+                        *stats.last_grammar.lock().unwrap() = m.grammar.take();
                         let n = m.input_ids.len() as u64;
                         stats.prompt_tokens.fetch_add(n, Ordering::Relaxed);
                         stats.half_prompt_tokens.fetch_add(n / 2, Ordering::Relaxed);
