@@ -66,7 +66,8 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Refusal>
         let why = if CHAT_ONLY.contains(&key.as_str()) {
             Some(format!("Unrecognized request argument supplied: {key}"))
         } else if let Some((_, ok)) = NEUTRAL.iter().find(|(n, _)| n == key) {
-            let neutral = value.is_null() || ok.iter().any(|o| value.to_string() == *o);
+            let text = value.to_string();
+            let neutral = value.is_null() || ok.contains(&text.as_str());
             (!neutral).then(|| match key.as_str() {
                 "store" | "previous_response_id" | "conversation" => format!(
                     "`{key}` needs stored responses; this server does not store them \
