@@ -159,7 +159,7 @@ def test_json_object_mode(smol: str) -> None:
             "nonsense",
         ),
         ({"response_format": {"type": "xml"}}, "response_format", "type"),
-        ({"tools": TOOLS}, "tools", "does not support tools"),
+        ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "boolean"),
     ],
 )
 def test_bad_requests_are_400_naming_the_field(
@@ -223,6 +223,7 @@ def test_required_tool_choice_calls_one_of_the_tools(tools_model: str) -> None:
         messages=[{"role": "user", "content": "What time is it?"}],
         tools=TOOLS,
         tool_choice="required",
+        parallel_tool_calls=False,
         max_tokens=80,
         temperature=0,
     )

@@ -86,6 +86,8 @@ pub struct MockStats {
     pub last_generate: Mutex<Option<(String, String, Option<WorkerId>)>>,
     /// (input_ids, max_tokens) of the last `generate`.
     pub last_input: Mutex<Option<(Vec<u32>, u32)>>,
+    /// The grammar of the last `generate` (structured output, forced tool calls).
+    pub last_grammar: Mutex<Option<crate::protocols::structured::Grammar>>,
     /// Prompt tokens received, and half of each prompt's (rounded down), summed.
     pub prompt_tokens: AtomicU64,
     pub half_prompt_tokens: AtomicU64,
@@ -127,6 +129,7 @@ struct RouterMsg {
     proof: String,
     decode_target: Option<WorkerId>,
     groups: Vec<MockGroup>,
+    grammar: Option<crate::protocols::structured::Grammar>,
 }
 
 /// A `reconfigure` group as the mock reads it.
@@ -242,6 +245,7 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                             Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
                         let sampling = m.sampling.take().unwrap_or_default();
                         *stats.last_input.lock().unwrap() = Some((m.input_ids.clone(), sampling.max_tokens));
+                        *stats.last_grammar.lock().unwrap() = m.grammar.take();
                         let n = m.input_ids.len() as u64;
                         stats.prompt_tokens.fetch_add(n, Ordering::Relaxed);
                         stats.half_prompt_tokens.fetch_add(n / 2, Ordering::Relaxed);

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::try_join_all;
 use serde_json::{json, Value};
 
+use super::chat_render::{self, RenderOptions};
 use super::fields;
 use super::logprobs;
 use super::output::{self, Piece, TextStream};
@@ -23,84 +24,75 @@ use crate::protocols::tools::{self, Tools};
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::ModelFiles;
 
-/// Message content as plain text: a string, or the concatenated `text` parts.
-fn content_text(m: &ChatMessage, i: usize) -> Result<String, ApiError> {
-    let field = || format!("messages[{i}].content");
-    match &m.content {
-        // NOTE: only an assistant turn may come without content (e.g. one that made tool
-        // calls); OpenAI requires it for every other role.
-        None | Some(Value::Null) if m.role == "assistant" => Ok(String::new()),
-        None | Some(Value::Null) => Err(ApiError::invalid(
-            &field(),
-            format!("a `{}` message needs content", m.role),
-        )),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut out = String::new();
-            for p in parts {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            &field(),
-                            "only text content parts are supported",
-                        ))
-                    }
-                }
-            }
-            Ok(out)
-        }
-        Some(_) => Err(ApiError::invalid(
-            &field(),
-            "content must be a string or a list of parts",
-        )),
-    }
-}
-
-/// Render the conversation with the model's chat template (showing it `tools`, if any: a
-/// template that does not read `tools` cannot, which is a 400 naming `tools`).
+/// Render with the model's template, showing it `tools` (`/tokenize` renders chats this way).
 pub(super) fn render(
     state: &AppState,
     messages: &[ChatMessage],
     tools: Option<&Tools>,
 ) -> Result<String, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    let template = state
-        .model
+    let opts = RenderOptions {
+        tools,
+        ..RenderOptions::default()
+    };
+    chat_render::render(state, messages, opts)
+}
+
+/// A chat request admitted: its choices' output streams and how their text is read.
+pub(super) struct Started {
+    pub all: Vec<TextStream>,
+    /// Set when tool calls are read from the replies.
+    pub calls: Option<CallFormat>,
+    /// Whether the request asked for logprobs.
+    pub logprobs: bool,
+    /// What the vLLM reply fields add to the answer (fields.rs).
+    pub replies: fields::Replies,
+    /// The prompt as submitted (after `truncate_prompt_tokens`).
+    pub prompt_ids: Vec<u32>,
+}
+
+/// Validate, render and submit a chat request (the Responses API comes through here too).
+pub(super) async fn start(
+    state: &AppState,
+    headers: &HeaderMap,
+    req: &ChatCompletionRequest,
+) -> Result<Started, ApiError> {
+    let (tier, n) = prepare::openai_common(state, headers, &req.common)?;
+    let mut sampling = SamplingInput::from_common(&req.common);
+    sampling.logprobs = logprobs::chat_request(&req.common)?;
+    let messages = req
+        .messages
         .as_deref()
-        .and_then(|m| m.template.as_ref())
-        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
-    if tools.is_some() && !template.supports_tools() {
-        return Err(ApiError::invalid(
-            "tools",
-            "this model's chat template does not support tools (it never renders `tools`)",
-        ));
+        .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
+    let refuse = |(field, why): (&str, String)| ApiError::invalid(field, why);
+    let parallel = tools::parallel(req.parallel_tool_calls.as_ref()).map_err(refuse)?;
+    let mut tools =
+        tools::parse(req.common.tools.as_ref(), req.common.tool_choice.as_ref()).map_err(refuse)?;
+    if let Some(t) = tools.as_mut() {
+        t.parallel = parallel;
     }
-    let mut msgs = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        if !crate::protocols::openai::CHAT_ROLES.contains(&m.role.as_str()) {
-            return Err(ApiError::invalid(
-                &format!("messages[{i}].role"),
-                format!(
-                    "unknown role `{}` (one of {})",
-                    m.role,
-                    crate::protocols::openai::CHAT_ROLES.join(", ")
-                ),
-            ));
-        }
-        let mut obj = m.extra.clone();
-        obj.insert("role".into(), Value::String(m.role.clone()));
-        obj.insert("content".into(), Value::String(content_text(m, i)?));
-        msgs.push(Value::Object(obj));
-    }
-    template
-        .render_with_tools(&msgs, true, tools.map(|t| t.list.as_slice()))
-        .map_err(|e| ApiError::invalid("messages", format!("chat template error: {e}")))
+    sampling.grammar = grammar(req, tools.as_ref())?;
+    let replies = fields::apply(state, &req.common, &mut sampling).await?;
+    fields::want_prompt_logprobs(&mut sampling, &replies);
+    let opts = RenderOptions {
+        tools: tools.as_ref(),
+        template: req.chat_template.as_deref(),
+        kwargs: req.chat_template_kwargs.as_ref(),
+    };
+    let prompt = chat_render::render(state, messages, opts)?;
+    // NOTE: the template already inserts BOS where the model wants it.
+    let ids = prepare::encode(state, &prompt, false, "messages").await?;
+    let ids = fields::truncate(state, &req.common, ids);
+    let prompt_ids = ids.clone();
+    let stops = req.common.stop_strings();
+    let all = prepare::start_choices(state, tier, ids, "messages", &sampling, stops, n)?;
+    replies.log(&all);
+    Ok(Started {
+        all,
+        calls: CallFormat::of(tools.as_ref()),
+        logprobs: sampling.logprobs.is_some(),
+        replies,
+        prompt_ids,
+    })
 }
 
 struct ChatChunks {
@@ -219,34 +211,21 @@ pub async fn handle(
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
-    let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
-    let mut sampling = SamplingInput::from_common(&req.common);
-    sampling.logprobs = logprobs::chat_request(&req.common)?;
-    let messages = req
-        .messages
-        .as_deref()
-        .ok_or_else(|| ApiError::invalid("messages", "missing required field `messages`"))?;
-    let tools = tools::parse(req.common.tools.as_ref(), req.common.tool_choice.as_ref())
-        .map_err(|(field, why)| ApiError::invalid(field, why))?;
-    sampling.grammar = grammar(&req, tools.as_ref())?;
-    let replies = fields::apply(&state, &req.common, &mut sampling).await?;
-    fields::want_prompt_logprobs(&mut sampling, &replies);
-    let prompt = render(&state, messages, tools.as_ref())?;
-    // NOTE: the template already inserts BOS where the model wants it.
-    let ids = prepare::encode(&state, &prompt, false, "messages").await?;
-    let ids = fields::truncate(&state, &req.common, ids);
-    let prompt_ids = ids.clone();
-    let stops = req.common.stop_strings();
-    let mut all = prepare::start_choices(&state, tier, ids, "messages", &sampling, stops, n)?;
-    replies.log(&all);
+    let Started {
+        mut all,
+        calls,
+        logprobs,
+        replies,
+        prompt_ids,
+    } = start(&state, &headers, &req).await?;
     let fmt = ChatChunks {
         id: replies.response_id("chatcmpl-", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
         include_usage: req.common.include_usage(),
-        logprobs: sampling.logprobs.is_some(),
+        logprobs,
         files: state.model.clone(),
-        calls: CallFormat::of(tools.as_ref()),
+        calls,
         held: Vec::new(),
         tokens_as_ids: replies.tokens_as_ids,
     };

@@ -3,6 +3,7 @@
 //! `output` turns engine events into text with detokenization and stop strings.
 
 mod chat;
+mod chat_render;
 mod completion_chunks;
 mod completions;
 mod fields;
@@ -16,6 +17,9 @@ pub mod output;
 pub mod prepare;
 pub mod processors;
 mod quota;
+mod response_object;
+mod responses;
+mod responses_stream;
 mod sse;
 mod tokens;
 mod tool_reply;
@@ -80,6 +84,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/responses", post(responses::handle))
         .route("/v1/models", get(misc::models))
         .route("/v1/models/{id}", get(misc::model))
         .route("/tokenize", post(tokens::tokenize))

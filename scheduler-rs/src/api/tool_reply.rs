@@ -1,41 +1,64 @@
-//! A chat reply that may hold tool calls: read out of the model's text (a forced call is the
-//! whole text as JSON; otherwise Hermes `<tool_call>` blocks) into OpenAI `tool_calls`.
+//! A chat reply that may hold tool calls: read out of the model's text (a forced reply is the
+//! whole text as JSON calls; otherwise Hermes `<tool_call>` blocks) into OpenAI `tool_calls`.
 
 use serde_json::{json, Value};
 
-use crate::protocols::tool_calls::{forced_call, hermes_calls, ToolCall};
+use crate::protocols::tool_calls::{forced_calls, hermes_calls, ToolCall};
 use crate::protocols::tools::Tools;
 
 /// How a reply's text is read for calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallFormat {
-    /// The grammar forced one call: the text is `{"name": ..., "arguments": ...}`.
-    Forced,
-    /// The model chose: Hermes-style `<tool_call>{...}</tool_call>` blocks, if any.
-    Hermes,
+pub struct CallFormat {
+    /// The grammar forced the calls: the text is `{"name": ..., "arguments": ...}` or an
+    /// array of those. Otherwise the model chose: Hermes `<tool_call>{...}</tool_call>` blocks.
+    pub forced: bool,
+    /// `parallel_tool_calls: false`: only the first call is kept (vLLM truncates the same way).
+    pub at_most_one: bool,
 }
 
 impl CallFormat {
+    /// The format of a forced reply.
+    #[cfg(test)]
+    pub const FORCED: CallFormat = CallFormat {
+        forced: true,
+        at_most_one: false,
+    };
+    /// The format of a reply the model chose (Hermes blocks).
+    #[cfg(test)]
+    pub const HERMES: CallFormat = CallFormat {
+        forced: false,
+        at_most_one: false,
+    };
+
     /// For a request's tools: None when no calls are read (`tool_choice: none`, no tools).
     pub fn of(tools: Option<&Tools>) -> Option<Self> {
-        use crate::protocols::tools::ToolChoice;
-        match tools.map(|t| &t.choice) {
-            None | Some(ToolChoice::None) => None,
-            Some(ToolChoice::Auto) => Some(CallFormat::Hermes),
-            Some(_) => Some(CallFormat::Forced),
-        }
+        let t = tools?;
+        let forced = match t.choice {
+            crate::protocols::tools::ToolChoice::None => return None,
+            crate::protocols::tools::ToolChoice::Auto => false,
+            _ => true,
+        };
+        Some(CallFormat {
+            forced,
+            at_most_one: !t.parallel,
+        })
     }
 
     /// (content, calls) of a finished reply's text.
-    fn read(self, text: &str) -> (String, Vec<ToolCall>) {
-        match self {
-            CallFormat::Forced => match forced_call(text) {
-                Some(call) => (String::new(), vec![call]),
+    pub fn read(self, text: &str) -> (String, Vec<ToolCall>) {
+        let (content, mut calls) = if self.forced {
+            match forced_calls(text) {
+                Some(calls) => (String::new(), calls),
                 // NOTE: cut short (max_tokens): the partial JSON is returned as content.
                 None => (text.to_string(), Vec::new()),
-            },
-            CallFormat::Hermes => hermes_calls(text),
+            }
+        } else {
+            hermes_calls(text)
+        };
+        if self.at_most_one {
+            calls.truncate(1);
         }
+        (content, calls)
     }
 }
 
@@ -102,7 +125,7 @@ mod tests {
     #[test]
     fn forced_and_hermes_replies_become_tool_calls() {
         let text = r#"{"name": "now", "arguments": {"tz": "UTC"}}"#.to_string();
-        let (msg, finish) = message(Some(CallFormat::Forced), "r1", text, "stop");
+        let (msg, finish) = message(Some(CallFormat::FORCED), "r1", text, "stop");
         assert_eq!(finish, "tool_calls");
         assert_eq!(msg["content"], Value::Null);
         assert_eq!(msg["tool_calls"][0]["id"], "call_r1_0");
@@ -112,17 +135,34 @@ mod tests {
             r#"{"tz":"UTC"}"#
         );
         let cut = r#"{"name": "now", "argu"#.to_string();
-        let (msg, finish) = message(Some(CallFormat::Forced), "r1", cut.clone(), "length");
+        let (msg, finish) = message(Some(CallFormat::FORCED), "r1", cut.clone(), "length");
         assert_eq!(
             (msg["content"].as_str(), finish),
             (Some(cut.as_str()), "length")
         );
         let text = "ok <tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>".to_string();
-        let (deltas, finish) = final_deltas(CallFormat::Hermes, "r2", text, "stop");
+        let (deltas, finish) = final_deltas(CallFormat::HERMES, "r2", text, "stop");
         assert_eq!(finish, "tool_calls");
         assert_eq!(deltas[0], json!({"content": "ok"}));
         assert_eq!(deltas[1]["tool_calls"][0]["index"], 0);
         assert_eq!(deltas[1]["tool_calls"][0]["function"]["name"], "a");
+        let two = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\n\
+                   <tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+        let (msg, _) = message(Some(CallFormat::HERMES), "r4", two.into(), "stop");
+        assert_eq!(msg["tool_calls"][1]["id"], "call_r4_1");
+        let one = CallFormat {
+            forced: false,
+            at_most_one: true,
+        };
+        let (msg, _) = message(Some(one), "r4", two.into(), "stop");
+        assert_eq!(msg["tool_calls"].as_array().unwrap().len(), 1);
+        assert_eq!(msg["tool_calls"][0]["function"]["name"], "a");
+        let forced = r#"[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]"#;
+        let (msg, finish) = message(Some(CallFormat::FORCED), "r5", forced.into(), "stop");
+        assert_eq!(
+            (msg["tool_calls"][1]["function"]["name"].as_str(), finish),
+            (Some("b"), "tool_calls")
+        );
         let (msg, finish) = message(None, "r3", "hi".into(), "stop");
         assert_eq!((msg["content"].as_str(), finish), (Some("hi"), "stop"));
     }

@@ -3,8 +3,10 @@
 pub mod extensions;
 pub mod grammar_probe;
 pub mod openai;
+pub mod responses;
 pub mod structured;
 pub mod tool_calls;
+pub mod tool_prompt;
 pub mod tools;
 pub mod vllm_fields;
 #[cfg(test)]

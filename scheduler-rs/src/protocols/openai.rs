@@ -184,6 +184,12 @@ pub struct ChatMessage {
 pub struct ChatCompletionRequest {
     /// NOTE: optional here so that a missing field is our own 400 naming `messages`.
     pub messages: Option<Vec<ChatMessage>>,
+    /// vLLM's extension: a Jinja chat template used instead of the model's.
+    pub chat_template: Option<String>,
+    /// vLLM's extension: extra variables for the chat template (an object).
+    pub chat_template_kwargs: Option<Value>,
+    /// At most one call per reply when false (protocols/tools.rs).
+    pub parallel_tool_calls: Option<Value>,
     #[serde(flatten)]
     pub common: CommonParams,
 }

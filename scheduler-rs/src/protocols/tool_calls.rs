@@ -30,9 +30,15 @@ impl ToolCall {
     }
 }
 
-/// The call a forced output holds (None if it is not one, e.g. cut by `max_tokens`).
-pub fn forced_call(text: &str) -> Option<ToolCall> {
-    ToolCall::from_value(&serde_json::from_str::<Value>(text.trim()).ok()?)
+/// The calls a forced output holds: one call object, or an array of them (`required` with
+/// parallel calls). None if it is not that, e.g. cut by `max_tokens`.
+pub fn forced_calls(text: &str) -> Option<Vec<ToolCall>> {
+    match serde_json::from_str::<Value>(text.trim()).ok()? {
+        Value::Array(items) if !items.is_empty() => {
+            items.iter().map(ToolCall::from_value).collect()
+        }
+        one => Some(vec![ToolCall::from_value(&one)?]),
+    }
 }
 
 /// Hermes-style calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen
@@ -68,10 +74,22 @@ mod tests {
 
     #[test]
     fn calls_are_read_back() {
-        let c = forced_call(r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#).unwrap();
-        assert_eq!(c.name, "get_weather");
-        assert_eq!(c.arguments, r#"{"city":"Oslo"}"#);
-        assert_eq!(forced_call(r#"{"name": "get_weather", "argu"#), None);
+        let c = forced_calls(r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#).unwrap();
+        assert_eq!(c[0].name, "get_weather");
+        assert_eq!(c[0].arguments, r#"{"city":"Oslo"}"#);
+        assert_eq!(forced_calls(r#"{"name": "get_weather", "argu"#), None);
+        let two = forced_calls(
+            r#"[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            two.iter()
+                .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                .collect::<Vec<_>>(),
+            [("a", "{}"), ("b", r#"{"x":1}"#)]
+        );
+        assert_eq!(forced_calls("[]"), None);
+        assert_eq!(forced_calls(r#"[{"name": "a"}]"#), None);
         let text =
             "Let me check.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
         let (content, calls) = hermes_calls(text);

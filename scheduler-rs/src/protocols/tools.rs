@@ -1,5 +1,6 @@
-//! OpenAI `tools` / `tool_choice`: which functions the model may call and the grammar that
-//! forces a call (`required` or a named function). Calls are read back in `tool_calls`.
+//! OpenAI `tools` / `tool_choice` / `parallel_tool_calls`: which functions the model may call
+//! and the grammar that forces calls (`required`: one or more, or exactly one without parallel
+//! calls; a named function: one call to it). Calls are read back in `tool_calls`.
 
 use serde_json::{json, Value};
 
@@ -26,6 +27,8 @@ pub struct Tools {
     /// (name, JSON schema of the arguments) per function.
     pub functions: Vec<(String, Value)>,
     pub choice: ToolChoice,
+    /// `parallel_tool_calls` (default true): false allows at most one call per reply.
+    pub parallel: bool,
 }
 
 type Refusal = (&'static str, String);
@@ -96,7 +99,20 @@ pub fn parse(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
         list,
         functions,
         choice,
+        parallel: true,
     }))
+}
+
+/// `parallel_tool_calls`: absent or null is true (OpenAI's default); a non-boolean is a 400.
+pub fn parallel(v: Option<&Value>) -> Result<bool, Refusal> {
+    match v {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err((
+            "parallel_tool_calls",
+            format!("must be a boolean, got {other}"),
+        )),
+    }
 }
 
 /// The schema of one call to `name`: `{"name": name, "arguments": <valid arguments>}`.
@@ -107,8 +123,10 @@ fn call_schema(name: &str, params: &Value) -> Value {
 }
 
 impl Tools {
-    /// The grammar that forces a call (`required`: to any tool, named: to that one); None
-    /// when the model chooses. A tool whose parameters llguidance refuses is a 400 on `tools`.
+    /// The grammar that forces calls, None when the model chooses. Named: one call to that
+    /// function, `{"name": ..., "arguments": ...}`. `required`: a JSON array of one or more
+    /// calls to any tool (vLLM's shape), or one call object without `parallel`. A tool whose
+    /// parameters llguidance refuses is a 400 on `tools`.
     pub fn grammar(&self) -> Result<Option<Grammar>, Refusal> {
         let schemas: Vec<Value> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return Ok(None),
@@ -124,9 +142,15 @@ impl Tools {
                 .map(|(n, p)| call_schema(n, p))
                 .collect(),
         };
-        let schema = match <[Value; 1]>::try_from(schemas) {
+        let one = match <[Value; 1]>::try_from(schemas) {
             Ok([one]) => one,
             Err(many) => json!({"anyOf": many}),
+        };
+        let schema = match self.choice {
+            ToolChoice::Required if self.parallel => {
+                json!({"type": "array", "items": one, "minItems": 1})
+            }
+            _ => one,
         };
         Grammar::json_schema(&schema)
             .map(Some)
@@ -194,12 +218,27 @@ mod tests {
             schema["properties"]["arguments"]["required"],
             json!(["city"])
         );
-        let t = parse(Some(&weather()), Some(&json!("required")))
+        let mut t = parse(Some(&weather()), Some(&json!("required")))
             .unwrap()
             .unwrap();
         let g = t.grammar().unwrap().unwrap();
         let schema: Value = serde_json::from_str(g.schema.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (schema["type"].as_str(), &schema["minItems"]),
+            (Some("array"), &json!(1))
+        );
+        assert_eq!(schema["items"]["anyOf"].as_array().unwrap().len(), 2);
+        // Without parallel calls: exactly one call object.
+        t.parallel = false;
+        let g = t.grammar().unwrap().unwrap();
+        let schema: Value = serde_json::from_str(g.schema.as_deref().unwrap()).unwrap();
         assert_eq!(schema["anyOf"].as_array().unwrap().len(), 2);
+        assert_eq!(parallel(None), Ok(true));
+        assert_eq!(parallel(Some(&json!(false))), Ok(false));
+        assert_eq!(
+            parallel(Some(&json!("no"))).unwrap_err().0,
+            "parallel_tool_calls"
+        );
         let auto = parse(Some(&weather()), None).unwrap().unwrap();
         assert_eq!(auto.grammar(), Ok(None));
     }

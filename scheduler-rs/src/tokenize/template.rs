@@ -3,10 +3,17 @@
 //! `raise_exception` helper).
 
 use minijinja::{Environment, Error, ErrorKind};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// Name of the only template in the environment.
 const NAME: &str = "chat";
+
+/// Template variables a caller's kwargs may not set: the renderer owns them.
+pub const RESERVED_KWARGS: [&str; 2] = ["messages", "tools"];
+
+/// Most instructions one render may run (minijinja's fuel): a template sent with a request
+/// (`chat_template`) cannot hold the router's executor with a huge nested loop.
+const RENDER_FUEL: u64 = 5_000_000;
 
 /// A compiled chat template with its special tokens.
 pub struct ChatTemplate {
@@ -42,6 +49,7 @@ impl ChatTemplate {
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.set_fuel(Some(RENDER_FUEL));
         env.add_template_owned(NAME, source.to_string())?;
         let tools = env
             .get_template(NAME)?
@@ -53,6 +61,12 @@ impl ChatTemplate {
             eos_token: eos_token.to_string(),
             tools,
         })
+    }
+
+    /// Another template source with this one's special tokens (a request's `chat_template`,
+    /// or a router-wide `--chat-template`). Fails on a syntax error.
+    pub fn with_source(&self, source: &str) -> Result<Self, Error> {
+        ChatTemplate::new(source, &self.bos_token, &self.eos_token)
     }
 
     /// Whether the template renders `tools` (HF templates that support tool calling read it).
@@ -72,13 +86,35 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&[Value]>,
     ) -> Result<String, Error> {
+        let kwargs = Map::from_iter([(
+            "add_generation_prompt".to_string(),
+            Value::Bool(add_generation_prompt),
+        )]);
+        self.render_with_kwargs(messages, tools, &kwargs)
+    }
+
+    /// Render with extra template variables (vLLM's `chat_template_kwargs`: e.g.
+    /// `add_generation_prompt`, `enable_thinking`, a template's own variables). They override
+    /// the defaults (`add_generation_prompt: true`, `bos_token`, `eos_token`).
+    /// NOTE: `RESERVED_KWARGS` in `kwargs` are ignored here; callers refuse them first.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        kwargs: &Map<String, Value>,
+    ) -> Result<String, Error> {
         let tmpl = self.env.get_template(NAME)?;
         let mut ctx = json!({
-            "messages": messages,
-            "add_generation_prompt": add_generation_prompt,
+            "add_generation_prompt": true,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
         });
+        for (k, v) in kwargs {
+            if !RESERVED_KWARGS.contains(&k.as_str()) {
+                ctx[k] = v.clone();
+            }
+        }
+        ctx["messages"] = Value::from(messages.to_vec());
         if let Some(tools) = tools {
             ctx["tools"] = Value::from(tools.to_vec());
         }
@@ -139,6 +175,41 @@ mod tests {
             "<tool>now</tool>x"
         );
         assert_eq!(t.render(&msgs, true).unwrap(), "x");
+    }
+
+    #[test]
+    fn kwargs_reach_the_template_and_another_source_keeps_the_special_tokens() {
+        let t = ChatTemplate::new(CHATML, "<s>", "<|im_end|>").unwrap();
+        let src = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}\
+            {% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}\
+            {% if add_generation_prompt %}>{% endif %}";
+        let other = t.with_source(src).unwrap();
+        let msgs = [json!({"role": "user", "content": "x"})];
+        let kw = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            other.render_with_kwargs(&msgs, None, &Map::new()).unwrap(),
+            "<s>x>"
+        );
+        let off = kw(json!({"enable_thinking": false, "add_generation_prompt": false}));
+        assert_eq!(
+            other.render_with_kwargs(&msgs, None, &off).unwrap(),
+            "<s>x/no_think"
+        );
+        // The renderer's own variables cannot be replaced through kwargs.
+        let reserved = kw(json!({"messages": [{"role": "user", "content": "y"}]}));
+        assert_eq!(
+            other.render_with_kwargs(&msgs, None, &reserved).unwrap(),
+            "<s>x>"
+        );
+        assert!(t.with_source("{% for %}").is_err());
+    }
+
+    #[test]
+    fn a_runaway_template_runs_out_of_fuel() {
+        let src = "{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let err = t.render(&[], true).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::OutOfFuel, "{err}");
     }
 
     #[test]
