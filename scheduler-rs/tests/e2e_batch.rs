@@ -40,7 +40,8 @@ async fn batched_completions_answer_each_prompt_in_vllms_order_and_sum_usage() {
     // Each prompt counted once, every choice's output.
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": 2 + 3 + 1, "completion_tokens": 24, "total_tokens": 30})
+        json!({"prompt_tokens": 2 + 3 + 1, "completion_tokens": 24, "total_tokens": 30,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
     // Each choice equals the same prompt sent alone.
     for (i, p) in ["ab", "xyz", "q"].iter().enumerate() {
@@ -141,7 +142,8 @@ async fn echo_with_max_tokens_0_answers_the_prompt_alone() {
     }
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 6})
+        json!({"prompt_tokens": 6, "completion_tokens": 0, "total_tokens": 6,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
     // Streamed: one chunk per prompt, the prompt and the finish.
     let body = json!({"model": "tiny", "prompt": "hello", "max_tokens": 0, "echo": true,

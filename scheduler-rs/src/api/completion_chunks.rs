@@ -104,8 +104,15 @@ impl CompletionChunks {
         } else {
             all.iter().map(|ts| ts.completion_tokens).sum()
         };
+        // The prompt tokens each prompt's choice 0 found in its worker's prefix cache.
+        let cached: usize = all
+            .iter()
+            .step_by(self.n)
+            .map(|ts| ts.cached_tokens.unwrap_or(0) as usize)
+            .sum();
         json!({"prompt_tokens": prompt, "completion_tokens": completion,
-               "total_tokens": prompt + completion})
+               "total_tokens": prompt + completion,
+               "prompt_tokens_details": {"cached_tokens": cached}})
     }
 }
 

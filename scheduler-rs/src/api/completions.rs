@@ -111,7 +111,11 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     }
     let batched = matches!(req.prompt, Some(Prompt::Texts(_) | Prompt::IdBatch(_)));
     if batched && (replies.token_ids || replies.prompt_logprobs.is_some()) {
-        let field = if replies.token_ids { "return_token_ids" } else { "prompt_logprobs" };
+        let field = if replies.token_ids {
+            "return_token_ids"
+        } else {
+            "prompt_logprobs"
+        };
         return Err(ApiError::invalid(
             field,
             format!("{field} is supported for a single prompt only, not a batch"),
@@ -147,7 +151,13 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let prompt_ids = built[0].input_ids.clone();
     let mut all = Vec::with_capacity(built.len() * n);
     for submit in built {
-        all.extend(prepare::submit_choices(&state, submit, stops.clone(), n)?);
+        all.extend(prepare::submit_choices(
+            &state,
+            submit,
+            stops.clone(),
+            sampling.output,
+            n,
+        )?);
     }
     replies.log(&all);
     let choices = all.len();

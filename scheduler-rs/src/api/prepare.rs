@@ -165,7 +165,7 @@ pub fn start_choices(
     n: usize,
 ) -> Result<Vec<TextStream>, ApiError> {
     let first = build(state, tier, input_ids, prompt_field, sampling)?;
-    submit_choices(state, first, stops, n)
+    submit_choices(state, first, stops, sampling.output, n)
 }
 
 /// Submit `n` choices of a request `build` validated (see `start_choices`); a batch
@@ -174,6 +174,7 @@ pub fn submit_choices(
     state: &AppState,
     first: Submit,
     stops: Vec<String>,
+    output: OutputOptions,
     n: usize,
 ) -> Result<Vec<TextStream>, ApiError> {
     let prompt_tokens = first.input_ids.len();
@@ -191,7 +192,7 @@ pub fn submit_choices(
         streams.push(
             TextStream::new(handle, state.model.clone(), stops.clone(), prompt_tokens)
                 .with_timeout(state.request_timeout())
-                .with_options(sampling.output),
+                .with_options(output),
         );
     }
     let metrics = &state.router.metrics.vllm;

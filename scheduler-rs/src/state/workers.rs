@@ -129,6 +129,7 @@ impl RouterState {
         }
         self.run_actions(actions);
         dead
+    }
 
     /// `device_lost`: the worker's own process says its device died; it is dead now, exactly
     /// as if it had missed its heartbeats (out of the plan, its requests resumed elsewhere).
