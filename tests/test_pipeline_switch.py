@@ -9,6 +9,7 @@ import torch
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DevicePool
+from nitsum.pool.device_loss import lose_device
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.pool_engine import PoolEngine
@@ -162,14 +163,18 @@ def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
         report = pe.reconfigure(TP2_PP2)
         assert not report.ok and "device 3 is gone" in report.error
         assert pe.groups == [(0, 1), (2, 3)] and pe.page_accounting() == before
-        # The live group still serves; the dead one's requests fail with an error.
+        # The dead group's requests are handed back unanswered (the host worker's
+        # `lose_device`, for the router to resume); the live group still serves.
+        dropped = lose_device(pe, 3)
+        assert len(dropped) == 2, dropped
+        assert (2,) in pe.groups and 3 in pe.solo
         finals = {}
         while pe.has_unfinished():
             for o in pe.step():
                 if o.finished:
                     finals[o.request_id] = o.finish_reason
-        assert sorted(finals.values()).count("length") == 2
-        assert sorted(finals.values()).count("error") == 2
+        assert set(finals) == {f"r{i}" for i in range(4)} - set(dropped)
+        assert list(finals.values()) == ["length", "length"]
 
 
 def test_a_reshaped_group_gives_its_cache_back_and_keeps_its_counters(tiny_pool):

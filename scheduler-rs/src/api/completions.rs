@@ -149,16 +149,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         built.push(submit);
     }
     let prompt_ids = built[0].input_ids.clone();
-    let mut all = Vec::with_capacity(built.len() * n);
-    for submit in built {
-        all.extend(prepare::submit_choices(
-            &state,
-            submit,
-            stops.clone(),
-            sampling.output,
-            n,
-        )?);
-    }
+    let mut all = prepare::submit_batch(&state, built, &stops, sampling.output, n)?;
     replies.log(&all);
     let choices = all.len();
     let mut fmt = CompletionChunks {

@@ -201,16 +201,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut all = Vec::with_capacity(built.len() * n);
-    for submit in built {
-        all.extend(prepare::submit_choices(
-            &state,
-            submit,
-            stops.clone(),
-            sampling.output,
-            n,
-        )?);
-    }
+    let mut all = prepare::submit_batch(&state, built, &stops, sampling.output, n)?;
     let choices = (0..all.len())
         .map(|i| Choice {
             text: String::new(),

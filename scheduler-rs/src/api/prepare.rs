@@ -200,6 +200,22 @@ pub fn submit_choices(
     Ok(streams)
 }
 
+/// `submit_choices` for each request of a batch (validated, all of them, by `build` first):
+/// prompt `i`'s choice `c` is stream `i * n + c`.
+pub fn submit_batch(
+    state: &AppState,
+    built: Vec<Submit>,
+    stops: &[String],
+    output: OutputOptions,
+    n: usize,
+) -> Result<Vec<TextStream>, ApiError> {
+    let mut all = Vec::with_capacity(built.len() * n);
+    for submit in built {
+        all.extend(submit_choices(state, submit, stops.to_vec(), output, n)?);
+    }
+    Ok(all)
+}
+
 /// Validate the prompt and sampling and build the engine request.
 pub fn build(
     state: &AppState,

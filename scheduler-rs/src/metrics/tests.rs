@@ -83,7 +83,7 @@ fn vllm_histograms_split_a_request_into_queue_prefill_and_decode() {
         ..completion(2.0, 6.0, 5)
     };
     m.record_completion(TierId(0), &tiers[0], c, FinishedReason::Stop);
-    m.vllm.on_prefilled(7);
+    m.vllm.on_prefilled(7, Some(3));
     m.vllm.on_tokens(1, None);
     m.vllm.on_tokens(2, Some(0.5));
     m.vllm.count(FinishedReason::Abort);
@@ -92,6 +92,8 @@ fn vllm_histograms_split_a_request_into_queue_prefill_and_decode() {
     assert_eq!((v.decode.sum(), v.inference.sum()), (4.0, 5.5));
     assert_eq!(v.request_tpot.sum(), 1.0); // (6 - 2) / (5 - 1)
     assert_eq!((v.itl.count(), v.itl.sum()), (2, 0.5));
+    v.on_prefilled(0, None); // a worker that does not report its cache hits: no sample
+    assert_eq!(v.prefill_computed.count(), 1);
     let mut out = String::new();
     v.render(&mut out, &EngineGauges::default());
     let l = "model_name=\"my \\\"model\\\"\"";
@@ -114,6 +116,11 @@ fn vllm_histograms_split_a_request_into_queue_prefill_and_decode() {
             "1",
         ),
         (format!("vllm:prompt_tokens_total{{{l}}}"), "7"),
+        // 7 prompt tokens, 3 of them found in the prefix cache
+        (
+            format!("vllm:request_prefill_kv_computed_tokens_sum{{{l}}}"),
+            "4",
+        ),
         (format!("vllm:generation_tokens_total{{{l}}}"), "3"),
         (
             format!("vllm:time_per_output_token_seconds_count{{{l}}}"),

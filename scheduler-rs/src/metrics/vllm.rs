@@ -109,6 +109,9 @@ pub struct VllmMetrics {
     pub params_max_tokens: Histogram,
     /// Per-request preemptions: declared, no samples until workers report them per request.
     pub preemptions: Histogram,
+    /// Prompt tokens each request computed at prefill: its prompt less what its worker found
+    /// in the prefix cache (`vllm:request_prefill_kv_computed_tokens`).
+    pub prefill_computed: Histogram,
     /// Generation throughput (`sglang:gen_throughput`): (when, tokens) of the last sample and
     /// the rate measured then.
     throughput: std::sync::Mutex<(std::time::Instant, u64, f64)>,
@@ -136,6 +139,7 @@ impl VllmMetrics {
             params_n: Histogram::new(&N_BUCKETS),
             params_max_tokens: Histogram::new(&LENGTH_BUCKETS),
             preemptions: Histogram::new(&PREEMPTION_BUCKETS),
+            prefill_computed: Histogram::new(&LENGTH_BUCKETS),
             throughput: std::sync::Mutex::new((std::time::Instant::now(), 0, 0.0)),
         }
     }
@@ -175,10 +179,17 @@ impl VllmMetrics {
         }
     }
 
-    /// A request's prompt was prefilled (its first token arrived).
-    pub fn on_prefilled(&self, prompt_tokens: usize) {
+    /// A request's prompt was prefilled (its first token arrived); `cached`: the prompt
+    /// tokens its worker found in the prefix cache, when it said.
+    pub fn on_prefilled(&self, prompt_tokens: usize, cached: Option<u32>) {
         self.prompt_tokens
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        // NOTE: a worker that does not report its cache hits gives no sample: 0 computed
+        // tokens would be a guess.
+        if let Some(cached) = cached {
+            let computed = prompt_tokens.saturating_sub(cached as usize);
+            self.prefill_computed.observe(computed as f64);
+        }
     }
 
     /// A request finished with a completion.

@@ -181,20 +181,22 @@ impl VllmMetrics {
             family(out, name, "histogram", help);
             h.render(out, name, l);
         }
-        // NOTE: declared without samples: workers report neither per-request preemptions nor
-        // per-request cached tokens yet, and a made-up 0 would read as "none happened".
+        // NOTE: declared without samples: workers do not report per-request preemptions yet,
+        // and a made-up 0 would read as "none happened".
         family(
             out,
             "vllm:request_num_preemptions",
             "histogram",
             "Histogram of preemptions per request (not reported by Nitsum's workers yet).",
         );
+        let name = "vllm:request_prefill_kv_computed_tokens";
         family(
             out,
-            "vllm:request_prefill_kv_computed_tokens",
+            name,
             "histogram",
-            "Histogram of new KV tokens computed during prefill (not reported per request yet).",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
         );
+        self.prefill_computed.render(out, name, l);
         let counters = [
             (
                 "vllm:prompt_tokens_cached_total",
