@@ -21,6 +21,7 @@ import zmq
 
 from nitsum.engine.engine import RequestOutput
 from nitsum.worker.assignment import LocalPlan
+from nitsum.worker.device_watch import DeviceEvents
 from nitsum.worker.handshake import new_nonce, worker_proof
 from nitsum.worker.inbound import GenerateRequest
 from nitsum.worker.server import WorkerServer
@@ -52,6 +53,12 @@ class EchoBackend:
 
     def capacity(self) -> tuple[int, int, list[int]]:
         return 4096, 256, [EOS]
+
+    def register_shape(self, device: int) -> tuple[list[int], int]:
+        return [1], device  # TP 1, its own domain
+
+    def device_events(self) -> DeviceEvents:
+        return DeviceEvents()  # one device in this process: it cannot die alone
 
     def load(self, device: int) -> tuple[int, int, int]:
         return len(self.reqs), 0, 100
