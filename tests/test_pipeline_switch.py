@@ -8,8 +8,8 @@ import torch
 
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.topology import GroupShape
-from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_loss import lose_device
+from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.pool_engine import PoolEngine

@@ -112,7 +112,8 @@ impl RouterState {
         }
         if !ids.is_empty() {
             if e.first.is_none() {
-                self.metrics.vllm
+                self.metrics
+                    .vllm
                     .on_prefilled(e.req.input_ids.len(), m.cached_tokens);
             }
             e.first.get_or_insert(now);
