@@ -197,6 +197,11 @@ pub struct GroupSnapshot {
     pub waiting: u64,
 }
 
+/// At most this many requests are held at once (state/held.rs); beyond it a request with no
+/// live group ends at once (a new one gets 503), so a long outage cannot pile up unbounded
+/// state.
+const MAX_HELD: usize = 4096;
+
 /// Router state shared by the transport, the HTTP handlers and the heartbeat monitor.
 pub struct RouterState {
     pub cfg: Arc<RouterConfig>,

@@ -18,10 +18,6 @@ use super::{Event, RouterState, State, Submit};
 use crate::ids::WorkerId;
 use crate::prefix_index::prefix_keys;
 
-/// At most this many requests are held at once; beyond it a request with no live group
-/// ends at once (a new one gets 503), so a long outage cannot pile up unbounded state.
-pub(super) const MAX_HELD: usize = 4096;
-
 impl State {
     /// Requests held for a worker.
     pub(super) fn held_count(&self) -> usize {

@@ -100,7 +100,7 @@ impl RouterState {
                 // whose worker died is held (held.rs), rather than answer 503 at once.
                 let none_live = st.registry.live_ids().next().is_none();
                 let nominal = st.registry.ids().next().filter(|_| none_live);
-                if let Some(w) = nominal.filter(|_| st.held_count() < super::held::MAX_HELD) {
+                if let Some(w) = nominal.filter(|_| st.held_count() < super::MAX_HELD) {
                     let now = Instant::now();
                     st.hold(
                         id,

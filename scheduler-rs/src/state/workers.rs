@@ -226,7 +226,7 @@ impl RouterState {
                 }
             }
             let e = st.inflight.get_mut(&id).expect("listed above");
-            if e.retries < self.cfg.max_retries && held < super::held::MAX_HELD {
+            if e.retries < self.cfg.max_retries && held < super::MAX_HELD {
                 // NOTE: no live group can take it now: hold it for a worker that returns or
                 // registers within the retry window (held.rs) rather than fail it.
                 e.retries += 1;
