@@ -74,9 +74,10 @@ def test_turn_two_goes_to_the_device_that_holds_turn_one(tmp_path: Path) -> None
         )
         assert r.status_code == 200, r.text
         prompt2 = r.json()["usage"]["prompt_tokens"]
+        cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         time.sleep(1.5)
         reused = prefix_hits(http) - before
-        print(f"turn 2 reused {reused:.0f} of {prompt2} prompt tokens")
+        print(f"turn 2 reused {reused:.0f} ({cached} cached) of {prompt2} prompt tokens")
         # Most of turn 1 (prompt + answer, up to the last partial page) is reused.
         turn1_tokens = turn1["usage"]["prompt_tokens"] + ANSWER_TOKENS
         assert reused >= 0.75 * turn1_tokens, (reused, turn1_tokens, prompt2)

@@ -675,9 +675,9 @@ BAD_REQUESTS = [
         "invalid_request_error",
     ),
     (
-        "two_prompts",
+        "batch_with_an_empty_prompt",
         "/v1/completions",
-        {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1},
+        {"model": MODEL, "prompt": ["a", ""], "max_tokens": 1},
         {},
         400,
         "prompt",

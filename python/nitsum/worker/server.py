@@ -119,6 +119,7 @@ class WorkerServer:
         log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addr)
         self.heartbeats = StepHeartbeats(self.links, self.heartbeat_every_s)
         self.heartbeats.start()
+        next_stats = time.monotonic()
         try:
             while not self._stop.is_set():
                 self._watch_devices()
@@ -136,11 +137,12 @@ class WorkerServer:
                         beat = self._heartbeat_msg(d)
                         self.heartbeats.latest[d] = beat
                         link.send(beat)
-                        # One report per backend (with its first device's heartbeat): the
-                        # counters cover all its devices.
-                        if d == self.backend.device_ids[0] and (
-                            counters := self.backend.counters()
-                        ):
+                    # One report per backend (on its first device's link): the counters cover
+                    # all its devices. NOTE: on a timer of its own, not with the heartbeat:
+                    # while steps run the heartbeat thread sends most heartbeats.
+                    if d == self.backend.device_ids[0] and link.registered and now >= next_stats:
+                        next_stats = now + self.heartbeat_every_s
+                        if counters := self.backend.counters():
                             link.send(Stats.of(d, counters))
                 busy = self.backend.has_unfinished()
                 events = poller.poll(0 if busy else self.idle_poll_ms)
