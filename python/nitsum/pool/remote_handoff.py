@@ -195,6 +195,8 @@ def _sequence(meta: dict[str, Any]) -> Sequence:
     sampling = dict(meta["sampling"])
     sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
     sampling["logit_bias"] = tuple(tuple(b) for b in sampling["logit_bias"])
+    sampling["allowed_token_ids"] = tuple(sampling.get("allowed_token_ids", ()))
+    sampling["bad_words"] = tuple(tuple(w) for w in sampling.get("bad_words", ()))
     sampling["grammar"] = GrammarSpec.from_wire(sampling["grammar"])
     spec = RequestSpec.from_wire(meta["spec"], SamplingParams(**sampling))
     seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
