@@ -35,6 +35,7 @@ import openai
 import pytest
 import torch
 
+from fault_load import wait_until
 from nitsum.config import ModelConfig
 from nitsum.kv.pool import KVPool
 from nitsum.ports import free_port
@@ -292,14 +293,8 @@ def msum(ms: dict[tuple[str, frozenset], float], name: str, **labels: str) -> fl
 
 
 def wait_for(what: str, cond: Callable[[], Any], timeout: float, every: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
+    """`fault_load.wait_until`, polling every 0.25 s by default."""
+    return wait_until(what, cond, timeout, every)
 
 
 def assert_openai_error(
