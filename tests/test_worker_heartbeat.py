@@ -51,6 +51,10 @@ def test_heartbeats_keep_coming_during_a_step_longer_than_the_timeout(worker, ti
     assert server.heartbeats.sent >= 3 * int(STEP_S / BEAT_S) - 3
     during = [m for t, m in router.seen if m["type"] == "heartbeat" and t0 <= t <= t1]
     assert {(m["epoch"], m["worker_id"]) for m in during} == {(1, 0)}
+    # And they carry the load of the latest step, not the one before the request came: after
+    # the thread resent an old beat, the loop sends a fresh one between steps (with every
+    # step longer than the timer, the thread's resends would otherwise be all the router sees).
+    assert any(m["running"] == 1 for m in during), [m["running"] for m in during]
     # Between steps the loop sends them itself again, with the load.
     runner.forward = real
     server.heartbeats.sent = 0

@@ -40,6 +40,11 @@ class StepHeartbeats:
         # most one step old, and computing a fresh one would read engine state mid-step.
         self.latest: dict[int, Heartbeat] = {}
         self.sent = 0  # heartbeats this thread sent (they mean a step outlasted the timer)
+        # Devices whose last heartbeat was one of this thread's (a load up to a step old).
+        # NOTE: the serving loop sends a fresh one after the step even if the timer is not
+        # due: otherwise, with steps longer than the timer, the thread's resends reset the
+        # timer every time and the router would see the load of the first step forever.
+        self.stale: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nitsum-heartbeat", daemon=True)
 
@@ -79,3 +84,4 @@ class StepHeartbeats:
                     if beat is not None and link.registered and link.heartbeat_due(now):
                         link.send(beat)
                         self.sent += 1
+                        self.stale.add(device)

@@ -132,8 +132,10 @@ class WorkerServer:
                     register, heartbeat = link.due(now)
                     if register:
                         link.send(self._opening_msg(link))
+                    stale = d in self.heartbeats.stale  # the step thread resent an old load
+                    self.heartbeats.stale.discard(d)
                     # NOTE: nothing but the handshake goes to a router that has not accepted us.
-                    if heartbeat and link.registered:
+                    if (heartbeat or stale) and link.registered:
                         beat = self._heartbeat_msg(d)
                         self.heartbeats.latest[d] = beat
                         link.send(beat)
