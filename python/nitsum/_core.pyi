@@ -24,3 +24,11 @@ def default_tiers() -> str:
 
 def router_main(argv: list[str] | None = None) -> int:
     """Run the `nitsum-router` entry point (argv: program name first); its exit code."""
+
+class BindingModel:
+    """The cost model of per-request TP binding over one profile JSON (binding.rs); the
+    simulator takes the same decisions. ValueError on an invalid profile."""
+
+    def __init__(self, profile_json: str) -> None: ...
+    def decide(self, query_json: str) -> str:
+        """A `BindQuery` JSON's `BindDecision` JSON; ValueError on an invalid query."""

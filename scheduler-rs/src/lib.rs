@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod binding;
 pub mod config;
 pub mod control;
 pub mod dispatch;

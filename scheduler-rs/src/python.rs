@@ -76,6 +76,28 @@ fn router_main(py: Python<'_>, argv: Option<Vec<String>>) -> PyResult<i32> {
     Ok(py.detach(move || crate::server::cli_main(argv)))
 }
 
+/// The cost model of per-request TP binding (`binding.rs`) over one profile JSON: the very
+/// decisions the simulator takes. Raises `ValueError` on an invalid profile.
+#[pyclass(frozen)]
+struct BindingModel {
+    inner: crate::binding::BindingModel,
+}
+
+#[pymethods]
+impl BindingModel {
+    #[new]
+    fn new(profile_json: &str) -> PyResult<Self> {
+        let inner = crate::binding::BindingModel::from_json(profile_json).map_err(value_error)?;
+        Ok(Self { inner })
+    }
+
+    /// The decision for a query JSON (`binding::BindQuery`), as `binding::BindDecision` JSON.
+    /// Raises `ValueError` on an invalid query or a TP level the profile lacks.
+    fn decide(&self, query_json: &str) -> PyResult<String> {
+        self.inner.decide_json(query_json).map_err(value_error)
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
@@ -84,5 +106,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(default_tiers, m)?)?;
     m.add_function(wrap_pyfunction!(router_main, m)?)?;
+    m.add_class::<BindingModel>()?;
     Ok(())
 }
