@@ -124,6 +124,8 @@ pub struct BindOption {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct BindDecision {
     pub mode: BindMode,
+    /// The bound group's TP level weighed (the query's).
+    pub level: u32,
     /// The replica (index into `replicas`) for DP and for the decode after a prefill binding.
     pub replica: usize,
     /// Chosen value minus DP's (≥ 0).
@@ -307,6 +309,7 @@ impl BindingModel {
             .expect("DP is always an option");
         Ok(BindDecision {
             mode: best.mode,
+            level: q.level,
             replica,
             gain: best.value - dp_value,
             options,
