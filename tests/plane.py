@@ -21,6 +21,7 @@ import zmq
 
 from nitsum.engine.engine import RequestOutput
 from nitsum.worker.assignment import LocalPlan
+from nitsum.worker.bind_decision import BindDecision
 from nitsum.worker.device_watch import DeviceEvents
 from nitsum.worker.handshake import new_nonce, worker_proof
 from nitsum.worker.inbound import GenerateRequest
@@ -96,6 +97,9 @@ class EchoBackend:
 
     def counters(self) -> dict[str, int]:
         return {}
+
+    def last_bind(self) -> BindDecision | None:
+        return None
 
     def moved(self) -> tuple[list[str], list[tuple[str, int, int]]]:
         return [], []  # one process: nothing is handed to or from another

@@ -15,10 +15,23 @@ from typing import Any
 
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
+from nitsum.worker.bind_decision import BindDecision, BindOption
 from nitsum.worker.stats import Stats
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "wire"
-_STATS_NAMES = [name for name in Stats.__dataclass_fields__ if name != "worker_id"]
+_STATS_NAMES = [n for n in Stats.__dataclass_fields__ if n not in ("worker_id", "last_bind")]
+# Every mode and field, floats exact in f32 (scheduler-rs wire_golden.rs `golden_decision`).
+GOLDEN_DECISION = BindDecision(
+    "prefill",
+    2,
+    1,
+    0.25,
+    (
+        BindOption("dp", 185.5, 108.25, 0.125, 12.0, 0.03125),
+        BindOption("prefill", 60.5, 108.25, 0.5, 24.0, 0.28125),
+        BindOption("full", 58.0, 59.25, 0.75, 640.0, -4.25),
+    ),
+)
 
 
 def worker_messages() -> dict[str, proto.Message]:
@@ -62,7 +75,9 @@ def worker_messages() -> dict[str, proto.Message]:
             error_param="min_p",
         ),  # fmt: skip
         # Each stat a different value, so a swap of two names shows too.
-        "stats": Stats.of(3, {name: 100 + i for i, name in enumerate(_STATS_NAMES)}),
+        "stats": Stats.of(
+            3, {name: 100 + i for i, name in enumerate(_STATS_NAMES)}, GOLDEN_DECISION
+        ),
         "reconfigured": proto.Reconfigured(
             3, 9, False, "TP 3 not in the allowed levels (1, 2, 4)", {"total": 1.5}
         ),

@@ -7,11 +7,14 @@ owns the engines. Device ids here are the router's worker ids.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 from nitsum.engine.engine import RequestOutput
 from nitsum.parallel.topology import GroupShape
 from nitsum.worker.assignment import LocalPlan, PlanRefused
+from nitsum.worker.bind_decision import BindDecision
+from nitsum.worker.codec import ProtocolError
 from nitsum.worker.device_watch import DeviceEvents, DeviceWatch
 from nitsum.worker.inbound import GenerateRequest
 
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
     from nitsum.pool.peers import KVPeers
     from nitsum.pool.pool_engine import PoolEngine
     from nitsum.pool.remote_handoff import RemoteHandoffs
+
+log = logging.getLogger(__name__)
 
 
 class Backend(Protocol):
@@ -73,6 +78,10 @@ class Backend(Protocol):
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters of the whole backend for the `stats` message ({}: none)."""
+        ...
+
+    def last_bind(self) -> BindDecision | None:
+        """The most recent binding decision of the cost model, for `stats` (None: none)."""
         ...
 
     def flush_prefix_cache(self) -> int:
@@ -213,3 +222,16 @@ class PoolBackend:
     def counters(self) -> dict[str, int]:
         remote = self.remote.counters if self.remote is not None else {}
         return {**self.pe.all_counters(), **remote}
+
+    def last_bind(self) -> BindDecision | None:
+        # NOTE: `PoolEngine.last_bind` is the cost model's decision as `BindingModel.decide`
+        # returned it, parsed (a dict), or None; a pool without the cost model has no such
+        # attribute.
+        raw = getattr(self.pe, "last_bind", None)
+        if raw is None:
+            return None
+        try:
+            return BindDecision.from_dict(raw)
+        except ProtocolError as e:  # a pool bug: say so, but keep the counters flowing
+            log.warning("stats: last_bind not sent: %s", e)
+            return None

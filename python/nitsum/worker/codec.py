@@ -27,6 +27,7 @@ from nitsum.engine.request_spec import is_int
 PROTOCOL_VERSION = 1
 
 M = TypeVar("M", bound="Message")
+T = TypeVar("T")
 
 
 class ProtocolError(ValueError):
@@ -94,6 +95,20 @@ class Message:
             return _from_map(cls, msg, "")
         except _Bad as e:
             raise ProtocolError(f"{cls.TYPE}: {e}") from None
+
+
+def to_map(obj: Any) -> dict[str, Any]:
+    """A nested dataclass (a field of a message) as its wire map."""
+    return _fields_to_wire(obj)
+
+
+def from_map(cls: type[T], raw: dict[str, Any], where: str) -> T:
+    """Type-check map `raw` into dataclass `cls` outside a message (a nested value decoded
+    on its own); ProtocolError naming the bad field under `where`."""
+    try:
+        return _from_map(cls, raw, where)  # type: ignore[no-any-return]
+    except _Bad as e:
+        raise ProtocolError(str(e)) from None
 
 
 class _Bad(Exception):

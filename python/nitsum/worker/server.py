@@ -144,8 +144,9 @@ class WorkerServer:
                     # while steps run the heartbeat thread sends most heartbeats.
                     if d == self.backend.device_ids[0] and link.registered and now >= next_stats:
                         next_stats = now + self.heartbeat_every_s
-                        if counters := self.backend.counters():
-                            link.send(Stats.of(d, counters))
+                        counters, last_bind = self.backend.counters(), self.backend.last_bind()
+                        if counters or last_bind is not None:
+                            link.send(Stats.of(d, counters, last_bind))
                 busy = self.backend.has_unfinished()
                 events = poller.poll(0 if busy else self.idle_poll_ms)
                 # Connection events first: a frame from a new peer is never taken for the old's.

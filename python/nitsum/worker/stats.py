@@ -3,6 +3,8 @@
 The router exports each field as `nitsum_worker_stat{worker, name}` and reads some into the
 `vllm:*` metrics (scheduler-rs `protocols/worker.rs` `Stats`, docs/protocol.md). A field is
 absent when this worker does not have the part that counts it (no host KV tier, no KV peers).
+Besides the numbers, `last_bind` carries the pool's latest binding decision (bind_decision.py),
+which the router shows in `/admin/plan`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nitsum.worker.bind_decision import BindDecision
 from nitsum.worker.codec import Message, wire_field
 
 
@@ -43,6 +46,13 @@ class Stats(Message):
     tp_binds_soft: int | None = _stat()
     tp_bound_requests: int | None = _stat()
     tp_binds_clamped: int | None = _stat()
+    # The binding cost model (scheduler-rs binding.rs): decisions taken by chosen mode, full
+    # bindings handed back to a replica mid-decode, iterations soft bindings gave to replicas.
+    bind_decisions_dp: int | None = _stat()
+    bind_decisions_prefill: int | None = _stat()
+    bind_decisions_full: int | None = _stat()
+    bind_handbacks: int | None = _stat()
+    bind_soft_yields: int | None = _stat()
     # The engines (engine/engine.py `counters`): prefix cache, preemption, host KV tier.
     prefix_cache_queries: int | None = _stat()
     prefix_cache_hits: int | None = _stat()
@@ -63,12 +73,19 @@ class Stats(Message):
     kv_remote_bytes: int | None = _stat()
     kv_remote_failed: int | None = _stat()
     kv_remote_recomputed: int | None = _stat()
+    # The pool's most recent binding decision (None: it took none).
+    last_bind: BindDecision | None = _stat()
 
     @classmethod
-    def of(cls, worker_id: int, counters: Mapping[str, int | float]) -> Stats:
-        """The message for a backend's `counters()`; ValueError on a name it has no field
-        for (a counter added without adding it here, and to the router)."""
-        unknown = set(counters) - {f.name for f in fields(cls)} - {"worker_id"}
+    def of(
+        cls,
+        worker_id: int,
+        counters: Mapping[str, int | float],
+        last_bind: BindDecision | None = None,
+    ) -> Stats:
+        """The message for a backend's `counters()` and last binding decision; ValueError on
+        a counter it has no field for (one added without adding it here, and to the router)."""
+        unknown = set(counters) - {f.name for f in fields(cls)} - {"worker_id", "last_bind"}
         if unknown:
             raise ValueError(f"stats: no field for counters {sorted(unknown)}")
-        return cls(worker_id, **counters)  # type: ignore[arg-type]
+        return cls(worker_id, **counters, last_bind=last_bind)  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 //! `/v1/models`, `/v1/models/{id}`, `/version`, `/health`, `/metrics` (Prometheus text) and
 //! `/admin/plan`.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use serde_json::json;
 
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
+use crate::metrics::binding::render_bind_decisions;
 use crate::metrics::engine::EngineGauges;
 
 /// The longest context the deployment serves: the model's window, capped by the most any live
@@ -84,7 +86,8 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /admin/plan`: the current plan as JSON (read-only), the control loop's recent
-/// decisions in `history` (oldest first) and whether a round is waiting for acks.
+/// decisions in `history` (oldest first), whether a round is waiting for acks, and per worker
+/// its per-request TP bindings (`binding`: counters and last decision, null if unreported).
 pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     if let Err(e) = state.auth.require_admin(&headers) {
         return e.into_response();
@@ -97,11 +100,18 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) 
         .iter()
         .map(|r| r.named(tiers))
         .collect();
+    // NOTE: a host worker sends one `stats` for all its devices, on its first one's link:
+    // the other devices' `binding` is null.
+    let stats: HashMap<_, _> = state.router.worker_stats().into_iter().collect();
     let workers: Vec<_> = state
         .router
         .workers()
         .into_iter()
-        .map(|(id, w)| json!({"id": id, "device": w.device, "model": w.model, "tp_levels": w.tp_levels}))
+        .map(|(id, w)| {
+            let binding = stats.get(&id).and_then(|s| s.binding());
+            json!({"id": id, "device": w.device, "model": w.model, "tp_levels": w.tp_levels,
+                   "binding": binding})
+        })
         .collect();
     axum::Json(
         json!({"epoch": plan.epoch, "groups": plan.groups, "workers": workers,
@@ -197,6 +207,7 @@ fn render_gauges(state: &AppState, out: &mut String) {
     engine.kv_tokens = e.workers().iter().map(|(_, w)| w.kv_capacity_tokens).sum();
     e.metrics.vllm.render(out, &engine);
     e.metrics.vllm.render_sglang(out, &engine);
+    render_bind_decisions(out, &stats);
     if stats.iter().any(|(_, s)| !s.fields().is_empty()) {
         gauge(
             out,

@@ -2,6 +2,7 @@
 //! and their vLLM-compatible twins (`vllm.rs`). Plan and per-group gauges are rendered from a
 //! snapshot by `api::misc`.
 
+pub mod binding;
 pub mod engine;
 mod histogram;
 mod sglang_text;

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::structured::{Grammar, GrammarKind};
 use super::worker::*;
+use crate::binding::{BindDecision, BindMode, BindOption};
 use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, NamedGroupPlan, NamedPlan, Plan, Role};
 use crate::tiers::Tier;
@@ -166,9 +167,33 @@ fn golden_stats() -> Stats {
         .enumerate()
         .map(|(i, n)| (n.to_string(), Value::from(100 + i as u64)))
         .collect();
-    let stats: Stats = serde_json::from_value(Value::Object(map)).unwrap();
+    let mut stats: Stats = serde_json::from_value(Value::Object(map)).unwrap();
     assert_eq!(stats.fields().len(), STAT_NAMES.len(), "a name Stats lacks");
+    stats.last_bind = Some(golden_decision());
     stats
+}
+
+/// The fixture's `last_bind` (tests/wire_golden.py `GOLDEN_DECISION`): every mode and field.
+fn golden_decision() -> BindDecision {
+    let option = |mode: BindMode, ttft_ms, tpot_ms, meets, lost_tokens, value| BindOption {
+        mode,
+        ttft_ms,
+        tpot_ms,
+        meets,
+        lost_tokens,
+        value,
+    };
+    BindDecision {
+        mode: BindMode::Prefill,
+        level: 2,
+        replica: 1,
+        gain: 0.25,
+        options: vec![
+            option(BindMode::Dp, 185.5, 108.25, 0.125, 12.0, 0.03125),
+            option(BindMode::Prefill, 60.5, 108.25, 0.5, 24.0, 0.28125),
+            option(BindMode::Full, 58.0, 59.25, 0.75, 640.0, -4.25),
+        ],
+    }
 }
 
 /// The `Stats` fields in their declaration order (the Python `Stats` fields').
@@ -184,6 +209,11 @@ const STAT_NAMES: &[&str] = &[
     "tp_binds_soft",
     "tp_bound_requests",
     "tp_binds_clamped",
+    "bind_decisions_dp",
+    "bind_decisions_prefill",
+    "bind_decisions_full",
+    "bind_handbacks",
+    "bind_soft_yields",
     "prefix_cache_queries",
     "prefix_cache_hits",
     "prefix_cache_host_hits",

@@ -1,0 +1,60 @@
+"""A per-request TP binding decision on the wire: `last_bind` of the `stats` message.
+
+The decision is taken by the cost model in scheduler-rs `binding.rs` (`nitsum._core.
+BindingModel.decide`, which returns it as JSON); the pool keeps its latest one as a dict
+(`PoolEngine.last_bind`) and the worker sends it typed. The router decodes it into the same
+Rust type (`binding::BindDecision`) and shows it in `/admin/plan` (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nitsum.worker.codec import from_map, to_map
+
+BindMode = Literal["dp", "prefill", "full"]
+
+
+@dataclass(frozen=True)
+class BindOption:
+    """One way to serve the request, as the cost model estimated it."""
+
+    mode: BindMode
+    ttft_ms: float
+    tpot_ms: float
+    meets: float  # probability that the request meets its targets (1 without targets)
+    lost_tokens: float  # decode tokens the replicas' requests do not produce meanwhile
+    value: float  # weight × meets − lost requests × replica weight
+
+
+@dataclass(frozen=True)
+class BindDecision:
+    """The chosen mode and what was weighed (binding.rs `BindDecision`).
+
+    NOTE: `replica` indexes the query's replicas (the one DP would use, and that decodes
+    after a prefill-only binding); `gain` is the chosen value minus DP's (≥ 0).
+    """
+
+    mode: BindMode
+    level: int
+    replica: int
+    gain: float
+    options: tuple[BindOption, ...]
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> BindDecision:
+        """The decision from `BindingModel.decide`'s parsed JSON (or the wire map);
+        ProtocolError naming the field when it has the wrong shape."""
+        return from_map(cls, dict(raw), "last_bind")
+
+    @classmethod
+    def from_json(cls, text: str) -> BindDecision:
+        """The decision from `BindingModel.decide`'s JSON."""
+        return cls.from_dict(json.loads(text))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The map sent as `last_bind` (the keys of `from_dict`)."""
+        return to_map(self)
