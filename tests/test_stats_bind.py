@@ -1,0 +1,118 @@
+"""Binding decisions on the `stats` wire: the typed `last_bind` (worker/bind_decision.py) round
+trips a real decision of the cost model (`nitsum._core.BindingModel`, scheduler-rs binding.rs),
+and the worker sends the pool's latest one with its counters."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nitsum import _core
+from nitsum.worker import protocol as proto
+from nitsum.worker.bind_decision import BindDecision, BindOption
+from nitsum.worker.codec import ProtocolError
+from nitsum.worker.stats import Stats
+from test_worker_server import registered, tiny, worker  # noqa: F401 (fixtures)
+
+PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "h100-llama3-8b-analytic.json"
+
+
+def decide(prompt_tokens: int, decoding: int, ttft_ms: float) -> str:
+    """The cost model's JSON answer for a TP-4 binding over four TP-1 replicas."""
+    query = {
+        "level": 4,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": 128,
+        "ttft_ms": ttft_ms,
+        "tpot_ms": 50.0,
+        "replicas": [{"tp": 1, "decoding": decoding, "context": 1024.0}] * 4,
+        "token_budget": 2048,
+        "replica_output_tokens": 256.0,
+    }
+    return _core.BindingModel(PROFILE.read_text()).decide(json.dumps(query))
+
+
+@pytest.fixture(scope="module")
+def idle_block() -> str:
+    """An idle block and a long prompt with a tight TTFT: it binds in full."""
+    return decide(4096, 0, 100.0)
+
+
+def test_a_cost_model_decision_is_typed_and_round_trips_the_stats_wire(idle_block):
+    raw = json.loads(idle_block)
+    decision = BindDecision.from_json(idle_block)
+    assert (decision.mode, decision.level, decision.replica) == ("full", 4, 0)
+    assert [o.mode for o in decision.options] == ["dp", "prefill", "full"]
+    assert all(isinstance(o, BindOption) for o in decision.options)
+    assert decision.gain == raw["gain"] > 0.01
+    # The wire map is the model's JSON, key for key and value for value.
+    assert decision.to_wire() == raw
+    msg = Stats.of(2, {"tp_binds": 1, "bind_decisions_full": 1}, decision)
+    wire = proto.decode(proto.encode(msg.to_wire()))
+    assert wire["last_bind"] == raw and wire["bind_decisions_full"] == 1
+    assert Stats.from_wire(wire) == msg
+
+
+def test_a_busy_block_decides_dp_and_a_stats_message_without_one_has_no_key():
+    busy = BindDecision.from_json(decide(512, 64, 10_000.0))  # a loose TTFT: DP meets it
+    assert busy.mode == "dp" and busy.gain == 0.0
+    wire = Stats.of(2, {"bind_decisions_dp": 3}).to_wire()
+    assert "last_bind" not in wire
+    assert Stats.from_wire(wire).last_bind is None
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"mode": "sideways"}, "last_bind.mode"),
+        ({"level": "4"}, "last_bind.level"),
+        ({"options": [{"mode": "dp"}]}, "last_bind.options[0].ttft_ms"),
+    ],
+)
+def test_a_malformed_decision_is_refused_naming_its_field(idle_block, change, field):
+    raw = json.loads(idle_block) | change
+    with pytest.raises(ProtocolError, match="^" + re.escape(field)):
+        BindDecision.from_dict(raw)
+    with pytest.raises(ProtocolError, match=re.escape(field)):
+        Stats.from_wire({"v": 1, "type": "stats", "worker_id": 0, "last_bind": raw})
+
+
+def test_a_counter_without_a_field_is_still_refused():
+    with pytest.raises(ValueError, match="bind_decisions_maybe"):
+        Stats.of(0, {"bind_decisions_maybe": 1})
+
+
+def next_stats(router: Any, want: Any) -> dict[str, Any]:
+    """The first `stats` message with `last_bind == want` (a stale one may come first)."""
+    for _ in range(10):
+        msg = router.expect("stats", timeout=5.0)
+        if msg.get("last_bind") == want:
+            return msg
+    raise AssertionError(f"no stats with last_bind {want}: {router.seen[-3:]}")
+
+
+def test_the_worker_sends_the_pools_latest_decision(worker, idle_block):  # noqa: F811
+    router, server, _ = registered(worker)
+    pe = server.backend.pe
+    # NOTE: the pool's cost model (w-bpool) keeps its latest decision as the parsed JSON.
+    pe.last_bind = json.loads(idle_block)
+    first = next_stats(router, json.loads(idle_block))
+    assert first["worker_id"] == 0
+    dp = json.loads(decide(512, 64, 10_000.0))
+    pe.last_bind = dp
+    assert next_stats(router, dp)["last_bind"]["mode"] == "dp"
+
+
+def test_a_malformed_pool_decision_is_left_out_not_the_stats(worker, idle_block):  # noqa: F811
+    router, server, _ = registered(worker)
+    server.backend.pe.last_bind = json.loads(idle_block) | {"mode": "sideways"}
+    server.backend.pe.binder.counters["tp_binds"] = 5
+    for _ in range(10):
+        msg = router.expect("stats", timeout=5.0)
+        if msg.get("tp_binds") == 5:
+            break
+    assert msg.get("tp_binds") == 5 and "last_bind" not in msg
