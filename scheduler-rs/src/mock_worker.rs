@@ -49,6 +49,8 @@ pub struct MockOptions {
     /// rounded down per request), `num_preemptions` (one per `generate`) and the gauge
     /// `kv_cache_usage_perc` (25).
     pub report_stats: bool,
+    /// More fields of that `stats` message (a map: binding counters, `last_bind`), as given.
+    pub stats_extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for MockOptions {
@@ -67,6 +69,7 @@ impl Default for MockOptions {
             secret: None,
             queue_ms: None,
             report_stats: false,
+            stats_extra: serde_json::Map::new(),
         }
     }
 }
@@ -292,11 +295,14 @@ async fn run(mut sock: DealerSocket, id: WorkerId, opts: MockOptions, stats: Arc
                     "running": 0, "waiting": 0, "free_pages": 1000, "epoch": 0});
                 let _ = sock.send(encode(&hb)).await;
                 if opts.report_stats && registered {
-                    let s = serde_json::json!({"v": PROTOCOL_VERSION, "type": "stats", "worker_id": id,
+                    let mut s = serde_json::json!({"v": PROTOCOL_VERSION, "type": "stats", "worker_id": id,
                         "prefix_cache_queries": stats.prompt_tokens.load(Ordering::Relaxed),
                         "prefix_cache_hits": stats.half_prompt_tokens.load(Ordering::Relaxed),
                         "num_preemptions": stats.generates.load(Ordering::Relaxed),
                         "kv_cache_usage_perc": 25});
+                    if let Some(map) = s.as_object_mut() {
+                        map.extend(opts.stats_extra.clone());
+                    }
                     let _ = sock.send(encode(&s)).await;
                 }
                 // Re-register until acknowledged (the router may have started after us).
