@@ -23,6 +23,7 @@ FLOORS: list[set[str]] = [
         "llm",
         "chat",
         "serve",
+        "serve_binding",
         "serve_commands",
         "serve_flags",
         "cli",

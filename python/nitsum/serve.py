@@ -42,6 +42,7 @@ from nitsum.control_profile import (
 )
 from nitsum.parallel.shift import ShiftRule
 from nitsum.ports import free_port
+from nitsum.serve_binding import resolve_binding
 from nitsum.serve_commands import (
     API_KEYS_ENV,
     ServeError,
@@ -203,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for level, message in choice.messages:
         log.log(level, "%s", message)
+    if errors := resolve_binding(args, choice):
+        for error in errors:
+            print(f"nitsum serve: {error}", file=sys.stderr)
+        return 2
     if args.shift_threshold is None:
         args.shift_threshold = profile_shift_rule(choice.profile or config_profile(args.config))
     host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)

@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from nitsum.serve_binding import binding_flags
 from nitsum.serve_flags import resolve_dtype
 
 ROUTER_EXE = "nitsum-router"
@@ -95,7 +96,8 @@ def step_limit_flags(args: argparse.Namespace) -> list[str]:
 
 
 def engine_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
-    """The engine settings every worker gets alike (KV pools, dtype, limits, caching)."""
+    """The engine settings every worker gets alike (KV pools, dtype, limits, caching, the
+    binding cost model's profile and policy)."""
     dtype = resolve_dtype(args.dtype, args.device, model_dir)
     flags = ["--kv-cache-mb", str(args.kv_cache_mb), *step_limit_flags(args)]
     flags += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", dtype]
@@ -103,7 +105,7 @@ def engine_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
         flags += ["--max-context", str(args.max_model_len)]
     if getattr(args, "prefix_caching", True) is False:
         flags += ["--no-prefix-caching"]
-    return flags
+    return flags + binding_flags(args)
 
 
 def worker_command(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import shift_rule
+from nitsum.serve_binding import add_binding_flags
 
 log = logging.getLogger("nitsum.serve")
 
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tp-switching: under light load, run a strict request on a TP group bound "
         "from idle devices (docs/architecture.md, 'Per-request TP binding')",
     )
+    add_binding_flags(p)
     p.add_argument(
         "--shift-threshold",
         type=shift_rule,

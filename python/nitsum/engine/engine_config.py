@@ -49,6 +49,11 @@ class EngineConfig:
     # Under light load, run a request with a TTFT target on a TP group bound from idle
     # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
     bind_idle: bool = False
+    # The binding cost model (scheduler-rs binding.rs): a `nitsum-profile/1` JSON path (None:
+    # no cost model), and "cost" (the model decides where there is a profile) or "always"
+    # (every binding the triggers ask for, as without a profile).
+    binding_profile: str | None = None
+    bind_policy: str = "cost"
     # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
     shift: ShiftRule = field(default_factory=ShiftRule)
     # Record decode steps per warm context and batch bucket at start-up (engine/graphs.py):

@@ -49,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
         "target (per-request TP binding's load trigger; needs --devices > 1)",
     )
     p.add_argument(
+        "--binding-profile",
+        default=None,
+        help="a nitsum-profile/1 JSON the binding cost model weighs bindings with (`nitsum "
+        "serve` passes its control profile); default: none, every binding is taken",
+    )
+    p.add_argument(
+        "--bind-policy",
+        choices=("cost", "always"),
+        default="cost",
+        help="cost: bind only where the cost model says it pays (with --binding-profile); "
+        "always: every binding the triggers ask for",
+    )
+    p.add_argument(
         "--shift-threshold",
         type=shift_rule,
         default=ShiftRule(),
@@ -130,6 +143,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_context=args.max_context,
         prefix_caching=args.prefix_caching,
         bind_idle=args.bind_idle,
+        binding_profile=args.binding_profile,
+        bind_policy=args.bind_policy,
         shift=args.shift_threshold,
         # NOTE: a KV handoff to a peer process reads a request's pages as soon as its first
         # token is out, which an overlapped step has already scheduled on: synchronous then.
