@@ -113,7 +113,11 @@ async fn admin_plan_and_metrics_show_each_workers_binding_decisions() {
                "bind_decisions_full": 1, "bind_handbacks": 1, "bind_soft_yields": 6})
     );
     // The decision as the cost model returned it: every option with its estimates.
-    assert!(same(&binding["last"], &last), "{} != {last}", binding["last"]);
+    assert!(
+        same(&binding["last"], &last),
+        "{} != {last}",
+        binding["last"]
+    );
     let modes: Vec<_> = binding["last"]["options"]
         .as_array()
         .unwrap()
@@ -138,7 +142,11 @@ async fn admin_plan_and_metrics_show_each_workers_binding_decisions() {
         ]
     );
     assert!(text.contains("# TYPE nitsum_bind_decisions_total counter"));
-    for (name, v) in [("bind_handbacks", 1), ("bind_soft_yields", 6), ("tp_binds", 3)] {
+    for (name, v) in [
+        ("bind_handbacks", 1),
+        ("bind_soft_yields", 6),
+        ("tp_binds", 3),
+    ] {
         let line = format!("nitsum_worker_stat{{worker=\"0\",name=\"{name}\"}} {v}\n");
         assert!(text.contains(&line), "no {line} in\n{text}");
     }
@@ -155,8 +163,7 @@ async fn without_binding_stats_nothing_about_binding_shows() {
     let t0 = Instant::now();
     let text = loop {
         let text = call(&r, "GET", "/metrics", &[], "").await.body;
-        if text.contains("name=\"kv_cache_usage_perc\"") || t0.elapsed() > Duration::from_secs(5)
-        {
+        if text.contains("name=\"kv_cache_usage_perc\"") || t0.elapsed() > Duration::from_secs(5) {
             break text;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -106,7 +106,7 @@ def from_map(cls: type[T], raw: dict[str, Any], where: str) -> T:
     """Type-check map `raw` into dataclass `cls` outside a message (a nested value decoded
     on its own); ProtocolError naming the bad field under `where`."""
     try:
-        return _from_map(cls, raw, where)  # type: ignore[no-any-return]
+        return _from_map(cls, raw, where)
     except _Bad as e:
         raise ProtocolError(str(e)) from None
 

@@ -27,7 +27,10 @@ pub fn render_bind_decisions(out: &mut String, stats: &[(WorkerId, Stats)]) {
     );
     for (w, by_mode) in rows {
         for (mode, n) in by_mode {
-            let _ = writeln!(out, "{BIND_DECISIONS}{{worker=\"{w}\",mode=\"{mode}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "{BIND_DECISIONS}{{worker=\"{w}\",mode=\"{mode}\"}} {n}"
+            );
         }
     }
 }

@@ -202,7 +202,10 @@ mod tests {
                      "lost_tokens": 8.0, "value": 0.7}]}}));
         assert_eq!(s.bind_soft_yields, Some(17));
         let last = s.last_bind.as_ref().expect("last_bind");
-        assert_eq!((last.mode, last.level, last.replica), (BindMode::Prefill, 4, 2));
+        assert_eq!(
+            (last.mode, last.level, last.replica),
+            (BindMode::Prefill, 4, 2)
+        );
         assert_eq!(last.options[1].ttft_ms, 90.0);
         assert_eq!(
             s.bind_decisions(),
