@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from nitsum import _core
@@ -16,6 +17,8 @@ from nitsum.worker import protocol as proto
 from nitsum.worker.bind_decision import BindDecision, BindOption
 from nitsum.worker.codec import ProtocolError
 from nitsum.worker.stats import Stats
+from plane import EchoBackend, RealWorker, Router, wait
+from test_router_protocol import BIN
 from test_worker_server import registered, tiny, worker  # noqa: F401 (fixtures)
 
 PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "h100-llama3-8b-analytic.json"
@@ -116,3 +119,52 @@ def test_a_malformed_pool_decision_is_left_out_not_the_stats(worker, idle_block)
         if msg.get("tp_binds") == 5:
             break
     assert msg.get("tp_binds") == 5 and "last_bind" not in msg
+
+
+class BindingBackend(EchoBackend):
+    """An echo backend whose pool reports binding counters and a cost-model decision."""
+
+    COUNTERS = {"tp_binds": 2, "bind_decisions_dp": 5, "bind_decisions_full": 2}
+
+    def __init__(self, decision: BindDecision) -> None:
+        super().__init__()
+        self.decision = decision
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.COUNTERS)
+
+    def last_bind(self) -> BindDecision | None:
+        return self.decision
+
+
+@pytest.mark.e2e
+def test_the_real_router_shows_a_workers_decision_in_admin_plan_and_metrics(tmp_path, idle_block):
+    if not BIN.exists():
+        pytest.skip(f"{BIN} not built")
+    router = Router(tmp_path)
+    real = RealWorker(router)
+    real.server.backend = BindingBackend(BindDecision.from_json(idle_block))
+    try:
+
+        def binding() -> Any:
+            plan = httpx.get(f"{router.http}/admin/plan", timeout=2).json()
+            return plan["workers"][0]["binding"]
+
+        wait(lambda: binding() is not None, what="the worker's binding in /admin/plan")
+        got = binding()
+        assert got["counters"] == BindingBackend.COUNTERS
+        want = json.loads(idle_block)
+        assert got["last"]["mode"] == want["mode"] == "full"
+        for option, expected in zip(got["last"]["options"], want["options"], strict=True):
+            assert option.pop("mode") == expected.pop("mode")
+            assert option == pytest.approx(expected, rel=1e-12)  # JSON's last digit may differ
+        text = httpx.get(f"{router.http}/metrics", timeout=2).text
+        samples = [ln for ln in text.splitlines() if ln.startswith("nitsum_bind_decisions_total")]
+        assert samples == [
+            'nitsum_bind_decisions_total{worker="0",mode="dp"} 5',
+            'nitsum_bind_decisions_total{worker="0",mode="prefill"} 0',
+            'nitsum_bind_decisions_total{worker="0",mode="full"} 2',
+        ]
+    finally:
+        real.stop()
+        router.stop()
