@@ -91,6 +91,15 @@ def test_a_missing_binding_profile_is_refused_by_name(tmp_path):
     ]
 
 
+def test_a_profile_the_cost_model_cannot_read_is_refused_at_start(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "nitsum-profile/1"}))
+    args = parse("--binding-profile", str(bad))
+    errors = resolve_binding(args, ControlChoice(True, SHIPPED))
+    assert len(errors) == 1 and errors[0].startswith(f"--binding-profile {bad}: "), errors
+    assert args.binding_profile == str(bad)  # not resolved: serve stops here
+
+
 def test_the_configs_profile_is_the_control_profile_when_no_flag_names_one(tmp_path):
     config = tmp_path / "router.json"
     config.write_text(json.dumps({"profile": str(SHIPPED)}))

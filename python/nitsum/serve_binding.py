@@ -46,6 +46,8 @@ def resolve_binding(args: argparse.Namespace, choice: ControlChoice) -> list[str
         path = Path(args.binding_profile).expanduser()
         if not path.is_file():
             return [f"--binding-profile {args.binding_profile}: no such file"]
+        if problem := profile_problem(path):
+            return [f"--binding-profile {args.binding_profile}: {problem}"]
         args.binding_profile = str(path.resolve())
         return []
     control = (choice.profile or config_profile(args.config)) if choice.control else None
@@ -57,6 +59,21 @@ def resolve_binding(args: argparse.Namespace, choice: ControlChoice) -> list[str
             "the workers cannot weigh bindings and take every one the triggers ask for"
         )
     return []
+
+
+def profile_problem(path: Path) -> str | None:
+    """Why the cost model cannot read the profile at `path` (None: it can), so a bad one is
+    refused at start rather than by every worker. NOTE: the control profile is the router's
+    to check; this is for a profile only the workers read."""
+    try:
+        from nitsum._core import BindingModel
+    except ImportError:  # no native module (the router runs as its own binary): unchecked
+        return None
+    try:
+        BindingModel(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def binding_flags(args: argparse.Namespace) -> list[str]:
