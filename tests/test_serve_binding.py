@@ -129,6 +129,7 @@ sys.exit(s.main(sys.argv[3:]))
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("control", [True, False])
 def test_serve_passes_the_profile_it_gives_the_router(tmp_path, control):
     router = tmp_path / "fake-router"
