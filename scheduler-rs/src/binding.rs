@@ -33,7 +33,8 @@ pub const SPREAD: f64 = 0.25;
 pub const MIN_GAIN: f64 = 0.01;
 
 /// One plan group inside the block a binding would borrow, as of this iteration boundary.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// NOTE: its default is an idle DP replica (TP 1), in Rust as in JSON.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ReplicaLoad {
     /// Its TP level (1 for a DP replica).
     #[serde(default = "one")]
@@ -47,6 +48,17 @@ pub struct ReplicaLoad {
     /// Prompt tokens its next iteration runs besides the request's.
     #[serde(default)]
     pub prefill_tokens: u32,
+}
+
+impl Default for ReplicaLoad {
+    fn default() -> Self {
+        Self {
+            tp: 1,
+            decoding: 0,
+            context: 0.0,
+            prefill_tokens: 0,
+        }
+    }
 }
 
 fn one() -> u32 {
