@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
+from nitsum.config import BIND_POLICIES, DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import DEFAULT_SHIFT_THRESHOLD, ShiftRule, shift_rule
 
 if TYPE_CHECKING:
@@ -47,6 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="under light load, bind idle devices into a TP group for a request with a TTFT "
         "target (per-request TP binding's load trigger; needs --devices > 1)",
+    )
+    p.add_argument(
+        "--binding-profile",
+        default=None,
+        metavar="PATH",
+        help="a nitsum-profile/1 JSON of this model on these devices: the cost model that "
+        "decides whether a tier's bind_tp or --bind-idle binding pays (default: none, every "
+        "trigger binds; `nitsum serve` passes its --profile)",
+    )
+    p.add_argument(
+        "--bind-policy",
+        choices=BIND_POLICIES,
+        default="cost",
+        help="cost: bind (in full, for the prompt only, or not at all) as the cost model of "
+        "--binding-profile says; always: every trigger binds in full (default: cost)",
     )
     p.add_argument(
         "--shift-threshold",
@@ -130,6 +145,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_context=args.max_context,
         prefix_caching=args.prefix_caching,
         bind_idle=args.bind_idle,
+        binding_profile=args.binding_profile,
+        bind_policy=args.bind_policy,
         shift=args.shift_threshold,
         # NOTE: a KV handoff to a peer process reads a request's pages as soon as its first
         # token is out, which an overlapped step has already scheduled on: synchronous then.
