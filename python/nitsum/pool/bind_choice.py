@@ -73,11 +73,15 @@ class Chooser:
     """Asks the cost model about one block of plan groups and keeps what it answered:
     `last` (the most recent decision dict) and the `bind_decisions_*` counters."""
 
-    def __init__(self, ecfg: EngineConfig, levels: tuple[int, ...]) -> None:
+    def __init__(
+        self, ecfg: EngineConfig, levels: tuple[int, ...], counters: dict[str, int]
+    ) -> None:
+        """`counters`: where the `bind_decisions_*` counters are kept (the binder's)."""
         self.ecfg = ecfg
         self.model = load_model(ecfg, tuple(lv for lv in levels if lv > 1) + (1,))
         self.last: dict[str, Any] | None = None
-        self.counters = {f"bind_decisions_{m}": 0 for m in MODES}
+        self.counters = counters
+        counters.update({f"bind_decisions_{m}": 0 for m in MODES})
         # Moving a prompt's KV back to a replica, ms per token (measured, moving average).
         self.handoff_ms_per_token = 0.0
 

@@ -47,8 +47,7 @@ class Binder:
     def __init__(self, pe: Pool) -> None:
         self.pe = pe
         self.bindings: list[Binding] = []
-        self.chooser = Chooser(pe.ecfg, pe.allowed)
-        self.counters = dict.fromkeys(
+        self.counters: dict[str, int] = dict.fromkeys(
             (
                 "tp_binds",
                 "tp_binds_soft",
@@ -59,6 +58,7 @@ class Binder:
             ),
             0,
         )
+        self.chooser = Chooser(pe.ecfg, pe.allowed, self.counters)
 
     # -- what runs ----------------------------------------------------------------------------
     def paused(self) -> set[Group]:

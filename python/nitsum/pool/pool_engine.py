@@ -220,9 +220,8 @@ class PoolEngine:
         A request runs on a TP group bound for it (pool/binding.py) when it asks for one
         (`spec.bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one
         `group`'s KV; the binding is hard (`spec.bind_hard`; default: when it has a TTFT
-        target) or soft, and weighed first by the cost model unless the context needs it
-        (pool/bind_choice.py). `spec.fork_of`: a sibling choice of that request, sharing its
-        prefill on the same engine.
+        target) or soft, weighed first by the cost model unless the context needs it
+        (pool/bind_choice.py). `spec.fork_of`: a sibling choice sharing its prefill.
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
@@ -420,8 +419,7 @@ class PoolEngine:
         total = Counter(self.retired)
         for _, engine in self.every_engine():
             total.update(engine.counters())
-        binder = {**self.binder.counters, **self.binder.chooser.counters}
-        return {**self.counters, **binder, **total, **self.usage()}
+        return {**self.counters, **self.binder.counters, **total, **self.usage()}
 
     def usage(self) -> dict[str, int]:
         """Gauges, vLLM-style: device KV pages in use (`kv_cache_usage_perc`) and host-tier
