@@ -122,6 +122,29 @@ def test_soft_binding_alternates_iterations_with_its_replicas(run, tiny) -> None
     assert c["num_preemptions"] == 0
 
 
+def test_a_hard_request_joining_a_soft_binding_stops_the_alternation(run, tiny) -> None:
+    """A strict request bound where a soft binding alternates joins it, and from then on the
+    replicas pause while it runs (the TTFT tier's hard binding); tokens equal the reference."""
+    hf, cfg = tiny
+    ps = {r: prompt(cfg, 16 + i, seed=25 + i) for i, r in enumerate(("a", "soft", "s"))}
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(20)), group=(0,))
+    run.pe.add_request("soft", ps["soft"], RequestSpec(greedy(20), bind_tp=2, bind_hard=False))
+    run.step()
+    run.step()
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=500)) == (
+        0,
+        1,
+    )
+    joined = run.n
+    for _ in range(4):
+        run.step()
+    assert not any(joined <= n < joined + 4 for n in run.steps["a"])  # paused meanwhile
+    assert run.steps["s"] == list(range(joined, joined + 4))
+    run.finish()
+    for r, n in (("a", 20), ("soft", 20), ("s", 4)):
+        assert run.out[r] == hf_greedy(hf, ps[r], n), r
+
+
 def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:
     """Device 0's forwards take 0.2 s longer: a hard binding still forms at the next boundary
     and completes (no rank waits in a collective for a peer busy elsewhere)."""

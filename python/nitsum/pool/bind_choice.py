@@ -71,7 +71,8 @@ def load_model(ecfg: EngineConfig, levels: tuple[int, ...]) -> Any | None:
 
 class Chooser:
     """Asks the cost model about one block of plan groups and keeps what it answered:
-    `last` (the most recent decision dict) and the `bind_decisions_*` counters."""
+    `last` (the most recent decision that acted: at arrival, or a handback) and the
+    `bind_decisions_*` counters (decisions at arrival, by mode)."""
 
     def __init__(
         self, ecfg: EngineConfig, levels: tuple[int, ...], counters: dict[str, int]
@@ -102,14 +103,18 @@ class Chooser:
         query = self._query(level, replicas, spec, prompt_tokens, output_tokens, 0)
         choice = self._decide(query, list(replicas))
         self.counters[f"bind_decisions_{choice.mode}"] += 1
+        self.last = choice.decision
         return choice
 
     def keep(self, level: int, replicas: dict[Group, Engine], seq: Sequence) -> Choice:
         """Whether `seq`, prefilled and decoding bound at `level`, should stay bound (`full`)
-        or go on on a replica (`dp`)."""
+        or go on on a replica (`dp`: kept in `last`; a `full` answer changes nothing)."""
         left = max(1, seq.sampling.max_tokens - len(seq.output_ids))
         query = self._query(level, replicas, seq.spec, 0, left, seq.num_computed)
-        return self._decide(query, list(replicas))
+        choice = self._decide(query, list(replicas))
+        if choice.mode == "dp":
+            self.last = choice.decision
+        return choice
 
     def note_handoff(self, tokens: int, ms: float) -> None:
         """A prompt's KV of `tokens` moved back to a replica in `ms`."""
@@ -119,7 +124,6 @@ class Chooser:
     def _decide(self, query: dict[str, Any], groups: list[Group]) -> Choice:
         assert self.model is not None
         decision = json.loads(self.model.decide(json.dumps(query)))
-        self.last = decision
         return Choice(decision["mode"], groups[decision["replica"]], decision)
 
     def _query(

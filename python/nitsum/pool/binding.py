@@ -168,11 +168,12 @@ class Binder:
     def _binding(self, tp: int, near: Group, hard: bool) -> Binding:
         members = self.pe.topology.group_of(near[0], tp)
         for b in self.bindings:
-            if b.members == members:
+            if set(members) <= set(b.members):
+                # NOTE: this binding (or a larger one) holds these devices: serve there; a
+                # hard request stops a soft one's alternation (its replicas pause from now).
+                b.interleave = b.interleave and not hard
                 return b
             if set(b.members) & set(members):
-                if set(members) <= set(b.members):
-                    return b  # a larger binding holds these devices: serve there
                 raise InvalidRequestError(
                     "bind_tp", f"devices {members} are bound as {b.members} until it finishes"
                 )
