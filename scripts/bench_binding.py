@@ -16,7 +16,7 @@ compute, not messaging) on 2 device processes of one thread each, the plan two D
    Ratios against issue 32's targets, and the decisions of each mode taken.
 4. The longest prompt served: one replica's KV vs a bound TP-2 group's (served to the end).
 
-    python scripts/bench_binding.py [--binds 100] [--seconds 20] [--every 1.0]
+    python scripts/bench_binding.py [--binds 100] [--seconds 20] [--every 1.0] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -164,6 +164,22 @@ def mixed(pool: DevicePool, cfg, pages: int, args, every: float, row: Row) -> di
     }
 
 
+def rounds(pool: DevicePool, cfg, pages: int, args, every: float, rows: list) -> dict:
+    """Each row's results over `args.rounds` rounds of all rows in turn (on a shared machine
+    the load drifts; interleaving spreads it over the rows): per metric the median, the
+    requests and decisions summed."""
+    runs: dict[str, list[dict]] = {row.name: [] for row in rows}
+    for _ in range(args.rounds):
+        for row in rows:
+            runs[row.name].append(mixed(pool, cfg, pages, args, every, row))
+    summed = ("prio", "binds", "dp", "prefill", "full", "handbacks")
+    out = {}
+    for name, rs in runs.items():
+        out[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "last"}
+        out[name].update({k: sum(r[k] for r in rs) for k in summed}, last=rs[-1]["last"])
+    return out
+
+
 @dataclass(frozen=True)
 class Row:
     name: str
@@ -228,6 +244,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="mixed workload: arrivals")
     ap.add_argument("--every", type=float, default=1.0, help="seconds between priority ones")
     ap.add_argument("--dp-batch", type=int, default=8, help="short requests per replica")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run the rows this often, interleaved: medians"
+    )
     ap.add_argument("--profile", default=None, help="reuse this profile (default: measure one)")
     ap.add_argument("--profile-out", default=None, help="keep the measured profile here")
     ap.add_argument("--hidden", type=int, default=1024)
@@ -244,9 +263,10 @@ def main() -> None:
         profile = args.profile or measured_profile(
             pool, cfg, pages, Path(args.profile_out or Path(tmp) / "profile.json")
         )
+        print(f"[mixed] {args.rounds} round(s) of every row, interleaved; medians over rounds")
         rows = [Row("DP, priority -1", "dp"), Row("forced binding at TP 2", "always"),
                 Row("cost-aware binding", "cost", profile)]  # fmt: skip
-        results = {row.name: mixed(pool, cfg, pages, args, args.every, row) for row in rows}
+        results = rounds(pool, cfg, pages, args, args.every, rows)
         for name, r in results.items():
             report(name, r)
         dp = results[rows[0].name]
@@ -254,7 +274,7 @@ def main() -> None:
             compare(row.name, dp, results[row.name], doubled=False)
         every = args.every / 2
         print(f"[mixed] priority arrivals doubled (every {every:g} s):")
-        doubled = {row.name: mixed(pool, cfg, pages, args, every, row) for row in rows[::2]}
+        doubled = rounds(pool, cfg, pages, args, every, rows[::2])
         for name, r in doubled.items():
             report(name, r)
         compare(rows[2].name, doubled[rows[0].name], doubled[rows[2].name], doubled=True)
