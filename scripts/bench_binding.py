@@ -5,26 +5,34 @@ compute, not messaging) on 2 device processes of one thread each, the plan two D
 (0,) and (1,).
 
 1. Bind + release latency without KV (a hard binding of an idle pool), p50/p99.
-2. A mixed workload: short DP requests keep both replicas busy; every `--every` s a priority
-   request (a latency tier's) arrives. Its TTFT and TPOT, and the total throughput, with the
-   priority requests bound at TP 2 (hard: the replicas pause) vs served DP on the
-   less-loaded replica at a better `priority` (the same requests, the same arrival times).
-3. The longest prompt served: one replica's KV vs a bound TP-2 group's (served to the end).
+2. A small profile of this model on this pool (TP 1 and 2), measured with
+   `nitsum.profiling.measure.measure_profile`: the cost model's input (issue 32).
+3. A mixed workload: short DP requests keep both replicas busy; every `--every` s a priority
+   request (a latency tier's, TTFT target 200 ms, `priority` -1) arrives. Its TTFT and TPOT,
+   and the total throughput, in three rows with the same requests at the same times: served
+   DP on the less-loaded replica; bound at TP 2 every time (`bind_policy="always"`: hard,
+   the replicas pause); and as the cost model decides (`"cost"`: DP, bound for the prompt
+   only, or bound with a handback). Then DP vs cost-aware with the priority rate doubled.
+   Ratios against issue 32's targets, and the decisions of each mode taken.
+4. The longest prompt served: one replica's KV vs a bound TP-2 group's (served to the end).
 
-    python scripts/bench_binding.py [--binds 100] [--seconds 20] [--every 1.0]
+    python scripts/bench_binding.py [--binds 100] [--seconds 20] [--every 1.0] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
-from nitsum.engine.request_spec import RequestSpec
+from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.errors import InvalidRequestError  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
@@ -79,15 +87,38 @@ def bind_latency(pool: DevicePool, cfg, pages: int, n: int) -> None:
     )
 
 
-def mixed(pool: DevicePool, cfg, pages: int, args, bind: bool) -> dict[str, float]:
+def measured_profile(pool: DevicePool, cfg, pages: int, out: Path) -> str:
+    """A small profile of the bench's model on the bench's pool (TP 1 and 2), for the cost
+    model; returns its path."""
+    from nitsum.profiling.measure import measure_profile
+
     pe = PoolEngine(pool, cfg, ECFG, pages, [(0,), (1,)])
+    t0 = time.perf_counter()
+    profile = measure_profile(
+        pe, cfg, "bench-binding", "cpu", repeats=3, prefill_tokens=(16, 64, 128, 256),
+        batches=(1, 4, 8, 16), contexts=(64, 256),
+    )  # fmt: skip
+    out.write_text(json.dumps(profile))
+    print(
+        f"[profile] measured TP 1/2 (prefill, decode, SP, PP) in {time.perf_counter() - t0:.0f} s"
+    )
+    return str(out)
+
+
+def mixed(pool: DevicePool, cfg, pages: int, args, every: float, row: Row) -> dict:
+    """The mixed workload under one row's policy: "dp" (the priority requests at priority -1
+    on the less-loaded replica), "always" (bound at TP 2: hard, the replicas pause) or
+    "cost" (the cost model decides per request: DP, bound for the prompt, or bound)."""
+    policy = "always" if row.policy == "dp" else row.policy
+    ecfg = replace(ECFG, bind_policy=policy, binding_profile=row.profile)
+    pe = PoolEngine(pool, cfg, ecfg, pages, [(0,), (1,)])
     arrival: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     count: dict[str, int] = {}
     tokens = 0
     t0 = time.monotonic()
-    next_prio, n_short, n_prio = t0 + args.every / 2, 0, 0
+    next_prio, n_short, n_prio = t0 + every / 2, 0, 0
     while time.monotonic() - t0 < args.seconds or pe.has_unfinished():
         now = time.monotonic()
         open_ = now - t0 < args.seconds
@@ -101,14 +132,14 @@ def mixed(pool: DevicePool, cfg, pages: int, args, bind: bool) -> dict[str, floa
         if open_ and now >= next_prio:
             rid = f"p{n_prio}"
             ids, params = random_prompt(cfg, 64, 10_000 + n_prio), greedy(32)
-            if bind:
-                pe.add_request(rid, ids, RequestSpec(params, bind_tp=2, ttft_ms=200))
-            else:
-                g = min(pe.engines, key=lambda g: len(pe.engines[g].request_ids()))
-                pe.add_request(rid, ids, RequestSpec(params, ttft_ms=200, priority=-1), group=g)
+            # NOTE: the same request in every row; only the binding policy differs.
+            bind_tp = None if row.policy == "dp" else 2
+            spec = RequestSpec(params, ttft_ms=200, priority=-1, bind_tp=bind_tp)
+            g = min(pe.engines, key=lambda g: len(pe.engines[g].request_ids()))
+            pe.add_request(rid, ids, spec, group=g)
             arrival[rid] = now
             n_prio += 1
-            next_prio += args.every
+            next_prio += every
         for o in pe.step():
             now = time.monotonic()
             tokens += len(o.new_token_ids)
@@ -119,13 +150,69 @@ def mixed(pool: DevicePool, cfg, pages: int, args, bind: bool) -> dict[str, floa
     elapsed = time.monotonic() - t0
     ttft = [first[r] - arrival[r] for r in arrival]
     tpot = [(last[r] - first[r]) / (count[r] - 1) for r in arrival if count[r] > 1]
+    c = pe.all_counters()
     return {
         "ttft50": statistics.median(ttft),
         "ttft99": pct(ttft, 0.99),
         "tpot50": statistics.median(tpot),
         "tok_s": tokens / elapsed,
         "prio": len(arrival),
+        "binds": c["tp_binds"],
+        **{m: c[f"bind_decisions_{m}"] for m in ("dp", "prefill", "full")},
+        "handbacks": c["bind_handbacks"],
+        "last": pe.last_bind,
     }
+
+
+def rounds(pool: DevicePool, cfg, pages: int, args, every: float, rows: list) -> dict:
+    """Each row's results over `args.rounds` rounds of all rows in turn (on a shared machine
+    the load drifts; interleaving spreads it over the rows): per metric the median, the
+    requests and decisions summed."""
+    runs: dict[str, list[dict]] = {row.name: [] for row in rows}
+    for _ in range(args.rounds):
+        for row in rows:
+            runs[row.name].append(mixed(pool, cfg, pages, args, every, row))
+    summed = ("prio", "binds", "dp", "prefill", "full", "handbacks")
+    out = {}
+    for name, rs in runs.items():
+        out[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "last"}
+        out[name].update({k: sum(r[k] for r in rs) for k in summed}, last=rs[-1]["last"])
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    policy: str  # "dp", "always" or "cost"
+    profile: str | None = None
+
+
+def report(name: str, r: dict) -> None:
+    decisions = f"decisions dp {r['dp']} / prefill {r['prefill']} / full {r['full']}"
+    print(
+        f"[mixed] {name:24s}: {r['prio']} priority requests, TTFT p50 "
+        f"{r['ttft50'] * 1e3:.0f} p99 {r['ttft99'] * 1e3:.0f} ms, TPOT p50 "
+        f"{r['tpot50'] * 1e3:.1f} ms; total {r['tok_s']:.0f} tokens/s; {r['binds']} binds "
+        f"({decisions}, {r['handbacks']} handbacks)"
+    )
+    if r["last"] is not None:
+        options = ", ".join(
+            f"{o['mode']}: TTFT {o['ttft_ms']:.0f} ms, TPOT {o['tpot_ms']:.0f} ms, P(meet) "
+            f"{o['meets']:.2f}, lost {o['lost_tokens']:.0f} tokens, value {o['value']:.2f}"
+            for o in r["last"]["options"]
+        )
+        print(f"[mixed]   its last decision {r['last']['mode']!r} weighed {options}")
+
+
+def compare(name: str, dp: dict, r: dict, doubled: bool) -> None:
+    gain, loss = dp["ttft50"] / r["ttft50"], 1 - r["tok_s"] / dp["tok_s"]
+    target = "no worse: >= 1x" if doubled else ">= 2x"
+    met = loss <= 0.10 and gain >= (1.0 if doubled else 2.0)
+    print(
+        f"[mixed] {name} vs DP: priority TTFT p50 {gain:.2f}x better (target {target}), TPOT "
+        f"{dp['tpot50'] / r['tpot50']:.2f}x; throughput loss {loss:.0%} (target <= 10%): "
+        f"{'met' if met else 'MISSED'}"
+    )
 
 
 def longest(pool: DevicePool, cfg, pages: int) -> None:
@@ -157,27 +244,40 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="mixed workload: arrivals")
     ap.add_argument("--every", type=float, default=1.0, help="seconds between priority ones")
     ap.add_argument("--dp-batch", type=int, default=8, help="short requests per replica")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="run the rows this often, interleaved: medians"
+    )
+    ap.add_argument("--profile", default=None, help="reuse this profile (default: measure one)")
+    ap.add_argument("--profile-out", default=None, help="keep the measured profile here")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     args = ap.parse_args()
     hf, cfg = random_llama(args.hidden, args.layers, vocab=128, max_positions=8448)
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     pages = 512
-    with DevicePool(2, source, ECFG, pages, levels=(1, 2)) as pool:
+    with (
+        DevicePool(2, source, ECFG, pages, levels=(1, 2)) as pool,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         bind_latency(pool, cfg, pages, args.binds)
-        dp = mixed(pool, cfg, pages, args, bind=False)
-        bound = mixed(pool, cfg, pages, args, bind=True)
-        for name, r in (("DP, priority -1", dp), ("bound at TP 2", bound)):
-            print(
-                f"[mixed] {name:15s}: {r['prio']} priority requests, TTFT p50 "
-                f"{r['ttft50'] * 1e3:.0f} p99 {r['ttft99'] * 1e3:.0f} ms, TPOT p50 "
-                f"{r['tpot50'] * 1e3:.1f} ms; total {r['tok_s']:.0f} tokens/s"
-            )
-        print(
-            f"[mixed] binding vs DP: priority TTFT p50 {dp['ttft50'] / bound['ttft50']:.2f}x "
-            f"better (target >= 2x), TPOT {dp['tpot50'] / bound['tpot50']:.2f}x; throughput "
-            f"loss {1 - bound['tok_s'] / dp['tok_s']:.0%} (target <= 10%)"
+        profile = args.profile or measured_profile(
+            pool, cfg, pages, Path(args.profile_out or Path(tmp) / "profile.json")
         )
+        print(f"[mixed] {args.rounds} round(s) of every row, interleaved; medians over rounds")
+        rows = [Row("DP, priority -1", "dp"), Row("forced binding at TP 2", "always"),
+                Row("cost-aware binding", "cost", profile)]  # fmt: skip
+        results = rounds(pool, cfg, pages, args, args.every, rows)
+        for name, r in results.items():
+            report(name, r)
+        dp = results[rows[0].name]
+        for row in rows[1:]:
+            compare(row.name, dp, results[row.name], doubled=False)
+        every = args.every / 2
+        print(f"[mixed] priority arrivals doubled (every {every:g} s):")
+        doubled = rounds(pool, cfg, pages, args, every, rows[::2])
+        for name, r in doubled.items():
+            report(name, r)
+        compare(rows[2].name, doubled[rows[0].name], doubled[rows[2].name], doubled=True)
         longest(pool, cfg, pages)
 
 

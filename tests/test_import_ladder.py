@@ -11,7 +11,19 @@ ROOT = Path(__file__).resolve().parent.parent / "python" / "nitsum"
 
 # Lowest first. A module's floor is that of its top-level name under `nitsum`.
 FLOORS: list[set[str]] = [
-    {"errors", "paths", "ports", "config", "sampling", "structured", "tokenizer", "kernels"},
+    # NOTE: `_core` (the Rust extension) imports nothing of the package: a leaf, usable from
+    # any floor (the worker's binding cost model, pool/bind_choice.py, calls it).
+    {
+        "errors",
+        "paths",
+        "ports",
+        "config",
+        "sampling",
+        "structured",
+        "tokenizer",
+        "kernels",
+        "_core",
+    },
     {"sampling_processors", "sampling_logprobs"},
     {"weights", "kv"},
     {"parallel"},
@@ -31,7 +43,6 @@ FLOORS: list[set[str]] = [
         "bench",
         "profiling",
         "control_profile",
-        "_core",
     },
 ]
 

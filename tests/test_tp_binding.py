@@ -6,22 +6,16 @@ import threading
 import pytest
 
 import device_probes
-from nitsum.engine.engine_config import EngineConfig
+from bind_helpers import ECFG, PAGES, Run, greedy
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.pool.device_commands import Counters, Probe
-from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.pool_engine import PoolEngine
-from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, make_tiny, tiny_device_pool
 from tiny import random_prompt as prompt
 
 # Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
 pytestmark = pytest.mark.e2e
-
-P = 4
-PAGES = 20  # one device holds 80 tokens at TP 1, a TP-2 group 160
-ECFG = EngineConfig(page_tokens=P, token_budget=64, tp_levels=(1, 2), prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
@@ -33,53 +27,6 @@ def tiny():
 def pool(tiny):
     with tiny_device_pool(tiny, ECFG, devices=2, pages=PAGES, levels=(1, 2)) as pool:
         yield pool
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-
-
-class Run:
-    """A PoolEngine of two DP replicas; records every request's tokens, the steps they came
-    in, and the prompt tokens each engine computed for each request."""
-
-    def __init__(self, pool: DevicePool, cfg) -> None:
-        self.pe = PoolEngine(pool, cfg, ECFG, PAGES, [(0,), (1,)])
-        self.out: dict[str, list[int]] = {}
-        self.steps: dict[str, list[int]] = {}
-        self.computed: dict[str, int] = {}
-        self.n = 0
-
-    def step(self) -> None:
-        for engine in [*self.pe.engines.values(), *(e for _, e in self.pe.binder.engines())]:
-            self._watch(engine)
-        for o in self.pe.step():
-            self.out.setdefault(o.request_id, []).extend(o.new_token_ids)
-            self.steps.setdefault(o.request_id, []).append(self.n)
-        self.n += 1
-
-    def _watch(self, engine) -> None:
-        if getattr(engine, "_watched", False):
-            return
-        plain = engine.begin_step
-
-        def begin_step():
-            batch = plain()
-            for s in batch:
-                if s.start < len(s.seq.prompt_ids):
-                    rid = s.seq.request_id
-                    self.computed[rid] = self.computed.get(rid, 0) + s.q_len
-            return batch
-
-        engine.begin_step, engine._watched = begin_step, True
-
-    def finish(self) -> None:
-        while self.pe.has_unfinished():
-            self.step()
-        self.step()  # the release happens at the end of a step
-        assert not self.pe.binder.bindings
-        for d, (used, owned) in self.pe.page_accounting().items():
-            assert used == owned == set(), d
 
 
 @pytest.fixture
@@ -143,29 +90,59 @@ def test_hard_binding_pauses_replicas_with_their_kv_intact(run, pool, tiny) -> N
     assert [pool.call(d, Counters())["groups_created"] for d in range(2)] == created
 
 
-def test_soft_binding_starts_in_dp_and_moves_when_the_group_forms(run, tiny) -> None:
-    """Replica 0 is busy, replica 1 idle: the request starts there in DP mode; once replica 0
-    finished its request the group forms, the request's KV moves to the TP-2 layout and it
-    goes on there; its tokens equal the reference."""
+def test_soft_binding_alternates_iterations_with_its_replicas(run, tiny) -> None:
+    """Both replicas are busy; a soft binding forms at once, without draining them: the bound
+    request and the replicas' requests take turns, iteration by iteration (never both in
+    one), a request queued on a replica meanwhile starts before the binding ends, and every
+    request's tokens equal the reference with nothing recomputed."""
     hf, cfg = tiny
-    busy, req = prompt(cfg, 30, seed=20), prompt(cfg, 40, seed=21)
-    run.pe.add_request("busy", busy, RequestSpec(greedy(6)), group=(0,))
+    ps = {r: prompt(cfg, 20 + i, seed=20 + i) for i, r in enumerate(("a", "b", "soft", "later"))}
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(16)), group=(0,))
+    run.pe.add_request("b", ps["b"], RequestSpec(greedy(16)), group=(1,))
     run.step()
-    assert run.pe.add_request("soft", req, RequestSpec(greedy(24), bind_tp=2, bind_hard=False)) == (
+    bound_at = run.n
+    spec = RequestSpec(greedy(12), bind_tp=2, bind_hard=False)
+    assert run.pe.add_request("soft", ps["soft"], spec) == (0, 1)
+    run.pe.add_request("later", ps["later"], RequestSpec(greedy(4)), group=(0,))
+    for _ in range(6):
+        run.step()
+    window = range(bound_at, bound_at + 6)
+    soft = [n for n in run.steps["soft"] if n in window]
+    replicas = {n for r in ("a", "b") for n in run.steps[r] if n in window}
+    assert soft == [bound_at, bound_at + 2, bound_at + 4]  # its turn first, then every other
+    assert replicas == {bound_at + 1, bound_at + 3, bound_at + 5}
+    assert run.pe.binder.bindings  # still bound: "later" did not wait for the release
+    assert run.steps["later"][0] < run.steps["soft"][-1]
+    run.finish()
+    for r, n in (("a", 16), ("b", 16), ("soft", 12), ("later", 4)):
+        assert run.out[r] == hf_greedy(hf, ps[r], n), r
+        assert run.computed[r] == len(ps[r]), r
+    c = run.pe.all_counters()
+    assert c["tp_binds_soft"] == 1 and c["bind_soft_yields"] >= 3
+    assert c["num_preemptions"] == 0
+
+
+def test_a_hard_request_joining_a_soft_binding_stops_the_alternation(run, tiny) -> None:
+    """A strict request bound where a soft binding alternates joins it, and from then on the
+    replicas pause while it runs (the TTFT tier's hard binding); tokens equal the reference."""
+    hf, cfg = tiny
+    ps = {r: prompt(cfg, 16 + i, seed=25 + i) for i, r in enumerate(("a", "soft", "s"))}
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(20)), group=(0,))
+    run.pe.add_request("soft", ps["soft"], RequestSpec(greedy(20), bind_tp=2, bind_hard=False))
+    run.step()
+    run.step()
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=500)) == (
+        0,
         1,
     )
-    b = run.pe.binder.bindings[0]
-    run.pe.add_request("later", prompt(cfg, 10, seed=22), RequestSpec(greedy(4)), group=(0,))
-    while not b.formed:
+    joined = run.n
+    for _ in range(4):
         run.step()
-    in_dp = len(run.out.get("soft", []))
-    assert in_dp > 0 and "later" not in run.out  # drained: nothing new started on (0,)
+    assert not any(joined <= n < joined + 4 for n in run.steps["a"])  # paused meanwhile
+    assert run.steps["s"] == list(range(joined, joined + 4))
     run.finish()
-    assert run.out["soft"] == hf_greedy(hf, req, 24)
-    assert run.out["busy"] == hf_greedy(hf, busy, 6)
-    c = run.pe.all_counters()
-    assert c["tp_binds_soft"] == 1 and c["kv_migrated_bytes"] > 0
-    assert run.computed["soft"] == len(req)  # its KV moved, not recomputed
+    for r, n in (("a", 20), ("soft", 20), ("s", 4)):
+        assert run.out[r] == hf_greedy(hf, ps[r], n), r
 
 
 def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:

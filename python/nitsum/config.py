@@ -18,6 +18,9 @@ DEFAULT_TP_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 8)
 HOST_KV_CACHE_MB = 256
 # `--dtype` choices of `nitsum serve` and the worker (torch dtype names).
 DTYPES = ("float32", "bfloat16", "float16")
+# How a worker decides the bindings a tier or the load trigger asks for
+# (`EngineConfig.bind_policy`): weighed by the cost model, or always.
+BIND_POLICIES = ("cost", "always")
 
 
 def mebibytes(text: str) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nitsum.config import DEFAULT_TP_LEVELS
+from nitsum.config import BIND_POLICIES, DEFAULT_TP_LEVELS
 from nitsum.parallel.shift import ShiftRule
 
 # Per-step limits by device type: (token budget: prompt + decode tokens one step may run,
@@ -49,10 +49,13 @@ class EngineConfig:
     # Under light load, run a request with a TTFT target on a TP group bound from idle
     # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
     bind_idle: bool = False
-    # The binding cost model (scheduler-rs binding.rs): a `nitsum-profile/1` JSON path (None:
-    # no cost model), and "cost" (the model decides where there is a profile) or "always"
-    # (every binding the triggers ask for, as without a profile).
+    # A `nitsum-profile/1` JSON of this model on these devices: the cost model of binding
+    # (pool/bind_choice.py, scheduler-rs/src/binding.rs) weighs each chosen binding against
+    # DP with it. None: no cost model (every trigger binds, as `bind_policy="always"`).
     binding_profile: str | None = None
+    # "cost": a tier's `bind_tp` or `bind_idle` binds only when the cost model says it pays
+    # (in full, for the prompt only, or not at all); "always": every trigger binds in full.
+    # NOTE: a binding a context needs (no replica holds it) is never weighed: it is needed.
     bind_policy: str = "cost"
     # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
     shift: ShiftRule = field(default_factory=ShiftRule)
@@ -72,6 +75,8 @@ class EngineConfig:
     overlap: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.bind_policy not in BIND_POLICIES:
+            raise ValueError(f"bind_policy: one of {BIND_POLICIES}, not {self.bind_policy!r}")
         budget, batch = default_step_limits(self.device)
         if self.token_budget is None:
             self.token_budget = budget

@@ -10,10 +10,14 @@ live in one allocator, and the bound group takes only pages free on all its memb
 
 - **Hard** (latency-oriented requests): the replicas stop at once; their running requests
   pause with their KV intact and resume after release (nothing recomputed).
-- **Soft** (throughput-oriented): busy replicas finish what they run and start nothing new;
-  an idle replica starts the request in DP mode meanwhile. The group forms once every
-  replica is idle; the request's KV then moves to the TP layout (the migration of TP
-  switching) and it goes on there.
+- **Soft** (throughput-oriented, or a long context without a TTFT target): the group forms
+  at once and *alternates* iterations with its replicas (`bind_soft_yields` counts the
+  replicas' turns): the replicas keep their batches and are paused only on the bound
+  group's iterations.
+
+Whether a tier's `bind_tp` or the load trigger binds at all is the cost model's call
+(pool/bind_choice.py): in full, for the prompt only (the KV then goes back to a replica,
+pool/bind_handback.py), or not at all; a full binding is asked again while it decodes.
 
 NOTE (no deadlock under skew): the controller is the only one that launches steps, one
 iteration at a time, and a step it launches on a group reaches every member in the same
@@ -25,77 +29,61 @@ delays the iteration boundary.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from nitsum.config import ModelConfig
 from nitsum.engine.engine import Engine
-from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
-from nitsum.kv.pages import PageAllocator
-from nitsum.parallel.topology import GroupShape, TPTopology
-from nitsum.pool.devices import Devices
-from nitsum.pool.kv_move import Move, commit_moves, transfer_moves
+from nitsum.parallel.topology import GroupShape
+from nitsum.pool.bind_choice import Chooser
+from nitsum.pool.bind_handback import hand_back
+from nitsum.pool.bound import Binding, Group, Pool
 
-Group = tuple[int, ...]
 log = logging.getLogger(__name__)
 
 
-class Pool(Protocol):
-    """What a binder needs of its PoolEngine (pool/pool_engine.py)."""
-
-    pool: Devices
-    cfg: ModelConfig
-    ecfg: EngineConfig
-    topology: TPTopology
-    allowed: tuple[int, ...]
-    alloc: PageAllocator
-    engines: dict[Group, Engine]
-    counters: dict[str, int]
-    retired: Counter[str]
-
-    def new_engine(self, shape: GroupShape) -> Engine: ...
-
-
-@dataclass
-class Binding:
-    """A TP group over the plan's `replicas`, with its own scheduler (`engine`) over the same
-    pages; `requests` are the ones it serves."""
-
-    members: Group
-    replicas: list[Group]
-    engine: Engine
-    hard: bool
-    formed: bool = False
-    requests: set[str] = field(default_factory=set)
-    # Counted in `tp_binds` (once its first request was accepted).
-    counted: bool = False
-    # Soft: requests started in DP mode on an idle replica until the group forms.
-    started: dict[str, Group] = field(default_factory=dict)
-
-
 class Binder:
-    """The bindings of one PoolEngine: bind, form, release."""
+    """The bindings of one PoolEngine: decide, bind, form, alternate, hand back, release."""
 
     def __init__(self, pe: Pool) -> None:
         self.pe = pe
         self.bindings: list[Binding] = []
-        self.counters = dict.fromkeys(
-            ("tp_binds", "tp_binds_soft", "tp_bound_requests", "tp_binds_clamped"), 0
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "tp_binds",
+                "tp_binds_soft",
+                "tp_bound_requests",
+                "tp_binds_clamped",
+                "bind_handbacks",
+                "bind_soft_yields",
+            ),
+            0,
         )
+        self.chooser = Chooser(pe.ecfg, pe.allowed, self.counters)
 
     # -- what runs ----------------------------------------------------------------------------
     def paused(self) -> set[Group]:
-        """Plan groups lent to a formed binding: not stepped."""
-        return {g for b in self.bindings if b.formed for g in b.replicas}
+        """Plan groups lent to a formed binding this iteration: not stepped."""
+        return {g for b in self.bindings if b.formed and b.bound_turn for g in b.replicas}
 
     def engines(self) -> list[tuple[Group, Engine]]:
         """Every binding's engine (formed or not: an unformed one may hold queued requests)."""
         return [(b.members, b.engine) for b in self.bindings]
 
     def active(self) -> list[tuple[Group, Engine]]:
-        return [(b.members, b.engine) for b in self.bindings if b.formed]
+        """The bound groups that run this iteration."""
+        return [(b.members, b.engine) for b in self.bindings if b.formed and b.bound_turn]
+
+    def begin_iteration(self) -> None:
+        """At an iteration boundary: form the bindings whose replicas drained, and give each
+        soft one's replicas every other iteration while they have work."""
+        self.form()
+        for b in self.bindings:
+            if not (b.formed and b.interleave):
+                b.bound_turn = True
+                continue
+            waiting = any(self.pe.engines[g].has_unfinished() for g in b.replicas)
+            b.bound_turn = not (b.bound_turn and waiting)
+            self.counters["bind_soft_yields"] += not b.bound_turn
 
     # -- which level a request runs at ---------------------------------------------------------
     def levels(
@@ -148,29 +136,44 @@ class Binder:
 
     # -- binding --------------------------------------------------------------------------------
     def serve(
-        self, tp: int, near: Group, request_id: str, hard: bool, fits_replica: bool
+        self,
+        tp: int,
+        near: Group,
+        request_id: str,
+        spec: RequestSpec,
+        tokens: tuple[int, int],
+        needed: bool,
     ) -> tuple[Group, Engine]:
-        """The engine a request bound at TP `tp` near plan group `near` is queued on: the
-        bound group's, or (soft, the group not formed yet, the request fits one replica) an
-        idle replica's, where it starts in DP mode."""
-        b = self._binding(tp, near, hard)
+        """The engine a request of `tokens` (prompt, most output) that asks for TP `tp` near
+        plan group `near` is queued on: the bound group's, or (the cost model said `dp`) a
+        replica's. `needed`: no replica holds its context (never weighed).
+        Hard: `spec.bind_hard`, default when it has a TTFT target."""
+        hard = spec.bind_hard if spec.bind_hard is not None else spec.ttft_ms is not None
+        mode, replica = "full", near
+        members = self.pe.topology.group_of(near[0], tp)
+        if not needed and self.chooser.active and members[-1] < self.pe.pool.num_devices:
+            block = {g: e for g, e in self.pe.engines.items() if set(g) & set(members)}
+            choice = self.chooser.admit(tp, block, *tokens, spec)
+            if choice.mode == "dp":
+                return choice.replica, self.pe.engines[choice.replica]
+            mode, replica = choice.mode, choice.replica
+        b = self._binding(tp, near, hard or mode == "prefill")
         b.requests.add(request_id)
-        if not b.formed and fits_replica:
-            idle = [g for g in b.replicas if not self.pe.engines[g].running()]
-            if idle:
-                b.started[request_id] = idle[0]
-                self._drain(b)
-                return idle[0], self.pe.engines[idle[0]]
+        if mode == "prefill":
+            b.prefill_only[request_id] = replica
+        elif not needed and self.chooser.active:
+            b.weighed.add(request_id)
         return b.members, b.engine
 
     def _binding(self, tp: int, near: Group, hard: bool) -> Binding:
         members = self.pe.topology.group_of(near[0], tp)
         for b in self.bindings:
-            if b.members == members:
+            if set(members) <= set(b.members):
+                # NOTE: this binding (or a larger one) holds these devices: serve there; a
+                # hard request stops a soft one's alternation (its replicas pause from now).
+                b.interleave = b.interleave and not hard
                 return b
             if set(b.members) & set(members):
-                if set(members) <= set(b.members):
-                    return b  # a larger binding holds these devices: serve there
                 raise InvalidRequestError(
                     "bind_tp", f"devices {members} are bound as {b.members} until it finishes"
                 )
@@ -180,11 +183,10 @@ class Binder:
         if any(not set(g) <= set(members) for g in replicas):
             raise InvalidRequestError("bind_tp", f"the plan's groups straddle {members}")
         b = Binding(members, replicas, self.pe.new_engine(GroupShape.tp_group(members)), hard)
+        # NOTE: a soft one's first iteration is its own (bound_turn flips at the boundary).
+        b.interleave, b.bound_turn = not hard, hard
         self.bindings.append(b)
-        if hard:
-            self._form(b)  # NOTE: requests are added between steps: an iteration boundary
-        else:
-            self._drain(b)
+        self._form(b)  # NOTE: requests are added between steps: an iteration boundary
         return b
 
     def admitted(self, request_id: str) -> None:
@@ -198,19 +200,15 @@ class Binder:
                     self.counters["tp_binds_soft"] += not b.hard
 
     def _drain(self, b: Binding) -> None:
-        """Soft: the replicas start nothing but the binding's own requests from now on."""
+        """A binding short of pages: the replicas start nothing new from now on."""
         for g in b.replicas:
-            own = {r for r, at in b.started.items() if at == g}
-            self.pe.engines[g].admit_only(own)
+            self.pe.engines[g].admit_only(set())
 
     # -- forming and releasing (at iteration boundaries) ----------------------------------------
     def form(self) -> None:
-        """Form every soft binding whose replicas now run only its own requests."""
+        """Form every draining binding whose replicas now run nothing."""
         for b in self.bindings:
-            if not b.formed and all(
-                {s.request_id for s in self.pe.engines[g].running()} <= set(b.started)
-                for g in b.replicas
-            ):
+            if not b.formed and not any(self.pe.engines[g].running() for g in b.replicas):
                 self._form(b)
 
     def _form(self, b: Binding) -> None:
@@ -221,35 +219,25 @@ class Binder:
             replica.reclaim(self.pe.alloc.num_pages)
             replica.settle_swaps()
             replica.admit_only(None)
-        moves: list[Move] = []
-        for request_id, g in b.started.items():
-            source = self.pe.engines[g]
-            seq = next((s for s in source.sequences() if s.request_id == request_id), None)
-            if seq is not None:
-                moves.append((seq, b.members, source))
-        if moves:
-            targets = {b.members: b.engine}
-            pe = self.pe
-            outcome = transfer_moves(pe.pool, pe.cfg, pe.ecfg.page_tokens, moves, targets)
-            commit_moves(moves, targets, outcome)
-            pe.counters["kv_migrated_bytes"] += outcome.bytes_moved
-        b.started.clear()
         b.formed = True
 
     def step_done(self) -> None:
-        """After a step: a formed binding that has requests but ran none is short of pages
-        the paused replicas' sequences hold, so it turns soft (the replicas finish what they
-        run and start nothing new) and forms again once they are drained; then `release`."""
+        """After a step: requests bound for their prompt, or no longer worth their binding,
+        go back to a replica (bind_handback.py); a formed binding that ran but scheduled
+        nothing is short of pages the replicas' sequences hold, so its replicas drain (finish
+        what they run, start nothing new) and it forms again, pausing them, once they did;
+        then `release`."""
         for b in self.bindings:
+            if b.formed and b.bound_turn:
+                hand_back(self.pe, b, self.chooser, self.counters)
             e = b.engine
-            if b.formed and e.has_unfinished() and not e.running():
-                b.formed, b.hard = False, False
+            if b.formed and b.bound_turn and e.has_unfinished() and not e.running():
+                b.formed, b.interleave = False, False
                 self._drain(b)
         self.release()
 
     def release(self) -> None:
-        """Give back the replicas of every binding whose requests all finished (a soft one's
-        may all have finished in DP mode before it formed)."""
+        """Give back the replicas of every binding whose requests all finished or left."""
         for b in list(self.bindings):
             if b.engine.has_unfinished() or (not b.formed and b.requests):
                 continue
@@ -260,8 +248,8 @@ class Binder:
             self.bindings.remove(b)
 
     def drop(self, request_id: str) -> None:
-        """`request_id` left (finished or aborted) before its group formed."""
+        """`request_id` left its binding (finished, aborted or handed back)."""
         for b in self.bindings:
             b.requests.discard(request_id)
-            if b.started.pop(request_id, None) is not None and not b.formed:
-                self._drain(b)
+            b.prefill_only.pop(request_id, None)
+            b.weighed.discard(request_id)

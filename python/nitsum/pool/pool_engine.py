@@ -193,6 +193,11 @@ class PoolEngine:
         """The plan's engines and the bindings' (whose devices overlap them)."""
         return [*self.engines.items(), *self.binder.engines()]
 
+    @property
+    def last_bind(self) -> dict | None:
+        """The cost model's most recent decision (`BindingModel.decide`'s dict), if any."""
+        return self.binder.chooser.last
+
     def max_servable_tokens(self) -> int:
         """The longest context (prompt + output) the pool's KV can hold: a page holds more
         tokens at a higher TP, so a group of the largest level holds the most."""
@@ -215,8 +220,8 @@ class PoolEngine:
         A request runs on a TP group bound for it (pool/binding.py) when it asks for one
         (`spec.bind_tp`: its tier's) or when its prompt and `max_tokens` do not fit one
         `group`'s KV; the binding is hard (`spec.bind_hard`; default: when it has a TTFT
-        target) or soft. `spec.fork_of`: a sibling choice of that request, sharing its
-        prefill on the same engine.
+        target) or soft, weighed first by the cost model unless the context needs it
+        (pool/bind_choice.py). `spec.fork_of`: a sibling choice sharing its prefill.
         """
         if decode_group is not None and decode_group not in self.engines:
             raise ValueError(f"decode group {decode_group} is not a current group")
@@ -240,9 +245,8 @@ class PoolEngine:
         # NOTE: never a binding over a device restarted alone (pool/device_loss.py).
         lone = set(self.topology.group_of(group[0], tp)) & self.solo if tp > len(group) else None
         if tp > len(group) and not engine.shape.is_pipeline and not lone:
-            hard = spec.bind_hard if spec.bind_hard is not None else deadline
-            fits_replica = need <= len(group)
-            group, engine = self.binder.serve(tp, group, request_id, hard, fits_replica)
+            tokens, needed = (len(prompt_ids), context - len(prompt_ids)), need > len(group)
+            group, engine = self.binder.serve(tp, group, request_id, spec, tokens, needed)
         try:
             engine.add_request(request_id, prompt_ids, spec)
         except InvalidRequestError:
@@ -270,7 +274,7 @@ class PoolEngine:
 
         NOTE: the plan's groups lent to a formed binding sit out; a binding forms and is
         released only here, between iterations (pool/binding.py)."""
-        self.binder.form()
+        self.binder.begin_iteration()
         paused = self.binder.paused()
         active = [(g, e) for g, e in self.engines.items() if g not in paused]
         launched: list[tuple[tuple[int, ...], Engine, list[Scheduled]]] = []

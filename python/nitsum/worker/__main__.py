@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
+from nitsum.config import BIND_POLICIES, DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import DEFAULT_SHIFT_THRESHOLD, ShiftRule, shift_rule
 
 if TYPE_CHECKING:
@@ -51,15 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--binding-profile",
         default=None,
-        help="a nitsum-profile/1 JSON the binding cost model weighs bindings with (`nitsum "
-        "serve` passes its control profile); default: none, every binding is taken",
+        metavar="PATH",
+        help="a nitsum-profile/1 JSON of this model on these devices: the cost model that "
+        "decides whether a tier's bind_tp or --bind-idle binding pays (default: none, every "
+        "trigger binds; `nitsum serve` passes its --profile)",
     )
     p.add_argument(
         "--bind-policy",
-        choices=("cost", "always"),
+        choices=BIND_POLICIES,
         default="cost",
-        help="cost: bind only where the cost model says it pays (with --binding-profile); "
-        "always: every binding the triggers ask for",
+        help="cost: bind (in full, for the prompt only, or not at all) as the cost model of "
+        "--binding-profile says; always: every trigger binds in full (default: cost)",
     )
     p.add_argument(
         "--shift-threshold",

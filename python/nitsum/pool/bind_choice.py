@@ -1,0 +1,173 @@
+"""Whether a chosen binding pays: the worker's side of the cost model (issue 32).
+
+A tier's `bind_tp` and the load trigger (`bind_idle`) *choose* a binding; the cost model
+(scheduler-rs/src/binding.rs, through `nitsum._core.BindingModel`, the simulator's code too)
+weighs it against DP from the profile and the block's real state at this iteration
+boundary, and answers one of:
+
+- `dp`: no binding: the request queues on the replica it names;
+- `prefill`: bound for the prompt only, then its KV goes back to that replica to decode;
+- `full`: bound for prompt and decode; asked again while it decodes (`prompt_tokens: 0`),
+  it may be handed back to a replica when the rest is cheaper in DP.
+
+A binding a context needs (no replica holds it) is never weighed. Without a profile, with
+one that cannot load or that lacks a level the pool binds at, or with
+`bind_policy="always"`, every trigger binds in full (one warning says why).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nitsum.engine.engine import Engine
+from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_spec import RequestSpec
+from nitsum.engine.sequence import Sequence
+
+Group = tuple[int, ...]
+log = logging.getLogger(__name__)
+
+MODES = ("dp", "prefill", "full")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision: its mode, the replica (a plan group) that DP or the decode after a
+    prompt-only binding uses, and the decision dict as `BindingModel.decide` returned it."""
+
+    mode: str
+    replica: Group
+    decision: dict[str, Any]
+
+
+def load_model(ecfg: EngineConfig, levels: tuple[int, ...]) -> Any | None:
+    """The cost model of `ecfg.binding_profile`, or None (with one warning when a profile was
+    given but cannot serve: unreadable, invalid, or lacking one of `levels`)."""
+    path = ecfg.binding_profile
+    if ecfg.bind_policy != "cost" or path is None:
+        return None
+    from nitsum._core import BindingModel
+
+    try:
+        model = BindingModel(Path(path).read_text())
+        for level in levels:
+            # NOTE: the cost model itself checks a level: a query at it must answer.
+            probe = {"level": level, "prompt_tokens": 1, "output_tokens": 1}
+            model.decide(json.dumps({**probe, "replicas": [{"tp": 1}]}))
+    except (OSError, ValueError) as e:
+        log.warning(
+            "binding profile %s cannot weigh bindings (%s): every binding trigger binds "
+            "(bind_policy 'always')",
+            path,
+            e,
+        )
+        return None
+    return model
+
+
+class Chooser:
+    """Asks the cost model about one block of plan groups and keeps what it answered:
+    `last` (the most recent decision that acted: at arrival, or a handback) and the
+    `bind_decisions_*` counters (decisions at arrival, by mode)."""
+
+    def __init__(
+        self, ecfg: EngineConfig, levels: tuple[int, ...], counters: dict[str, int]
+    ) -> None:
+        """`counters`: where the `bind_decisions_*` counters are kept (the binder's)."""
+        self.ecfg = ecfg
+        self.model = load_model(ecfg, tuple(lv for lv in levels if lv > 1) + (1,))
+        self.last: dict[str, Any] | None = None
+        self.counters = counters
+        counters.update({f"bind_decisions_{m}": 0 for m in MODES})
+        # Moving a prompt's KV back to a replica, ms per token (measured, moving average).
+        self.handoff_ms_per_token = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.model is not None
+
+    def admit(
+        self,
+        level: int,
+        replicas: dict[Group, Engine],
+        prompt_tokens: int,
+        output_tokens: int,
+        spec: RequestSpec,
+    ) -> Choice:
+        """The decision for a new request of `prompt_tokens` (uncomputed) and at most
+        `output_tokens` to generate, bound at `level` over the plan groups `replicas`."""
+        query = self._query(level, replicas, spec, prompt_tokens, output_tokens, 0)
+        choice = self._decide(query, list(replicas))
+        self.counters[f"bind_decisions_{choice.mode}"] += 1
+        self.last = choice.decision
+        return choice
+
+    def keep(self, level: int, replicas: dict[Group, Engine], seq: Sequence) -> Choice:
+        """Whether `seq`, prefilled and decoding bound at `level`, should stay bound (`full`)
+        or go on on a replica (`dp`: kept in `last`; a `full` answer changes nothing)."""
+        left = max(1, seq.sampling.max_tokens - len(seq.output_ids))
+        query = self._query(level, replicas, seq.spec, 0, left, seq.num_computed)
+        choice = self._decide(query, list(replicas))
+        if choice.mode == "dp":
+            self.last = choice.decision
+        return choice
+
+    def note_handoff(self, tokens: int, ms: float) -> None:
+        """A prompt's KV of `tokens` moved back to a replica in `ms`."""
+        if tokens > 0:
+            self.handoff_ms_per_token = 0.8 * self.handoff_ms_per_token + 0.2 * ms / tokens
+
+    def _decide(self, query: dict[str, Any], groups: list[Group]) -> Choice:
+        assert self.model is not None
+        decision = json.loads(self.model.decide(json.dumps(query)))
+        return Choice(decision["mode"], groups[decision["replica"]], decision)
+
+    def _query(
+        self,
+        level: int,
+        replicas: dict[Group, Engine],
+        spec: RequestSpec,
+        prompt_tokens: int,
+        output_tokens: int,
+        context_tokens: int,
+    ) -> dict[str, Any]:
+        """A `BindQuery` (binding.rs) over the replicas' state now."""
+        budget = self.ecfg.token_budget
+        loads = []
+        outputs: list[int] = []
+        for group, engine in replicas.items():
+            seqs = engine.sequences()
+            decoding = [s.num_computed for s in engine.running() if _prefilled(s)]
+            queued = sum(len(s.prompt_ids) - s.num_computed for s in seqs if not _prefilled(s))
+            loads.append(
+                {
+                    "tp": len(group),
+                    "decoding": len(decoding),
+                    "context": sum(decoding) / len(decoding) if decoding else 0.0,
+                    "prefill_tokens": min(queued, budget) if budget else queued,
+                }
+            )
+            outputs += [s.sampling.max_tokens for s in seqs]
+        return {
+            "level": level,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": max(1, output_tokens),
+            "context_tokens": context_tokens,
+            "ttft_ms": spec.ttft_ms,
+            "tpot_ms": None,
+            "weight": 1.0,
+            "replicas": loads,
+            "token_budget": budget,
+            "handoff_ms_per_token": self.handoff_ms_per_token,
+            # NOTE: their requests' output is not known until they finish: their max_tokens.
+            "replica_output_tokens": sum(outputs) / len(outputs) if outputs else output_tokens,
+            "replica_weight": 1.0,
+        }
+
+
+def _prefilled(seq: Sequence) -> bool:
+    return seq.num_computed >= len(seq.prompt_ids)
