@@ -32,3 +32,6 @@ class BindingModel:
     def __init__(self, profile_json: str) -> None: ...
     def decide(self, query_json: str) -> str:
         """A `BindQuery` JSON's `BindDecision` JSON; ValueError on an invalid query."""
+    def iteration_ms(self, tp: int, decoding: int, context: float, prefill_tokens: int) -> float:
+        """The profile's time (ms) of one iteration of a group at TP `tp`; ValueError for a
+        level the profile lacks."""

@@ -48,6 +48,10 @@ pub struct ReplicaLoad {
     /// Prompt tokens its next iteration runs besides the request's.
     #[serde(default)]
     pub prefill_tokens: u32,
+    /// Its iterations' measured time over the profile's (1: as profiled): a machine that is
+    /// shared, hotter or otherwise not the profiled one (the worker keeps a moving average).
+    #[serde(default = "unit")]
+    pub slowdown: f64,
 }
 
 impl Default for ReplicaLoad {
@@ -57,6 +61,7 @@ impl Default for ReplicaLoad {
             decoding: 0,
             context: 0.0,
             prefill_tokens: 0,
+            slowdown: 1.0,
         }
     }
 }
@@ -93,6 +98,9 @@ pub struct BindQuery {
     /// Moving the prompt's KV from the bound group back to a replica, per token (ms).
     #[serde(default)]
     pub handoff_ms_per_token: f64,
+    /// The bound group's measured forward time over the profile's (as `ReplicaLoad`'s).
+    #[serde(default = "unit")]
+    pub bound_slowdown: f64,
     /// The replicas' requests: mean output tokens (their loss in requests is tokens over
     /// this) and mean tier weight.
     #[serde(default = "default_output")]
@@ -184,8 +192,18 @@ impl BindingModel {
         ms
     }
 
-    /// One iteration of replica `r` with `extra` more prompt tokens.
-    fn iteration(&self, r: &ReplicaLoad, extra: u32) -> f64 {
+    /// Error unless the profile has TP level `tp`.
+    pub fn check_level(&self, tp: u32) -> Result<()> {
+        ensure!(
+            self.profile.has_tp(tp),
+            "binding: the profile has no TP level {tp}"
+        );
+        Ok(())
+    }
+
+    /// The profile's time (ms) of one iteration of replica `r` with `extra` more prompt
+    /// tokens (its `slowdown` not applied: what the worker compares its measurements with).
+    pub fn iteration_ms(&self, r: &ReplicaLoad, extra: u32) -> f64 {
         let tokens = f64::from(r.prefill_tokens + extra);
         if r.decoding == 0 {
             if tokens == 0.0 {
@@ -196,6 +214,11 @@ impl BindingModel {
         let ctx = r.context.max(1.0);
         self.profile.decode_ms(r.tp, f64::from(r.decoding), ctx)
             + self.profile.prefill_extra_ms(r.tp, tokens)
+    }
+
+    /// One iteration of replica `r` with `extra` more prompt tokens, as it runs here.
+    fn iteration(&self, r: &ReplicaLoad, extra: u32) -> f64 {
+        self.iteration_ms(r, extra) * r.slowdown.max(0.0)
     }
 
     /// Tokens replica `r`'s batch would produce in `ms` (its iteration rate).
@@ -252,34 +275,38 @@ impl BindingModel {
             .min_by(|a, b| dp_ttft(a.1).total_cmp(&dp_ttft(b.1)))
             .expect("non-empty");
         let ctx_end = f64::from(q.context_tokens + p) + out / 2.0;
-        let dp_tpot = self.profile.decode_ms(
-            dp_r.tp,
-            f64::from(dp_r.decoding + 1),
-            ((dp_r.context * f64::from(dp_r.decoding) + ctx_end) / f64::from(dp_r.decoding + 1))
+        let dp_tpot = dp_r.slowdown.max(0.0)
+            * self.profile.decode_ms(
+                dp_r.tp,
+                f64::from(dp_r.decoding + 1),
+                ((dp_r.context * f64::from(dp_r.decoding) + ctx_end)
+                    / f64::from(dp_r.decoding + 1))
                 .max(1.0),
-        );
+            );
         // Its batch's extra time: the prompt's part of its iterations, then one more sequence
         // in each decode step.
         let prompt_delay = (dp_ttft(dp_r) - f64::from(chunks) * self.iteration(dp_r, 0)).max(0.0);
         let decode_delay = if dp_r.decoding == 0 {
             0.0
         } else {
-            let base =
-                self.profile
+            let base = dp_r.slowdown.max(0.0)
+                * self
+                    .profile
                     .decode_ms(dp_r.tp, f64::from(dp_r.decoding), dp_r.context.max(1.0));
             (dp_tpot - base).max(0.0) * (out - 1.0).max(0.0)
         };
         let dp_lost = self.tokens_in(dp_r, prompt_delay + decode_delay);
 
         // Bound: every replica pauses while the bound group runs.
-        let bound_prefill = self.prefill_alone(q.level, p, q.token_budget);
+        let bound = q.bound_slowdown.max(0.0);
+        let bound_prefill = bound * self.prefill_alone(q.level, p, q.token_budget);
         let paused = |ms: f64| -> f64 { q.replicas.iter().map(|r| self.tokens_in(r, ms)).sum() };
         let handoff = if prefilled {
             0.0
         } else {
             q.handoff_ms_per_token * f64::from(p)
         };
-        let full_tpot = self.profile.decode_ms(q.level, 1.0, ctx_end.max(1.0));
+        let full_tpot = bound * self.profile.decode_ms(q.level, 1.0, ctx_end.max(1.0));
         let pre_lost = paused(bound_prefill) + self.tokens_in(dp_r, decode_delay);
         let full_lost = paused(bound_prefill + full_tpot * (out - 1.0).max(0.0));
 

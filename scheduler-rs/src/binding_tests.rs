@@ -12,6 +12,7 @@ fn busy(decoding: u32) -> ReplicaLoad {
         decoding,
         context: 1024.0,
         prefill_tokens: 0,
+        slowdown: 1.0,
     }
 }
 
@@ -27,6 +28,7 @@ fn query(level: u32, prompt: u32, ttft: Option<f64>, replicas: Vec<ReplicaLoad>)
         replicas,
         token_budget: 2048,
         handoff_ms_per_token: 0.0,
+        bound_slowdown: 1.0,
         replica_output_tokens: 256.0,
         replica_weight: 1.0,
     }
@@ -146,4 +148,38 @@ fn json_in_json_out() {
         .unwrap_err()
         .to_string()
         .contains("invalid query"));
+}
+
+#[test]
+fn measured_slowdowns_scale_the_estimates() {
+    let m = model();
+    // Replicas twice as slow as profiled (a shared machine): DP's first token comes twice
+    // as late, its lost tokens stay (the batch is slower too); the bound forward as profiled.
+    let q = query(2, 2048, Some(300.0), vec![busy(32), busy(32)]);
+    let base = m.decide(&q).unwrap();
+    let mut slow = q.clone();
+    for r in &mut slow.replicas {
+        r.slowdown = 2.0;
+    }
+    let d = m.decide(&slow).unwrap();
+    let (dp0, dp1) = (option(&base, BindMode::Dp), option(&d, BindMode::Dp));
+    assert!(
+        (dp1.ttft_ms - 2.0 * dp0.ttft_ms).abs() < 1e-6,
+        "{base:?} {d:?}"
+    );
+    assert!((dp1.lost_tokens - dp0.lost_tokens).abs() < 1e-6);
+    let (pre0, pre1) = (
+        option(&base, BindMode::Prefill),
+        option(&d, BindMode::Prefill),
+    );
+    assert_eq!(pre0.ttft_ms, pre1.ttft_ms);
+    assert!(pre1.lost_tokens < pre0.lost_tokens); // the paused batches produce less anyway
+                                                  // The bound group slower instead: its TTFT scales.
+    let mut bound_slow = q.clone();
+    bound_slow.bound_slowdown = 3.0;
+    let b = m.decide(&bound_slow).unwrap();
+    let pre3 = option(&b, BindMode::Prefill);
+    assert!((pre3.ttft_ms - 3.0 * pre0.ttft_ms).abs() < 1e-6);
+    // What the worker compares its measurements with: the profiled iteration.
+    assert!((m.iteration_ms(&busy(32), 0) * 2.0 - dp1.ttft_ms).abs() > 0.0);
 }

@@ -96,6 +96,30 @@ impl BindingModel {
     fn decide(&self, query_json: &str) -> PyResult<String> {
         self.inner.decide_json(query_json).map_err(value_error)
     }
+
+    /// The profile's time (ms) of one iteration of a group at TP `tp` decoding `decoding`
+    /// sequences of mean `context` tokens with `prefill_tokens` prompt tokens (what the
+    /// worker divides its measured step times by). Raises `ValueError` for a level the
+    /// profile lacks.
+    fn iteration_ms(
+        &self,
+        tp: u32,
+        decoding: u32,
+        context: f64,
+        prefill_tokens: u32,
+    ) -> PyResult<f64> {
+        let r = crate::binding::ReplicaLoad {
+            tp,
+            decoding,
+            context,
+            prefill_tokens,
+            slowdown: 1.0,
+        };
+        self.inner
+            .check_level(tp)
+            .map(|()| self.inner.iteration_ms(&r, 0))
+            .map_err(value_error)
+    }
 }
 
 #[pymodule]

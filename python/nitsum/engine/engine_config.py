@@ -57,6 +57,9 @@ class EngineConfig:
     # (in full, for the prompt only, or not at all); "always": every trigger binds in full.
     # NOTE: a binding a context needs (no replica holds it) is never weighed: it is needed.
     bind_policy: str = "cost"
+    # Scale the profile by the steps measured here (measured / profiled time per TP level,
+    # pool/bind_choice.py): the profile was taken alone or elsewhere. False: as profiled.
+    bind_calibrate: bool = True
     # When a group of ≥ 2 devices runs an iteration as SP instead of TP (parallel/shift.py).
     shift: ShiftRule = field(default_factory=ShiftRule)
     # Record decode steps per warm context and batch bucket at start-up (engine/graphs.py):

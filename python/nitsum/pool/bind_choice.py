@@ -26,12 +26,17 @@ from typing import Any
 from nitsum.engine.engine import Engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
+from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.sequence import Sequence
 
 Group = tuple[int, ...]
 log = logging.getLogger(__name__)
 
 MODES = ("dp", "prefill", "full")
+# Moving average of measured / profiled step time: the weight of a new step, and the range a
+# single step may say (one stalled step must not flip every decision).
+SLOWDOWN_WEIGHT = 0.1
+SLOWDOWN_RANGE = (0.25, 8.0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,10 @@ class Chooser:
         counters.update({f"bind_decisions_{m}": 0 for m in MODES})
         # Moving a prompt's KV back to a replica, ms per token (measured, moving average).
         self.handoff_ms_per_token = 0.0
+        # Per TP level: steps' measured time over the profile's (moving average; 1 until a
+        # step of that level ran). NOTE: the profile was measured elsewhere or alone; a
+        # shared, busier or different machine runs every option slower, not alike.
+        self.slowdown: dict[int, float] = {}
 
     @property
     def active(self) -> bool:
@@ -121,6 +130,25 @@ class Chooser:
         if tokens > 0:
             self.handoff_ms_per_token = 0.8 * self.handoff_ms_per_token + 0.2 * ms / tokens
 
+    def observe(self, tp: int, batch: list[Scheduled], ms: float) -> None:
+        """A group at TP `tp` ran `batch` (before its tokens are applied) in `ms`, launch to
+        collect: fold measured / profiled into `slowdown[tp]`."""
+        if self.model is None or not self.ecfg.bind_calibrate or not batch or ms <= 0:
+            return
+        decode = [item.start for item in batch if item.start >= len(item.seq.prompt_ids)]
+        prefill = sum(item.q_len for item in batch if item.start < len(item.seq.prompt_ids))
+        context = sum(decode) / len(decode) if decode else 0.0
+        try:
+            profiled = self.model.iteration_ms(tp, len(decode), context, prefill)
+        except ValueError:
+            return  # a level the profile lacks: nothing to compare with
+        if profiled <= 0:
+            return
+        lo, hi = SLOWDOWN_RANGE
+        ratio = min(max(ms / profiled, lo), hi)
+        old = self.slowdown.get(tp)
+        self.slowdown[tp] = ratio if old is None else old + SLOWDOWN_WEIGHT * (ratio - old)
+
     def _decide(self, query: dict[str, Any], groups: list[Group]) -> Choice:
         assert self.model is not None
         decision = json.loads(self.model.decide(json.dumps(query)))
@@ -149,6 +177,7 @@ class Chooser:
                     "decoding": len(decoding),
                     "context": sum(decoding) / len(decoding) if decoding else 0.0,
                     "prefill_tokens": min(queued, budget) if budget else queued,
+                    "slowdown": self.slowdown.get(len(group), 1.0),
                 }
             )
             outputs += [s.sampling.max_tokens for s in seqs]
@@ -163,6 +192,7 @@ class Chooser:
             "replicas": loads,
             "token_budget": budget,
             "handoff_ms_per_token": self.handoff_ms_per_token,
+            "bound_slowdown": self.slowdown.get(level, 1.0),
             # NOTE: their requests' output is not known until they finish: their max_tokens.
             "replica_output_tokens": sum(outputs) / len(outputs) if outputs else output_tokens,
             "replica_weight": 1.0,

@@ -322,6 +322,9 @@ class PoolEngine:
                 outputs += self._fail_batch(engine, batch, why)
                 continue
             # Groups run concurrently: each one's step ends by its collect.
+            if not engine.shape.is_pipeline:
+                ms = (time.monotonic() - started) * 1e3
+                self.binder.chooser.observe(len(members), batch, ms)
             tokens = sample_batch(logits, batch)
             outputs += engine.end_step(batch, tokens, time.monotonic() - started)
         for out in outputs:
