@@ -101,18 +101,18 @@ def next_stats(router: Any, want: Any) -> dict[str, Any]:
 def test_the_worker_sends_the_pools_latest_decision(worker, idle_block):  # noqa: F811
     router, server, _ = registered(worker)
     pe = server.backend.pe
-    # NOTE: the pool's cost model (w-bpool) keeps its latest decision as the parsed JSON.
-    pe.last_bind = json.loads(idle_block)
+    # NOTE: the pool keeps its cost model's latest decision as the parsed JSON.
+    pe.binder.chooser.last = json.loads(idle_block)
     first = next_stats(router, json.loads(idle_block))
     assert first["worker_id"] == 0
     dp = json.loads(decide(512, 64, 10_000.0))
-    pe.last_bind = dp
+    pe.binder.chooser.last = dp
     assert next_stats(router, dp)["last_bind"]["mode"] == "dp"
 
 
 def test_a_malformed_pool_decision_is_left_out_not_the_stats(worker, idle_block):  # noqa: F811
     router, server, _ = registered(worker)
-    server.backend.pe.last_bind = json.loads(idle_block) | {"mode": "sideways"}
+    server.backend.pe.binder.chooser.last = json.loads(idle_block) | {"mode": "sideways"}
     server.backend.pe.binder.counters["tp_binds"] = 5
     for _ in range(10):
         msg = router.expect("stats", timeout=5.0)

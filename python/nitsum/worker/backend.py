@@ -225,9 +225,8 @@ class PoolBackend:
 
     def last_bind(self) -> BindDecision | None:
         # NOTE: `PoolEngine.last_bind` is the cost model's decision as `BindingModel.decide`
-        # returned it, parsed (a dict), or None; a pool without the cost model has no such
-        # attribute.
-        raw = getattr(self.pe, "last_bind", None)
+        # returned it, parsed (a dict), or None (no cost model, or nothing weighed yet).
+        raw = self.pe.last_bind
         if raw is None:
             return None
         try:
