@@ -18,6 +18,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::choices;
 use super::logprobs;
 use super::native_input::{grammar, prompts};
 use super::output::{Piece, TextStream};
@@ -26,8 +27,9 @@ use super::processors::Processors;
 use super::sse::{self, ChunkFormat};
 use super::AppState;
 use crate::errors::ApiError;
+use crate::protocols::body::parse_body;
 use crate::protocols::extensions;
-use crate::protocols::openai::{parse_body, NativeGenerateRequest};
+use crate::protocols::native::NativeGenerateRequest;
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::ModelFiles;
 
@@ -201,7 +203,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut all = prepare::submit_batch(&state, built, &stops, sampling.output, n)?;
+    let mut all = choices::submit_batch(&state, built, &stops, sampling.output, n)?;
     let choices = (0..all.len())
         .map(|i| Choice {
             text: String::new(),

@@ -17,7 +17,8 @@ use super::response_object::{self as obj, ResponseMeta};
 use super::responses_stream::ResponseEvents;
 use super::{prepare, sse, unix_now, AppState};
 use crate::errors::ApiError;
-use crate::protocols::openai::{parse_body, ChatCompletionRequest};
+use crate::protocols::body::parse_body;
+use crate::protocols::openai::ChatCompletionRequest;
 use crate::protocols::responses;
 
 /// Handler.

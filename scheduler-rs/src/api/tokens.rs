@@ -15,7 +15,8 @@ use super::misc::max_model_len;
 use super::prepare;
 use super::AppState;
 use crate::errors::ApiError;
-use crate::protocols::openai::{parse_body, ChatMessage};
+use crate::protocols::body::parse_body;
+use crate::protocols::openai::ChatMessage;
 use crate::tokenize::detok::Decode;
 
 /// `POST /tokenize`: a `prompt`, or chat `messages` rendered with the chat template.

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::choices;
 use super::misc::{self, max_model_len, model_path};
 use super::prepare::{self, SamplingInput};
 use super::AppState;
@@ -102,7 +103,7 @@ async fn run_health_generate(state: &AppState, headers: &HeaderMap) -> Result<Re
         ..SamplingInput::default()
     };
     // NOTE: token 0 exists in every vocabulary; the prompt's content does not matter.
-    let mut ts = prepare::start(state, tier, vec![0], "input_ids", &sampling, Vec::new())?;
+    let mut ts = choices::start(state, tier, vec![0], "input_ids", &sampling, Vec::new())?;
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, ts.collect()).await {
         Ok(Ok((_, ids, _))) if !ids.is_empty() => Ok(StatusCode::OK.into_response()),
         Ok(Ok(_)) => Err(ApiError::unavailable("the generation produced no token")),
