@@ -212,7 +212,7 @@ impl WholeBody for ChatChunks {
     fn choice(&mut self, index: usize, out: &Collected, ts: &TextStream) -> Value {
         let (text, ids, finish) = out;
         let rid = format!("chatcmpl-{}", ts.id);
-        let (message, finish) = tool_reply::message(self.calls, &rid, text.clone(), *finish);
+        let (message, finish) = tool_reply::message(self.calls, &rid, text.clone(), finish);
         json!({"index": index, "message": message,
                "logprobs": self.logprobs(ids, &ts.logprobs), "finish_reason": finish})
     }
@@ -222,16 +222,12 @@ impl WholeBody for ChatChunks {
     }
 }
 
-/// Handler.
+/// Handler (an error is answered in the OpenAI shape, `ApiError`'s `IntoResponse`).
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await)
-}
-
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
     let Started {
         all,

@@ -75,16 +75,12 @@ fn check_batch(state: &AppState, len: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Handler.
+/// Handler (an error is answered in the OpenAI shape, `ApiError`'s `IntoResponse`).
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await)
-}
-
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
     let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
     let mut sampling = SamplingInput::from_common(&req.common);

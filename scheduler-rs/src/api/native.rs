@@ -130,16 +130,12 @@ impl ChunkFormat for Meta {
     }
 }
 
-/// Handler.
+/// Handler (an error is answered in the OpenAI shape, `ApiError`'s `IntoResponse`).
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await)
-}
-
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let start = Instant::now();
     let req: NativeGenerateRequest = parse_body(&body)?;
     let sp = &req.sampling_params;

@@ -131,12 +131,6 @@ pub fn openai_common(
     Ok((tier, n))
 }
 
-/// A handler's result as an HTTP response (errors in the OpenAI shape).
-pub fn respond(result: Result<axum::response::Response, ApiError>) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    result.unwrap_or_else(|e| e.into_response())
-}
-
 /// Validate the prompt and sampling and build the engine request.
 pub fn build(
     state: &AppState,

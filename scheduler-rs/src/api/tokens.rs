@@ -53,14 +53,6 @@ pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run_tokenize(state, headers, body).await)
-}
-
-async fn run_tokenize(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
 ) -> Result<Response, ApiError> {
     prepare::tier(&state, &headers, None)?; // authentication, as every generation endpoint
     let req: TokenizeRequest = parse_body(&body)?;
@@ -106,14 +98,6 @@ async fn run_tokenize(
 /// Handler of `/detokenize`: `{"prompt": text}` (vLLM's key) and `"text"` (SGLang's).
 pub async fn detokenize(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    prepare::respond(run_detokenize(state, headers, body).await)
-}
-
-async fn run_detokenize(
-    state: Arc<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
