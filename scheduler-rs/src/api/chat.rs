@@ -86,7 +86,7 @@ pub(super) async fn start(
     let ids = fields::truncate(state, &req.common, ids);
     let prompt_ids = ids.clone();
     let stops = req.common.stop_strings();
-    let all = choices::start_choices(state, tier, ids, "messages", &sampling, stops, n)?;
+    let all = choices::start(state, tier, ids, "messages", &sampling, stops, n)?;
     replies.log(&all);
     Ok(Started {
         all,

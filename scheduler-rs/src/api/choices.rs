@@ -8,25 +8,12 @@ use crate::errors::ApiError;
 use crate::ids::TierId;
 use crate::state::{Fork, Submit};
 
-/// Validate, submit, and open the request's text stream (stop strings matched on its text,
-/// the server's request timeout): the common tail of every generation endpoint.
+/// Validate, submit, and open the text streams of `n` choices of one prompt (stop strings
+/// matched on their text, the server's request timeout): choice 0 is dispatched as usual,
+/// the others go to its groups as its forks, which share its prefill there
+/// (engine/forks.py). A seeded request seeds choice `i` with `seed + i`, so that the choices
+/// differ (as OpenAI's do) and each repeats. Dropping the streams aborts every choice.
 pub fn start(
-    state: &AppState,
-    tier: TierId,
-    input_ids: Vec<u32>,
-    prompt_field: &str,
-    sampling: &SamplingInput,
-    stops: Vec<String>,
-) -> Result<TextStream, ApiError> {
-    let mut all = start_choices(state, tier, input_ids, prompt_field, sampling, stops, 1)?;
-    Ok(all.pop().expect("one choice"))
-}
-
-/// `start` for `n` choices of one prompt: choice 0 is dispatched as usual, the others go
-/// to its groups as its forks, which share its prefill there (engine/forks.py). A seeded
-/// request seeds choice `i` with `seed + i`, so that the choices differ (as OpenAI's do) and
-/// each repeats. Dropping the streams aborts every choice.
-pub fn start_choices(
     state: &AppState,
     tier: TierId,
     input_ids: Vec<u32>,
@@ -39,7 +26,7 @@ pub fn start_choices(
     submit_choices(state, first, stops, sampling.output, n)
 }
 
-/// Submit `n` choices of a request `build` validated (see `start_choices`); a batch
+/// Submit `n` choices of a request `build` validated (see `start`); a batch
 /// validates every prompt before it submits any.
 pub fn submit_choices(
     state: &AppState,

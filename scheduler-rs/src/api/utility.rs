@@ -102,7 +102,8 @@ pub async fn health_generate(
         ..SamplingInput::default()
     };
     // NOTE: token 0 exists in every vocabulary; the prompt's content does not matter.
-    let mut ts = choices::start(&state, tier, vec![0], "input_ids", &sampling, Vec::new())?;
+    let mut ts =
+        choices::start(&state, tier, vec![0], "input_ids", &sampling, Vec::new(), 1)?.remove(0);
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, ts.collect()).await {
         Ok(Ok((_, ids, _))) if !ids.is_empty() => Ok(StatusCode::OK.into_response()),
         Ok(Ok(_)) => Err(ApiError::unavailable("the generation produced no token")),
