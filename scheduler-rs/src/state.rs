@@ -19,109 +19,9 @@ use crate::fasthash::IntMap;
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::Metrics;
 use crate::plan::{GroupPlan, Plan, Role};
-use crate::protocols::worker::{Sampling, Stats};
+use crate::protocols::worker::Stats;
 use crate::registry::{Registry, WorkerInfo};
 use crate::stats::{StatsConfig, WindowStats};
-
-/// A message for the transport to send to one worker.
-#[derive(Debug, Clone)]
-pub struct Outbound {
-    pub identity: Bytes,
-    pub payload: Bytes,
-}
-
-/// Why generation finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    Stop,
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
-
-/// What a request's receiver gets.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// New token ids; the last event of a request carries a finish reason.
-    Tokens {
-        ids: Vec<u32>,
-        finish: Option<FinishReason>,
-        /// One per id when the request asked for logprobs.
-        logprobs: Option<Vec<crate::protocols::worker::TokenLogprob>>,
-    },
-    /// The request failed; nothing follows.
-    Error(String),
-    /// The worker refused the request's input `param` (a 400 naming it); nothing follows.
-    Invalid { param: String, message: String },
-    /// The prompt tokens' logprobs after the first (echo with logprobs), before the first
-    /// `Tokens`; not a final event.
-    Prompt(Vec<crate::protocols::worker::TokenLogprob>),
-    /// Prompt tokens the worker found in its prefix cache, before the first `Tokens`; not a
-    /// final event.
-    Cached(u32),
-}
-
-/// A request ready for dispatch (already tokenized and validated).
-#[derive(Debug, Clone)]
-pub struct Submit {
-    pub input_ids: Vec<u32>,
-    pub sampling: Sampling,
-    /// The request's tier (resolved against the config's tiers).
-    pub tier: TierId,
-    /// Within its class on the worker, lower is served first (vLLM's `priority`).
-    pub priority: i32,
-    /// A sibling choice (n > 1) of this earlier request of the same prompt: it goes to the
-    /// same groups so that it shares the prompt's prefill there (docs/serving.md "n").
-    pub fork_of: Option<Fork>,
-    /// Structured output: the grammar the output must match (protocols/structured.rs).
-    pub grammar: Option<crate::protocols::structured::Grammar>,
-    /// Prefix-cache salt and affinity key (prefix_index.rs `cache_keys`).
-    pub cache: CacheHints,
-}
-
-/// A request's prefix-cache hints: vLLM's `cache_salt` and OpenAI's `prompt_cache_key`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CacheHints {
-    /// Only requests with the same salt share cached KV (the worker's prefix cache and the
-    /// router's prefix index both key on it).
-    pub salt: Option<String>,
-    /// Requests with the same key prefer the group that got the key last.
-    pub key: Option<String>,
-}
-
-impl CacheHints {
-    /// The prefix-index keys of a prompt under these hints.
-    pub fn keys(&self, ids: &[u32]) -> Vec<u64> {
-        crate::prefix_index::cache_keys(ids, self.salt.as_deref(), self.key.as_deref())
-    }
-}
-
-/// The first choice a sibling choice shares its prefill with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fork {
-    /// Its router request id.
-    pub parent: u64,
-    /// Its dispatch class (a sibling is charged as it was).
-    pub class: crate::dispatch::Class,
-}
-
-/// Why a request left before its worker finished it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EarlyEnd {
-    /// The router matched a stop string: a normal completion.
-    StopString,
-    /// The client disconnected.
-    Cancelled,
-    /// The request ran past `request_timeout_ms`.
-    TimedOut,
-}
 
 struct Inflight {
     tx: mpsc::UnboundedSender<Event>,
@@ -181,7 +81,7 @@ struct State {
     /// The control loop's last strategy choice (shown in `/admin/plan`).
     choice: Option<crate::sim::choice::Choice>,
     /// Recent control decisions, oldest first (bounded).
-    history: std::collections::VecDeque<rounds::PlanRecord>,
+    history: std::collections::VecDeque<plan_record::PlanRecord>,
     /// Which connection serves which worker id, and pending handshake challenges.
     sessions: crate::worker_auth::Sessions,
     /// Which group last got each prompt prefix (cache-aware dispatch).
@@ -221,6 +121,7 @@ pub struct RouterState {
 
 #[cfg(test)]
 mod device_lost_tests;
+mod events;
 mod handle;
 #[cfg(test)]
 mod handoff_tests;
@@ -230,18 +131,25 @@ mod handshake_tests;
 mod held;
 #[cfg(test)]
 mod held_tests;
+mod plan_record;
 mod requests;
 mod rounds;
 #[cfg(test)]
 mod rounds_tests;
+mod submit;
 mod submit_error;
 #[cfg(test)]
 mod tests;
 mod tokens;
+mod window;
 mod workers;
+pub use events::{EarlyEnd, Event, FinishReason, Outbound};
 pub use handle::RequestHandle;
-pub use rounds::{PlanRecord, PlanResult, PlanningView, Refusal, RoundOutcome};
+pub use plan_record::{PlanRecord, PlanResult, Refusal};
+pub use rounds::RoundOutcome;
+pub use submit::{CacheHints, Fork, Submit};
 pub use submit_error::SubmitError;
+pub use window::PlanningView;
 
 impl RouterState {
     /// A new engine and the receiver of its outbound messages (for the transport).

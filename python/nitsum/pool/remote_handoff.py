@@ -15,13 +15,12 @@ router's to handle (it re-runs the request from the tokens streamed, docs/protoc
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from nitsum.engine.engine import Engine, RequestOutput
-from nitsum.engine.request_spec import RequestSpec
+from nitsum.engine.request_wire import spec_from_wire, spec_to_wire
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import OutOfPages
@@ -29,8 +28,6 @@ from nitsum.pool.kv_wire import export_kv, import_kv
 from nitsum.pool.migration_plan import Placement
 from nitsum.pool.peers import KVPeers, PeerError
 from nitsum.pool.pool_engine import PoolEngine
-from nitsum.sampling import SamplingParams
-from nitsum.structured.spec import GrammarSpec
 from nitsum.structured.start import start_grammar
 
 log = logging.getLogger(__name__)
@@ -170,12 +167,8 @@ class RemoteHandoffs:
 
 def _meta(seq: Sequence, target: int) -> dict[str, Any]:
     """What the receiver needs besides the KV to go on exactly where this process stopped:
-    the whole spec (NOTE: its grammar as its wire form; the receiver replays the output into
-    a fresh matcher) and the sequence's state."""
-    sampling = asdict(seq.sampling)
-    sampling["stop_token_ids"] = list(seq.sampling.stop_token_ids)
-    grammar = seq.sampling.grammar
-    sampling["grammar"] = grammar.to_wire() if grammar is not None else None
+    the whole spec in its `generate` form (engine/request_wire.py; NOTE: the grammar as its
+    wire form, the receiver replays the output into a fresh matcher) and the sequence's state."""
     generator = seq.generator.get_state().numpy().tobytes() if seq.generator is not None else None
     return {
         "target": target,
@@ -183,22 +176,15 @@ def _meta(seq: Sequence, target: int) -> dict[str, Any]:
         "prompt_ids": seq.prompt_ids,
         "output_ids": seq.output_ids,
         "num_computed": seq.num_computed,
-        "sampling": sampling,
         # NOTE: the class as it is now (the scheduler may have demoted it).
-        "spec": seq.spec.to_wire() | {"class": seq.klass},
+        "spec": spec_to_wire(seq.spec) | {"class": seq.klass},
         "generator": generator,
     }
 
 
 def _sequence(meta: dict[str, Any]) -> Sequence:
     """The running sequence a handoff describes (pages still to be given)."""
-    sampling = dict(meta["sampling"])
-    sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
-    sampling["logit_bias"] = tuple(tuple(b) for b in sampling["logit_bias"])
-    sampling["allowed_token_ids"] = tuple(sampling.get("allowed_token_ids", ()))
-    sampling["bad_words"] = tuple(tuple(w) for w in sampling.get("bad_words", ()))
-    sampling["grammar"] = GrammarSpec.from_wire(sampling["grammar"])
-    spec = RequestSpec.from_wire(meta["spec"], SamplingParams(**sampling))
+    spec = spec_from_wire(meta["spec"])
     seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
     seq.output_ids = list(meta["output_ids"])
     # The grammar where the sender's was: started on the prompt, then over the output so far.

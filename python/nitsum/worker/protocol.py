@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from nitsum.engine.request_wire import sampling_to_wire
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker.codec import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -233,24 +234,10 @@ def generate(
     klass: str = "feasible",
     decode_target: int | None = None,
 ) -> dict[str, Any]:
+    """A `generate` as the router sends it (tests and tools; the router builds its own)."""
     grammar = sampling.grammar if isinstance(sampling, SamplingParams) else None
     if isinstance(sampling, SamplingParams):
-        sampling = {
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "seed": sampling.seed,
-            "stop_token_ids": list(sampling.stop_token_ids),
-            "ignore_eos": sampling.ignore_eos,
-            "presence_penalty": sampling.presence_penalty,
-            "frequency_penalty": sampling.frequency_penalty,
-            "repetition_penalty": sampling.repetition_penalty,
-            "logit_bias": [[t, b] for t, b in sampling.logit_bias],
-            "min_tokens": sampling.min_tokens,
-            "min_p": sampling.min_p,
-            "logprobs": sampling.logprobs,
-        }
+        sampling = sampling_to_wire(sampling)
     return _msg(
         "generate",
         request_id=request_id,

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use futures_util::future::try_join_all;
+use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::answer::{self, Collected, WholeBody};
 use super::chat_render::{self, RenderOptions};
+use super::choices;
 use super::fields;
 use super::logprobs;
 use super::output::{self, Piece, TextStream};
@@ -18,7 +19,8 @@ use super::sse::{self, ChunkFormat};
 use super::tool_reply::{self, CallFormat};
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
-use crate::protocols::openai::{parse_body, ChatCompletionRequest, ChatMessage};
+use crate::protocols::body::parse_body;
+use crate::protocols::openai::{ChatCompletionRequest, ChatMessage};
 use crate::protocols::structured::{self, Grammar};
 use crate::protocols::tools::{self, Tools};
 use crate::protocols::worker::TokenLogprob;
@@ -84,7 +86,7 @@ pub(super) async fn start(
     let ids = fields::truncate(state, &req.common, ids);
     let prompt_ids = ids.clone();
     let stops = req.common.stop_strings();
-    let all = prepare::start_choices(state, tier, ids, "messages", &sampling, stops, n)?;
+    let all = choices::start(state, tier, ids, "messages", &sampling, stops, n)?;
     replies.log(&all);
     Ok(Started {
         all,
@@ -200,19 +202,35 @@ impl ChunkFormat for ChatChunks {
     }
 }
 
-/// Handler.
+impl WholeBody for ChatChunks {
+    const OBJECT: &'static str = "chat.completion";
+
+    fn head(&self) -> (&str, u64, &str) {
+        (&self.id, self.created, &self.model)
+    }
+
+    fn choice(&mut self, index: usize, out: &Collected, ts: &TextStream) -> Value {
+        let (text, ids, finish) = out;
+        let rid = format!("chatcmpl-{}", ts.id);
+        let (message, finish) = tool_reply::message(self.calls, &rid, text.clone(), finish);
+        json!({"index": index, "message": message,
+               "logprobs": self.logprobs(ids, &ts.logprobs), "finish_reason": finish})
+    }
+
+    fn usage(&self, all: &[TextStream]) -> Value {
+        output::usage(all)
+    }
+}
+
+/// Handler (an error is answered in the OpenAI shape, `ApiError`'s `IntoResponse`).
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await)
-}
-
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
     let Started {
-        mut all,
+        all,
         calls,
         logprobs,
         replies,
@@ -229,39 +247,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         held: Vec::new(),
         tokens_as_ids: replies.tokens_as_ids,
     };
-    if req.common.stream {
-        return Ok(sse::respond(
-            all,
-            super::fields_stream::Shaped::new(fmt, replies),
-        ));
-    }
-    let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
-    let choice_ids: Vec<Vec<u32>> = outs.iter().map(|(_, ids, _)| ids.clone()).collect();
-    let choices: Vec<Value> = outs
-        .into_iter()
-        .zip(&all)
-        .enumerate()
-        .map(|(index, ((text, ids, finish), ts))| {
-            let rid = format!("chatcmpl-{}", ts.id);
-            let (message, finish) = tool_reply::message(fmt.calls, &rid, text, finish);
-            json!({"index": index, "message": message,
-                   "logprobs": fmt.logprobs(&ids, &ts.logprobs), "finish_reason": finish})
-        })
-        .collect();
-    let mut body = json!({
-        "id": fmt.id, "object": "chat.completion", "created": fmt.created, "model": fmt.model,
-        "choices": choices,
-        "usage": output::usage(&all),
-    });
-    let choice_ids: Vec<&[u32]> = choice_ids.iter().map(Vec::as_slice).collect();
-    replies.finish_body(
-        &mut body,
-        &prompt_ids,
-        &all,
-        &choice_ids,
-        state.model.as_deref(),
-    );
-    Ok(axum::Json(body).into_response())
+    answer::respond(&state, all, req.common.stream, fmt, replies, &prompt_ids).await
 }
 
 /// The grammar the reply must match: `response_format`'s, or a forced tool call's (the two

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::answer::{Collected, WholeBody};
 use super::logprobs::CompletionLogprobs;
 use super::output::{Piece, TextStream};
 use super::sse::ChunkFormat;
@@ -76,14 +77,17 @@ impl CompletionChunks {
             }
         }
     }
+}
 
-    /// The whole choice `index` (non-streaming responses).
-    pub fn choice(
-        &mut self,
-        index: usize,
-        (text, ids, finish): &(String, Vec<u32>, &str),
-        ts: &TextStream,
-    ) -> Value {
+impl WholeBody for CompletionChunks {
+    const OBJECT: &'static str = "text_completion";
+
+    fn head(&self) -> (&str, u64, &str) {
+        (&self.id, self.created, &self.model)
+    }
+
+    fn choice(&mut self, index: usize, out: &Collected, ts: &TextStream) -> Value {
+        let (text, ids, finish) = out;
         let prompt = ts.prompt_logprobs.as_deref().or(Some(&[]));
         let (text, ids, lps, finish) = if self.prompt_only {
             ("", &[][..], &[][..], "length")
@@ -97,7 +101,7 @@ impl CompletionChunks {
 
     /// `usage` of the whole batch: each prompt's tokens once (however many choices it has),
     /// every choice's completion tokens (none when only the prompt is answered).
-    pub fn usage(&self, all: &[TextStream]) -> Value {
+    fn usage(&self, all: &[TextStream]) -> Value {
         let prompt: usize = all.iter().step_by(self.n).map(|ts| ts.prompt_tokens).sum();
         let completion: usize = if self.prompt_only {
             0

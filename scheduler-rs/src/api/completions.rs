@@ -7,19 +7,18 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use futures_util::future::try_join_all;
-use serde_json::{json, Value};
+use axum::response::Response;
 
+use super::answer;
+use super::choices;
 use super::completion_chunks::{CompletionChunks, Echo};
 use super::fields;
 use super::logprobs::{self, CompletionLogprobs};
-use super::output::TextStream;
 use super::prepare::{self, SamplingInput};
-use super::sse;
 use super::{unix_now, AppState};
 use crate::errors::ApiError;
-use crate::protocols::openai::{parse_body, CompletionRequest, Prompt};
+use crate::protocols::body::parse_body;
+use crate::protocols::openai::{CompletionRequest, Prompt};
 
 /// One prompt of the request: its ids, and its text when it was sent as text.
 struct PromptIn {
@@ -76,16 +75,12 @@ fn check_batch(state: &AppState, len: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Handler.
+/// Handler (an error is answered in the OpenAI shape, `ApiError`'s `IntoResponse`).
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await)
-}
-
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
     let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
     let mut sampling = SamplingInput::from_common(&req.common);
@@ -149,10 +144,10 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         built.push(submit);
     }
     let prompt_ids = built[0].input_ids.clone();
-    let mut all = prepare::submit_batch(&state, built, &stops, sampling.output, n)?;
+    let all = choices::submit_batch(&state, built, &stops, sampling.output, n)?;
     replies.log(&all);
     let choices = all.len();
-    let mut fmt = CompletionChunks {
+    let fmt = CompletionChunks {
         id: replies.response_id("cmpl-", all[0].id),
         model: state.served_model().to_string(),
         created: unix_now(),
@@ -168,33 +163,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
         files: state.model.clone(),
         echoed: vec![false; choices],
     };
-    if req.common.stream {
-        return Ok(sse::respond(
-            all,
-            super::fields_stream::Shaped::new(fmt, replies),
-        ));
-    }
-    let outs = try_join_all(all.iter_mut().map(TextStream::collect)).await?;
-    let choices: Vec<Value> = outs
-        .iter()
-        .zip(&all)
-        .enumerate()
-        .map(|(index, (out, ts))| fmt.choice(index, out, ts))
-        .collect();
-    let mut body = json!({
-        "id": fmt.id, "object": "text_completion", "created": fmt.created, "model": fmt.model,
-        "choices": choices,
-        "usage": fmt.usage(&all),
-    });
-    let choice_ids: Vec<&[u32]> = outs.iter().map(|(_, ids, _)| ids.as_slice()).collect();
-    replies.finish_body(
-        &mut body,
-        &prompt_ids,
-        &all,
-        &choice_ids,
-        state.model.as_deref(),
-    );
-    Ok(axum::Json(body).into_response())
+    answer::respond(&state, all, req.common.stream, fmt, replies, &prompt_ids).await
 }
 
 /// `response_format`'s grammar; `tools` (a chat feature: calls need a chat template) refused.

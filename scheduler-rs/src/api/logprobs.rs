@@ -5,7 +5,8 @@
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
-use crate::protocols::openai::{CommonParams, NativeGenerateRequest};
+use crate::protocols::native::NativeGenerateRequest;
+use crate::protocols::openai::CommonParams;
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::{Decode, ModelFiles};
 

@@ -2,8 +2,10 @@
 //! admin. One file per concern; `prepare` turns request fields into a validated `Submit`,
 //! `output` turns engine events into text with detokenization and stop strings.
 
+mod answer;
 mod chat;
 mod chat_render;
+mod choices;
 mod completion_chunks;
 mod completions;
 mod fields;

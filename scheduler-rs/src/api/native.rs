@@ -18,6 +18,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::choices;
 use super::logprobs;
 use super::native_input::{grammar, prompts};
 use super::output::{Piece, TextStream};
@@ -26,8 +27,9 @@ use super::processors::Processors;
 use super::sse::{self, ChunkFormat};
 use super::AppState;
 use crate::errors::ApiError;
+use crate::protocols::body::parse_body;
 use crate::protocols::extensions;
-use crate::protocols::openai::{parse_body, NativeGenerateRequest};
+use crate::protocols::native::NativeGenerateRequest;
 use crate::protocols::worker::TokenLogprob;
 use crate::tokenize::ModelFiles;
 
@@ -128,16 +130,12 @@ impl ChunkFormat for Meta {
     }
 }
 
-/// Handler.
+/// Handler (an error is answered in the OpenAI shape, `ApiError`'s `IntoResponse`).
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await)
-}
-
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+) -> Result<Response, ApiError> {
     let start = Instant::now();
     let req: NativeGenerateRequest = parse_body(&body)?;
     let sp = &req.sampling_params;
@@ -201,7 +199,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut all = prepare::submit_batch(&state, built, &stops, sampling.output, n)?;
+    let mut all = choices::submit_batch(&state, built, &stops, sampling.output, n)?;
     let choices = (0..all.len())
         .map(|i| Choice {
             text: String::new(),

@@ -6,7 +6,8 @@ use serde_json::Value;
 use super::prepare;
 use super::AppState;
 use crate::errors::ApiError;
-use crate::protocols::openai::{NativeGenerateRequest, NativeIds, NativeSampling, StringOrList};
+use crate::protocols::native::{NativeGenerateRequest, NativeIds, NativeSampling};
+use crate::protocols::openai::StringOrList;
 use crate::protocols::structured::Grammar;
 
 /// The grammar `sampling_params` asks for (at most one of `json_schema`, `regex`, `ebnf`).

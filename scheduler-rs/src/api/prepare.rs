@@ -3,14 +3,14 @@
 
 use axum::http::HeaderMap;
 
-use super::output::{OutputOptions, TextStream};
+use super::output::OutputOptions;
 use super::processors::Processors;
 use super::AppState;
 use crate::errors::ApiError;
 use crate::ids::TierId;
 use crate::protocols::openai::CommonParams;
 use crate::protocols::worker::Sampling;
-use crate::state::{CacheHints, Fork, Submit};
+use crate::state::{CacheHints, Submit};
 
 /// Sampling fields as the client sent them, with the name of the max-tokens field used.
 #[derive(Debug, Clone, Default)]
@@ -129,91 +129,6 @@ pub fn openai_common(
         return Err(ApiError::invalid(&field, why));
     }
     Ok((tier, n))
-}
-
-/// A handler's result as an HTTP response (errors in the OpenAI shape).
-pub fn respond(result: Result<axum::response::Response, ApiError>) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    result.unwrap_or_else(|e| e.into_response())
-}
-
-/// Validate, submit, and open the request's text stream (stop strings matched on its text,
-/// the server's request timeout): the common tail of every generation endpoint.
-pub fn start(
-    state: &AppState,
-    tier: TierId,
-    input_ids: Vec<u32>,
-    prompt_field: &str,
-    sampling: &SamplingInput,
-    stops: Vec<String>,
-) -> Result<TextStream, ApiError> {
-    let mut all = start_choices(state, tier, input_ids, prompt_field, sampling, stops, 1)?;
-    Ok(all.pop().expect("one choice"))
-}
-
-/// `start` for `n` choices of one prompt: choice 0 is dispatched as usual, the others go
-/// to its groups as its forks, which share its prefill there (engine/forks.py). A seeded
-/// request seeds choice `i` with `seed + i`, so that the choices differ (as OpenAI's do) and
-/// each repeats. Dropping the streams aborts every choice.
-pub fn start_choices(
-    state: &AppState,
-    tier: TierId,
-    input_ids: Vec<u32>,
-    prompt_field: &str,
-    sampling: &SamplingInput,
-    stops: Vec<String>,
-    n: usize,
-) -> Result<Vec<TextStream>, ApiError> {
-    let first = build(state, tier, input_ids, prompt_field, sampling)?;
-    submit_choices(state, first, stops, sampling.output, n)
-}
-
-/// Submit `n` choices of a request `build` validated (see `start_choices`); a batch
-/// validates every prompt before it submits any.
-pub fn submit_choices(
-    state: &AppState,
-    first: Submit,
-    stops: Vec<String>,
-    output: OutputOptions,
-    n: usize,
-) -> Result<Vec<TextStream>, ApiError> {
-    let prompt_tokens = first.input_ids.len();
-    let mut streams = Vec::with_capacity(n);
-    let mut fork = None;
-    for i in 0..n {
-        let mut submit = first.clone();
-        submit.sampling.seed = first.sampling.seed.map(|s| s.wrapping_add(i as u64));
-        submit.fork_of = fork;
-        let handle = state.router.submit(submit).map_err(ApiError::from)?;
-        fork.get_or_insert(Fork {
-            parent: handle.id(),
-            class: handle.class(),
-        });
-        streams.push(
-            TextStream::new(handle, state.model.clone(), stops.clone(), prompt_tokens)
-                .with_timeout(state.request_timeout())
-                .with_options(output),
-        );
-    }
-    let metrics = &state.router.metrics.vllm;
-    metrics.on_request(n, first.sampling.max_tokens);
-    Ok(streams)
-}
-
-/// `submit_choices` for each request of a batch (validated, all of them, by `build` first):
-/// prompt `i`'s choice `c` is stream `i * n + c`.
-pub fn submit_batch(
-    state: &AppState,
-    built: Vec<Submit>,
-    stops: &[String],
-    output: OutputOptions,
-    n: usize,
-) -> Result<Vec<TextStream>, ApiError> {
-    let mut all = Vec::with_capacity(built.len() * n);
-    for submit in built {
-        all.extend(submit_choices(state, submit, stops.to_vec(), output, n)?);
-    }
-    Ok(all)
 }
 
 /// Validate the prompt and sampling and build the engine request.

@@ -15,9 +15,10 @@ use serde_json::{Map, Value};
 use super::chat::{self, Started};
 use super::response_object::{self as obj, ResponseMeta};
 use super::responses_stream::ResponseEvents;
-use super::{prepare, sse, unix_now, AppState};
+use super::{sse, unix_now, AppState};
 use crate::errors::ApiError;
-use crate::protocols::openai::{parse_body, ChatCompletionRequest};
+use crate::protocols::body::parse_body;
+use crate::protocols::openai::ChatCompletionRequest;
 use crate::protocols::responses;
 
 /// Handler.
@@ -25,8 +26,8 @@ pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    prepare::respond(run(state, headers, body).await.map_err(rename))
+) -> Result<Response, ApiError> {
+    run(state, headers, body).await.map_err(rename)
 }
 
 /// An error of the chat pipeline, naming the Responses field.

@@ -15,7 +15,8 @@ use super::misc::max_model_len;
 use super::prepare;
 use super::AppState;
 use crate::errors::ApiError;
-use crate::protocols::openai::{parse_body, ChatMessage};
+use crate::protocols::body::parse_body;
+use crate::protocols::openai::ChatMessage;
 use crate::tokenize::detok::Decode;
 
 /// `POST /tokenize`: a `prompt`, or chat `messages` rendered with the chat template.
@@ -50,14 +51,6 @@ fn check_model_if_sent(state: &AppState, model: Option<&str>) -> Result<(), ApiE
 /// Handler of `/tokenize`: `{"tokens", "count", "max_model_len"}`.
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    prepare::respond(run_tokenize(state, headers, body).await)
-}
-
-async fn run_tokenize(
-    state: Arc<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -105,14 +98,6 @@ async fn run_tokenize(
 /// Handler of `/detokenize`: `{"prompt": text}` (vLLM's key) and `"text"` (SGLang's).
 pub async fn detokenize(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    prepare::respond(run_detokenize(state, headers, body).await)
-}
-
-async fn run_detokenize(
-    state: Arc<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::choices;
 use super::misc::{self, max_model_len, model_path};
 use super::prepare::{self, SamplingInput};
 use super::AppState;
@@ -85,12 +86,11 @@ pub async fn flush_cache(State(state): State<Arc<AppState>>, headers: HeaderMap)
 /// `GET|POST /health_generate`: SGLang's deep health check: a one-token generation through
 /// a worker. 200 when it produced its token, 503 (with why) when it did not within
 /// `HEALTH_GENERATE_TIMEOUT`. Authenticated like a generation (it uses a worker).
-pub async fn health_generate(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    prepare::respond(run_health_generate(&state, &headers).await)
-}
-
-async fn run_health_generate(state: &AppState, headers: &HeaderMap) -> Result<Response, ApiError> {
-    let tier = prepare::tier(state, headers, None)?;
+pub async fn health_generate(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tier = prepare::tier(&state, &headers, None)?;
     if state.router.workers().is_empty() {
         return Err(ApiError::unavailable("no worker is registered"));
     }
@@ -102,7 +102,8 @@ async fn run_health_generate(state: &AppState, headers: &HeaderMap) -> Result<Re
         ..SamplingInput::default()
     };
     // NOTE: token 0 exists in every vocabulary; the prompt's content does not matter.
-    let mut ts = prepare::start(state, tier, vec![0], "input_ids", &sampling, Vec::new())?;
+    let mut ts =
+        choices::start(&state, tier, vec![0], "input_ids", &sampling, Vec::new(), 1)?.remove(0);
     match tokio::time::timeout(HEALTH_GENERATE_TIMEOUT, ts.collect()).await {
         Ok(Ok((_, ids, _))) if !ids.is_empty() => Ok(StatusCode::OK.into_response()),
         Ok(Ok(_)) => Err(ApiError::unavailable("the generation produced no token")),

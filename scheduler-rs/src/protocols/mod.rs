@@ -1,7 +1,9 @@
 //! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
 
+pub mod body;
 pub mod extensions;
 pub mod grammar_probe;
+pub mod native;
 pub mod openai;
 pub mod responses;
 pub mod structured;

@@ -13,98 +13,17 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use tokio::sync::oneshot;
 
+use super::plan_record::{PlanRecord, PlanResult, Refusal};
 use super::{RouterState, State};
-use crate::ids::{TierId, WorkerId};
+use crate::ids::WorkerId;
 use crate::plan::{GroupPlan, Plan};
 use crate::protocols::worker::{self as wire, Reconfigured};
-use crate::sim::choice::Choice;
-use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::stats::TierDemand;
-use crate::tiers::Tier;
 
 /// Control decisions kept for `/admin/plan`.
 pub const HISTORY_LEN: usize = 64;
-
-/// How a control round ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PlanResult {
-    /// Every worker acknowledged: routing switched to the new epoch.
-    Applied,
-    /// A worker answered `ok: false`: the old plan stays.
-    Refused,
-    /// Not every worker answered in time: the old plan stays.
-    Timeout,
-}
-
-impl PlanResult {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlanResult::Applied => "applied",
-            PlanResult::Refused => "refused",
-            PlanResult::Timeout => "timeout",
-        }
-    }
-}
-
-/// A worker's `ok: false` answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Refusal {
-    /// The refusing worker.
-    pub worker: WorkerId,
-    pub error: Option<String>,
-}
-
-/// One control decision, as logged and shown in `/admin/plan` history; its groups' tiers as
-/// `T` (ids in the router, names once [`PlanRecord::named`] for JSON; see [`GroupPlan`]).
-#[derive(Debug, Clone, Serialize)]
-#[serde(bound(serialize = "T: Serialize + AsRef<str>"))]
-pub struct PlanRecord<T = TierId> {
-    /// Epoch the plan was proposed under (the `reconfigure` epoch).
-    pub epoch: u64,
-    /// Epoch routing runs under after the round (the new plan's, or the old plan's
-    /// re-broadcast).
-    pub routing_epoch: u64,
-    pub result: PlanResult,
-    pub unix_ms: u64,
-    /// The proposed groups and their planner batch caps (0 = none).
-    pub groups: Vec<GroupPlan<T>>,
-    pub batch_caps: Vec<f64>,
-    /// The groups routing ran on before the round.
-    pub previous: Vec<GroupPlan<T>>,
-    /// The demand the planner saw.
-    pub demand: Vec<TierDemand>,
-    pub refused: Vec<Refusal>,
-    /// Workers that had not answered when the round ended.
-    pub missing: Vec<WorkerId>,
-    /// Planner decision time and round time (send → last ack or timeout).
-    pub plan_ms: f64,
-    pub round_ms: f64,
-}
-
-impl PlanRecord {
-    /// The serde form: the groups' tier ids named from `tiers` (the list they index).
-    pub fn named(&self, tiers: &[Tier]) -> PlanRecord<String> {
-        let named = |groups: &[GroupPlan]| groups.iter().map(|g| g.named(tiers)).collect();
-        PlanRecord {
-            epoch: self.epoch,
-            routing_epoch: self.routing_epoch,
-            result: self.result,
-            unix_ms: self.unix_ms,
-            groups: named(&self.groups),
-            batch_caps: self.batch_caps.clone(),
-            previous: named(&self.previous),
-            demand: self.demand.clone(),
-            refused: self.refused.clone(),
-            missing: self.missing.clone(),
-            plan_ms: self.plan_ms,
-            round_ms: self.round_ms,
-        }
-    }
-}
 
 /// A control round waiting for acks.
 pub(crate) struct Round {
@@ -128,21 +47,6 @@ impl Round {
     }
 }
 
-/// What the planner needs from the engine for one window.
-#[derive(Debug, Clone)]
-pub struct PlanningView {
-    /// Devices the planner may use: workers `0..devices` are all registered.
-    pub devices: u32,
-    /// TP levels every one of those workers registered (`[1]` for a worker that sent none)
-    /// whose groups cannot cross a worker process (domain) boundary.
-    pub tp_levels: Vec<u32>,
-    /// Whether any prefill group can hand KV to any decode group (one domain, or one KV
-    /// transport between them; see `PoolShape`).
-    pub kv_linked: bool,
-    /// The plan routing runs on now.
-    pub current: Plan,
-}
-
 /// Result of waiting for a round's acks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoundOutcome {
@@ -163,65 +67,6 @@ fn cap(c: f64) -> Option<u32> {
 }
 
 impl RouterState {
-    fn now_s(&self) -> f64 {
-        self.clock.elapsed().as_secs_f64()
-    }
-
-    /// Request path: an arrival (only recorded with the control loop on).
-    pub(super) fn stats_arrival(&self, st: &mut State, tier: TierId, prompt_tokens: usize) {
-        if self.control {
-            let now = self.now_s();
-            let name = &self.cfg.tier(tier).name;
-            st.stats
-                .on_arrival(now, name, u32::try_from(prompt_tokens).unwrap_or(u32::MAX));
-        }
-    }
-
-    /// Request path: a completion with `output_tokens` generated.
-    pub(super) fn stats_completion(&self, st: &mut State, tier: TierId, output_tokens: u64) {
-        if self.control {
-            let now = self.now_s();
-            let name = &self.cfg.tier(tier).name;
-            st.stats
-                .on_completion(now, name, u32::try_from(output_tokens).unwrap_or(u32::MAX));
-        }
-    }
-
-    /// Release the dispatcher's SLO-bandwidth charge of requests still without a first token
-    /// past their tier's TTFT: they can no longer meet their SLO, and the worker's local
-    /// scheduler now serves them last (`ttft_ms` in `generate`). The simulator does the same.
-    pub fn release_late_charges(&self) {
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        let now = Instant::now();
-        for (id, e) in &st.inflight {
-            let tier = self.cfg.tier(e.req.tier);
-            let late = e.first.is_none()
-                && !tier.background
-                && tier.ttft_ms > 0.0
-                && now.duration_since(e.start).as_secs_f64() * 1e3 > tier.ttft_ms;
-            if late {
-                st.dispatcher.complete(*id);
-            }
-        }
-    }
-
-    /// The requests in flight, for the lookahead's forecast (its `tier` is the bare index:
-    /// the simulator indexes its own copy of the tier list).
-    pub fn inflight_snapshot(&self) -> Vec<InFlight> {
-        let st = self.lock();
-        let now = Instant::now();
-        st.inflight
-            .iter()
-            .map(|(&id, e)| InFlight {
-                tier: e.req.tier.index(),
-                generated: e.tokens() as f64,
-                age_s: now.duration_since(e.start).as_secs_f64(),
-                feasible: st.dispatcher.holds(id),
-            })
-            .collect()
-    }
-
     /// Take a plan whose groups differ from the current one only in their SLO capacities
     /// (`max_rps`, `max_inflight`) and whose batch caps are within 10% of the current ones:
     /// routing refreshes under the same epoch, with no `reconfigure` round. Returns whether
@@ -264,76 +109,6 @@ impl RouterState {
             self.rebuild_plan_with(st, Some(epoch));
         }
         ok && st.pending.is_none()
-    }
-
-    /// Completions of requests that arrived in the last `window_s` (engine clock): (arrival
-    /// s, tier index, met); older ones are dropped. Also returns the engine clock now.
-    /// NOTE: the tier is the bare index the control loop weighs by (`weights[tier]`).
-    pub fn recent_outcomes(&self, window_s: f64) -> (f64, Vec<(f64, usize, bool)>) {
-        let now = self.now_s();
-        let since_s = now - window_s;
-        let mut st = self.lock();
-        while st.outcomes.front().is_some_and(|o| o.0 < since_s) {
-            st.outcomes.pop_front();
-        }
-        let outcomes = st.outcomes.iter();
-        (
-            now,
-            outcomes
-                .map(|&(t, tier, met)| (t, tier.index(), met))
-                .collect(),
-        )
-    }
-
-    /// Count a control window; returns how many came before it.
-    pub fn next_control_window(&self) -> u64 {
-        let mut st = self.lock();
-        st.windows += 1;
-        st.windows - 1
-    }
-
-    /// Record the control loop's latest strategy choice.
-    pub fn set_choice(&self, choice: Choice) {
-        self.lock().choice = Some(choice);
-    }
-
-    /// The control loop's latest strategy choice, if it runs one.
-    pub fn last_choice(&self) -> Option<Choice> {
-        self.lock().choice.clone()
-    }
-
-    /// Arrivals of the last `lookback_s` seconds, for the lookahead's replay forecast, and
-    /// the seconds over which arrivals have been recorded (the engine's age).
-    pub fn recent_arrivals(&self, lookback_s: f64) -> (Vec<RecentArrival>, f64) {
-        let now = self.now_s();
-        let st = self.lock();
-        let recent = recent_of(&self.cfg.tiers, &st.stats.recent_arrivals(now, lookback_s));
-        (recent, now)
-    }
-
-    /// Current demand of every tier (drops expired samples).
-    pub fn demand_snapshot(&self) -> Vec<TierDemand> {
-        let now = self.now_s();
-        let mut st = self.lock();
-        let names: Vec<&str> = self.cfg.tiers.iter().map(|t| t.name.as_str()).collect();
-        let running: Vec<(&str, f64)> = st
-            .inflight
-            .values()
-            .map(|e| (names[e.req.tier.index()], e.tokens() as f64))
-            .collect();
-        st.stats.snapshot(now, &running)
-    }
-
-    /// Devices, TP levels, domains and the current plan for the planner.
-    pub fn planning_view(&self) -> PlanningView {
-        let st = self.lock();
-        let shape = st.registry.pool_shape();
-        PlanningView {
-            devices: shape.devices,
-            tp_levels: shape.tp_levels,
-            kv_linked: shape.kv_linked,
-            current: st.plan.clone(),
-        }
     }
 
     /// Whether a control round is waiting for acks.

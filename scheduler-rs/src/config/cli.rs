@@ -1,0 +1,144 @@
+//! The `nitsum-router` command line, and the configuration it resolves to (flags override
+//! the config file).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+use super::api_key::{env_api_keys, API_KEYS_ENV};
+use super::file::{load_file, model_name_of, FileConfig};
+use super::router::RouterConfig;
+use crate::worker_auth::{WorkerSecret, SECRET_ENV};
+
+/// `nitsum-router` command line. Flags override the config file.
+#[derive(Debug, Parser, Default)]
+#[command(
+    name = "nitsum-router",
+    version,
+    about = "Nitsum OpenAI-compatible router"
+)]
+pub struct Cli {
+    /// JSON config file (tiers, API keys, static plan, ...).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// ZeroMQ ROUTER bind address for device workers.
+    #[arg(long)]
+    pub worker_addr: Option<String>,
+    /// HF-format model directory (tokenizer.json, tokenizer_config.json, config.json, ...).
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+    /// Model name served on /v1/models and accepted in `model`.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Another name the model answers to (listed on /v1/models too); repeatable.
+    #[arg(long = "model-alias")]
+    pub model_aliases: Vec<String>,
+    /// A Jinja chat template file used instead of the model directory's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Devices per TP group: the planner's lowest TP level with the control loop, else the
+    /// fixed level of the default plan (aligned groups of registered workers).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<u32>,
+    /// A worker silent for this long is suspect: no new work, its requests held.
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// A worker silent for this long is gone: its requests resume elsewhere.
+    #[arg(long)]
+    pub worker_gone_ms: Option<u64>,
+    /// How long a request no live worker can take is held for one that can.
+    #[arg(long)]
+    pub retry_window_ms: Option<u64>,
+    /// Control window length.
+    #[arg(long)]
+    pub control_window_ms: Option<u64>,
+    /// Offline profile JSON (docs/profile-schema.md): enables the control loop (planner every
+    /// control window). Without it the plan is static.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Start N in-process mock workers (instant echo replies) for development and benchmarks.
+    #[arg(long, default_value_t = 0)]
+    pub mock_workers: u32,
+    /// Send `shutdown` to every registered worker when the router exits.
+    #[arg(long)]
+    pub shutdown_workers_on_exit: bool,
+    /// Run without a worker secret (no worker authentication): only on a loopback worker
+    /// endpoint, for local development (docs/security.md). The secret itself is never a flag:
+    /// set NITSUM_WORKER_SECRET or `worker_secret` in the config.
+    #[arg(long)]
+    pub insecure_worker_plane: bool,
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+/// The largest TP level `--tensor-parallel-size` lets the planner consider.
+const MAX_TP_LEVEL: u32 = 1024;
+
+impl RouterConfig {
+    /// Merge the config file (if any) and the CLI flags over the defaults, then validate.
+    pub fn from_cli(cli: &Cli) -> Result<Self> {
+        let file = match &cli.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let mut cfg = RouterConfig::from_file(file)?;
+        let or = |flag: &Option<String>, val: &mut String| {
+            if let Some(f) = flag {
+                *val = f.clone();
+            }
+        };
+        or(&cli.listen, &mut cfg.listen);
+        or(&cli.worker_addr, &mut cfg.worker_addr);
+        or(&cli.served_model_name, &mut cfg.served_model_name);
+        if let Some(dir) = &cli.model_dir {
+            cfg.model_dir = Some(dir.clone());
+            if cli.served_model_name.is_none() {
+                cfg.served_model_name = model_name_of(dir);
+            }
+        }
+        cfg.model_aliases = cli.model_aliases.clone();
+        if cli.chat_template.is_some() {
+            cfg.chat_template = cli.chat_template.clone();
+        }
+        if let Some(tp) = cli.tensor_parallel_size {
+            if tp == 0 {
+                bail!("--tensor-parallel-size must be >= 1");
+            }
+            cfg.default_tp = tp;
+            // NOTE: a floor for the planner: the levels it may pick are those >= tp (the
+            // pool's registered levels intersect them, PlannerConfig::for_pool).
+            let allowed: Vec<u32> = match cfg.planner.tp_levels.take() {
+                Some(levels) => levels.into_iter().filter(|&l| l >= tp).collect(),
+                None => (tp..=MAX_TP_LEVEL).collect(),
+            };
+            cfg.planner.tp_levels = Some(allowed);
+        }
+        if let Some(keys) = std::env::var_os(API_KEYS_ENV) {
+            let keys = keys.to_str().context("NITSUM_API_KEYS is not UTF-8")?;
+            cfg.api_keys.extend(env_api_keys(keys)?);
+        }
+        cfg.heartbeat_timeout_ms = cli.heartbeat_timeout_ms.unwrap_or(cfg.heartbeat_timeout_ms);
+        cfg.worker_gone_ms = cli.worker_gone_ms.unwrap_or(cfg.worker_gone_ms);
+        cfg.retry_window_ms = cli.retry_window_ms.unwrap_or(cfg.retry_window_ms);
+        cfg.control_window_ms = cli.control_window_ms.unwrap_or(cfg.control_window_ms);
+        if cli.profile.is_some() {
+            cfg.profile = cli.profile.clone();
+        }
+        cfg.mock_workers = cli.mock_workers;
+        cfg.shutdown_workers_on_exit = cli.shutdown_workers_on_exit;
+        cfg.insecure_worker_plane |= cli.insecure_worker_plane;
+        if let Some(secret) = std::env::var_os(SECRET_ENV).filter(|s| !s.is_empty()) {
+            let secret = secret
+                .to_str()
+                .context("NITSUM_WORKER_SECRET is not UTF-8")?;
+            cfg.worker_secret = Some(WorkerSecret::new(secret).context(SECRET_ENV)?);
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,94 @@
+//! The configuration: file over defaults, flags over the file, what is refused.
+
+use std::path::Path;
+
+use clap::Parser;
+
+use super::*;
+use crate::ids::TierId;
+use crate::plan::Role;
+
+#[test]
+fn file_config_merges_over_defaults_and_validates() {
+    let file: FileConfig = serde_json::from_str(
+        r#"{"tiers": [{"name": "gold", "ttft_ms": 100, "tpot_ms": 10},
+                      {"name": "bg", "ttft_ms": 0, "tpot_ms": 0, "background": true}],
+            "api_keys": [{"key": "k1", "tiers": ["gold"], "default_tier": "gold"}],
+            "plan": [{"members": [0, 1], "role": "prefill"}],
+            "model_dir": "/models/tiny-llama"}"#,
+    )
+    .unwrap();
+    let cfg = RouterConfig::from_file(file).unwrap();
+    assert_eq!(cfg.served_model_name, "tiny-llama");
+    assert_eq!(cfg.tier_index("bg"), Some(TierId(1)));
+    let plan = cfg.static_plan.unwrap();
+    assert_eq!((plan[0].tp, plan[0].role), (2, Role::Prefill));
+    assert_eq!(plan[0].tiers, [TierId(0)]);
+    assert_eq!(cfg.heartbeat_timeout_ms, 10_000);
+}
+
+#[test]
+fn tensor_parallel_size_sets_the_default_level_and_the_planners_floor() {
+    let cli = Cli::parse_from(["nitsum-router", "--tensor-parallel-size", "2"]);
+    let cfg = RouterConfig::from_cli(&cli).unwrap();
+    assert_eq!(cfg.default_tp, 2);
+    let allowed = cfg.planner.for_pool(&[1, 2, 4], false).tp_levels.unwrap();
+    assert_eq!(allowed, [2, 4]);
+    let cli = Cli::parse_from(["nitsum-router", "--tensor-parallel-size", "0"]);
+    assert!(RouterConfig::from_cli(&cli).is_err());
+    assert_eq!(RouterConfig::default().default_tp, 1);
+}
+
+#[test]
+fn env_api_keys_are_one_a_line_and_may_use_every_tier() {
+    let keys = env_api_keys("k1\n\n  k2 \n").unwrap();
+    assert_eq!(
+        keys.iter().map(|k| k.key.as_str()).collect::<Vec<_>>(),
+        ["k1", "k2"]
+    );
+    assert!(keys.iter().all(|k| k.tiers.is_empty() && !k.admin));
+    assert!(env_api_keys("").unwrap().is_empty());
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    for bad in [
+        r#"{"tiers": []}"#,
+        r#"{"tiers": [{"name": "b", "ttft_ms": 1, "tpot_ms": 1, "background": true}]}"#,
+        r#"{"api_keys": [{"key": "k", "tiers": ["nope"]}]}"#,
+        r#"{"api_keys": [{"key": "k", "tiers": ["strict"], "default_tier": "relaxed"}]}"#,
+        r#"{"plan": [{"members": [0], "tiers": ["gold"]}]}"#,
+        r#"{"api_keys": [{"key": "k", "max_inflight": 0}]}"#,
+        r#"{"api_keys": [{"key": "k", "requests_per_minute": 0}]}"#,
+        r#"{"api_keys": [{"key": "k", "requests_per_minute": -1.5}]}"#,
+        r#"{"api_keys": [{"key": "k", "requests_per_minute": 60, "burst": 0}]}"#,
+    ] {
+        let file: FileConfig = serde_json::from_str(bad).unwrap();
+        assert!(RouterConfig::from_file(file).is_err(), "{bad}");
+    }
+    assert!(serde_json::from_str::<FileConfig>(r#"{"listn": "x"}"#).is_err());
+}
+
+#[test]
+fn control_loop_settings() {
+    let d = RouterConfig::default();
+    assert_eq!(
+        (d.profile.is_none(), d.reconfigure_timeout_ms),
+        (true, 5000)
+    );
+    let file: FileConfig = serde_json::from_str(
+        r#"{"profile": "p.json", "planner": {"tp_levels": [1, 2]},
+            "reconfigure_timeout_ms": 700}"#,
+    )
+    .unwrap();
+    let cfg = RouterConfig::from_file(file).unwrap();
+    assert_eq!(cfg.profile.as_deref(), Some(Path::new("p.json")));
+    assert_eq!(cfg.planner.tp_levels, Some(vec![1, 2]));
+    assert_eq!(cfg.planner.keep_utilization, 0.9);
+    assert_eq!(cfg.reconfigure_timeout_ms, 700);
+    let cli = Cli::try_parse_from(["r", "--profile", "q.json"]).unwrap();
+    let cfg = RouterConfig::from_cli(&cli).unwrap();
+    assert_eq!(cfg.profile.as_deref(), Some(Path::new("q.json")));
+    let file: FileConfig = serde_json::from_str(r#"{"reconfigure_timeout_ms": 0}"#).unwrap();
+    assert!(RouterConfig::from_file(file).is_err());
+}
