@@ -32,6 +32,7 @@ fn decision() -> Value {
         ],
         token_budget: 2048,
         handoff_ms_per_token: 0.0,
+        bound_slowdown: 1.0,
         replica_output_tokens: 128.0,
         replica_weight: 1.0,
     };
