@@ -6,6 +6,7 @@
 //! Deterministic: no randomness anywhere (ties break by order), so equal configs give equal
 //! results; `seed` is carried for trace generators upstream.
 
+mod bind;
 pub mod choice;
 pub mod chooser;
 mod cluster;
@@ -30,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::profile::ProfileFile;
 use crate::tiers::Tier;
 
+pub use bind::{BindCounts, BindPolicy, BindRecord};
 pub use policy::Policy;
 pub use report::{RequestRecord, SimResult, TierResult};
 
@@ -88,6 +90,9 @@ pub struct SimConfig {
     /// The adaptive choice's knobs (policy `nitsum`).
     #[serde(default)]
     pub lookahead: lookahead::LookaheadConfig,
+    /// Tiers with `bind_tp`: the cost model decides (default), ignored, or always bound.
+    #[serde(default)]
+    pub binding: BindPolicy,
     #[serde(default)]
     pub seed: u64,
 }

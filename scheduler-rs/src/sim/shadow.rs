@@ -310,6 +310,7 @@ impl Cluster<'static> {
         for g in self.groups.values() {
             g.sync(&mut self.reqs);
         }
+        self.sync_bound();
     }
 
     /// Whether request `i` met its SLOs, or, still running at `now`, had its first token in
