@@ -18,62 +18,19 @@
 //! model's estimate of the chosen option (the same numbers the decision weighed), and the
 //! block's groups are held by `ready_at` (chained bindings queue behind one another).
 
-use serde::{Deserialize, Serialize};
-
 use crate::binding::{BindDecision, BindMode, BindOption, BindQuery, ReplicaLoad};
 use crate::dispatch::Class;
 use crate::plan::Role;
 
+use super::bind_types::{BindPolicy, BindRecord};
 use super::cluster::Cluster;
 use super::events::Kind;
 
+/// A binding in force: its request holds the block's groups until its first token
+/// (`prefill`) or its end (`full`, unless handed back).
 /// Most decisions a run keeps in its report (`SimResult::bind_log`).
 const LOG_LIMIT: usize = 256;
 
-/// How the simulator treats tiers with `bind_tp`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BindPolicy {
-    /// The cost model decides (the worker's `--bind-policy cost`).
-    #[default]
-    Cost,
-    /// `bind_tp` ignored: the request runs on the group it is dispatched to.
-    Off,
-    /// Forced full binding (Flying Serving as it was; `--bind-policy always`).
-    Always,
-}
-
-/// Decisions taken, by chosen mode, and full bindings handed back mid-decode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BindCounts {
-    pub dp: u64,
-    pub prefill: u64,
-    pub full: u64,
-    pub handbacks: u64,
-}
-
-impl BindCounts {
-    pub fn is_zero(&self) -> bool {
-        *self == Self::default()
-    }
-
-    /// Bindings taken (prefill-only or full).
-    pub fn bound(&self) -> u64 {
-        self.prefill + self.full
-    }
-}
-
-/// One decision of the run: the request, when, the query and the answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BindRecord {
-    pub id: usize,
-    pub t_s: f64,
-    pub query: BindQuery,
-    pub decision: BindDecision,
-}
-
-/// A binding in force: its request holds the block's groups until its first token
-/// (`prefill`) or its end (`full`, unless handed back).
 #[derive(Debug, Clone)]
 pub(super) struct Binding {
     pub id: u64,
@@ -167,7 +124,18 @@ impl Cluster<'_> {
             handoff_ms_per_token: self.cfg.kv_bytes_per_token / (self.cfg.kv_bandwidth_gbps * 1e6),
             replica_output_tokens,
             replica_weight,
+            wait_ms: (self.block_free_at(leaders) - self.now).max(0.0) * 1e3,
         }
+    }
+
+    /// When every group of the block has finished its current iteration and is out of any
+    /// binding or pause (s).
+    fn block_free_at(&self, leaders: &[u32]) -> f64 {
+        leaders
+            .iter()
+            .filter_map(|l| self.groups.get(l))
+            .map(|g| g.ready_at.max(if g.busy() { g.busy_until } else { 0.0 }))
+            .fold(self.now, f64::max)
     }
 
     /// Ask the model about `query`; `None` when it cannot answer (it is then served in DP).
@@ -236,18 +204,13 @@ impl Cluster<'_> {
         leaders: Vec<u32>,
         replica: u32,
     ) {
-        let start = leaders
-            .iter()
-            .map(|l| {
-                let g = &self.groups[l];
-                g.ready_at.max(if g.busy() { g.busy_until } else { 0.0 })
-            })
-            .fold(self.now, f64::max);
+        // NOTE: the option's TTFT counts from now: it includes the wait for the block
+        // (`BindQuery::wait_ms`), and for `prefill` the KV's trip back to the replica.
         let input = self.reqs[r].input;
         let handoff_s = self.transfer_s(f64::from(input) * self.cfg.kv_bytes_per_token);
         let first = match mode {
-            BindMode::Prefill => start + (o.ttft_ms / 1e3 - handoff_s).max(0.0),
-            _ => start + o.ttft_ms / 1e3,
+            BindMode::Prefill => self.now + (o.ttft_ms / 1e3 - handoff_s).max(0.0),
+            _ => self.now + o.ttft_ms / 1e3,
         };
         let decode_s = o.tpot_ms / 1e3 * f64::from(self.reqs[r].output.saturating_sub(1));
         let end = match mode {
@@ -340,9 +303,16 @@ impl Cluster<'_> {
     /// groups have queued work, and hand it back to a replica when DP is cheaper.
     fn reconsider(&mut self, i: usize) {
         let b = self.bindings[i].clone();
-        let queued = b.leaders.iter().any(|l| self.groups[l].load() > 0);
-        if !queued || b.leaders.iter().any(|l| !self.groups.contains_key(l)) {
+        // NOTE: a re-plan may have dissolved the block's groups: the binding then runs out.
+        if b.leaders.iter().any(|l| !self.groups.contains_key(l)) {
             return;
+        }
+        let queued = b.leaders.iter().any(|l| self.groups[l].load() > 0);
+        if !queued {
+            return;
+        }
+        if self.cfg.binding == BindPolicy::Always {
+            return; // forced binding holds the block to the end, as Flying Serving did
         }
         let r = b.req;
         self.sync_bound();

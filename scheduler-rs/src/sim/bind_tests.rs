@@ -5,8 +5,7 @@ use crate::binding::{BindMode, BindingModel};
 use crate::planner::strategy::Strategy;
 use crate::profile::Profile;
 
-use super::BindPolicy;
-use crate::sim::{simulate, Policy, SimConfig, SimResult, TraceRequest};
+use crate::sim::{simulate, BindPolicy, Policy, SimConfig, SimResult, TraceRequest};
 
 const H100: &str = include_str!("../../../profiles/h100-llama3-8b-analytic.json");
 

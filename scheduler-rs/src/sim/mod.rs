@@ -7,6 +7,7 @@
 //! results; `seed` is carried for trace generators upstream.
 
 mod bind;
+mod bind_types;
 pub mod choice;
 pub mod chooser;
 mod cluster;
@@ -23,6 +24,7 @@ mod reconfigure;
 mod report;
 mod reqs;
 pub mod shadow;
+mod shadow_binding;
 #[cfg(test)]
 mod tests;
 
@@ -31,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::profile::ProfileFile;
 use crate::tiers::Tier;
 
-pub use bind::{BindCounts, BindPolicy, BindRecord};
+pub use bind_types::{BindCounts, BindPolicy, BindRecord, BindingVerdict};
 pub use policy::Policy;
 pub use report::{RequestRecord, SimResult, TierResult};
 

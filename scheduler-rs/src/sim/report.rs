@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::LengthStats;
 use crate::tiers::Tier;
 
-use super::bind::{BindCounts, BindRecord};
+use super::bind_types::{BindCounts, BindRecord};
 use super::reqs::Req;
 
 /// One request's outcome. Latencies are `None` when it never got that far.
