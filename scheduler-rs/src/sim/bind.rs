@@ -22,32 +22,12 @@ use crate::binding::{BindDecision, BindMode, BindOption, BindQuery, ReplicaLoad}
 use crate::dispatch::Class;
 use crate::plan::Role;
 
-use super::bind_types::{BindPolicy, BindRecord};
+use super::bind_types::{BindPolicy, BindRecord, Binding};
 use super::cluster::Cluster;
 use super::events::Kind;
 
-/// A binding in force: its request holds the block's groups until its first token
-/// (`prefill`) or its end (`full`, unless handed back).
 /// Most decisions a run keeps in its report (`SimResult::bind_log`).
 const LOG_LIMIT: usize = 256;
-
-#[derive(Debug, Clone)]
-pub(super) struct Binding {
-    pub id: u64,
-    pub req: usize,
-    pub mode: BindMode,
-    /// Leaders of the block's groups.
-    pub leaders: Vec<u32>,
-    /// The group that decodes after a prefill binding or a hand-back.
-    pub replica: u32,
-    /// First token (s).
-    pub first: f64,
-    /// When the groups are free again (s): the first token for `prefill`, the last for `full`.
-    pub end: f64,
-    /// Per output token at TP k (ms), for `full`.
-    pub tpot_ms: f64,
-    pub handoff_s: f64,
-}
 
 impl Cluster<'_> {
     /// Leaders of the groups in the aligned block of `k` devices around group `leader`, if a

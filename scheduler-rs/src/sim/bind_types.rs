@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::binding::{BindDecision, BindQuery};
+use crate::binding::{BindDecision, BindMode, BindQuery};
 
 /// How the simulator treats tiers with `bind_tp`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +46,26 @@ pub struct BindRecord {
     pub t_s: f64,
     pub query: BindQuery,
     pub decision: BindDecision,
+}
+
+/// A binding in force: its request holds the block's groups until its first token
+/// (`prefill`) or its end (`full`, unless handed back).
+#[derive(Debug, Clone)]
+pub(super) struct Binding {
+    pub id: u64,
+    pub req: usize,
+    pub mode: BindMode,
+    /// Leaders of the block's groups.
+    pub leaders: Vec<u32>,
+    /// The group that decodes after a prefill binding or a hand-back.
+    pub replica: u32,
+    /// First token (s).
+    pub first: f64,
+    /// When the groups are free again (s): the first token for `prefill`, the last for `full`.
+    pub end: f64,
+    /// Per output token at TP k (ms), for `full`.
+    pub tpot_ms: f64,
+    pub handoff_s: f64,
 }
 
 /// Binding on vs off for the strategy in force, over the shadows' recent requests.

@@ -16,8 +16,7 @@ use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
-use super::bind::Binding;
-use super::bind_types::{BindCounts, BindRecord};
+use super::bind_types::{BindCounts, BindRecord, Binding};
 use super::choice::{Choice, Choose};
 use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
