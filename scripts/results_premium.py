@@ -210,7 +210,7 @@ def section(results: list[dict]) -> str:
 def verdict(results: list[dict]) -> str:
     """Binding's ratios over off per layout and pool size, against issue 32's targets."""
     lines = [
-        "| layout, pool | cost / off per load | points ≥ 1.00 | premium attainment higher "
+        "| layout, pool | cost / off per load | points ≥ 1.0 (unrounded) | premium attainment higher "
         "with cost | always / off per load |",
         "|---|---|---|---|---|",
     ]
@@ -227,7 +227,7 @@ def verdict(results: list[dict]) -> str:
             lines.append(
                 f"| {name}, {res['devices']} dev | "
                 + " / ".join(f"{x:.3f}" for x in cost)
-                + f" | {sum(round(x, 2) >= 1.0 for x in cost)} of {len(cost)} | {higher} of "
+                + f" | {sum(x >= 1.0 for x in cost)} of {len(cost)} | {higher} of "
                 f"{len(pts)} | " + " / ".join(f"{x:.2f}" for x in always) + " |"
             )
     return "\n".join(lines)
