@@ -210,7 +210,8 @@ def section(results: list[dict]) -> str:
 def verdict(results: list[dict]) -> str:
     """Binding's ratios over off per layout and pool size, against issue 32's targets."""
     lines = [
-        "| layout, pool | cost / off per load | points ≥ 1.0 (unrounded) | premium attainment higher "
+        "| layout, pool | cost / off per load | points ≥ 1.0 (unrounded) "
+        "| premium attainment higher "
         "with cost | always / off per load |",
         "|---|---|---|---|---|",
     ]
