@@ -7,6 +7,7 @@
 //! results; `seed` is carried for trace generators upstream.
 
 mod bind;
+mod bind_life;
 mod bind_types;
 pub mod choice;
 pub mod chooser;
