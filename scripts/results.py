@@ -20,7 +20,10 @@ import json
 import os
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+import results_premium
 
 # NOTE: imports the installed `nitsum` (with its native `_core`), e.g. main's editable venv.
 from results_page import choice_vs_greedy, render, summary, table, tiers_table, workloads_table
@@ -73,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--groups",
         nargs="+",
-        default=["derived", "table1", "shifting"],
-        choices=["derived", "table1", "shifting"],
+        default=["derived", "table1", "shifting", "premium"],
+        choices=["derived", "table1", "shifting", "premium"],
         help="which sweeps to run",
     )
     ap.add_argument("--jobs", type=int, default=1, help="processes (results do not change)")
@@ -142,10 +145,34 @@ def main(argv: list[str] | None = None) -> int:
         )
         tl_md.append(f"![plan timeline, {title}]({img}/{name})")
     fields = _page_fields(args, profile, groups, tier_rows, tl_md)
+    fields["premium"] = results_premium.section(_premium(profile, args))
     text = render(fields).replace("](results/", f"]({img}/")
     page.write_text(text)
     print(f"wrote {page} and {args.out}/ in {time.perf_counter() - t_start:.0f} s")
     return 0
+
+
+def _premium(profile: dict, args: argparse.Namespace) -> list[dict]:
+    """Run the premium-tier sweep (binding off / cost / always), write its JSON."""
+    if "premium" not in args.groups:
+        return []
+    sweeps = results_premium.build(profile, args)
+    tasks = [(profile, s, k) for s in sweeps for k in s["scales"]]
+    out = {s["key"]: results_premium.describe(s, profile, args) for s in sweeps}
+    keys = [s["key"] for s in sweeps for _ in s["scales"]]
+    with ProcessPoolExecutor(max(args.jobs, 1)) as pool:
+        for key, res in zip(keys, pool.map(results_premium.run_point, tasks), strict=True):
+            r = res["runs"]
+            print(
+                f"{key} x{res['rate_scale']:g}: {res['offered_rps']:.1f} req/s; "
+                + ", ".join(f"{n} {x['goodput_rps']:.1f}" for n, x in r.items())
+                + f" ({res.pop('wall_s'):.1f} s)",
+                flush=True,
+            )
+            out[key]["points"].append(res)
+    for key, res in out.items():
+        (args.out / f"sim-{key}.json").write_text(json.dumps(_rounded(res), indent=1) + "\n")
+    return list(out.values())
 
 
 def _page_fields(

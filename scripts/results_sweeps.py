@@ -8,6 +8,7 @@ simulate` / `nitsum bench` (`nitsum.simulate.shifting_requests`).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from nitsum.simulate import assign_tiers, load_arrivals, shifting_requests
@@ -15,7 +16,8 @@ from results_sim import SIM_DEFAULTS
 from results_tiers import BACKGROUND_TIER, TABLE1_TIERS, derive_tiers, mean_lengths
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE_DIR = ROOT.parent / "shared" / "traces"
+# NOTE: as `nitsum.bench.traces` finds them: $NITSUM_TRACE_DIR, else next to the checkout.
+TRACE_DIR = Path(os.environ.get("NITSUM_TRACE_DIR") or ROOT.parent / "shared" / "traces")
 TRACES = {"code": "AzureLLMInferenceTrace_code.csv", "conv": "AzureLLMInferenceTrace_conv.csv"}
 MIX50 = "strict=0.5,relaxed=0.5"
 # Rate scales per (trace, devices): from well below saturation to ~2x overload. The whole

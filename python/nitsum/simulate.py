@@ -178,6 +178,7 @@ def build_config(args: argparse.Namespace) -> dict:
         "switch_ms": args.switch_ms,
         "target_utilization": args.target_utilization,
         "records": args.records,
+        "binding": args.binding,
         "seed": args.seed,
     }
 
@@ -219,6 +220,13 @@ def parser() -> argparse.ArgumentParser:
         "--target-utilization", type=float, default=0.5, help="planner headroom (1 = none)"
     )
     p.add_argument("--records", action="store_true", help="include per-request records")
+    p.add_argument(
+        "--binding",
+        choices=("cost", "off", "always"),
+        default="cost",
+        help="tiers with bind_tp: the cost model decides per request (default), bind_tp is "
+        "ignored, or every such request is bound in full (docs/planner.md)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the result JSON here")
     return p
@@ -249,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  {name}: {t['met']}/{t['requests']} met ({t['attainment']:.3f}), "
             f"dropped {t['dropped']}, TTFT p90 {t['ttft_ms']['p90']:.0f} ms, "
             f"TPOT p90 {t['tpot_ms']['p90']:.1f} ms"
+        )
+    if b := result.get("bindings"):
+        print(
+            f"  binding ({args.binding}): {b['dp']} dp, {b['prefill']} prefill, {b['full']} full "
+            f"decisions, {b['handbacks']} hand-backs"
         )
     return 0
 

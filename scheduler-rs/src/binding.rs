@@ -107,6 +107,11 @@ pub struct BindQuery {
     pub replica_output_tokens: f64,
     #[serde(default = "unit")]
     pub replica_weight: f64,
+    /// Until every group of the block is free to bind (ms): the rest of their current
+    /// iterations and any binding already holding them. A bound option starts after it (the
+    /// replicas keep working meanwhile, so it costs them nothing); 0: at once.
+    #[serde(default)]
+    pub wait_ms: f64,
 }
 
 fn unit() -> f64 {
@@ -297,9 +302,10 @@ impl BindingModel {
         };
         let dp_lost = self.tokens_in(dp_r, prompt_delay + decode_delay);
 
-        // Bound: every replica pauses while the bound group runs.
+        // Bound: every replica pauses while the bound group runs, from when the block is free.
         let bound = q.bound_slowdown.max(0.0);
         let bound_prefill = bound * self.prefill_alone(q.level, p, q.token_budget);
+        let wait = q.wait_ms.max(0.0);
         let paused = |ms: f64| -> f64 { q.replicas.iter().map(|r| self.tokens_in(r, ms)).sum() };
         let handoff = if prefilled {
             0.0
@@ -330,13 +336,18 @@ impl BindingModel {
         if q.level > dp_r.tp && q.output_tokens > 1 && !prefilled {
             options.push(option(
                 BindMode::Prefill,
-                bound_prefill + handoff,
+                wait + bound_prefill + handoff,
                 dp_tpot,
                 pre_lost,
             ));
         }
         if q.level > dp_r.tp {
-            options.push(option(BindMode::Full, bound_prefill, full_tpot, full_lost));
+            options.push(option(
+                BindMode::Full,
+                wait + bound_prefill,
+                full_tpot,
+                full_lost,
+            ));
         }
         let dp_value = options[0].value;
         // NOTE: on a tie the last option wins (full over prefill over DP is never a tie with

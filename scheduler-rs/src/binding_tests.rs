@@ -31,6 +31,7 @@ fn query(level: u32, prompt: u32, ttft: Option<f64>, replicas: Vec<ReplicaLoad>)
         bound_slowdown: 1.0,
         replica_output_tokens: 256.0,
         replica_weight: 1.0,
+        wait_ms: 0.0,
     }
 }
 
@@ -173,8 +174,9 @@ fn measured_slowdowns_scale_the_estimates() {
         option(&d, BindMode::Prefill),
     );
     assert_eq!(pre0.ttft_ms, pre1.ttft_ms);
-    assert!(pre1.lost_tokens < pre0.lost_tokens); // the paused batches produce less anyway
-                                                  // The bound group slower instead: its TTFT scales.
+    // The paused batches produce less anyway.
+    assert!(pre1.lost_tokens < pre0.lost_tokens);
+    // The bound group slower instead: its TTFT scales.
     let mut bound_slow = q.clone();
     bound_slow.bound_slowdown = 3.0;
     let b = m.decide(&bound_slow).unwrap();
@@ -182,4 +184,26 @@ fn measured_slowdowns_scale_the_estimates() {
     assert!((pre3.ttft_ms - 3.0 * pre0.ttft_ms).abs() < 1e-6);
     // What the worker compares its measurements with: the profiled iteration.
     assert!((m.iteration_ms(&busy(32), 0) * 2.0 - dp1.ttft_ms).abs() > 0.0);
+}
+
+#[test]
+fn a_bound_option_waits_for_the_block_to_be_free() {
+    // An idle block binds a 4k prompt under a 100 ms TTFT in full; if the block is free only
+    // in 80 ms (a long iteration or another binding before it), TP 4 can no longer meet
+    // the target sooner than DP does, and DP (where nothing pauses) wins.
+    let m = model();
+    let mut q = query(4, 4096, Some(100.0), vec![busy(0); 4]);
+    let now = m.decide(&q).unwrap();
+    q.wait_ms = 80.0;
+    let later = m.decide(&q).unwrap();
+    let (a, b) = (option(&now, BindMode::Full), option(&later, BindMode::Full));
+    assert!((b.ttft_ms - a.ttft_ms - 80.0).abs() < 1e-9, "{a:?} {b:?}");
+    assert_eq!(a.lost_tokens, b.lost_tokens);
+    assert_eq!(now.mode, BindMode::Full);
+    assert_eq!(later.mode, BindMode::Dp, "{later:?}");
+    // A query without it (older callers) waits for nothing.
+    let mut v = serde_json::to_value(&q).unwrap();
+    v.as_object_mut().unwrap().remove("wait_ms");
+    let old: BindQuery = serde_json::from_value(v).unwrap();
+    assert_eq!(old.wait_ms, 0.0);
 }

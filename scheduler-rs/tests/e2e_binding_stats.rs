@@ -35,6 +35,7 @@ fn decision() -> Value {
         bound_slowdown: 1.0,
         replica_output_tokens: 128.0,
         replica_weight: 1.0,
+        wait_ms: 0.0,
     };
     let d = BindingModel::from_json(H100).unwrap().decide(&q).unwrap();
     serde_json::to_value(d).unwrap()

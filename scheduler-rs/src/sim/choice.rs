@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::planner::strategy::Strategy;
 
+use super::bind_types::BindingVerdict;
 use super::lookahead::{Candidate, Situation};
 
 /// The outcome of a selection round, with every candidate and the reason.
@@ -17,6 +18,9 @@ pub struct Choice {
     pub chosen: Strategy,
     pub candidates: Vec<Candidate>,
     pub reason: String,
+    /// Shadow choice with a bound tier: binding on vs off for the chosen strategy's shadow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<BindingVerdict>,
 }
 
 /// Goodput the run actually delivered: weighted met requests per second among those that

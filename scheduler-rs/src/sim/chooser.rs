@@ -246,6 +246,7 @@ impl Chooser {
                         chosen: self.current,
                         candidates: Vec::new(),
                         reason: format!("kept {}: no shadow runs ({e})", self.current.name()),
+                        binding: None,
                     }
                 }
             }
@@ -302,6 +303,7 @@ impl Chooser {
             ),
         };
         self.current = strategies[leader.unwrap_or(current)];
+        let binding = bank.binding_verdict(leader.unwrap_or(current), self.cfg.confidence);
         if bank.held() > MAX_SHADOW_REQUESTS {
             // NOTE: a shadow under lasting overload keeps its backlog; past the bound the
             // bank starts afresh next round (the strategy in force stays).
@@ -311,6 +313,7 @@ impl Chooser {
             chosen: self.current,
             candidates,
             reason,
+            binding,
         }
     }
 }
@@ -370,5 +373,6 @@ fn pick(
         chosen: strategies[chosen],
         candidates,
         reason,
+        binding: None,
     }
 }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use anyhow::{ensure, Context, Result};
 
+use crate::binding::BindingModel;
 use crate::dispatch::{Class, DispatchRequest, Dispatcher};
 use crate::ids::TierId;
 use crate::plan::Plan;
@@ -15,6 +16,7 @@ use crate::planner::{self, PlannerConfig};
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
+use super::bind_types::{BindCounts, BindRecord, Binding};
 use super::choice::{Choice, Choose};
 use super::events::{Event, Kind};
 use super::forecast::{recent_of, InFlight};
@@ -59,6 +61,13 @@ pub struct Cluster<'a> {
     /// Engine generations are unique across the run, so a dissolved group's late events
     /// never match the group that replaces it at the same leader.
     pub(super) next_gen: u64,
+    /// The binding cost model over `profile` (the worker's, through `nitsum._core`).
+    pub(super) binder: BindingModel,
+    /// Bindings in force, oldest first (`sim::bind`).
+    pub(super) bindings: Vec<Binding>,
+    pub(super) next_binding: u64,
+    pub(super) bind_counts: BindCounts,
+    pub(super) bind_log: Vec<BindRecord>,
     /// A shadow run (`sim::shadow`): arrivals are appended as they happen, it never ends and
     /// its control ticks go on with nothing in flight.
     open: bool,
@@ -126,9 +135,15 @@ impl<'a> Cluster<'a> {
             ..StatsConfig::default()
         });
         let open = shadow.is_some();
+        let binder = BindingModel::new(profile.clone());
         let mut c = Cluster {
             cfg,
             profile,
+            binder,
+            bindings: Vec::new(),
+            next_binding: 0,
+            bind_counts: BindCounts::default(),
+            bind_log: Vec::new(),
             reqs,
             groups: BTreeMap::new(),
             plan: Plan::default(),
@@ -187,6 +202,8 @@ impl<'a> Cluster<'a> {
             self.cfg.records,
         );
         result.timeline = self.timeline;
+        result.bindings = self.bind_counts;
+        result.bind_log = self.bind_log;
         result.choices = self.choices;
         Ok(result)
     }
@@ -218,6 +235,8 @@ impl<'a> Cluster<'a> {
                     }
                 }
                 Kind::KvArrived(r, l) => self.hand_to_decoder(r, Some(l), 0.0),
+                Kind::BoundFirst(r, id) => self.on_bound_first(r, id),
+                Kind::BoundDone(r, id) => self.on_bound_done(r, id),
                 Kind::Control => self.on_control(),
             }
         }
@@ -288,11 +307,16 @@ impl<'a> Cluster<'a> {
             self.dispatcher.complete(r as u64);
         }
         self.reqs[r].decode_leader = d.decode_leader;
-        self.groups
-            .get_mut(&d.prefill_leader)
-            .expect("dispatcher routes to planned groups")
-            .push_prefill(r, d.class);
-        self.kick(d.prefill_leader);
+        if !self.try_bind(r, d.prefill_leader, d.class) {
+            self.groups
+                .get_mut(&d.prefill_leader)
+                .expect("dispatcher routes to planned groups")
+                .push_prefill(r, d.class);
+            self.kick(d.prefill_leader);
+        }
+        if !self.bindings.is_empty() {
+            self.reconsider_block_of(d.prefill_leader);
+        }
     }
 
     fn on_iteration(&mut self, leader: u32, gen: u64) {
@@ -317,7 +341,7 @@ impl<'a> Cluster<'a> {
         self.kick(leader);
     }
 
-    fn done(&mut self, r: usize) {
+    pub(super) fn done(&mut self, r: usize) {
         self.dispatcher.complete(r as u64);
         let tier = &self.cfg.tiers[self.reqs[r].tier.index()].name;
         self.stats
@@ -388,6 +412,7 @@ impl<'a> Cluster<'a> {
             self.dispatcher.complete(r as u64);
         }
         if let Some(lat) = started {
+            g.busy_until = self.now + lat;
             self.push(self.now + lat, Kind::IterDone(leader, gen));
         }
     }
@@ -425,6 +450,7 @@ impl<'a> Cluster<'a> {
         for g in self.groups.values() {
             g.sync(&mut self.reqs);
         }
+        self.sync_bound();
         let inflight: Vec<InFlight> = self
             .reqs
             .iter()

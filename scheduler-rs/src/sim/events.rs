@@ -14,6 +14,10 @@ pub enum Kind {
     Ready(u32, u64),
     /// A prefilled request's KV reached the decode group led by the second field.
     KvArrived(usize, u32),
+    /// A bound request's first token (request, binding id; `sim::bind`).
+    BoundFirst(usize, u64),
+    /// A fully bound request's last token (request, binding id).
+    BoundDone(usize, u64),
     /// Control window: re-plan.
     Control,
 }

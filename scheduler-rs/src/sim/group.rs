@@ -85,8 +85,10 @@ pub struct GroupSim {
     current: Option<Iteration>,
     /// Unique per engine: events carry it so a dissolved engine's events are ignored.
     pub generation: u64,
-    /// Not before this time (switching TP / migrating KV).
+    /// Not before this time (switching TP / migrating KV, or paused for a binding).
     pub ready_at: f64,
+    /// When the iteration in flight ends (the cluster sets it as it starts one).
+    pub busy_until: f64,
     /// Demote waiting requests past their TTFT deadline to the background queue (Nitsum's
     /// local scheduler; off for the SLO-agnostic baselines).
     pub demote_late: bool,
@@ -121,6 +123,7 @@ impl GroupSim {
             current: None,
             generation,
             ready_at,
+            busy_until: 0.0,
             demote_late: false,
             demoted: Vec::new(),
             order: Vec::new(),
@@ -139,6 +142,36 @@ impl GroupSim {
     /// A request to prefill here.
     pub fn push_prefill(&mut self, rid: usize, class: Class) {
         self.waiting[queue_of(class)].push_back(rid);
+    }
+
+    /// A request to prefill here first in its class (a priority request: binding's DP choice).
+    pub fn push_prefill_front(&mut self, rid: usize, class: Class) {
+        self.waiting[queue_of(class)].push_front(rid);
+    }
+
+    /// The decode batch (its requests' `generated` may be stale, see `running`).
+    pub fn batch(&self) -> &[usize] {
+        &self.running
+    }
+
+    /// Mean context of the decode batch (tokens; 0 when empty).
+    pub fn mean_context(&self) -> f64 {
+        if self.running.is_empty() {
+            return 0.0;
+        }
+        let total = self.context_base + self.running.len() as i64 * self.steps as i64;
+        total as f64 / self.running.len() as f64
+    }
+
+    /// Prompt tokens its next iteration runs: what is admitted or waiting, up to the budget.
+    pub fn next_prompt_tokens(&self, reqs: &Reqs) -> u32 {
+        let queued: u64 = self
+            .prefilling
+            .iter()
+            .chain(self.waiting.iter().flatten())
+            .map(|&r| u64::from(reqs[r].input - reqs[r].prefilled))
+            .sum();
+        queued.min(u64::from(self.budget)) as u32
     }
 
     /// A prefilled request (KV arrived) to decode here.

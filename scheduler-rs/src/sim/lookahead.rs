@@ -135,6 +135,8 @@ pub struct EngineKnobs {
     pub kv_bandwidth_gbps: f64,
     pub chunk_tokens: u32,
     pub prefill_budget_tokens: u32,
+    /// How bound tiers are served (`SimConfig::binding`).
+    pub binding: super::BindPolicy,
 }
 
 impl Default for EngineKnobs {
@@ -148,6 +150,7 @@ impl Default for EngineKnobs {
             kv_bandwidth_gbps: d::kv_bandwidth_gbps(),
             chunk_tokens: d::chunk_tokens(),
             prefill_budget_tokens: d::prefill_budget_tokens(),
+            binding: super::BindPolicy::default(),
         }
     }
 }
@@ -161,6 +164,7 @@ impl EngineKnobs {
             kv_bandwidth_gbps: cfg.kv_bandwidth_gbps,
             chunk_tokens: cfg.chunk_tokens,
             prefill_budget_tokens: cfg.prefill_budget_tokens,
+            binding: cfg.binding,
         }
     }
 }
@@ -210,6 +214,7 @@ impl Situation<'_> {
             slo_margin: self.planner.slo_margin,
             target_utilization: self.planner.target_utilization,
             lookahead: LookaheadConfig::default(),
+            binding: self.knobs.binding,
             seed: 0,
         }
     }

@@ -66,6 +66,7 @@ pub(crate) fn knobs() -> EngineKnobs {
         kv_bandwidth_gbps: 100.0,
         chunk_tokens: 512,
         prefill_budget_tokens: 8192,
+        binding: Default::default(),
     }
 }
 
@@ -102,6 +103,7 @@ pub(crate) fn sim_config(policy: Policy, devices: u32, requests: Vec<TraceReques
         slo_margin: 0.9,
         target_utilization: planner_cfg().target_utilization,
         lookahead: LookaheadConfig::default(),
+        binding: Default::default(),
         seed: 0,
     }
 }

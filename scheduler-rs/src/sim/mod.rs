@@ -6,6 +6,9 @@
 //! Deterministic: no randomness anywhere (ties break by order), so equal configs give equal
 //! results; `seed` is carried for trace generators upstream.
 
+mod bind;
+mod bind_life;
+mod bind_types;
 pub mod choice;
 pub mod chooser;
 mod cluster;
@@ -22,6 +25,7 @@ mod reconfigure;
 mod report;
 mod reqs;
 pub mod shadow;
+mod shadow_binding;
 #[cfg(test)]
 mod tests;
 
@@ -30,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::profile::ProfileFile;
 use crate::tiers::Tier;
 
+pub use bind_types::{BindCounts, BindPolicy, BindRecord, BindingVerdict};
 pub use policy::Policy;
 pub use report::{RequestRecord, SimResult, TierResult};
 
@@ -88,6 +93,9 @@ pub struct SimConfig {
     /// The adaptive choice's knobs (policy `nitsum`).
     #[serde(default)]
     pub lookahead: lookahead::LookaheadConfig,
+    /// Tiers with `bind_tp`: the cost model decides (default), ignored, or always bound.
+    #[serde(default)]
+    pub binding: BindPolicy,
     #[serde(default)]
     pub seed: u64,
 }

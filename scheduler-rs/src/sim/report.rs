@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::stats::LengthStats;
 use crate::tiers::Tier;
 
+use super::bind_types::{BindCounts, BindRecord};
 use super::reqs::Req;
 
 /// One request's outcome. Latencies are `None` when it never got that far.
@@ -75,6 +76,12 @@ pub struct SimResult {
     /// predicted goodput and why the winner won (`lookahead::Choice`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub choices: Vec<(f64, super::choice::Choice)>,
+    /// Binding decisions by chosen mode and hand-backs (`SimConfig::binding`).
+    #[serde(default, skip_serializing_if = "BindCounts::is_zero")]
+    pub bindings: BindCounts,
+    /// The first decisions with their queries (with `records`), for parity checks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bind_log: Vec<BindRecord>,
 }
 
 /// The record of request `id` under `tiers`.
@@ -175,6 +182,8 @@ pub fn summarize(
         per_tier,
         timeline: Vec::new(),
         choices: Vec::new(),
+        bindings: BindCounts::default(),
+        bind_log: Vec::new(),
         records: if keep_records { records } else { Vec::new() },
     }
 }

@@ -25,6 +25,7 @@ use anyhow::Result;
 use crate::dispatch::Class;
 use crate::planner::strategy::Strategy;
 
+use super::bind_types::BindPolicy;
 use super::cluster::{req_of, Cluster};
 use super::forecast::{Lengths, Rng};
 use super::lookahead::{LookaheadConfig, Situation};
@@ -49,7 +50,13 @@ pub struct Standing {
 /// Every strategy's shadow run and what they delivered.
 pub struct ShadowBank {
     pub strategies: Vec<Strategy>,
-    runs: Vec<Cluster<'static>>,
+    /// One run per strategy, then (`twins`) each one's binding-off twin.
+    pub(super) runs: Vec<Cluster<'static>>,
+    /// Binding-off twins follow the runs (a tier has `bind_tp` and the runs bind).
+    twins: bool,
+    /// Per strategy: discounted weight its run met and its twin did not, the reverse, their
+    /// squared weights, and what its twin met (`shadow_binding.rs`).
+    pub(super) twin_beats: Vec<[f64; 4]>,
     /// Pool devices and TP levels the bank was made for (re-made when they change).
     devices: u32,
     levels: Vec<u32>,
@@ -65,8 +72,8 @@ pub struct ShadowBank {
     fed: VecDeque<(f64, usize)>,
     scored: usize,
     scored_at: f64,
-    met: Vec<f64>,
-    total: f64,
+    pub(super) met: Vec<f64>,
+    pub(super) total: f64,
     /// `beats[i][j]`: discounted weight of requests strategy `i` met and `j` did not, and
     /// the sum of squared weights (the variance of a sign test on them).
     beats: Vec<Vec<f64>>,
@@ -91,17 +98,26 @@ impl ShadowBank {
         let strategies = Strategy::all(s.levels);
         let largest = s.levels.iter().copied().max().unwrap_or(1);
         let eval = cfg.eval_devices.max(largest).min(s.devices).max(1);
-        let runs = strategies
+        let twins =
+            s.knobs.binding != BindPolicy::Off && s.tiers.iter().any(|t| t.bind_tp.is_some());
+        let bindings: &[BindPolicy] = if twins {
+            &[s.knobs.binding, BindPolicy::Off]
+        } else {
+            &[s.knobs.binding]
+        };
+        let runs = bindings
             .iter()
-            .map(|&st| {
+            .flat_map(|&b| strategies.iter().map(move |&st| (b, st)))
+            .map(|(binding, st)| {
                 // A live policy: the shadow re-plans its strategy every window, as the pool
                 // would; no requests yet, they are fed as they arrive.
-                let sim = s.sim_config(
+                let mut sim = s.sim_config(
                     eval,
                     Policy::Fixed(Strategy::Greedy),
                     Vec::new(),
                     s.knobs.window_s,
                 );
+                sim.binding = binding;
                 Cluster::shadow(sim, st, s.planner.clone(), start)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -109,6 +125,8 @@ impl ShadowBank {
         Ok(ShadowBank {
             strategies,
             runs,
+            twins,
+            twin_beats: vec![[0.0; 4]; if twins { k } else { 0 }],
             devices: s.devices,
             levels: s.levels.to_vec(),
             scale: f64::from(eval) / f64::from(s.devices.max(1)),
@@ -215,6 +233,14 @@ impl ShadowBank {
         self.scored_at = now;
         self.total *= decay;
         self.met.iter_mut().for_each(|m| *m *= decay);
+        for t in &mut self.twin_beats {
+            *t = [
+                t[0] * decay,
+                t[1] * decay,
+                t[2] * decay * decay,
+                t[3] * decay,
+            ];
+        }
         for (row, row_sq) in self.beats.iter_mut().zip(&mut self.beats_sq) {
             row.iter_mut().for_each(|x| *x *= decay);
             row_sq.iter_mut().for_each(|x| *x *= decay * decay);
@@ -229,8 +255,8 @@ impl ShadowBank {
             .map(|t| t.ttft_ms / 1e3)
             .fold(0.0, f64::max);
         let settle = cfg.settle_s.max(1.5 * longest_ttft);
-        let k = self.runs.len();
-        let mut ok = vec![false; k];
+        let k = self.strategies.len();
+        let mut ok = vec![false; self.runs.len()];
         while let Some(&(t, tier)) = self.fed.front() {
             if t > now - settle {
                 break;
@@ -247,6 +273,9 @@ impl ShadowBank {
                 *o = run.on_track(i, now);
             }
             self.total += w;
+            if self.twins {
+                self.score_twins(&ok, w);
+            }
             for a in 0..k {
                 if !ok[a] {
                     continue;
@@ -267,7 +296,7 @@ impl ShadowBank {
     /// its lead over `current` exceeds `confidence` standard deviations of a sign test on
     /// the requests where the two differ, and `margin` of what `current` met.
     pub fn leader(&self, current: usize, confidence: f64, margin: f64) -> Option<usize> {
-        (0..self.runs.len())
+        (0..self.strategies.len())
             .filter(|&j| j != current)
             .filter(|&j| {
                 let lead = self.beats[j][current] - self.beats[current][j];
@@ -310,6 +339,7 @@ impl Cluster<'static> {
         for g in self.groups.values() {
             g.sync(&mut self.reqs);
         }
+        self.sync_bound();
     }
 
     /// Whether request `i` met its SLOs, or, still running at `now`, had its first token in
