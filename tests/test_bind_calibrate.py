@@ -79,3 +79,14 @@ class _Idle:
 
 def _idle() -> Engine:
     return _Idle()  # type: ignore[return-value]
+
+
+def test_the_query_weighs_the_tier_s_tpot_target_and_weight(tmp_path) -> None:
+    """The router sends each request's tier TPOT target and goodput weight (`generate`'s
+    `tpot_ms`, `weight`): the cost model values the request with them."""
+    c = chooser(tmp_path)
+    spec = RequestSpec(greedy(8), ttft_ms=100, tpot_ms=15.0, weight=4.0)
+    q = c._query(2, {(0,): _idle(), (1,): _idle()}, spec, 64, 8, 0)
+    assert (q["ttft_ms"], q["tpot_ms"], q["weight"]) == (100, 15.0, 4.0)
+    plain = c._query(2, {(0,): _idle()}, RequestSpec(greedy(8)), 64, 8, 0)
+    assert (plain["tpot_ms"], plain["weight"]) == (None, 1.0)

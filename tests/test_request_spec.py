@@ -32,6 +32,8 @@ def test_absent_fields_take_the_declared_defaults() -> None:
         "tier": "",
         "class": "feasible",
         "ttft_ms": None,
+        "tpot_ms": None,
+        "weight": 1.0,
         "priority": 0,
         "preempt": True,
         "bind_tp": None,
@@ -47,6 +49,8 @@ def test_absent_fields_take_the_declared_defaults() -> None:
     [
         ("class", "background", "klass", "background"),
         ("ttft_ms", 250, "ttft_ms", 250.0),  # an integer from a loose encoder is a float
+        ("tpot_ms", 40, "tpot_ms", 40.0),
+        ("weight", 2, "weight", 2.0),
         ("preempt", False, "may_preempt", False),
         ("priority", -3, "priority", -3),
         ("bind_tp", 4, "bind_tp", 4),
@@ -67,6 +71,9 @@ def test_each_wire_field_lands_on_its_spec_field(key, value, attr, want) -> None
         ("tier", 3),
         ("ttft_ms", 0),
         ("ttft_ms", "soon"),
+        ("tpot_ms", -1),
+        ("weight", 0),
+        ("weight", None),
         ("priority", 1.5),
         ("priority", True),  # a bool is not an integer here
         ("preempt", 1),

@@ -35,8 +35,9 @@ SAMPLING = SamplingParams(
     allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)),
 )  # fmt: skip
 SPEC = RequestSpec(
-    SAMPLING, tier="gold", klass="background", ttft_ms=250.0, priority=-2, may_preempt=False,
-    bind_tp=2, fork_of="r0", decode_target=3, truncate_prompt_tokens=4, cache_salt="tenant-a",
+    SAMPLING, tier="gold", klass="background", ttft_ms=250.0, tpot_ms=30.0, weight=3.0,
+    priority=-2, may_preempt=False, bind_tp=2, fork_of="r0", decode_target=3,
+    truncate_prompt_tokens=4, cache_salt="tenant-a",
 )  # fmt: skip
 
 

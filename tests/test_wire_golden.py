@@ -81,7 +81,7 @@ def test_the_generate_fixture_parses_into_the_request_it_describes():
         "gold",
         "feasible",
     )
-    assert (spec.decode_target, spec.ttft_ms) == (2, 250.0)
+    assert (spec.decode_target, spec.ttft_ms, spec.tpot_ms, spec.weight) == (2, 250.0, 40.0, 2.5)
     assert (spec.priority, spec.may_preempt) == (-1, False)
     assert (spec.bind_tp, spec.fork_of) == (2, "fedcba9876543210fedcba9876543210")
     assert (spec.truncate_prompt_tokens, spec.cache_salt) == (3, "tenant-a")

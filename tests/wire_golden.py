@@ -114,7 +114,8 @@ def generate() -> dict[str, Any]:
     return {
         "v": 1, "type": "generate", "request_id": "0123456789abcdef0123456789abcdef",
         "input_ids": [1, 15, 27, 3], "sampling": sampling, "tier": "gold", "class": "feasible",
-        "decode_target": 2, "ttft_ms": 250.0, "priority": -1, "preempt": False, "bind_tp": 2,
+        "decode_target": 2, "ttft_ms": 250.0, "tpot_ms": 40.0, "weight": 2.5, "priority": -1,
+        "preempt": False, "bind_tp": 2,
         "fork_of": "fedcba9876543210fedcba9876543210", "truncate_prompt_tokens": 3,
         "grammar": {"kind": "json_schema", "schema": '{"type":"object"}', "replay": 1},
         "cache_salt": "tenant-a",

@@ -82,6 +82,20 @@ class RequestSpec:
         "a positive number or null",
         convert=lambda x: None if x is None else float(x),
     )
+    # The tier's TPOT target and goodput weight: what the binding cost model weighs the
+    # request's decode and its worth against the requests a binding delays (pool/bind_choice.py).
+    tpot_ms: float | None = wire_field(
+        None,
+        _optional(lambda x: is_num(x) and x > 0),  # type: ignore[operator]
+        "a positive number or null",
+        convert=lambda x: None if x is None else float(x),
+    )
+    weight: float = wire_field(
+        1.0,
+        lambda x: is_num(x) and x > 0,  # type: ignore[operator]
+        "a positive number",
+        convert=float,
+    )
     # Lower is served first within its class (vLLM's `priority` convention).
     priority: int = wire_field(0, is_int, "an integer")
     # May preempt running requests of a lower class or priority to get in.

@@ -308,6 +308,8 @@ fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
         class: "feasible",
         decode_target: Some(WorkerId(2)),
         ttft_ms: Some(250.0),
+        tpot_ms: Some(40.0),
+        weight: 2.5,
         priority: -1,
         preempt: false,
         bind_tp: Some(2),

@@ -85,6 +85,10 @@ impl Default for Sampling {
 }
 
 /// `generate` (router → group leader).
+fn unit_weight() -> f64 {
+    1.0
+}
+
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Generate<'a> {
     pub v: u32,
@@ -101,6 +105,14 @@ pub struct Generate<'a> {
     /// request that has not started within it last (it can no longer meet its SLO).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
+    /// The tier's TPOT target (ms) for SLO tiers: what the worker's binding cost model
+    /// (binding.rs) weighs a request's decode against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+    /// The tier's goodput weight (`Tier::weight`): the binding cost model's value of the
+    /// request against the requests a binding delays.
+    #[serde(default = "unit_weight")]
+    pub weight: f64,
     /// Within its class, lower is served first (0 when absent).
     pub priority: i32,
     /// May preempt running requests of a lower class or priority (the tier's `preempt`).
@@ -528,6 +540,8 @@ mod tests {
             class: "feasible",
             decode_target: None,
             ttft_ms: None,
+            tpot_ms: None,
+            weight: 1.0,
             priority: -3,
             preempt: false,
             bind_tp: Some(2),

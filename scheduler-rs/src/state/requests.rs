@@ -206,6 +206,10 @@ impl RouterState {
             ttft_ms: Some(self.cfg.tier(req.tier))
                 .filter(|t| !t.background && t.ttft_ms > 0.0)
                 .map(|t| t.ttft_ms),
+            tpot_ms: Some(self.cfg.tier(req.tier))
+                .filter(|t| !t.background && t.tpot_ms > 0.0)
+                .map(|t| t.tpot_ms),
+            weight: self.cfg.tier(req.tier).weight,
             priority: req.priority,
             preempt: self.cfg.tier(req.tier).preempt,
             bind_tp: self.cfg.tier(req.tier).bind_tp,
