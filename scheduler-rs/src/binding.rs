@@ -242,17 +242,9 @@ impl BindingModel {
             q.output_tokens >= 1,
             "binding: output_tokens must be at least 1"
         );
-        ensure!(
-            self.profile.has_tp(q.level),
-            "binding: the profile has no TP level {}",
-            q.level
-        );
+        self.check_level(q.level)?;
         for r in &q.replicas {
-            ensure!(
-                self.profile.has_tp(r.tp),
-                "binding: the profile has no TP {}",
-                r.tp
-            );
+            self.check_level(r.tp)?;
         }
         let p = q.prompt_tokens;
         let out = f64::from(q.output_tokens);
@@ -273,12 +265,11 @@ impl BindingModel {
             let per = if chunks <= 1 { p } else { q.token_budget };
             f64::from(chunks) * self.iteration(r, per)
         };
-        let (replica, dp_r) = q
-            .replicas
-            .iter()
-            .enumerate()
-            .min_by(|a, b| dp_ttft(a.1).total_cmp(&dp_ttft(b.1)))
+        let ttfts: Vec<f64> = q.replicas.iter().map(dp_ttft).collect();
+        let replica = (0..ttfts.len())
+            .min_by(|&a, &b| ttfts[a].total_cmp(&ttfts[b]))
             .expect("non-empty");
+        let (dp_r, dp_first) = (&q.replicas[replica], ttfts[replica]);
         let ctx_end = f64::from(q.context_tokens + p) + out / 2.0;
         let dp_tpot = dp_r.slowdown.max(0.0)
             * self.profile.decode_ms(
@@ -290,7 +281,7 @@ impl BindingModel {
             );
         // Its batch's extra time: the prompt's part of its iterations, then one more sequence
         // in each decode step.
-        let prompt_delay = (dp_ttft(dp_r) - f64::from(chunks) * self.iteration(dp_r, 0)).max(0.0);
+        let prompt_delay = (dp_first - f64::from(chunks) * self.iteration(dp_r, 0)).max(0.0);
         let decode_delay = if dp_r.decoding == 0 {
             0.0
         } else {
@@ -332,7 +323,7 @@ impl BindingModel {
                 value,
             }
         };
-        let mut options = vec![option(BindMode::Dp, dp_ttft(dp_r), dp_tpot, dp_lost)];
+        let mut options = vec![option(BindMode::Dp, dp_first, dp_tpot, dp_lost)];
         if q.level > dp_r.tp && q.output_tokens > 1 && !prefilled {
             options.push(option(
                 BindMode::Prefill,
