@@ -118,6 +118,18 @@ class Sequence:
         """Tokens whose K/V are not yet in the cache."""
         return self.total_len - self.num_computed
 
+    @property
+    def prefilled(self) -> bool:
+        """Its whole prompt is in the cache."""
+        return self.num_computed >= len(self.prompt_ids)
+
+    @property
+    def movable(self) -> bool:
+        """Its KV can move to another group at this boundary: prefilled, a token sampled
+        that is not in the cache yet (its next step is one token) and nothing being copied
+        back from host."""
+        return self.prefilled and not self.loading and self.remaining == 1
+
     def token_slice(self, start: int, n: int) -> list[int]:
         p = len(self.prompt_ids)
         if start + n <= p:

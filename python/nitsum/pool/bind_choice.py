@@ -167,8 +167,8 @@ class Chooser:
         outputs: list[int] = []
         for group, engine in replicas.items():
             seqs = engine.sequences()
-            decoding = [s.num_computed for s in engine.running() if _prefilled(s)]
-            queued = sum(len(s.prompt_ids) - s.num_computed for s in seqs if not _prefilled(s))
+            decoding = [s.num_computed for s in engine.running() if s.prefilled]
+            queued = sum(len(s.prompt_ids) - s.num_computed for s in seqs if not s.prefilled)
             loads.append(
                 {
                     "tp": len(group),
@@ -195,7 +195,3 @@ class Chooser:
             "replica_output_tokens": sum(outputs) / len(outputs) if outputs else output_tokens,
             "replica_weight": 1.0,
         }
-
-
-def _prefilled(seq: Sequence) -> bool:
-    return seq.num_computed >= len(seq.prompt_ids)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 
-from nitsum.engine.sequence import Sequence
 from nitsum.pool.bind_choice import Chooser
 from nitsum.pool.bound import Binding, Pool
 from nitsum.pool.kv_move import Move, commit_moves, transfer_moves
@@ -37,7 +36,7 @@ def hand_back(pe: Pool, b: Binding, chooser: Chooser, counters: dict[str, int]) 
     moves: list[Move] = []
     weighed_back: set[str] = set()
     for seq in b.engine.running():
-        if not _decoding(seq):
+        if not seq.movable:
             continue
         rid = seq.request_id
         target = b.prefill_only.get(rid)
@@ -79,9 +78,3 @@ def _ask_now(pe: Pool, b: Binding) -> bool:
         return False
     b.since_ask, b.asked_load = 0, load
     return True
-
-
-def _decoding(seq: Sequence) -> bool:
-    """Prefilled, a first token sampled, and nothing in flight (its next step is one token)."""
-    prefilled = seq.num_computed >= len(seq.prompt_ids)
-    return prefilled and bool(seq.output_ids) and not seq.loading and seq.remaining == 1

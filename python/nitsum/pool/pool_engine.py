@@ -388,9 +388,7 @@ class PoolEngine:
                     continue
                 if target is None or target == group or target in paused:
                     continue
-                # NOTE: not while its KV is still being copied back from host.
-                done = seq.num_computed >= len(seq.prompt_ids) and not seq.loading
-                if done and seq.remaining == 1:
+                if seq.movable:
                     moves.append((seq, target, engine))
         if not moves:
             return

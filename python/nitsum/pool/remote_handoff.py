@@ -92,8 +92,7 @@ class RemoteHandoffs:
                 continue
             for seq in engine.running():
                 target = self.targets.get(seq.request_id)
-                done = seq.num_computed >= len(seq.prompt_ids) and not seq.loading
-                if target is None or not done or seq.remaining != 1:
+                if target is None or not seq.movable:
                     continue
                 del self.targets[seq.request_id]  # NOTE: one try; a failure decodes here
                 first = len(seq.output_ids) == 1 and seq.request_id in fresh
