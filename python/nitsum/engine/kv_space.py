@@ -65,16 +65,17 @@ class KVSpace:
     def allocate(self, seq: Sequence, tokens: int) -> bool:
         """Give `seq` pages for `tokens` tokens if free (or idle cached) ones allow."""
         need = self.pages.pages_for(tokens) - len(seq.pages)
+        if need <= 0:
+            return True
         if need > self.pages.num_free:
             self.reclaim(need)  # NOTE: idle cached pages go first, before anybody's KV
         if need > self.pages.num_free:
             return False
-        if need > 0:
-            try:
-                new = self.pages.allocate(need, seq.pages[-1] if seq.pages else None)
-            except OutOfPages:  # free, but held by another group's copies in flight
-                return False
-            seq.pages.extend(new)
+        try:
+            new = self.pages.allocate(need, seq.pages[-1] if seq.pages else None)
+        except OutOfPages:  # free, but held by another group's copies in flight
+            return False
+        seq.pages.extend(new)
         return True
 
     def swap_in(self, seq: Sequence, cached: int, others: int, step_s: float | None) -> bool:

@@ -48,6 +48,9 @@ class PageAllocator:
         # Copies in flight that read or write each page (engine/swap.py): a free page that is
         # held is handed out only once they are done.
         self.held = np.zeros((num_devices, num_pages), dtype=np.int32)
+        # Bumped by every change of `free` (`mark`): a group's cached count of its free pages
+        # is valid while it saw the same version.
+        self.version = 0
 
     def group(self, members: tuple[int, ...], tp: int) -> GroupPages:
         """The view of the group `members`, whose KV is split `tp` ways (a pipeline's
@@ -64,6 +67,12 @@ class PageAllocator:
     def num_free(self, device: int) -> int:
         return int(self.free[device].sum())
 
+    def mark(self, members: list[int], ids: list[int], free: bool) -> None:
+        """Set pages `ids` free (or used) on every device of `members`.
+        NOTE: the one writer of `free` (it keeps `version` in step)."""
+        self.free[np.ix_(members, ids)] = free
+        self.version += 1
+
 
 class GroupPages:
     """A group's view of the allocator: mirrored pages on all `members`.
@@ -79,6 +88,9 @@ class GroupPages:
         # Waits for the copies in flight (their held pages become free to hand out); set by
         # the group's swap manager, None: nothing is ever held.
         self.settle: Callable[[], None] | None = None
+        # (allocator version, pages free on all members then): `num_free` without a pass
+        # over every page each time the scheduler asks (it asks per running sequence).
+        self._counted: tuple[int, int] = (-1, 0)
 
     @property
     def num_pages(self) -> int:
@@ -97,7 +109,22 @@ class GroupPages:
 
     @property
     def num_free(self) -> int:
-        return int(self._free_mask().sum())
+        version, count = self._counted
+        if version != self.alloc.version:
+            count = int(self._free_mask().sum())
+            self._counted = (self.alloc.version, count)
+        return count
+
+    def _mark(self, ids: list[int], free: bool) -> None:
+        """Set `ids` free or used on every member, keeping the cached count current."""
+        members = self.members
+        current = self._counted[0] == self.alloc.version
+        if current:
+            was_free = int(self.alloc.free[np.ix_(members, ids)].all(axis=0).sum())
+        self.alloc.mark(members, ids, free)
+        if current:
+            count = self._counted[1] + (len(set(ids)) - was_free if free else -was_free)
+            self._counted = (self.alloc.version, count)
 
     def allocate(self, n: int, after: int | None = None) -> list[int]:
         """`n` pages, in as few runs of consecutive ids as the free pages allow (`page_runs`);
@@ -109,6 +136,14 @@ class GroupPages:
         """
         if n <= 0:
             return []
+        if after is not None and after + n < self.num_pages:
+            # NOTE (the common case): a growing sequence's next pages are free and not held:
+            # take them without a pass over every page. Same ids as `page_runs` would give.
+            ids = list(range(after + 1, after + 1 + n))
+            rows = np.ix_(self.members, ids)
+            if self.alloc.free[rows].all() and not self.alloc.held[rows].any():
+                self._mark(ids, False)
+                return ids
         free = self._free_mask()
         ids = page_runs(free & ~self._held_mask(), n, after)
         if len(ids) < n and self.settle is not None and int(free.sum()) >= n:
@@ -117,12 +152,12 @@ class GroupPages:
             ids = page_runs(self._free_mask() & ~self._held_mask(), n, after)
         if len(ids) < n:
             raise OutOfPages(f"asked for {n} pages, {len(ids)} free on all of {self.members}")
-        self.alloc.free[np.ix_(self.members, ids)] = False
+        self._mark(ids, False)
         return ids
 
     def release(self, pages: list[int]) -> None:
         if pages:
-            self.alloc.free[np.ix_(self.members, pages)] = True
+            self._mark(pages, True)
 
     def _held_mask(self) -> np.ndarray:
         return np.asarray((self.alloc.held[self.members] > 0).any(axis=0))

@@ -119,18 +119,29 @@ class _Bad(Exception):
         self.path = path
 
 
+@functools.cache
+def _wire_keys(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(field name, its `omit` value) of a dataclass, in field order.
+    NOTE: cached per class: a worker encodes a `tokens` message per request per step."""
+    return tuple((f.name, f.metadata.get("omit", ALWAYS)) for f in dataclasses.fields(cls))
+
+
 def _fields_to_wire(obj: Any) -> dict[str, Any]:
     out = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        omit = f.metadata.get("omit", ALWAYS)
+    for name, omit in _wire_keys(obj.__class__):
+        value = getattr(obj, name)
         if omit is not ALWAYS and value == omit:
             continue
-        out[f.name] = _to_wire_value(value)
+        out[name] = _to_wire_value(value)
     return out
 
 
+_SCALARS = (int, float, str, bool, type(None))
+
+
 def _to_wire_value(value: Any) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return _fields_to_wire(value)
     if isinstance(value, (list, tuple)):
