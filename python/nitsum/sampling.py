@@ -129,6 +129,9 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     return torch.Generator().manual_seed(params.seed)
 
 
+# A greedy row's parameters (`sample` passes seeded rows to the device sampler as this).
+GREEDY = SamplingParams(temperature=0.0)
+
 # A row whose sampling failed (e.g. non-finite probabilities): its request alone ends with an
 # error, the rest of the batch goes on.
 SAMPLE_FAILED = -1
@@ -141,41 +144,62 @@ def sample(
     grammars: Sequence[GrammarMatcher | None] = (),
 ) -> list[int]:
     """One token per row of float32 `logits` (rows, vocab); `SAMPLE_FAILED` for a row that
-    could not be sampled. Rows with a grammar matcher sample only tokens it allows next."""
+    could not be sampled. Rows with a grammar matcher sample only tokens it allows next.
+
+    NOTE: one read of the tokens by the host for the whole batch. Unseeded random rows draw
+    together on the logits' device (`sample_on_device`); a seeded row draws from its own CPU
+    generator on the host (so it repeats exactly whatever the batch and the device)."""
     logits = apply_grammars(logits, grammars)
-    out = logits.argmax(dim=-1).tolist()
-    for i, p in enumerate(params):
-        if p.greedy:
+    unseeded = [p if generators[i] is None else GREEDY for i, p in enumerate(params)]
+    out = sample_on_device(logits, unseeded).tolist()
+    failed = sum(
+        1 for p, token in zip(unseeded, out, strict=True) if token == SAMPLE_FAILED and not p.greedy
+    )
+    if failed:
+        log.warning("sampling failed for %d row(s): their distribution is not finite", failed)
+    for i, (p, generator) in enumerate(zip(params, generators, strict=True)):
+        if generator is None or p.greedy:
             continue
         try:
-            out[i] = _sample_row(logits[i], p, generators[i])
+            probs = batch_probs(logits[i : i + 1], [p])[0].cpu()
+            out[i] = int(torch.multinomial(probs, 1, generator=generator).item())
         except RuntimeError as e:  # torch: "probability tensor contains either inf, nan..."
             log.warning("sampling failed for one row (temperature %r): %s", p.temperature, e)
             out[i] = SAMPLE_FAILED
     return out
 
 
-def _sample_row(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
-    """Temperature, top-k, min-p, top-p, then one draw."""
-    return int(torch.multinomial(_row_probs(logits, p), 1, generator=generator).item())
+def batch_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution after its temperature, top-k, min-p and top-p (vLLM's
+    rules), for all rows at once: a handful of kernels whatever the batch (a loop over rows
+    cost about eight launches a row, 500 a step at batch 64). No host sync.
 
-
-def _row_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """The row's distribution after temperature, top-k, min-p and top-p (no host sync)."""
-    row = logits / p.temperature
-    if p.top_k > 0:
-        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, dim=-1)
-    if p.min_p > 0:
+    NOTE: every row must be random (temperature >= `GREEDY_BELOW`)."""
+    device = logits.device
+    knobs = torch.tensor(
+        [[p.temperature, max(p.top_k, 0), p.min_p, p.top_p] for p in params],
+        dtype=torch.float32,
+        pin_memory=logits.is_cuda,
+    ).to(device, non_blocking=True)
+    temperature, top_k, min_p, top_p = knobs.unbind(dim=1)
+    rows = logits / temperature[:, None]
+    k_max = min(max((p.top_k for p in params), default=0), rows.shape[-1])
+    if k_max > 0:
+        top = torch.topk(rows, k_max, dim=-1).values  # descending
+        kth = top.gather(1, (top_k.clamp(1, k_max) - 1).long()[:, None])
+        kth = torch.where(top_k[:, None] > 0, kth, float("-inf"))  # top_k <= 0: no cut
+        rows = rows.masked_fill(rows < kth, float("-inf"))
+    probs = torch.softmax(rows, dim=-1)
+    if any(p.min_p > 0 for p in params):
         # Drop tokens less likely than min_p times the most likely one (vLLM's min_p).
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    if p.top_p < 1:
-        sorted_p, idx = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop = sorted_p.cumsum(0) - sorted_p >= p.top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
+    if any(p.top_p < 1 for p in params):
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token);
+        # a row with top_p = 1 keeps all (its mass may round to 1 before the last token).
+        limit = torch.where(top_p < 1, top_p, float("inf"))
+        drop = sorted_p.cumsum(dim=-1) - sorted_p >= limit[:, None]
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p.masked_fill(drop, 0.0))
     return probs
 
 
@@ -185,18 +209,37 @@ def sample_on_device(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
     distribution is not finite.
 
     NOTE: for unseeded rows only (the device's own RNG): a seeded request's CPU generator
-    needs the synchronous `sample`. A random row draws by the exponential race (argmax of
-    p / E, E ~ Exp(1)), which picks token i with probability p_i like `torch.multinomial`,
-    without its host-side checks."""
+    needs the synchronous `sample`. The random rows draw together by the exponential race
+    (argmax of p / E, E ~ Exp(1)), which picks token i with probability p_i like
+    `torch.multinomial`, without its host-side checks."""
     tokens = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return tokens
-    probs = torch.stack([_row_probs(logits[i], params[i]) for i in rows])
+    index = None
+    if len(rows) < len(params):
+        pinned = torch.tensor(rows, dtype=torch.long, pin_memory=tokens.is_cuda)
+        index = pinned.to(tokens.device, non_blocking=True)
+        logits = logits.index_select(0, index)
+    probs = batch_probs(logits, [params[i] for i in rows])
     bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0)
     probs = torch.where(bad[:, None], torch.ones_like(probs), probs)
-    race = probs / torch.empty_like(probs).exponential_()
-    drawn = torch.where(bad, SAMPLE_FAILED, race.argmax(dim=-1))
-    pinned = torch.tensor(rows, dtype=torch.long, pin_memory=tokens.is_cuda)
-    index = pinned.to(tokens.device, non_blocking=True)
-    return tokens.index_copy(0, index, drawn)
+    drawn = torch.where(bad, SAMPLE_FAILED, draw(probs))
+    return drawn if index is None else tokens.index_copy(0, index, drawn)
+
+
+def draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token id per row of `probs` (rows, vocab; finite, each row's sum > 0), drawn with
+    probability proportional to its entry, on their device without a host sync.
+
+    NOTE: on a GPU the exponential race (argmax of p / E, E ~ Exp(1)): exact, and a
+    vocabulary of random numbers is cheap there. On the CPU, where drawing them costs 7x the
+    rest, the inverse CDF: one uniform per row against the row's running sum (`right`: a
+    zero-probability token is never the first sum above it; the uniform is kept strictly
+    below the total so the last token with mass bounds it)."""
+    if probs.is_cuda:
+        return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    running = probs.double().cumsum(dim=-1)
+    total = running[:, -1:]
+    u = torch.rand(total.shape, dtype=torch.float64) * total * (1 - 2**-40)
+    return torch.searchsorted(running, u, right=True).squeeze(1)
