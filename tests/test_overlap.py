@@ -372,6 +372,41 @@ def test_on_cuda_the_host_returns_while_the_launched_step_still_runs(tiny):
     run_to_completion(engines[0])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_launching_a_step_never_waits_for_the_device(tiny, monkeypatch):
+    """Every launch of an overlapped step (scheduling done: inputs, forward, sampling and the
+    token copy) runs under CUDA's sync debug mode "error": any op that makes the host wait
+    for the device (a pageable copy, indexing with a list, `.item()`) raises. Mixed steps
+    (prefill chunks beside decode rows: the piecewise recordings and the Triton prefill
+    kernel), pure decode steps (the whole-step recordings), greedy and random rows."""
+    from nitsum.pool.local import ONLY_GROUP, local_engine
+
+    hf, cfg = tiny
+    ecfg = EngineConfig(device="cuda", kv_cache_bytes=1 << 20, page_tokens=4, token_budget=24)
+    pe = local_engine(cfg, hf.state_dict().items(), ecfg)
+    stepper = pe.engines[ONLY_GROUP].driver
+    assert isinstance(stepper, OverlapStepper)
+    launch, launched = stepper._launch, []
+
+    def strict(batch, prev):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run = launch(batch, prev)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        launched.append(sorted(item.q_len for item in batch))
+        return run
+
+    monkeypatch.setattr(stepper, "_launch", strict)
+    for i in range(6):
+        params = greedy(6 + i) if i % 2 else SamplingParams(max_tokens=6 + i, temperature=0.8)
+        pe.add_request(f"r{i}", random_prompt(cfg, 9 + 7 * i, 200 + i), RequestSpec(params))
+    run_to_completion(pe)
+    assert stepper.sync_steps == 0
+    assert any(qs[-1] > 1 and qs[0] == 1 for qs in launched), launched  # a mixed step
+    assert any(qs[-1] == 1 for qs in launched), launched  # a decode-only step
+
+
 def test_a_failed_launch_still_hands_over_the_step_before(tiny):
     _, cfg = tiny
     prompt = random_prompt(cfg, 6, 90)

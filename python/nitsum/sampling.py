@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.errors import InvalidRequestError
+from nitsum.kernels.host_copy import index_on, to_device
 from nitsum.structured.mask import apply_grammars
 from nitsum.structured.matcher import GrammarMatcher
 from nitsum.structured.spec import GrammarSpec
@@ -176,11 +177,13 @@ def batch_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch
 
     NOTE: every row must be random (temperature >= `GREEDY_BELOW`)."""
     device = logits.device
-    knobs = torch.tensor(
-        [[p.temperature, max(p.top_k, 0), p.min_p, p.top_p] for p in params],
-        dtype=torch.float32,
-        pin_memory=logits.is_cuda,
-    ).to(device, non_blocking=True)
+    knobs = to_device(
+        torch.tensor(
+            [[p.temperature, max(p.top_k, 0), p.min_p, p.top_p] for p in params],
+            dtype=torch.float32,
+        ),
+        device,
+    )
     temperature, top_k, min_p, top_p = knobs.unbind(dim=1)
     rows = logits / temperature[:, None]
     k_max = min(max((p.top_k for p in params), default=0), rows.shape[-1])
@@ -218,8 +221,7 @@ def sample_on_device(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
         return tokens
     index = None
     if len(rows) < len(params):
-        pinned = torch.tensor(rows, dtype=torch.long, pin_memory=tokens.is_cuda)
-        index = pinned.to(tokens.device, non_blocking=True)
+        index = index_on(rows, tokens.device)
         logits = logits.index_select(0, index)
     probs = batch_probs(logits, [params[i] for i in rows])
     bad = ~torch.isfinite(probs).all(dim=-1) | (probs.sum(dim=-1) <= 0)

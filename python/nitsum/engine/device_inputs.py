@@ -15,6 +15,7 @@ import torch
 
 from nitsum.engine.scheduler import Scheduled
 from nitsum.engine.step_inputs import StepInputs
+from nitsum.kernels.host_copy import index_on, to_device
 
 
 @dataclass
@@ -49,21 +50,13 @@ def pending_rows(
     return dst, src
 
 
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` on `device` without the host waiting for it (as is off CUDA)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def device_inputs(inputs: StepInputs, device: torch.device, fill: TokenFill | None) -> StepInputs:
     """`inputs` (one batch, no micro-batches) with its tensors on `device` and `fill`'s rows
     of the input ids taken from the device."""
     assert not inputs.micro, "an overlapped step is one batch"
     ids = to_device(inputs.input_ids, device)
     if fill is not None:
-        dst = to_device(torch.tensor(fill.dst, dtype=torch.long), device)
-        src = to_device(torch.tensor(fill.src, dtype=torch.long), device)
+        dst, src = index_on(fill.dst, device), index_on(fill.src, device)
         # NOTE: a row whose sampling failed (SAMPLE_FAILED, -1) ends its request when it is
         # applied, so its next row is wasted anyway; clamped, it still is a valid id.
         ids = ids.index_copy(0, dst, fill.tokens.index_select(0, src).clamp(min=0))

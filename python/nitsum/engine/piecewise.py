@@ -31,6 +31,7 @@ import torch
 
 from nitsum.engine.graphs import CaptureAfterStartup, DecodeGraphs, Recording
 from nitsum.engine.step_inputs import StepInputs
+from nitsum.kernels.host_copy import index_on
 from nitsum.kernels.paged_attention import AttentionMetadata
 from nitsum.kv.pool import KVPool
 from nitsum.models.activations import Activations
@@ -159,5 +160,5 @@ class PiecewiseGraphs:
             self.model.attention(self.ctx, act, i, meta, self.pool)
         hidden = pieces[-1].replay()
         self.replays += 1
-        # NOTE: indexing copies: the recording's output is overwritten by the next replay.
-        return self.model.logits(hidden[inputs.sample_rows])
+        # NOTE: index_select copies: the recording's output is overwritten by the next replay.
+        return self.model.logits(hidden.index_select(0, index_on(inputs.sample_rows, dev)))

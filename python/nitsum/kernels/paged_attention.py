@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from nitsum.kernels.host_copy import to_device
+
 # Below this many (batch · query · key) positions, CPU attention in bf16/fp16 runs upcast to
 # fp32 SDPA (measured: 25 vs 52 us at one query over 192 keys; the matmul path wins from
 # about 1k positions on).
@@ -66,7 +68,7 @@ class AttentionMetadata:
             for i, s in enumerate(segs):
                 table[i, : len(s.pages)] = s.pages
             ints = [[s.row_start for s in segs], [s.q_len for s in segs], [s.ctx_len for s in segs]]
-            self._prefill_table = table, torch.tensor(ints, dtype=torch.long).to(dev)
+            self._prefill_table = table, to_device(torch.tensor(ints, dtype=torch.long), dev)
         return self._prefill_table
 
     def decode_mask(self) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from nitsum.config import ModelConfig
 from nitsum.kernels import fused_ops
 from nitsum.kernels.fused_ops import rms_norm
+from nitsum.kernels.host_copy import index_on
 from nitsum.kernels.linear import linear
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.kv.pool import KVPool
@@ -126,7 +127,7 @@ class LlamaModel:
             stage.send(act.h)  # NOTE: only the last stage's hidden states are the step's
             return act.h[:0]
         out = self.end(ctx, act, layers[-1])
-        return out if rows is None else out[rows]
+        return out if rows is None else out.index_select(0, index_on(rows, out.device))
 
     def begin(
         self,
