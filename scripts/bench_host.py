@@ -6,7 +6,7 @@ hides the host only while its work is shorter than the device's step: past that 
 idles. This script measures the host's side alone: a one-layer, 64-wide random Llama on the
 CPU (its forward costs next to nothing and is timed and subtracted) served at the GPU's step
 limits (token budget 8,192, 256 sequences, a KV pool of 40k pages: every scenario fits) with
-overlapped steps.
+overlapped steps and the prefix cache on, as `nitsum serve` runs.
 Per scenario it prints the host's ms per step and, beside it, the GPU step of the same batch
 in the 8B H100 profile (`profiles/h100-llama3-8b-analytic.json`, `BindingModel`), and their
 ratio. The host's work must stay well under 1.0x of the GPU's step (≤ 0.5x leaves room for a
@@ -98,7 +98,6 @@ def make_engine() -> tuple[PoolEngine, int]:
         max_context=4096,
         decode_graphs=False,
         overlap=True,
-        prefix_caching=False,
     )
     return local_engine(cfg, list(hf.state_dict().items()), ecfg), cfg.vocab_size
 
