@@ -131,6 +131,8 @@ mod handshake_tests;
 mod held;
 #[cfg(test)]
 mod held_tests;
+mod live_plan;
+mod orphans;
 mod plan_record;
 mod requests;
 mod rounds;
