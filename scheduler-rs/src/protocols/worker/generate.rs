@@ -95,7 +95,7 @@ pub struct Generate<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
     /// The tier's TPOT target (ms) for SLO tiers: what the worker's binding cost model
-    /// (binding.rs) weighs a request's decode against.
+    /// (binding/) weighs a request's decode against.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tpot_ms: Option<f64>,
     /// The tier's goodput weight (`Tier::weight`): the binding cost model's value of the

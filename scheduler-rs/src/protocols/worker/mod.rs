@@ -3,7 +3,7 @@
 //!
 //! Every message type both encodes and decodes, so the golden fixtures of
 //! `tests/golden/wire/` (shared with the Python worker's dataclasses) pin both directions
-//! (`protocols/wire_golden.rs`). Router → worker messages borrow what they send (`Cow`), so
+//! (`protocols/wire_golden/`). Router → worker messages borrow what they send (`Cow`), so
 //! encoding copies nothing.
 //!
 //! One message family a file; this module re-exports them all, so `protocols::worker::X`
