@@ -76,7 +76,7 @@ fn router_main(py: Python<'_>, argv: Option<Vec<String>>) -> PyResult<i32> {
     Ok(py.detach(move || crate::server::cli_main(argv)))
 }
 
-/// The cost model of per-request TP binding (`binding.rs`) over one profile JSON: the very
+/// The cost model of per-request TP binding (`binding/`) over one profile JSON: the very
 /// decisions the simulator takes. Raises `ValueError` on an invalid profile.
 #[pyclass(frozen)]
 struct BindingModel {

@@ -32,7 +32,7 @@ struct Inflight {
     /// The decode group's leader when the leader's group only prefills.
     decode: Option<WorkerId>,
     /// Token ids streamed to the client so far: a request whose worker dies resumes on
-    /// another worker from `input_ids ‖ generated` (see `workers.rs`, `orphan`).
+    /// another worker from `input_ids ‖ generated` (see `orphans.rs`, `orphan`).
     generated: Vec<u32>,
     /// Re-dispatches after a worker died (bounded by `max_retries`).
     retries: u32,
@@ -131,6 +131,8 @@ mod handshake_tests;
 mod held;
 #[cfg(test)]
 mod held_tests;
+mod live_plan;
+mod orphans;
 mod plan_record;
 mod requests;
 mod rounds;

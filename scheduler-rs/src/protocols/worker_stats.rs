@@ -83,7 +83,7 @@ stats! {
     tp_binds_soft: u64,
     tp_bound_requests: u64,
     tp_binds_clamped: u64,
-    /// Cost-model binding decisions taken, by chosen mode (binding.rs `BindMode`).
+    /// Cost-model binding decisions taken, by chosen mode (binding/query.rs `BindMode`).
     bind_decisions_dp: u64,
     bind_decisions_prefill: u64,
     bind_decisions_full: u64,

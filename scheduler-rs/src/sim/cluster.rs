@@ -1,6 +1,7 @@
-//! The event loop: arrivals → Dispatcher → group engines; iteration completions; KV
-//! handoffs; and, for live policies, a control tick every window that re-plans (stats →
-//! planner → `reconfigure.rs`).
+//! The simulated cluster's state and its run: built from a config (or as a shadow run),
+//! played to the end, summarized. Its event loop is `event_loop.rs`, a request's way
+//! through the groups `routing.rs`, the control tick `control.rs`, plan changes
+//! `reconfigure.rs` and TP bindings `bind.rs`.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -8,20 +9,18 @@ use std::collections::{BTreeMap, BinaryHeap};
 use anyhow::{ensure, Context, Result};
 
 use crate::binding::BindingModel;
-use crate::dispatch::{Class, DispatchRequest, Dispatcher};
+use crate::dispatch::{Class, Dispatcher};
 use crate::ids::TierId;
 use crate::plan::Plan;
 use crate::planner::strategy::{plan_strategy, Strategy};
-use crate::planner::{self, PlannerConfig};
+use crate::planner::PlannerConfig;
 use crate::profile::Profile;
 use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
 use super::bind_types::{BindCounts, BindRecord, Binding};
 use super::choice::{Choice, Choose};
 use super::events::{Event, Kind};
-use super::forecast::{recent_of, InFlight};
 use super::group::GroupSim;
-use super::lookahead::{EngineKnobs, Situation};
 use super::policy::{self, Policy};
 use super::reqs::{Req, Reqs};
 use super::{report, SimConfig, SimResult, TraceRequest};
@@ -39,18 +38,18 @@ pub struct Cluster<'a> {
     /// Live policies: the layout strategy in force (`nitsum` re-chooses it).
     pub(super) strategy: Option<Strategy>,
     /// Control windows so far (selection rounds run every `lookahead.every_windows`).
-    windows: u64,
+    pub(super) windows: u64,
     /// Policy `nitsum`: the strategy choice across rounds.
-    chooser: Option<Box<dyn Choose>>,
+    pub(super) chooser: Option<Box<dyn Choose>>,
     /// Every selection round of policy `nitsum`; see `SimResult::choices`.
-    choices: Vec<(f64, Choice)>,
+    pub(super) choices: Vec<(f64, Choice)>,
     pub(super) events: BinaryHeap<Event>,
     /// Requests by (arrival, index): the arrivals, read in order instead of queued as events
     /// (the heap then holds only the groups' few events).
     pub(super) arrivals: Vec<usize>,
     pub(super) next_arrival: usize,
     /// Arrival `i` orders as an event pushed with sequence number `arrival_seq + 1 + i`.
-    arrival_seq: u64,
+    pub(super) arrival_seq: u64,
     pub(super) seq: u64,
     pub(super) now: f64,
     pub(super) end: f64,
@@ -70,7 +69,7 @@ pub struct Cluster<'a> {
     pub(super) bind_log: Vec<BindRecord>,
     /// A shadow run (`sim::shadow`): arrivals are appended as they happen, it never ends and
     /// its control ticks go on with nothing in flight.
-    open: bool,
+    pub(super) open: bool,
 }
 
 impl<'a> Cluster<'a> {
@@ -221,309 +220,6 @@ impl<'a> Cluster<'a> {
     fn play(&mut self) {
         self.advance(self.end);
     }
-
-    /// Process every event up to time `until` (arrivals included).
-    pub(super) fn advance(&mut self, until: f64) {
-        while let Some(ev) = self.next_event(until) {
-            self.now = ev.t;
-            match ev.kind {
-                Kind::Arrival(r) => self.on_arrival(r),
-                Kind::IterDone(l, gen) => self.on_iteration(l, gen),
-                Kind::Ready(l, gen) => {
-                    if self.groups.get(&l).is_some_and(|g| g.generation == gen) {
-                        self.kick(l);
-                    }
-                }
-                Kind::KvArrived(r, l) => self.hand_to_decoder(r, Some(l), 0.0),
-                Kind::BoundFirst(r, id) => self.on_bound_first(r, id),
-                Kind::BoundDone(r, id) => self.on_bound_done(r, id),
-                Kind::Control => self.on_control(),
-            }
-        }
-    }
-
-    /// The earliest of the queued events and the next arrival, if it comes by `until`.
-    fn next_event(&mut self, until: f64) -> Option<Event> {
-        let arrival = self.arrivals.get(self.next_arrival).map(|&i| Event {
-            t: self.reqs[i].arrival,
-            seq: self.arrival_seq + 1 + i as u64,
-            kind: Kind::Arrival(i),
-        });
-        let first = match (&arrival, self.events.peek()) {
-            (Some(a), Some(e)) => a.t.min(e.t),
-            (Some(a), None) => a.t,
-            (None, Some(e)) => e.t,
-            (None, None) => return None,
-        };
-        if first > until {
-            return None;
-        }
-        match (arrival, self.events.peek()) {
-            // `Event` orders reversed (for the max-heap): greater = earlier.
-            (Some(a), Some(e)) if *e > a => self.events.pop(),
-            (Some(a), _) => {
-                self.next_arrival += 1;
-                Some(a)
-            }
-            (None, _) => self.events.pop(),
-        }
-    }
-
-    pub(super) fn push(&mut self, t: f64, kind: Kind) {
-        self.seq += 1;
-        self.events.push(Event {
-            t,
-            seq: self.seq,
-            kind,
-        });
-    }
-
-    fn on_arrival(&mut self, r: usize) {
-        let tier = &self.cfg.tiers[self.reqs[r].tier.index()];
-        self.stats
-            .on_arrival(self.now, &tier.name, self.reqs[r].input);
-        let req = DispatchRequest {
-            tier: self.reqs[r].tier,
-            background: tier.background || self.reqs[r].leftover,
-            affinity: None,
-        };
-        let Some(d) = self.dispatcher.dispatch(r as u64, &req) else {
-            self.reqs[r].dropped = true;
-            return;
-        };
-        self.reqs[r].class = d.class;
-        // Split rejects what its tier's partition cannot serve within SLO, and so does a
-        // tier with `reject_unattainable` (as the router answers 429 `slo_unattainable`).
-        let rejects = self.rejects_best_effort() || tier.reject_unattainable;
-        if rejects && d.class == Class::BestEffort {
-            self.drop_request(r);
-            return;
-        }
-        // NOTE: only feasible work is charged against a group's SLO bandwidth: best-effort
-        // and background requests run on leftover capacity (the local scheduler serves them
-        // last and preempts them), so charging them would let a spill backlog mark every
-        // later request infeasible. The router should do the same (docs/planner.md).
-        if d.class != Class::Feasible {
-            self.dispatcher.complete(r as u64);
-        }
-        self.reqs[r].decode_leader = d.decode_leader;
-        if !self.try_bind(r, d.prefill_leader, d.class) {
-            self.groups
-                .get_mut(&d.prefill_leader)
-                .expect("dispatcher routes to planned groups")
-                .push_prefill(r, d.class);
-            self.kick(d.prefill_leader);
-        }
-        if !self.bindings.is_empty() {
-            self.reconsider_block_of(d.prefill_leader);
-        }
-    }
-
-    fn on_iteration(&mut self, leader: u32, gen: u64) {
-        let Some(g) = self.groups.get_mut(&leader) else {
-            return;
-        };
-        if g.generation != gen || !g.busy() {
-            return;
-        }
-        let out = g.finish(&mut self.reqs, self.now);
-        for r in out.finished {
-            self.done(r);
-        }
-        for r in out.handoff {
-            let bytes = f64::from(self.reqs[r].input) * self.cfg.kv_bytes_per_token;
-            let target = self.decode_target(self.reqs[r].decode_leader, None);
-            match target {
-                Some(l) => self.push(self.now + self.transfer_s(bytes), Kind::KvArrived(r, l)),
-                None => self.drop_request(r),
-            }
-        }
-        self.kick(leader);
-    }
-
-    pub(super) fn done(&mut self, r: usize) {
-        self.dispatcher.complete(r as u64);
-        let tier = &self.cfg.tiers[self.reqs[r].tier.index()].name;
-        self.stats
-            .on_completion(self.now, tier, self.reqs[r].output);
-    }
-
-    pub(super) fn drop_request(&mut self, r: usize) {
-        self.reqs[r].dropped = true;
-        self.dispatcher.complete(r as u64);
-    }
-
-    pub(super) fn transfer_s(&self, bytes: f64) -> f64 {
-        bytes / (self.cfg.kv_bandwidth_gbps * 1e9)
-    }
-
-    /// A decoding group: `want` if it still decodes, else the group holding device `near`,
-    /// else the least-loaded decoding group.
-    pub(super) fn decode_target(&self, want: Option<u32>, near: Option<u32>) -> Option<u32> {
-        let decodes = |l: &u32| self.groups.get(l).is_some_and(GroupSim::decodes);
-        if let Some(l) = want.filter(decodes) {
-            return Some(l);
-        }
-        if let Some(d) = near {
-            let holder = self
-                .groups
-                .iter()
-                .find(|(_, g)| g.plan.members.contains(&d));
-            if let Some((&l, _)) = holder.filter(|(_, g)| g.decodes()) {
-                return Some(l);
-            }
-        }
-        self.groups
-            .iter()
-            .filter(|(_, g)| g.decodes())
-            .min_by_key(|(_, g)| g.load())
-            .map(|(&l, _)| l)
-    }
-
-    /// Hand a prefilled request to a decode group (`extra_pause_s` for migrated KV).
-    pub(super) fn hand_to_decoder(&mut self, r: usize, want: Option<u32>, extra_pause_s: f64) {
-        let Some(l) = self.decode_target(want, want) else {
-            self.drop_request(r);
-            return;
-        };
-        let class = self.reqs[r].class;
-        let g = self.groups.get_mut(&l).expect("target exists");
-        g.ready_at = g.ready_at.max(self.now + extra_pause_s);
-        g.push_decode(r, class);
-        self.kick(l);
-    }
-
-    pub(super) fn kick(&mut self, leader: u32) {
-        let Some(g) = self.groups.get_mut(&leader) else {
-            return;
-        };
-        if g.busy() {
-            return;
-        }
-        let gen = g.generation;
-        if self.now < g.ready_at {
-            let at = g.ready_at;
-            self.push(at, Kind::Ready(leader, gen));
-            return;
-        }
-        let started = g.start(&mut self.reqs, &self.profile, self.now);
-        // A demoted request no longer holds SLO bandwidth at the dispatcher.
-        for r in g.take_demoted() {
-            self.dispatcher.complete(r as u64);
-        }
-        if let Some(lat) = started {
-            g.busy_until = self.now + lat;
-            self.push(self.now + lat, Kind::IterDone(leader, gen));
-        }
-    }
-
-    /// Whether group engines demote requests past their TTFT deadline: Nitsum's local
-    /// scheduler does; the baselines (SLO-agnostic FCFS, Split) keep their own rules.
-    pub(super) fn demotes_late(&self) -> bool {
-        !matches!(
-            self.cfg.policy,
-            Policy::Fixed(Strategy::StaticTp { .. } | Strategy::Split)
-        )
-    }
-
-    /// Whether requests beyond the plan's SLO bandwidth are rejected (Split's rule).
-    fn rejects_best_effort(&self) -> bool {
-        match &self.cfg.policy {
-            Policy::Fixed(Strategy::Split) => true,
-            Policy::FixedPlan {
-                reject_best_effort, ..
-            } => *reject_best_effort,
-            // NOTE: Nitsum running the split strategy serves what its partitions cannot take
-            // on leftover capacity (as the router does), rather than rejecting it (tried:
-            // rejecting under Nitsum's split gave 0.925 vs 0.938 geometric mean over the
-            // 8-device sweep points, and halved conv-step ×30).
-            _ => false,
-        }
-    }
-
-    fn on_control(&mut self) {
-        let pc = self
-            .planner_cfg
-            .clone()
-            .expect("control ticks only for live policies");
-        let now = self.now;
-        for g in self.groups.values() {
-            g.sync(&mut self.reqs);
-        }
-        self.sync_bound();
-        let inflight: Vec<InFlight> = self
-            .reqs
-            .iter()
-            .filter(|r| r.arrival <= now && r.finish.is_none() && !r.dropped)
-            .map(|r| InFlight {
-                tier: r.tier.index(),
-                generated: f64::from(r.generated),
-                age_s: now - r.arrival,
-                feasible: r.class == Class::Feasible,
-            })
-            .collect();
-        let running: Vec<(&str, f64)> = inflight
-            .iter()
-            .map(|r| (self.cfg.tiers[r.tier].name.as_str(), r.generated))
-            .collect();
-        let demand = self.stats.snapshot(now, &running);
-        let levels = planner::candidate_levels(&self.profile, &pc, self.cfg.devices);
-        let mut strategy = self.strategy.expect("live policies have a strategy");
-        let every = u64::from(self.cfg.lookahead.every_windows.max(1));
-        let round = self.windows.is_multiple_of(every);
-        if let Some(chooser) = self.chooser.as_mut().filter(|_| round) {
-            let arrivals = self.stats.recent_arrivals(now, chooser.lookback_s());
-            let recent = recent_of(&self.cfg.tiers, &arrivals);
-            let situation = Situation {
-                profile: &self.profile,
-                tiers: &self.cfg.tiers,
-                demand: &demand,
-                inflight: &inflight,
-                recent: &recent,
-                history_s: now,
-                devices: self.cfg.devices,
-                levels: &levels,
-                planner: &pc,
-                knobs: EngineKnobs::of(&self.cfg),
-            };
-            let (reqs, tiers) = (&self.reqs, &self.cfg.tiers);
-            let delivered = |t0: f64, t1: f64| delivered_rps(reqs, tiers, t0, t1);
-            let choice = chooser.round(&situation, now, &delivered);
-            strategy = choice.chosen;
-            self.choices.push((now, choice));
-        }
-        self.windows += 1;
-        self.strategy = Some(strategy);
-        // NOTE: every strategy re-plans every window, as the lookahead predicted it (a split
-        // sized on one window's shares would otherwise stay while the shares move);
-        // placement keeps unchanged groups where they are.
-        let planned = plan_strategy(
-            strategy,
-            &self.profile,
-            &self.cfg.tiers,
-            &demand,
-            self.cfg.devices,
-            Some(&self.plan),
-            &pc,
-        );
-        self.apply(planned, true);
-        let pending = self.reqs.iter().any(|r| r.finish.is_none() && !r.dropped);
-        if (pending || self.open) && self.now + self.cfg.window_s <= self.end {
-            self.push(self.now + self.cfg.window_s, Kind::Control);
-        }
-    }
-}
-
-/// Weighted requests arrived in `[t0, t1)` that finished meeting their SLOs, per second.
-fn delivered_rps(reqs: &Reqs, tiers: &[crate::tiers::Tier], t0: f64, t1: f64) -> f64 {
-    let met: f64 = reqs
-        .iter()
-        .filter(|r| r.arrival >= t0 && r.arrival < t1 && !tiers[r.tier.index()].background)
-        // The same SLO check as the result's records (`report::record`).
-        .filter(|r| report::record(0, r, tiers).met)
-        .map(|r| tiers[r.tier.index()].weight)
-        .sum();
-    met / (t1 - t0).max(1e-9)
 }
 
 /// The simulated state of request `i` of the trace (validated).

@@ -12,6 +12,8 @@ mod bind_types;
 pub mod choice;
 pub mod chooser;
 mod cluster;
+mod control;
+mod event_loop;
 mod events;
 pub mod forecast;
 mod group;
@@ -24,6 +26,7 @@ mod prompt_order;
 mod reconfigure;
 mod report;
 mod reqs;
+mod routing;
 pub mod shadow;
 mod shadow_binding;
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::workers::{resumed, Action};
+use super::orphans::{resumed, Action};
 use super::{Event, RouterState, State, Submit};
 use crate::ids::WorkerId;
 use crate::prefix_index::prefix_keys;

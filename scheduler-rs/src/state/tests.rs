@@ -426,18 +426,18 @@ fn a_resumed_request_replays_its_generated_tokens_into_its_grammar_and_penalties
         grammar: Some(Grammar::json_object()),
         ..submit()
     });
-    let once = super::workers::resumed(&req, &[7, 8, 9]).unwrap();
+    let once = super::orphans::resumed(&req, &[7, 8, 9]).unwrap();
     assert_eq!(once.input_ids, [1, 2, 7, 8, 9]);
     assert_eq!(once.grammar.as_ref().map(|g| g.replay), Some(3));
     let s = &once.sampling;
     assert_eq!((s.max_tokens, s.min_tokens, s.resumed_tokens), (7, 1, 3));
     // A second resume starts again from the original request with all the output so far.
-    let twice = super::workers::resumed(&req, &[7, 8, 9, 5, 6]).unwrap();
+    let twice = super::orphans::resumed(&req, &[7, 8, 9, 5, 6]).unwrap();
     assert_eq!(twice.input_ids, [1, 2, 7, 8, 9, 5, 6]);
     let s = &twice.sampling;
     assert_eq!((s.max_tokens, s.min_tokens, s.resumed_tokens), (5, 0, 5));
     assert_eq!(
-        super::workers::resumed(&Arc::new(submit()), &[7])
+        super::orphans::resumed(&Arc::new(submit()), &[7])
             .unwrap()
             .grammar,
         None

@@ -1,6 +1,6 @@
 use super::*;
 
-const H100: &str = include_str!("../../profiles/h100-llama3-8b-analytic.json");
+const H100: &str = include_str!("../../../profiles/h100-llama3-8b-analytic.json");
 
 fn model() -> BindingModel {
     BindingModel::from_json(H100).expect("the shipped profile")
