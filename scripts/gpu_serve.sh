@@ -36,8 +36,11 @@ fi
 echo "[serve] model ready at $(elapsed) s"
 
 PORT=${GPU_CHECK_PORT:-8123}
+# NOTE: the workers' socket next to the HTTP port, not the default 5557 (a server left
+# running on this machine must not fail the section).
 nitsum serve --model "$M" --device "$DEV" --workers 1 --dtype bfloat16 --kv-cache-mb $KV \
-  --port "$PORT" --no-control > "$W/serve.log" 2>&1 &
+  --port "$PORT" --worker-addr "tcp://127.0.0.1:$((PORT + 1))" --no-control \
+  > "$W/serve.log" 2>&1 &
 SP=$!
 stop() { kill "$SP" 2>/dev/null; wait "$SP" 2>/dev/null; }
 trap stop EXIT
