@@ -125,6 +125,9 @@ def decode_rows(run: SectionRun) -> list[Row]:
     )
     rows = [run.row(floor, f"<= {FLOOR_RATIO_MAX}x floor", d["floor_ratio_b1"] <= FLOOR_RATIO_MAX)]
     tput = ", ".join(f"b{b} {r:.0f}" for b, r in rates.items()) + " tok/s"
+    waits = d.get("device_wait_share")
+    if waits:  # overlapped steps: how much of each run the host waited for the device
+        tput += "; host waited " + ", ".join(f"b{b} {w:.0%}" for b, w in waits.items())
     b64 = rates.get("64")
     met = None if b64 is None else b64 >= DECODE_B64_MIN
     rows.append(run.row(tput, f"b64 >= {DECODE_B64_MIN:.0f} tok/s", met))

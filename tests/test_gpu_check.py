@@ -57,6 +57,9 @@ def test_decode_rows_judge_the_floor_ratio_and_batch_64():
     assert "b64 8000" in tput.numbers and tput.verdict == "pass"
     floor, tput = run("decode", data=decode_data(step_ms=5.0, b64=3031.0))
     assert (floor.verdict, tput.verdict) == ("FAIL", "FAIL")
+    waits = decode_data(step_ms=4.5, b64=8000.0) | {"device_wait_share": {"1": 0.97, "64": 0.4}}
+    _, tput = run("decode", data=waits)
+    assert tput.numbers.endswith("; host waited b1 97%, b64 40%")
     # Off the GPU the same numbers are not judged.
     floor, tput = run("decode", data=decode_data(step_ms=5.0, b64=3031.0), gpu=False)
     assert (floor.verdict, tput.verdict) == ("n/a", "n/a")

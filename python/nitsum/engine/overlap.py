@@ -116,6 +116,10 @@ class OverlapStepper:
         self.sync_steps = 0
         # ("launch" | "apply", step number), the latest last: the order the host did things.
         self.events: deque[tuple[str, int]] = deque(maxlen=64)
+        # Seconds the host spent waiting for launched steps' tokens: against the wall time,
+        # whether steps are bound by the device (the host waits most of the time) or by the
+        # host (it hardly waits: the device idles between steps). scripts/bench_gpu.py.
+        self.waited_s = 0.0
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -201,7 +205,9 @@ class OverlapStepper:
         """Read `run`'s tokens (waiting for the device) and apply them; `after` is the step
         launched since, whose placeholders stay."""
         engine = self.engine
+        waiting = time.perf_counter()
         tokens = run.wait()
+        self.waited_s += time.perf_counter() - waiting
         self.events.append(("apply", run.number))
         for seq in run.finished_inside:  # NOTE: their last (wasted) step is done now
             engine.scheduler.kv.free(seq)
