@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 from nitsum.worker import protocol as proto
 from nitsum.worker.active_plan import ActivePlan
@@ -24,38 +25,27 @@ from nitsum.worker.protocol import Message
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class Registration:
     """The registration of every device id `backend` serves, on `links`.
 
     `live`: the server's accepted requests (request id -> (device it came on, prompt));
-    `plan`: the plan followed, whose epoch the router's `registered` sets.
+    `plan`: the plan followed, whose epoch the router's `registered` sets; the rest is what
+    `register` says and the handshake's settings (worker/server.py).
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        links: dict[int, RouterLink],
-        live: dict[str, tuple[int, int]],
-        plan: ActivePlan,
-        model_name: str,
-        device: str,
-        router_addr: str,
-        register_every_s: float,
-        secret: bytes | None,
-        kv_transport: str | None,
-    ) -> None:
-        self.backend = backend
-        self.links = links  # NOTE: the server's dict, filled when it connects
-        self.live = live
-        self.plan = plan
-        self.model_name = model_name
-        self.device = device
-        self.router_addr = router_addr
-        self.register_every_s = register_every_s
-        self.secret = secret
-        self.kv_transport = kv_transport
-        # Device ids whose process died, until restarted: no register, no heartbeat.
-        self.down: set[int] = set()
+    backend: Backend
+    links: dict[int, RouterLink]  # NOTE: the server's dict, filled when it connects
+    live: dict[str, tuple[int, int]]
+    plan: ActivePlan
+    model_name: str
+    device: str
+    router_addr: str
+    register_every_s: float
+    secret: bytes | None
+    kv_transport: str | None
+    # Device ids whose process died, until restarted: no register, no heartbeat.
+    down: set[int] = field(default_factory=set)
 
     # -- the handshake ----------------------------------------------------------------------------
     def opening_msg(self, link: RouterLink) -> Message:

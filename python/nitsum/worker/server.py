@@ -65,11 +65,8 @@ class WorkerServer:
         (docs/security.md); without it only a router with authentication off accepts us.
         `kv_transport`: the KV transport's rendezvous address, when the backend joined one
         (sent in `register`: the router may then hand this process's KV to others)."""
-        self.kv_transport = kv_transport
         self.backend = backend
         self.router_addr = router_addr
-        self.model_name = model_name
-        self.device = device
         self.register_every_s = register_every_s
         self.heartbeat_every_s = heartbeat_every_s
         self.idle_poll_ms = idle_poll_ms
