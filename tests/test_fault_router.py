@@ -85,7 +85,7 @@ def test_kill_9_router_under_serve_with_40_streams(tmp_path: Path) -> None:
         back_s = time.monotonic() - killed_at[0]
         print(f"workers re-registered {back_s:.1f} s after the kill")
         assert back_s < 15
-        # The orphans were aborted (worker/server.py: on `reregister`, or on a fresh
+        # The orphans were aborted (worker/registration.py: on `reregister`, or on a fresh
         # `registered`): the engines hold nothing once the heartbeats report. Left running,
         # 40 answers of 400 tokens would keep them busy for minutes.
         time.sleep(2.0)  # NOTE: heartbeats (every 0.5 s) carry the engines' numbers

@@ -149,7 +149,7 @@ def _supervise(
 
     NOTE: a restarted router keeps its command line, address and worker secret, so the live
     workers reconnect to it and register again by themselves (worker/link.py) and abort what
-    the dead router had sent them (worker/server.py); a restarted worker registers afresh.
+    the dead router had sent them (worker/registration.py); a restarted worker registers afresh.
     """
     restarts = Restarts()
     for who in (*workers, "router"):

@@ -8,84 +8,30 @@ carries on as before.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections import Counter
 from collections.abc import Iterable
 
 from nitsum.config import ModelConfig
 from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.engine_config import EngineConfig
-from nitsum.engine.overlap import LaunchFailed
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.runner import sample_batch
-from nitsum.engine.scheduler import Scheduled, Scheduler
-from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
+from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.swap import SwapSpace
 from nitsum.errors import InvalidRequestError
-from nitsum.kv.host_pool import PageCopies, host_pages_in
-from nitsum.kv.pages import GroupPages, PageAllocator
+from nitsum.kv.host_pool import host_pages_in
+from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
-from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
-from nitsum.parallel.shift import ShiftRule
 from nitsum.parallel.topology import GroupShape, TPTopology, as_shape
+from nitsum.pool import page_usage
 from nitsum.pool.binding import Binder
-from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices
 from nitsum.pool.faults import FaultPlan
-from nitsum.pool.kv_move import (
-    Move,
-    ReconfigureReport,
-    commit_moves,
-    transfer_moves,
-)
+from nitsum.pool.group_runner import GroupRunner
+from nitsum.pool.group_step import step_groups
+from nitsum.pool.kv_move import ReconfigureReport
+from nitsum.pool.pd_handoff import hand_off_prefilled
 from nitsum.pool.switch import Switch
-
-log = logging.getLogger(__name__)
-
-
-class GroupRunner:
-    """Runs a group's steps on its member devices (all ranks get identical inputs)."""
-
-    def __init__(
-        self,
-        pool: Devices,
-        shape: GroupShape,
-        pages: GroupPages,
-        shift: ShiftRule,
-        counters: dict[str, int],
-    ) -> None:
-        self.pool = pool
-        self.shape = shape
-        self.members = shape.members
-        self.pages = pages
-        self.shift = shift
-        self.counters = counters
-
-    def prepare(self, batch: list[Scheduled]) -> StepInputs:
-        """The step's inputs; a group of ≥ 2 devices runs it as SP or TP by the shift rule
-        (counted in `sp_steps` / `tp_steps`)."""
-        if self.shape.is_pipeline:
-            # A pipeline: one micro-batch per stage keeps every stage busy.
-            self.counters["pp_steps"] += 1
-            tpp = self.pages.tokens_per_page
-            return build_pipeline_inputs(batch, tpp, self.shape.tp, self.shape.pp)
-        tokens = sum(item.q_len for item in batch)
-        sp = self.shift.sequence_parallel(len(self.members), tokens)
-        if len(self.members) > 1:
-            self.counters["sp_steps" if sp else "tp_steps"] += 1
-        return build_step_inputs(batch, self.pages.tokens_per_page, sp)
-
-    def run(self, batch: list[Scheduled]) -> list[int]:
-        self.pool.launch_step(self.members, self.prepare(batch))
-        return sample_batch(self.pool.collect_step(self.members), batch)
-
-    def start_swap(self, ticket: int, out: PageCopies, into: PageCopies) -> None:
-        self.pool.start_swap(self.members, ticket, out, into)
-
-    def swap_progress(self, wait_for: int | None = None) -> SwapProgress:
-        return self.pool.swap_progress(self.members, wait_for)
 
 
 class PoolEngine:
@@ -270,87 +216,19 @@ class PoolEngine:
         return any(e.has_unfinished() for _, e in self.every_engine())
 
     def step(self) -> list[RequestOutput]:
-        """One iteration on every group; groups run concurrently on their devices.
+        """One iteration on every group; groups run concurrently on their devices
+        (pool/group_step.py).
 
         NOTE: the plan's groups lent to a formed binding sit out; a binding forms and is
         released only here, between iterations (pool/binding.py)."""
         self.binder.begin_iteration()
-        paused = self.binder.paused()
-        active = [(g, e) for g, e in self.engines.items() if g not in paused]
-        launched: list[tuple[tuple[int, ...], Engine, list[Scheduled]]] = []
-        outputs: list[RequestOutput] = []
-        started = time.monotonic()
-        for members, engine in active + self.binder.active():
-            if engine.driver is not None:  # a one-device pool's overlapped steps
-                try:
-                    outputs += engine.step()
-                except Exception as e:  # noqa: BLE001 - a failing step fails its group
-                    cause = e.__cause__ if isinstance(e, LaunchFailed) else e
-                    log.error("group %s failed a step: %s", members, cause)
-                    if isinstance(e, LaunchFailed):
-                        outputs += e.outputs  # the step before's tokens still count
-                    why = f"engine step failed: {type(cause).__name__}: {cause}"  # as LocalDevice's
-                    outputs += self._fail_all(engine, why)
-                continue
-            try:
-                batch = engine.begin_step()
-            except (DeviceError, RuntimeError) as e:
-                # NOTE: e.g. a swap copy failed: this group's requests fail, and the groups
-                # already launched are still collected (their devices' replies keep order).
-                log.error("group %s failed to begin a step: %s", members, e)
-                outputs += self._fail_all(engine, f"engine step failed: {e}")
-                continue
-            if batch:
-                try:
-                    self.pool.launch_step(members, engine.runner.prepare(batch))
-                except DeviceError as e:  # e.g. a member's process is gone: nothing was sent
-                    log.error("group %s could not start a step: %s", members, e)
-                    if set(members) & self.pool.down:
-                        continue  # NOTE: not failed: lose_device hands them to the router
-                    outputs += self._fail_batch(engine, batch, f"engine step failed: {e}")
-                    continue
-                launched.append((members, engine, batch))
-        for members, engine, batch in launched:
-            try:
-                logits = self.pool.collect_step(members)
-            except DeviceError as e:
-                # A failing group fails only its own requests; the other groups carry on.
-                log.error("group %s failed a step: %s", members, e)
-                if set(members) & self.pool.down:
-                    continue  # NOTE: not failed: lose_device hands them to the router
-                why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
-                outputs += self._fail_batch(engine, batch, why)
-                continue
-            # Groups run concurrently: each one's step ends by its collect.
-            if not engine.shape.is_pipeline:
-                ms = (time.monotonic() - started) * 1e3
-                self.binder.chooser.observe(len(members), batch, ms)
-            tokens = sample_batch(logits, batch)
-            outputs += engine.end_step(batch, tokens, time.monotonic() - started)
+        outputs = step_groups(self.pool, self.engines, self.binder)
         for out in outputs:
             if out.finished:
                 self.decode_targets.pop(out.request_id, None)
                 self.binder.drop(out.request_id)
-        self._hand_off_prefilled()
+        hand_off_prefilled(self)  # P/D within the pool (pool/pd_handoff.py)
         self.binder.step_done()
-        return outputs
-
-    @staticmethod
-    def _fail_batch(engine: Engine, batch: list[Scheduled], why: str) -> list[RequestOutput]:
-        """End the requests of a step that failed with an error."""
-        return [
-            RequestOutput(item.seq.request_id, [], "error", why)
-            for item in batch
-            if engine.abort(item.seq.request_id)
-        ]
-
-    @staticmethod
-    def _fail_all(engine: Engine, why: str) -> list[RequestOutput]:
-        """End every request of `engine` with an error."""
-        outputs = []
-        for rid in engine.request_ids():
-            engine.abort_or_forget(rid)
-            outputs.append(RequestOutput(rid, [], "error", why))
         return outputs
 
     # -- reconfiguration ---------------------------------------------------------------------
@@ -370,35 +248,6 @@ class PoolEngine:
         priority first (the capacity check, before anything changes)."""
         return Switch(self, [as_shape(g) for g in groups]).capacity()
 
-    # -- prefill/decode disaggregation -------------------------------------------------------
-    def _hand_off_prefilled(self) -> None:
-        """Move requests whose prefill finished on a prefill group to their decode group,
-        with the same pack / pipelined transfer / unpack path as a TP migration."""
-        moves: list[Move] = []
-        paused = self.binder.paused()
-        for group, engine in self.engines.items():
-            if group in paused:
-                continue  # NOTE: its devices are lent to a binding: nothing moves from there
-            for seq in engine.running():
-                target = self.decode_targets.get(seq.request_id)
-                if target is not None and target not in self.engines:
-                    # NOTE: the decode group dissolved in a reconfiguration; the request
-                    # decodes where it is (a prefill group can decode, only less efficiently).
-                    del self.decode_targets[seq.request_id]
-                    continue
-                if target is None or target == group or target in paused:
-                    continue
-                if seq.movable:
-                    moves.append((seq, target, engine))
-        if not moves:
-            return
-        outcome = transfer_moves(self.pool, self.cfg, self.ecfg.page_tokens, moves, self.engines)
-        commit_moves(moves, self.engines, outcome)
-        for seq, _, _ in moves:
-            del self.decode_targets[seq.request_id]
-        self.counters["kv_handoffs"] += len(moves)
-        self.counters["kv_handoff_bytes"] += outcome.bytes_moved
-
     def retire(self, engine: Engine) -> None:
         """A dissolved group's engine: free its cached pages, keep its counters."""
         self.retired.update(engine.counters())
@@ -406,8 +255,7 @@ class PoolEngine:
 
     def free_pages(self, device: int) -> int:
         """Pages of `device` free now or as soon as its group needs them (idle cached ones)."""
-        cached = sum(e.num_evictable() for g, e in self.every_engine() if device in g)
-        return self.alloc.num_free(device) + cached
+        return page_usage.free_pages(self, device)
 
     def flush_prefix_cache(self) -> int:
         """Drop every engine's idle cached prefix pages (`/flush_cache`); returns the device
@@ -423,27 +271,11 @@ class PoolEngine:
         return {**self.counters, **self.binder.counters, **total, **self.usage()}
 
     def usage(self) -> dict[str, int]:
-        """Gauges, vLLM-style: device KV pages in use (`kv_cache_usage_perc`) and host-tier
-        pages in use (`host_kv_usage_perc`), percent over all devices; cached prefix pages
-        no sequence uses count as free on both."""
-        pages = self.alloc.num_pages * self.pool.num_devices
-        free = sum(self.free_pages(d) for d in range(self.pool.num_devices))
-        out = {"kv_cache_usage_perc": round(100 * (pages - free) / pages)}
-        if self.host_alloc is not None:
-            host = self.host_alloc.num_pages * self.pool.num_devices
-            host_free = sum(self.host_alloc.num_free(d) for d in range(self.pool.num_devices))
-            host_free += sum(e.num_host_cached() * len(g) for g, e in self.every_engine())
-            out["host_kv_usage_perc"] = round(100 * (host - host_free) / host)
-        return out
+        """The KV gauges of `stats`: device and host-tier pages in use, percent
+        (pool/page_usage.py)."""
+        return page_usage.usage(self)
 
     def page_accounting(self) -> dict[int, tuple[set[int], set[int]]]:
         """Per device: (pages marked used, pages owned by live sequences or held by a
-        group's prefix cache). Must be equal."""
-        owned: dict[int, set[int]] = {d: set() for d in range(self.pool.num_devices)}
-        for members, engine in self.every_engine():
-            for seq in engine.sequences():
-                for d in seq.layout.members:
-                    owned[d] |= set(seq.pages)
-            for d in members:
-                owned[d] |= engine.cached_pages()
-        return {d: (self.alloc.used(d), owned[d]) for d in owned}
+        group's prefix cache). Must be equal (pool/page_usage.py)."""
+        return page_usage.page_accounting(self)

@@ -1,0 +1,159 @@
+"""Each served device id's standing with the router: registration, and device loss.
+
+A device id registers over its link (worker/link.py): with a secret, `hello` first and
+`register` only once the router proved the secret in its `challenge` (docs/protocol.md
+"Handshake"); without one, a plain `register`. The router may ask a device to register
+again (`reregister`); a device whose process died is reported (`device_lost`) and, once
+restarted, registers again (worker/device_watch.py).
+
+NOTE: a router that admits a device (again) holds none of the requests that came on it
+before, so those are aborted here without an answer: the router resumes or ended them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from nitsum.worker import protocol as proto
+from nitsum.worker.active_plan import ActivePlan
+from nitsum.worker.backend import Backend
+from nitsum.worker.link import RouterLink
+from nitsum.worker.protocol import Message
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Registration:
+    """The registration of every device id `backend` serves, on `links`.
+
+    `live`: the server's accepted requests (request id -> (device it came on, prompt));
+    `plan`: the plan followed, whose epoch the router's `registered` sets; the rest is what
+    `register` says and the handshake's settings (worker/server.py).
+    """
+
+    backend: Backend
+    links: dict[int, RouterLink]  # NOTE: the server's dict, filled when it connects
+    live: dict[str, tuple[int, int]]
+    plan: ActivePlan
+    model_name: str
+    device: str
+    router_addr: str
+    register_every_s: float
+    secret: bytes | None
+    kv_transport: str | None
+    # Device ids whose process died, until restarted: no register, no heartbeat.
+    down: set[int] = field(default_factory=set)
+
+    # -- the handshake ----------------------------------------------------------------------------
+    def opening_msg(self, link: RouterLink) -> Message:
+        """What opens a registration: `hello` when we have a secret (the router must prove it
+        first, docs/protocol.md "Handshake"), else a plain `register`."""
+        return self.register_msg(link.worker_id) if self.secret is None else link.hello()
+
+    def register_msg(self, device: int, auth: str | None = None) -> proto.Register:
+        """`register` for `device`, with the worker's proof `auth` after a handshake."""
+        kv_tokens, max_context, eos = self.backend.capacity()
+        tp_levels, domain = self.backend.register_shape(device)
+        return proto.Register(
+            device,
+            self.device,
+            self.model_name,
+            tp_levels,
+            domain,
+            kv_tokens,
+            max_context,
+            list(eos),
+            auth=auth,
+            kv_transport=self.kv_transport,
+        )
+
+    def on_challenge(self, device: int, msg: proto.Challenge) -> list[bytes]:
+        """Check the router's proof of the secret; only then prove ours in `register`.
+        Returns what the router sent meanwhile, for the server to handle now (nothing when
+        the proof failed; docs/protocol.md "Handshake")."""
+        if self.secret is None:
+            log.error(
+                "the router requires worker authentication: set %s for worker %d",
+                proto.SECRET_ENV,
+                device,
+            )
+            return []
+        link = self.links[device]
+        auth = link.answer(self.secret, msg, self.model_name)
+        if auth is None:
+            log.error(
+                "the peer at %s did not prove the worker secret to worker %d (a wrong secret, "
+                "an old router, or not the router at all): sent it nothing; retrying in %.0f s",
+                self.router_addr,
+                device,
+                self.register_every_s,
+            )
+            return []
+        link.send(self.register_msg(device, auth))
+        return link.take_held()
+
+    # -- the router's answers ---------------------------------------------------------------------
+    def on_registered(self, device: int, msg: proto.Registered) -> None:
+        self.plan.epoch = msg.epoch
+        if not self.links[device].registered:
+            log.info("worker %d registered (epoch %d)", device, self.plan.epoch)
+            # Maybe a restarted router, whose epochs may repeat the old one's: forget the
+            # answers kept for the old router's plans.
+            self.plan.acks.clear()
+            self.drop_orphans(device)
+        self.links[device].registered = True
+
+    def drop_orphans(self, device: int) -> None:
+        """Abort what arrived on `device` before this registration, without answering.
+
+        NOTE: a router that admits a worker (again) holds none of its earlier requests (a
+        restarted router never knew them; a live one resumes them elsewhere, state/workers.rs):
+        running them on would only hold KV pages nobody reads."""
+        orphans = [rid for rid, (arrived_on, _) in self.live.items() if arrived_on == device]
+        for rid in orphans:
+            self.backend.abort(rid)
+            del self.live[rid]
+        if orphans:
+            log.warning("worker %d aborted %d requests of a lost router", device, len(orphans))
+
+    def on_reregister(self, device: int) -> None:
+        """The router declared this device dead (e.g. a step outlasted the heartbeat timeout)
+        and already ended its requests: drop them here too and register again at once."""
+        for rid, (arrived_on, _) in list(self.live.items()):
+            if arrived_on == device:
+                self.backend.abort(rid)
+                del self.live[rid]
+        log.warning("router asked worker %d to register again", device)
+        link = self.links[device]
+        link.registered = False
+        link.next_register = time.monotonic()
+
+    # -- device loss ------------------------------------------------------------------------------
+    def watch_devices(self) -> None:
+        """Report dead devices to the router at once (`device_lost`: it resumes their
+        requests elsewhere) and register restarted ones again (worker/device_watch.py)."""
+        events = self.backend.device_events()
+        for lost in events.lost:
+            d = lost.device
+            self.down.add(d)
+            mates: set[int] = set()
+            for rid in lost.request_ids:  # dropped by the engines: no final from here
+                arrived_on, _ = self.live.pop(rid, (d, 0))
+                mates.add(arrived_on)
+            # NOTE: the router resumes every request that came on `d`, wherever it runs now.
+            for rid in [r for r, (on, _) in self.live.items() if on == d]:
+                self.backend.abort(rid)
+                del self.live[rid]
+            link = self.links[d]
+            link.registered = False
+            link.send(proto.DeviceLost(d, lost.reason))  # NOTE: after its last `tokens`
+            # Members of a TP group with `d` that live on: their requests were dropped too;
+            # registering again is how the router learns to resume them (`reregister`).
+            for mate in sorted(mates - self.down):
+                self.on_reregister(mate)
+        for d in events.back:
+            self.down.discard(d)
+            self.links[d].next_register = time.monotonic()
