@@ -2,7 +2,7 @@
 
 Run it only for a deliberate protocol change, on both sides at once: the fixtures pin the wire
 for tests/test_wire_golden.py (the Python dataclasses) and scheduler-rs `protocols/
-wire_golden.rs` (the router's Rust types), so a change made on one side only fails them.
+wire_golden/` (the router's Rust types), so a change made on one side only fails them.
 
     PYTHONPATH=python python scripts/regen_wire_fixtures.py
 """

@@ -3,7 +3,7 @@
 A premium interactive tier whose TTFT a TP-1 replica cannot meet for its mean prompt, but a
 TP-2 or TP-4 group can, carries `bind_tp`; it is mixed with the relaxed and background tiers
 of the `apps` workload. Each load point runs the same requests with the simulator's binding
-`off` (bind_tp ignored), `cost` (the cost model of scheduler-rs/src/binding.rs decides, as
+`off` (bind_tp ignored), `cost` (the cost model of scheduler-rs/src/binding/ decides, as
 the worker does) and `always` (forced full binding, Flying Serving as it was), under two
 layouts: DP replicas (Nitsum fixed at TP 1, the layout binding is for) and adaptive Nitsum.
 """

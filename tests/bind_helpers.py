@@ -1,6 +1,6 @@
 """Shared pieces of the per-request binding tests (test_tp_binding.py, test_bind_choice.py):
 the pool's settings, a PoolEngine that records every request's tokens and steps, and
-`nitsum-profile/1` profiles written for the cost model (scheduler-rs/src/binding.rs)."""
+`nitsum-profile/1` profiles written for the cost model (scheduler-rs/src/binding/)."""
 
 from __future__ import annotations
 

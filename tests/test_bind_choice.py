@@ -1,4 +1,4 @@
-"""Cost-aware binding (issue 32): the worker asks the cost model (binding.rs through
+"""Cost-aware binding (issue 32): the worker asks the cost model (binding/ through
 `nitsum._core.BindingModel`) before a chosen binding and acts on it: DP on the replica it
 names, bound for the prompt only (the KV then goes back to that replica), or in full with a
 handback once the rest is cheaper in DP. CPU device processes of the tiny GQA model (TP 1/2);

@@ -1,5 +1,5 @@
 """The worker's local scheduler (engine/scheduler.py + prompt_order.py) and its simulator twin
-(scheduler-rs/src/sim/group.rs + prompt_order.rs) schedule the same scenarios the same way:
+(scheduler-rs/src/sim/group/ + prompt_order.rs) schedule the same scenarios the same way:
 each golden trace of tests/golden/scheduler/ is checked here against the worker's scheduler
 and by `cargo test parity` against the simulator's, so either side drifting fails one of them."""
 

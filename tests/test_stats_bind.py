@@ -1,5 +1,5 @@
 """Binding decisions on the `stats` wire: the typed `last_bind` (worker/bind_decision.py) round
-trips a real decision of the cost model (`nitsum._core.BindingModel`, scheduler-rs binding.rs),
+trips a real decision of the cost model (`nitsum._core.BindingModel`, scheduler-rs binding/),
 and the worker sends the pool's latest one with its counters."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The golden router ↔ worker messages: one of each type, every field set, built from the
 Python dataclasses (`generate`, parsed by `inbound.parse_generate`, is written as the router
 sends it). tests/golden/wire/ holds them as msgpack (and a JSON twin to read); the router's
-Rust types are checked against the same files (scheduler-rs `protocols/wire_golden.rs`).
+Rust types are checked against the same files (scheduler-rs `protocols/wire_golden/`).
 
 NOTE: every float is exact in f32 (the router's sampling and logprob fields are f32), so both
 sides can compare values exactly. Regenerate deliberately: scripts/regen_wire_fixtures.py.
@@ -20,7 +20,7 @@ from nitsum.worker.stats import Stats
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "wire"
 _STATS_NAMES = [n for n in Stats.__dataclass_fields__ if n not in ("worker_id", "last_bind")]
-# Every mode and field, floats exact in f32 (scheduler-rs wire_golden.rs `golden_decision`).
+# Every mode and field, floats exact in f32 (scheduler-rs wire_golden/ `golden_decision`).
 GOLDEN_DECISION = BindDecision(
     "prefill",
     2,

@@ -26,7 +26,7 @@ def router_main(argv: list[str] | None = None) -> int:
     """Run the `nitsum-router` entry point (argv: program name first); its exit code."""
 
 class BindingModel:
-    """The cost model of per-request TP binding over one profile JSON (binding.rs); the
+    """The cost model of per-request TP binding over one profile JSON (binding/); the
     simulator takes the same decisions. ValueError on an invalid profile."""
 
     def __init__(self, profile_json: str) -> None: ...

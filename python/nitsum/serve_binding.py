@@ -1,5 +1,5 @@
 """`nitsum serve`'s per-request TP binding settings for its workers: the profile their binding
-cost model weighs with (scheduler-rs binding.rs, through `nitsum._core.BindingModel`) and the
+cost model weighs with (scheduler-rs binding/, through `nitsum._core.BindingModel`) and the
 policy (`cost`: bind only where it pays; `always`: every binding the triggers ask for).
 
 By default the workers weigh with the control profile: the one the router plans with

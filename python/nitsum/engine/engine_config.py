@@ -50,7 +50,7 @@ class EngineConfig:
     # replicas (pool/binding.py, the load trigger); False: only bind_tp and long contexts bind.
     bind_idle: bool = False
     # A `nitsum-profile/1` JSON of this model on these devices: the cost model of binding
-    # (pool/bind_choice.py, scheduler-rs/src/binding.rs) weighs each chosen binding against
+    # (pool/bind_choice.py, scheduler-rs/src/binding/) weighs each chosen binding against
     # DP with it. None: no cost model (every trigger binds, as `bind_policy="always"`).
     binding_profile: str | None = None
     # "cost": a tier's `bind_tp` or `bind_idle` binds only when the cost model says it pays

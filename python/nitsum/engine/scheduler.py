@@ -164,7 +164,7 @@ class Scheduler:
         ones behind it (the FCFS collapse again, for prompts already started). The estimate
         is a lower bound (the fastest recent full-budget step for every step but the last, no
         new arrivals ahead), so a sequence that could still make it is never demoted. The
-        simulator's local scheduler does the same (scheduler-rs/src/sim/group.rs,
+        simulator's local scheduler does the same (scheduler-rs/src/sim/group/,
         `demote_hopeless`, which checks admitted prompts only).
         """
         if not self.full_steps:

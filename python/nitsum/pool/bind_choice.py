@@ -1,7 +1,7 @@
 """Whether a chosen binding pays: the worker's side of the cost model (issue 32).
 
 A tier's `bind_tp` and the load trigger (`bind_idle`) *choose* a binding; the cost model
-(scheduler-rs/src/binding.rs, through `nitsum._core.BindingModel`, the simulator's code too)
+(scheduler-rs/src/binding/, through `nitsum._core.BindingModel`, the simulator's code too)
 weighs it against DP from the profile and the block's real state at this iteration
 boundary, and answers one of:
 
@@ -161,7 +161,7 @@ class Chooser:
         output_tokens: int,
         context_tokens: int,
     ) -> dict[str, Any]:
-        """A `BindQuery` (binding.rs) over the replicas' state now."""
+        """A `BindQuery` (binding/) over the replicas' state now."""
         budget = self.ecfg.token_budget
         loads = []
         outputs: list[int] = []

@@ -1,6 +1,6 @@
 """A per-request TP binding decision on the wire: `last_bind` of the `stats` message.
 
-The decision is taken by the cost model in scheduler-rs `binding.rs` (`nitsum._core.
+The decision is taken by the cost model in scheduler-rs `binding/` (`nitsum._core.
 BindingModel.decide`, which returns it as JSON); the pool keeps its latest one as a dict
 (`PoolEngine.last_bind`) and the worker sends it typed. The router decodes it into the same
 Rust type (`binding::BindDecision`) and shows it in `/admin/plan` (docs/protocol.md).
@@ -32,7 +32,7 @@ class BindOption:
 
 @dataclass(frozen=True)
 class BindDecision:
-    """The chosen mode and what was weighed (binding.rs `BindDecision`).
+    """The chosen mode and what was weighed (binding/ `BindDecision`).
 
     NOTE: `replica` indexes the query's replicas (the one DP would use, and that decodes
     after a prefill-only binding); `gain` is the chosen value minus DP's (≥ 0).

@@ -5,7 +5,7 @@ the schema. `to_wire` builds the msgpack map (`v`, `type`, then the fields), `fr
 type-checks a received map into the dataclass and raises ProtocolError naming the bad field.
 Adding a field to a message is one line. The golden fixtures in tests/golden/wire/ pin the
 result against the router's Rust types (tests/test_wire_golden.py, scheduler-rs
-`protocols/wire_golden.rs`).
+`protocols/wire_golden/`).
 
 Supported hints: int, float, str, bool, `Literal[...]`, `X | None`, unions tried in order,
 `list[X]`, `tuple[X, ...]`, `tuple[X, Y]` (a list on the wire), `dict[str, X]` and nested

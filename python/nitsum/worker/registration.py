@@ -110,7 +110,7 @@ class Registration:
         """Abort what arrived on `device` before this registration, without answering.
 
         NOTE: a router that admits a worker (again) holds none of its earlier requests (a
-        restarted router never knew them; a live one resumes them elsewhere, state/workers.rs):
+        restarted router never knew them; a live one resumes them elsewhere, state/orphans.rs):
         running them on would only hold KV pages nobody reads."""
         orphans = [rid for rid, (arrived_on, _) in self.live.items() if arrived_on == device]
         for rid in orphans:

@@ -1,7 +1,7 @@
 """The `stats` message (worker → router): a host worker's cumulative counters and KV gauges.
 
 The router exports each field as `nitsum_worker_stat{worker, name}` and reads some into the
-`vllm:*` metrics (scheduler-rs `protocols/worker.rs` `Stats`, docs/protocol.md). A field is
+`vllm:*` metrics (scheduler-rs `protocols/worker/` `Stats`, docs/protocol.md). A field is
 absent when this worker does not have the part that counts it (no host KV tier, no KV peers).
 Besides the numbers, `last_bind` carries the pool's latest binding decision (bind_decision.py),
 which the router shows in `/admin/plan`.
@@ -46,7 +46,7 @@ class Stats(Message):
     tp_binds_soft: int | None = _stat()
     tp_bound_requests: int | None = _stat()
     tp_binds_clamped: int | None = _stat()
-    # The binding cost model (scheduler-rs binding.rs): decisions taken by chosen mode, full
+    # The binding cost model (scheduler-rs binding/): decisions taken by chosen mode, full
     # bindings handed back to a replica mid-decode, iterations soft bindings gave to replicas.
     bind_decisions_dp: int | None = _stat()
     bind_decisions_prefill: int | None = _stat()
