@@ -213,3 +213,13 @@ def test_split_kernel_compiles_to_tensor_cores():
     bf16 = counts("bf16")
     assert bf16["mma"] > 0 and bf16["cp_async_16"] > 0 and bf16["merge_stores"] > 0
     assert counts("fp32")["mma"] == 0
+
+
+def test_split_counts_compile_two_merge_variants():
+    """The split count grows with the context; the merge's vector over splits takes two
+    sizes, and the split count itself is no compile key of either kernel."""
+    from nitsum.kernels.decode_attention_triton import DECODE_UNSPECIALIZED, MAX_SPLITS, merge_block
+
+    assert {merge_block(n) for n in range(2, MAX_SPLITS + 1)} == {16, MAX_SPLITS}
+    assert all(merge_block(n) >= n for n in range(2, 200))
+    assert "SPLITS" in DECODE_UNSPECIALIZED and "stride_pages" in DECODE_UNSPECIALIZED

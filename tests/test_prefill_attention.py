@@ -175,3 +175,50 @@ def test_engine_steps_with_the_kernels_match_transformers():
         engine.add_request(f"r{i}", p, RequestSpec(greedy))
     outs, _ = run_to_completion(engine)
     assert outs == {f"r{i}": hf_greedy(hf, p, 6) for i, p in enumerate(prompts)}
+
+
+def test_many_chunks_and_the_variants_a_step_compiles():
+    """More chunks than the small BLOCK_C (17 one- to nine-token prompts beside decode rows)
+    match float64 attention; chunk counts fall in two compiled sizes, and the chunks'
+    integers keep 16-byte aligned rows (a pointer's alignment is a compile key)."""
+    from nitsum.kernels.prefill_attention_triton import PREFILL_UNSPECIALIZED, chunk_block
+
+    g = torch.Generator().manual_seed(11)
+    chunks = [(3 * (i % 4), 1 + i % 9) for i in range(17)]
+    q, kc, vc, meta = _step(g, 16, 2, 4, 32, torch.float32, chunks=chunks)
+    out = torch.full_like(q, float("nan"))
+    prefill_attention_triton(q, kc, vc, meta, 32**-0.5, out)
+    nd = len(DECODE_LENS)
+    want = _float64_attention(q, kc, vc, meta, 32**-0.5)
+    torch.testing.assert_close(out[nd:].cpu().double(), want[nd:], atol=1e-4, rtol=1e-4)
+    assert {chunk_block(n) for n in range(1, 257)} == {16, 256}
+    _, ints = meta.prefill_table()
+    assert ints.shape == (3, 32) and ints[1, :17].tolist() == [n for _, n in chunks]
+    assert set(PREFILL_UNSPECIALIZED) == {"stride_pages", "n_chunks"}
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="compilation is a GPU matter")
+def test_steps_of_other_chunk_counts_widths_and_splits_compile_nothing_new():
+    """Once a mixed step ran, steps with other chunk counts (up to 16), page-table widths and
+    decode split counts reuse its compiled attention kernels (a compile is ~1 s on the
+    serving path)."""
+    from nitsum.kernels import decode_attention_triton as dat
+    from nitsum.kernels import prefill_attention_triton as pat
+
+    def compiled() -> list[int]:
+        kernels = (pat._prefill_kernel, dat._split_kernel, dat._merge_kernel)
+        return [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
+
+    g = torch.Generator().manual_seed(13)
+    counts = []
+    # NOTE: decode contexts of 3 to 15 splits: one split (a constexpr, 2 variants) and over
+    # 16 (the merge's second size) are other variants, compiled once each as well.
+    for n_chunks, ctx in ((2, 40), (3, 300), (7, 900), (16, 1500), (5, 1200)):
+        chunks = [(ctx + 7 * i, 60 + i) for i in range(n_chunks)]
+        decode_lens = [ctx + 600, 2 * ctx + 700]
+        q, kc, vc, meta = _step(
+            g, 16, 2, 4, 64, torch.bfloat16, chunks=chunks, decode_lens=decode_lens
+        )
+        paged_attention_triton(q, None, None, kc, vc, meta, 0.125, kv_written=True)
+        counts.append(compiled())
+    assert counts[1:] == [counts[0]] * (len(counts) - 1), counts

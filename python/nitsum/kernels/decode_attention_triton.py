@@ -90,7 +90,19 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(a, b, input_precision=PRECISION)
 
 
-@triton.jit
+# NOTE (compiled variants): as in prefill_attention_triton.py, the ints that change from step
+# to step (the page table's width, the split count) are not specialized on: a new value must
+# not compile a new variant on the serving path.
+DECODE_UNSPECIALIZED = ("stride_pages", "SPLITS")
+
+
+def merge_block(n_splits: int) -> int:
+    """BLOCK_S, the merge's vector over splits, in two sizes (16, or up to `MAX_SPLITS`): a
+    split count that grows with the context never compiles a new variant."""
+    return 16 if n_splits <= 16 else triton.next_power_of_2(max(n_splits, MAX_SPLITS))
+
+
+@triton.jit(do_not_specialize=DECODE_UNSPECIALIZED)
 def _split_kernel(
     q,  # (rows of the step, q_heads, hd); decode rows first
     k_cache,  # (slots, kv_heads, hd)
@@ -177,7 +189,7 @@ def _split_kernel(
         tl.store(lse_part + row, lse, mask=r_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("SPLITS",))
 def _merge_kernel(
     o_part,  # (n, q_heads, SPLITS, hd) fp32
     lse_part,  # (n, q_heads, SPLITS) fp32
@@ -261,5 +273,5 @@ def decode_attention_triton(
     if n_splits > 1:
         _merge_kernel[(n, hq)](
             o_part, lse_part, out, q.stride(0), q.stride(1), SPLITS=n_splits, HEAD_DIM=hd,
-            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d, num_warps=4,
+            BLOCK_S=merge_block(n_splits), BLOCK_D=block_d, num_warps=4,
         )  # fmt: skip

@@ -67,7 +67,14 @@ class AttentionMetadata:
             table = torch.zeros(len(segs), width, dtype=torch.long, device=dev)
             for i, s in enumerate(segs):
                 table[i, : len(s.pages)] = s.pages
-            ints = [[s.row_start for s in segs], [s.q_len for s in segs], [s.ctx_len for s in segs]]
+            # NOTE: rows padded to 16 entries: each row 16-byte aligned whatever the chunk
+            # count, so the kernel's pointers to them never compile a new variant.
+            pad = [0] * (-len(segs) % 16)
+            ints = [
+                [s.row_start for s in segs] + pad,
+                [s.q_len for s in segs] + pad,
+                [s.ctx_len for s in segs] + pad,
+            ]
             self._prefill_table = table, to_device(torch.tensor(ints, dtype=torch.long), dev)
         return self._prefill_table
 

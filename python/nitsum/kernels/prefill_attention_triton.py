@@ -120,7 +120,22 @@ def _attend_block(
     return acc, l_i, m_new
 
 
-@triton.jit
+# NOTE (compiled variants): Triton compiles a kernel anew for each value of a constexpr and,
+# by default, for each int argument being 1 or a multiple of 16 and each pointer being 16-byte
+# aligned or not. A compile takes about a second on the serving path, so what varies from
+# step to step is left unspecialized (these ints), bucketed (`chunk_block`) or padded (the
+# chunks' integers, `AttentionMetadata.prefill_table`).
+PREFILL_UNSPECIALIZED = ("stride_pages", "n_chunks")
+
+
+def chunk_block(n_chunks: int) -> int:
+    """BLOCK_C, the kernel's vector over a step's chunks, bucketed to two sizes (16, or 256
+    and up as the batch cap needs) so a new chunk count never compiles a new variant; the
+    kernel reads only the first `n_chunks`."""
+    return 16 if n_chunks <= 16 else max(256, triton.next_power_of_2(n_chunks))
+
+
+@triton.jit(do_not_specialize=PREFILL_UNSPECIALIZED)
 def _prefill_kernel(
     q,  # (tokens, q_heads, hd)
     k_cache,  # (slots, kv_heads, hd)
@@ -143,7 +158,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_C: tl.constexpr,  # n_chunks rounded up to a power of two
+    BLOCK_C: tl.constexpr,  # `chunk_block(n_chunks)`
     EVEN_D: tl.constexpr,  # BLOCK_D == HEAD_DIM: no head-dim mask
     PRECISION: tl.constexpr,
 ):
@@ -236,7 +251,7 @@ def prefill_attention_triton(
         q, k_cache, v_cache, out, table, table.stride(0), ints[0], ints[1], ints[2], len(segs),
         scale * LOG2_E, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         PAGE=meta.page_tokens, HEAD_DIM=hd, GROUP=group, BLOCK_M=blocks.block_m,
-        BLOCK_N=blocks.block_n, BLOCK_D=block_d, BLOCK_C=max(2, triton.next_power_of_2(len(segs))),
+        BLOCK_N=blocks.block_n, BLOCK_D=block_d, BLOCK_C=chunk_block(len(segs)),
         EVEN_D=block_d == hd, PRECISION=precision,
         num_warps=blocks.num_warps, num_stages=blocks.num_stages,
     )  # fmt: skip
