@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import torch
 
 from nitsum.config import ModelConfig, mlp_blocks
+from nitsum.engine.attention_warmup import warm_attention
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.graphs import (
     DecodeGraphs,
@@ -84,5 +85,7 @@ class DeviceBuild:
         if graphs and ecfg.records_piecewise:
             buckets = token_buckets(ecfg.token_budget)
             piecewise = PiecewiseGraphs(self.model, ctx, self.kv, buckets, self._memory_pool)
+            if self.model.fused and ecfg.device.startswith("cuda"):
+                warm_attention(self.model, ctx, self.kv)  # NOTE: compiles here, not mid-step
         host = self.host if swaps else None
         return ModelRunner(self.model, self.kv, ctx, host, recorded, piecewise)
