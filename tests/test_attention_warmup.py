@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 
-from nitsum.engine.attention_warmup import warm_attention  # noqa: E402
+from nitsum.engine.attention_warmup import chunk_counts, warm_attention  # noqa: E402
 from nitsum.engine.build import build_engine  # noqa: E402
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
@@ -81,13 +81,22 @@ def test_the_warm_up_launches_every_variant_a_run_of_steps_does(monkeypatch):
     runner = engine.runner
     assert runner.pool.scratch_page is None  # this engine records nothing: give it one
     with pytest.raises(ValueError, match="scratch page"):
-        warm_attention(runner.model, runner.ctx, runner.pool)
+        warm_attention(runner.model, runner.ctx, runner.pool, ecfg.max_batch)
 
     from nitsum.kv.pool import KVPool
 
     pool = KVPool(cfg, 8, 16, ecfg.dtype, DEV, scratch_page=True)
-    calls = warm_attention(runner.model, runner.ctx, pool)
+    calls = warm_attention(runner.model, runner.ctx, pool, ecfg.max_batch)
     warmed = set(runs)
     assert stepped <= warmed, stepped - warmed
     assert calls == 3 * 2 + 3  # fp32 tiles of 16, 32, 64 rows x 2 chunk vectors; decode 3
     assert any(("BLOCK_C", 256) in key for _, key in stepped)  # the burst's step
+
+
+def test_chunk_counts_reach_every_vector_size_up_to_the_batch_cap():
+    from nitsum.kernels.prefill_attention_triton import chunk_block
+
+    for cap in (1, 16, 17, 256, 257, 300, 1000):
+        sizes = {chunk_block(n) for n in chunk_counts(cap)}
+        assert sizes >= {chunk_block(n) for n in range(1, cap + 1)}, cap
+    assert chunk_counts(256) == [1, 17] and chunk_counts(600) == [1, 17, 257, 513]

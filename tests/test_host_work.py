@@ -64,6 +64,16 @@ def test_free_counts_of_groups_sharing_devices_stay_exact() -> None:
             assert g.num_free == int(alloc.free[g.members].all(axis=0).sum())
 
 
+def test_a_release_naming_a_page_twice_counts_it_once() -> None:
+    alloc = PageAllocator(1, 8, 4, 4)
+    group = alloc.group((0,), 1)
+    pages = group.allocate(3)
+    assert group.num_free == 5
+    group.release([pages[0], pages[0], pages[1]])
+    group.release([pages[1]])  # already free
+    assert group.num_free == 7 == int(alloc.free[0].sum())
+
+
 def test_a_growing_sequence_takes_the_pages_after_its_last() -> None:
     """The quick path (the next pages free) and the full one (taken: best fit elsewhere)."""
     alloc = PageAllocator(1, 16, 4, 4)

@@ -131,3 +131,14 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     assert floor_of("nitsum.engine.engine") > floor_of("nitsum.models.llama")
     assert floor_of("nitsum.pool.pool_engine") > floor_of("nitsum.engine.engine")
     assert "nitsum.engine.engine" in imports_of(ROOT / "pool" / "kv_move.py")
+
+
+def test_the_engine_imports_without_triton() -> None:
+    """Triton is imported where its kernels run (CUDA, or tests under its interpreter): a
+    CPU install without it still builds engines."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['triton'] = None; import nitsum.engine.build, nitsum.pool.local"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -149,7 +149,7 @@ def sample(
 
     NOTE: one read of the tokens by the host for the whole batch. Unseeded random rows draw
     together on the logits' device (`sample_on_device`); a seeded row draws from its own CPU
-    generator on the host (so it repeats exactly whatever the batch and the device)."""
+    generator on the host (so it repeats exactly whatever it is batched with)."""
     logits = apply_grammars(logits, grammars)
     unseeded = [p if generators[i] is None else GREEDY for i, p in enumerate(params)]
     out = sample_on_device(logits, unseeded).tolist()
@@ -243,5 +243,5 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
         return (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
     running = probs.double().cumsum(dim=-1)
     total = running[:, -1:]
-    u = torch.rand(total.shape, dtype=torch.float64) * total * (1 - 2**-40)
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total * (1 - 2**-40)
     return torch.searchsorted(running, u, right=True).squeeze(1)

@@ -26,22 +26,32 @@ from nitsum.parallel.context import TPContext
 # Longest decode contexts that give one split, a few and many (decode_splits: a split is at
 # least 256 tokens; merge_block changes size past 16 splits) at batch 1.
 DECODE_LENGTHS = (200, 1000, 4500)
-# Chunk counts of the two sizes of the prefill kernel's chunk vector (chunk_block).
-CHUNK_COUNTS = (1, 17)
+
+
+def chunk_counts(max_chunks: int) -> list[int]:
+    """A chunk count of each size of the prefill kernel's chunk vector (`chunk_block`) up to
+    `max_chunks` (a step's chunks are at most its sequences: the batch cap)."""
+    counts, n = [1], 17
+    while n <= max(max_chunks, 17):
+        counts.append(n)
+        n = max(257, 2 * n - 1)  # 17, 257, 513, ...: each next vector size's smallest count
+    return counts
 
 
 def prefill_variants(
-    head_dim: int, group: int, dtype: torch.dtype, hopper: bool
+    head_dim: int, group: int, dtype: torch.dtype, hopper: bool, max_chunks: int
 ) -> dict[tuple[int, int], tuple[int, int]]:
     """{(prefill tile rows, chunk vector size): (chunk length, chunk count) of a step that
-    compiles it} for every tile a step's longest chunk can give and both vector sizes."""
+    compiles it} for every tile a step's longest chunk can give and every vector size up to
+    `max_chunks` chunks."""
     lengths: dict[int, int] = {}
     q_len = 1
     while q_len <= 1 << 14:  # NOTE: the tile stops growing long before this
         block_m = prefill_blocks(head_dim, group, dtype, q_len, hopper).block_m
         lengths.setdefault(block_m, q_len)
         q_len *= 2
-    return {(m, chunk_block(n)): (q, n) for m, q in lengths.items() for n in CHUNK_COUNTS}
+    counts = chunk_counts(max_chunks)
+    return {(m, chunk_block(n)): (q, n) for m, q in lengths.items() for n in counts}
 
 
 def decode_variants(kv_heads: int, device: torch.device) -> dict[tuple[bool, int], int]:
@@ -53,9 +63,10 @@ def decode_variants(kv_heads: int, device: torch.device) -> dict[tuple[bool, int
     return out
 
 
-def warm_attention(model: LlamaModel, ctx: TPContext, kv: KVPool) -> int:
-    """Run layer 0's attention under `ctx` once per kernel variant a step can need; returns
-    how many calls ran. Needs the pool's scratch page (a pool that records steps has one)."""
+def warm_attention(model: LlamaModel, ctx: TPContext, kv: KVPool, max_chunks: int) -> int:
+    """Run layer 0's attention under `ctx` once per kernel variant a step of at most
+    `max_chunks` prompt chunks can need; returns how many calls ran. Needs the pool's scratch
+    page (a pool that records steps has one)."""
     scratch = kv.scratch_page
     if scratch is None:
         raise ValueError("warming attention up needs a KV pool with a scratch page")
@@ -65,7 +76,7 @@ def warm_attention(model: LlamaModel, ctx: TPContext, kv: KVPool) -> int:
     dev, dtype, hd = k_cache.device, model.dtype, model.cfg.head_dim
     group = heads.q_heads // heads.kv_heads
     hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-    prefill = prefill_variants(hd, group, dtype, hopper).values()
+    prefill = prefill_variants(hd, group, dtype, hopper, max_chunks).values()
     decode = decode_variants(heads.kv_heads, dev).values()
     steps = [_step(page, scratch, dev, [], [q_len] * n) for q_len, n in prefill]
     steps += [_step(page, scratch, dev, [length], []) for length in decode]

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 import torch
 
 from nitsum.config import ModelConfig, mlp_blocks
-from nitsum.engine.attention_warmup import warm_attention
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.graphs import (
     DecodeGraphs,
@@ -85,7 +84,11 @@ class DeviceBuild:
         if graphs and ecfg.records_piecewise:
             buckets = token_buckets(ecfg.token_budget)
             piecewise = PiecewiseGraphs(self.model, ctx, self.kv, buckets, self._memory_pool)
-            if self.model.fused and ecfg.device.startswith("cuda"):
-                warm_attention(self.model, ctx, self.kv)  # NOTE: compiles here, not mid-step
+        if graphs and ecfg.device.startswith("cuda") and self.kv.scratch_page is not None:
+            # NOTE: CUDA attends with the Triton kernels (models/llama.py): compile their
+            # variants here, not in a serving step. Lazy: Triton is only needed where used.
+            from nitsum.engine.attention_warmup import warm_attention
+
+            warm_attention(self.model, ctx, self.kv, ecfg.max_batch)
         host = self.host if swaps else None
         return ModelRunner(self.model, self.kv, ctx, host, recorded, piecewise)

@@ -117,13 +117,14 @@ class GroupPages:
 
     def _mark(self, ids: list[int], free: bool) -> None:
         """Set `ids` free or used on every member, keeping the cached count current."""
+        ids = list(dict.fromkeys(ids))  # NOTE: a repeated id would count twice below
         members = self.members
         current = self._counted[0] == self.alloc.version
         if current:
             was_free = int(self.alloc.free[np.ix_(members, ids)].all(axis=0).sum())
         self.alloc.mark(members, ids, free)
         if current:
-            count = self._counted[1] + (len(set(ids)) - was_free if free else -was_free)
+            count = self._counted[1] + (len(ids) - was_free if free else -was_free)
             self._counted = (self.alloc.version, count)
 
     def allocate(self, n: int, after: int | None = None) -> list[int]:
