@@ -28,7 +28,7 @@ from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import ModelRunner
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.pool import KVPool

@@ -9,7 +9,7 @@ from dataclasses import replace
 from bind_helpers import ECFG, greedy, write_profile
 from nitsum.engine.engine import Engine
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.pool.bind_choice import SLOWDOWN_RANGE, Chooser
 

@@ -16,7 +16,7 @@ from nitsum.engine.build import build_engine  # noqa: E402
 from nitsum.engine.device_build import build_model  # noqa: E402
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
-from nitsum.engine.scheduler import Scheduled  # noqa: E402
+from nitsum.engine.scheduled import Scheduled  # noqa: E402
 from nitsum.engine.sequence import Sequence  # noqa: E402
 from nitsum.engine.step_inputs import build_step_inputs  # noqa: E402
 from nitsum.kv.pool import KVPool  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool

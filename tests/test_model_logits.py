@@ -6,7 +6,7 @@ import torch
 from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.sampling import SamplingParams
 from tiny import VARIANTS, make_tiny

@@ -13,7 +13,7 @@ import torch
 from nitsum.engine.graphs import CaptureAfterStartup, DecodeGraphs
 from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
 from nitsum.pool.device_commands import Counters

@@ -4,7 +4,7 @@ micro-batches in flight, and the layer / batch partitions."""
 import pytest
 
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, split_batch
 from nitsum.kv.pages import tokens_per_page

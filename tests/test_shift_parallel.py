@@ -7,7 +7,7 @@ import torch
 from device_probes import kv_slots
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.sequence import TokenSplit, head_rows_by_rank
 from nitsum.parallel.shard import HeadRange

@@ -7,7 +7,7 @@ from device_probes import fill_kv, kv_of_slots, shards_share_storage
 from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.device_commands import Counters, Probe

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.kernels.host_copy import index_on, to_device
 

@@ -11,7 +11,8 @@ from nitsum.config import ModelConfig
 from nitsum.engine.forks import Forks
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import Runner
-from nitsum.engine.scheduler import Scheduled, Scheduler
+from nitsum.engine.scheduled import Scheduled
+from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
 from nitsum.errors import InvalidRequestError

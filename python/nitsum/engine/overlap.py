@@ -33,7 +33,7 @@ import torch
 from nitsum.engine.device_inputs import TokenFill, device_inputs, pending_rows
 from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.runner import ModelRunner
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.sampling import sample_on_device
 from nitsum.sampling_processors import wants_processing

@@ -8,7 +8,7 @@ import torch
 
 from nitsum.engine.graphs import DecodeGraphs
 from nitsum.engine.piecewise import PiecewiseGraphs
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
 from nitsum.kv.host_pool import HostKVPool, PageCopies

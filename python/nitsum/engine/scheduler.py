@@ -18,31 +18,20 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from nitsum.engine.kv_space import KVSpace
+from nitsum.engine.preemption import Preemption, median
 from nitsum.engine.prompt_order import deadline_spare, overtaking_order
-from nitsum.engine.sequence import CLASS_RANK, CLASSES, Sequence, Status
+from nitsum.engine.scheduled import Scheduled
+from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.engine.swap import SwapSpace
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.prefix_cache import PrefixCache
 
 
-@dataclass
-class Scheduled:
-    """One sequence's share of a step: `q_len` tokens from `start`; sample after if `sample`."""
-
-    seq: Sequence
-    start: int
-    q_len: int
-
-    @property
-    def sample(self) -> bool:
-        return self.start + self.q_len == self.seq.total_len
-
-
-class Scheduler:
-    """Decides each step's batch. Owns page allocation for its sequences."""
+class Scheduler(Preemption):
+    """Decides each step's batch. Owns page allocation for its sequences (the preemption
+    rules are `Preemption`'s, engine/preemption.py)."""
 
     def __init__(
         self,
@@ -75,10 +64,6 @@ class Scheduler:
         # Requests that may start now (None: any). A soft TP binding (pool/binding.py) drains
         # the replicas it borrows: only its own requests start there meanwhile.
         self.admit_only: set[str] | None = None
-
-    @property
-    def pages(self) -> GroupPages:
-        return self.kv.pages
 
     @property
     def cache(self) -> PrefixCache | None:
@@ -272,49 +257,6 @@ class Scheduler:
                 budget -= q_len
         return batch
 
-    @staticmethod
-    def _rank(seq: Sequence) -> tuple[int, int]:
-        """Importance, lower first: class, then priority within the class."""
-        return CLASS_RANK[seq.klass], seq.priority
-
-    def _make_room(self) -> None:
-        """Priority preemption (FastSwitch §3; the simulator's `preempt_for_higher_classes`):
-        for the waiting sequences this step could admit, most important first, preempt the
-        least important running sequence (newest first) while the batch is full or the free
-        pages cannot hold the waiting one's first chunk.
-
-        NOTE: only a strictly lower class or priority gives way, never an equal one, so
-        sequences of one rank never preempt each other back and forth.
-        """
-        if len(self.running) < self.max_batch and (
-            self.pages.num_free >= self.pages.pages_for(self.token_budget)
-        ):
-            return  # room for a whole step of new tokens: nobody needs to give way
-        allowed = self.admit_only
-        waiting = sorted(
-            (
-                s
-                for q in self.waiting.values()
-                for s in q
-                if s.may_preempt and (allowed is None or s.request_id in allowed)
-            ),
-            key=lambda s: (*self._rank(s), s.arrival),
-        )
-        budget = self.token_budget
-        for seq in waiting:
-            if budget <= 0:
-                return
-            first = min(seq.remaining, budget)
-            while len(self.running) >= self.max_batch or (
-                self.pages.pages_for(first) > self.num_reclaimable()
-            ):
-                rank = self._rank(seq)
-                victims = [r for r in self.running if self._rank(r) > rank]
-                if not victims:
-                    return  # the rest are at most as important as this one
-                self._preempt(max(victims, key=lambda r: (*self._rank(r), r.arrival)))
-            budget -= first
-
     def _advance(self, seqs: list[Sequence], batch: list[Scheduled], budget: int) -> int:
         """Give running `seqs` their next tokens (preempting outside `batch` for pages)."""
         for seq in seqs:
@@ -328,51 +270,3 @@ class Scheduler:
             batch.append(Scheduled(seq, seq.num_computed, q_len))
             budget -= q_len
         return budget
-
-    def _reserve(self, seq: Sequence, tokens: int, protected: list[Scheduled] | None) -> bool:
-        """Make `seq` own pages for `tokens` tokens.
-
-        With `protected` given, running sequences outside it (and other than `seq`) may be
-        preempted to make room; with None nobody is.
-        """
-        # NOTE: a victim's pages become idle cached ones, evicted on the next round.
-        while not self.kv.allocate(seq, tokens):
-            if protected is None:
-                return False
-            keep = {id(s.seq) for s in protected} | {id(seq)}
-            victim = self._pick_victim(keep)
-            if victim is None:
-                return False
-            self._preempt(victim)
-        return True
-
-    def _pick_victim(self, keep: set[int]) -> Sequence | None:
-        """Lowest class and priority, newest arrival first."""
-        candidates = [s for s in self.running if id(s) not in keep]
-        if not candidates:
-            return None
-        return max(candidates, key=lambda s: (*self._rank(s), s.arrival))
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Preempt by swap when that is cheaper (`KVSpace.swap_is_cheaper`: its KV is copied
-        to host pages), else by recompute. Either way its full device pages stay cached, so
-        what nobody overwrites meanwhile needs neither."""
-        self.preemptions += 1
-        self.running.remove(seq)
-        step_s = median(self.full_steps)
-        if self.kv.swap_is_cheaper(seq, step_s, self.token_budget) and self.kv.swap_out(seq):
-            self.swapped += 1
-        else:
-            self.kv.free(seq)
-            seq.num_computed = 0
-        seq.status = Status.WAITING
-        self.waiting[seq.klass].appendleft(seq)
-
-    def num_reclaimable(self) -> int:
-        """Pages free now or as soon as asked (idle cached pages)."""
-        return self.kv.num_reclaimable()
-
-
-def median(xs: deque[float]) -> float | None:
-    """The median of recent step times (None: none yet)."""
-    return sorted(xs)[len(xs) // 2] if xs else None

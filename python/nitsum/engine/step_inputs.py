@@ -8,7 +8,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment
 from nitsum.kv.pages import context_slots
 

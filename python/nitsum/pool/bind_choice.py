@@ -26,7 +26,7 @@ from typing import Any
 from nitsum.engine.engine import Engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 
 Group = tuple[int, ...]

@@ -8,7 +8,7 @@ shift rule, or a pipeline's micro-batches) and counts the steps of each kind.
 from __future__ import annotations
 
 from nitsum.engine.runner import sample_batch
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.pages import GroupPages

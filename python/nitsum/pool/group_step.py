@@ -14,7 +14,7 @@ import time
 from nitsum.engine.engine import Engine, RequestOutput
 from nitsum.engine.overlap import LaunchFailed
 from nitsum.engine.runner import sample_batch
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.pool.binding import Binder
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.devices import Devices

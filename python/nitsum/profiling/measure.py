@@ -21,7 +21,7 @@ from tqdm import tqdm
 from nitsum import __version__
 from nitsum.config import ModelConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.scheduler import Scheduled
+from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import build_pipeline_inputs, build_step_inputs
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
