@@ -32,6 +32,13 @@ def test_worker_flags_override_the_device_default():
     assert (ecfg.token_budget, ecfg.max_batch) == (512, 64)
 
 
+def test_a_cuda_worker_compiles_its_attention_kernels_at_start_up():
+    base = ["--model", "m", "--router", "tcp://x:1", "--worker-id", "0"]
+    assert engine_config(worker_parser().parse_args([*base, "--device", "cuda:0"])).warm_kernels
+    assert not engine_config(worker_parser().parse_args(base)).warm_kernels
+    assert not EngineConfig(device="cuda").warm_kernels  # offline engines compile lazily
+
+
 def test_serve_passes_only_the_limits_it_was_given():
     args = serve.build_parser().parse_args(["--device", "cuda"])
     assert serve_commands.step_limit_flags(args) == []

@@ -84,7 +84,8 @@ class DeviceBuild:
         if graphs and ecfg.records_piecewise:
             buckets = token_buckets(ecfg.token_budget)
             piecewise = PiecewiseGraphs(self.model, ctx, self.kv, buckets, self._memory_pool)
-        if graphs and ecfg.device.startswith("cuda") and self.kv.scratch_page is not None:
+        warm = ecfg.warm_kernels and ecfg.device.startswith("cuda")
+        if graphs and warm and self.kv.scratch_page is not None:
             # NOTE: CUDA attends with the Triton kernels (models/llama.py): compile their
             # variants here, not in a serving step. Lazy: Triton is only needed where used.
             from nitsum.engine.attention_warmup import warm_attention

@@ -76,6 +76,11 @@ class EngineConfig:
     # A single-device engine prepares the next step while the device runs this one
     # (engine/overlap.py): None = on CUDA only (or as NITSUM_OVERLAP says); True forces it.
     overlap: bool | None = None
+    # Compile the Triton attention kernels' variants when a CUDA device is built (with a KV
+    # scratch page: when it records steps), not in the first step that needs each
+    # (engine/attention_warmup.py): ~10 compiles at start-up. The worker (`nitsum serve`)
+    # sets it on CUDA; off, each compiles on first use (tests, short offline runs).
+    warm_kernels: bool = False
 
     def __post_init__(self) -> None:
         if self.bind_policy not in BIND_POLICIES:

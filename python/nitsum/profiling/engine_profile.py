@@ -38,7 +38,11 @@ def profile_engine_config(
     """The engine of a one-device worker, its window (and so its recorded page tables) long
     enough for the longest point."""
     return EngineConfig(
-        device=device, dtype=dtype, kv_cache_bytes=kv_cache_bytes, max_context=longest
+        device=device,
+        dtype=dtype,
+        kv_cache_bytes=kv_cache_bytes,
+        max_context=longest,
+        warm_kernels=device.startswith("cuda"),  # as the worker's
     )
 
 

@@ -151,6 +151,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         # NOTE: a KV handoff to a peer process reads a request's pages as soon as its first
         # token is out, which an overlapped step has already scheduled on: synchronous then.
         overlap=False if args.kv_peers else None,
+        # NOTE: no kernel compile inside a serving step (engine/attention_warmup.py).
+        warm_kernels=args.device.startswith("cuda"),
     )
 
 
