@@ -13,6 +13,7 @@ pub mod choice;
 pub mod chooser;
 mod cluster;
 mod control;
+mod draw;
 mod event_loop;
 mod events;
 pub mod forecast;

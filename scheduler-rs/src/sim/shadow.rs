@@ -27,7 +27,7 @@ use crate::planner::strategy::Strategy;
 
 use super::bind_types::BindPolicy;
 use super::cluster::{req_of, Cluster};
-use super::forecast::{Lengths, Rng};
+use super::draw::{Lengths, Rng};
 use super::lookahead::{LookaheadConfig, Situation};
 use super::parallel::for_each_parallel;
 use super::policy::Policy;
