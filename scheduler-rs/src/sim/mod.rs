@@ -19,6 +19,7 @@ mod events;
 pub mod forecast;
 mod group;
 pub mod lookahead;
+mod lookahead_config;
 mod parallel;
 #[cfg(test)]
 mod parity_tests;
