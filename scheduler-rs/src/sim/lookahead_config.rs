@@ -20,7 +20,7 @@ pub enum ForecastKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChoiceKind {
-    /// What each strategy's shadow run delivered on the real arrivals (`shadow.rs`).
+    /// What each strategy's shadow run delivered on the real arrivals (`shadow/`).
     Shadow,
     /// Each strategy simulated from the current state on a forecast (`lookahead.rs`).
     Forecast,
