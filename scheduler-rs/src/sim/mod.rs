@@ -24,6 +24,7 @@ mod parallel;
 #[cfg(test)]
 mod parity_tests;
 mod policy;
+mod policy_plans;
 mod prompt_order;
 mod reconfigure;
 mod report;
