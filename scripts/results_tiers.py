@@ -1,6 +1,6 @@
 """SLO tiers by the paper's method (§4 "SLO setups"), derived from a profile, for results.py.
 
-The profile lookups follow the semantics of scheduler-rs/src/profile.rs (docs/planner.md).
+The profile lookups follow the semantics of scheduler-rs/src/profile/ (docs/planner.md).
 `scripts/validate_sim.py` imports `derive_tiers` through `results`.
 """
 

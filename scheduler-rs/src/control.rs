@@ -1,7 +1,7 @@
 //! The router's control loop (architecture §4 "Control loop"): every control window, window stats →
 //! planner (with the previous plan) → diff → `reconfigure` to the workers → acks (bounded
 //! wait) → routing switches to the new epoch only for an acknowledged plan. The engine side
-//! (stats, rounds, history, metrics) is in `state/rounds.rs`.
+//! (stats, rounds, history, metrics) is in `state/rounds/`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

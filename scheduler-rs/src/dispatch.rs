@@ -4,6 +4,8 @@
 //! Pure and synchronous: the router calls it on the request path and the simulator calls the
 //! very same code, so both see identical routing decisions.
 
+mod pick;
+
 use crate::fasthash::IntMap;
 use crate::ids::TierId;
 use crate::plan::{GroupPlan, Plan, Role};
@@ -42,11 +44,6 @@ pub struct DispatchRequest {
     /// (`prefix_index.rs`): preferred when it is a candidate and not much busier.
     pub affinity: Option<u32>,
 }
-
-/// How much busier than the least loaded candidate the affinity group may be and still be
-/// chosen: this fraction of its capacity, or this many requests when it is unbounded.
-const AFFINITY_SLACK: f64 = 0.25;
-const AFFINITY_SLACK_REQUESTS: f64 = 4.0;
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,78 +222,6 @@ impl Dispatcher {
             }
         }
         self.charged.insert(id, (prefill, decode));
-    }
-
-    /// `affinity` instead of `best` when it matches `pred` and is at most the slack busier.
-    fn prefer(
-        &self,
-        affinity: Option<u32>,
-        best: Option<u32>,
-        pred: impl Fn(&GroupLoad) -> bool,
-    ) -> Option<u32> {
-        let (Some(a), Some(b)) = (affinity, best) else {
-            return best;
-        };
-        let Some(g) = self.groups.get(&a).filter(|g| pred(g)) else {
-            return best;
-        };
-        let slack = if g.capacity().is_finite() {
-            AFFINITY_SLACK
-        } else {
-            AFFINITY_SLACK_REQUESTS
-        };
-        if g.load() <= self.groups[&b].load() + slack {
-            Some(a)
-        } else {
-            best
-        }
-    }
-
-    /// The matching group with the lowest load; ties go to the earlier group in plan order.
-    fn least_loaded(&self, pred: impl Fn(&GroupLoad) -> bool) -> Option<u32> {
-        let mut best: Option<(f64, u32)> = None;
-        for leader in &self.order {
-            let g = &self.groups[leader];
-            if pred(g) && best.is_none_or(|(load, _)| g.load() < load) {
-                best = Some((g.load(), *leader));
-            }
-        }
-        best.map(|(_, leader)| leader)
-    }
-
-    fn next_spill(&mut self) -> Option<u32> {
-        Self::round_robin(
-            &self.order,
-            &self.groups,
-            &mut self.spill_cursor,
-            GroupLoad::prefills,
-        )
-    }
-
-    fn next_background(&mut self) -> Option<u32> {
-        Self::round_robin(
-            &self.order,
-            &self.groups,
-            &mut self.background_cursor,
-            |g| g.prefills() && g.plan.accepts_background,
-        )
-    }
-
-    fn round_robin(
-        order: &[u32],
-        groups: &IntMap<u32, GroupLoad>,
-        cursor: &mut usize,
-        pred: impl Fn(&GroupLoad) -> bool,
-    ) -> Option<u32> {
-        let n = order.len();
-        for step in 0..n {
-            let leader = order[(*cursor + step) % n];
-            if pred(&groups[&leader]) {
-                *cursor = (*cursor + step + 1) % n;
-                return Some(leader);
-            }
-        }
-        None
     }
 }
 

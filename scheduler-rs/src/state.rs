@@ -8,7 +8,7 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -19,8 +19,7 @@ use crate::fasthash::IntMap;
 use crate::ids::{TierId, WorkerId};
 use crate::metrics::Metrics;
 use crate::plan::{GroupPlan, Plan, Role};
-use crate::protocols::worker::Stats;
-use crate::registry::{Registry, WorkerInfo};
+use crate::registry::Registry;
 use crate::stats::{StatsConfig, WindowStats};
 
 struct Inflight {
@@ -88,15 +87,6 @@ struct State {
     prefixes: crate::prefix_index::PrefixIndex,
 }
 
-/// Per-group numbers for `/metrics`.
-#[derive(Debug, Clone)]
-pub struct GroupSnapshot {
-    pub group: GroupPlan,
-    pub assigned: u32,
-    pub running: u64,
-    pub waiting: u64,
-}
-
 /// At most this many requests are held at once (state/held.rs); beyond it a request with no
 /// live group ends at once (a new one gets 503), so a long outage cannot pile up unbounded
 /// state.
@@ -143,6 +133,7 @@ mod submit_error;
 #[cfg(test)]
 mod tests;
 mod tokens;
+mod views;
 mod window;
 mod workers;
 pub use events::{EarlyEnd, Event, FinishReason, Outbound};
@@ -151,6 +142,7 @@ pub use plan_record::{PlanRecord, PlanResult, Refusal};
 pub use rounds::RoundOutcome;
 pub use submit::{CacheHints, Fork, Submit};
 pub use submit_error::SubmitError;
+pub use views::GroupSnapshot;
 pub use window::PlanningView;
 
 impl RouterState {
@@ -192,78 +184,6 @@ impl RouterState {
             identity,
             payload: Bytes::from(payload),
         });
-    }
-
-    /// The id request `id` has on the worker wire (docs/protocol.md).
-    pub fn wire_id(&self, id: u64) -> String {
-        self.ids.encode(id)
-    }
-
-    /// The current plan.
-    pub fn plan(&self) -> Plan {
-        self.lock().plan.clone()
-    }
-
-    /// Requests in flight.
-    pub fn inflight(&self) -> usize {
-        self.lock().inflight.len()
-    }
-
-    /// Live workers (registered, not suspect): (id, info).
-    pub fn workers(&self) -> Vec<(WorkerId, WorkerInfo)> {
-        self.lock()
-            .registry
-            .iter()
-            .filter(|(_, w)| !w.suspect)
-            .map(|(id, w)| (*id, w.info.clone()))
-            .collect()
-    }
-
-    /// The longest context a live worker says it serves (`register`'s `max_context`: a host
-    /// worker's is what its largest TP group's KV holds); None: none said.
-    pub fn worker_max_context(&self) -> Option<u64> {
-        self.lock()
-            .registry
-            .iter()
-            .map(|(_, w)| w.info.max_context)
-            .filter(|&c| c > 0)
-            .max()
-    }
-
-    /// Per-group load for `/metrics`.
-    pub fn groups(&self) -> Vec<GroupSnapshot> {
-        let st = self.lock();
-        st.plan
-            .groups
-            .iter()
-            .map(|g| {
-                let (running, waiting) = g
-                    .members
-                    .iter()
-                    .filter_map(|&m| st.registry.get(WorkerId::of_device(m)))
-                    .fold((0, 0), |(r, w), e| (r + e.running, w + e.waiting));
-                GroupSnapshot {
-                    group: g.clone(),
-                    assigned: st.dispatcher.assigned(g.leader()),
-                    running,
-                    waiting,
-                }
-            })
-            .collect()
-    }
-
-    /// Each live worker's last `stats` message.
-    pub fn worker_stats(&self) -> Vec<(WorkerId, Stats)> {
-        let st = self.lock();
-        st.registry
-            .iter()
-            .map(|(id, w)| (*id, w.stats.clone()))
-            .collect()
-    }
-
-    /// Heartbeat timeout from the config.
-    pub fn heartbeat_timeout(&self) -> Duration {
-        Duration::from_millis(self.cfg.heartbeat_timeout_ms)
     }
 
     /// Default groups when no plan is configured: each live worker is a TP-1 mixed group

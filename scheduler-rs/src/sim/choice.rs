@@ -1,7 +1,7 @@
 //! A selection round's outcome ([`Choice`]) and what a simulated cluster asks of whoever makes
 //! it ([`Choose`]).
 //!
-//! NOTE: the chooser (`chooser.rs`) runs shadow clusters (`shadow.rs`), and a cluster of the
+//! NOTE: the chooser (`chooser/`) runs shadow clusters (`shadow/`), and a cluster of the
 //! adaptive policy runs selection rounds; the cluster names only this trait, and the
 //! simulation's entry (`sim::simulate`) hands it a `Chooser`, so the modules form no cycle.
 

@@ -21,7 +21,8 @@ use super::bind_types::{BindCounts, BindRecord, Binding};
 use super::choice::{Choice, Choose};
 use super::events::{Event, Kind};
 use super::group::GroupSim;
-use super::policy::{self, Policy};
+use super::policy::Policy;
+use super::policy_plans;
 use super::reqs::{Req, Reqs};
 use super::{report, SimConfig, SimResult, TraceRequest};
 
@@ -108,15 +109,15 @@ impl<'a> Cluster<'a> {
         let (planner_cfg, strategy) = match &shadow {
             Some((st, pc, _)) => (Some(pc.clone()), Some(*st)),
             None => (
-                policy::planner_config(&cfg, &profile)?,
-                policy::initial_strategy(&cfg.policy),
+                policy_plans::planner_config(&cfg, &profile)?,
+                policy_plans::initial_strategy(&cfg.policy),
             ),
         };
         let initial = match (&planner_cfg, strategy) {
             (Some(pc), Some(s)) => {
                 plan_strategy(s, &profile, &cfg.tiers, &[], cfg.devices, None, pc)
             }
-            _ => policy::static_plan(&cfg, &profile)?,
+            _ => policy_plans::static_plan(&cfg, &profile)?,
         };
         let (start, end) = match shadow {
             Some((_, _, start)) => (start, f64::INFINITY),
@@ -194,7 +195,7 @@ impl<'a> Cluster<'a> {
         let mut result = report::summarize(
             Policy::name(&self.cfg.policy),
             self.cfg.devices,
-            policy::trace_span(&self.cfg),
+            policy_plans::trace_span(&self.cfg),
             &self.cfg.tiers,
             records,
             (self.reconfigs, self.moved),

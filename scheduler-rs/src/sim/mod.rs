@@ -13,15 +13,18 @@ pub mod choice;
 pub mod chooser;
 mod cluster;
 mod control;
+mod draw;
 mod event_loop;
 mod events;
 pub mod forecast;
 mod group;
 pub mod lookahead;
+mod lookahead_config;
 mod parallel;
 #[cfg(test)]
 mod parity_tests;
 mod policy;
+mod policy_plans;
 mod prompt_order;
 mod reconfigure;
 mod report;

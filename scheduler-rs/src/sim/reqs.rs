@@ -1,4 +1,4 @@
-//! The simulated requests ([`Req`]), by index in arrival order. A shadow run (`shadow.rs`) goes on for
+//! The simulated requests ([`Req`]), by index in arrival order. A shadow run (`shadow/`) goes on for
 //! as long as the router does, so it drops the prefix of requests that are resolved; indices
 //! stay those given at arrival.
 

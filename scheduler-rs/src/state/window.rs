@@ -1,7 +1,7 @@
 //! The control loop's view of the router state between rounds (architecture §4 "Control
 //! loop"): window statistics recorded on the request path, the requests in flight and the
 //! recent arrivals and outcomes for the lookahead, the tiers' demand and the pool the planner
-//! may use. Rounds themselves (reconfigure, acks, the plan switch) are rounds.rs.
+//! may use. Rounds themselves (reconfigure, acks, the plan switch) are rounds/.
 
 use std::time::Instant;
 

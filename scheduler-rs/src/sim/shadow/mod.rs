@@ -18,20 +18,22 @@
 //! length is not known at arrival and is drawn from its tier's output statistics (the same
 //! draw for every shadow, so they differ only by their layout).
 
+mod feed;
+mod score;
+
 use std::collections::VecDeque;
 
 use anyhow::Result;
 
-use crate::dispatch::Class;
 use crate::planner::strategy::Strategy;
 
 use super::bind_types::BindPolicy;
-use super::cluster::{req_of, Cluster};
-use super::forecast::{Lengths, Rng};
+use super::cluster::Cluster;
+use super::draw::{Lengths, Rng};
 use super::lookahead::{LookaheadConfig, Situation};
 use super::parallel::for_each_parallel;
 use super::policy::Policy;
-use super::{report, TraceRequest};
+use super::TraceRequest;
 
 /// Seed of the output-length draws: equal arrivals give equal shadows.
 const SHADOW_SEED: u64 = 0x5AD0;
@@ -226,86 +228,6 @@ impl ShadowBank {
             .unwrap_or(0)
     }
 
-    /// Fold the requests that arrived at least `settle` ago into the standings.
-    fn score(&mut self, s: &Situation, cfg: &LookaheadConfig, now: f64) {
-        let tau = cfg.memory_s.max(1e-3);
-        let decay = (-(now - self.scored_at).max(0.0) / tau).exp();
-        self.scored_at = now;
-        self.total *= decay;
-        self.met.iter_mut().for_each(|m| *m *= decay);
-        for t in &mut self.twin_beats {
-            *t = [
-                t[0] * decay,
-                t[1] * decay,
-                t[2] * decay * decay,
-                t[3] * decay,
-            ];
-        }
-        for (row, row_sq) in self.beats.iter_mut().zip(&mut self.beats_sq) {
-            row.iter_mut().for_each(|x| *x *= decay);
-            row_sq.iter_mut().for_each(|x| *x *= decay * decay);
-        }
-        // NOTE: a request is judged once its TTFT is due (met or missed), and one still
-        // decoding by whether it keeps its TPOT so far: judging by completion alone would
-        // favour the strategies that finish sooner, not those that meet more SLOs.
-        let longest_ttft = s
-            .tiers
-            .iter()
-            .filter(|t| !t.background)
-            .map(|t| t.ttft_ms / 1e3)
-            .fold(0.0, f64::max);
-        let settle = cfg.settle_s.max(1.5 * longest_ttft);
-        let k = self.strategies.len();
-        let mut ok = vec![false; self.runs.len()];
-        while let Some(&(t, tier)) = self.fed.front() {
-            if t > now - settle {
-                break;
-            }
-            self.fed.pop_front();
-            let i = self.scored;
-            self.scored += 1;
-            let w = if s.tiers[tier].background {
-                continue;
-            } else {
-                s.tiers[tier].weight * (-(now - t) / tau).exp()
-            };
-            for (o, run) in ok.iter_mut().zip(&self.runs) {
-                *o = run.on_track(i, now);
-            }
-            self.total += w;
-            if self.twins {
-                self.score_twins(&ok, w);
-            }
-            for a in 0..k {
-                if !ok[a] {
-                    continue;
-                }
-                self.met[a] += w;
-                for b in (0..k).filter(|&b| !ok[b]) {
-                    self.beats[a][b] += w;
-                    self.beats_sq[a][b] += w * w;
-                }
-            }
-        }
-        let span = (now - settle - self.start).max(0.0);
-        let norm = tau * (1.0 - (-span / tau).exp());
-        self.rate_rps = if norm > 0.0 { self.total / norm } else { 0.0 };
-    }
-
-    /// The rival to switch to from `current` (an index), if one met significantly more:
-    /// its lead over `current` exceeds `confidence` standard deviations of a sign test on
-    /// the requests where the two differ, and `margin` of what `current` met.
-    pub fn leader(&self, current: usize, confidence: f64, margin: f64) -> Option<usize> {
-        (0..self.strategies.len())
-            .filter(|&j| j != current)
-            .filter(|&j| {
-                let lead = self.beats[j][current] - self.beats[current][j];
-                let sd = (self.beats_sq[j][current] + self.beats_sq[current][j]).sqrt();
-                lead > confidence * sd && self.met[j] > self.met[current] * (1.0 + margin)
-            })
-            .max_by(|&a, &b| self.met[a].total_cmp(&self.met[b]).then(b.cmp(&a)))
-    }
-
     /// Share of the pool a shadow stands for (eval devices / pool devices): a shadow's rates
     /// divided by it are the pool's.
     pub fn scale(&self) -> f64 {
@@ -313,54 +235,5 @@ impl ShadowBank {
     }
 }
 
-impl Cluster<'static> {
-    /// Append a request arriving at or after the shadow's present.
-    fn feed(&mut self, r: &TraceRequest) {
-        let i = self.reqs.len();
-        // The bank builds requests of known tiers and positive lengths.
-        let req = req_of(&self.cfg, i, r).expect("a valid shadow request");
-        self.reqs.push(req);
-        self.arrivals.push(i);
-    }
-
-    /// Drop the scored requests (below index `scored`) that are resolved, oldest first, and
-    /// the arrivals already read: a shadow runs as long as the router.
-    fn forget_resolved(&mut self, scored: usize) {
-        self.reqs
-            .drop_front(scored, |r| r.finish.is_some() || r.dropped);
-        self.arrivals.drain(..self.next_arrival);
-        self.next_arrival = 0;
-    }
-
-    /// Run to `now` and bring every decoding request's token count up to date.
-    fn advance_shadow(&mut self, now: f64) {
-        self.advance(now);
-        self.now = self.now.max(now);
-        for g in self.groups.values() {
-            g.sync(&mut self.reqs);
-        }
-        self.sync_bound();
-    }
-
-    /// Whether request `i` met its SLOs, or, still running at `now`, had its first token in
-    /// time and has kept its TPOT so far.
-    fn on_track(&self, i: usize, now: f64) -> bool {
-        let r = &self.reqs[i];
-        let tier = &self.cfg.tiers[r.tier.index()];
-        if r.dropped || (r.class == Class::Background && !tier.background) {
-            return false;
-        }
-        if r.finish.is_some() {
-            return report::met(r, tier);
-        }
-        let Some(first) = r.first_token else {
-            return false;
-        };
-        let tokens = f64::from(r.generated.max(2) - 1);
-        (first - r.arrival) * 1e3 <= tier.ttft_ms && (now - first) * 1e3 <= tier.tpot_ms * tokens
-    }
-}
-
 #[cfg(test)]
-#[path = "shadow_tests.rs"]
 mod tests;
