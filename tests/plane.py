@@ -19,7 +19,7 @@ import httpx
 import msgpack
 import zmq
 
-from nitsum.engine.engine import RequestOutput
+from nitsum.engine.request_output import RequestOutput
 from nitsum.worker.assignment import LocalPlan
 from nitsum.worker.bind_decision import BindDecision
 from nitsum.worker.device_watch import DeviceEvents

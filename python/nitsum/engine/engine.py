@@ -4,48 +4,25 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from nitsum.config import ModelConfig
 from nitsum.engine.forks import Forks
+from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.runner import Runner
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
 from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
+from nitsum.engine.validation import validate_request
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import GroupPages
 from nitsum.parallel.topology import GroupShape
-from nitsum.sampling import SAMPLE_FAILED, SamplingParams, make_generator
-from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.sampling import SAMPLE_FAILED, make_generator
 from nitsum.structured.start import grammar_finish, start_grammar
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RequestOutput:
-    """Tokens a request produced in one step; `finish_reason` set on its last output."""
-
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None
-    # Why, when `finish_reason` is "error" and the engine knows (else None).
-    error: str | None = None
-    # On a request's first token: seconds from its arrival to its first scheduled step.
-    queue_s: float | None = None
-    # One per new token when the request asked for logprobs (else None).
-    logprobs: list[TokenLogprob] | None = None
-    # On a request's first token, when it asked: its prompt tokens' logprobs after the first.
-    prompt_logprobs: list[TokenLogprob] | None = None
-    # On a request's first token: its prompt tokens found in the prefix cache.
-    cached_tokens: int | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 class StepDriver(Protocol):
@@ -106,7 +83,9 @@ class Engine:
         if request_id in self.seqs:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         sampling = spec.sampling
-        self.validate(prompt_ids, sampling)
+        validate_request(
+            prompt_ids, sampling, self.cfg.vocab_size, self.max_context, self.scheduler.pages
+        )
         grammar = start_grammar(sampling.grammar, prompt_ids)
         seq = Sequence(request_id, list(prompt_ids), spec)
         if spec.ttft_ms is not None:
@@ -120,33 +99,6 @@ class Engine:
         fork_of = spec.fork_of
         self.forks.join(seq, self.seqs.get(fork_of) if fork_of is not None else None)
         self.scheduler.add(seq)
-
-    def validate(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
-        sampling.validate()
-        if not prompt_ids:
-            raise InvalidRequestError("prompt", "must not be empty")
-        if sampling.resumed_tokens >= len(prompt_ids):
-            raise InvalidRequestError(
-                "resumed_tokens",
-                f"{sampling.resumed_tokens} leaves no prompt of the {len(prompt_ids)} ids",
-            )
-        if len(prompt_ids) >= self.max_context:
-            raise InvalidRequestError(
-                "prompt",
-                f"has {len(prompt_ids)} tokens; the context window is {self.max_context} "
-                "and at least one token must be generated",
-            )
-        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                "prompt", f"token id {bad[0]} outside [0, {self.cfg.vocab_size})"
-            )
-        pages = self.scheduler.pages
-        need = pages.pages_for(len(prompt_ids) + 1)
-        if need > pages.num_pages:
-            raise InvalidRequestError(
-                "prompt", f"needs {need} KV pages but the whole pool has {pages.num_pages}"
-            )
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its pages; False if it is unknown or already finished."""

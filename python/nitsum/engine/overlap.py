@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from nitsum.engine.device_inputs import TokenFill, device_inputs, pending_rows
-from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine import Engine
+from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence

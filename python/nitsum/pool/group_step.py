@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import time
 
-from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine import Engine
 from nitsum.engine.overlap import LaunchFailed
+from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduled import Scheduled
 from nitsum.pool.binding import Binder

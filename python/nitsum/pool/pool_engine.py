@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import Iterable
 
 from nitsum.config import ModelConfig
-from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine import Engine
 from nitsum.engine.engine_config import EngineConfig
+from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.swap import SwapSpace

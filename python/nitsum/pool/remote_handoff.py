@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from nitsum.engine.engine import Engine, RequestOutput
+from nitsum.engine.engine import Engine
+from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.request_wire import spec_from_wire, spec_to_wire
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.errors import InvalidRequestError

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from nitsum.engine.engine import RequestOutput
+from nitsum.engine.request_output import RequestOutput
 from nitsum.parallel.topology import GroupShape
 from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.bind_decision import BindDecision

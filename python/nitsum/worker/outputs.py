@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from nitsum.engine.engine import RequestOutput
+from nitsum.engine.request_output import RequestOutput
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
 from nitsum.worker.backend import Backend
