@@ -86,6 +86,16 @@ impl RouterState {
 
     /// Send `flush_cache` to every live worker; returns how many were told.
     pub fn flush_prefix_caches(&self) -> usize {
+        self.send_to_every_worker(wire::encode_flush_cache())
+    }
+
+    /// Send `shutdown` to every live worker.
+    pub fn shutdown_workers(&self) {
+        self.send_to_every_worker(wire::encode_shutdown());
+    }
+
+    /// Send `payload` (encoded once) to every registered worker; returns how many.
+    fn send_to_every_worker(&self, payload: Vec<u8>) -> usize {
         let idents: Vec<Bytes> = self
             .lock()
             .registry
@@ -93,21 +103,8 @@ impl RouterState {
             .map(|(_, w)| w.identity.clone())
             .collect();
         for ident in &idents {
-            self.send(ident.clone(), wire::encode_flush_cache());
+            self.send(ident.clone(), payload.clone());
         }
         idents.len()
-    }
-
-    /// Send `shutdown` to every live worker.
-    pub fn shutdown_workers(&self) {
-        let idents: Vec<Bytes> = self
-            .lock()
-            .registry
-            .iter()
-            .map(|(_, w)| w.identity.clone())
-            .collect();
-        for ident in idents {
-            self.send(ident, wire::encode_shutdown());
-        }
     }
 }
