@@ -63,7 +63,16 @@ def test_rotary_kv(dtype, groups, q_per_group, hd):
     kc_tri, vc_tri = caches.clone().unbind(0)
     shape = (tokens, groups * q_per_group, hd)
     q_ref = ref.rotary_kv(
-        q, k, v, positions, cos_t, sin_t, kc_ref, vc_ref, slots, torch.empty(shape, dtype=dtype)
+        q,
+        k,
+        v,
+        positions,
+        cos_t,
+        sin_t,
+        kc_ref,
+        vc_ref,
+        slots,
+        torch.empty(shape, dtype=dtype, device=DEV),
     )
     q_tri = torch.full(shape, float("nan"), dtype=dtype, device=DEV)
     tri.rotary_kv_triton(q, k, v, positions, cos_t, sin_t, kc_tri, vc_tri, slots, q_tri)

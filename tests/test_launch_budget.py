@@ -132,8 +132,17 @@ def decode_step_launches(monkeypatch, layers: int, fused: bool) -> list[str]:
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(**{**BASE, "num_hidden_layers": layers})).eval()
     cfg = ModelConfig.from_hf(hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    # NOTE: the eager forward, also on CUDA: a recorded step replays a graph and a launched
+    # (overlapped) one is counted the same; what a graph records is this forward's launches.
     ecfg = EngineConfig(
-        dtype=torch.bfloat16, device=DEV, kv_cache_bytes=1 << 20, page_tokens=4, fused_ops=fused
+        dtype=torch.bfloat16,
+        device=DEV,
+        kv_cache_bytes=1 << 20,
+        page_tokens=4,
+        fused_ops=fused,
+        decode_graphs=False,
+        piecewise_graphs=False,
+        overlap=False,
     )
     engine = build_engine(cfg, hf.state_dict().items(), ecfg)
     model = engine.runner.model

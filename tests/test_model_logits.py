@@ -17,8 +17,14 @@ def all_logits(engine, seq: Sequence, start: int, q_len: int) -> torch.Tensor:
     runner = engine.runner
     engine.scheduler._reserve(seq, start + q_len, protected=None)
     inputs = runner.prepare([Scheduled(seq, start, q_len)])
+    # NOTE: `prepare` builds host tensors; the runner moves them to its device in a step.
+    dev = runner.model.weights.embed.device
     hidden = runner.model.forward(
-        runner.ctx, inputs.input_ids, inputs.positions, inputs.meta, runner.pool
+        runner.ctx,
+        inputs.input_ids.to(dev),
+        inputs.positions.to(dev),
+        inputs.meta.to(dev),
+        runner.pool,
     )
     seq.num_computed = start + q_len
     return runner.model.logits(hidden)

@@ -165,7 +165,16 @@ def test_engine_steps_with_the_kernels_match_transformers():
     from tiny import hf_greedy, make_tiny, run_to_completion
 
     hf, cfg = make_tiny("llama-kv2")
-    ecfg = EngineConfig(kv_cache_bytes=1 << 20, page_tokens=4, token_budget=16)
+    # NOTE: eager steps on the kernels' device (on CUDA, recorded steps would not call the
+    # attention swapped in below).
+    ecfg = EngineConfig(
+        device=DEV,
+        kv_cache_bytes=1 << 20,
+        page_tokens=4,
+        token_budget=16,
+        decode_graphs=False,
+        piecewise_graphs=False,
+    )
     engine = build_engine(cfg, hf.state_dict().items(), ecfg)
     engine.runner.model.paged_attention = paged_attention_triton
     g = torch.Generator().manual_seed(4)
