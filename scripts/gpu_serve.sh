@@ -13,16 +13,26 @@ DEV=$1 DEADLINE=$2 W=$3 OUTJSON=$4
 PY=${PYTHON:-python3}
 START=$(date +%s)
 nitsum() { "$PY" -c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+# NOTE: run in the background, `exec` makes $! the server itself: killing a subshell that
+# runs it would leave the server (and its port, and its GPU memory) to the next section.
+nitsum_exec() { exec "$PY" -c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
 elapsed() { echo $(( $(date +%s) - START )); }
 
 M=$W/rand-model
 if [ "$DEV" = cuda ]; then
   SHAPE=(--layers 32 --hidden 4096 --heads 32 --kv-heads 8 --device cuda)
-  KV=30000 LO=4 HI=24 DUR=40 IN=128:2000 OUTL=64:256
+  KV= LO=4 HI=24 DUR=40 IN=128:2000 OUTL=64:256
 else
   SHAPE=(--layers 2 --hidden 256 --heads 4 --kv-heads 2 --device cpu)
   KV=256 LO=0.5 HI=1 DUR=10 IN=32:256 OUTL=8:32
 fi
+# The KV pool: `nitsum serve`'s default (on CUDA 0.9 of the device's memory, as vLLM's), or
+# GPU_SERVE_KV_MB MiB (the 2026-11-26 and 11-27 runs: 30000).
+KV=${GPU_SERVE_KV_MB:-$KV}
+KV_FLAGS=()
+[ -n "$KV" ] && KV_FLAGS=(--kv-cache-mb "$KV")
+# GPU_SERVE_FLAGS: more `nitsum serve` flags, for experiments (e.g. "--token-budget 2048").
+read -r -a EXTRA_FLAGS <<< "${GPU_SERVE_FLAGS:-}"
 # The tokenizer: carried (gpu_check.sh --prepare); else, on a machine that has it, the
 # prepared embedded model's (a CPU dry run without --prepare).
 TOK=.gpu_carry/tokenizer
@@ -38,9 +48,12 @@ echo "[serve] model ready at $(elapsed) s"
 PORT=${GPU_CHECK_PORT:-8123}
 # NOTE: the workers' socket next to the HTTP port, not the default 5557 (a server left
 # running on this machine must not fail the section).
-nitsum serve --model "$M" --device "$DEV" --workers 1 --dtype bfloat16 --kv-cache-mb $KV \
-  --port "$PORT" --worker-addr "tcp://127.0.0.1:$((PORT + 1))" --no-control \
-  > "$W/serve.log" 2>&1 &
+# NOTE: every step of the worker's engine goes to a step log (engine/step_log.py), summarized
+# after the load (scripts/step_log_summary.py): where the served time went.
+rm -f "$W/steps.jsonl"
+NITSUM_STEP_LOG=$W/steps.jsonl nitsum_exec serve --model "$M" --device "$DEV" --workers 1 \
+  --dtype bfloat16 ${KV_FLAGS[@]+"${KV_FLAGS[@]}"} ${EXTRA_FLAGS[@]+"${EXTRA_FLAGS[@]}"} --port "$PORT" \
+  --worker-addr "tcp://127.0.0.1:$((PORT + 1))" --no-control > "$W/serve.log" 2>&1 &
 SP=$!
 stop() { kill "$SP" 2>/dev/null; wait "$SP" 2>/dev/null; }
 trap stop EXIT
@@ -67,5 +80,7 @@ nitsum bench --url "http://127.0.0.1:$PORT" --trace bursty --bursty-low-rate $LO
   --timeout "$CAP" --no-progress --out "$OUTJSON" 2>&1 | tail -20
 RC=${PIPESTATUS[0]}
 echo "[serve] bench done at $(elapsed) s (rc $RC)"
-grep -iE "error|traceback" "$W/serve.log" | head -10
+grep -iE "error|traceback|KV per device|preempt" "$W/serve.log" | head -10
+stop
+[ -f "$W/steps.jsonl" ] && "$PY" scripts/step_log_summary.py "$W/steps.jsonl"
 exit "$RC"

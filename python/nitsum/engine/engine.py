@@ -14,6 +14,7 @@ from nitsum.engine.runner import Runner
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
+from nitsum.engine.step_log import EngineStepLog
 from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
 from nitsum.engine.validation import validate_request
 from nitsum.errors import InvalidRequestError
@@ -69,6 +70,9 @@ class Engine:
             scheduler.swap.copier = runner  # the group's copy threads run its swaps
         # Runs `step` instead of the synchronous path when set (engine/overlap.py).
         self.driver: StepDriver | None = None
+        # `NITSUM_STEP_LOG`: a line per step (engine/step_log.py); the batch last scheduled.
+        self.step_log = EngineStepLog.from_env()
+        self._last_batch: list[Scheduled] = []
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], spec: RequestSpec) -> None:
@@ -229,7 +233,16 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns the new tokens of every sequence that sampled."""
         if self.driver is not None:
-            return self.driver.step()
+            if self.step_log is None:
+                return self.driver.step()
+            started, lines = time.perf_counter(), self.step_log.lines
+            self._last_batch = []
+            outputs = self.driver.step()
+            if self.step_log.lines == lines:  # NOTE: a synchronous step logs itself (end_step)
+                waited = float(getattr(self.driver, "waited_s", 0.0))
+                ended = time.perf_counter()
+                self.step_log.record(started, ended, self._last_batch, self.scheduler, waited)
+            return outputs
         started = time.monotonic()
         batch = self.begin_step()
         if not batch:
@@ -249,6 +262,7 @@ class Engine:
         if swap is not None:
             swap.poll()
         batch = self.scheduler.schedule()
+        self._last_batch = batch
         if swap is not None:
             swap.submit()
             if not batch:
@@ -260,7 +274,12 @@ class Engine:
     ) -> list[RequestOutput]:
         """End a step `begin_step` began: its sampled tokens and how long it took."""
         self.scheduler.step_done(batch, seconds)
-        return self.complete_step(batch, tokens)
+        outputs = self.complete_step(batch, tokens)
+        if self.step_log is not None:
+            ended = time.perf_counter()
+            waited = float(getattr(self.driver, "waited_s", 0.0))
+            self.step_log.record(ended - seconds, ended, batch, self.scheduler, waited)
+        return outputs
 
     def complete_step(self, batch: list[Scheduled], tokens: list[int]) -> list[RequestOutput]:
         """Apply a step's sampled tokens (one per sampling entry of `batch`, in order)."""
