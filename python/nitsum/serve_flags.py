@@ -17,6 +17,11 @@ from nitsum.config import DTYPES, HOST_KV_CACHE_MB, mebibytes
 from nitsum.parallel.shift import shift_rule
 from nitsum.serve_binding import add_binding_flags
 
+# KV pool per device without --kv-cache-mb: on CPU a fixed size, on CUDA this share of the
+# device's memory (weights, KV and the reserve together; vLLM's default too).
+CPU_KV_CACHE_MB = 512
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
 log = logging.getLogger("nitsum.serve")
 
 DEFAULT_WORKER_ADDR = "tcp://127.0.0.1:5557"
@@ -146,7 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", help="cpu, or cuda (worker i gets cuda:i)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
-    p.add_argument("--kv-cache-mb", type=int, default=512)
+    p.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        default=None,
+        help=f"KV pool per device in MiB (default: on CPU {CPU_KV_CACHE_MB}; on CUDA sized by "
+        f"--gpu-memory-utilization {DEFAULT_GPU_MEMORY_UTILIZATION}, as vLLM does)",
+    )
     p.add_argument(
         "--dtype",
         choices=("auto", *DTYPES),
@@ -279,8 +290,20 @@ def kv_cache_mb_for(total: int, used: int, weights: int, utilization: float) -> 
 
 
 def kv_sizing(args: argparse.Namespace, model_dir: Path) -> None:
-    """`--gpu-memory-utilization`: set `args.kv_cache_mb` from device 0's memory (every
-    device holds a whole copy of the weights at TP 1, the largest share)."""
+    """Set `args.kv_cache_mb`: as given; else with `--gpu-memory-utilization` (on CUDA
+    `DEFAULT_GPU_MEMORY_UTILIZATION` when neither is given) from device 0's memory (every
+    device holds a whole copy of the weights at TP 1, the largest share); else on CPU
+    `CPU_KV_CACHE_MB`.
+
+    NOTE: a fixed small default on a GPU starves the engine: 512 MiB holds 4k tokens of an
+    8B model, and a pool that fills preempts and recomputes (the 2026-11-27 H200 run's
+    30 GB pool was full for the last third of the bursty load).
+    """
+    if args.gpu_memory_utilization is None and args.kv_cache_mb is None:
+        if args.device == "cuda":
+            args.gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
+        else:
+            args.kv_cache_mb = CPU_KV_CACHE_MB
     if args.gpu_memory_utilization is None:
         return
     import torch
