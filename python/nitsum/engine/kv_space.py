@@ -18,6 +18,10 @@ from nitsum.engine.swap import SwapSpace
 from nitsum.kv.pages import GroupPages, OutOfPages
 from nitsum.kv.prefix_cache import PrefixCache
 
+# With a host tier, the share of a group's pages kept free ahead of need by moving idle cached
+# pages to host (`KVSpace.write_back`): 1/32 of the pool.
+WRITE_BACK_SHARE = 32
+
 
 class KVSpace:
     """A group's device pages (`pages`), prefix cache (`cache`, None: off) and host tier
@@ -29,6 +33,11 @@ class KVSpace:
         self.pages = pages
         self.cache = cache
         self.swap = swap
+        self.ahead = max(1, pages.num_pages // WRITE_BACK_SHARE)
+        # Whether pages an allocation needs now may move to host (it then waits for their
+        # copies): yes while no step is in flight when the scheduler runs (synchronous
+        # steps); an overlapped engine turns it off (engine/overlap.py), see `reclaim`.
+        self.demote_on_demand = True
 
     # -- a sequence starting or coming back -----------------------------------------------------
     def reuse_prefix(self, seq: Sequence) -> None:
@@ -67,7 +76,7 @@ class KVSpace:
         need = self.pages.pages_for(tokens) - len(seq.pages)
         if need <= 0:
             return True
-        if need > self.pages.num_free:
+        if need > self.pages.num_free or need > self.pages.num_ready:
             self.reclaim(need)  # NOTE: idle cached pages go first, before anybody's KV
         if need > self.pages.num_free:
             return False
@@ -168,12 +177,39 @@ class KVSpace:
             seq.host_pages = []
 
     def reclaim(self, pages: int) -> None:
-        """Evict idle cached pages until `pages` are free (or nothing idle is left).
+        """Evict idle cached pages until `pages` are free (or nothing idle is left), to
+        the host tier if there is one; then move more there ahead of need (`write_back`).
 
-        NOTE: with a host tier the evicted pages move there (`_demote`), so a later prompt
-        can still reuse them."""
-        while self.cache is not None and self.pages.num_free < pages and self.cache.num_evictable:
-            self.pages.release(self.cache.evict(pages - self.pages.num_free, self._demote))
+        NOTE (`demote_on_demand` off, overlapped steps): the pages needed now are dropped,
+        not moved to host, until `pages` are ready (free and held by no copy). A page
+        moving to host is held until its copy is done, and the copy runs after the device's
+        step in flight: handing it out would stop the host until the device is idle, every
+        time an admission finds the pool full of cached prefixes (the 2026-11-27 H200 run,
+        30 GB pool). Pages move to host ahead of need instead, while nobody waits for them.
+        """
+        if self.cache is None:
+            return
+        if self.demote_on_demand:
+            while self.pages.num_free < pages and self.cache.num_evictable:
+                self.pages.release(self.cache.evict(pages - self.pages.num_free, self._demote))
+        else:
+            short = pages - self.pages.num_ready
+            if short > 0 and self.cache.num_evictable:
+                self.pages.release(self.cache.evict(short))
+        self.write_back(pages)
+
+    def write_back(self, needed: int = 0) -> None:
+        """With a host tier, move least recently used idle cached pages there until `needed`
+        plus `ahead` pages are free (ready, or being copied out): later allocations then find
+        ready pages, and a later prompt can still reuse what moved. At most a quarter of the
+        host tier per call (more would overwrite on host what this very call moved).
+        The scheduler calls it before each step (its copies start with the step)."""
+        if self.cache is None or self.swap is None:
+            return
+        want = needed + self.ahead - self.pages.num_free
+        want = min(want, self.cache.num_evictable, self.swap.host.num_pages // 4)
+        if want > 0:
+            self.pages.release(self.cache.evict(want, self._demote))
 
     def num_reclaimable(self) -> int:
         """Pages free now or as soon as asked (idle cached pages)."""

@@ -266,4 +266,7 @@ def enable_overlap(engine: Engine, runner: ModelRunner) -> OverlapStepper:
     """Let `engine` (over `runner`) step overlapped from now on."""
     stepper = OverlapStepper(engine, runner)
     engine.driver = stepper
+    # NOTE: a step is in flight whenever the scheduler runs: an allocation must never wait
+    # for a copy behind it (engine/kv_space.py, `reclaim`).
+    engine.scheduler.kv.demote_on_demand = False
     return stepper

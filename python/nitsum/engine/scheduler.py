@@ -255,6 +255,7 @@ class Scheduler(Preemption):
                     continue  # it joins a later step, once its KV is back
                 batch.append(Scheduled(seq, seq.num_computed, q_len))
                 budget -= q_len
+        self.kv.write_back()  # NOTE: the next steps' pages, copied out while this one runs
         return batch
 
     def _advance(self, seqs: list[Sequence], batch: list[Scheduled], budget: int) -> int:

@@ -48,6 +48,8 @@ class PageAllocator:
         # Copies in flight that read or write each page (engine/swap.py): a free page that is
         # held is handed out only once they are done.
         self.held = np.zeros((num_devices, num_pages), dtype=np.int32)
+        # Holds in force (page · device · copy): 0 says "nothing is held" without a pass.
+        self.holds = 0
         # Bumped by every change of `free` (`mark`): a group's cached count of its free pages
         # is valid while it saw the same version.
         self.version = 0
@@ -106,6 +108,14 @@ class GroupPages:
 
     def _free_mask(self) -> np.ndarray:
         return np.asarray(self.alloc.free[self.members].all(axis=0))
+
+    @property
+    def num_ready(self) -> int:
+        """Free pages no copy in flight holds: what `allocate` hands out without waiting.
+        NOTE: a pass over the pool only while something is held."""
+        if self.alloc.holds == 0:
+            return self.num_free
+        return int((self._free_mask() & ~self._held_mask()).sum())
 
     @property
     def num_free(self) -> int:
@@ -167,10 +177,12 @@ class GroupPages:
         """Copies in flight use `pages`: hand none of them out (once free) until `unhold`."""
         for d in self.members:
             np.add.at(self.alloc.held[d], pages, 1)
+        self.alloc.holds += len(pages) * len(self.members)
 
     def unhold(self, pages: list[int]) -> None:
         for d in self.members:
             np.subtract.at(self.alloc.held[d], pages, 1)
+        self.alloc.holds -= len(pages) * len(self.members)
 
 
 def free_runs(free: np.ndarray) -> list[tuple[int, int]]:
