@@ -42,6 +42,9 @@ RUNTIME_NOTE = (
 )
 
 
+DEFAULT_PROFILE = "profiles/h100-llama3-8b-analytic.json"
+
+
 def _rounded(x: object) -> object:
     """`x` with floats rounded to 4 decimals (smaller JSON, same tables)."""
     if isinstance(x, float):
@@ -64,7 +67,7 @@ def _git(*argv: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--profile", default="profiles/h100-llama3-8b-analytic.json")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results", help="plots, JSON")
     ap.add_argument("--page", type=Path, help="default: docs/results.md, or OUT/results.md")
     ap.add_argument("--ttft-factor", type=float, default=3.0)
@@ -179,13 +182,30 @@ def _page_fields(
     args: argparse.Namespace, profile: dict, groups: dict, tier_rows: list, tl_md: list
 ) -> dict[str, str]:
     a = profile.get("assumptions", {})
-    note = (
-        f"{profile.get('model')}, {profile.get('dtype')}, {profile.get('device')}: peak "
-        f"{a.get('peak_tflops')} TFLOPs × MFU {a.get('mfu')}, HBM {a.get('hbm_tbps')} TB/s × "
-        f"{a.get('hbm_efficiency')}, all-reduce at {a.get('allreduce_gbps')} GB/s"
-        if profile.get("analytic")
-        else f"{profile.get('model')} on {profile.get('device')}: a MEASURED profile"
-    )
+    scaling = profile.get("scaling")  # nitsum.profiling.scaled: TP 1 measured, TP > 1 scaled
+    if scaling is not None:
+        gpu = scaling.get("gpu", {})
+        note = (
+            f"{profile.get('model')}, {profile.get('dtype')}: TP 1 MEASURED on "
+            f"{profile.get('device')} ({profile.get('date')}), TP > 1 scaled from it by the "
+            f"analytic model ({gpu.get('name')}, all-reduce at {gpu.get('nvlink_gbps')} GB/s)"
+        )
+        kind = "measured TP-1 profile, scaled to TP > 1"
+    elif profile.get("analytic"):
+        note = (
+            f"{profile.get('model')}, {profile.get('dtype')}, {profile.get('device')}: peak "
+            f"{a.get('peak_tflops')} TFLOPs × MFU {a.get('mfu')}, HBM {a.get('hbm_tbps')} TB/s"
+            f" × {a.get('hbm_efficiency')}, all-reduce at {a.get('allreduce_gbps')} GB/s"
+        )
+        kind = "analytic roofline profile"
+    else:
+        note = f"{profile.get('model')} on {profile.get('device')}: a MEASURED profile"
+        kind = "MEASURED profile"
+    command = "/work/main/.venv/bin/python scripts/results.py"
+    if args.profile != DEFAULT_PROFILE:
+        out = args.out.resolve()
+        out_arg = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+        command += f" --profile {args.profile} --out {out_arg}"
     order = ["derived", "table1", "shifting"]
     heads = {
         "derived": "50/50, derived tiers",
@@ -199,11 +219,9 @@ def _page_fields(
     return {
         "profile": args.profile,
         "profile_note": note,
-        "profile_kind": "analytic roofline profile"
-        if profile.get("analytic")
-        else "MEASURED profile",
+        "profile_kind": kind,
         "runtime_note": RUNTIME_NOTE,
-        "command": "/work/main/.venv/bin/python scripts/results.py",
+        "command": command,
         "planner_commit": _git("log", "-1", "--format=%h", "--", "scheduler-rs") or "?",
         "dirty_note": ", with uncommitted changes" if dirty else "",
         "summary": summary({heads[g]: groups[g] for g in order if g in groups}),

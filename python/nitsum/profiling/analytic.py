@@ -56,10 +56,14 @@ class Model:
 GPUS = {
     "h100": Gpu("h100-80gb-sxm", 989.0, 3.35, 450.0, 80.0),
     "a100": Gpu("a100-80gb-sxm", 312.0, 2.0, 300.0, 80.0),
+    # The H100's compute and NVLink with 141 GB of HBM3e at 4.8 TB/s.
+    "h200": Gpu("h200-141gb-sxm", 989.0, 4.8, 450.0, 141.0),
 }
 MODELS = {
     "llama3-8b": Model("Llama-3.1-8B", 8.03, 32, 4096, 8, 128, 8192),
     "qwen-14b": Model("DeepSeek-R1-Distill-Qwen-14B", 14.8, 48, 5120, 8, 128, 8192),
+    # gpu_check's random model (scripts/random_model.py): Llama-3-8B's layers, SmolLM2's vocab.
+    "llama3-8b-shape-v49k": Model("Llama-3-8B shape, vocab 49152", 7.38, 32, 4096, 8, 128, 8192),
 }
 MFU = 0.6  # achievable fraction of peak on large prefill GEMMs
 HBM_EFF = 0.8  # achievable fraction of HBM bandwidth
