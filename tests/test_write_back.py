@@ -113,3 +113,27 @@ def test_write_back_keeps_pages_free_ahead_of_need() -> None:
     moved = cache.num_host
     assert moved == kv.ahead - (free_before - 8)
     assert engine.scheduler.swap.counters["swap_out_pages"] == moved
+
+
+def test_ready_pages_are_counted_without_a_pass_unless_holds_decide(monkeypatch) -> None:
+    """`ready_at_least` answers from the free count while the holds in force cannot change
+    the answer, and passes over the pool only when they can (and is right both ways)."""
+    from nitsum.kv.pages import PageAllocator
+
+    group = PageAllocator(1, 32, 4, 2).group((0,), 1)
+    group.allocate(20)  # 12 free
+    group.hold([25, 26, 27])  # 3 of them held: 9 ready
+    passes = 0
+    mask = GroupPages._held_mask
+
+    def counted(self: GroupPages):
+        nonlocal passes
+        passes += 1
+        return mask(self)
+
+    monkeypatch.setattr(GroupPages, "_held_mask", counted)
+    assert group.ready_at_least(9) and passes == 0  # 12 free less 3 holds
+    assert not group.ready_at_least(13) and passes == 0  # more than free
+    assert not group.ready_at_least(10) and passes == 1  # the holds decide: 9 ready
+    group.unhold([25, 26, 27])
+    assert group.ready_at_least(12) and passes == 1

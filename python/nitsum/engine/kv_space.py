@@ -76,7 +76,7 @@ class KVSpace:
         need = self.pages.pages_for(tokens) - len(seq.pages)
         if need <= 0:
             return True
-        if need > self.pages.num_free or need > self.pages.num_ready:
+        if not self.pages.ready_at_least(need):
             self.reclaim(need)  # NOTE: idle cached pages go first, before anybody's KV
         if need > self.pages.num_free:
             return False

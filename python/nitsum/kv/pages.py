@@ -117,6 +117,14 @@ class GroupPages:
             return self.num_free
         return int((self._free_mask() & ~self._held_mask()).sum())
 
+    def ready_at_least(self, n: int) -> bool:
+        """Whether `n` pages are ready (`num_ready` >= n); a pass over the pool only when the
+        holds in force could make the difference."""
+        free = self.num_free
+        if n <= free - self.alloc.holds:
+            return True
+        return n <= free and self.num_ready >= n
+
     @property
     def num_free(self) -> int:
         version, count = self._counted
