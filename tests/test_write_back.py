@@ -137,3 +137,29 @@ def test_ready_pages_are_counted_without_a_pass_unless_holds_decide(monkeypatch)
     assert not group.ready_at_least(10) and passes == 1  # the holds decide: 9 ready
     group.unhold([25, 26, 27])
     assert group.ready_at_least(12) and passes == 1
+
+
+@pytest.mark.parametrize("others", [0, 1])
+def test_a_match_loading_from_host_never_evicts_its_own_next_pages(others: int) -> None:
+    """A 3-page prefix on a full host tier: each load makes room on host for a device page
+    (as `reclaim` does), and that room comes from other host entries, never from the pages
+    this match loads next; with no other entry there is no room (the device page drops)."""
+    from nitsum.kv.prefix_cache import PrefixCache
+
+    c = PrefixCache(P)
+    chain = list(range(13))  # 3 full pages
+    assert c.release([10, 11, 12], chain, computed=12) == []
+    if others:
+        assert c.release([20], [90 + i for i in range(5)], computed=4) == []
+    hosts = iter(range(100))
+    c.evict(len(c.idle), lambda page: next(hosts))
+    assert c.num_evictable == 0 and c.num_host == 3 + others
+    freed: list[list[int]] = []
+    devices = iter(range(40, 50))
+
+    def load(host_page: int) -> int:
+        freed.append(c.evict_host(1))  # room for a device page moving to host
+        return next(devices)
+
+    assert c.match([*chain, 99], load) == [40, 41, 42]
+    assert freed == ([[3], [], []] if others else [[], [], []])

@@ -18,8 +18,8 @@ from nitsum.engine.swap import SwapSpace
 from nitsum.kv.pages import GroupPages, OutOfPages
 from nitsum.kv.prefix_cache import PrefixCache
 
-# With a host tier, the share of a group's pages kept free ahead of need by moving idle cached
-# pages to host (`KVSpace.write_back`): 1/32 of the pool.
+# With a host tier, the pages kept free ahead of need by moving idle cached pages to host
+# (`KVSpace.write_back`): 1/32 of the pool, or a full step's worth if more, at most a quarter.
 WRITE_BACK_SHARE = 32
 
 
@@ -28,12 +28,17 @@ class KVSpace:
     (`swap`, None: preemption always recomputes)."""
 
     def __init__(
-        self, pages: GroupPages, cache: PrefixCache | None, swap: SwapSpace | None
+        self,
+        pages: GroupPages,
+        cache: PrefixCache | None,
+        swap: SwapSpace | None,
+        step_tokens: int = 0,
     ) -> None:
         self.pages = pages
         self.cache = cache
         self.swap = swap
-        self.ahead = max(1, pages.num_pages // WRITE_BACK_SHARE)
+        share = max(pages.num_pages // WRITE_BACK_SHARE, pages.pages_for(step_tokens))
+        self.ahead = max(1, min(pages.num_pages // 4, share))
         # Whether pages an allocation needs now may move to host (it then waits for their
         # copies): yes while no step is in flight when the scheduler runs (synchronous
         # steps); an overlapped engine turns it off (engine/overlap.py), see `reclaim`.
@@ -201,13 +206,18 @@ class KVSpace:
     def write_back(self, needed: int = 0) -> None:
         """With a host tier, move least recently used idle cached pages there until `needed`
         plus `ahead` pages are free (ready, or being copied out): later allocations then find
-        ready pages, and a later prompt can still reuse what moved. At most a quarter of the
-        host tier per call (more would overwrite on host what this very call moved).
-        The scheduler calls it before each step (its copies start with the step)."""
+        ready pages, and a later prompt can still reuse what moved. The scheduler calls it
+        after each step's plan (its copies start with the step).
+
+        NOTE: only into free host pages, and at most a quarter of the host tier a call:
+        moving a page before it is needed must not push out of the host a page moved
+        earlier, which a later prompt may still want (an allocation that needs pages now
+        may, `reclaim`)."""
         if self.cache is None or self.swap is None:
             return
         want = needed + self.ahead - self.pages.num_free
-        want = min(want, self.cache.num_evictable, self.swap.host.num_pages // 4)
+        host = self.swap.host
+        want = min(want, self.cache.num_evictable, host.num_free, host.num_pages // 4)
         if want > 0:
             self.pages.release(self.cache.evict(want, self._demote))
 

@@ -46,7 +46,7 @@ class Scheduler(Preemption):
         # the same tokens (`kv/prefix_cache.py`); None: off.
         cache = PrefixCache(pages.tokens_per_page) if prefix_caching else None
         # Where the sequences' KV lives (device pages, prefix cache, host tier).
-        self.kv = KVSpace(pages, cache, swap)
+        self.kv = KVSpace(pages, cache, swap, step_tokens=token_budget)
         self.max_batch = max_batch
         self.token_budget = token_budget
         # Short prompts overtake long ones that can spare the tokens (`prompt_order.py`);

@@ -103,34 +103,61 @@ class PrefixCache:
         A page on host is loaded back with `load(host page)`: it returns the device page the
         caller copies it into (None: no room, the prefix ends there)."""
         self.queries += len(tokens)
+        # NOTE: the host entries of this prefix are out of `host_idle` while it loads them:
+        # loading one may move a device page to host, and the room for it must not be taken
+        # from the ones loaded next.
+        pinned = self._pin_host_chain(tokens, salt) if load is not None and self.host_idle else {}
         got: list[int] = []
+        parent = root(salt)
+        try:
+            for chunk in self._pages_of(tokens[: len(tokens) - 1]):
+                e = self.by_key.get((parent, chunk))
+                if e is None:
+                    break
+                if e.page is None:
+                    if load is None or e.host is None:
+                        break
+                    # NOTE: out of the host maps first, so the evictions `load` may cause
+                    # cannot take the page being loaded.
+                    host, e.host = e.host, None
+                    del self.by_host[host]
+                    if pinned.pop(e.node, None) is None:  # moved to host by this very match
+                        del self.host_idle[e.node]
+                    page = load(host)
+                    if page is None:  # back on host, as recently used
+                        e.host = host
+                        self.by_host[host] = e
+                        self.host_idle[e.node] = e
+                        break
+                    e.page = page
+                    self.by_page[page] = e
+                    self.host_hits += self.tokens_per_page
+                self._ref(e)
+                got.append(e.page)
+                parent = e.node
+        finally:
+            for e in pinned.values():  # not loaded after all: back, as recently used
+                self.host_idle[e.node] = e
+        self.hits += len(got) * self.tokens_per_page
+        return got
+
+    def _pin_host_chain(self, tokens: Seq[int], salt: str | None) -> dict[int, Entry]:
+        """Take the host entries of `tokens`' cached prefix out of `host_idle` (by node, the
+        deepest first, the order they go back in if not loaded)."""
+        chain: list[Entry] = []
         parent = root(salt)
         for chunk in self._pages_of(tokens[: len(tokens) - 1]):
             e = self.by_key.get((parent, chunk))
             if e is None:
                 break
-            if e.page is None:
-                if load is None or e.host is None:
-                    break
-                # NOTE: out of the host maps first, so the evictions `load` may cause
-                # cannot take the page being loaded.
-                host, e.host = e.host, None
-                del self.by_host[host]
-                del self.host_idle[e.node]
-                page = load(host)
-                if page is None:  # back on host, as recently used
-                    e.host = host
-                    self.by_host[host] = e
-                    self.host_idle[e.node] = e
-                    break
-                e.page = page
-                self.by_page[page] = e
-                self.host_hits += self.tokens_per_page
-            self._ref(e)
-            got.append(e.page)
+            if e.host is not None:
+                chain.append(e)
             parent = e.node
-        self.hits += len(got) * self.tokens_per_page
-        return got
+        pinned = {}
+        for e in reversed(chain):
+            del self.host_idle[e.node]
+            pinned[e.node] = e
+        return pinned
 
     def _ref(self, e: Entry) -> None:
         e.refs += 1
