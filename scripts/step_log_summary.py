@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +58,20 @@ def windows(rows: list[dict[str, Any]], width: float) -> list[str]:
     return out
 
 
+def _ran(r: dict[str, Any]) -> tuple[int, int]:
+    """(decode rows, prefill tokens) of what the device ran in this line's time: the applied
+    batch of an overlapped step (NOTE: its `ms` waits for that one), else the scheduled."""
+    if "applied_decode" in r:
+        return r["applied_decode"], r["applied_prefill_tokens"]
+    return r["decode"], r["prefill_tokens"]
+
+
 def fit(rows: list[dict[str, Any]]) -> tuple[float, float, float] | None:
     """(a, b, c) of ms = a + b·decode + c·prefill_tokens over the steps that ran a batch."""
-    used = [r for r in rows if r["rows"] > 0]
+    used = [r for r in rows if sum(_ran(r)) > 0]
     if len(used) < 3:
         return None
-    x = np.array([[1.0, r["decode"], r["prefill_tokens"]] for r in used])
+    x = np.array([[1.0, *_ran(r)] for r in used])
     y = np.array([r["ms"] for r in used])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     return float(coef[0]), float(coef[1]), float(coef[2])
@@ -83,11 +91,18 @@ def summary(rows: list[dict[str, Any]], width: float, profile: Path | None) -> l
     """The printed report."""
     if not rows:
         return ["no steps logged"]
+    pids = Counter(r.get("pid") for r in rows)
+    head: list[str] = []
+    if len(pids) > 1:  # several worker processes wrote here: the busiest one
+        pid = pids.most_common(1)[0][0]
+        rows = [r for r in rows if r.get("pid") == pid]
+        head = [f"{len(pids)} processes wrote this log; process {pid} alone below"]
     span = rows[-1]["t"] + rows[-1]["ms"] / 1e3 - rows[0]["t"]
     ms = sum(r["ms"] for r in rows)
     gap = sum(r["gap_ms"] or 0.0 for r in rows)
     idle = [r for r in rows if r["rows"] == 0]
     out = [
+        *head,
         f"{len(rows)} steps over {span:.1f} s: step calls {ms / 1e3:.1f} s, gaps between them "
         f"{gap / 1e3:.1f} s; {len(idle)} calls scheduled nothing",
         f"prefill tokens {sum(r['prefill_tokens'] for r in rows)}, decode rows "

@@ -205,3 +205,20 @@ def test_kv_pool_default_is_512_mib_on_cpu_and_a_memory_share_on_cuda(monkeypatc
     args = parse("--device", "cuda", "--kv-cache-mb", "30000")
     serve_flags.kv_sizing(args, tmp_path)
     assert args.kv_cache_mb == 30000 and args.gpu_memory_utilization is None
+
+
+def test_the_cuda_default_says_so_when_the_device_is_too_full(monkeypatch, tmp_path):
+    from nitsum import serve_flags
+
+    gib = 1 << 30
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (10 * gib, 80 * gib))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
+    with pytest.raises(ValueError, match="that is the CUDA default: give --kv-cache-mb"):
+        serve_flags.kv_sizing(parse("--device", "cuda"), tmp_path)
+    with pytest.raises(ValueError, match="no room for KV") as e:
+        serve_flags.kv_sizing(
+            parse("--device", "cuda", "--gpu-memory-utilization", "0.9"), tmp_path
+        )
+    assert "CUDA default" not in str(e.value)

@@ -4,6 +4,7 @@ step with the batch it ran, the queues and the preemptions, as the engine really
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -56,6 +57,14 @@ def test_each_step_logs_the_batch_it_ran(step_log: Path, overlap: bool) -> None:
     assert lines[0]["gap_ms"] is None and all(r["gap_ms"] >= 0 for r in lines[1:])
     assert lines[0]["prefill_tokens"] == 16 and lines[0]["waiting"] >= 1
     assert lines[-1]["running"] == 0 and sum(r["preempted"] for r in lines) == 0
+    assert {r["pid"] for r in lines} == {os.getpid()}
+    if overlap:
+        # Each call applies the batch launched by the call before: the same work, one late.
+        assert sum(r["applied_prefill_tokens"] for r in lines) == 10 + 7 + 20
+        assert sum(r["applied_decode"] for r in lines) == 3 * 2
+        assert lines[0]["applied_prefill_tokens"] == 0  # nothing launched before the first
+    else:
+        assert not any("applied_decode" in r for r in lines)
 
     report = step_log_summary.summary(step_log_summary.load(step_log), 1.0, None)
     assert report[0].startswith(f"{steps} steps")
@@ -73,3 +82,30 @@ def test_the_fit_recovers_known_costs() -> None:
     assert fit is not None
     a, b, c = fit
     assert a == pytest.approx(2.0) and b == pytest.approx(0.03) and c == pytest.approx(0.02)
+
+
+def test_the_summary_reads_the_busiest_process_and_the_applied_batch() -> None:
+    """Lines of two worker processes: the summary takes the one with more lines; an
+    overlapped line's time is fitted on the batch it applied, not the one it scheduled."""
+    base = dict(gap_ms=0.0, running=1, waiting=0, free_pages=9, preempted=0, waited_ms=1.0)
+    rows = [
+        {
+            **base,
+            "t": 0.01 * i,
+            "pid": 7,
+            "engine": 0,
+            "rows": 1,
+            "decode": 0,
+            "prefill_rows": 1,
+            "prefill_tokens": 999,
+            "applied_decode": d,
+            "applied_prefill_tokens": p,
+            "ms": 2 + 0.03 * d + 0.02 * p,
+        }
+        for i, (d, p) in enumerate((d, p) for d in (1, 8, 64) for p in (0, 512, 4096))
+    ]
+    other = [{**rows[0], "pid": 8}]
+    report = step_log_summary.summary(rows + other, 1.0, None)
+    assert report[0] == "2 processes wrote this log; process 7 alone below"
+    assert report[1].startswith("9 steps")
+    assert "step ms = 2.00 + 30.0 us/decode row + 20.00 us/prefill token" in report[-1]

@@ -163,3 +163,47 @@ def test_a_match_loading_from_host_never_evicts_its_own_next_pages(others: int) 
 
     assert c.match([*chain, 99], load) == [40, 41, 42]
     assert freed == ([[3], [], []] if others else [[], [], []])
+
+
+def test_write_back_leaves_droppable_pages_so_an_overlapped_admission_never_waits() -> None:
+    """A pool of 12 running pages and 4 idle cached ones, copies that finish only when
+    waited for (queued behind the step in flight): write-back keeps `ahead` idle pages on
+    the device, so the next admission drops them instead of waiting for a copy."""
+    from types import SimpleNamespace
+
+    from nitsum.engine.kv_space import KVSpace
+    from nitsum.engine.swap import SwapSpace
+    from nitsum.kv.pages import PageAllocator
+    from nitsum.kv.prefix_cache import PrefixCache
+    from nitsum.kv.swap_copier import SwapProgress
+
+    class SlowCopier:
+        def __init__(self) -> None:
+            self.done = self.waits = 0
+
+        def start_swap(self, ticket: int, out: list, into: list) -> None:
+            pass
+
+        def swap_progress(self, wait_for: int | None = None) -> SwapProgress:
+            if wait_for is not None:
+                self.waits += 1
+                self.done = max(self.done, wait_for)
+            return SwapProgress(done_through=self.done)
+
+    dev = PageAllocator(1, 16, P, 2).group((0,), 1)
+    swap = SwapSpace(PageAllocator(1, 16, P, 2).group((0,), 1), dev, 1 << 20)
+    copier = SlowCopier()
+    swap.copier = copier
+    cache = PrefixCache(P)
+    kv = KVSpace(dev, cache, swap, step_tokens=16)
+    kv.demote_on_demand = False  # as enable_overlap sets it
+    assert kv.ahead == 4
+    dev.allocate(12)
+    dev.release(cache.release(dev.allocate(4), list(range(17)), computed=16))
+    kv.write_back()
+    swap.submit()
+    assert cache.num_evictable == 4 and dev.alloc.holds == 0
+    swap.poll()
+    seq = SimpleNamespace(pages=[])
+    assert kv.allocate(seq, 16) and len(seq.pages) == 4  # type: ignore[arg-type]
+    assert copier.waits == 0

@@ -299,9 +299,11 @@ def kv_sizing(args: argparse.Namespace, model_dir: Path) -> None:
     8B model, and a pool that fills preempts and recomputes (the 2026-11-27 H200 run's
     30 GB pool was full for the last third of the bursty load).
     """
+    defaulted = False
     if args.gpu_memory_utilization is None and args.kv_cache_mb is None:
         if args.device == "cuda":
             args.gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
+            defaulted = True
         else:
             args.kv_cache_mb = CPU_KV_CACHE_MB
     if args.gpu_memory_utilization is None:
@@ -310,5 +312,15 @@ def kv_sizing(args: argparse.Namespace, model_dir: Path) -> None:
 
     free, total = torch.cuda.mem_get_info(0)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    args.kv_cache_mb = kv_cache_mb_for(total, total - free, weights, args.gpu_memory_utilization)
+    try:
+        args.kv_cache_mb = kv_cache_mb_for(
+            total, total - free, weights, args.gpu_memory_utilization
+        )
+    except ValueError as e:
+        if not defaulted:
+            raise
+        raise ValueError(
+            f"{e}; that is the CUDA default: give --kv-cache-mb, or a higher "
+            "--gpu-memory-utilization if the memory in use is yours"
+        ) from None
     log.info("--gpu-memory-utilization: %d MiB of KV per device", args.kv_cache_mb)

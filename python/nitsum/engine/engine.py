@@ -38,6 +38,11 @@ class StepDriver(Protocol):
         """Wait until the device runs nothing of this engine (before pages are freed)."""
         ...
 
+    # Seconds the host has waited for the device's tokens so far, and the batch whose
+    # tokens the last `step` applied (the step log, engine/step_log.py).
+    waited_s: float
+    last_applied: list[Scheduled]
+
 
 class Engine:
     """Continuous-batching engine over one TP group's runner (the leader drives it).
@@ -235,13 +240,19 @@ class Engine:
         if self.driver is not None:
             if self.step_log is None:
                 return self.driver.step()
-            started, lines = time.perf_counter(), self.step_log.lines
-            self._last_batch = []
-            outputs = self.driver.step()
+            started, lines, driver = time.perf_counter(), self.step_log.lines, self.driver
+            self._last_batch, driver.last_applied = [], []
+            outputs = driver.step()
             if self.step_log.lines == lines:  # NOTE: a synchronous step logs itself (end_step)
-                waited = float(getattr(self.driver, "waited_s", 0.0))
                 ended = time.perf_counter()
-                self.step_log.record(started, ended, self._last_batch, self.scheduler, waited)
+                self.step_log.record(
+                    started,
+                    ended,
+                    self._last_batch,
+                    self.scheduler,
+                    driver.waited_s,
+                    applied=driver.last_applied,
+                )
             return outputs
         started = time.monotonic()
         batch = self.begin_step()
@@ -273,11 +284,11 @@ class Engine:
         self, batch: list[Scheduled], tokens: list[int], seconds: float
     ) -> list[RequestOutput]:
         """End a step `begin_step` began: its sampled tokens and how long it took."""
+        ended = time.perf_counter()
         self.scheduler.step_done(batch, seconds)
         outputs = self.complete_step(batch, tokens)
         if self.step_log is not None:
-            ended = time.perf_counter()
-            waited = float(getattr(self.driver, "waited_s", 0.0))
+            waited = self.driver.waited_s if self.driver is not None else 0.0
             self.step_log.record(ended - seconds, ended, batch, self.scheduler, waited)
         return outputs
 

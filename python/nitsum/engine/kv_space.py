@@ -209,17 +209,25 @@ class KVSpace:
         ready pages, and a later prompt can still reuse what moved. The scheduler calls it
         after each step's plan (its copies start with the step).
 
-        NOTE: only into free host pages, and at most a quarter of the host tier a call:
-        moving a page before it is needed must not push out of the host a page moved
-        earlier, which a later prompt may still want (an allocation that needs pages now
-        may, `reclaim`)."""
+        NOTE (what it leaves alone):
+        - `ahead` idle cached pages stay on the device: a page moving to host is held until
+          its copy is done, and an allocation that found only held pages would wait for the
+          copy; idle pages can be dropped at once instead (`reclaim`).
+        - only free host pages, at most a quarter of the host tier a call: moving a page
+          before it is needed must not push out of the host a page moved earlier, which a
+          later prompt may still want (an allocation that needs pages now may, `reclaim`).
+        """
         if self.cache is None or self.swap is None:
             return
         want = needed + self.ahead - self.pages.num_free
         host = self.swap.host
-        want = min(want, self.cache.num_evictable, host.num_free, host.num_pages // 4)
-        if want > 0:
-            self.pages.release(self.cache.evict(want, self._demote))
+        idle = self.cache.num_evictable - self.ahead
+        want = min(want, idle, host.num_free, host.num_pages // 4)
+        if want <= 0:
+            return
+        # One host allocation and one planned copy for the lot (not a pass per page).
+        hosts = iter(self.swap.swap_out(self.cache.lru_pages(want)))
+        self.pages.release(self.cache.evict(want, lambda page: next(hosts)))
 
     def num_reclaimable(self) -> int:
         """Pages free now or as soon as asked (idle cached pages)."""

@@ -121,6 +121,8 @@ class OverlapStepper:
         # whether steps are bound by the device (the host waits most of the time) or by the
         # host (it hardly waits: the device idles between steps). scripts/bench_gpu.py.
         self.waited_s = 0.0
+        # The batch whose tokens the last `_apply` applied (the step log's device-side view).
+        self.last_applied: list[Scheduled] = []
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -209,6 +211,7 @@ class OverlapStepper:
         waiting = time.perf_counter()
         tokens = run.wait()
         self.waited_s += time.perf_counter() - waiting
+        self.last_applied = run.batch
         self.events.append(("apply", run.number))
         for seq in run.finished_inside:  # NOTE: their last (wasted) step is done now
             engine.scheduler.kv.free(seq)

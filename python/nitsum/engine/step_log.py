@@ -2,17 +2,18 @@
 time went, to find out why a served load is slower than the profiled steps
 (`scripts/step_log_summary.py` reads it; `scripts/gpu_serve.sh` turns it on).
 
-Fields per line: `t` seconds since the log opened (the step's start), `engine` which engine
-of the process, `ms` the `Engine.step` call's wall time, `gap_ms` the time since the same
-engine's previous step returned (the caller's work between steps: messages, streaming),
-`rows` / `decode` / `prefill_rows` / `prefill_tokens` the batch scheduled in this call,
-`running` / `waiting` the queues after scheduling, `free_pages`, `preempted` (preemptions
-since the engine's previous line), `waited_ms` (overlapped steps: time the host waited for
-the device inside this call).
+Fields per line: `t` seconds since the log opened (the step's start), `pid` and `engine`
+(which process and which of its engines), `ms` the `Engine.step` call's wall time, `gap_ms`
+the time since the same engine's previous step returned (the caller's work between steps:
+messages, streaming), `rows` / `decode` / `prefill_rows` / `prefill_tokens` the batch
+scheduled in this call, `running` / `waiting` the queues after scheduling, `free_pages`,
+`preempted` (preemptions since the engine's previous line), `waited_ms` (overlapped steps:
+time the host waited for the device inside this call), and for overlapped steps
+`applied_decode` / `applied_prefill_tokens`: the batch whose tokens this call applied.
 
 NOTE: an overlapped step launches batch N+1 and applies batch N in the same call: `ms` is the
-host's round, which the device's step time bounds from below when the host waits
-(`waited_ms` > 0).
+host's round, bounded from below by the device's time for batch N when the host waits
+(`waited_ms` > 0), so what the device ran is the *applied* batch, not the scheduled one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class StepLog:
         # a signal, which skips Python's exit, and an idle worker steps no more.
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - process-long
         self._t0 = time.perf_counter()
+        self._pid = os.getpid()
         self._engines = 0
 
     @classmethod
@@ -66,17 +68,14 @@ class StepLog:
         scheduler: Scheduler,
         preempted: int,
         waited_s: float,
+        applied: list[Scheduled] | None = None,
     ) -> None:
-        """Write one step's line (`started`/`ended`/`previous_end`: `time.perf_counter()`)."""
-        decode = prefill_rows = prefill_tokens = 0
-        for item in batch:
-            if item.start >= len(item.seq.prompt_ids):
-                decode += 1
-            else:
-                prefill_rows += 1
-                prefill_tokens += item.q_len
-        line = {
+        """Write one step's line (`started`/`ended`/`previous_end`: `time.perf_counter()`;
+        `applied`: an overlapped step's batch whose tokens it applied)."""
+        decode, prefill_rows, prefill_tokens = _composition(batch)
+        line: dict[str, object] = {
             "t": round(started - self._t0, 4),
+            "pid": self._pid,
             "engine": engine,
             "ms": round((ended - started) * 1e3, 3),
             "gap_ms": None if previous_end is None else round((started - previous_end) * 1e3, 3),
@@ -90,10 +89,24 @@ class StepLog:
             "preempted": preempted,
             "waited_ms": round(waited_s * 1e3, 3),
         }
+        if applied is not None:
+            line["applied_decode"], _, line["applied_prefill_tokens"] = _composition(applied)
         self._file.write(json.dumps(line) + "\n")
 
     def flush(self) -> None:
         self._file.flush()
+
+
+def _composition(batch: list[Scheduled]) -> tuple[int, int, int]:
+    """(decode rows, prefill rows, prefill tokens) of a batch."""
+    decode = prefill_rows = prefill_tokens = 0
+    for item in batch:
+        if item.start >= len(item.seq.prompt_ids):
+            decode += 1
+        else:
+            prefill_rows += 1
+            prefill_tokens += item.q_len
+    return decode, prefill_rows, prefill_tokens
 
 
 class EngineStepLog:
@@ -120,6 +133,7 @@ class EngineStepLog:
         batch: list[Scheduled],
         scheduler: Scheduler,
         waited_s: float = 0.0,
+        applied: list[Scheduled] | None = None,
     ) -> None:
         """One step's line; `waited_s`: the engine's driver's cumulative waiting so far."""
         preemptions = scheduler.preemptions
@@ -132,6 +146,7 @@ class EngineStepLog:
             scheduler,
             preemptions - self._preemptions,
             waited_s - self._waited_s,
+            applied,
         )
         self._previous_end, self._preemptions, self._waited_s = ended, preemptions, waited_s
         self.lines += 1

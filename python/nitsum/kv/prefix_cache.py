@@ -225,6 +225,17 @@ class PrefixCache:
             parent = e.node
         return full * self.tokens_per_page
 
+    def lru_pages(self, n: int) -> list[int]:
+        """The device pages of the `n` least recently used idle entries, in the order
+        `evict(n)` takes them."""
+        out: list[int] = []
+        for e in self.idle.values():
+            if len(out) == n:
+                break
+            assert e.page is not None
+            out.append(e.page)
+        return out
+
     def evict(self, n: int, demote: Callable[[int], int | None] | None = None) -> list[int]:
         """Free up to `n` idle device pages, least recently used first; returns their ids.
         With `demote`, an evicted page's entry moves to the host page `demote(page)` returns
