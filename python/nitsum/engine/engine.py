@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
 
 from nitsum.config import ModelConfig
 from nitsum.engine.forks import Forks
@@ -14,6 +13,7 @@ from nitsum.engine.runner import Runner
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.sequence import CLASSES, Sequence, Status
+from nitsum.engine.step_driver import StepDriver
 from nitsum.engine.step_log import EngineStepLog
 from nitsum.engine.swap import COUNTERS as SWAP_COUNTERS
 from nitsum.engine.validation import validate_request
@@ -24,24 +24,6 @@ from nitsum.sampling import SAMPLE_FAILED, make_generator
 from nitsum.structured.start import grammar_finish, start_grammar
 
 log = logging.getLogger(__name__)
-
-
-class StepDriver(Protocol):
-    """Another way to run the engine's steps (engine/overlap.py: the host prepares the next
-    step while the device runs this one)."""
-
-    def step(self) -> list[RequestOutput]:
-        """One iteration; the new tokens of every sequence whose sampled token is known."""
-        ...
-
-    def settle(self) -> None:
-        """Wait until the device runs nothing of this engine (before pages are freed)."""
-        ...
-
-    # Seconds the host has waited for the device's tokens so far, and the batch whose
-    # tokens the last `step` applied (the step log, engine/step_log.py).
-    waited_s: float
-    last_applied: list[Scheduled]
 
 
 class Engine:
@@ -75,9 +57,8 @@ class Engine:
             scheduler.swap.copier = runner  # the group's copy threads run its swaps
         # Runs `step` instead of the synchronous path when set (engine/overlap.py).
         self.driver: StepDriver | None = None
-        # `NITSUM_STEP_LOG`: a line per step (engine/step_log.py); the batch last scheduled.
+        # `NITSUM_STEP_LOG`: a line per step (engine/step_log.py).
         self.step_log = EngineStepLog.from_env()
-        self._last_batch: list[Scheduled] = []
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], spec: RequestSpec) -> None:
@@ -240,20 +221,7 @@ class Engine:
         if self.driver is not None:
             if self.step_log is None:
                 return self.driver.step()
-            started, lines, driver = time.perf_counter(), self.step_log.lines, self.driver
-            self._last_batch, driver.last_applied = [], []
-            outputs = driver.step()
-            if self.step_log.lines == lines:  # NOTE: a synchronous step logs itself (end_step)
-                ended = time.perf_counter()
-                self.step_log.record(
-                    started,
-                    ended,
-                    self._last_batch,
-                    self.scheduler,
-                    driver.waited_s,
-                    applied=driver.last_applied,
-                )
-            return outputs
+            return self.step_log.driven(self.driver, self.scheduler)
         started = time.monotonic()
         batch = self.begin_step()
         if not batch:
@@ -273,7 +241,8 @@ class Engine:
         if swap is not None:
             swap.poll()
         batch = self.scheduler.schedule()
-        self._last_batch = batch
+        if self.step_log is not None:
+            self.step_log.scheduled = batch
         if swap is not None:
             swap.submit()
             if not batch:

@@ -24,8 +24,10 @@ import time
 from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from nitsum.engine.request_output import RequestOutput
     from nitsum.engine.scheduled import Scheduled
     from nitsum.engine.scheduler import Scheduler
+    from nitsum.engine.step_driver import StepDriver
 
 STEP_LOG_ENV = "NITSUM_STEP_LOG"
 
@@ -116,6 +118,8 @@ class EngineStepLog:
         self.log = log
         self.number = log.engine_number()
         self.lines = 0
+        # The batch the engine scheduled last (`Engine.begin_step` sets it).
+        self.scheduled: list[Scheduled] = []
         self._previous_end: float | None = None
         self._preemptions = 0
         self._waited_s = 0.0
@@ -150,3 +154,15 @@ class EngineStepLog:
         )
         self._previous_end, self._preemptions, self._waited_s = ended, preemptions, waited_s
         self.lines += 1
+
+    def driven(self, driver: StepDriver, scheduler: Scheduler) -> list[RequestOutput]:
+        """`driver.step()`, logged: the batch it scheduled and the one it applied."""
+        started, lines = time.perf_counter(), self.lines
+        self.scheduled, driver.last_applied = [], []
+        outputs = driver.step()
+        if self.lines == lines:  # NOTE: a synchronous step logs itself (`Engine.end_step`)
+            ended = time.perf_counter()
+            self.record(
+                started, ended, self.scheduled, scheduler, driver.waited_s, driver.last_applied
+            )
+        return outputs
