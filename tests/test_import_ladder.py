@@ -38,6 +38,7 @@ FLOORS: list[set[str]] = [
         "serve_binding",
         "serve_commands",
         "serve_flags",
+        "serve_kv_sizing",
         "cli",
         "simulate",
         "bench",

@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 
 from nitsum import serve_commands as sc
-from nitsum.serve_flags import (
-    build_parser,
-    kv_cache_mb_for,
-    resolve_dtype,
-    resolve_flags,
-)
+from nitsum import serve_kv_sizing
+from nitsum.serve_flags import build_parser, resolve_dtype, resolve_flags
+from nitsum.serve_kv_sizing import kv_cache_mb_for
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -183,13 +180,11 @@ def test_an_hf_repo_id_resolves_from_the_local_cache_or_says_how_to_get_it(tmp_p
 def test_kv_pool_default_is_512_mib_on_cpu_and_a_memory_share_on_cuda(monkeypatch, tmp_path):
     """Without --kv-cache-mb a CPU worker gets 512 MiB and a CUDA one the pool that fills
     0.9 of its device (vLLM's default), computed from the device's memory and the weights."""
-    from nitsum import serve_flags
-
     args = parse()
-    serve_flags.kv_sizing(args, tmp_path)
-    assert args.kv_cache_mb == serve_flags.CPU_KV_CACHE_MB == 512
+    serve_kv_sizing.kv_sizing(args, tmp_path)
+    assert args.kv_cache_mb == serve_kv_sizing.CPU_KV_CACHE_MB == 512
     args = parse("--kv-cache-mb", "100")
-    serve_flags.kv_sizing(args, tmp_path)
+    serve_kv_sizing.kv_sizing(args, tmp_path)
     assert args.kv_cache_mb == 100
 
     gib = 1 << 30
@@ -198,27 +193,25 @@ def test_kv_pool_default_is_512_mib_on_cpu_and_a_memory_share_on_cuda(monkeypatc
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (79 * gib, 80 * gib))
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
     args = parse("--device", "cuda")
-    serve_flags.kv_sizing(args, tmp_path)
+    serve_kv_sizing.kv_sizing(args, tmp_path)
     assert args.gpu_memory_utilization == 0.9
     assert args.kv_cache_mb == kv_cache_mb_for(80 * gib, gib, 1024, 0.9)
     # Given, it wins on CUDA too.
     args = parse("--device", "cuda", "--kv-cache-mb", "30000")
-    serve_flags.kv_sizing(args, tmp_path)
+    serve_kv_sizing.kv_sizing(args, tmp_path)
     assert args.kv_cache_mb == 30000 and args.gpu_memory_utilization is None
 
 
 def test_the_cuda_default_says_so_when_the_device_is_too_full(monkeypatch, tmp_path):
-    from nitsum import serve_flags
-
     gib = 1 << 30
     import torch
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=0: (10 * gib, 80 * gib))
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
     with pytest.raises(ValueError, match="that is the CUDA default: give --kv-cache-mb"):
-        serve_flags.kv_sizing(parse("--device", "cuda"), tmp_path)
+        serve_kv_sizing.kv_sizing(parse("--device", "cuda"), tmp_path)
     with pytest.raises(ValueError, match="no room for KV") as e:
-        serve_flags.kv_sizing(
+        serve_kv_sizing.kv_sizing(
             parse("--device", "cuda", "--gpu-memory-utilization", "0.9"), tmp_path
         )
     assert "CUDA default" not in str(e.value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nitsum import serve, serve_commands, serve_flags
+from nitsum import serve, serve_commands, serve_kv_sizing
 from nitsum.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ def test_host_worker_command():
     args = serve.build_parser().parse_args(
         ["--workers", "4", "--tp-switching", "--dtype", "bfloat16"]
     )
-    serve_flags.kv_sizing(args, Path("/m"))  # as `nitsum serve` does before
+    serve_kv_sizing.kv_sizing(args, Path("/m"))  # as `nitsum serve` does before
     cmd = serve_commands.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
     assert cmd[1:3] == ["-m", "nitsum.worker"]
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=True))

@@ -52,7 +52,8 @@ from nitsum.serve_commands import (
     without_kv_transport,
     worker_command,
 )
-from nitsum.serve_flags import build_parser, kv_sizing, resolve_dtype, resolve_flags
+from nitsum.serve_flags import build_parser, resolve_dtype, resolve_flags
+from nitsum.serve_kv_sizing import kv_sizing
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
 from nitsum.worker.supervise import Restarts

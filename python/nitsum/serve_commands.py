@@ -99,7 +99,7 @@ def engine_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
     """The engine settings every worker gets alike (KV pools, dtype, limits, caching, the
     binding cost model's profile and policy)."""
     dtype = resolve_dtype(args.dtype, args.device, model_dir)
-    # NOTE: `nitsum serve` has sized the pool by now (serve_flags.kv_sizing); unsized, the
+    # NOTE: `nitsum serve` has sized the pool by now (serve_kv_sizing.kv_sizing); unsized, the
     # worker's own default applies.
     flags = step_limit_flags(args)
     if getattr(args, "kv_cache_mb", None) is not None:
