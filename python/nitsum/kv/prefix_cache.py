@@ -26,7 +26,7 @@ NOTE (invariants):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -106,14 +106,11 @@ class PrefixCache:
         # NOTE: the host entries of this prefix are out of `host_idle` while it loads them:
         # loading one may move a device page to host, and the room for it must not be taken
         # from the ones loaded next.
-        pinned = self._pin_host_chain(tokens, salt) if load is not None and self.host_idle else {}
+        chunks = self._pages_of(tokens[: len(tokens) - 1])
+        pinned = self._pin_host_chain(chunks, salt) if load is not None and self.host_idle else {}
         got: list[int] = []
-        parent = root(salt)
         try:
-            for chunk in self._pages_of(tokens[: len(tokens) - 1]):
-                e = self.by_key.get((parent, chunk))
-                if e is None:
-                    break
+            for e in self._cached(chunks, salt):
                 if e.page is None:
                     if load is None or e.host is None:
                         break
@@ -134,25 +131,28 @@ class PrefixCache:
                     self.host_hits += self.tokens_per_page
                 self._ref(e)
                 got.append(e.page)
-                parent = e.node
         finally:
             for e in pinned.values():  # not loaded after all: back, as recently used
                 self.host_idle[e.node] = e
         self.hits += len(got) * self.tokens_per_page
         return got
 
-    def _pin_host_chain(self, tokens: Seq[int], salt: str | None) -> dict[int, Entry]:
-        """Take the host entries of `tokens`' cached prefix out of `host_idle` (by node, the
-        deepest first, the order they go back in if not loaded)."""
-        chain: list[Entry] = []
-        parent = root(salt)
-        for chunk in self._pages_of(tokens[: len(tokens) - 1]):
+    def _cached(self, chunks: list[tuple[int, ...]], salt: str | None) -> Iterator[Entry]:
+        """The entries of the cached prefix made of `chunks` (pages' tokens), in order, each
+        looked up when the caller asks for it (what the caller did to the one before, such
+        as loading it back from host, counts)."""
+        parent: Parent = root(salt)
+        for chunk in chunks:
             e = self.by_key.get((parent, chunk))
             if e is None:
-                break
-            if e.host is not None:
-                chain.append(e)
+                return
+            yield e
             parent = e.node
+
+    def _pin_host_chain(self, chunks: list[tuple[int, ...]], salt: str | None) -> dict[int, Entry]:
+        """Take the host entries of the cached prefix made of `chunks` out of `host_idle`
+        (by node, the deepest first, the order they go back in if not loaded)."""
+        chain = [e for e in self._cached(chunks, salt) if e.host is not None]
         pinned = {}
         for e in reversed(chain):
             del self.host_idle[e.node]
