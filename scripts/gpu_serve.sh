@@ -12,10 +12,11 @@ set -u
 DEV=$1 DEADLINE=$2 W=$3 OUTJSON=$4
 PY=${PYTHON:-python3}
 START=$(date +%s)
-nitsum() { "$PY" -c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+CLI=(-c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))')
+nitsum() { "$PY" "${CLI[@]}" "$@"; }
 # NOTE: run in the background, `exec` makes $! the server itself: killing a subshell that
 # runs it would leave the server (and its port, and its GPU memory) to the next section.
-nitsum_exec() { exec "$PY" -c 'import sys; from nitsum.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+nitsum_exec() { exec "$PY" "${CLI[@]}" "$@"; }
 elapsed() { echo $(( $(date +%s) - START )); }
 
 M=$W/rand-model

@@ -19,7 +19,7 @@ from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.kernels import decode_attention_triton as dat  # noqa: E402
 from nitsum.kernels import prefill_attention_triton as pat  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
-from tiny import kv_bytes, random_llama, random_prompt  # noqa: E402
+from tiny import EAGER_STEPS, kv_bytes, random_llama, random_prompt  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # Runtime ints: passed by keyword but no compile key (do_not_specialize).
@@ -59,9 +59,7 @@ def test_the_warm_up_launches_every_variant_a_run_of_steps_does(monkeypatch):
         token_budget=160,
         max_batch=32,
         fused_ops=True,
-        decode_graphs=False,
-        piecewise_graphs=False,
-        overlap=False,
+        **EAGER_STEPS,
     )
     engine = build_engine(cfg, hf.state_dict().items(), ecfg)
     runs = record(monkeypatch)

@@ -43,7 +43,7 @@ from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
-from tiny import BASE  # noqa: E402
+from tiny import BASE, EAGER_STEPS  # noqa: E402
 
 BUDGET = 12
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -132,17 +132,14 @@ def decode_step_launches(monkeypatch, layers: int, fused: bool) -> list[str]:
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(**{**BASE, "num_hidden_layers": layers})).eval()
     cfg = ModelConfig.from_hf(hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    # NOTE: the eager forward, also on CUDA: a recorded step replays a graph and a launched
-    # (overlapped) one is counted the same; what a graph records is this forward's launches.
+    # NOTE: the eager forward, also on CUDA: what a graph records is this forward's launches.
     ecfg = EngineConfig(
         dtype=torch.bfloat16,
         device=DEV,
         kv_cache_bytes=1 << 20,
         page_tokens=4,
         fused_ops=fused,
-        decode_graphs=False,
-        piecewise_graphs=False,
-        overlap=False,
+        **EAGER_STEPS,
     )
     engine = build_engine(cfg, hf.state_dict().items(), ecfg)
     model = engine.runner.model

@@ -173,6 +173,10 @@ def run_arrivals(
 
 # A 4-device CPU pool of the "llama-gqa" tiny model (4 KV heads: TP 1/2/4), shared by the TP
 # switching and host worker tests.
+# Engine steps run eagerly and synchronously, on CUDA too: no recorded graphs (a replay calls
+# neither a swapped-in attention nor a counted forward) and no overlapped steps.
+EAGER_STEPS = dict(decode_graphs=False, piecewise_graphs=False, overlap=False)
+
 POOL_DEVICES = 4
 POOL_ECFG = EngineConfig(page_tokens=4, token_budget=64, tp_levels=(1, 2, 4))
 POOL_PAGES = 256
