@@ -1,4 +1,7 @@
-"""Runtime TP switching on 4 CPU devices (gloo): shard views, logits, migration, rollback."""
+"""Runtime TP switching on 4 CPU devices (shared-memory collectives; gloo too for the
+logits): shard views, logits, migration, rollback."""
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -66,18 +69,37 @@ def assert_all_pages_back(pe):
         assert pe.alloc.num_free(device) == NUM_PAGES
 
 
+@pytest.fixture(scope="module")
+def gloo_pool(tiny):
+    """The same devices with their collectives over gloo process groups (`dist`), where the
+    default on CPU is shared memory."""
+    with tiny_device_pool(tiny, replace(ECFG, collectives="dist")) as p:
+        yield p
+
+
+def groups_expected(kind: str, device: int) -> int:
+    """Communicators a device creates at start-up: every aligned group's process group
+    (new_group is collective), or the shared groups it is a member of."""
+    groups = TPTopology(4, (1, 2, 4)).aligned_groups()
+    return len(groups) if kind == "dist" else sum(device in g for g in groups)
+
+
 @pytest.mark.e2e
-def test_shards_are_views_and_no_group_is_created_later(pool):
-    expected = len(TPTopology(4, (1, 2, 4)).aligned_groups())
+@pytest.mark.parametrize("kind", ["shared", "dist"])
+def test_shards_are_views_and_no_group_is_created_later(pool, gloo_pool, kind):
+    devices = pool if kind == "shared" else gloo_pool
     for d in range(4):
-        stats = pool.call(d, Counters())
-        assert stats["groups_created"] == expected
+        stats = devices.call(d, Counters())
+        assert stats["collectives"] == kind
+        assert stats["groups_created"] == groups_expected(kind, d)
         for members in stats["contexts"]:
-            assert pool.call(d, Probe(shards_share_storage, (members,)))
+            assert devices.call(d, Probe(shards_share_storage, (members,)))
 
 
 @pytest.mark.e2e
-def test_logits_equal_at_tp_1_2_4(pool, tiny):
+@pytest.mark.parametrize("kind", ["shared", "dist"])
+def test_logits_equal_at_tp_1_2_4(pool, gloo_pool, tiny, kind):
+    pool = pool if kind == "shared" else gloo_pool
     hf, cfg = tiny
     ids = prompts(cfg, 1)[0] + [3, 1, 4, 1, 5]
     with torch.no_grad():

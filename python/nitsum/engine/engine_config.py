@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nitsum.config import BIND_POLICIES, DEFAULT_TP_LEVELS
+from nitsum.parallel.comm_pool import resolve_collectives
 from nitsum.parallel.shift import ShiftRule
 
 # Per-step limits by device type: (token budget: prompt + decode tokens one step may run,
@@ -81,10 +82,20 @@ class EngineConfig:
     # (engine/attention_warmup.py): ~10 compiles at start-up. The worker (`nitsum serve`)
     # sets it on CUDA; off, each compiles on first use (tests, short offline runs).
     warm_kernels: bool = False
+    # Device processes per GPU (a pool's device d runs on GPU d // devices_per_gpu): above 1
+    # one GPU is a pool of several devices, whose collectives then go through shared buffers
+    # (parallel/comm_pool.py). CPU devices ignore it.
+    devices_per_gpu: int = 1
+    # What carries a TP group's collectives: "auto" (shared buffers between CPU devices on
+    # x86 and between processes that share a GPU; NCCL on a GPU of its own), "dist"
+    # (torch.distributed: gloo or NCCL) or "shared" (parallel/shared_collectives.py).
+    collectives: str = "auto"
 
     def __post_init__(self) -> None:
         if self.bind_policy not in BIND_POLICIES:
             raise ValueError(f"bind_policy: one of {BIND_POLICIES}, not {self.bind_policy!r}")
+        # NOTE: checked here, where every engine is configured, not first in a device process.
+        resolve_collectives(self.collectives, self.device.split(":")[0], self.devices_per_gpu)
         budget, batch = default_step_limits(self.device)
         if self.token_budget is None:
             self.token_budget = budget

@@ -30,6 +30,7 @@ from nitsum.engine.step_inputs import StepInputs
 from nitsum.kernels.paged_attention import AttentionMetadata
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
+from nitsum.parallel import capture_cuts
 from nitsum.parallel.context import TPContext
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -60,10 +61,16 @@ class CaptureAfterStartup(RuntimeError):
 
 
 class Recording:
-    """One recorded decode step: a CUDA graph, or the forward itself off CUDA."""
+    """One recorded step: CUDA graphs, or the forward itself off CUDA.
+
+    A collective that cannot be captured (parallel/capture_cuts.py: device processes sharing a
+    GPU) cuts the recording: it is a list of (graph, call) segments, and a replay runs each
+    graph, then its call (the collective, eagerly), in order. Without such collectives it is
+    one graph.
+    """
 
     def __init__(self, fn: Callable[[], torch.Tensor], device: torch.device, pool: Any) -> None:
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.segments: list[tuple[torch.cuda.CUDAGraph, Callable[[], None] | None]] = []
         self.fn = fn
         if device.type == "cuda":
             # NOTE: under the weights' device: capture, Triton and NCCL use the current one.
@@ -71,19 +78,52 @@ class Recording:
                 stream = torch.cuda.Stream(device)
                 stream.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(stream):
-                    fn()  # warm-up: Triton compiles, allocators settle
+                    fn()  # warm-up: Triton compiles, allocators settle, collectives run
                 torch.cuda.current_stream(device).wait_stream(stream)
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph, pool=pool, stream=stream):
-                    self.out = fn()
+                torch.cuda.synchronize(device)
+                with torch.cuda.stream(stream):
+                    self.out = self._capture(fn, pool)
         else:
             self.out = fn()
 
+    def _capture(self, fn: Callable[[], torch.Tensor], pool: Any) -> torch.Tensor:
+        """Capture `fn` on the current (side) stream, a new graph after each cut.
+
+        NOTE: a cut's call does not run while capturing (no member runs it then, so no member
+        waits): it runs at every replay. Its tensors were allocated by the capture, in the
+        memory pool the recordings keep.
+        """
+        graph = torch.cuda.CUDAGraph()
+
+        def cut(call: Callable[[], None]) -> None:
+            nonlocal graph
+            graph.capture_end()
+            self.segments.append((graph, call))
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=pool)
+
+        graph.capture_begin(pool=pool)
+        try:
+            with capture_cuts.cutting(cut):
+                out = fn()
+        finally:
+            graph.capture_end()
+        self.segments.append((graph, None))
+        return out
+
+    @property
+    def cuts(self) -> int:
+        """Collectives that run between graphs at each replay."""
+        return sum(call is not None for _, call in self.segments)
+
     def replay(self) -> torch.Tensor:
-        if self.graph is None:
+        if not self.segments:
             self.out = self.fn()
-        else:
-            self.graph.replay()
+            return self.out
+        for graph, call in self.segments:
+            graph.replay()
+            if call is not None:
+                call()
         return self.out
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from nitsum.config import ModelConfig
+from nitsum.parallel.collectives import Collectives
 from nitsum.parallel.pipeline import Stage
 from nitsum.parallel.sequence import SPComm, build_sp_comm
 from nitsum.parallel.shard import HeadRange, shard_views
@@ -26,7 +26,8 @@ class TPContext:
     heads: HeadRange
     layers: list[LayerWeights]
     members: tuple[int, ...] = (0,)
-    group: dist.ProcessGroup | None = None
+    # The group's collectives (parallel/collectives.py); None for a single device.
+    comm: Collectives | None = None
     # The same group run as sequence parallelism (parallel/sequence.py); None at TP 1.
     sp: SPComm | None = None
     # This rank's pipeline stage in a (tp, pp) group (parallel/pipeline.py); None: one stage.
@@ -53,7 +54,8 @@ class TPContext:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum partial results of a row-parallel layer across the group (in place)."""
         if self.heads.tp > 1:
-            dist.all_reduce(x, group=self.group)
+            assert self.comm is not None
+            self.comm.all_reduce(x)
             self.stats["all_reduce"] += 1
         return x
 
@@ -64,15 +66,15 @@ def build_context(
     tp: int,
     rank: int,
     members: tuple[int, ...] | None = None,
-    group: dist.ProcessGroup | None = None,
+    comm: Collectives | None = None,
     stage: Stage | None = None,
 ) -> TPContext:
     """Build the warm context of (tp, rank); `members` are the group's device ids (stage-major
-    for a pipeline, whose `stage` is this rank's and `group` its stage's TP group)."""
+    for a pipeline, whose `stage` is this rank's and `comm` its stage's TP group's)."""
     heads = HeadRange.of(cfg, tp, rank)
-    if tp > 1 and group is None:
-        raise ValueError("a TP>1 context needs its process group")
+    if tp > 1 and comm is None:
+        raise ValueError("a TP>1 context needs its group's collectives")
     members = members if members is not None else tuple(range(tp))
     # NOTE: a pipeline's stages run TP only (SP shifts a whole group's tokens; not combined).
-    sp = build_sp_comm(cfg, tp, rank, group, weights.embed.device) if stage is None else None
-    return TPContext(heads, shard_views(weights, tp, rank), members, group, sp, stage)
+    sp = build_sp_comm(cfg, tp, rank, comm, weights.embed.device) if stage is None else None
+    return TPContext(heads, shard_views(weights, tp, rank), members, comm, sp, stage)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from nitsum.config import ModelConfig
+from nitsum.parallel.collectives import Collectives
 from nitsum.parallel.shard import HeadRange
 
 
@@ -76,14 +76,14 @@ def head_rows_by_rank(cfg: ModelConfig, p: int) -> torch.Tensor | None:
 
 @dataclass
 class SPComm:
-    """What a rank needs to run SP in its group: the group, its rank, and the head-row index.
+    """What a rank needs to run SP in its group: its collectives, its rank, the head-row index.
 
     Built with the warm context at start-up; nothing here is created on the step path.
     """
 
     ranks: int
     rank: int
-    group: dist.ProcessGroup | None
+    comm: Collectives
     head_rows: torch.Tensor | None
     stats: dict[str, int] = field(default_factory=lambda: {"all_to_all": 0})
 
@@ -96,7 +96,7 @@ class SPComm:
         # (chunk, ranks · own, hd) → (ranks, chunk, own, hd): block j goes to rank j.
         send = x.view(split.chunk, self.ranks, -1, head_dim).transpose(0, 1).contiguous()
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
+        self.comm.all_to_all_single(recv, send)
         self.stats["all_to_all"] += 1
         # Rank i sent its chunk of tokens: stacking by source restores token order.
         return recv.view(split.padded, -1, head_dim)[: split.tokens]
@@ -109,7 +109,7 @@ class SPComm:
         send = out.new_zeros((split.padded, width))
         send[: split.tokens] = out
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
+        self.comm.all_to_all_single(recv, send)
         self.stats["all_to_all"] += 1
         # (ranks, chunk, width) from each source → (chunk, ranks · width).
         return recv.view(self.ranks, split.chunk, width).transpose(0, 1).reshape(split.chunk, -1)
@@ -123,7 +123,7 @@ class SPComm:
         send = x.new_zeros((width, *x.shape[1:]))
         send[: len(mine)] = x[mine]
         parts = [torch.empty_like(send) for _ in range(self.ranks)]
-        dist.all_gather(parts, send, group=self.group)
+        self.comm.all_gather(parts, send)
         taken = [0] * self.ranks
         out = []
         for r, _ in owner:
@@ -136,11 +136,11 @@ def build_sp_comm(
     cfg: ModelConfig,
     p: int,
     rank: int,
-    group: dist.ProcessGroup | None,
+    comm: Collectives | None,
     device: torch.device | str = "cpu",
 ) -> SPComm | None:
     """The SP side of a rank's warm context at level p (None for a single device)."""
-    if p == 1:
+    if p == 1 or comm is None:
         return None
     rows = head_rows_by_rank(cfg, p)
-    return SPComm(p, rank, group, None if rows is None else rows.to(device))
+    return SPComm(p, rank, comm, None if rows is None else rows.to(device))

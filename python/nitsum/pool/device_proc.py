@@ -27,9 +27,11 @@ from nitsum.engine.load import load_model
 from nitsum.engine.piecewise import PiecewiseGraphs
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.swap_copier import SwapCopier
-from nitsum.parallel.comm_pool import CommPool
+from nitsum.parallel import shared_memory
+from nitsum.parallel.comm_pool import CommPool, resolve_collectives, world_backend
 from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
+from nitsum.parallel.shared_channel import SharedChannel
 from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.device_commands import (
     Counters,
@@ -46,7 +48,6 @@ from nitsum.pool.device_commands import (
 )
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
-from nitsum.pool.shm_staging import SharedStaging
 
 
 @dataclass
@@ -83,26 +84,39 @@ class Device:
 
     def __init__(self, device: int, spec: DeviceSpec, source: ModelSource) -> None:
         self.device = device
-        if spec.ecfg.device.startswith("cuda"):
-            # NOTE: rank r is GPU r of the host, and the current device (Triton launches,
-            # CUDA graph capture and NCCL all use the current device).
-            spec = replace(spec, ecfg=replace(spec.ecfg, device=f"cuda:{device}"))
-            torch.cuda.set_device(device)
-        backend = "nccl" if spec.ecfg.device.startswith("cuda") else "gloo"
+        ecfg = spec.ecfg
+        cuda = ecfg.device.startswith("cuda")  # the same on every rank: no handshake
+        kind = resolve_collectives(
+            ecfg.collectives, "cuda" if cuda else "cpu", ecfg.devices_per_gpu
+        )
+        if cuda:
+            # NOTE: devices_per_gpu device processes share each GPU: device r runs on GPU
+            # r // devices_per_gpu, its current device (Triton launches, CUDA graph capture
+            # and NCCL all use the current device).
+            gpu = device // ecfg.devices_per_gpu
+            spec = replace(spec, ecfg=replace(ecfg, device=f"cuda:{gpu}"))
+            torch.cuda.set_device(gpu)
         # NOTE: a solo device is rank 0 of a world of one; its one context still answers to
         # its pool-wide group `(device,)`, the name the controller's steps use.
         rank = 0 if spec.solo else device
         if spec.solo:
             spec = replace(spec, world=1, levels=(1,))
+        backend = world_backend("cuda" if cuda else "cpu", kind)
         dist.init_process_group(
             backend, init_method=spec.init_method, rank=rank, world_size=spec.world
         )
         cfg, tensors = source.load()
         self.cfg = cfg
         topology = TPTopology.of(cfg, spec.world, spec.levels)
-        self.comms = CommPool(topology)
+        storage_device = torch.device(spec.ecfg.device)
+        self.comms = CommPool(topology, rank, kind, storage_device)
         built = DeviceBuild(cfg, tensors, spec.ecfg, spec.num_pages)
         self.model, self.pool = built.model, built.kv
+        # This device's staging, mapped by every peer of the host (None: over the world
+        # process group): KV moves, and pipeline activations where collectives are shared.
+        staging = self._shared_staging(spec) if spec.world > 1 else None
+        if kind == "shared" and spec.world > 1 and staging is None:
+            raise RuntimeError("shared collectives need every device's staging mapped")
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
@@ -115,38 +129,36 @@ class Device:
                 self.runners[(device,) if spec.solo else members] = built.runner(ctx)
         # Pipelines (parallel/pipeline.py) by shape: stages of TP groups above.
         self.pipelines: dict[GroupShape, ModelRunner] = {}
+        link = staging if kind == "shared" else None
         for shape in [] if spec.solo else topology.pipelines(cfg.num_layers, spec.pp_levels):
             members, tp = shape.members, shape.tp
             if device in members:
-                stage = build_stage(cfg.num_layers, tp, members, device)
+                stage = build_stage(cfg.num_layers, tp, members, device, link)
                 assert stage is not None
                 i = members.index(device)
                 tp_group = members[i - i % tp : i - i % tp + tp]
                 comm = self.comms.get(tp_group)
                 ctx = build_context(cfg, self.model.weights, tp, i % tp, members, comm, stage)
                 self.pipelines[shape] = built.runner(ctx, graphs=False)
-        cuda = spec.ecfg.device.startswith("cuda")  # the same on every rank: no handshake
         self.transfer = KVTransfer(
-            self.pool.storage,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            device,
-            staging=self._shared_staging(spec) if spec.world > 1 and not cuda else None,
+            self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device, staging=staging
         )
         # The host tier's copy thread, shared by every context (None: no host tier).
         self.copier = SwapCopier(built.host) if built.host is not None else None
 
-    def _shared_staging(self, spec: DeviceSpec) -> SharedStaging | None:
-        """Transfer staging in shared memory, mapped by every peer (CPU devices of one host);
-        None where any device cannot share (then every device uses the socket).
+    def _shared_staging(self, spec: DeviceSpec) -> SharedChannel | None:
+        """Transfer staging mapped by every peer (memory files between CPU devices, CUDA IPC
+        between GPUs); None where any device cannot share (then every device uses the world
+        process group).
 
         NOTE: collective over the world group: every device calls it once at start-up.
         """
         staging = None
-        if SharedStaging.supported():
+        if shared_memory.supported():
             try:
                 elems = KVTransfer.CHUNK_BYTES // self.pool.storage.element_size()
-                staging = SharedStaging(elems, self.pool.storage.dtype)
+                storage = self.pool.storage
+                staging = SharedChannel(elems, storage.dtype, storage.device)
             except (OSError, RuntimeError):  # torch.from_file raises RuntimeError
                 staging = None
         handles: list[Any] = [None] * spec.world
@@ -158,7 +170,11 @@ class Device:
             ok = torch.ones(1)
         except (OSError, RuntimeError):
             ok = torch.zeros(1)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # all map their peers, or none uses them
+        # All map their peers, or none uses them. (MIN over the world group: on NCCL the
+        # flag goes through the GPU.)
+        if dist.get_backend() == "nccl":
+            ok = ok.to(self.pool.storage.device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         return staging if ok.item() == 1 else None
 
     def handle(self, cmd: DeviceCommand) -> Any:
@@ -197,6 +213,7 @@ class Device:
     def counters(self) -> dict[str, Any]:
         """Collectives run, graph captures and replays, contexts and pipelines built."""
         return {
+            "collectives": self.comms.kind,
             "groups_created": CommPool.created,
             "contexts": sorted(self.runners),
             "all_reduce": sum(r.ctx.stats["all_reduce"] for r in self.runners.values()),

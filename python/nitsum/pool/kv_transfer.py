@@ -1,9 +1,11 @@
 """Executes migration pieces on one device: aggregated, double-buffered, pipelined.
 
 Every device gets the same ordered list of pieces and acts on those it sends or receives.
-Between devices of one host on CPU the chunks go through shared memory (`shm_staging.py`:
-the receiver unpacks from the sender's staging buffers); otherwise over the process group
-(gloo sockets on CPU; NCCL on CUDA, which itself moves peer to peer within a host).
+Between the devices of one host the chunks go through the sender's staging buffers, which
+every peer maps (parallel/shared_channel.py: memory files between CPU devices, CUDA IPC
+between GPUs, peer to peer over NVLink or PCIe, or within one GPU its processes share): the
+receiver unpacks straight from them. Otherwise over the world process group (gloo sockets on
+CPU; NCCL on CUDA, the fallback where IPC cannot map a peer).
 NOTE: processing pieces in one global order makes blocking point-to-point transfers
 deadlock-free: the earliest unfinished piece always has both of its devices waiting on it.
 """
@@ -19,16 +21,22 @@ import torch.distributed as dist
 
 from nitsum.config import kv_heads_per_rank
 from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
+from nitsum.parallel.shared_channel import SharedChannel
+from nitsum.parallel.shared_memory import PeerTimeout
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
-from nitsum.pool.shm_staging import SharedStaging, StagingTimeout, token_of
 
-# Transfer modes: "pipelined" (shared memory where both ends have it, else the socket),
+# Transfer modes: "pipelined" (shared staging where both ends have it, else the socket),
 # "pipelined_socket" (the process group even where memory is shared: the benchmark's
 # baseline), "per_page" (one message per page fragment: the naive baseline).
 MODES = ("pipelined", "pipelined_socket", "per_page")
 # One staging buffer: large enough to amortize a message, small enough to stay in cache.
 CHUNK_BYTES = 8 << 20
+
+
+def token_of(migration: int, piece: int, chunk: int) -> int:
+    """The staging flag value naming chunk `chunk` of piece `piece` of migration `migration`."""
+    return (migration << 36) | (piece << 20) | (chunk + 1)
 
 
 class TransferFailed(RuntimeError):
@@ -41,7 +49,7 @@ class TransferStats:
     bytes_received: int = 0
     bytes_copied_locally: int = 0
     messages: int = 0
-    shm_messages: int = 0  # of `messages`, the chunks handed over through shared memory
+    shm_messages: int = 0  # of `messages`, the chunks handed over through shared staging
     seconds: float = 0.0
 
 
@@ -64,7 +72,7 @@ class KVTransfer:
         head_dim: int,
         device: int,
         chunk_bytes: int = CHUNK_BYTES,
-        staging: SharedStaging | None = None,
+        staging: SharedChannel | None = None,
     ) -> None:
         self.storage = storage
         self.kv_heads = kv_heads
@@ -140,7 +148,7 @@ class KVTransfer:
             elif mode == "pipelined" and self.staging is not None and peer in self.staging.peers:
                 try:
                     failed |= not self._shared(piece, stats, stop, migration, index)
-                except StagingTimeout as e:
+                except PeerTimeout as e:
                     raise TransferFailed(str(e)) from e
             elif mode == "per_page":
                 self._per_page(piece, stats)
@@ -161,8 +169,8 @@ class KVTransfer:
     def _shared(
         self, p: Piece, stats: TransferStats, stop: int | None, migration: int, index: int
     ) -> bool:
-        """Double-buffered through shared memory: the sender packs chunk i + 1 into its other
-        staging buffer while the receiver unpacks chunk i from the first.
+        """Double-buffered through the sender's shared staging: it packs chunk i + 1 into its
+        other staging buffer while the receiver unpacks chunk i from the first.
 
         Returns False when stopped early by an injected failure.
         """
@@ -175,7 +183,7 @@ class KVTransfer:
         for i, c in enumerate(chunks):
             token = token_of(migration, index, i)
             if sending:
-                b, buf = self.staging.put_buffer()
+                b, buf = self.staging.put_buffer(p.dst)
                 block = self.pack(view, p.src_slots[c], p.src_head, p.heads, buf)
                 self.staging.publish(b, token)
                 stats.bytes_sent += block.numel() * block.element_size()
