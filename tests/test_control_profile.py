@@ -138,3 +138,7 @@ def test_serve_flags_and_the_default_topology() -> None:
     assert not serve.use_host_worker(None, control=True, device="cuda", workers=2)
     assert not serve.use_host_worker(False, control=True, device="cpu", workers=2)
     assert serve.use_host_worker(True, control=False, device="cpu", workers=2)
+    # Several devices on one GPU are there to form groups.
+    shared_gpu = dict(device="cuda", workers=4, devices_per_gpu=4)
+    assert serve.use_host_worker(None, control=False, **shared_gpu)
+    assert not serve.use_host_worker(False, control=True, **shared_gpu)

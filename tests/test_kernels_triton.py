@@ -137,3 +137,32 @@ def test_paged_attention_low_precision_paths():
     out = paged_attention_triton(q, k, v, kc, vc, meta, 0.25)
     torch.testing.assert_close(ref.float(), exact, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(out.float(), exact, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize(
+    "src_heads, dst_heads, src_head, dst_head, heads",
+    [(4, 4, 0, 0, 4), (4, 2, 2, 0, 2), (2, 4, 1, 3, 1)],
+)
+def test_direct_copy_matches_reference(src_heads, dst_heads, src_head, dst_head, heads):
+    """A KV move read straight from a peer's pages (kv_transfer.py): the Triton copy and the
+    torch reference's run-wise copies give the same pages, runs and single slots alike."""
+    from nitsum.kernels.kv_pack import copy_ref
+    from nitsum.kernels.kv_pack_triton import copy_triton
+
+    g = torch.Generator().manual_seed(1)
+    layers, pages, page_elems, hd = 3, 8, 4 * 4 * 8, 8
+    src = slot_view(torch.randn(layers, 2, pages, page_elems, generator=g).to(DEV), src_heads, hd)
+    # Runs and breaks on both sides: 5 consecutive, one alone, 4 consecutive (then reversed).
+    src_slots = torch.tensor([3, 4, 5, 6, 7, 20, 27, 28, 29, 30]).to(DEV)
+    dst_slots = torch.tensor([9, 10, 11, 12, 13, 2, 17, 16, 15, 14]).to(DEV)
+    dst_ref = torch.zeros(layers, 2, pages, page_elems, device=DEV)
+    dst_tri = torch.zeros_like(dst_ref)
+    copy_ref(
+        src, src_slots, src_head, slot_view(dst_ref, dst_heads, hd), dst_slots, dst_head, heads
+    )
+    copy_triton(
+        src, src_slots, src_head, slot_view(dst_tri, dst_heads, hd), dst_slots, dst_head, heads
+    )
+    assert torch.equal(dst_ref, dst_tri)
+    got = slot_view(dst_ref, dst_heads, hd)[:, :, dst_slots, dst_head : dst_head + heads]
+    assert torch.equal(got, src[:, :, src_slots, src_head : src_head + heads])

@@ -215,3 +215,52 @@ def test_the_cuda_default_says_so_when_the_device_is_too_full(monkeypatch, tmp_p
             parse("--device", "cuda", "--gpu-memory-utilization", "0.9"), tmp_path
         )
     assert "CUDA default" not in str(e.value)
+
+
+def test_devices_per_gpu_makes_one_gpu_a_pool_of_k_devices(monkeypatch, tmp_path):
+    """--devices-per-gpu K: K device processes per visible GPU (device d on GPU d // K), one
+    host worker for them, the GPU's memory split K ways; refused where it cannot run."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = parse("--device", "cuda", "--devices-per-gpu", "4")
+    assert resolve_flags(args) == [] and args.workers == 4  # every slot of the one GPU
+    d = model_dir(tmp_path)
+    cmd = sc.host_worker_command(d, "tcp://x", "m", args)
+    assert cmd[cmd.index("--devices") + 1] == "4"
+    assert cmd[cmd.index("--devices-per-gpu") + 1] == "4"
+    for i, gpu in ((0, "cuda:0"), (3, "cuda:0")):
+        one = sc.worker_command(i, d, "tcp://x", "m", args)
+        assert one[one.index("--device") + 1] == gpu
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    args = parse("--device", "cuda", "--devices-per-gpu", "2", "--workers", "3")
+    assert resolve_flags(args) == [] and args.workers == 3  # as given
+    third = sc.worker_command(2, d, "tcp://x", "m", args)
+    assert third[third.index("--device") + 1] == "cuda:1"
+    assert resolve_flags(parse("--device", "cuda", "--devices-per-gpu", "2", "--workers", "5")) == [
+        "--workers 5 with --devices-per-gpu 2: 4 device slots on 2 visible GPUs"
+    ]
+    assert resolve_flags(parse("--devices-per-gpu", "2")) == [
+        "--devices-per-gpu shares a GPU between device processes (--device cuda)"
+    ]
+    errors = resolve_flags(
+        parse("--device", "cuda", "--devices-per-gpu", "2", "--collectives", "dist")
+    )
+    assert errors == [
+        "--collectives: 2 device processes per GPU need shared collectives: NCCL refuses two "
+        "ranks on one GPU"
+    ]
+    with pytest.raises(SystemExit):
+        parse("--devices-per-gpu", "0")
+    # The worker takes what serve passes, into its engine config.
+    from nitsum.worker.__main__ import build_parser as worker_parser
+    from nitsum.worker.__main__ import engine_config
+
+    w = worker_parser().parse_args(cmd[3:])
+    assert (w.devices, w.devices_per_gpu) == (4, 4)
+    assert engine_config(w).devices_per_gpu == 4
+    # Four devices with their weights and reserve share the 80 GiB: 72 - 1 - 4 x 18 < 0.
+    gib = 1 << 30
+    assert kv_cache_mb_for(80 * gib, gib, 2 * gib, 0.9, devices=4) == (71 - 16) * 1024 // 4
+    with pytest.raises(ValueError, match=r"4 x \(weights 16384 MiB"):
+        kv_cache_mb_for(80 * gib, gib, 16 * gib, 0.9, devices=4)

@@ -110,15 +110,17 @@ def test_a_member_that_dies_fails_the_others_quickly():
 
 
 def _channel(rank: int, world: int) -> bool:
-    ch = SharedChannel(1000, torch.float32)  # 4000 B buffers: a 2500-float tensor is 3 chunks
+    ch = SharedChannel(rank, 1000, torch.float32)  # 4000 B buffers: 2500 floats are 3 chunks
     handles: list[Any] = [None] * world
     dist.all_gather_object(handles, ch.handle())
     ch.attach(dict(enumerate(handles)))
     ok = True
-    for i in range(3):  # three messages in a row, more than the two buffers
+    # Device 0 sends to 1 and 2 in turn (more messages than its two buffers, and the same
+    # counts on both links: a stale flag for one receiver must not pass for the other's).
+    for i, to in enumerate([1, 2, 1, 2, 2, 1]):
         if rank == 0:
-            ch.send(1, _data(i, (50, 50), torch.float32))
-        else:
+            ch.send(to, _data(i, (50, 50), torch.float32))
+        elif rank == to:
             got = torch.empty(50, 50)
             ch.recv(0, got)
             ok &= torch.equal(got, _data(i, (50, 50), torch.float32))
@@ -126,8 +128,8 @@ def _channel(rank: int, world: int) -> bool:
 
 
 def test_channel_hands_whole_tensors_over_in_chunks():
-    results = run_group(2, _channel)
-    assert results == {0: ("ok", True), 1: ("ok", True)}
+    results = run_group(3, _channel)
+    assert results == {0: ("ok", True), 1: ("ok", True), 2: ("ok", True)}
 
 
 def test_choice_of_collectives():

@@ -125,16 +125,19 @@ def _wait(what: str, children: Children, timeout: float, ready: Callable[[], obj
         time.sleep(0.2)
 
 
-def use_host_worker(flag: bool | None, control: bool, device: str, workers: int) -> bool:
+def use_host_worker(
+    flag: bool | None, control: bool, device: str, workers: int, devices_per_gpu: int = 1
+) -> bool:
     """Whether one host worker serves every device (`--tp-switching`).
 
     Default (flag None): with the control loop on CPU and more than one device, because only
     devices of one worker process can form a TP group or hand prefilled KV to a decode group;
-    with separate processes every plan is TP-1 groups without a P/D split.
+    with separate processes every plan is TP-1 groups without a P/D split. Several devices
+    per GPU are there to form groups: one host worker too.
     """
     if flag is not None:
         return flag
-    return control and device == "cpu" and workers > 1
+    return (control and device == "cpu" and workers > 1) or devices_per_gpu > 1
 
 
 def _supervise(
@@ -211,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.shift_threshold is None:
         args.shift_threshold = profile_shift_rule(choice.profile or config_profile(args.config))
-    host_worker = use_host_worker(args.tp_switching, choice.control, args.device, args.workers)
+    host_worker = use_host_worker(
+        args.tp_switching, choice.control, args.device, args.workers, args.devices_per_gpu
+    )
     # NOTE: only the devices of one host worker can form a TP group.
     host_worker |= (args.tensor_parallel_size or 1) > 1
     if host_worker and args.tp_switching is None:

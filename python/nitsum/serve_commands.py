@@ -120,7 +120,8 @@ def worker_command(
     args: argparse.Namespace,
 ) -> list[str]:
     """One device worker's command line (`python -m nitsum.worker`)."""
-    device = f"cuda:{worker_id}" if args.device == "cuda" else args.device
+    k = getattr(args, "devices_per_gpu", 1)
+    device = f"cuda:{worker_id // k}" if args.device == "cuda" else args.device
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     cmd = [sys.executable, "-m", "nitsum.worker", "--model", str(model_dir)]
     cmd += ["--worker-id", str(worker_id), "--router", worker_addr, "--device", device]
@@ -164,6 +165,10 @@ def host_worker_command(
     cmd += ["--worker-id", "0", "--devices", str(args.workers), "--router", worker_addr]
     cmd += ["--device", args.device, "--served-model-name", served_model_name]
     cmd += engine_flags(args, model_dir)
+    if getattr(args, "devices_per_gpu", 1) > 1:
+        cmd += ["--devices-per-gpu", str(args.devices_per_gpu)]
+    if getattr(args, "collectives", "auto") != "auto":
+        cmd += ["--collectives", args.collectives]
     if args.bind_idle:
         cmd += ["--bind-idle"]
     if args.shift_threshold is not None:

@@ -20,23 +20,27 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 CUDA_RESERVE_BYTES = 2 << 30
 
 
-def kv_cache_mb_for(total: int, used: int, weights: int, utilization: float) -> int:
-    """KV MiB per device so that weights + KV + the reserve use `utilization` of `total`
-    bytes, with `used` bytes already taken by others; ValueError when nothing is left."""
-    room = int(total * utilization) - used - weights - CUDA_RESERVE_BYTES
-    if room < 1 << 20:
+def kv_cache_mb_for(
+    total: int, used: int, weights: int, utilization: float, devices: int = 1
+) -> int:
+    """KV MiB per device so that `devices` device processes sharing the GPU, each with its
+    weights, KV and the reserve, use `utilization` of `total` bytes, with `used` bytes already
+    taken by others; ValueError when nothing is left."""
+    room = int(total * utilization) - used - devices * (weights + CUDA_RESERVE_BYTES)
+    if room < devices << 20:
         raise ValueError(
             f"--gpu-memory-utilization {utilization}: no room for KV ({total >> 20} MiB "
-            f"device, {used >> 20} MiB in use, weights {weights >> 20} MiB, reserve "
-            f"{CUDA_RESERVE_BYTES >> 20} MiB)"
+            f"device, {used >> 20} MiB in use, {devices} x (weights {weights >> 20} MiB + "
+            f"reserve {CUDA_RESERVE_BYTES >> 20} MiB))"
         )
-    return room >> 20
+    return room // devices >> 20
 
 
 def kv_sizing(args: argparse.Namespace, model_dir: Path) -> None:
     """Set `args.kv_cache_mb`: as given; else with `--gpu-memory-utilization` (on CUDA
-    `DEFAULT_GPU_MEMORY_UTILIZATION` when neither is given) from device 0's memory (every
-    device holds a whole copy of the weights at TP 1, the largest share); else on CPU
+    `DEFAULT_GPU_MEMORY_UTILIZATION` when neither is given) from GPU 0's memory (every
+    device holds a whole copy of the weights at TP 1, the largest share; with
+    `--devices-per-gpu K` the GPU's K devices split what is left); else on CPU
     `CPU_KV_CACHE_MB`.
 
     NOTE: a fixed small default on a GPU starves the engine: 512 MiB holds 4k tokens of an
@@ -58,7 +62,7 @@ def kv_sizing(args: argparse.Namespace, model_dir: Path) -> None:
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     try:
         args.kv_cache_mb = kv_cache_mb_for(
-            total, total - free, weights, args.gpu_memory_utilization
+            total, total - free, weights, args.gpu_memory_utilization, args.devices_per_gpu
         )
     except ValueError as e:
         if not defaulted:

@@ -26,6 +26,7 @@ from nitsum.kv.host_pool import HostKVPool, host_pages_in
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
+from nitsum.parallel.shared_memory import SharedBuffer
 from nitsum.weights.layout import build_weights
 
 
@@ -58,15 +59,22 @@ class DeviceBuild:
         tensors: Iterable[tuple[str, torch.Tensor]],
         ecfg: EngineConfig,
         num_pages: int,
+        shared_kv: bool = False,
     ) -> None:
+        """`shared_kv`: lay the KV pages in memory the host's other device processes can map
+        (`kv_memory`; pool/shared_kv.py), so a KV move reads them in place."""
         self.cfg = cfg
         self.ecfg = ecfg
         self.model = build_model(cfg, tensors, ecfg)
         # A recorded step writes its padding rows' K/V to a scratch page past the allocator's
         # (engine/graphs.py, engine/piecewise.py).
-        self.kv = KVPool(
-            cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, ecfg.records_steps
-        )
+        scratch = ecfg.records_steps
+        self.kv_memory: SharedBuffer | None = None
+        if shared_kv:
+            nbytes = KVPool.storage_bytes(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, scratch)
+            self.kv_memory = SharedBuffer(nbytes, ecfg.device)
+        memory = self.kv_memory.tensor if self.kv_memory is not None else None
+        self.kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, scratch, memory)
         host_pages = host_pages_in(ecfg.host_kv_cache_bytes, self.kv.bytes_per_page)
         self.host: HostKVPool | None = HostKVPool(self.kv, host_pages) if host_pages else None
         self._memory_pool = graph_memory_pool(ecfg.device) if ecfg.records_steps else None

@@ -53,3 +53,27 @@ def unpack_ref(
         dst[:, :, slots.numpy(), head : head + heads] = packed.view(raw).numpy()
         return
     view[:, :, :, head : head + heads].index_copy_(2, slots, packed)
+
+
+def copy_ref(
+    src: torch.Tensor,
+    src_slots: torch.Tensor,
+    src_head: int,
+    dst: torch.Tensor,
+    dst_slots: torch.Tensor,
+    dst_head: int,
+    heads: int,
+) -> None:
+    """dst[:, :, dst_slots, dst_head:+heads] = src[:, :, src_slots, src_head:+heads] in one
+    pass: a strided copy per run of slots consecutive on both sides (pages are handed out in
+    runs, kv/pages.py, so a piece is few runs of whole pages), never a staging block."""
+    n = len(src_slots)
+    if n == 0:
+        return
+    both = (src_slots[1:] - src_slots[:-1] == 1) & (dst_slots[1:] - dst_slots[:-1] == 1)
+    cuts = [0, *(torch.nonzero(~both).flatten() + 1).tolist(), n]
+    s0, d0 = src_slots[cuts[:-1]].tolist(), dst_slots[cuts[:-1]].tolist()
+    for a, b, s, d in zip(cuts[:-1], cuts[1:], s0, d0, strict=True):
+        dst[:, :, d : d + b - a, dst_head : dst_head + heads].copy_(
+            src[:, :, s : s + b - a, src_head : src_head + heads]
+        )

@@ -93,3 +93,21 @@ def unpack_triton(
     n = len(slots)
     if n:
         _launch(packed, view, None, slots, n, 0, head * hd, heads * hd, n, n_slots)
+
+
+def copy_triton(
+    src: torch.Tensor,
+    src_slots: torch.Tensor,
+    src_head: int,
+    dst: torch.Tensor,
+    dst_slots: torch.Tensor,
+    dst_head: int,
+    heads: int,
+) -> None:
+    """dst[:, :, dst_slots, dst_head:+heads] = src[:, :, src_slots, src_head:+heads] in one
+    launch; `src` may be a peer's storage mapped by CUDA IPC (read peer to peer)."""
+    layers, _, src_n, _, hd = src.shape
+    n = len(src_slots)
+    if n:
+        _launch(src, dst, src_slots, dst_slots, n, src_head * hd, dst_head * hd, heads * hd,
+                src_n, dst.shape[2])  # fmt: skip

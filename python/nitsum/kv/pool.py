@@ -29,7 +29,10 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         scratch_page: bool = False,
+        memory: torch.Tensor | None = None,
     ) -> None:
+        """`memory`: flat uint8 bytes to lay the pages in (`storage_bytes` of them; a buffer the
+        host's other device processes map, pool/shared_kv.py), zeroed; None: allocate."""
         if num_pages < 1 or page_tokens < 1:
             raise ValueError("num_pages and page_tokens must be >= 1")
         self.cfg = cfg
@@ -39,14 +42,18 @@ class KVPool:
         # One page past the allocator's, owned by no sequence: padding rows of a recorded
         # decode step write their K/V there (engine/graphs.py).
         self.scratch_page: int | None = num_pages if scratch_page else None
-        self.storage = torch.zeros(
-            cfg.num_layers,
-            2,
-            num_pages + int(scratch_page),
-            self.page_elems,
-            dtype=dtype,
-            device=device,
-        )
+        shape = (cfg.num_layers, 2, num_pages + int(scratch_page), self.page_elems)
+        if memory is None:
+            self.storage = torch.zeros(shape, dtype=dtype, device=device)
+        else:
+            self.storage = memory.view(dtype).view(shape)
+
+    @staticmethod
+    def storage_bytes(
+        cfg: ModelConfig, num_pages: int, page_tokens: int, dtype: torch.dtype, scratch: bool
+    ) -> int:
+        """Bytes of a pool's storage: every page (and the scratch page) of every layer."""
+        return (num_pages + int(scratch)) * KVPool.page_bytes_of(cfg, page_tokens, dtype)
 
     @staticmethod
     def pages_in(cfg: ModelConfig, nbytes: int, page_tokens: int, dtype: torch.dtype) -> int:

@@ -1,6 +1,6 @@
 """A device's two staging buffers, mapped by every peer of its host: the double-buffered
-hand-off of KV moves (pool/kv_transfer.py) and pipeline activations (parallel/pipeline.py)
-between device processes, with no byte copied through the kernel or a socket.
+hand-off of pipeline activations (parallel/pipeline.py) between device processes whose
+collectives are shared, with no byte copied through the kernel or a socket.
 
 A sender packs one chunk after another into its own two buffers; the receiver unpacks each
 straight from its mapping of them (parallel/shared_memory.py: memory files on CPU devices,
@@ -9,10 +9,10 @@ holds chunk `token`, `done[b] = token` once the receiver has unpacked it, and th
 for that before it packs into b again. So the pack of one chunk overlaps the unpack of the
 other. The flags are written only after the device work they announce is finished (`fence`).
 
-NOTE: tokens are unique per chunk (a migration's are named by the migration, piece and
-chunk; a pipeline's by `PIPELINE_TOKENS` plus a per-link count), so a flag left over from an
-earlier hand-off never matches. A peer silent for `WAIT_TIMEOUT_S`, or whose process is gone,
-fails the hand-off (`PeerTimeout`): a migration then rolls back, a step fails.
+NOTE: a chunk's token is its receiver and its count on the link (sender, receiver), which both
+ends keep, so a flag left over from an earlier hand-off, to this receiver or another, never
+matches. A peer silent for `WAIT_TIMEOUT_S`, or
+whose process is gone, fails the hand-off (`PeerTimeout`), and with it the step.
 """
 
 from __future__ import annotations
@@ -23,15 +23,16 @@ import torch
 from nitsum.parallel.shared_memory import Handle, SharedBuffer, fence, open_shared, wait_for
 
 READY, DONE = 0, 2  # flag words: ready[0..1], done[0..1]
-# Pipeline hand-offs count their tokens from here; a migration's tokens stay below it.
-PIPELINE_TOKENS = 1 << 62
 
 
 class SharedChannel:
-    """This device's two staging buffers of `elems` elements and its flags, and its peers'
+    """Device `me`'s two staging buffers of `elems` elements and its flags, and its peers'
     mapped (`attach`)."""
 
-    def __init__(self, elems: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, me: int, elems: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> None:
+        self.me = me
         self.elems = elems
         self.dtype = dtype
         self.device = torch.device(device)
@@ -42,7 +43,7 @@ class SharedChannel:
         self.peers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
         self.pids: dict[int, int] = {}
         self._next = 0  # the buffer the next put uses
-        # Pipeline hand-offs sent to / taken from each peer (their tokens).
+        # Chunks sent to / taken from each peer (their tokens).
         self.sent: dict[int, int] = {}
         self.taken: dict[int, int] = {}
 
@@ -57,11 +58,6 @@ class SharedChannel:
                 buffers = open_shared(data).view(self.dtype).view(2, self.elems)
                 self.peers[peer] = (buffers, open_shared(flags).view(torch.int64).numpy())
                 self.pids[peer] = data.pid
-
-    def reset(self) -> None:
-        """Free both buffers. NOTE: only between migrations (no peer is reading them then)."""
-        self.flags[:] = 0
-        self._next = 0
 
     def put_buffer(self, peer: int) -> tuple[int, torch.Tensor]:
         """Sender: (index, buffer) to pack the next chunk for `peer` into, once the receiver
@@ -98,7 +94,7 @@ class SharedChannel:
     def _pid(self, peer: int) -> dict[int, int]:
         return {peer: self.pids[peer]} if peer in self.pids else {}
 
-    # -- whole tensors, chunk by chunk (pipeline activations) ---------------------------------
+    # -- whole tensors, chunk by chunk ---------------------------------------------------------
     def send(self, peer: int, x: torch.Tensor) -> None:
         """Hand `x` to `peer` (which calls `recv` with a tensor of the same size), a chunk of
         at most `elems` at a time; returns once the last chunk is staged (`x` may be reused)."""
@@ -108,7 +104,7 @@ class SharedChannel:
             self.sent[peer] = self.sent.get(peer, 0) + 1
             b, buf = self.put_buffer(peer)
             buf[: part.numel()].copy_(part)
-            self.publish(b, PIPELINE_TOKENS + self.sent[peer])
+            self.publish(b, _token(peer, self.sent[peer]))
 
     def recv(self, peer: int, out: torch.Tensor) -> None:
         """Fill `out` (contiguous) with what `peer` sends next."""
@@ -116,7 +112,11 @@ class SharedChannel:
         for lo in range(0, max(flat.numel(), 1), self.elems):
             part = flat[lo : lo + self.elems]
             self.taken[peer] = self.taken.get(peer, 0) + 1
-            token = PIPELINE_TOKENS + self.taken[peer]
+            token = _token(self.me, self.taken[peer])
             b, buf = self.take(peer, token)
             part.copy_(buf[: part.numel()])
             self.release(peer, b, token)
+
+
+def _token(receiver: int, count: int) -> int:
+    return (receiver + 1) << 40 | count

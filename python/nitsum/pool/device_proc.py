@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,11 @@ from nitsum.pool.device_commands import (
 )
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
+from nitsum.pool.shared_kv import SharedKV
+
+# Pipeline activations go through staging buffers of this size where collectives are shared.
+PIPELINE_CHUNK_BYTES = 8 << 20
+Shareable = TypeVar("Shareable", SharedKV, SharedChannel)
 
 
 @dataclass
@@ -110,13 +115,22 @@ class Device:
         topology = TPTopology.of(cfg, spec.world, spec.levels)
         storage_device = torch.device(spec.ecfg.device)
         self.comms = CommPool(topology, rank, kind, storage_device)
-        built = DeviceBuild(cfg, tensors, spec.ecfg, spec.num_pages)
+        shareable = spec.world > 1 and shared_memory.supported()
+        built = DeviceBuild(cfg, tensors, spec.ecfg, spec.num_pages, shared_kv=shareable)
         self.model, self.pool = built.model, built.kv
-        # This device's staging, mapped by every peer of the host (None: over the world
-        # process group): KV moves, and pipeline activations where collectives are shared.
-        staging = self._shared_staging(spec) if spec.world > 1 else None
-        if kind == "shared" and spec.world > 1 and staging is None:
-            raise RuntimeError("shared collectives need every device's staging mapped")
+        # Every peer's KV pages mapped (None: KV moves over the world process group), and,
+        # where collectives are shared, this device's staging for pipeline activations.
+        shared_kv = None
+        if built.kv_memory is not None:
+            shared_kv = SharedKV(built.kv_memory, self.pool.storage)
+        shared_kv = self._share(spec, shared_kv)
+        channel = None
+        if kind == "shared" and spec.world > 1:
+            elems = PIPELINE_CHUNK_BYTES // self.pool.storage.element_size()
+            storage = self.pool.storage
+            channel = SharedChannel(device, elems, storage.dtype, storage.device)
+            if self._share(spec, channel) is None:
+                raise RuntimeError("shared collectives need every device's staging mapped")
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
@@ -129,11 +143,10 @@ class Device:
                 self.runners[(device,) if spec.solo else members] = built.runner(ctx)
         # Pipelines (parallel/pipeline.py) by shape: stages of TP groups above.
         self.pipelines: dict[GroupShape, ModelRunner] = {}
-        link = staging if kind == "shared" else None
         for shape in [] if spec.solo else topology.pipelines(cfg.num_layers, spec.pp_levels):
             members, tp = shape.members, shape.tp
             if device in members:
-                stage = build_stage(cfg.num_layers, tp, members, device, link)
+                stage = build_stage(cfg.num_layers, tp, members, device, channel)
                 assert stage is not None
                 i = members.index(device)
                 tp_group = members[i - i % tp : i - i % tp + tp]
@@ -141,41 +154,33 @@ class Device:
                 ctx = build_context(cfg, self.model.weights, tp, i % tp, members, comm, stage)
                 self.pipelines[shape] = built.runner(ctx, graphs=False)
         self.transfer = KVTransfer(
-            self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device, staging=staging
+            self.pool.storage, cfg.num_kv_heads, cfg.head_dim, device, shared=shared_kv
         )
         # The host tier's copy thread, shared by every context (None: no host tier).
         self.copier = SwapCopier(built.host) if built.host is not None else None
 
-    def _shared_staging(self, spec: DeviceSpec) -> SharedChannel | None:
-        """Transfer staging mapped by every peer (memory files between CPU devices, CUDA IPC
-        between GPUs); None where any device cannot share (then every device uses the world
-        process group).
+    def _share(self, spec: DeviceSpec, mine: Shareable | None) -> Shareable | None:
+        """`mine` with every peer's mapped (`attach`), where every device has one and maps
+        all the others; else None on every device (then they all use the world process
+        group).
 
-        NOTE: collective over the world group: every device calls it once at start-up.
+        NOTE: collective over the world group: every device calls it, in the same order, at
+        start-up.
         """
-        staging = None
-        if shared_memory.supported():
-            try:
-                elems = KVTransfer.CHUNK_BYTES // self.pool.storage.element_size()
-                storage = self.pool.storage
-                staging = SharedChannel(elems, storage.dtype, storage.device)
-            except (OSError, RuntimeError):  # torch.from_file raises RuntimeError
-                staging = None
         handles: list[Any] = [None] * spec.world
-        dist.all_gather_object(handles, staging.handle() if staging is not None else None)
-        if staging is None or any(h is None for h in handles):
+        dist.all_gather_object(handles, mine.handle() if mine is not None else None)
+        if mine is None or any(h is None for h in handles):
             return None
         try:
-            staging.attach(dict(enumerate(handles)))
+            mine.attach(dict(enumerate(handles)))
             ok = torch.ones(1)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError):  # torch.from_file and CUDA IPC raise RuntimeError
             ok = torch.zeros(1)
-        # All map their peers, or none uses them. (MIN over the world group: on NCCL the
-        # flag goes through the GPU.)
+        # All map their peers, or none uses them. (On NCCL the flag goes through the GPU.)
         if dist.get_backend() == "nccl":
             ok = ok.to(self.pool.storage.device)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        return staging if ok.item() == 1 else None
+        return mine if ok.item() == 1 else None
 
     def handle(self, cmd: DeviceCommand) -> Any:
         """Serve one command of the controller (`DevicePool`)."""

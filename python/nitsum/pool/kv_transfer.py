@@ -1,18 +1,25 @@
 """Executes migration pieces on one device: aggregated, double-buffered, pipelined.
 
 Every device gets the same ordered list of pieces and acts on those it sends or receives.
-Between the devices of one host the chunks go through the sender's staging buffers, which
-every peer maps (parallel/shared_channel.py: memory files between CPU devices, CUDA IPC
-between GPUs, peer to peer over NVLink or PCIe, or within one GPU its processes share): the
-receiver unpacks straight from them. Otherwise over the world process group (gloo sockets on
-CPU; NCCL on CUDA, the fallback where IPC cannot map a peer).
+Between the devices of one host the receiver copies straight from the sender's pages, which
+it maps (pool/shared_kv.py: memory files between CPU devices, CUDA IPC between GPUs, peer to
+peer over NVLink or PCIe, or within one GPU its processes share): one copy per byte, a
+strided copy per run of pages on CPU, one Triton launch per chunk on CUDA. Otherwise
+aggregated and double-buffered over the world process group (gloo sockets on CPU; NCCL on
+CUDA, the fallback where IPC cannot map a peer): pack a chunk while the other is on the wire.
+
+NOTE, why not a staging hand-off between the processes: pack into a staging buffer, then
+unpack from it, is two copies of every byte, and on a CPU they barely overlapped (the
+shared-memory staging of 2026-11 reached 41-53% of a memcpy; one copy per run reaches about
+70% in the same process, scripts/bench_tp_switch.py); on one GPU shared by several processes
+the two copies cannot overlap at all (their kernels are time-sliced), so staging would cap a
+move at half a device-to-device copy.
 NOTE: processing pieces in one global order makes blocking point-to-point transfers
 deadlock-free: the earliest unfinished piece always has both of its devices waiting on it.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 
@@ -20,23 +27,18 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import kv_heads_per_rank
-from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref
-from nitsum.parallel.shared_channel import SharedChannel
-from nitsum.parallel.shared_memory import PeerTimeout
+from nitsum.kernels.kv_pack import copy_ref, pack_ref, slot_view, unpack_ref
+from nitsum.parallel.shared_memory import PeerTimeout, fence
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
+from nitsum.pool.shared_kv import SharedKV
 
-# Transfer modes: "pipelined" (shared staging where both ends have it, else the socket),
-# "pipelined_socket" (the process group even where memory is shared: the benchmark's
-# baseline), "per_page" (one message per page fragment: the naive baseline).
+# Transfer modes: "pipelined" (straight from the peer's mapped pages where it has them, else
+# the socket), "pipelined_socket" (the process group even where pages are mapped: the
+# benchmark's baseline), "per_page" (one message per page fragment: the naive baseline).
 MODES = ("pipelined", "pipelined_socket", "per_page")
-# One staging buffer: large enough to amortize a message, small enough to stay in cache.
+# One chunk: large enough to amortize a message or a launch, small enough to stay in cache.
 CHUNK_BYTES = 8 << 20
-
-
-def token_of(migration: int, piece: int, chunk: int) -> int:
-    """The staging flag value naming chunk `chunk` of piece `piece` of migration `migration`."""
-    return (migration << 36) | (piece << 20) | (chunk + 1)
 
 
 class TransferFailed(RuntimeError):
@@ -49,7 +51,7 @@ class TransferStats:
     bytes_received: int = 0
     bytes_copied_locally: int = 0
     messages: int = 0
-    shm_messages: int = 0  # of `messages`, the chunks handed over through shared staging
+    direct_copies: int = 0  # of `messages`, the chunks copied straight from a peer's pages
     seconds: float = 0.0
 
 
@@ -72,28 +74,25 @@ class KVTransfer:
         head_dim: int,
         device: int,
         chunk_bytes: int = CHUNK_BYTES,
-        staging: SharedChannel | None = None,
+        shared: SharedKV | None = None,
     ) -> None:
+        """`shared`: every peer's pages mapped (pool/shared_kv.py; None: the socket only)."""
         self.storage = storage
         self.kv_heads = kv_heads
         self.head_dim = head_dim
         self.device = device
         self.chunk_bytes = chunk_bytes
-        # NOTE: staging buffers are allocated once here, never on the switch path.
+        # NOTE: socket buffers are allocated once here, never on the switch path.
         elems = chunk_bytes // storage.element_size()
-        self.pack, self.unpack = pack_ref, unpack_ref
+        self.pack, self.unpack, self.copy = pack_ref, unpack_ref, copy_ref
         if storage.is_cuda:  # one Triton launch per chunk instead of many gather/scatter ops
-            from nitsum.kernels.kv_pack_triton import pack_triton, unpack_triton
+            from nitsum.kernels.kv_pack_triton import copy_triton, pack_triton, unpack_triton
 
-            self.pack, self.unpack = pack_triton, unpack_triton
-        self.staging = staging
-        if staging is not None:  # the shared staging buffers serve the socket path too
-            assert staging.elems == elems and staging.dtype == storage.dtype
-            self.buffers = list(staging.buffers)
-        else:
-            self.buffers = [
-                torch.empty(elems, dtype=storage.dtype, device=storage.device) for _ in range(2)
-            ]
+            self.pack, self.unpack, self.copy = pack_triton, unpack_triton, copy_triton
+        self.shared = shared
+        self.buffers = [
+            torch.empty(elems, dtype=storage.dtype, device=storage.device) for _ in range(2)
+        ]
 
     def _local_heads(self, tp: int) -> int:
         """KV heads per token in this device's pages at TP `tp`."""
@@ -105,10 +104,13 @@ class KVTransfer:
         view = slot_view(self.storage, self._local_heads(tp), self.head_dim)
         return view[p.layers(view.shape[0])]
 
-    def _tokens_per_chunk(self, p: Piece) -> int:
+    def _bytes_per_token(self, p: Piece) -> int:
+        """Bytes one token of the piece moves: its layers, K and V, its heads."""
         layers = len(range(self.storage.shape[0])[p.layers(self.storage.shape[0])])
-        per_token = layers * 2 * p.heads * self.head_dim * self.storage.element_size()
-        return max(1, self.chunk_bytes // per_token)
+        return layers * 2 * p.heads * self.head_dim * self.storage.element_size()
+
+    def _tokens_per_chunk(self, p: Piece) -> int:
+        return max(1, self.chunk_bytes // self._bytes_per_token(p))
 
     def run(
         self,
@@ -122,13 +124,14 @@ class KVTransfer:
         `faults` (tests) may fail a piece: both ends of it stop after the chunk it names,
         every other piece still completes (so no peer is left waiting), and then
         TransferFailed is raised so the caller rolls back. `migration`: a number the
-        controller gives each migration (the same on every device), naming its chunks in
-        shared memory.
+        controller gives each migration, increasing (the same on every device): it names
+        when a device's pages are ready to be read in place.
         """
         if mode not in MODES:
             raise ValueError(f"unknown transfer mode {mode!r}; one of {MODES}")
-        if self.staging is not None:
-            self.staging.reset()
+        shared = self.shared if mode == "pipelined" else None
+        if shared is not None:
+            shared.ready(migration)
         stats = TransferStats()
         t0 = time.perf_counter()
         failed = False
@@ -145,57 +148,54 @@ class KVTransfer:
             peer = piece.dst if piece.src == self.device else piece.src
             if piece.src == piece.dst:
                 self._local(piece, stats)
-            elif mode == "pipelined" and self.staging is not None and peer in self.staging.peers:
+            elif shared is not None and peer in shared.peers:
                 try:
-                    failed |= not self._shared(piece, stats, stop, migration, index)
+                    failed |= not self._direct(piece, stats, stop, migration)
                 except PeerTimeout as e:
                     raise TransferFailed(str(e)) from e
             elif mode == "per_page":
                 self._per_page(piece, stats)
             else:
                 failed |= not self._pipelined(piece, stats, stop)
+        if shared is not None:
+            # NOTE: the copies out of a peer's pages are done before this device replies: the
+            # commit (after every reply) may free those pages.
+            fence(self.storage.device)
         stats.seconds = time.perf_counter() - t0
         if failed:
             raise TransferFailed(f"transfer failed before commit ({faults})")
         return stats
 
     def _local(self, p: Piece, stats: TransferStats) -> None:
-        """Same device: a gather + scatter, never a send."""
-        src = self.view(p.src_tp, p)[:, :, :, p.src_head : p.src_head + p.heads]
-        block = src.index_select(2, p.src_slots)
-        unpack_ref(self.view(p.dst_tp, p), p.dst_slots, p.dst_head, p.heads, block)
-        stats.bytes_copied_locally += block.numel() * block.element_size()
+        """Same device: one copy between its own pages (old and new pages are disjoint)."""
+        src, dst = self.view(p.src_tp, p), self.view(p.dst_tp, p)
+        self.copy(src, p.src_slots, p.src_head, dst, p.dst_slots, p.dst_head, p.heads)
+        stats.bytes_copied_locally += p.tokens * self._bytes_per_token(p)
 
-    def _shared(
-        self, p: Piece, stats: TransferStats, stop: int | None, migration: int, index: int
-    ) -> bool:
-        """Double-buffered through the sender's shared staging: it packs chunk i + 1 into its
-        other staging buffer while the receiver unpacks chunk i from the first.
+    def _direct(self, p: Piece, stats: TransferStats, stop: int | None, migration: int) -> bool:
+        """Both ends: the receiver copies chunk by chunk straight from the sender's mapped
+        pages; the sender only counts what is read from it.
 
         Returns False when stopped early by an injected failure.
         """
-        assert self.staging is not None
+        assert self.shared is not None
         chunks = _chunks(p, self._tokens_per_chunk(p))
         if stop is not None:
             chunks = chunks[:stop]
-        sending = p.src == self.device
-        view = self.view(p.src_tp if sending else p.dst_tp, p)
-        for i, c in enumerate(chunks):
-            token = token_of(migration, index, i)
-            if sending:
-                b, buf = self.staging.put_buffer(p.dst)
-                block = self.pack(view, p.src_slots[c], p.src_head, p.heads, buf)
-                self.staging.publish(b, token)
-                stats.bytes_sent += block.numel() * block.element_size()
-            else:
-                b, buf = self.staging.take(p.src, token)
-                shape = (view.shape[0], 2, c.stop - c.start, p.heads, self.head_dim)
-                block = buf[: math.prod(shape)].view(shape)
-                self.unpack(view, p.dst_slots[c], p.dst_head, p.heads, block)
-                self.staging.release(p.src, b, token)
-                stats.bytes_received += block.numel() * block.element_size()
+        per_token = self._bytes_per_token(p)
+        if p.src == self.device:
+            stats.bytes_sent += sum(c.stop - c.start for c in chunks) * per_token
+            return stop is None
+        source = self.shared.source(p.src, migration)
+        src = slot_view(source, self._local_heads(p.src_tp), self.head_dim)[
+            p.layers(source.shape[0])
+        ]
+        dst = self.view(p.dst_tp, p)
+        for c in chunks:
+            self.copy(src, p.src_slots[c], p.src_head, dst, p.dst_slots[c], p.dst_head, p.heads)
+            stats.bytes_received += (c.stop - c.start) * per_token
             stats.messages += 1
-            stats.shm_messages += 1
+            stats.direct_copies += 1
         return stop is None
 
     def _pipelined(self, p: Piece, stats: TransferStats, stop: int | None) -> bool:

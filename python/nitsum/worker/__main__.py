@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (--devices 1)")
     p.add_argument(
+        "--devices-per-gpu",
+        type=int,
+        default=1,
+        help="with --devices N on CUDA: device processes per GPU (device d on GPU d // K)",
+    )
+    p.add_argument(
+        "--collectives",
+        choices=("auto", "dist", "shared"),
+        default="auto",
+        help="what carries a TP group's collectives (docs/serving.md)",
+    )
+    p.add_argument(
         "--worker-secret-file",
         default=None,
         help="file holding the shared worker secret (default: the NITSUM_WORKER_SECRET "
@@ -153,6 +165,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overlap=False if args.kv_peers else None,
         # NOTE: no kernel compile inside a serving step (engine/attention_warmup.py).
         warm_kernels=args.device.startswith("cuda"),
+        devices_per_gpu=args.devices_per_gpu,
+        collectives=args.collectives,
     )
 
 
@@ -179,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda:"):
         torch.cuda.set_device(torch.device(args.device))  # Triton and graphs use the current
-    ecfg = engine_config(args)
+    try:
+        ecfg = engine_config(args)
+    except ValueError as e:
+        print(f"nitsum worker: {e}", file=sys.stderr)
+        return 2
     backend: PoolBackend
     try:
         model_dir = resolve_model_dir(args.model)
