@@ -9,7 +9,9 @@
 #       first), print one markdown table; with $OUT set, write gpu_check.md, logs.txt (and
 #       profile.json) there. `--device cpu` is the dry run: tiny shapes, meaningless timings.
 #
-# Sections: tests agreement decode attention prefill serve, and profile (with --profile).
+# Sections: tests agreement tp decode attention prefill serve, and profile (with --profile).
+# `tp` runs 4 device processes on the one GPU (TP 1/2/4, a switch with KV in flight, a KV
+# move, binding, SP, PP; scripts/gpu_tp.py).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -86,15 +88,15 @@ set_up() {  # the work dir, the wheels, the extension, PYTHONPATH (the children 
 # 100 s with 8 processes, serve 80-85 s once the engine kept up (115 s when it did not; its
 # bench is capped by the budget), the rest 70 s.
 if [ "$DEVICE" = cuda ]; then
-  declare -A BUDGET=([tests]=160 [agreement]=45 [decode]=50 [attention]=25 [prefill]=35
-                     [serve]=130 [profile]=150)
+  declare -A BUDGET=([tests]=160 [agreement]=45 [tp]=150 [decode]=50 [attention]=25
+                     [prefill]=35 [serve]=130 [profile]=150)
   DECODE_ARGS=(--shape 8b --batches 1 16 64)
 else
-  declare -A BUDGET=([tests]=240 [agreement]=180 [decode]=240 [attention]=60 [prefill]=60
-                     [serve]=240 [profile]=120)
+  declare -A BUDGET=([tests]=240 [agreement]=180 [tp]=300 [decode]=240 [attention]=60
+                     [prefill]=60 [serve]=240 [profile]=120)
   DECODE_ARGS=(--shape tiny --batches 1 4 --dtype float32)
 fi
-ORDER=(tests agreement decode attention prefill serve)
+ORDER=(tests agreement tp decode attention prefill serve)
 [ "$PROFILE" = 1 ] && ORDER+=(profile)
 [ -n "$SECTIONS" ] && IFS=, read -r -a ORDER <<< "$SECTIONS"
 
@@ -115,6 +117,7 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
       [ "$DEVICE" = cuda ] && "$PYTHON" -c "import xdist" 2>/dev/null && par=(-n 8)
       "$PYTHON" -m pytest -q -p no:cacheprovider ${par[@]+"${par[@]}"} "${TESTS[@]}" ;;
     agreement) "$PYTHON" scripts/gpu_agreement.py --device "$DEVICE" --json "$W/agreement.json" ;;
+    tp) "$PYTHON" scripts/gpu_tp.py --device "$DEVICE" --json "$W/tp.json" ;;
     decode) "$PYTHON" scripts/bench_gpu.py --device "$DEVICE" --engine-only "${DECODE_ARGS[@]}" \
               --json "$W/decode.json" ;;
     attention|prefill)

@@ -134,3 +134,40 @@ def test_cpu_dry_run_writes_the_table_and_the_engine_profile(tmp_path):
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["schema"] == "nitsum-profile/1" and profile["tp_levels"] == [1]
     assert "===== profile: rc 0" in (tmp_path / "logs.txt").read_text()
+
+
+def tp_data(same: bool = True, switch_ms: float = 0.2, of_copy: float = 0.8) -> dict:
+    switches = [{"to": t, "ok": True, "ms": 30.0, "moved": 16, "bytes": 3 << 20} for t in (2, 4, 1)]
+    return {
+        "devices": 4,
+        "layers": 4,
+        "gpu": True,
+        "collectives": "shared",
+        "greedy": {"tp2": True, "tp4": same},
+        "switch": {"same_tokens": True, "completed": 16, "requests": 16, "switches": switches},
+        "switch_no_kv": {"p50_ms": switch_ms, "p99_ms": 2 * switch_ms},
+        "bind": {"same_tokens": True},
+        "sp": {"same_tokens": True},
+        "pp": {"same_tokens": True},
+        "kv_move": {
+            "bytes": 512 << 20,
+            "gbps": 900.0,
+            "copy_gbps": 900 / of_copy,
+            "of_copy": of_copy,
+        },
+        "graphs": {"graph_captures": 600, "graph_replays": 900, "graph_cuts": 2400},
+    }
+
+
+def test_tp_rows_judge_tokens_everywhere_and_timings_on_the_gpu():
+    ok, switch, move = run("tp", data=tp_data())
+    assert (ok.verdict, switch.verdict, move.verdict) == ("pass", "pass", "pass")
+    assert "TP4 = TP1" in ok.numbers and "0 lost" in ok.numbers and "2400 cuts" in ok.numbers
+    assert switch.section == "tp switch (shared GPU)" and "80% of a device copy" in move.numbers
+    # A token that differs fails the section, on the CPU dry run too.
+    [bad, *_] = run("tp", data=tp_data(same=False), gpu=False)
+    assert (bad.result, bad.verdict) == ("FAIL", "FAIL") and "TP4 != TP1" in bad.numbers
+    _, switch, move = run("tp", data=tp_data(switch_ms=1.5, of_copy=0.4))
+    assert (switch.verdict, move.verdict) == ("FAIL", "FAIL")
+    _, switch, move = run("tp", data=tp_data(switch_ms=1.5, of_copy=0.4), gpu=False)
+    assert (switch.verdict, move.verdict) == ("n/a", "n/a")  # CPU timings mean nothing

@@ -201,6 +201,12 @@ class DecodeGraphs:
 
         return step
 
+    @property
+    def cuts(self) -> int:
+        """Collectives run between graphs, over every bucket's recording (0 where every
+        collective is captured, or off CUDA)."""
+        return sum(r.cuts for r in self.recordings.values())
+
     def fits(self, inputs: StepInputs) -> bool:
         """Whether `inputs` is a plain decode step a recording can run (every row decodes and
         samples, TP mode, within the largest bucket and the page table)."""

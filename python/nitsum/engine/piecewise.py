@@ -131,6 +131,11 @@ class PiecewiseGraphs:
 
         return piece
 
+    @property
+    def cuts(self) -> int:
+        """Collectives run between graphs, over every recorded piece (`Recording.cuts`)."""
+        return sum(r.cuts for pieces in self.recordings.values() for r in pieces)
+
     def fits(self, inputs: StepInputs) -> bool:
         """Whether `inputs` is a step the recordings can run: TP mode (not SP, not a
         pipeline's micro-batches), within the largest bucket, at this context's page size."""

@@ -231,6 +231,12 @@ class Device:
                 r.graphs.replays for r in self.runners.values() if r.graphs is not None
             ),
             "piecewise_captures": PiecewiseGraphs.captures,
+            "graph_cuts": sum(
+                rec.cuts
+                for r in self.runners.values()
+                for rec in (r.graphs, r.piecewise)
+                if rec is not None
+            ),
             "piecewise_replays": sum(
                 r.piecewise.replays for r in self.runners.values() if r.piecewise is not None
             ),
