@@ -87,3 +87,9 @@ def kv_of_slots(device: Device, slots: torch.Tensor) -> torch.Tensor:
 
     view = slot_view(device.pool.storage, device.cfg.num_kv_heads, device.cfg.head_dim)
     return view.index_select(2, slots).clone()
+
+
+def kv_source_timeout(device: Device, seconds: float) -> None:
+    """How long this device waits for a peer's pages to be ready before a move fails."""
+    assert device.transfer.shared is not None
+    device.transfer.shared.timeout_s = seconds

@@ -37,6 +37,7 @@ FLOORS: list[set[str]] = [
         "serve",
         "serve_binding",
         "serve_commands",
+        "serve_devices",
         "serve_flags",
         "serve_kv_sizing",
         "cli",

@@ -6,14 +6,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from device_probes import fill_kv, kv_of_slots, shards_share_storage
+from device_probes import fill_kv, kv_of_slots, kv_source_timeout, shards_share_storage
 from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import GroupShape, TPTopology
-from nitsum.pool.device_commands import Counters, Probe
+from nitsum.pool.device_commands import Counters, Migrate, Probe
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece
@@ -263,3 +263,24 @@ def test_direct_pieces_both_ways_and_repeated(pool, tiny):
     finally:
         for d in (0, 1, 2):
             pool.call(d, Probe(fill_kv, (d, 8 << 20)))
+
+
+@pytest.mark.e2e
+def test_a_source_that_never_gets_ready_fails_the_move_and_the_pool_goes_on(pool, tiny):
+    """The receiver of a move reads its source's pages only once the source marked them ready
+    for that migration; a source that never does (here: never told of it) fails the move
+    after the timeout, and the next migration, with both ends, is whole."""
+    _, cfg = tiny
+    g = torch.Generator().manual_seed(3)
+    src, dst = (torch.randperm(NUM_PAGES * 4, generator=g)[:9] for _ in range(2))
+    piece = Piece(0, 1, 1, 0, 1, 0, cfg.num_kv_heads, src, dst)
+    pool.call(1, Probe(kv_source_timeout, (0.5,)))
+    try:
+        # Only the receiver hears of migration 10_000: device 0 never marks it ready.
+        with pytest.raises(TransferFailed, match="device 0|did not make its pages ready"):
+            pool.call(1, Migrate([piece], "pipelined", None, 10_000))
+        want = pool.call(0, Probe(kv_of_slots, (src,)))
+        pool.migrate([piece])
+        assert torch.equal(pool.call(1, Probe(kv_of_slots, (dst,))), want)
+    finally:
+        pool.call(1, Probe(kv_source_timeout, (60.0,)))

@@ -47,8 +47,8 @@ class SwapPoll:
 @dataclass(frozen=True)
 class Migrate:
     """Run the KV transfer pieces this device takes part in (a plan switch); `faults` injects
-    failures (tests only, pool/faults.py), `migration` names this migration's chunks in shared
-    memory."""
+    failures (tests only, pool/faults.py), `migration` (increasing) names when a source's
+    pages are ready to be read in place (pool/shared_kv.py)."""
 
     pieces: list[Piece]
     mode: str

@@ -9,7 +9,8 @@ memory where the processes share one GPU.
 
 NOTE: at the start of migration m every device finishes its queued device work (`fence`: a
 step's KV writes may still be in flight) and stores m in its flag; a receiver reads a source
-only once that source's flag is at least m. The source pages stay allocated and unwritten
+only once that source's flag is m (migrations run one at a time, so a source's flag holds m
+all through m). The source pages stay allocated and unwritten
 until the commit, which comes after every device replied, and a receiver replies only once
 its copies are done: so nothing writes a page while a peer reads it.
 """
@@ -19,7 +20,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nitsum.parallel.shared_memory import Handle, SharedBuffer, fence, open_shared, wait_for
+from nitsum.parallel.shared_memory import (
+    WAIT_TIMEOUT_S,
+    Handle,
+    SharedBuffer,
+    fence,
+    open_shared,
+    wait_for,
+)
 
 
 class SharedKV:
@@ -33,6 +41,8 @@ class SharedKV:
         self.peers: dict[int, torch.Tensor] = {}
         self.flags: dict[int, np.ndarray] = {}
         self.pids: dict[int, int] = {}
+        # A source not ready within this long fails the transfer (which rolls back).
+        self.timeout_s = WAIT_TIMEOUT_S
 
     def handle(self) -> tuple[Handle, Handle]:
         """What a peer needs to map this device's pages: (storage, flag)."""
@@ -62,8 +72,9 @@ class SharedKV:
         its process is gone)."""
         flag = self.flags[peer]
         wait_for(
-            lambda: flag[0] >= migration,
+            lambda: flag[0] == migration,
             f"make its pages ready for migration {migration}",
             {peer: self.pids[peer]},
+            self.timeout_s,
         )
         return self.peers[peer]
