@@ -103,7 +103,8 @@ ORDER=(tests agreement tp decode attention prefill serve)
 TESTS=()
 for pat in tests/test_kernels_triton.py tests/test_decode_graphs.py tests/test_decode_attention.py \
     tests/test_prefill_attention.py 'tests/test_fused_ops*.py' tests/test_fused_forward.py \
-    'tests/test_piecewise*.py' tests/test_launch_budget.py tests/test_overlap.py; do
+    'tests/test_piecewise*.py' tests/test_launch_budget.py tests/test_overlap.py \
+    tests/test_shared_collectives.py; do
   for f in $pat; do [ -f "$f" ] && TESTS+=("$f"); done
 done
 

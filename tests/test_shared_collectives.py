@@ -1,6 +1,7 @@
-"""Shared collectives (parallel/shared_collectives.py) on CPU processes: the bits every member
-gets, tensors larger than a slot, the cut a recording makes, a member's death; and the staging
-channel's whole-tensor hand-off (parallel/shared_channel.py) that pipelines use."""
+"""Shared collectives (parallel/shared_collectives.py) on CPU processes, and on processes that
+share one GPU through CUDA IPC where there is one: the bits every member gets, tensors larger
+than a slot, the cut a recording makes, a member's death; and the staging channel's
+whole-tensor hand-off (parallel/shared_channel.py) that pipelines use."""
 
 from __future__ import annotations
 
@@ -25,60 +26,70 @@ pytestmark = [
 ]
 
 SLOT = 4096  # bytes: the tensors below need several rounds
+# Where the members' memory lives: memory files, and one GPU's memory shared by CUDA IPC.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _group(rank: int, world: int, slot: int = SLOT) -> SharedCollectives:
-    comm = SharedCollectives(tuple(range(world)), rank, "cpu", slot)
+def _group(rank: int, world: int, slot: int = SLOT, device: str = "cpu") -> SharedCollectives:
+    if device == "cuda":
+        torch.cuda.set_device(0)  # NOTE: every member on the one GPU
+    comm = SharedCollectives(tuple(range(world)), rank, device, slot)
     handles: list[Any] = [None] * world
     dist.all_gather_object(handles, comm.handle())
     comm.attach(handles)
     return comm
 
 
-def _data(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _data(
+    rank: int, shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu"
+) -> torch.Tensor:
     g = torch.Generator().manual_seed(100 + rank)
-    return torch.randn(shape, generator=g).to(dtype)
+    return torch.randn(shape, generator=g).to(dtype).to(device)
 
 
-def _collectives(rank: int, world: int) -> dict[str, Any]:
-    comm = _group(rank, world)
+def _collectives(rank: int, world: int, device: str) -> dict[str, Any]:
+    comm = _group(rank, world, device=device)
     out: dict[str, Any] = {}
     for dtype in (torch.float32, torch.bfloat16):
-        x = _data(rank, (37, 41), dtype)  # 1517 elements: 2 or 1 rounds of a 4 KiB slot
+        x = _data(rank, (37, 41), dtype, device)  # 1517 elements: 2 or 1 rounds of a 4 KiB slot
         comm.all_reduce(x)
+        x = x.cpu()
         ref = _data(0, (37, 41), dtype)
         for j in range(1, world):
             ref.add_(_data(j, (37, 41), dtype))  # member order, as every member sums
         out[f"reduce_{dtype}"] = torch.equal(x, ref)
-    x = _data(rank, (5, 300), torch.float32)
+    x = _data(rank, (5, 300), torch.float32, device)
     parts = [torch.empty_like(x) for _ in range(world)]
     comm.all_gather(parts, x)
+    parts = [p.cpu() for p in parts]
     out["gather"] = all(
         torch.equal(p, _data(j, (5, 300), torch.float32)) for j, p in enumerate(parts)
     )
-    send = _data(rank, (world, 700), torch.float32)  # 700 floats a block: several rounds
+    send = _data(rank, (world, 700), torch.float32, device)  # 700 floats a block: 3 rounds
     recv = torch.empty_like(send)
     comm.all_to_all_single(recv, send)
+    recv = recv.cpu()
     out["all_to_all"] = all(
         torch.equal(recv[j], _data(j, (world, 700), torch.float32)[rank]) for j in range(world)
     )
     # While a step is recorded the collective runs nothing: it hands its call to the cut.
     calls: list[Any] = []
-    x = torch.full((10,), float(rank + 1))
+    x = torch.full((10,), float(rank + 1), device=device)
     rounds = comm.stats["rounds"]
     with capture_cuts.cutting(calls.append):
         comm.all_reduce(x)
     out["cut_deferred"] = comm.stats["rounds"] == rounds and torch.equal(
-        x, torch.full((10,), float(rank + 1))
+        x.cpu(), torch.full((10,), float(rank + 1))
     )
     calls[0]()  # the replay's call
-    out["cut_ran"] = torch.equal(x, torch.full((10,), float(sum(range(1, world + 1)))))
+    out["cut_ran"] = torch.equal(x.cpu(), torch.full((10,), float(sum(range(1, world + 1)))))
     out["rounds"] = comm.stats["rounds"]
     return out
 
 
-def test_collectives_give_every_member_the_same_bits():
-    results = run_group(3, _collectives)
+@pytest.mark.parametrize("device", DEVICES)
+def test_collectives_give_every_member_the_same_bits(device):
+    results = run_group(3, _collectives, device)
     assert sorted(results) == [0, 1, 2], results
     for rank, (status, value) in results.items():
         assert status == "ok", value
@@ -109,8 +120,10 @@ def test_a_member_that_dies_fails_the_others_quickly():
         assert status == "ok" and 0 <= seconds < 5.0, (rank, status, seconds)
 
 
-def _channel(rank: int, world: int) -> bool:
-    ch = SharedChannel(rank, 1000, torch.float32)  # 4000 B buffers: 2500 floats are 3 chunks
+def _channel(rank: int, world: int, device: str) -> bool:
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    ch = SharedChannel(rank, 1000, torch.float32, device)  # 4000 B: 2500 floats are 3 chunks
     handles: list[Any] = [None] * world
     dist.all_gather_object(handles, ch.handle())
     ch.attach(dict(enumerate(handles)))
@@ -119,16 +132,17 @@ def _channel(rank: int, world: int) -> bool:
     # counts on both links: a stale flag for one receiver must not pass for the other's).
     for i, to in enumerate([1, 2, 1, 2, 2, 1]):
         if rank == 0:
-            ch.send(to, _data(i, (50, 50), torch.float32))
+            ch.send(to, _data(i, (50, 50), torch.float32, device))
         elif rank == to:
-            got = torch.empty(50, 50)
+            got = torch.empty(50, 50, device=device)
             ch.recv(0, got)
-            ok &= torch.equal(got, _data(i, (50, 50), torch.float32))
+            ok &= torch.equal(got.cpu(), _data(i, (50, 50), torch.float32))
     return ok
 
 
-def test_channel_hands_whole_tensors_over_in_chunks():
-    results = run_group(3, _channel)
+@pytest.mark.parametrize("device", DEVICES)
+def test_channel_hands_whole_tensors_over_in_chunks(device):
+    results = run_group(3, _channel, device)
     assert results == {0: ("ok", True), 1: ("ok", True), 2: ("ok", True)}
 
 
