@@ -10,7 +10,8 @@ What carries a group's collectives (parallel/collectives.py) is chosen once per 
 (`resolve_collectives`): a torch.distributed group ("dist": NCCL where each device process has
 a GPU of its own, as on a real node; gloo) or buffers the members map ("shared": CUDA IPC
 where device processes share a GPU, since NCCL refuses two ranks on one GPU; memory files
-between CPU devices, 2-10x faster than gloo's sockets there, and the same code).
+between CPU devices, 1.7-13x faster than gloo's sockets there (scripts/bench_collectives.py),
+and the same code).
 """
 
 from __future__ import annotations
