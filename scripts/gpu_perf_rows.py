@@ -4,7 +4,7 @@ the closed-loop serving load per concurrency (and the bursty load's standing tar
 
 from __future__ import annotations
 
-from gpu_row import Row, SectionRun, ms  # scripts/ is on the path
+from gpu_row import Row, SectionRun, ms, wall_once  # scripts/ is on the path
 
 # GPU targets (docs/gpu.md, "Targets"): issue 38's four, each judged on one row.
 FLOOR_RATIO_MAX = 1.3  # decode step at batch 1, 1,024-token prompts / its floor (weights + KV)
@@ -42,13 +42,8 @@ def decode_rows(run: SectionRun) -> list[Row]:
             target, met = f"<= {FLOOR_RATIO_MAX}x floor", p["floor_ratio"] <= FLOOR_RATIO_MAX
         elif point == DECODE_POINT:
             target, met = f">= {DECODE_TOK_S_MIN:.0f} tok/s", p["tok_s"] >= DECODE_TOK_S_MIN
-        row = run.row(numbers, target, met)
-        row.section = f"decode b{point[0]} x {point[1]}"
-        rows.append(row)
-    # NOTE: one run: its wall time and budget go on the first row, counted once.
-    for row in rows[1:]:
-        row.wall_s, row.budget_s = 0.0, 0.0
-    return rows
+        rows.append(run.row(numbers, target, met).named(f"decode b{point[0]} x {point[1]}"))
+    return wall_once(rows)
 
 
 def serve_rows(run: SectionRun) -> list[Row]:
@@ -78,11 +73,8 @@ def serve_rows(run: SectionRun) -> list[Row]:
         errors = s["n_errors"] > 0
         row = run.row(numbers, target, None if met is None else met and not errors,
                       "FAIL" if errors else None)  # fmt: skip
-        row.section = f"serve c{c}"
-        rows.append(row)
-    for row in rows[1:]:
-        row.wall_s, row.budget_s = 0.0, 0.0
-    return rows
+        rows.append(row.named(f"serve c{c}"))
+    return wall_once(rows)
 
 
 def bursty_rows(run: SectionRun) -> list[Row]:

@@ -16,6 +16,11 @@ class Row:
     wall_s: float = 0.0
     budget_s: float = 0.0
 
+    def named(self, section: str) -> Row:
+        """This row under another name (one of a section's several rows)."""
+        self.section = section
+        return self
+
 
 @dataclass
 class SectionRun:
@@ -50,3 +55,10 @@ class SectionRun:
 
 def ms(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def wall_once(rows: list[Row]) -> list[Row]:
+    """The rows of one run: its wall time and budget on the first only (counted once)."""
+    for row in rows[1:]:
+        row.wall_s, row.budget_s = 0.0, 0.0
+    return rows
