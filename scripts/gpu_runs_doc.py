@@ -111,4 +111,4 @@ def render(runs: Path) -> str:
 def with_runs(doc: str, runs: Path) -> str:
     """`doc` (docs/gpu.md) with the text between its BEGIN and END markers rendered anew."""
     start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-    return doc[:start] + "\n\n" + render(runs) + doc[end:]
+    return doc[:start] + "\n\n" + render(runs).rstrip("\n") + "\n\n" + doc[end:]
