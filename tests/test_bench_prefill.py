@@ -34,8 +34,8 @@ def test_tiny_cpu_run_writes_rows(tmp_path):
                 "--json", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == [
-        "gemm", "prefill", "prefill_constant_ids", "attention_triton", "attention_sdpa_math"]  # fmt: skip
+    names = ["gemm", "prefill", "prefill_constant_ids", "attention_triton", "attention_sdpa_math"]
+    assert list(rows) == names
     assert all("mean nothing" in r["note"] for r in rows.values())
     # Tiny model: 2 layers of hidden 256 (8 heads of 32, 2 KV), MLP 512, vocab 1024.
     linear = 256 * 32 * (2 * 8 + 2 * 2) + 3 * 256 * 512
