@@ -46,16 +46,20 @@ def run_one(
     print(f"== {name}\n{format_summary(summary)}")
     run: dict[str, Any] = key | {"wall_s": result.wall_s, "summary": summary}
     if result.plan_log:
-        k = key.get("rate_scale", 1.0)
+        # NOTE: one timeline per run: `-x2` for a rate scale, `-c16` for a concurrency.
+        tag = (
+            f"c{key['max_concurrency']}" if "max_concurrency" in key else f"x{key['rate_scale']:g}"
+        )
         stem = args.out.with_suffix("") if args.out else Path("bench")
-        path = Path(f"{stem}.plan-x{k:g}.jsonl")
+        path = Path(f"{stem}.plan-{tag}.jsonl")
         save_plan_log(path, result.plan_log)
         run["plan_log"] = str(path)
         if args.plot_plan:
+            single = len(args.rate_scale) == 1 and len(args.max_concurrency or [1]) == 1
             plot = (
                 args.plot_plan
-                if len(args.rate_scale) == 1
-                else args.plot_plan.with_stem(f"{args.plot_plan.stem}-x{k:g}")
+                if single
+                else args.plot_plan.with_stem(f"{args.plot_plan.stem}-{tag}")
             )
             plot_plan_timeline(result.plan_log, plot)
     run["records"] = [r.to_json(args.chunk_times) for r in result.records]
