@@ -77,7 +77,7 @@ def generate(hf: torch.nn.Module, ids: torch.Tensor, new: int) -> float:
             do_sample=False,
             pad_token_id=0,
         )
-    assert out.shape[1] == PROMPT_LEN + new  # (its tokens are on the host: no sync needed)
+    assert out.shape[1] == ids.shape[1] + new  # (its tokens are on the host: no sync needed)
     return time.perf_counter() - t0
 
 

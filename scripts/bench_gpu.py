@@ -1,13 +1,17 @@
 """The engine on a GPU, side by side in one run (for a session that is lent one).
 
-A Llama-3-8B-shaped model with random weights (nothing is downloaded), bf16:
-1. decode tok/s at batch 1 / 16 / 64 (128-token prompts, 64 new tokens, EOS ignored): the
-   engine with recorded decode steps (CUDA graphs, engine/graphs.py), the same engine
-   without them, and transformers `generate` on the same weights;
-2. the weight-read floor of a decode step: the bytes of every weight a step reads (all but the
-   embedding table, of which it reads a row per sequence) / the device-to-device copy
-   bandwidth measured in the same run ((read + written bytes) / time of a 1 GiB copy), and the
-   batch-1 step against it (target <= 1.3x);
+A Llama-3-8B-shaped model with random weights (nothing is downloaded; vocab 128,256), bf16:
+1. decode tok/s at each point BATCHxPROMPT (default 1x1024, 16x1024, 64x1024, 64x2048: the
+   shapes vLLM's and SGLang's decode numbers are quoted at), 64 new tokens, EOS ignored,
+   decode-only (the steps once every request has its first token): the engine with recorded
+   decode steps (CUDA graphs, engine/graphs.py), and (without `--engine-only`) the same
+   engine without them and transformers `generate` on the same weights;
+2. each point against its floor: the bytes a decode step must read, the weights (all but the
+   embedding table, of which it reads a row per sequence) plus the KV of every sequence at
+   its mean context over the run (prompt + 32), over the device-to-device copy rate measured
+   in the same run ((read + written bytes) / time of 1 GiB copies); the step as a multiple of
+   it, the bandwidth it reached as % of the copy rate and as % of the device's spec sheet
+   (profiling/analytic.py: H200 4.8 TB/s, H100 SXM 3.35 TB/s; none for other devices);
 3. with overlapped steps (the default on CUDA), the share of each run the host spent waiting
    for the device: near 100% the device sets the pace; well below, the host does;
 4. attention alone: the Triton paged decode kernel against the torch reference (page gather
@@ -19,7 +23,8 @@ budget); `--json PATH` writes the numbers.
 `--shape tiny --device cpu` runs the same script on a small model on CPU (eager recordings,
 torch attention), to check the script itself.
 
-    python scripts/bench_gpu.py [--device cuda] [--shape 8b] [--batches 1 16 64] [--engine-only]
+    python scripts/bench_gpu.py [--device cuda] [--shape 8b] [--points 1x1024 64x2048]
+        [--engine-only] [--json PATH]
 """
 
 from __future__ import annotations
@@ -32,15 +37,25 @@ from pathlib import Path
 
 import torch
 
-from bench_engine import PROMPT_LEN, ours, theirs  # scripts/ is on the path
+from bench_engine import OUT_LEN, ours, theirs  # scripts/ is on the path
 from model_shapes import SHAPES, random_llama
 from nitsum.config import ModelConfig
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.overlap import OverlapStepper
 from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.pool.local import ONLY_GROUP, local_engine
+from nitsum.pool.pool_engine import PoolEngine
+from nitsum.profiling.analytic import gpu_of_device
 
-PROMPT = PROMPT_LEN  # and 64 new tokens (bench_engine's)
+DEFAULT_POINTS = ("1x1024", "16x1024", "64x1024", "64x2048")
+
+
+def parse_point(text: str) -> tuple[int, int]:
+    """`BATCHxPROMPT` -> (batch, prompt tokens)."""
+    batch, _, prompt = text.partition("x")
+    if not (batch.isdigit() and prompt.isdigit() and int(batch) > 0 and int(prompt) > 0):
+        raise argparse.ArgumentTypeError(f"expected BATCHxPROMPT (e.g. 64x2048), got {text!r}")
+    return int(batch), int(prompt)
 
 
 def sync(device: str) -> None:
@@ -71,6 +86,43 @@ def step_weight_bytes(tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtyp
     return sum(
         t.numel() * size for n, t in tensors if tied or not n.endswith("embed_tokens.weight")
     )
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of one token's K and V over every layer."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * size
+
+
+def decode_floor(
+    batch: int, tok_s: float, weight_bytes: int, kv_bytes: int, copy_bps: float,
+    spec_bps: float | None,
+) -> dict:  # fmt: skip
+    """One decode point against the bytes its step must read (weights + KV): its step, the
+    floor (those bytes at the copy rate), the ratio, and the bandwidth reached as % of the
+    copy rate and of the spec sheet (None without one)."""
+    step_s = batch / tok_s
+    moved = weight_bytes + kv_bytes
+    reached = moved / step_s
+    return {
+        "step_ms": step_s * 1e3,
+        "kv_bytes": kv_bytes,
+        "floor_ms": moved / copy_bps * 1e3,
+        "floor_ratio": step_s / (moved / copy_bps),
+        "pct_copy": 100 * reached / copy_bps,
+        "pct_spec": None if spec_bps is None else 100 * reached / spec_bps,
+    }
+
+
+def engine_config(device: str, dtype: torch.dtype, cfg: ModelConfig, points: list) -> EngineConfig:
+    """Room for the largest point: its batch, its context, its KV (plus a tenth)."""
+    longest = max(p for _, p in points) + OUT_LEN
+    kv = max(b * (p + OUT_LEN + 16) for b, p in points) * kv_bytes_per_token(cfg, dtype)
+    return EngineConfig(
+        dtype=dtype, device=device, kv_cache_bytes=max(kv * 11 // 10, 256 << 20),
+        max_batch=max(b for b, _ in points), max_context=longest,
+        warm_kernels=device.startswith("cuda"),  # as the worker's: no compile in a timed step
+    )  # fmt: skip
 
 
 def attention_bench(device: str, dtype: torch.dtype, contexts: list[int]) -> None:
@@ -110,11 +162,26 @@ def attention_bench(device: str, dtype: torch.dtype, contexts: list[int]) -> Non
         )
 
 
+def run_point(engine: PoolEngine, prompts: list[list[int]]) -> tuple[float, float | None]:
+    """Decode-only tok/s of `prompts` (fresh), and with overlapped steps the share of the run
+    the host waited for the device (None without)."""
+    stepper = engine.engines[ONLY_GROUP].driver
+    waited, started = getattr(stepper, "waited_s", 0.0), time.perf_counter()
+    rate = ours(engine, prompts)[1]
+    if not isinstance(stepper, OverlapStepper):
+        return rate, None
+    # NOTE: below ~50% the host, not the device, sets the pace (docs/gpu.md).
+    return rate, (stepper.waited_s - waited) / (time.perf_counter() - started)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument(
+        "--points", type=parse_point, nargs="+", default=[parse_point(p) for p in DEFAULT_POINTS],
+        help="BATCHxPROMPT decode points",
+    )  # fmt: skip
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--engine-only", action="store_true", help="the engine with graphs alone")
     ap.add_argument("--json", type=Path, default=None, help="write the numbers here")
@@ -122,11 +189,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     hf, hf_cfg = random_llama(args.shape, args.device, dtype)
     cfg = ModelConfig.from_hf(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    ecfg = EngineConfig(
-        dtype=dtype, device=args.device, kv_cache_bytes=8 << 30, max_batch=64, max_context=1024
-    )
-    if not args.device.startswith("cuda"):
-        ecfg = replace(ecfg, kv_cache_bytes=256 << 20)
+    ecfg = engine_config(args.device, dtype, cfg, args.points)
     tensors = list(hf.state_dict().items())
     graphs = local_engine(cfg, tensors, replace(ecfg, decode_graphs=True))
     eager = (
@@ -134,65 +197,67 @@ def main() -> None:
     )
     if args.engine_only:
         del hf  # its memory goes to the engine's KV and recordings
-    print(f"{args.shape} ({args.dtype}) on {args.device}, torch {torch.__version__}")
+    on_gpu = args.device.startswith("cuda")
+    gpu = torch.cuda.get_device_name(torch.device(args.device)) if on_gpu else "cpu"
+    spec = gpu_of_device(gpu) if on_gpu else None
+    spec_bps = None if spec is None else spec.hbm_tbps * 1e12
+    print(f"{args.shape} ({args.dtype}) on {gpu}, torch {torch.__version__}")
     weight_bytes = step_weight_bytes(tensors, dtype)
     del tensors
+    kv_token = kv_bytes_per_token(cfg, dtype)
     bandwidth = copy_bandwidth(args.device)
-    floor_s = weight_bytes / bandwidth
     print(
-        f"[floor] step weights {weight_bytes / 1e9:.2f} GB, copy bandwidth "
-        f"{bandwidth / 1e9:.0f} GB/s: weight-read floor {floor_s * 1e3:.2f} ms/step"
+        f"[floor] step weights {weight_bytes / 1e9:.2f} GB, KV {kv_token / 1024:.0f} KiB a "
+        f"token, copy rate {bandwidth / 1e9:.0f} GB/s, spec "
+        + ("-" if spec_bps is None else f"{spec_bps / 1e9:.0f} GB/s")
     )
     g = torch.Generator().manual_seed(1)
-    if args.device.startswith("cuda"):  # warm-up: the prefill kernels compile on first use
-        ours(graphs, [torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).tolist()])
+    if on_gpu:  # warm-up: a prompt of each length, so no kernel compiles in a timed run
+        for prompt in sorted({p for _, p in args.points}):
+            ours(graphs, [torch.randint(0, cfg.vocab_size, (prompt,), generator=g).tolist()])
     result: dict = {
         "shape": args.shape,
         "dtype": args.dtype,
         "device": args.device,
+        "gpu": gpu,
         "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_token,
         "copy_gbps": bandwidth / 1e9,
-        "floor_ms": floor_s * 1e3,
-        "decode_tok_s": {},
+        "spec_gbps": None if spec_bps is None else spec_bps / 1e9,
+        "new_tokens": OUT_LEN,
+        "points": [],
     }
-    for b in args.batches:
-        prompts = [
-            torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).tolist() for _ in range(b)
-        ]
-        stepper = graphs.engines[ONLY_GROUP].driver
-        waited, started = getattr(stepper, "waited_s", 0.0), time.perf_counter()
-        rates = {"graphs": ours(graphs, prompts)[1]}
-        result["decode_tok_s"][str(b)] = rates["graphs"]
-        if isinstance(stepper, OverlapStepper):
-            # NOTE: below ~50% the host, not the device, sets the pace (docs/gpu.md).
-            share = (stepper.waited_s - waited) / (time.perf_counter() - started)
-            result.setdefault("device_wait_share", {})[str(b)] = share
-            print(f"[host] batch {b:>3}: the host waited for the device {share:.0%} of the run")
-        if b == 1:
-            step_s = 1 / rates["graphs"]
-            result["step_ms_b1"] = step_s * 1e3
-            result["floor_ratio_b1"] = step_s / floor_s
-            print(
-                f"[floor] batch 1 step {step_s * 1e3:.2f} ms = {step_s / floor_s:.2f}x the "
-                "weight-read floor (target <= 1.3x)"
-            )
-        if eager is None:
-            print(f"[decode] batch {b:>3}: nitsum with graphs {rates['graphs']:8.1f} tok/s")
-            continue
-        rates["eager"] = ours(eager, prompts)[1]
-        rates["transformers"] = theirs(hf, prompts)[1]
+    for batch, prompt in args.points:
+        prompts = [torch.randint(0, cfg.vocab_size, (prompt,), generator=g).tolist()
+                   for _ in range(batch)]  # fmt: skip
+        rate, waited = run_point(graphs, prompts)
+        # NOTE: the KV a step reads at the run's mean context: the prompt + half the output.
+        kv = batch * (prompt + OUT_LEN // 2) * kv_token
+        point = {"batch": batch, "prompt": prompt, "tok_s": rate, "host_waited": waited}
+        point |= decode_floor(batch, rate, weight_bytes, kv, bandwidth, spec_bps)
+        result["points"].append(point)
+        spec_pct = "-" if point["pct_spec"] is None else f"{point['pct_spec']:.0f}%"
         print(
-            f"[decode] batch {b:>3}: nitsum with graphs {rates['graphs']:8.1f} tok/s | without "
-            f"{rates['eager']:8.1f} | transformers {rates['transformers']:8.1f} | graphs/eager "
-            f"{rates['graphs'] / rates['eager']:.2f}x, vs transformers "
-            f"{rates['graphs'] / rates['transformers']:.2f}x"
+            f"[decode] batch {batch:>3} x {prompt:>5}: {rate:8.1f} tok/s, step "
+            f"{point['step_ms']:.2f} ms = {point['floor_ratio']:.2f}x the floor "
+            f"{point['floor_ms']:.2f} ms ({(weight_bytes + kv) / 1e9:.2f} GB); "
+            f"{point['pct_copy']:.0f}% of the copy rate, {spec_pct} of spec"
+            + ("" if waited is None else f"; the host waited {waited:.0%} of the run")
+        )
+        if eager is None:
+            continue
+        rates = {"eager": ours(eager, prompts)[1], "transformers": theirs(hf, prompts)[1]}
+        print(
+            f"[decode] batch {batch:>3} x {prompt:>5}: without graphs {rates['eager']:8.1f} | "
+            f"transformers {rates['transformers']:8.1f} tok/s | graphs/eager "
+            f"{rate / rates['eager']:.2f}x, vs transformers {rate / rates['transformers']:.2f}x"
         )
     replays = graphs.pool.runner.graphs.replays
     result["replays"] = replays
     print(f"[decode] recorded steps replayed: {replays}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
-    if args.device.startswith("cuda") and not args.engine_only:
+    if on_gpu and not args.engine_only:
         attention_bench(args.device, dtype, [2048, 8192])
 
 

@@ -4,12 +4,19 @@ A Llama-3-8B-shaped model with random weights (hidden 4096, 32 query / 8 KV head
 MLP 14336, 32 layers, vocab 128256; nothing is downloaded), bf16:
 
 1. gemm: a bf16 `torch.mm` of 8192 × 8192 × 8192, the rate the GPU reaches on big matmuls;
-2. prefill: one 2,048-token prompt through the engine's forward (`LlamaModel.forward` under
-   the TP-1 context over a KV pool, the step's plan moved to the GPU as the runner does, and
-   the last row's logits), its FLOPs counted as 2 · (linear weights) · tokens plus causal
-   attention, 4 · L² · head_dim · q_heads / 2 per layer; the achieved TFLOP/s and its share
-   of the gemm rate (target: >= 50%);
-3. attention alone for the same prompt, one layer: the Triton varlen prefill kernel over the
+2. prefill: one fresh 2,048-token prompt of random ids as `nitsum profile --device cuda`
+   measures a prefill point (profiling/measure.py's GroupStep on the engine it builds,
+   profiling/engine_profile.py: launch and collect the step, i.e. the forward, the last
+   row's logits and its sampling, synchronized), its FLOPs counted as
+   2 · (linear weights) · tokens plus causal attention, 4 · L² · head_dim · q_heads / 2 per
+   layer, plus the LM head's row; the achieved TFLOP/s and its share of the gemm rate
+   (target: >= 50%);
+3. prefill_constant_ids: the same step on 2,048 copies of token 1, the prompt the 2026-11-27
+   H200 profile measured (45.1 ms there against 50.6 ms here on random ids): every row of
+   every matmul input is then the same vector, and the ratio of the two rows is what such
+   predictable data gains on this GPU (docs/gpu.md, "Prefill: the profile against
+   bench_prefill");
+4. attention alone for the same prompt, one layer: the Triton varlen prefill kernel over the
    pages (kernels/prefill_attention_triton.py) against SDPA's flash backend on contiguous
    K/V of the same shapes (GQA), and their largest difference.
 
@@ -39,7 +46,7 @@ import torch.nn.functional as F
 if TYPE_CHECKING:  # NOTE: nitsum imports wait for main (TRITON_INTERPRET must come first)
     from nitsum.config import ModelConfig
     from nitsum.kernels.paged_attention import AttentionMetadata
-    from nitsum.models.llama import LlamaModel
+    from nitsum.pool.pool_engine import PoolEngine
 
 TARGET = 0.5  # of the GEMM rate, for the whole prefill forward
 Runner = Callable[[Callable[[], object]], float]  # seconds of one call (median)
@@ -60,18 +67,28 @@ def timed(fn: Callable[[], object], device: str, warmup: int, repeats: int) -> f
     return statistics.median(times)
 
 
-def random_model(shape: str, device: str, dtype: torch.dtype) -> tuple[LlamaModel, ModelConfig]:
-    """The engine's model (fused weights) of a random HF Llama of `shape`, and its config."""
+def profile_engine(shape: str, device: str, n: int) -> PoolEngine:
+    """The engine `nitsum profile --device cuda` builds (profiling/engine_profile.py), bf16,
+    over a random HF Llama of `shape`, with KV for one n-token prompt."""
+    from dataclasses import replace
+
     from model_shapes import random_llama  # scripts/ is on the path
     from nitsum.config import ModelConfig
-    from nitsum.engine.device_build import build_model
-    from nitsum.engine.engine_config import EngineConfig
+    from nitsum.engine.piecewise import token_buckets
+    from nitsum.kv.pool import KVPool
+    from nitsum.pool.local import local_engine
+    from nitsum.profiling.engine_profile import profile_engine_config
 
     layers = {"num_hidden_layers": 2} if shape == "tiny" else {}
-    hf, hf_cfg = random_llama(shape, device, dtype, **layers)
+    hf, hf_cfg = random_llama(shape, device, torch.bfloat16, **layers)
     cfg = ModelConfig.from_hf(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    model = build_model(cfg, hf.state_dict().items(), EngineConfig(dtype=dtype, device=device))
-    return model, cfg
+    kv = KVPool.page_bytes_of(cfg, 16, torch.bfloat16) * (n // 16 + 16)
+    ecfg = profile_engine_config(device, torch.bfloat16, max(kv, 64 << 20), n)
+    if n > max(token_buckets(ecfg.token_budget)):
+        # NOTE: a step past the largest recorded bucket runs eagerly in the profile too
+        # (engine/piecewise.py): its recordings would cost start-up and never replay.
+        ecfg = replace(ecfg, decode_graphs=False, piecewise_graphs=False)
+    return local_engine(cfg, hf.state_dict().items(), ecfg)
 
 
 def fresh_prompt_plan(pages: list[int], n: int, page_tokens: int) -> AttentionMetadata:
@@ -111,28 +128,26 @@ def gemm_row(dev: str, run: Runner) -> dict:
     return dict(name="gemm", m=size, n=size, k=size, ms=t * 1e3, tflops=2 * size**3 / t / 1e12)
 
 
-def prefill_row(dev: str, run: Runner, n: int, page: int) -> tuple[dict, ModelConfig]:
-    """One fresh n-token prompt through the engine's forward (and the last row's logits)."""
-    from nitsum.kv.pool import KVPool
-    from nitsum.parallel.context import build_context
+def prefill_rows(dev: str, run: Runner, n: int) -> tuple[list[dict], ModelConfig]:
+    """The profile's prefill point of n tokens (profiling/measure.py's GroupStep), on random
+    ids and on n copies of token 1 (the 2026-11-27 profile's prompt)."""
+    from nitsum.parallel.topology import GroupShape
+    from nitsum.profiling.measure import GroupStep
 
-    model, cfg = random_model("8b" if dev.startswith("cuda") else "tiny", dev, torch.bfloat16)
-    ctx = build_context(cfg, model.weights, 1, 0)
-    n_pages = -(-n // page)
-    pool = KVPool(cfg, n_pages, page, torch.bfloat16, dev)
-    meta = fresh_prompt_plan(list(range(n_pages)), n, pool.tokens_per_page(1))
-    ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
-    positions = torch.arange(n)
-
-    def prefill() -> torch.Tensor:
-        # NOTE: the runner's path: the host plan and ids move to the device every step.
-        h = model.forward(ctx, ids.to(dev), positions.to(dev), meta.to(dev), pool, [n - 1])
-        return model.logits(h)
-
-    t = run(prefill)
-    flops = prefill_flops(cfg, n)
-    row = dict(name="prefill", tokens=n, ms=t * 1e3, tflop=flops / 1e12, tflops=flops / t / 1e12)
-    return row, cfg
+    pe = profile_engine("8b" if dev.startswith("cuda") else "tiny", dev, n)
+    cfg, flops = pe.cfg, prefill_flops(pe.cfg, n)
+    rows = []
+    try:
+        for name, constant in (("prefill", False), ("prefill_constant_ids", True)):
+            step = GroupStep(pe, GroupShape.tp_group((0,)), [(n, n)], constant_ids=constant)
+            t = run(step)
+            step.release()
+            rows.append(
+                dict(name=name, tokens=n, ms=t * 1e3, tflop=flops / 1e12, tflops=flops / t / 1e12)
+            )
+    finally:
+        pe.pool.close()
+    return rows, cfg
 
 
 def attention_rows(dev: str, run: Runner, cfg: ModelConfig, n: int, page: int) -> list[dict]:
@@ -174,12 +189,16 @@ def attention_rows(dev: str, run: Runner, cfg: ModelConfig, n: int, page: int) -
 
 
 def bench(args: argparse.Namespace) -> list[dict]:
-    """Every row of the run, in order; `of_gemm` on the prefill row."""
+    """Every row of the run, in order; `of_gemm` on the prefill rows, `vs_random_ids` on the
+    constant-ids one (its time over the random ids' one)."""
     run: Runner = lambda fn: timed(fn, args.device, args.warmup, args.repeats)  # noqa: E731
     gemm = gemm_row(args.device, run)
-    prefill, cfg = prefill_row(args.device, run, args.prompt, args.page_tokens)
-    prefill["of_gemm"] = prefill["tflops"] / gemm["tflops"]
-    rows = [gemm, prefill, *attention_rows(args.device, run, cfg, args.prompt, args.page_tokens)]
+    (prefill, constant), cfg = prefill_rows(args.device, run, args.prompt)
+    for row in (prefill, constant):
+        row["of_gemm"] = row["tflops"] / gemm["tflops"]
+    constant["vs_random_ids"] = constant["ms"] / prefill["ms"]
+    attention = attention_rows(args.device, run, cfg, args.prompt, args.page_tokens)
+    rows = [gemm, prefill, constant, *attention]
     if not args.device.startswith("cuda"):
         for row in rows:
             row["note"] = "CPU --tiny: checks the script runs; timings mean nothing"
@@ -217,13 +236,17 @@ def main() -> None:
     for row in rows:
         cells = (f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
         print("  " + ", ".join(cells))
-    gemm, prefill, kernel, sdpa = rows
+    gemm, prefill, constant, kernel, sdpa = rows
     verdict = "met" if prefill["of_gemm"] >= TARGET else "missed"
     if not args.device.startswith("cuda"):
         print("(CPU --tiny: the lines below only show the script runs)")
     print(
         f"[prefill] {prefill['tflops']:.1f} TFLOP/s = {prefill['of_gemm']:.0%} of the bf16 GEMM "
         f"rate ({gemm['tflops']:.1f} TFLOP/s); target {TARGET:.0%}: {verdict}"
+    )
+    print(
+        f"[prefill] {prefill['ms']:.1f} ms on random ids, {constant['ms']:.1f} ms on "
+        f"{args.prompt} copies of one id ({constant['vs_random_ids']:.2f}x)"
     )
     print(
         f"[attention] Triton {kernel['ms']:.3f} ms ({kernel['tflops']:.1f} TFLOP/s) vs "

@@ -6,12 +6,15 @@
 #       device-tool call to make (command line and carry list);
 #   scripts/gpu_check.sh [--device cuda|cpu] [--profile] [--sections a,b,...]
 #       there: install the carried wheels, run each section under its own timeout (cheapest
-#       first), print one markdown table; with $OUT set, write gpu_check.md, logs.txt (and
-#       profile.json) there. `--device cpu` is the dry run: tiny shapes, meaningless timings.
+#       first), print one markdown table; with $OUT set, write gpu_check.md (the table) and
+#       run.tar.gz (everything else: scripts/gpu_runs.py pack) there, which
+#       `scripts/gpu_runs.py unpack OUT` turns into docs/gpu/runs/<date>-<device>/.
+#       `--device cpu` is the dry run: tiny shapes, meaningless timings.
 #
-# Sections: tests agreement tp decode attention prefill serve, and profile (with --profile).
-# `tp` runs 4 device processes on the one GPU (TP 1/2/4, a switch with KV in flight, a KV
-# move, binding, SP, PP; scripts/gpu_tp.py).
+# Sections: tests agreement tp decode attention prefill serve; profile (with --profile) and
+# bursty (the 2026-11-27 serving load) only when named in --sections. `tp` runs 4 device
+# processes on the one GPU (TP 1/2/4, a switch with KV in flight, a KV move, binding, SP, PP;
+# scripts/gpu_tp.py).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -83,18 +86,21 @@ set_up() {  # the work dir, the wheels, the extension, PYTHONPATH (the children 
   export NITSUM_CACHE=$W/cache GPU_CHECK_W=$W
 }
 
-# Seconds per section: on a GPU they sum to 445 s (+150 s with --profile), leaving half a
-# minute under 8 minutes for the install and the table. On the 2026-11-27 H200: tests about
-# 100 s with 8 processes, serve 80-85 s once the engine kept up (115 s when it did not; its
-# bench is capped by the budget), the rest 70 s.
+# Seconds per section: on a GPU they sum to 320 s, leaving 120 s of the 8 minutes for the tp
+# section and 40 s for the install, the table and the archive (+150 s with --profile, +110 s
+# for bursty: second calls). On the 2026-11-27 H200: tests about 100 s with 8 processes (12
+# now), agreement 25 s, the 128-token decode section 19 s (about 10 s more for the 1k and 2k
+# prompts' prefills now), attention 9 s, prefill 16 s (plus the profile's engine build now),
+# serve: the model and the server about 40 s, then the closed loop's 328 requests (about
+# 20 s by the profile's step times).
 if [ "$DEVICE" = cuda ]; then
-  declare -A BUDGET=([tests]=160 [agreement]=45 [tp]=150 [decode]=50 [attention]=25
-                     [prefill]=35 [serve]=130 [profile]=150)
-  DECODE_ARGS=(--shape 8b --batches 1 16 64)
+  declare -A BUDGET=([tests]=110 [agreement]=30 [tp]=120 [decode]=45 [attention]=15
+                     [prefill]=30 [serve]=90 [bursty]=110 [profile]=150)
+  DECODE_ARGS=(--shape 8b --points 1x1024 16x1024 64x1024 64x2048)
 else
-  declare -A BUDGET=([tests]=240 [agreement]=180 [tp]=300 [decode]=240 [attention]=60
-                     [prefill]=60 [serve]=240 [profile]=120)
-  DECODE_ARGS=(--shape tiny --batches 1 4 --dtype float32)
+  declare -A BUDGET=([tests]=420 [agreement]=180 [tp]=300 [decode]=240 [attention]=60
+                     [prefill]=90 [serve]=240 [bursty]=240 [profile]=120)
+  DECODE_ARGS=(--shape tiny --points 1x64 4x64 4x128 --dtype float32)
 fi
 ORDER=(tests agreement tp decode attention prefill serve)
 [ "$PROFILE" = 1 ] && ORDER+=(profile)
@@ -115,7 +121,7 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
       [ ${#TESTS[@]} -gt 0 ] || { echo "no CUDA-path test files"; return 1; }
       # Triton compiles dominate on a GPU: spread the files over processes when xdist is there.
       local par=()
-      [ "$DEVICE" = cuda ] && "$PYTHON" -c "import xdist" 2>/dev/null && par=(-n 8)
+      [ "$DEVICE" = cuda ] && "$PYTHON" -c "import xdist" 2>/dev/null && par=(-n 12)
       "$PYTHON" -m pytest -q -p no:cacheprovider ${par[@]+"${par[@]}"} "${TESTS[@]}" ;;
     agreement) "$PYTHON" scripts/gpu_agreement.py --device "$DEVICE" --json "$W/agreement.json" ;;
     tp) "$PYTHON" scripts/gpu_tp.py --device "$DEVICE" --json "$W/tp.json" ;;
@@ -127,7 +133,10 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
       [ "$DEVICE" = cuda ] || small=(--tiny)
       [ "$1" = attention ] && small=()
       "$PYTHON" "$script" --device "$DEVICE" ${small[@]+"${small[@]}"} --json "$W/$1.json" ;;
-    serve) bash scripts/gpu_serve.sh "$DEVICE" "${BUDGET[serve]}" "$W" "$W/serve.json" ;;
+    serve|bursty)
+      local load=closed
+      [ "$1" = bursty ] && load=bursty
+      bash scripts/gpu_serve.sh "$DEVICE" "${BUDGET[$1]}" "$W" "$W/$1.json" "$load" ;;
     profile)
       if [ ! -f "$W/rand-model/config.json" ]; then
         if [ "$DEVICE" = cuda ]; then shape=(--layers 32 --hidden 4096 --device cuda)
@@ -182,13 +191,9 @@ TABLE=$("$PYTHON" scripts/gpu_table.py table "$ROWS" --device "$DEVICE")
 GPU=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>/dev/null)
 HEAD="gpu_check $(date -u +%Y-%m-%dT%H:%MZ) on $DEVICE ($GPU), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 printf '\n%s\n\n%s\n' "$HEAD" "$TABLE"
+printf '%s\n\n%s\n' "$HEAD" "$TABLE" > "$W/gpu_check.md"
 if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT"
-  printf '%s\n\n%s\n' "$HEAD" "$TABLE" > "$OUT/gpu_check.md"
-  cp "$LOGS" "$OUT/logs.txt"
-  cp "$ROWS" "$OUT/rows.jsonl"
-  [ -f "$W/profile.json" ] && cp "$W/profile.json" "$OUT/profile.json"
-  [ -f "$W/serve.json" ] && cp "$W/serve.json" "$OUT/serve_bench.json"
-  [ -f "$W/steps.jsonl" ] && cp "$W/steps.jsonl" "$OUT/steps.jsonl"
+  # NOTE: two files, whatever the sections wrote: the tool brings back at most 8.
+  "$PYTHON" scripts/gpu_runs.py pack "$W" "$OUT" --head "$HEAD" --device "$DEVICE"
 fi
 exit 0

@@ -9,7 +9,8 @@ target.
 A row: section, result (PASS / FAIL / TIMEOUT / MISSING), key numbers, target, verdict
 (pass / FAIL against the target; `n/a` on a CPU dry run, whose timings mean nothing, or
 where no target applies). NOTE: a section's result is its own exit status (and that its
-numbers could be read); the verdict is the numbers against the GPU targets (docs/gpu.md).
+numbers could be read); the verdict is the numbers against the GPU targets (docs/gpu.md;
+the decode and serving rows: gpu_perf_rows.py).
 """
 
 from __future__ import annotations
@@ -19,61 +20,16 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-# GPU targets (docs/gpu.md, "Targets").
-FLOOR_RATIO_MAX = 1.3  # batch-1 decode step / weight-read floor
-DECODE_B64_MIN = 7578.0  # tok/s at batch 64: 2.5x the 3,031 of 2026-11-26 on H200
+from gpu_perf_rows import bursty_rows, decode_rows, serve_rows  # scripts/ is on the path
+from gpu_row import Row, SectionRun
+from gpu_tp_rows import tp_rows
+
+# Standing targets of earlier issues (issue 38's are in gpu_perf_rows.py).
 ATTENTION_COPY_PCT_MIN = 60.0  # decode attention, batch 16, 8k context
 PREFILL_GEMM_FRACTION_MIN = 0.5  # prefill rate / bf16 GEMM rate
-SERVE_WALL_MAX_S = 50.0  # 1.25x the 40 s trace
-SERVE_TPOT_P50_MAX_MS = 25.0
-SERVE_TTFT_P50_MAX_MS = 500.0
-TP_SWITCH_MAX_MS = 1.0  # a TP switch with nothing to move
-TP_KV_COPY_FRACTION_MIN = 0.5  # a KV move / a device-to-device copy of the same bytes
-
-
-@dataclass
-class Row:
-    section: str
-    result: str
-    numbers: str
-    target: str
-    verdict: str
-    wall_s: float = 0.0
-    budget_s: float = 0.0
-
-
-@dataclass
-class SectionRun:
-    """What gpu_check.sh knows of one finished section."""
-
-    section: str
-    rc: int
-    wall_s: float
-    budget_s: float
-    log: str
-    data: dict | None
-    gpu: bool
-
-    @property
-    def result(self) -> str:
-        if self.rc == 127:
-            return "MISSING"
-        if self.rc in (124, 137):
-            return "TIMEOUT"
-        return "PASS" if self.rc == 0 else "FAIL"
-
-    def row(self, numbers: str, target: str, met: bool | None, result: str | None = None) -> Row:
-        """A row; `met` None: no target applies. Off the GPU every target is n/a."""
-        verdict = "n/a" if met is None or not self.gpu else ("pass" if met else "FAIL")
-        # A timeout or a failure stays one; `result` may only turn a PASS into a FAIL.
-        result = result if result and self.result == "PASS" else self.result
-        return Row(
-            self.section, result, numbers, target, verdict, self.wall_s,
-            self.budget_s,
-        )  # fmt: skip
 
 
 def pytest_counts(log: str) -> dict[str, int]:
@@ -115,59 +71,6 @@ def agreement_rows(run: SectionRun) -> list[Row]:
                 run.wall_s, run.budget_s)]  # fmt: skip
 
 
-def decode_rows(run: SectionRun) -> list[Row]:
-    d = run.data
-    if d is None or "floor_ratio_b1" not in d:
-        return [run.row("no numbers", "see docs/gpu.md", False, "FAIL")]
-    rates = d["decode_tok_s"]
-    floor = (
-        f"step {d['step_ms_b1']:.2f} ms vs floor {d['floor_ms']:.2f} ms "
-        f"({d['weight_bytes'] / 1e9:.2f} GB at {d['copy_gbps']:.0f} GB/s): "
-        f"{d['floor_ratio_b1']:.2f}x"
-    )
-    rows = [run.row(floor, f"<= {FLOOR_RATIO_MAX}x floor", d["floor_ratio_b1"] <= FLOOR_RATIO_MAX)]
-    tput = ", ".join(f"b{b} {r:.0f}" for b, r in rates.items()) + " tok/s"
-    waits = d.get("device_wait_share")
-    if waits:  # overlapped steps: how much of each run the host waited for the device
-        tput += "; host waited " + ", ".join(f"b{b} {w:.0%}" for b, w in waits.items())
-    b64 = rates.get("64")
-    met = None if b64 is None else b64 >= DECODE_B64_MIN
-    rows.append(run.row(tput, f"b64 >= {DECODE_B64_MIN:.0f} tok/s", met))
-    # NOTE: the same run: its wall time and budget are the first row's, counted once.
-    rows[1].section, rows[1].wall_s, rows[1].budget_s = f"{run.section} throughput", 0.0, 0.0
-    return rows
-
-
-def serve_rows(run: SectionRun) -> list[Row]:
-    d = run.data
-    if d is None or not d.get("runs"):
-        return [run.row("bench gave no results", "see docs/gpu.md", False, "FAIL")]
-    one = d["runs"][0]
-    s, lat = one["summary"], one["summary"]["latency"]
-    ttft, tpot = lat["ttft_ms"], lat["tpot_ms"]
-    ttft50 = ttft["p50"] if ttft else None
-    tpot50 = tpot["p50"] if tpot else None
-    numbers = (
-        f"wall {one['wall_s']:.1f} s for a {s['duration_s']:.0f} s trace; TTFT p50 "
-        f"{_ms(ttft50)} ms; TPOT p50 {_ms(tpot50)} ms; {s['n_ok']}/{s['n_requests']} ok, "
-        f"{s['n_errors']} errors"
-    )
-    met = (
-        one["wall_s"] <= SERVE_WALL_MAX_S
-        and ttft50 is not None
-        and ttft50 <= SERVE_TTFT_P50_MAX_MS
-        and tpot50 is not None
-        and tpot50 <= SERVE_TPOT_P50_MAX_MS
-        and s["n_errors"] == 0
-    )
-    target = (
-        f"wall <= {SERVE_WALL_MAX_S:.0f} s, TTFT p50 <= {SERVE_TTFT_P50_MAX_MS:.0f} ms, "
-        f"TPOT p50 <= {SERVE_TPOT_P50_MAX_MS:.0f} ms, 0 errors"
-    )
-    result = run.result if s["n_errors"] == 0 else "FAIL"
-    return [run.row(numbers, target, met, result)]
-
-
 def profile_rows(run: SectionRun) -> list[Row]:
     d = run.data
     if d is None or d.get("schema") != "nitsum-profile/1":
@@ -201,8 +104,9 @@ def attention_rows(run: SectionRun) -> list[Row]:
 
 
 def prefill_rows(run: SectionRun) -> list[Row]:
-    """scripts/bench_prefill.py: the 2,048-token prefill's share of the bf16 GEMM rate, and
-    its attention kernel against SDPA (flash) on the same shapes."""
+    """scripts/bench_prefill.py: the 2,048-token prefill's share of the bf16 GEMM rate, the
+    same step on one id repeated (the 2026-11-27 profile's prompt), and its attention kernel
+    against SDPA (flash) on the same shapes."""
     target = f">= {PREFILL_GEMM_FRACTION_MIN:.0%} of bf16 GEMM"
     if run.result == "MISSING":
         return [run.row("missing", target, None)]
@@ -214,56 +118,12 @@ def prefill_rows(run: SectionRun) -> list[Row]:
         f"{pre['tokens']} tok in {pre['ms']:.1f} ms, {pre['tflops']:.0f} TFLOP/s = "
         f"{pre['of_gemm']:.0%} of GEMM"
     )
+    same = by_name.get("prefill_constant_ids")
+    if same is not None:  # the 2026-11-27 profile's prompt: one id repeated
+        numbers += f"; one id repeated {same['ms']:.1f} ms ({same['vs_random_ids']:.2f}x)"
     if attn is not None:
         numbers += f"; attention {attn['ms']:.2f} ms, {attn['vs_sdpa']:.2f}x SDPA's speed"
     return [run.row(numbers, target, pre["of_gemm"] >= PREFILL_GEMM_FRACTION_MIN)]
-
-
-def tp_rows(run: SectionRun) -> list[Row]:
-    """Correctness (judged on the dry run too, like agreement), then the switch and the KV
-    move, timed on device processes that share one GPU (labelled so)."""
-    d = run.data
-    if d is None or "greedy" not in d:
-        return [run.row("no summary", "all tokens equal TP 1's", False, "FAIL")]
-    sw, g, kv, nokv = d["switch"], d["graphs"], d["kv_move"], d["switch_no_kv"]
-    parts = ("bind", "sp", "pp")
-    lost = sw["requests"] - sw["completed"]
-    ok = all(d["greedy"].values()) and sw["same_tokens"] and lost == 0
-    ok = ok and all(d[k]["same_tokens"] for k in parts)
-    eq = {True: "=", False: "!="}
-    numbers = "; ".join([
-        f"{d['devices']} devices, {d['layers']} layers, {d['collectives']} collectives",
-        "greedy " + ", ".join(f"{k.upper()} {eq[v]} TP1" for k, v in d["greedy"].items()),
-        f"1->2->4->1 with {sw['requests']} requests: tokens {eq[sw['same_tokens']]} unswitched, "
-        f"{lost} lost",
-        "bind, SP, PP " + ", ".join(f"{eq[d[k]['same_tokens']]} TP1" for k in parts),
-        f"graphs {g['graph_captures']} recorded, {g['graph_replays']} replays, "
-        f"{g['graph_cuts']} cuts",
-    ])  # fmt: skip
-    verdict = "pass" if ok else "FAIL"
-    target = "all tokens equal TP 1's, 0 lost"
-    rows = [Row(run.section, run.result if ok else "FAIL", numbers, target, verdict, run.wall_s,
-                run.budget_s)]  # fmt: skip
-    with_kv = ", ".join(
-        f"->{s['to']} {s['ms']:.1f} ms ({s['bytes'] / 2**20:.0f} MiB)" for s in sw["switches"]
-    )
-    numbers = f"no KV p50 {nokv['p50_ms']:.2f} ms (p99 {nokv['p99_ms']:.2f}); with KV {with_kv}"
-    target = f"<= {TP_SWITCH_MAX_MS:g} ms without KV"
-    rows.append(run.row(numbers, target, nokv["p50_ms"] <= TP_SWITCH_MAX_MS))
-    numbers = (
-        f"{kv['bytes'] / 2**20:.0f} MiB at {kv['gbps']:.1f} GB/s = {kv['of_copy']:.0%} of a "
-        f"device copy ({kv['copy_gbps']:.1f} GB/s)"
-    )
-    target = f">= {TP_KV_COPY_FRACTION_MIN:.0%} of a device copy"
-    rows.append(run.row(numbers, target, kv["of_copy"] >= TP_KV_COPY_FRACTION_MIN))
-    label = " (shared GPU)" if d["gpu"] else ""
-    for row, name in zip(rows[1:], ("switch", "KV move"), strict=True):
-        row.section, row.wall_s, row.budget_s = f"{run.section} {name}{label}", 0.0, 0.0
-    return rows
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
 
 
 EVALUATORS: dict[str, Callable[[SectionRun], list[Row]]] = {
@@ -273,6 +133,7 @@ EVALUATORS: dict[str, Callable[[SectionRun], list[Row]]] = {
     "attention": attention_rows,
     "prefill": prefill_rows,
     "serve": serve_rows,
+    "bursty": bursty_rows,
     "profile": profile_rows,
     "tp": tp_rows,
 }

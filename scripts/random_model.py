@@ -2,9 +2,11 @@
 on the device in the target dtype and written as safetensors (no transformers model is built,
 which for a 7.4B-parameter model costs minutes of CPU init).
 
-Tokenizer files (`--tokenizer-dir`: tokenizer.json, tokenizer_config.json,
-chat_template.jinja, generation_config.json) are copied beside the weights, so `nitsum serve`
-can tokenize for it.
+The vocabulary is Llama-3's 128,256 by default. Tokenizer files (`--tokenizer-dir`:
+tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) go beside
+the weights, so `nitsum serve` can tokenize for it; a tokenizer smaller than `--vocab`
+(SmolLM2's 49,152) is widened to it (scripts/wide_tokenizer.py), so every id the model can
+be prompted with or can generate is one the router takes and detokenizes.
 
     python scripts/random_model.py OUT --layers 32 --hidden 4096 --device cuda \\
         --tokenizer-dir .gpu_carry/tokenizer
@@ -14,19 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
+from wide_tokenizer import LLAMA3_VOCAB, widen_dir  # scripts/ is on the path
+
 INIT_STD = 0.02  # transformers' default initializer_range
 
 
@@ -114,18 +111,16 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's tokenizer: 49152")
+    ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="Llama-3's: 128256")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tokenizer-dir", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.tokenizer_dir is not None:  # NOTE: first: a tokenizer wider than --vocab is refused
+        widen_dir(args.tokenizer_dir, args.out, args.vocab)
     cfg = hf_config(args.layers, args.hidden, args.heads, args.kv_heads, args.vocab)
     params = write_model(args.out, cfg, args.device, getattr(torch, args.dtype))
-    if args.tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            if (args.tokenizer_dir / name).is_file():
-                shutil.copy(args.tokenizer_dir / name, args.out / name)
     print(
         f"random model: {params / 1e9:.2f} B params, {args.dtype}, written to {args.out} in "
         f"{time.perf_counter() - t0:.1f} s"

@@ -50,3 +50,41 @@ def test_dtype_follows_the_engine_config():
     grid = {"prefill_tokens": (8,), "batches": (1,), "contexts": (16,)}
     p = measure_engine_profile(cfg, hf.state_dict().items(), "t", "cpu", ecfg, repeats=1, **grid)
     assert p["dtype"] == "bfloat16" and len(p["decode"]["1"]) == 1
+
+
+def _spread_of_linear_inputs(constant_ids: bool, monkeypatch: pytest.MonkeyPatch) -> float:
+    """The largest relative spread of the rows of any matmul input of a 64-token prefill
+    point (GroupStep, as the profile and bench_prefill time it): 0 when every row is one
+    vector repeated."""
+    import nitsum.models.llama as llama
+    from nitsum.parallel.topology import GroupShape
+    from nitsum.pool.local import local_engine
+    from nitsum.profiling.measure import GroupStep
+
+    hf, cfg = make_tiny("llama-deep")
+    pe = local_engine(cfg, hf.state_dict().items(), EngineConfig(kv_cache_bytes=8 << 20))
+    spreads: list[float] = []
+    real = llama.linear
+
+    def watched(x: torch.Tensor, *args: object) -> torch.Tensor:
+        if x.shape[0] > 1:
+            spreads.append(((x - x[:1]).norm(dim=-1).max() / x[0].norm()).item())
+        return real(x, *args)
+
+    monkeypatch.setattr(llama, "linear", watched)
+    step = GroupStep(pe, GroupShape.tp_group((0,)), [(64, 64)], constant_ids=constant_ids)
+    step()
+    step.release()
+    pe.pool.close()
+    assert len(spreads) == 4 * cfg.num_layers  # qkv, o, gate_up, down of every layer
+    return max(spreads)
+
+
+def test_one_repeated_id_feeds_every_matmul_one_row_repeated(monkeypatch):
+    """Why the 2026-11-27 H200 profile's 2,048-token prefill (45.1 ms, prompt `[1] * n`) beat
+    bench_prefill's (50.6 ms, random ids) on the same layers (docs/gpu.md): on one id repeated
+    every row of every matmul input is the same vector (attention averages values that are
+    all equal), the predictable data a GPU multiplies at higher clocks; random ids, as the
+    profile now draws them, give rows as different as text's."""
+    assert _spread_of_linear_inputs(True, monkeypatch) < 1e-5
+    assert _spread_of_linear_inputs(False, monkeypatch) > 0.5

@@ -10,6 +10,9 @@ Workloads whose tier mix shifts (same syntax as `nitsum simulate`, docs/planner.
 `--mix-schedule sine:strict=0.1..0.8,background=0.1,relaxed=rest` over one `--trace`, or
 one trace per tier: `--tier-source strict=azure-code --tier-source relaxed=azure-conv:offset=0.5`.
 
+A closed loop shaped like `vllm bench serve --dataset-name random` (closed_loop.py):
+`--trace random --random-input-len 1024 --random-output-len 128 --max-concurrency 1 16 64`.
+
 Without a server: `--dry-run` prints what would be sent; `--compare A.json B.json --plot P`
 plots earlier results (`--plot-tiers P.svg`: per-tier goodput, attainment and p90 latency vs
 their SLOs); `--plan-log F --plot-plan P` plots a saved plan timeline.
@@ -28,18 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tqdm import tqdm
 
+from nitsum.bench import closed_loop
 from nitsum.bench.bursty import BurstySpec, UniformLengths
 from nitsum.bench.mixes import tier_shares
-from nitsum.bench.planlog import load_plan_log, save_plan_log
+from nitsum.bench.planlog import load_plan_log
 from nitsum.bench.plot import load_results, plot_goodput_vs_rate, plot_plan_timeline
-from nitsum.bench.replay import ReplayConfig, completions_url, run_replay
-from nitsum.bench.report import format_summary, summarize
+from nitsum.bench.replay import ReplayConfig, completions_url
+from nitsum.bench.sweep import run_name, run_one, sweep
 from nitsum.bench.tier_plot import plot_tiers
 from nitsum.bench.tiers import DEFAULT_TIERS, TierSpec, load_tiers_file, parse_tier_arg
 from nitsum.bench.traces import TraceError
-from nitsum.bench.workload import Workload, WorkloadSpec, build_workload, run_requests
+from nitsum.bench.workload import Workload, WorkloadSpec, build_workload
 
 
 def _id_range(text: str) -> tuple[int, int]:
@@ -74,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("trace")
     g.add_argument(
         "--trace",
-        help="azure-code|azure-conv|PATH.csv|PATH.jsonl|bursty (default azure-conv)",
+        help="azure-code|azure-conv|PATH.csv|PATH.jsonl|bursty|random (default azure-conv)",
     )
     g.add_argument("--trace-dir", type=Path, help="where azure-* live (default ../shared/traces)")
     g.add_argument("--start", type=float, default=0.0, help="window start in trace seconds")
@@ -94,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     lengths = UniformLengths.parse
     b.add_argument("--bursty-input", type=lengths, default="128:4000", help="prompt LO:HI")
     b.add_argument("--bursty-output", type=lengths, default="64:512", help="output LO:HI")
+    closed_loop.add_arguments(p)
     t = p.add_argument_group("tiers")
     t.add_argument(
         "--tiers",
@@ -178,7 +182,9 @@ def discover_model(url: str, api_key: str | None) -> str | None:
         return None
 
 
-def _workload(args: argparse.Namespace, tiers: list[TierSpec]) -> Workload:
+def _workload(
+    args: argparse.Namespace, tiers: list[TierSpec], closed: list[closed_loop.ClosedRun] | None
+) -> Workload:
     bursty = BurstySpec(
         low_rate=args.bursty_low_rate,
         high_rate=args.bursty_high_rate,
@@ -206,35 +212,9 @@ def _workload(args: argparse.Namespace, tiers: list[TierSpec]) -> Workload:
         trace_dir=args.trace_dir,
         tier_sources=tuple(args.tier_source),
         mix_schedule=args.mix_schedule,
+        random=None if closed is None else closed_loop.random_spec(args, closed),
     )
     return build_workload(spec, tiers)
-
-
-def _run_one(
-    args: argparse.Namespace, w: Workload, tiers: list[TierSpec], k: float, cfg: ReplayConfig
-) -> dict[str, Any]:
-    reqs, duration = run_requests(w, k, args.max_requests)
-    with tqdm(
-        total=len(reqs), desc=f"rate x{k:g}", disable=args.no_progress, file=sys.stderr
-    ) as bar:
-        result = run_replay(reqs, cfg, on_done=lambda _: bar.update())
-    summary = summarize(result.records, tiers, duration or max(result.wall_s, 1e-9))
-    print(f"== rate scale {k:g}\n{format_summary(summary)}")
-    run: dict[str, Any] = {"rate_scale": k, "wall_s": result.wall_s, "summary": summary}
-    if result.plan_log:
-        stem = args.out.with_suffix("") if args.out else Path("bench")
-        path = Path(f"{stem}.plan-x{k:g}.jsonl")
-        save_plan_log(path, result.plan_log)
-        run["plan_log"] = str(path)
-        if args.plot_plan:
-            name = (
-                args.plot_plan
-                if len(args.rate_scale) == 1
-                else args.plot_plan.with_stem(f"{args.plot_plan.stem}-x{k:g}")
-            )
-            plot_plan_timeline(result.plan_log, name)
-    run["records"] = [r.to_json(args.chunk_times) for r in result.records]
-    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,21 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         tiers = resolve_tiers(args.tiers)
-        w = _workload(args, tiers)
+        closed = closed_loop.closed_runs(args)
+        w = _workload(args, tiers, closed)
         if any(k <= 0 for k in args.rate_scale):
             raise ValueError("--rate-scale values must be > 0")
     except (TraceError, ValueError, OSError) as e:
         print(f"nitsum bench: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for k in args.rate_scale:
-            reqs, duration = run_requests(w, k, args.max_requests)
+        for key, reqs, duration, _ in sweep(args, w, closed, None):
             n_in = sum(r.input_len for r in reqs)
             n_out = sum(r.output_len for r in reqs)
             span = duration or 0.0
             tiers_n = {t.name: sum(1 for r in reqs if r.tier == t.name) for t in tiers}
             print(
-                f"rate x{k:g}: {len(reqs)} requests over {span:.1f} s, "
+                f"{run_name(key)}: {len(reqs)} requests over {span:.1f} s, "
                 f"{n_in} prompt + {n_out} output tokens, tiers {tiers_n}"
             )
             if (args.mix_schedule or args.tier_source) and span > 0:
@@ -297,19 +277,20 @@ def main(argv: list[str] | None = None) -> int:
         "tiers": [{k: (None if v == math.inf else v) for k, v in asdict(t).items()} for t in tiers],
         "runs": runs,
     }
-    for k in args.rate_scale:
-        cfg = ReplayConfig(
-            url=completions_url(args.url),
-            model=model,
-            api_key=args.api_key,
-            token_id_range=args.token_ids,
-            seed=args.seed,
-            concurrency=args.concurrency,
-            request_timeout_s=args.request_timeout,
-            deadline_s=args.timeout,
-            plan_url=args.plan_url,
-        )
-        runs.append(_run_one(args, w, tiers, k, cfg))
+    base = ReplayConfig(
+        url=completions_url(args.url),
+        model=model,
+        api_key=args.api_key,
+        token_id_range=args.token_ids,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        request_timeout_s=args.request_timeout,
+        deadline_s=args.timeout,
+        plan_url=args.plan_url,
+    )
+    for key, reqs, duration, cfg in sweep(args, w, closed, base):
+        assert cfg is not None
+        runs.append(run_one(args, reqs, duration, tiers, cfg, key))
         if args.out:  # after every run, so an interrupted sweep keeps what it measured
             args.out.write_text(json.dumps(results, indent=1))
     if args.plot:

@@ -55,12 +55,21 @@ def meets_slo(rec: RequestRecord, tier: TierSpec) -> bool:
     return ttft * 1e3 <= tier.ttft_ms and tpot * 1e3 <= tier.tpot_ms
 
 
+def inter_token_gaps(rec: RequestRecord) -> list[float]:
+    """Seconds between consecutive token chunks of one request (vLLM's ITL samples)."""
+    t = rec.chunk_times
+    return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
 def latency_summary(records: Iterable[RequestRecord]) -> dict[str, dict[str, float | None]]:
-    """TTFT and TPOT (ms) and E2E (s) distributions of the completed records."""
+    """TTFT, TPOT and ITL (ms) and E2E (s) distributions of the completed records. ITL pools
+    every gap between two token chunks of every request, as `vllm bench serve` does; TPOT is
+    one value per request (its mean gap)."""
     ok = [r for r in records if r.ok]
     return {
         "ttft_ms": distribution([r.ttft_s for r in ok], 1e3),  # type: ignore[misc]
         "tpot_ms": distribution([r.tpot_s for r in ok], 1e3),  # type: ignore[misc]
+        "itl_ms": distribution([g for r in ok for g in inter_token_gaps(r)], 1e3),
         "e2e_s": distribution([r.e2e_s for r in ok]),  # type: ignore[misc]
     }
 
@@ -106,6 +115,7 @@ def summarize(
         "slo_attainment": len(good) / len(slo_records) if slo_records else None,
         "completion_rate": len(ok) / len(records) if records else None,
         "output_tokens_per_s": sum(r.n_out for r in ok) / duration_s,
+        "input_tokens_per_s": sum(r.input_len for r in ok) / duration_s,
         "send_lag_s": {"p99": percentile(lags, 99), "max": max(lags, default=None)},
         "errors": dict(Counter((r.error or "").split(":")[0] for r in records if not r.ok)),
         "latency": latency_summary(records),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nitsum.bench.bursty import BurstySpec, generate_bursty
 from nitsum.bench.mixes import assign_by_schedule, parse_mix_schedule
+from nitsum.bench.random_dataset import RandomSpec, random_requests
 from nitsum.bench.sources import compose_sources, parse_tier_source
 from nitsum.bench.tiers import TierSpec, assign_by_length, assign_by_mix, fill_default_tier
 from nitsum.bench.traces import TraceRequest, load_trace_file
@@ -23,7 +24,7 @@ from nitsum.bench.transform import limit, scale_lengths, scale_rate, slice_windo
 class WorkloadSpec:
     """Everything that shapes the requests, independent of the server."""
 
-    trace: str  # azure-code | azure-conv | PATH.csv | PATH.jsonl | bursty
+    trace: str  # azure-code | azure-conv | PATH.csv | PATH.jsonl | bursty | random
     start_s: float = 0.0
     duration_s: float | None = None
     input_scale: float = 1.0
@@ -37,6 +38,7 @@ class WorkloadSpec:
     trace_dir: Path | None = None
     tier_sources: tuple[str, ...] = ()  # TIER=TRACE[:scale=K][:offset=AT][:keep=F]; no `trace`
     mix_schedule: str | None = None  # step:... | sine:... (mixes.py)
+    random: RandomSpec | None = None  # `random`: the closed loop's requests (closed_loop.py)
 
 
 @dataclass(slots=True)
@@ -63,6 +65,8 @@ def build_workload(spec: WorkloadSpec, tiers: list[TierSpec]) -> Workload:
         end = spec.start_s + spec.duration_s if spec.duration_s is not None else None
         sources = [parse_tier_source(s) for s in spec.tier_sources]
         reqs, nominal = compose_sources(sources, end, spec.seed, spec.trace_dir)
+    elif spec.trace == "random":
+        reqs, nominal = random_requests(spec.random or RandomSpec()), None
     elif spec.trace == "bursty":
         bspec = spec.bursty or BurstySpec(seed=spec.seed)
         reqs, nominal = generate_bursty(bspec), bspec.duration_s

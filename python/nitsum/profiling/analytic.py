@@ -59,6 +59,20 @@ GPUS = {
     # The H100's compute and NVLink with 141 GB of HBM3e at 4.8 TB/s.
     "h200": Gpu("h200-141gb-sxm", 989.0, 4.8, 450.0, 141.0),
 }
+
+
+def gpu_of_device(name: str) -> Gpu | None:
+    """The spec sheet of a CUDA device by its name (`torch.cuda.get_device_name()`), or None
+    for a device not listed. NOTE: H100 names a PCIe and an NVL card too, whose HBM is
+    slower (2.0, 3.9 TB/s): only the SXM part ("H100 80GB HBM3", "H100 SXM") is `h100`."""
+    upper = name.upper()
+    if "H200" in upper:
+        return GPUS["h200"]
+    if "H100" in upper and ("HBM3" in upper or "SXM" in upper) and "NVL" not in upper:
+        return GPUS["h100"]
+    return None
+
+
 MODELS = {
     "llama3-8b": Model("Llama-3.1-8B", 8.03, 32, 4096, 8, 128, 8192),
     "qwen-14b": Model("DeepSeek-R1-Distill-Qwen-14B", 14.8, 48, 5120, 8, 128, 8192),

@@ -4,7 +4,9 @@ Each point runs real forwards on a DevicePool group (all ranks in lockstep): pre
 batch of prompt tokens, and one decode step of `batch` sequences at `context` tokens each.
 Groups of ≥ 2 devices are measured twice, as TP and as SP (the SP stage): the crossover of the
 two is the group's shift threshold (parallel/shift.py). The KV contents are whatever the
-pages hold: latency does not depend on the values.
+pages hold: latency does not depend on them. The prompts' token ids do matter on a GPU: each
+point's prompts are seeded random ids from the whole vocabulary (`prompt_ids`), as real text
+gives (docs/gpu.md, "Prefill: the profile against bench_prefill").
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ def fits(pe: PoolEngine, shape: GroupShape, items: list[tuple[int, int]]) -> boo
     return sum(pages.pages_for(ctx) for ctx, _ in items) <= pages.num_free
 
 
+def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
+    """`n` token ids drawn uniformly from the vocabulary, seeded.
+
+    NOTE: never one id repeated. With `[1] * n` (the 2026-11-27 H200 profile's prompts) every
+    row of every layer's input is the same vector (the values attention averages are all
+    equal), and a GPU runs a matmul of such predictable data at higher clocks than one of
+    real activations: that profile's 2,048-token prefill took 45.1 ms against bench_prefill's
+    50.6 ms on random ids (docs/gpu.md)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
 class GroupStep:
     """One forward of sequences given as (context, q_len) on `group`, repeatable; `release`
     frees the pages it holds."""
@@ -69,13 +83,18 @@ class GroupStep:
         shape: GroupShape,
         items: list[tuple[int, int]],
         sequence_parallel: bool = False,
+        constant_ids: bool = False,
     ):
-        """A pipeline `shape` runs one micro-batch per stage (as the engine does)."""
+        """A pipeline `shape` runs one micro-batch per stage (as the engine does). Prompts are
+        random ids (`prompt_ids`, seeded by position in `items`); `constant_ids`: every id 1,
+        the 2026-11-27 profile's prompts (scripts/bench_prefill.py measures both)."""
         self.pe, self.group = pe, shape.members
         self.pages = pe.alloc.group(shape.members, shape.tp)
         self.batch = []
+        vocab = pe.cfg.vocab_size
         for i, (ctx, q_len) in enumerate(items):
-            seq = Sequence(f"p{i}", [1] * ctx, RequestSpec(SamplingParams(temperature=0)))
+            ids = [1] * ctx if constant_ids else prompt_ids(ctx, vocab, seed=i)
+            seq = Sequence(f"p{i}", ids, RequestSpec(SamplingParams(temperature=0)))
             seq.pages = self.pages.allocate(self.pages.pages_for(ctx))
             self.batch.append(Scheduled(seq, ctx - q_len, q_len))
         tpp = self.pages.tokens_per_page
