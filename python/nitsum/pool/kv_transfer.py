@@ -1,4 +1,5 @@
-"""Executes migration pieces on one device: aggregated, double-buffered, pipelined.
+"""Executes migration pieces on one device: aggregated into few large copies, read in place
+within a host, double-buffered and pipelined over a process group.
 
 Every device gets the same ordered list of pieces and acts on those it sends or receives.
 Between the devices of one host the receiver copies straight from the sender's pages, which
@@ -10,8 +11,9 @@ CUDA, the fallback where IPC cannot map a peer): pack a chunk while the other is
 
 NOTE, why not a staging hand-off between the processes: pack into a staging buffer, then
 unpack from it, is two copies of every byte, and on a CPU they barely overlapped (the
-shared-memory staging of 2026-11 reached 41-53% of a memcpy; one copy per run reaches about
-70% in the same process, scripts/bench_tp_switch.py); on one GPU shared by several processes
+shared-memory staging of 2026-11 reached 17-53% of a memcpy; one copy per run, read in place,
+reached 115% of the memcpy reference in the same run of scripts/bench_tp_switch.py, which
+copies whole buffers); on one GPU shared by several processes
 the two copies cannot overlap at all (their kernels are time-sliced), so staging would cap a
 move at half a device-to-device copy.
 NOTE: processing pieces in one global order makes blocking point-to-point transfers
