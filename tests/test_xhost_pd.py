@@ -1,5 +1,7 @@
 """P/D across host worker processes: the real router, real `nitsum worker` processes joined by
-the KV transport (pool/peers.py) on loopback, a tiny random model.
+the gloo KV transport (pool/peers.py, the fallback where NIXL cannot load: `--kv-backend
+gloo`) on loopback, a tiny random model. Over NIXL, between network namespaces:
+tests/test_netns_hosts.py.
 
 A request prefilled in one process decodes in another with the tokens of a mixed run (greedy
 and seeded), and killing either the prefill or the decode process in the middle of a handoff
@@ -162,6 +164,9 @@ def start(tmp: Path, model: Path, plan: list[dict], env: dict[int, dict[str, str
                 str(n),
                 "--kv-timeout-s",
                 "5",
+                # NOTE: the gloo fallback's tests; NIXL's: tests/test_netns_hosts.py.
+                "--kv-backend",
+                "gloo",
             ]
             cluster.workers[w] = subprocess.Popen(
                 cmd,

@@ -47,7 +47,7 @@ def choose_backend(records: list[dict[str, Any]]) -> tuple[str, str]:
     return choice, reason
 
 
-def _nixl_record(pool: Devices, device_ids: list[int]) -> tuple[Agent, dict[str, Any]]:
+def nixl_record(pool: Devices, device_ids: list[int]) -> tuple[Agent, dict[str, Any]]:
     """This process's host agent and its record's NIXL part (its devices' agents opened)."""
     host = Agent("host")
     try:
@@ -59,7 +59,11 @@ def _nixl_record(pool: Devices, device_ids: list[int]) -> tuple[Agent, dict[str,
         {"id": w, "md": base64.b64encode(md).decode(), "region": region.to_wire()}
         for w, (md, region) in zip(device_ids, opened, strict=True)
     ]
-    return host, {"host": host.name, "md": base64.b64encode(host.metadata()).decode(), "devices": devices}
+    return host, {
+        "host": host.name,
+        "md": base64.b64encode(host.metadata()).decode(),
+        "devices": devices,
+    }
 
 
 def open_kv_transport(
@@ -84,7 +88,7 @@ def open_kv_transport(
     host: Agent | None = None
     if backend != "gloo":
         try:
-            host, nixl = _nixl_record(pool, device_ids)
+            host, nixl = nixl_record(pool, device_ids)
             record |= nixl
         except (NixlUnavailable, DeviceError) as e:
             record["why"] = str(e).strip().splitlines()[-1][:300]
@@ -98,12 +102,24 @@ def open_kv_transport(
             log.warning("KV transport over gloo, not NIXL: %s", why)
         return KVPeers(store, rank, world, device_ids, timeout_s, stall_s, rendezvous_s)
     assert host is not None
+    return join_nixl(records, rank, host, pool, device_ids, timeout_s, stall_file)
+
+
+def join_nixl(
+    records: list[dict[str, Any]],
+    rank: int,
+    host: Agent,
+    pool: Devices,
+    device_ids: list[int],
+    timeout_s: float = 5.0,
+    stall_file: str | None = None,
+) -> NixlPeers:
+    """This process's end of the NIXL transport, from every rank's record: each agent loads
+    the metadata of the other processes' agents."""
     others = [r for i, r in enumerate(records) if i != rank]
     host.connect([base64.b64decode(r["md"]) for r in others])
     pool.nixl_connect([base64.b64decode(d["md"]) for r in others for d in r["devices"]])
-    regions = {
-        d["id"]: KVRegion.from_wire(d["region"]) for r in records for d in r["devices"]
-    }
+    regions = {d["id"]: KVRegion.from_wire(d["region"]) for r in records for d in r["devices"]}
     owner = {w: i for i, r in enumerate(records) for w in r["ids"]}
     hosts = {i: r["host"] for i, r in enumerate(records)}
     first_id = min(device_ids)

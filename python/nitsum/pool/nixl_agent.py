@@ -18,6 +18,7 @@ that it collects for `notifs()`. The side a READ targets must progress for it ov
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -90,6 +91,8 @@ class Agent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._progress, name="nixl-progress", daemon=True)
         self._thread.start()
+        # NOTE: the thread must stop before the interpreter tears NIXL down under it.
+        atexit.register(self.close)
 
     def _progress(self) -> None:
         """Thread: progress the backend and collect notifications, every POLL_S."""
@@ -124,6 +127,10 @@ class Agent:
             self.agent.send_notif(agent, msg)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError(f"NIXL notification to {agent} failed: {e}") from e
+
+    def has_notifs(self) -> bool:
+        """Whether notifications wait for `notifs()`."""
+        return not self._notifs.empty()
 
     def notifs(self) -> list[tuple[str, bytes]]:
         """(sender agent, message) of every notification collected since the last call."""

@@ -68,12 +68,8 @@ def piece_rows(p: Piece, src: KVRegion, dst: KVRegion) -> tuple[np.ndarray, np.n
     whole = p.heads == s_heads == d_heads
     s0, d0, n = _runs(p.src_slots.numpy(), p.dst_slots.numpy(), whole)
     planes = (layers[:, None] * 2 + np.arange(2)[None, :]).reshape(-1, 1)  # (layers*2, 1)
-    s_addr = (
-        src.addr + planes * src.plane_bytes + (s0 * s_heads + p.src_head)[None, :] * head_bytes
-    )
-    d_addr = (
-        dst.addr + planes * dst.plane_bytes + (d0 * d_heads + p.dst_head)[None, :] * head_bytes
-    )
+    s_addr = src.addr + planes * src.plane_bytes + (s0 * s_heads + p.src_head)[None, :] * head_bytes
+    d_addr = dst.addr + planes * dst.plane_bytes + (d0 * d_heads + p.dst_head)[None, :] * head_bytes
     length = np.broadcast_to((n * p.heads * head_bytes)[None, :], s_addr.shape)
 
     def rows(addr: np.ndarray, dev: int) -> np.ndarray:

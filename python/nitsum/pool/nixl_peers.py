@@ -104,8 +104,8 @@ class NixlPeers:
         return self.owner.get(worker_id, self.rank) != self.rank
 
     def pending(self) -> bool:
-        """Offers of ours not settled yet."""
-        return bool(self.outgoing)
+        """Offers of ours not settled yet, or notifications not polled yet."""
+        return bool(self.outgoing) or self.host.has_notifs()
 
     # -- the sending side -------------------------------------------------------------------
     def offer(self, worker_id: int, meta: dict[str, Any], src: Placement, tokens: int) -> int:
@@ -155,9 +155,7 @@ class NixlPeers:
                     members, tp, pp = msg["src"]
                     src = Placement(GroupShape(tuple(members), tp, pp), tuple(msg["pages"]))
                     now = time.monotonic()
-                    inbox.offers.append(
-                        Offer(rank, msg["o"], msg["meta"], src, msg["tokens"], now)
-                    )
+                    inbox.offers.append(Offer(rank, msg["o"], msg["meta"], src, msg["tokens"], now))
                 case "took" | "refused" if msg["o"] not in self.outgoing:
                     log.error(
                         "KV offer %d %s after it was withdrawn: the request may stream twice",
@@ -182,7 +180,9 @@ class NixlPeers:
         if self.stall_file and os.path.exists(self.stall_file):
             with open(self.stall_file) as f:
                 stall = float(f.read().strip() or 0)
-            log.warning("test stall: %.1f s before reading KV of %s", stall, offer.meta["request_id"])
+            log.warning(
+                "test stall: %.1f s before reading KV of %s", stall, offer.meta["request_id"]
+            )
             time.sleep(stall)
         if (offer.rank, offer.offer) in self.withdrawn:
             raise PeerError(f"KV offer {offer.offer} of rank {offer.rank} was withdrawn")

@@ -85,9 +85,9 @@ class KVPeers:
         rendezvous_s: float = 300.0,
     ) -> None:
         """Join the group at `addr` (or on a store already joined there: `rendezvous`) as
-        `rank` of `world` (rank 0 hosts the store) serving `device_ids`. `timeout_s` bounds every message of a transfer (keep it under the
-        router's heartbeat timeout: a send blocks this process's loop), `rendezvous_s` the
-        wait for every process at start-up;
+        `rank` of `world` (rank 0 hosts the store) serving `device_ids`. `timeout_s` bounds
+        every message of a transfer (keep it under the router's heartbeat timeout: a send
+        blocks this process's loop), `rendezvous_s` the wait for every process at start-up;
         `stall_s` (tests only) sleeps between a handoff's metadata and its KV, so a test can
         kill the sender mid-transfer."""
         if not 0 <= rank < world:
