@@ -7,6 +7,7 @@ namespaces it creates, and `close()` deletes them (the veths and the bridge go w
 
 `unavailable()` says why namespaces cannot be made here (not root, no `ip`), or None.
 `enter(name)` moves the calling thread into a namespace (a client thread of a test).
+Namespaces left by a test process that was killed are deleted by the next one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import uuid
 IFACE = "nt0"  # every host's interface: the same name, so one UCX_NET_DEVICES fits all
 SUBNET = "10.231.0"
 _CLONE_NEWNET = 0x40000000
+PREFIX = "nitsum-t"  # nitsum-t<pid of the test process>-<tag>-<host>
 
 
 def unavailable() -> str | None:
@@ -36,6 +38,16 @@ def unavailable() -> str | None:
     return None
 
 
+def sweep_stale() -> None:
+    """Delete the namespaces a killed test run left (named after a process that is gone)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        pid = name.removeprefix(PREFIX).split("-")[0]
+        if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
@@ -44,8 +56,9 @@ class Hosts:
     """Namespaces on one bridge (see the module docstring); `addr[name]` is a host's address."""
 
     def __init__(self, names: list[str]) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.ns = {n: f"nitsum-{tag}-{n}" for n in names}
+        sweep_stale()
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.ns = {n: f"{PREFIX}{tag}-{n}" for n in names}
         self.addr = {n: f"{SUBNET}.{i + 1}" for i, n in enumerate(names)}
         self.made: list[str] = []
         try:

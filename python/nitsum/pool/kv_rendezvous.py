@@ -102,7 +102,9 @@ def open_kv_transport(
             log.warning("KV transport over gloo, not NIXL: %s", why)
         return KVPeers(store, rank, world, device_ids, timeout_s, stall_s, rendezvous_s)
     assert host is not None
-    return join_nixl(records, rank, host, pool, device_ids, timeout_s, stall_file)
+    peers = join_nixl(records, rank, host, pool, device_ids, timeout_s, stall_file)
+    peers.store = store  # NOTE: rank 0's hosts the rendezvous: others may still be reading it
+    return peers
 
 
 def join_nixl(

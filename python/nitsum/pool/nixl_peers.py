@@ -97,6 +97,7 @@ class NixlPeers:
         self.outgoing: dict[int, tuple[int, float]] = {}  # offer -> (rank, deadline)
         self.withdrawn: set[tuple[int, int]] = set()  # (rank, offer) we must not read
         self.failures = 0  # offers to us that were refused (no room, READ failed or late)
+        self.store: object = None  # the rendezvous store, kept as long as this end lives
         log.info("KV transport over NIXL: rank %d, peers serve %s", rank, sorted(owner))
 
     def serves(self, worker_id: int) -> bool:
@@ -156,12 +157,13 @@ class NixlPeers:
                     src = Placement(GroupShape(tuple(members), tp, pp), tuple(msg["pages"]))
                     now = time.monotonic()
                     inbox.offers.append(Offer(rank, msg["o"], msg["meta"], src, msg["tokens"], now))
-                case "took" | "refused" if msg["o"] not in self.outgoing:
+                case "took" if msg["o"] not in self.outgoing:
                     log.error(
-                        "KV offer %d %s after it was withdrawn: the request may stream twice",
+                        "KV offer %d taken after it was withdrawn: the request may stream twice",
                         msg["o"],
-                        "taken" if msg["k"] == "took" else "refused",
                     )
+                case "refused" if msg["o"] not in self.outgoing:
+                    log.info("KV offer %d refused after it was withdrawn", msg["o"])
                 case "took":
                     del self.outgoing[msg["o"]]
                     inbox.taken.append(msg["o"])
