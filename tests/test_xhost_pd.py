@@ -242,6 +242,9 @@ def test_prefilled_on_host_a_decodes_on_host_b_with_the_tokens_of_a_mixed_run(
         ),
     }
     want = reference(model_dir, reqs)
+    # `--kv-backend gloo`: the fallback joined, NIXL not even tried.
+    assert all("KV transport: rank" in cluster.log(w) for w in cluster.workers)
+    assert not any("NIXL" in cluster.log(w) for w in cluster.workers)
     got = {}
     for rid, (ids, sp) in reqs.items():
         extra = {"seed": sp.seed} if sp.seed is not None else {}
