@@ -82,6 +82,22 @@ def backends(tiny, pool, decode_pages: int = PAGES) -> tuple[PoolBackend, PoolBa
     return a, b
 
 
+def nixl_backends(tiny, pool, decode_pages: int = PAGES, timeout_s: float = 5.0):
+    """`backends`, joined by the NIXL transport (pool/kv_rendezvous.py `join_nixl`)."""
+    try:
+        load_nixl()
+    except NixlUnavailable as e:
+        pytest.skip(str(e))
+    a, b = backends(tiny, pool, decode_pages)
+    made = [nixl_record(be.pe.pool, be.device_ids) for be in (a, b)]
+    records = [rec | {"ids": be.device_ids} for (_, rec), be in zip(made, (a, b), strict=True)]
+    for rank, be in enumerate((a, b)):
+        be.attach_peers(
+            join_nixl(records, rank, made[rank][0], be.pe.pool, be.device_ids, timeout_s)
+        )
+    return a, b
+
+
 REQS = {
     "g1": (5, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
     "g2": (23, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)),
@@ -124,8 +140,10 @@ def reference(tiny) -> dict[str, list[int]]:
     return out
 
 
-def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(tiny, pool):
-    a, b = backends(tiny, pool)
+# NOTE: over NIXL, with agents of this process and of the device processes: real READs.
+@pytest.mark.parametrize("joined", [backends, nixl_backends], ids=["gloo", "nixl"])
+def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(tiny, pool, joined):
+    a, b = joined(tiny, pool)
     out, seen = run(a, b, tiny[1])
     assert out == reference(tiny)
     # A streamed nothing (the first token travels with the KV); B streamed everything.
@@ -139,7 +157,7 @@ def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(t
     assert ca["kv_remote_bytes"] == per_token * sum(n for n, _ in REQS.values())
     assert_pages_consistent(a.pe)
     assert_pages_consistent(b.pe)
-    assert a.pe.free_pages(0) == a.pe.free_pages(1) == PAGES  # A kept no KV
+    assert a.pe.free_pages(0) == a.pe.free_pages(1) == PAGES  # A kept no KV (NIXL: freed on took)
 
 
 def test_a_failed_send_decodes_on_the_prefill_side(tiny, pool):
@@ -158,43 +176,6 @@ def test_an_arrival_without_room_is_recomputed_on_the_decode_side(tiny, pool):
     out, _ = run(a, b, tiny[1])
     assert out == reference(tiny)
     assert (b.counters()["kv_remote_in"], b.counters()["kv_remote_recomputed"]) == (3, 1)
-
-
-# -- the same handoffs over NIXL: agents of this process and of the device processes, real READs
-
-
-def nixl_backends(tiny, pool, decode_pages: int = PAGES, timeout_s: float = 5.0):
-    """`backends`, joined by the NIXL transport (pool/kv_rendezvous.py `join_nixl`)."""
-    try:
-        load_nixl()
-    except NixlUnavailable as e:
-        pytest.skip(str(e))
-    a, b = backends(tiny, pool, decode_pages)
-    made = [nixl_record(be.pe.pool, be.device_ids) for be in (a, b)]
-    records = [rec | {"ids": be.device_ids} for (_, rec), be in zip(made, (a, b), strict=True)]
-    for rank, be in enumerate((a, b)):
-        be.attach_peers(
-            join_nixl(records, rank, made[rank][0], be.pe.pool, be.device_ids, timeout_s)
-        )
-    return a, b
-
-
-def test_over_nixl_a_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(
-    tiny, pool
-):
-    a, b = nixl_backends(tiny, pool)
-    out, seen = run(a, b, tiny[1])
-    assert out == reference(tiny)
-    assert seen["a"] == set() and seen["b"] == set(REQS)
-    assert seen["left"] == set(REQS)
-    assert seen["came"] == {(rid, 2, n) for rid, (n, _) in REQS.items()}
-    ca, cb = a.counters(), b.counters()
-    assert (ca["kv_remote_out"], cb["kv_remote_in"], ca["kv_remote_failed"]) == (3, 3, 0)
-    per_token = 2 * 2 * 4 * 8 * 4
-    assert ca["kv_remote_bytes"] == per_token * sum(n for n, _ in REQS.values())
-    assert_pages_consistent(a.pe)
-    assert_pages_consistent(b.pe)
-    assert a.pe.free_pages(0) == a.pe.free_pages(1) == PAGES  # taken: A freed the pages
 
 
 def test_over_nixl_an_offer_without_room_rolls_back_and_decodes_where_prefilled(tiny, pool):

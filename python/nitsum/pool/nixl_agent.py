@@ -132,9 +132,15 @@ class Agent:
         """Whether notifications wait for `notifs()`."""
         return not self._notifs.empty()
 
-    def notifs(self) -> list[tuple[str, bytes]]:
-        """(sender agent, message) of every notification collected since the last call."""
+    def notifs(self, wait_s: float = 0.0) -> list[tuple[str, bytes]]:
+        """(sender agent, message) of every notification collected since the last call;
+        with `wait_s`, waits that long for the first when there is none."""
         out = []
+        if wait_s > 0:
+            try:
+                out.append(self._notifs.get(timeout=wait_s))
+            except queue.Empty:
+                return out
         while True:
             try:
                 out.append(self._notifs.get_nowait())

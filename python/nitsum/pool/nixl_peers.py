@@ -142,10 +142,11 @@ class NixlPeers:
         return tuple(self.first_id + m for m in members)
 
     # -- both sides -------------------------------------------------------------------------
-    def poll(self) -> Inbox:
-        """The notifications that arrived since the last call, in order."""
+    def poll(self, wait_s: float = 0.0) -> Inbox:
+        """The notifications that arrived since the last call, in order (with `wait_s`,
+        waiting that long for one when none is there)."""
         inbox = Inbox([], [], [])
-        for agent, raw in self.host.notifs():
+        for agent, raw in self.host.notifs(wait_s):
             rank = self.rank_of.get(agent)
             if rank is None:
                 log.warning("KV transport: a notification from unknown agent %s", agent)

@@ -149,7 +149,10 @@ class RemoteHandoffs:
         """NIXL: let the offers taken go, take back those refused or past their deadline;
         returns the offers to this process that came meanwhile."""
         assert isinstance(self.peers, NixlPeers)
-        inbox = self.peers.poll()
+        # NOTE: with nothing to step but offers to settle, wait for news a little instead of
+        # spinning the serving loop at full speed until they settle (up to their deadline).
+        idle = self.offers and not self.pe.has_unfinished() and not self._resumed
+        inbox = self.peers.poll(wait_s=0.002 if idle else 0.0)
         for o in inbox.taken:
             seq, engine = self.offers.pop(o)
             engine.free_pages(seq)
