@@ -167,7 +167,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Ite
                 ],
             ),  # fmt: skip
             env={**os.environ, "NITSUM_WORKER_SECRET": SECRET},
-            stderr=open(d.logs / "r.log", "w"),  # noqa: SIM115
+            stdout=(log := open(d.logs / "r.log", "w")),  # noqa: SIM115
+            stderr=log,
             start_new_session=True,
         )
         _worker(d, model_dir, "a", 0, 0)
@@ -240,6 +241,8 @@ def test_a_host_link_down_20s_holds_its_streams_and_rolls_back_a_handoff_mid_tra
     # The handoff cut mid-transfer: B dropped it, A took it back and decoded it.
     assert "handoff of" in d.log("b") and "dropped, its sender decodes it" in d.log("b")
     assert "rolled back" in d.log("a")
+    # Only host B went silent: A heartbeats on while its offer to B waits for its deadline.
+    assert "WorkerId(2)" in d.log("r") and "WorkerId(0)" not in d.log("r")
     stats = wait(
         lambda: (s := d.stats()).get(("0", "kv_remote_failed"), 0) >= 1 and s, 15, "A's stats"
     )
