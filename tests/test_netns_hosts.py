@@ -252,11 +252,17 @@ def test_a_killed_host_loses_no_request_its_streams_resume_on_the_other(
     deployment: Deployment, model_dir: Path
 ) -> None:
     d = deployment
+    # Host B back from scenario 2 (its heartbeats heard again): all 4 devices healthy.
+    wait(lambda: d.get("/health").json().get("workers") == 4, 60, "host B live again")
     streams = _reqs(400, 3, 150)
     want = reference(model_dir, streams)
     before = d.log("b").count("reading KV of")
     futures = _run(d, streams)
-    wait(lambda: d.log("b").count("reading KV of") >= before + 3, 60, "B adopting the streams")
+    wait(
+        lambda: d.log("b").count("reading KV of") >= before + 3,
+        60,
+        f"B adopting the streams (health {d.get('/health').json()})",
+    )
     time.sleep(0.5)  # mid-stream
     d.kill("b")
     got = d.settle(futures, want)
