@@ -1,5 +1,5 @@
 """The metadata a prefilled request's KV handoff carries to its decode worker
-(pool/remote_handoff.py): the whole RequestSpec and the grammar's state survive the trip
+(pool/handoff_meta.py): the whole RequestSpec and the grammar's state survive the trip
 through msgpack (a structured-output request prefilled on one host keeps its grammar on the
 other), and an output that breaks the grammar is refused, not decoded unconstrained."""
 
@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.sequence import Sequence
-from nitsum.pool.remote_handoff import _meta, _sequence
+from nitsum.pool.handoff_meta import handoff_meta, handoff_sequence
 from nitsum.sampling import SamplingParams
 from nitsum.structured import compiler
 from nitsum.structured.compiler import GrammarCompiler
@@ -31,8 +31,8 @@ def tok(smollm2_dir) -> Tokenizer:
 
 def handed_over(seq: Sequence) -> Sequence:
     """`seq` as the decode worker rebuilds it, through the wire's msgpack."""
-    wire = msgpack.packb(_meta(seq, target=3), use_bin_type=True)
-    return _sequence(msgpack.unpackb(wire, raw=False))
+    wire = msgpack.packb(handoff_meta(seq, target=3), use_bin_type=True)
+    return handoff_sequence(msgpack.unpackb(wire, raw=False))
 
 
 def sequence(tok: Tokenizer, output: str) -> Sequence:

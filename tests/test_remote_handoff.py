@@ -6,6 +6,7 @@ tokens must be those of a mixed run. The real transport and router: tests/test_x
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ import torch
 
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
+from nitsum.pool.kv_rendezvous import join_nixl, nixl_record
 from nitsum.pool.local import local_engine
+from nitsum.pool.nixl_agent import NixlUnavailable, load_nixl
 from nitsum.pool.peers import PeerError
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
@@ -79,6 +82,22 @@ def backends(tiny, pool, decode_pages: int = PAGES) -> tuple[PoolBackend, PoolBa
     return a, b
 
 
+def nixl_backends(tiny, pool, decode_pages: int = PAGES, timeout_s: float = 5.0):
+    """`backends`, joined by the NIXL transport (pool/kv_rendezvous.py `join_nixl`)."""
+    try:
+        load_nixl()
+    except NixlUnavailable as e:
+        pytest.skip(str(e))
+    a, b = backends(tiny, pool, decode_pages)
+    made = [nixl_record(be.pe.pool, be.device_ids) for be in (a, b)]
+    records = [rec | {"ids": be.device_ids} for (_, rec), be in zip(made, (a, b), strict=True)]
+    for rank, be in enumerate((a, b)):
+        be.attach_peers(
+            join_nixl(records, rank, made[rank][0], be.pe.pool, be.device_ids, timeout_s)
+        )
+    return a, b
+
+
 REQS = {
     "g1": (5, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
     "g2": (23, SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)),
@@ -93,9 +112,11 @@ def run(a: PoolBackend, b: PoolBackend, cfg) -> tuple[dict[str, list[int]], dict
         a.add(0, GenerateRequest(rid, ids, RequestSpec(sp, tier="strict", decode_target=2)))
     out: dict[str, list[int]] = {}
     seen: dict[str, set] = {"a": set(), "b": set(), "left": set(), "came": set()}
-    for _ in range(200):
+    deadline = time.monotonic() + 60  # NOTE: NIXL notifications arrive on a thread: poll
+    while time.monotonic() < deadline:
         if not (a.has_unfinished() or b.has_unfinished()):
             break
+        time.sleep(0.001)
         for name, be in (("a", a), ("b", b)):
             if be.has_unfinished():
                 for o in be.step():
@@ -119,8 +140,10 @@ def reference(tiny) -> dict[str, list[int]]:
     return out
 
 
-def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(tiny, pool):
-    a, b = backends(tiny, pool)
+# NOTE: over NIXL, with agents of this process and of the device processes: real READs.
+@pytest.mark.parametrize("joined", [backends, nixl_backends], ids=["gloo", "nixl"])
+def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(tiny, pool, joined):
+    a, b = joined(tiny, pool)
     out, seen = run(a, b, tiny[1])
     assert out == reference(tiny)
     # A streamed nothing (the first token travels with the KV); B streamed everything.
@@ -134,7 +157,7 @@ def test_tp2_prefill_hands_off_to_a_tp1_decoder_with_the_tokens_of_a_mixed_run(t
     assert ca["kv_remote_bytes"] == per_token * sum(n for n, _ in REQS.values())
     assert_pages_consistent(a.pe)
     assert_pages_consistent(b.pe)
-    assert a.pe.free_pages(0) == a.pe.free_pages(1) == PAGES  # A kept no KV
+    assert a.pe.free_pages(0) == a.pe.free_pages(1) == PAGES  # A kept no KV (NIXL: freed on took)
 
 
 def test_a_failed_send_decodes_on_the_prefill_side(tiny, pool):
@@ -153,3 +176,33 @@ def test_an_arrival_without_room_is_recomputed_on_the_decode_side(tiny, pool):
     out, _ = run(a, b, tiny[1])
     assert out == reference(tiny)
     assert (b.counters()["kv_remote_in"], b.counters()["kv_remote_recomputed"]) == (3, 1)
+
+
+def test_over_nixl_an_offer_without_room_rolls_back_and_decodes_where_prefilled(tiny, pool):
+    # 8 pages on B: the third offer finds none free and is refused; A still has its KV.
+    a, b = nixl_backends(tiny, pool, decode_pages=8)
+    out, seen = run(a, b, tiny[1])
+    assert out == reference(tiny)
+    refused = seen["a"]
+    assert len(refused) == 1 and seen["b"] == set(REQS) - refused
+    assert (a.counters()["kv_remote_failed"], b.counters()["kv_remote_recomputed"]) == (1, 0)
+    assert a.pe.free_pages(0) == PAGES
+
+
+def test_over_nixl_an_offer_nobody_answers_is_taken_back_after_its_deadline(tiny, pool):
+    a, b = nixl_backends(tiny, pool, timeout_s=0.3)
+    for i, (rid, (n, sp)) in enumerate(REQS.items()):
+        ids = random_prompt(tiny[1], n, seed=i)
+        a.add(0, GenerateRequest(rid, ids, RequestSpec(sp, tier="strict", decode_target=2)))
+    out: dict[str, list[int]] = {}
+    for _ in range(400):  # B is silent (not stepped): every offer expires after 0.6 s
+        if not a.has_unfinished():
+            break
+        for o in a.step():
+            out.setdefault(o.request_id, []).extend(o.new_token_ids)
+        time.sleep(0.01)
+    assert out == reference(tiny)
+    assert a.counters()["kv_remote_failed"] == 3 and a.counters()["kv_remote_out"] == 0
+    # B hears of them late, with their withdrawal: it reads none and adopts none.
+    time.sleep(0.2)
+    assert b.step() == [] and b.counters()["kv_remote_in"] == 0

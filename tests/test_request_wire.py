@@ -16,7 +16,7 @@ from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.request_wire import sampling_to_wire, spec_from_wire, spec_to_wire
 from nitsum.engine.sequence import Sequence
 from nitsum.errors import InvalidRequestError
-from nitsum.pool.remote_handoff import _meta, _sequence
+from nitsum.pool.handoff_meta import handoff_meta, handoff_sequence
 from nitsum.sampling import SamplingParams
 from nitsum.structured import compiler
 from nitsum.structured.compiler import GrammarCompiler
@@ -76,7 +76,7 @@ def test_a_handoff_with_every_field_rebuilds_the_same_spec(tok):
     seq.output_ids = tok.encode('{"a": ', add_special_tokens=False).ids
     seq.klass = "feasible"  # NOTE: the class as the scheduler left it travels
     seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) - 1
-    got = _sequence(roundtrip(_meta(seq, target=3)))
+    got = handoff_sequence(roundtrip(handoff_meta(seq, target=3)))
     assert got.spec == replace(SPEC, klass="feasible")
     assert (got.request_id, got.prompt_ids, got.output_ids) == (
         "r1",

@@ -1,5 +1,7 @@
 """P/D across host worker processes: the real router, real `nitsum worker` processes joined by
-the KV transport (pool/peers.py) on loopback, a tiny random model.
+the gloo KV transport (pool/peers.py, the fallback where NIXL cannot load: `--kv-backend
+gloo`) on loopback, a tiny random model. Over NIXL, between network namespaces:
+tests/test_netns_hosts.py.
 
 A request prefilled in one process decodes in another with the tokens of a mixed run (greedy
 and seeded), and killing either the prefill or the decode process in the middle of a handoff
@@ -162,6 +164,9 @@ def start(tmp: Path, model: Path, plan: list[dict], env: dict[int, dict[str, str
                 str(n),
                 "--kv-timeout-s",
                 "5",
+                # NOTE: the gloo fallback's tests; NIXL's: tests/test_netns_hosts.py.
+                "--kv-backend",
+                "gloo",
             ]
             cluster.workers[w] = subprocess.Popen(
                 cmd,
@@ -237,6 +242,9 @@ def test_prefilled_on_host_a_decodes_on_host_b_with_the_tokens_of_a_mixed_run(
         ),
     }
     want = reference(model_dir, reqs)
+    # `--kv-backend gloo`: the fallback joined, NIXL not even tried.
+    assert all("KV transport: rank" in cluster.log(w) for w in cluster.workers)
+    assert not any("NIXL" in cluster.log(w) for w in cluster.workers)
     got = {}
     for rid, (ids, sp) in reqs.items():
         extra = {"seed": sp.seed} if sp.seed is not None else {}

@@ -146,11 +146,16 @@ class Engine:
         return len(s.running), s.num_waiting(), s.num_reclaimable()
 
     # -- sequences moving between groups (pool/kv_move.py) --------------------------------------
-    def detach(self, seq: Sequence) -> None:
-        """Give `seq` up (its KV was copied to another group): forget it, free its pages."""
+    def detach(self, seq: Sequence, free: bool = True) -> None:
+        """Give `seq` up (its KV was copied to another group): forget it, free its pages
+        (without `free`: later, `free_pages`; a NIXL peer reads them meanwhile)."""
         self.scheduler.detach(seq)
         self.forks.release(seq.request_id)
         self.seqs.pop(seq.request_id, None)
+        if free:
+            self.free_pages(seq)
+
+    def free_pages(self, seq: Sequence) -> None:
         self.scheduler.kv.free(seq)
 
     def cached_pages(self) -> set[int]:

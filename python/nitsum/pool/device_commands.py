@@ -17,6 +17,7 @@ from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
+from nitsum.pool.nixl_agent import Read
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,28 @@ class KvIn:
 
 
 @dataclass(frozen=True)
+class NixlOpen:
+    """Register the device's KV pages with a NIXL agent of its own (once); answers (agent
+    metadata, KVRegion) (pool/nixl_endpoint.py)."""
+
+
+@dataclass(frozen=True)
+class NixlConnect:
+    """Load the peers' NIXL agent metadata (the other hosts' devices)."""
+
+    metadata: list[bytes]
+
+
+@dataclass(frozen=True)
+class NixlRead:
+    """Run these NIXL READs into the device's pages (KV from another host), within
+    `timeout_s`; answers the bytes read, or `transfer_failed`."""
+
+    reads: list[Read]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class Counters:
     """The device's counters (collectives, graph captures and replays, contexts built)."""
 
@@ -89,7 +112,10 @@ class Stop:
     """Close the copy thread and leave the process group; the process exits, unanswered."""
 
 
-DeviceCommand = Step | SwapStart | SwapPoll | Migrate | KvOut | KvIn | Counters | Probe | Stop
+DeviceCommand = (
+    Step | SwapStart | SwapPoll | Migrate | KvOut | KvIn | NixlOpen | NixlConnect | NixlRead
+    | Counters | Probe | Stop
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

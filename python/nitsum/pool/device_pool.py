@@ -23,6 +23,9 @@ from nitsum.pool.device_commands import (
     KvIn,
     KvOut,
     Migrate,
+    NixlConnect,
+    NixlOpen,
+    NixlRead,
     Reply,
     Step,
     Stop,
@@ -33,6 +36,8 @@ from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
+from nitsum.pool.nixl_agent import Read
+from nitsum.pool.nixl_descs import KVRegion
 from nitsum.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -254,6 +259,31 @@ class DevicePool:
         for d, (own, own_blocks) in mine.items():
             self.send(d, KvIn(own, own_blocks))
         self._replies(tuple(mine))
+
+    # -- KV between hosts over NIXL (nixl_endpoint.py) ---------------------------------------
+    def nixl_open(self) -> list[tuple[bytes, KVRegion]]:
+        every = tuple(range(self.num_devices))
+        self.send_many(every, NixlOpen())
+        return self._replies(every)
+
+    def nixl_connect(self, metadata: list[bytes]) -> None:
+        every = tuple(range(self.num_devices))
+        self.send_many(every, NixlConnect(metadata))
+        self._replies(every)
+
+    def nixl_read(self, reads: dict[int, list[Read]], timeout_s: float) -> int:
+        devices = sorted(reads)
+        for d in devices:
+            self.send(d, NixlRead(reads[d], timeout_s))
+        moved, failure = 0, None
+        for d in devices:  # NOTE: every device is drained, even after a failure
+            try:
+                moved += self._reply(d)
+            except (TransferFailed, DeviceError) as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
+        return moved
 
     def close(self) -> None:
         for proc, _ in self.starting.values():

@@ -39,6 +39,9 @@ from nitsum.pool.device_commands import (
     KvIn,
     KvOut,
     Migrate,
+    NixlConnect,
+    NixlOpen,
+    NixlRead,
     Probe,
     Reply,
     Step,
@@ -48,6 +51,7 @@ from nitsum.pool.device_commands import (
 )
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
+from nitsum.pool.nixl_endpoint import KVEndpoint
 from nitsum.pool.shared_kv import SharedKV
 
 # Pipeline activations go through staging buffers of this size where collectives are shared.
@@ -158,6 +162,8 @@ class Device:
         )
         # The host tier's copy thread, shared by every context (None: no host tier).
         self.copier = SwapCopier(built.host) if built.host is not None else None
+        # The KV pages' NIXL agent, once the host worker joins a NIXL transport (NixlOpen).
+        self.nixl: KVEndpoint | None = None
 
     def _share(self, spec: DeviceSpec, mine: Shareable | None) -> Shareable | None:
         """`mine` with every peer's mapped (`attach`), where every device has one and maps
@@ -204,11 +210,23 @@ class Device:
                 return pack_pieces(self.transfer, pieces)
             case KvIn(pieces, blocks):
                 return unpack_pieces(self.transfer, pieces, blocks)
+            case NixlOpen():
+                self.nixl = self.nixl or KVEndpoint.of(self.transfer)
+                return self.nixl.info()
+            case NixlConnect(metadata):
+                return self._nixl().connect(metadata)
+            case NixlRead(reads, timeout_s):
+                return self._nixl().read(reads, timeout_s)
             case Counters():
                 return self.counters()
             case Probe(fn, args):
                 return fn(self, *args)
         raise ValueError(f"unknown device command {cmd!r}")
+
+    def _nixl(self) -> KVEndpoint:
+        if self.nixl is None:
+            raise RuntimeError(f"device {self.device} has no NIXL agent (NixlOpen first)")
+        return self.nixl
 
     def _copier(self) -> SwapCopier:
         if self.copier is None:

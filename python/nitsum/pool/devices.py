@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from nitsum.pool.faults import FaultPlan
     from nitsum.pool.kv_transfer import TransferStats
     from nitsum.pool.migration_plan import Piece
+    from nitsum.pool.nixl_agent import Read
+    from nitsum.pool.nixl_descs import KVRegion
 
 
 class Devices(Protocol):
@@ -61,6 +63,20 @@ class Devices(Protocol):
 
     def kv_in(self, pieces: list[Piece], blocks: list[torch.Tensor]) -> None:
         """Unpack each block into its piece's `dst` device (KV from another host)."""
+        ...
+
+    def nixl_open(self) -> list[tuple[bytes, KVRegion]]:
+        """Register every device's KV pages with a NIXL agent of its own (once); each one's
+        (agent metadata, region), by device (nixl_endpoint.py: KV between hosts)."""
+        ...
+
+    def nixl_connect(self, metadata: list[bytes]) -> None:
+        """Every device loads these peer agents' metadata."""
+        ...
+
+    def nixl_read(self, reads: dict[int, list[Read]], timeout_s: float) -> int:
+        """Each device runs its READs (device -> READs) into its pages; the bytes read.
+        TransferFailed when one fails or is late (every device is drained first)."""
         ...
 
     def close(self) -> None:

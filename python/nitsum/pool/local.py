@@ -27,6 +27,9 @@ from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed, TransferStats
 from nitsum.pool.kv_wire import pack_pieces, unpack_pieces
 from nitsum.pool.migration_plan import Piece
+from nitsum.pool.nixl_agent import Read
+from nitsum.pool.nixl_descs import KVRegion
+from nitsum.pool.nixl_endpoint import KVEndpoint
 from nitsum.pool.pool_engine import PoolEngine
 
 ONLY_GROUP = (0,)
@@ -54,6 +57,7 @@ class LocalDevice:
         storage = device.kv.storage
         self.transfer = KVTransfer(storage, cfg.num_kv_heads, cfg.head_dim, 0, chunk_bytes=0)
         self._launched: StepInputs | None = None
+        self.nixl: KVEndpoint | None = None  # its pages' NIXL agent (`nixl_open`)
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
         if members != ONLY_GROUP or self._launched is not None:
@@ -104,10 +108,29 @@ class LocalDevice:
             self._check((p.dst,))
         unpack_pieces(self.transfer, pieces, blocks)
 
+    def nixl_open(self) -> list[tuple[bytes, KVRegion]]:
+        self.nixl = self.nixl or KVEndpoint.of(self.transfer)
+        return [self.nixl.info()]
+
+    def nixl_connect(self, metadata: list[bytes]) -> None:
+        self._endpoint().connect(metadata)
+
+    def nixl_read(self, reads: dict[int, list[Read]], timeout_s: float) -> int:
+        if set(reads) - {0}:
+            raise DeviceError(f"device 0: no devices {sorted(set(reads) - {0})}")
+        return self._endpoint().read(reads.get(0, []), timeout_s)
+
+    def _endpoint(self) -> KVEndpoint:
+        if self.nixl is None:
+            raise DeviceError("device 0 has no NIXL agent (nixl_open first)")
+        return self.nixl
+
     def close(self) -> None:
-        """Stop the copy thread (no processes)."""
+        """Stop the copy thread and the NIXL agent's (no processes)."""
         if self.runner.copier is not None:
             self.runner.copier.close()
+        if self.nixl is not None:
+            self.nixl.agent.close()
 
     def __enter__(self) -> LocalDevice:
         return self

@@ -1,4 +1,6 @@
-"""The KV transport between host worker processes: torch.distributed point to point.
+"""The KV transport between host worker processes over gloo: torch.distributed point to point.
+
+NOTE: the fallback where NIXL cannot load (kv_rendezvous.py; nixl_peers.py is the transport).
 
 Every host worker process of a deployment joins one gloo process group (`KVPeers`), formed at
 start-up on a rendezvous address (a `TCPStore`; `nitsum worker --kv-peers tcp://H:P --kv-rank
@@ -57,13 +59,24 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return url.hostname, url.port
 
 
+def rendezvous(addr: str, rank: int, world: int, wait_s: float) -> dist.Store:
+    """The transport's store at `addr` (rank 0 hosts it), once every rank joined or `wait_s`
+    passed (RuntimeError)."""
+    host, port = parse_addr(addr)
+    wait = timedelta(seconds=wait_s)
+    store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=wait)
+    return dist.PrefixStore(STORE_PREFIX, store)
+
+
 class KVPeers:
     """This process's end of the KV transport: send handoffs to the process owning a worker
     id, and collect the ones that arrive (`arrivals`)."""
 
+    kind = "gloo"
+
     def __init__(
         self,
-        addr: str,
+        addr: str | dist.Store,
         rank: int,
         world: int,
         device_ids: list[int],
@@ -71,21 +84,19 @@ class KVPeers:
         stall_s: float = 0.0,
         rendezvous_s: float = 300.0,
     ) -> None:
-        """Join the group at `addr` as `rank` of `world` (rank 0 hosts the store) serving
-        `device_ids`. `timeout_s` bounds every message of a transfer (keep it under the
-        router's heartbeat timeout: a send blocks this process's loop), `rendezvous_s` the
-        wait for every process at start-up;
+        """Join the group at `addr` (or on a store already joined there: `rendezvous`) as
+        `rank` of `world` (rank 0 hosts the store) serving `device_ids`. `timeout_s` bounds
+        every message of a transfer (keep it under the router's heartbeat timeout: a send
+        blocks this process's loop), `rendezvous_s` the wait for every process at start-up;
         `stall_s` (tests only) sleeps between a handoff's metadata and its KV, so a test can
         kill the sender mid-transfer."""
         if not 0 <= rank < world:
             raise ValueError(f"--kv-rank must be in [0, {world}), got {rank}")
-        host, port = parse_addr(addr)
         self.rank, self.world = rank, world
         self.timeout = timedelta(seconds=timeout_s)
         self.stall_s = stall_s
         wait = timedelta(seconds=rendezvous_s)
-        store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=wait)
-        self.store = dist.PrefixStore(STORE_PREFIX, store)
+        self.store = rendezvous(addr, rank, world, rendezvous_s) if isinstance(addr, str) else addr
         self.store.set(f"ids/{rank}", json.dumps(device_ids))
         # Worker id -> the rank of the process that serves it.
         self.owner: dict[int, int] = {}

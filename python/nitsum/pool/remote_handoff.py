@@ -1,37 +1,54 @@
 """Prefill/decode disaggregation across host worker processes.
 
 A request whose decode target is served by another process prefills here; once its prompt is
-done and its first token sampled, its KV (kv_wire.py), tokens and sampler state go to that
-process over the KV transport (peers.py), which adopts the sequence and streams every token,
-the first one included, on the decode target's socket. NOTE: the first token is held back
-here and sent with the KV, so the client sees the stream from one process, in order.
+done and its first token sampled, its KV, tokens and sampler state (handoff_meta.py) go to
+that process over the KV transport, which adopts the sequence and streams every token, the
+first one included, on the decode target's socket. NOTE: the first token is held back here
+and sent with the KV, so the client sees the stream from one process, in order.
 
-Nothing is lost on either side: the sequence leaves this process only once its handoff was
-sent in full (a failed send decodes it here, as a prefill group can); an arrival whose KV does
-not fit is recomputed from its tokens by the receiver. A process that dies mid-transfer is the
-router's to handle (it re-runs the request from the tokens streamed, docs/protocol.md).
+Two transports (kv_rendezvous.py chooses):
+- NIXL (nixl_peers.py): this process offers the handoff and holds the sequence, pages
+  untouched; the receiver READs the pages device to device and commits (took: the pages are
+  freed here) or rolls back (refused, or no answer within the deadline: the sequence
+  decodes here, its first token streamed now).
+- gloo, the fallback (peers.py): the KV is packed into the wire layout (kv_wire.py) and sent
+  in full; the sequence leaves once the send is done (a failed send decodes it here), and an
+  arrival whose KV does not fit is recomputed from its tokens by the receiver.
+A process that dies mid-transfer is the router's to handle (it re-runs the request from the
+tokens streamed, docs/protocol.md).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
 
 from nitsum.engine.engine import Engine
 from nitsum.engine.request_output import RequestOutput
-from nitsum.engine.request_wire import spec_from_wire, spec_to_wire
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import OutOfPages
+from nitsum.pool.device_pool import DeviceError
+from nitsum.pool.handoff_meta import handoff_meta, handoff_sequence
+from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.kv_wire import export_kv, import_kv
 from nitsum.pool.migration_plan import Placement
+from nitsum.pool.nixl_peers import NixlPeers, Offer
 from nitsum.pool.peers import KVPeers, PeerError
 from nitsum.pool.pool_engine import PoolEngine
-from nitsum.structured.start import start_grammar
 
 log = logging.getLogger(__name__)
+
+COUNTERS = (
+    "kv_remote_out",  # handoffs that left
+    "kv_remote_in",  # handoffs adopted
+    "kv_remote_bytes",  # KV bytes of the handoffs that left
+    "kv_remote_failed",  # handoffs that did not leave: decoded where prefilled
+    "kv_remote_recomputed",  # arrivals without room, prefilled again (gloo)
+)
 
 
 class RemoteHandoffs:
@@ -39,22 +56,16 @@ class RemoteHandoffs:
     one. `moved()` tells the server which ids left (no final message here) and which arrived
     (and on which worker id they stream)."""
 
-    def __init__(self, pe: PoolEngine, peers: KVPeers) -> None:
+    def __init__(self, pe: PoolEngine, peers: KVPeers | NixlPeers) -> None:
         self.pe = pe
         self.peers = peers
         self.targets: dict[str, int] = {}  # request id -> decode target (a remote worker id)
         self._left: list[str] = []
         self._came: list[tuple[str, int, int]] = []  # (request id, worker id, prompt tokens)
-        self.counters = dict.fromkeys(
-            (
-                "kv_remote_out",
-                "kv_remote_in",
-                "kv_remote_bytes",
-                "kv_remote_failed",
-                "kv_remote_recomputed",
-            ),
-            0,
-        )
+        self.offers: dict[int, tuple[Sequence, Engine]] = {}  # NIXL: offered, not settled
+        self.aborted: set[str] = set()  # offered requests the router aborted meanwhile
+        self._resumed: list[RequestOutput] = []  # first tokens of offers rolled back
+        self.counters = dict.fromkeys(COUNTERS, 0)
 
     def wants(self, decode_target: int | None) -> bool:
         """Whether `decode_target` is a worker of another process of the transport."""
@@ -65,8 +76,12 @@ class RemoteHandoffs:
 
     def drop(self, request_id: str) -> None:
         self.targets.pop(request_id, None)
+        if any(seq.request_id == request_id for seq, _ in self.offers.values()):
+            self.aborted.add(request_id)  # NOTE: its pages may be read now: freed once settled
 
     def pending(self) -> bool:
+        if isinstance(self.peers, NixlPeers):
+            return self.peers.pending() or bool(self._resumed)
         return self.peers.pending()
 
     def moved(self) -> tuple[list[str], list[tuple[str, int, int]]]:
@@ -78,7 +93,7 @@ class RemoteHandoffs:
     # -- sending ----------------------------------------------------------------------------
     def ship(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Hand off the requests whose prefill just finished; returns `outputs` without the
-        first tokens of those that left."""
+        first tokens of those that left (or, over NIXL, were offered)."""
         for out in outputs:
             if out.finished:
                 self.targets.pop(out.request_id, None)
@@ -103,50 +118,147 @@ class RemoteHandoffs:
 
     def _send(self, seq: Sequence, engine: Engine, target: int) -> bool:
         placement = Placement(seq.layout, tuple(seq.pages))
-        kv = export_kv(
-            self.pe.pool, self.pe.cfg, self.pe.ecfg.page_tokens, seq.num_computed, placement
-        )
         log.info(
             "sending KV of %s (%d tokens) to worker %d", seq.request_id, seq.num_computed, target
         )
         try:
-            sent = self.peers.send(target, _meta(seq, target), kv)
+            if isinstance(self.peers, NixlPeers):
+                offer = self.peers.offer(
+                    target, handoff_meta(seq, target), placement, seq.num_computed
+                )
+                engine.detach(seq, free=False)  # NOTE: the receiver reads its pages now
+                self.offers[offer] = (seq, engine)
+                return True
+            cfg, page_tokens = self.pe.cfg, self.pe.ecfg.page_tokens
+            kv = export_kv(self.pe.pool, cfg, page_tokens, seq.num_computed, placement)
+            sent = self.peers.send(target, handoff_meta(seq, target), kv)
         except PeerError as e:
             log.warning("%s; %s decodes here", e, seq.request_id)
             self.counters["kv_remote_failed"] += 1
             return False
         engine.detach(seq)
-        self._left.append(seq.request_id)
-        self.counters["kv_remote_out"] += 1
-        self.counters["kv_remote_bytes"] += sent
+        self._gone(seq.request_id, sent)
         return True
+
+    def _gone(self, request_id: str, nbytes: int) -> None:
+        self._left.append(request_id)
+        self.counters["kv_remote_out"] += 1
+        self.counters["kv_remote_bytes"] += nbytes
+
+    def settle(self) -> list[Offer]:
+        """NIXL: let the offers taken go, take back those refused or past their deadline;
+        returns the offers to this process that came meanwhile."""
+        assert isinstance(self.peers, NixlPeers)
+        # NOTE: with nothing to step but offers to settle, wait for news a little instead of
+        # spinning the serving loop at full speed until they settle (up to their deadline).
+        idle = self.offers and not self.pe.has_unfinished() and not self._resumed
+        inbox = self.peers.poll(wait_s=0.002 if idle else 0.0)
+        for o in inbox.taken:
+            seq, engine = self.offers.pop(o)
+            engine.free_pages(seq)
+            self.aborted.discard(seq.request_id)
+            self._gone(seq.request_id, seq.num_computed * self._token_bytes())
+        back = [(o, why) for o, why in inbox.refused]
+        back += [(o, "no answer in time") for o in self.peers.expired()]
+        for o, why in back:
+            seq, engine = self.offers.pop(o)
+            if seq.request_id in self.aborted:
+                self.aborted.discard(seq.request_id)
+                engine.free_pages(seq)
+                continue
+            log.warning("KV handoff of %s rolled back (%s); it decodes here", seq.request_id, why)
+            self.counters["kv_remote_failed"] += 1
+            engine.adopt(seq)
+            self._resumed.append(RequestOutput(seq.request_id, list(seq.output_ids), None))
+        return inbox.offers
+
+    def settle_all(self) -> None:
+        """NIXL: wait until no offer of ours is in flight (before the groups change; at most
+        the offers' deadline). Offers to this process meanwhile are refused."""
+        while isinstance(self.peers, NixlPeers) and self.offers:
+            for offer in self.settle():
+                self.peers.refuse(offer, "its decode process is changing its groups")
+            time.sleep(0.005)
+
+    def _token_bytes(self) -> int:
+        cfg = self.pe.cfg
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.pe.ecfg.dtype.itemsize
 
     # -- receiving --------------------------------------------------------------------------
     def receive(self, group_of: dict[int, tuple[int, ...]]) -> list[RequestOutput]:
         """Adopt the handoffs that arrived, each on the group holding its decode target
-        (`group_of`: worker id -> group); returns their first tokens to stream."""
+        (`group_of`: worker id -> group); returns their first tokens to stream (and, over
+        NIXL, those of our offers rolled back)."""
+        if isinstance(self.peers, NixlPeers):
+            offers = self.settle()
+            outputs, self._resumed = self._resumed, []
+            return outputs + self._adopt_offers(offers, group_of)
         outputs = []
         for meta, kv in self.peers.arrivals():
-            if any(meta["request_id"] in e.request_ids() for _, e in self.pe.every_engine()):
+            if self._runs(meta["request_id"]):
                 log.error("dropped a handoff of %s: it already runs here", meta["request_id"])
                 continue
             target = int(meta["target"])
-            group = group_of[target]
             try:
-                seq = self._adopt(meta, kv, group)
+                seq = self._adopt(meta, kv, group_of[target])
             except (InvalidRequestError, ValueError) as e:
                 # NOTE: its sender let it go: end it with the error rather than lose it.
                 log.error("handoff of %s refused: %s", meta["request_id"], e)
                 outputs.append(RequestOutput(meta["request_id"], [], "error", str(e)))
                 continue
-            self._came.append((seq.request_id, target, len(seq.prompt_ids)))
-            self.counters["kv_remote_in"] += 1
-            outputs.append(RequestOutput(seq.request_id, list(seq.output_ids), None))
+            outputs.append(self._came_here(seq, target))
+        return outputs
+
+    def _runs(self, request_id: str) -> bool:
+        return any(request_id in e.request_ids() for _, e in self.pe.every_engine())
+
+    def _came_here(self, seq: Sequence, target: int) -> RequestOutput:
+        self._came.append((seq.request_id, target, len(seq.prompt_ids)))
+        self.counters["kv_remote_in"] += 1
+        return RequestOutput(seq.request_id, list(seq.output_ids), None)
+
+    def _adopt_offers(
+        self, offers: list[Offer], group_of: dict[int, tuple[int, ...]]
+    ) -> list[RequestOutput]:
+        """NIXL: READ each offer's KV into pages of its target's group, then commit it; an
+        offer that cannot be taken is refused (its sender decodes it)."""
+        assert isinstance(self.peers, NixlPeers)
+        outputs = []
+        for offer in offers:
+            rid = offer.meta["request_id"]
+            group = group_of.get(int(offer.meta["target"]))
+            if group is None or self._runs(rid):
+                self.peers.refuse(offer, "no group to adopt it" if group is None else "runs here")
+                continue
+            engine = self.pe.engines[group]
+            try:
+                seq = handoff_sequence(offer.meta)
+                need = engine.pages.pages_for(seq.num_computed)
+                engine.reclaim(need)  # NOTE: idle cached pages give way to arriving KV
+                seq.pages = engine.pages.allocate(need)
+            except (InvalidRequestError, ValueError, OutOfPages) as e:
+                self.peers.refuse(offer, f"{type(e).__name__}: {e}")
+                continue
+            try:
+                dst = Placement(engine.shape, tuple(seq.pages))
+                log.info("reading KV of %s (%d tokens)", rid, offer.tokens)
+                self.peers.pull(offer, dst, self.pe.cfg, self.pe.ecfg.page_tokens)
+            except (PeerError, TransferFailed, DeviceError) as e:
+                log.warning("handoff of %s dropped, its sender decodes it: %s", rid, e)
+                engine.pages.release(seq.pages)
+                self.peers.refuse(offer, str(e))
+                continue
+            if not self.peers.took(offer):
+                engine.pages.release(seq.pages)
+                continue
+            seq.layout = engine.shape
+            engine.adopt(seq)
+            outputs.append(self._came_here(seq, int(offer.meta["target"])))
         return outputs
 
     def _adopt(self, meta: dict[str, Any], kv: torch.Tensor, group: tuple[int, ...]) -> Sequence:
         engine = self.pe.engines[group]
-        seq = _sequence(meta)
+        seq = handoff_sequence(meta)
         pages = engine.pages
         need = pages.pages_for(seq.num_computed)
         engine.reclaim(need)  # NOTE: idle cached pages give way to arriving KV
@@ -163,37 +275,3 @@ class RemoteHandoffs:
         seq.layout = engine.shape
         engine.adopt(seq)
         return seq
-
-
-def _meta(seq: Sequence, target: int) -> dict[str, Any]:
-    """What the receiver needs besides the KV to go on exactly where this process stopped:
-    the whole spec in its `generate` form (engine/request_wire.py; NOTE: the grammar as its
-    wire form, the receiver replays the output into a fresh matcher) and the sequence's state."""
-    generator = seq.generator.get_state().numpy().tobytes() if seq.generator is not None else None
-    return {
-        "target": target,
-        "request_id": seq.request_id,
-        "prompt_ids": seq.prompt_ids,
-        "output_ids": seq.output_ids,
-        "num_computed": seq.num_computed,
-        # NOTE: the class as it is now (the scheduler may have demoted it).
-        "spec": spec_to_wire(seq.spec) | {"class": seq.klass},
-        "generator": generator,
-    }
-
-
-def _sequence(meta: dict[str, Any]) -> Sequence:
-    """The running sequence a handoff describes (pages still to be given)."""
-    spec = spec_from_wire(meta["spec"])
-    seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
-    seq.output_ids = list(meta["output_ids"])
-    # The grammar where the sender's was: started on the prompt, then over the output so far.
-    seq.grammar = start_grammar(spec.sampling.grammar, seq.prompt_ids)
-    if seq.grammar is not None and seq.output_ids and not seq.grammar.consume(seq.output_ids):
-        raise ValueError(f"handoff of {seq.request_id}: its output breaks its grammar")
-    seq.num_computed = int(meta["num_computed"])
-    seq.status = Status.RUNNING
-    if meta["generator"] is not None:
-        seq.generator = torch.Generator()
-        seq.generator.set_state(torch.frombuffer(bytearray(meta["generator"]), dtype=torch.uint8))
-    return seq

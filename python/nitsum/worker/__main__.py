@@ -120,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         "a send holds this process's loop)",
     )
     p.add_argument(
+        "--kv-backend",
+        choices=("auto", "nixl", "gloo"),
+        default="auto",
+        help="how --kv-peers moves KV: nixl (device pages READ by the receiver), gloo (through "
+        "host memory, the fallback), auto: nixl when every process has it, else gloo with a "
+        "warning naming why",
+    )
+    p.add_argument(
         "--kv-rendezvous-s",
         type=float,
         default=300.0,
@@ -215,20 +223,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nitsum worker: cannot read --worker-secret-file: {e}", file=sys.stderr)
         return 2
     if args.kv_peers:
-        from nitsum.pool.peers import KVPeers
+        from nitsum.pool.kv_rendezvous import open_kv_transport
 
         try:
-            peers = KVPeers(
+            peers = open_kv_transport(
                 args.kv_peers,
                 args.kv_rank,
                 args.kv_world,
+                backend.pe.pool,
                 backend.device_ids,
+                args.kv_backend,
                 args.kv_timeout_s,
-                # Tests only: stall between a handoff's metadata and its KV (kill mid-transfer).
-                stall_s=float(os.environ.get("NITSUM_TEST_KV_STALL_S", "0")),
                 rendezvous_s=args.kv_rendezvous_s,
+                # Tests only: a stall between a handoff's metadata and its KV (gloo) or before
+                # the receiver reads it (NIXL, while the file exists), to cut it mid-transfer.
+                stall_s=float(os.environ.get("NITSUM_TEST_KV_STALL_S", "0")),
+                stall_file=os.environ.get("NITSUM_TEST_KV_STALL_FILE"),
             )
-        except (ValueError, RuntimeError) as e:  # a bad address, or no rendezvous in time
+        except (ValueError, RuntimeError) as e:  # a bad address, no rendezvous, no NIXL
             print(f"nitsum worker: --kv-peers {args.kv_peers}: {e}", file=sys.stderr)
             backend.pe.pool.close()
             return 2

@@ -19,6 +19,7 @@ from nitsum.worker.device_watch import DeviceEvents, DeviceWatch
 from nitsum.worker.inbound import GenerateRequest
 
 if TYPE_CHECKING:
+    from nitsum.pool.nixl_peers import NixlPeers
     from nitsum.pool.peers import KVPeers
     from nitsum.pool.pool_engine import PoolEngine
     from nitsum.pool.remote_handoff import RemoteHandoffs
@@ -115,7 +116,7 @@ class PoolBackend:
         # Dead device processes out, restarts back in (`watch_devices`); None: not watched.
         self.watch: DeviceWatch | None = None
 
-    def attach_peers(self, peers: KVPeers) -> None:
+    def attach_peers(self, peers: KVPeers | NixlPeers) -> None:
         """Hand KV to and take it from other host worker processes over `peers`."""
         from nitsum.pool.remote_handoff import RemoteHandoffs
 
@@ -205,6 +206,8 @@ class PoolBackend:
         groups = [
             GroupShape(tuple(d - self.first_id for d in g.members), g.tp, g.pp) for g in plan.groups
         ]
+        if self.remote is not None:
+            self.remote.settle_all()  # NOTE: an offer's pages must keep their layout
         try:
             report = self.pe.reconfigure(groups, self.mode)
         except ValueError as e:  # check_shapes: unaligned, overlapping or unsupported groups

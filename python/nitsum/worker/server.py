@@ -252,7 +252,11 @@ class WorkerServer:
 
     def _on_reconfigure(self, device: int, msg: dict[str, Any]) -> None:
         """Apply a plan once per epoch and answer every copy (active_plan.py)."""
-        self.links[device].send(self.plan.answer(device, msg))
+        # NOTE: a switch may take seconds (a KV migration; KV offers to another host settling
+        # first, up to their deadline): the heartbeats go on meanwhile, as during a step.
+        with self.heartbeats.stepping():
+            answer = self.plan.answer(device, msg)
+        self.links[device].send(answer)
 
     # -- engine -----------------------------------------------------------------------------------
     def _step(self) -> None:
