@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod errors;
 pub mod fasthash;
 pub mod ids;
+pub mod lease;
 pub mod metrics;
 pub mod mock_worker;
 pub mod plan;
