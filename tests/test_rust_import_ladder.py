@@ -35,7 +35,7 @@ FLOORS: list[set[str]] = [
     {"sim", "registry", "mock_worker"},
     {"config"},
     {"state", "auth"},
-    {"control", "transport", "api"},
+    {"control", "transport", "api", "routers"},
     {"server"},
     {"main", "python"},
 ]

@@ -22,6 +22,7 @@ pub mod protocols;
 #[cfg(feature = "python")]
 mod python;
 pub mod registry;
+pub mod routers;
 pub mod server;
 pub mod sim;
 pub mod state;

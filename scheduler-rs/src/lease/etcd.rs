@@ -67,7 +67,9 @@ impl EtcdLease {
         if self.held.is_some() {
             return Ok(self.leader().await?.map(|l| l.term));
         }
-        let grant = self.call("/v3/lease/grant", json!({"TTL": self.ttl_s})).await?;
+        let grant = self
+            .call("/v3/lease/grant", json!({"TTL": self.ttl_s}))
+            .await?;
         let id = int(&grant["ID"]);
         if id == 0 {
             bail!("etcd granted no lease: {grant}");
@@ -80,7 +82,9 @@ impl EtcdLease {
         });
         let answer = self.call("/v3/kv/txn", txn).await?;
         if answer["succeeded"].as_bool() != Some(true) {
-            let _ = self.call("/v3/lease/revoke", json!({"ID": id.to_string()})).await;
+            let _ = self
+                .call("/v3/lease/revoke", json!({"ID": id.to_string()}))
+                .await;
             return Ok(None);
         }
         self.held = Some((id, Instant::now()));

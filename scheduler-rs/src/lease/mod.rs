@@ -41,7 +41,9 @@ impl LeaseSpec {
         }
         if let Some(url) = s.strip_prefix("etcd:") {
             let Some(rest) = url.strip_prefix("http://") else {
-                bail!("--lease etcd:URL: the URL must be http://HOST:PORT[/KEY] (etcd's client URL)");
+                bail!(
+                    "--lease etcd:URL: the URL must be http://HOST:PORT[/KEY] (etcd's client URL)"
+                );
             };
             let (host, key) = match rest.find('/') {
                 Some(i) if i + 1 < rest.len() => (&rest[..i], rest[i..].to_string()),

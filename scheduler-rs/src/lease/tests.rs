@@ -30,7 +30,13 @@ fn lease_specs_parse_and_bad_ones_are_refused() {
             key: "/pools/a".into()
         }
     );
-    for bad in ["file:", "etcd:https://h:2379", "etcd:http://", "zk:h:2181", "/tmp/x"] {
+    for bad in [
+        "file:",
+        "etcd:https://h:2379",
+        "etcd:http://",
+        "zk:h:2181",
+        "/tmp/x",
+    ] {
         assert!(LeaseSpec::parse(bad).is_err(), "{bad}");
     }
 }
@@ -43,14 +49,26 @@ async fn a_file_lease_has_one_holder_and_each_holder_a_larger_term() {
     let (mut a, mut b) = (Lease::open(&spec, 1), Lease::open(&spec, 1));
     assert_eq!(a.leader().await.unwrap(), None);
     let t1 = a.try_acquire(&candidate(0)).await.unwrap().expect("free");
-    assert_eq!(b.try_acquire(&candidate(1)).await.unwrap(), None, "held by a");
+    assert_eq!(
+        b.try_acquire(&candidate(1)).await.unwrap(),
+        None,
+        "held by a"
+    );
     assert_eq!(b.leader().await.unwrap(), Some(candidate(0).info(t1)));
     assert!(a.keep().await);
     // The holder goes (as its process would on kill -9: the lock goes with the file).
     a.release().await;
     assert!(!a.keep().await);
-    assert_eq!(b.leader().await.unwrap(), None, "a stale record is no leader");
-    let t2 = b.try_acquire(&candidate(1)).await.unwrap().expect("free again");
+    assert_eq!(
+        b.leader().await.unwrap(),
+        None,
+        "a stale record is no leader"
+    );
+    let t2 = b
+        .try_acquire(&candidate(1))
+        .await
+        .unwrap()
+        .expect("free again");
     assert!(t2 > t1, "{t2} > {t1}");
     assert_eq!(a.leader().await.unwrap(), Some(candidate(1).info(t2)));
     // Someone deletes the lock file: the holder no longer counts itself the leader.
@@ -69,7 +87,11 @@ async fn an_etcd_lease_has_one_holder_and_expires_without_renewal() {
     let (mut a, mut b) = (Lease::open(&spec, 1), Lease::open(&spec, 1));
     assert_eq!(a.leader().await.unwrap(), None);
     let t1 = a.try_acquire(&candidate(0)).await.unwrap().expect("free");
-    assert_eq!(b.try_acquire(&candidate(1)).await.unwrap(), None, "held by a");
+    assert_eq!(
+        b.try_acquire(&candidate(1)).await.unwrap(),
+        None,
+        "held by a"
+    );
     assert_eq!(b.leader().await.unwrap(), Some(candidate(0).info(t1)));
     assert!(a.keep().await);
     // a stops renewing (a paused or dead leader): the key goes within the TTL (1 s, and
@@ -79,11 +101,17 @@ async fn an_etcd_lease_has_one_holder_and_expires_without_renewal() {
         if let Some(t) = b.try_acquire(&candidate(1)).await.unwrap() {
             break t;
         }
-        assert!(t0.elapsed() < Duration::from_secs(5), "the lease never expired");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the lease never expired"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(t2 > t1, "{t2} > {t1}");
-    assert!(!a.keep().await, "a deposed holder learns it on its next renewal");
+    assert!(
+        !a.keep().await,
+        "a deposed holder learns it on its next renewal"
+    );
     assert_eq!(a.leader().await.unwrap(), Some(candidate(1).info(t2)));
     b.release().await;
     assert_eq!(a.leader().await.unwrap(), None, "released at once");

@@ -141,8 +141,12 @@ pub fn decode_peer(
         }
     }
     let msg = match frame.ty.as_str() {
-        STATS_TYPE => PeerMessage::Stats(rmp_serde::from_slice(&frame.body).map_err(|e| malformed(&e))?),
-        PLAN_TYPE => PeerMessage::Plan(rmp_serde::from_slice(&frame.body).map_err(|e| malformed(&e))?),
+        STATS_TYPE => {
+            PeerMessage::Stats(rmp_serde::from_slice(&frame.body).map_err(|e| malformed(&e))?)
+        }
+        PLAN_TYPE => {
+            PeerMessage::Plan(rmp_serde::from_slice(&frame.body).map_err(|e| malformed(&e))?)
+        }
         other => return Err(PeerError::Malformed(format!("type {other:?}"))),
     };
     Ok((frame.router, msg))

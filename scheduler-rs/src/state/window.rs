@@ -37,8 +37,11 @@ impl RouterState {
         if self.control {
             let now = self.now_s();
             let name = &self.cfg.tier(tier).name;
-            st.stats
-                .on_arrival(now, name, u32::try_from(prompt_tokens).unwrap_or(u32::MAX));
+            let prompt = u32::try_from(prompt_tokens).unwrap_or(u32::MAX);
+            st.stats.on_arrival(now, name, prompt);
+            if !st.role.plans() {
+                st.forward.arrival(now, tier, prompt);
+            }
         }
     }
 
@@ -47,8 +50,11 @@ impl RouterState {
         if self.control {
             let now = self.now_s();
             let name = &self.cfg.tier(tier).name;
-            st.stats
-                .on_completion(now, name, u32::try_from(output_tokens).unwrap_or(u32::MAX));
+            let output = u32::try_from(output_tokens).unwrap_or(u32::MAX);
+            st.stats.on_completion(now, name, output);
+            if !st.role.plans() {
+                st.forward.completion(now, tier, output);
+            }
         }
     }
 
@@ -76,15 +82,14 @@ impl RouterState {
     pub fn inflight_snapshot(&self) -> Vec<InFlight> {
         let st = self.lock();
         let now = Instant::now();
-        st.inflight
-            .iter()
-            .map(|(&id, e)| InFlight {
-                tier: e.req.tier.index(),
-                generated: e.tokens() as f64,
-                age_s: now.duration_since(e.start).as_secs_f64(),
-                feasible: st.dispatcher.holds(id),
-            })
-            .collect()
+        let own = st.inflight.iter().map(|(&id, e)| InFlight {
+            tier: e.req.tier.index(),
+            generated: e.tokens() as f64,
+            age_s: now.duration_since(e.start).as_secs_f64(),
+            feasible: st.dispatcher.holds(id),
+        });
+        // NOTE: the followers' requests too, on the leader (peer_window.rs).
+        own.chain(Self::peer_inflight(&st).copied()).collect()
     }
 
     /// Completions of requests that arrived in the last `window_s` (engine clock): (arrival
@@ -110,7 +115,14 @@ impl RouterState {
     pub fn next_control_window(&self) -> u64 {
         let mut st = self.lock();
         st.windows += 1;
+        st.planned_unix_ms = super::leadership::unix_ms();
         st.windows - 1
+    }
+
+    /// (control windows planned, unix ms when the latest was planned; 0: none yet).
+    pub fn planned_windows(&self) -> (u64, u64) {
+        let st = self.lock();
+        (st.windows, st.planned_unix_ms)
     }
 
     /// Record the control loop's latest strategy choice.
@@ -141,6 +153,7 @@ impl RouterState {
             .inflight
             .values()
             .map(|e| (names[e.req.tier.index()], e.tokens() as f64))
+            .chain(Self::peer_inflight(&st).map(|f| (names[f.tier], f.generated)))
             .collect();
         st.stats.snapshot(now, &running)
     }

@@ -63,6 +63,40 @@ impl WindowStats {
         w.prompts.push_back((now, f64::from(prompt_tokens)));
     }
 
+    /// An arrival at `t` reported late (another router's, forwarded to the planning leader):
+    /// kept in time order among the others.
+    pub fn insert_arrival(&mut self, t: f64, tier: &str, prompt_tokens: u32) {
+        let w = self.window(tier);
+        insert_sorted(&mut w.arrivals, t, |&x| x);
+        insert_sorted(&mut w.prompts, (t, f64::from(prompt_tokens)), |x| x.0);
+    }
+
+    /// A completion at `t` reported late (see [`Self::insert_arrival`]).
+    pub fn insert_completion(&mut self, t: f64, tier: &str, output_tokens: u32) {
+        let w = self.window(tier);
+        insert_sorted(&mut w.outputs, (t, f64::from(output_tokens)), |x| x.0);
+    }
+
+    /// (tier, seconds ago, output tokens) of the completions within `lookback_s` of `now`
+    /// the length window still holds.
+    pub fn recent_completions(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
+        let since = now - lookback_s.min(self.cfg.length_window_s);
+        self.tiers
+            .iter()
+            .flat_map(|(name, w)| {
+                w.outputs
+                    .iter()
+                    .filter(move |&&(t, _)| t > since && t <= now)
+                    .map(move |&(t, o)| (name.as_str(), now - t, o))
+            })
+            .collect()
+    }
+
+    /// The length window, seconds.
+    pub fn length_window_s(&self) -> f64 {
+        self.cfg.length_window_s
+    }
+
     /// (tier, seconds ago, prompt tokens) of the arrivals within `lookback_s` of `now`, as
     /// far as the length window still holds them (`length_window_s`), oldest first per tier.
     pub fn recent_arrivals(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
@@ -143,4 +177,11 @@ impl WindowStats {
         }
         self.tiers.get_mut(tier).expect("inserted above")
     }
+}
+
+/// Insert `x` after every element whose time is at most its own (the deque stays sorted).
+pub fn insert_sorted<T>(q: &mut VecDeque<T>, x: T, time: impl Fn(&T) -> f64) {
+    let t = time(&x);
+    let at = q.partition_point(|y| time(y) <= t);
+    q.insert(at, x);
 }

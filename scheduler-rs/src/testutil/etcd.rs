@@ -25,10 +25,9 @@ fn free_port() -> u16 {
 
 /// Whether `GET /health` on `port` says the member serves.
 fn healthy(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(
-        &([127, 0, 0, 1], port).into(),
-        Duration::from_millis(200),
-    ) else {
+    let Ok(mut s) =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+    else {
         return false;
     };
     s.set_read_timeout(Some(Duration::from_millis(500))).ok();
@@ -72,7 +71,10 @@ impl Etcd {
         };
         let t0 = Instant::now();
         while !healthy(client) {
-            assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not come up");
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "etcd did not come up"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(etcd)
