@@ -39,6 +39,8 @@ FLOORS: list[set[str]] = [
         "serve_commands",
         "serve_flags",
         "serve_kv_sizing",
+        "serve_routers",
+        "serve_supervise",
         "cli",
         "simulate",
         "bench",
