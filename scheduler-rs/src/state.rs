@@ -77,8 +77,10 @@ struct State {
     outcomes: std::collections::VecDeque<(f64, TierId, bool)>,
     /// Control windows planned so far (selection rounds run every `every_windows`).
     windows: u64,
-    /// Unix ms when the latest window was planned (0: none yet).
-    planned_unix_ms: u64,
+    /// Unix ms when the latest windows were planned (bounded), oldest first.
+    planned_at: std::collections::VecDeque<u64>,
+    /// Unix ms when this router last took the lease (0: never).
+    leading_since_ms: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
     choice: Option<crate::sim::choice::Choice>,
     /// Recent control decisions, oldest first (bounded).

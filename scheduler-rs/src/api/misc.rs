@@ -125,8 +125,9 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) 
 }
 
 /// This router's part among several (architecture §4): its index, role, the leader and
-/// term it knows, the followers it hears from (as leader), the control windows it planned
-/// and each worker's plan epoch as reported.
+/// term it knows, the followers it hears from (as leader, seconds since), the control
+/// windows it planned (and when the latest were, unix ms), since when it leads, and each
+/// worker's plan epoch as reported.
 fn router_role(router: &crate::state::RouterState) -> serde_json::Value {
     use crate::state::RouterRole as Role;
     let (role, term, leader) = match router.role() {
@@ -134,7 +135,7 @@ fn router_role(router: &crate::state::RouterState) -> serde_json::Value {
         Role::Leader { term } => ("leader", Some(term), None),
         Role::Follower { leader } => ("follower", leader.as_ref().map(|l| l.term), leader),
     };
-    let (windows, planned_unix_ms) = router.planned_windows();
+    let (windows, planned_at) = router.planned_windows();
     let epochs: HashMap<String, u64> = router
         .worker_epochs()
         .into_iter()
@@ -142,7 +143,8 @@ fn router_role(router: &crate::state::RouterState) -> serde_json::Value {
         .collect();
     json!({"index": router.cfg.router_index, "role": role, "term": term, "leader": leader,
            "followers": router.followers(), "windows_planned": windows,
-           "planned_unix_ms": planned_unix_ms, "worker_epochs": epochs})
+           "planned_unix_ms": planned_at, "leading_since_ms": router.leading_since_ms(),
+           "worker_epochs": epochs})
 }
 
 /// `GET /metrics`: Prometheus text exposition.

@@ -48,6 +48,11 @@ impl RouterState {
         self.lock().role.clone()
     }
 
+    /// Unix ms when this router last took the lease (0: never).
+    pub fn leading_since_ms(&self) -> u64 {
+        self.lock().leading_since_ms
+    }
+
     /// Whether this router plans now.
     pub fn plans(&self) -> bool {
         self.lock().role.plans()
@@ -75,6 +80,7 @@ impl RouterState {
             base = ((seen >> 32) + 1) << 32;
         }
         st.role = RouterRole::Leader { term };
+        st.leading_since_ms = unix_ms();
         st.last_epoch = base;
         st.peers.clear();
         st.share = 1;

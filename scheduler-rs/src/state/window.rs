@@ -12,6 +12,9 @@ use crate::sim::choice::Choice;
 use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::stats::TierDemand;
 
+/// How many of the latest planning times `/admin/plan` shows.
+const PLANNED_AT_KEPT: usize = 16;
+
 /// What the planner needs from the engine for one window.
 #[derive(Debug, Clone)]
 pub struct PlanningView {
@@ -115,14 +118,17 @@ impl RouterState {
     pub fn next_control_window(&self) -> u64 {
         let mut st = self.lock();
         st.windows += 1;
-        st.planned_unix_ms = super::leadership::unix_ms();
+        if st.planned_at.len() >= PLANNED_AT_KEPT {
+            st.planned_at.pop_front();
+        }
+        st.planned_at.push_back(super::leadership::unix_ms());
         st.windows - 1
     }
 
-    /// (control windows planned, unix ms when the latest was planned; 0: none yet).
-    pub fn planned_windows(&self) -> (u64, u64) {
+    /// (control windows planned, unix ms of the latest ones planned, oldest first).
+    pub fn planned_windows(&self) -> (u64, Vec<u64>) {
         let st = self.lock();
-        (st.windows, st.planned_unix_ms)
+        (st.windows, st.planned_at.iter().copied().collect())
     }
 
     /// Record the control loop's latest strategy choice.
