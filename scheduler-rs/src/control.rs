@@ -60,8 +60,12 @@ pub fn spawn(engine: Arc<RouterState>, profile: Arc<Profile>) -> JoinHandle<()> 
                     continue;
                 }
             }
-            // NOTE: a follower routes by the leader's plan; it plans once it leads.
+            // NOTE: a follower routes by the leader's plan; it plans once it leads. Its own
+            // dispatcher still lets go of the charges of requests past their TTFT, and its
+            // window drops what it no longer holds (it forwards its arrivals to the leader).
             if !engine.plans() {
+                engine.release_late_charges();
+                engine.prune_window();
                 continue;
             }
             if skip > 0 {

@@ -150,6 +150,12 @@ impl RouterState {
         (recent, now)
     }
 
+    /// Drop the window's expired samples without planning (a follower's control loop).
+    pub fn prune_window(&self) {
+        let now = self.now_s();
+        self.lock().stats.prune(now);
+    }
+
     /// Current demand of every tier (drops expired samples).
     pub fn demand_snapshot(&self) -> Vec<TierDemand> {
         let now = self.now_s();

@@ -135,4 +135,8 @@ fn late_reports_land_in_time_order_and_leave_the_window_on_time() {
     // (appended at the back it would have stayed behind 5.0).
     assert_eq!(w.snapshot(5.6, &[])[0].rate_rps, 2.0);
     assert_eq!(w.snapshot(6.2, &[])[0].rate_rps, 1.0);
+    // A router that records but never plans (a follower) drops old samples by pruning.
+    w.prune(16.0);
+    assert_eq!(w.recent_arrivals(16.0, 100.0), []);
+    assert_eq!(w.recent_completions(16.0, 100.0), []);
 }

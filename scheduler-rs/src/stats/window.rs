@@ -119,6 +119,23 @@ impl WindowStats {
             .push_back((now, f64::from(output_tokens)));
     }
 
+    /// Drop the samples older than the windows at `now` (what [`Self::snapshot`] does first;
+    /// for a router that records but does not plan: a follower of several routers).
+    pub fn prune(&mut self, now: f64) {
+        let (rate_cut, len_cut) = (now - self.cfg.rate_window_s, now - self.cfg.length_window_s);
+        for w in self.tiers.values_mut() {
+            while w.arrivals.front().is_some_and(|&t| t <= rate_cut) {
+                w.arrivals.pop_front();
+            }
+            while w.prompts.front().is_some_and(|&(t, _)| t <= len_cut) {
+                w.prompts.pop_front();
+            }
+            while w.outputs.front().is_some_and(|&(t, _)| t <= len_cut) {
+                w.outputs.pop_front();
+            }
+        }
+    }
+
     /// Current demand of every tier seen so far, ordered by tier name. Drops expired samples.
     /// `running` lists (tier, tokens generated so far) of the requests still in flight.
     ///
@@ -132,20 +149,10 @@ impl WindowStats {
     /// discarded for good).
     pub fn snapshot(&mut self, now: f64, running: &[(&str, f64)]) -> Vec<TierDemand> {
         let cfg = self.cfg;
+        self.prune(now);
         self.tiers
             .iter_mut()
             .map(|(name, w)| {
-                let rate_cut = now - cfg.rate_window_s;
-                let len_cut = now - cfg.length_window_s;
-                while w.arrivals.front().is_some_and(|&t| t <= rate_cut) {
-                    w.arrivals.pop_front();
-                }
-                while w.prompts.front().is_some_and(|&(t, _)| t <= len_cut) {
-                    w.prompts.pop_front();
-                }
-                while w.outputs.front().is_some_and(|&(t, _)| t <= len_cut) {
-                    w.outputs.pop_front();
-                }
                 let mut p: Vec<f64> = w.prompts.iter().map(|x| x.1).collect();
                 let o: Vec<f64> = w.outputs.iter().map(|x| x.1).collect();
                 if !p.is_empty() {
