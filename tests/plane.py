@@ -188,6 +188,32 @@ class RealWorker:
         self.thread.join(5)
 
 
+class FakeRouter:
+    """A ROUTER socket at the address a worker dials (a fake router); records what each peer
+    sends."""
+
+    def __init__(self) -> None:
+        self.addr = f"tcp://127.0.0.1:{free_port()}"
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.addr)
+        self.got: list[dict] = []
+
+    def recv(self, timeout: float = 2.0) -> tuple[bytes, dict] | None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        peer, frame = self.sock.recv_multipart()
+        msg = msgpack.unpackb(frame, raw=False)
+        self.got.append(msg)
+        return peer, msg
+
+    def send(self, peer: bytes, **msg: object) -> None:
+        self.sock.send_multipart([peer, msgpack.packb({"v": 1, **msg})])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
 class Peer:
     """An attacker's DEALER socket on the worker endpoint."""
 

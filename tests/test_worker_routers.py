@@ -11,73 +11,62 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgpack
 import pytest
-import zmq
 
 from nitsum.worker.handshake import new_nonce, router_proof
 from nitsum.worker.server import WorkerServer
-from plane import MODEL, SECRET, EchoBackend, wait
-from test_router_protocol import free_port
+from plane import MODEL, SECRET, EchoBackend, FakeRouter, wait
 
 PROMPT = [11, 12, 13]
 TERM2 = 2 << 32  # epochs of the leader of lease term 2 (docs/protocol.md)
 
 
-class FakeRouter:
-    """A ROUTER socket that answers the worker's handshake with the secret."""
+class ProvenRouter(FakeRouter):
+    """A fake router that answers the worker's handshake with the secret, talking to the one
+    worker connection it last heard from."""
 
     def __init__(self) -> None:
-        self.addr = f"tcp://127.0.0.1:{free_port()}"
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(self.addr)
+        super().__init__()
         self.peer = b""
-        self.got: list[dict[str, Any]] = []
 
-    def send(self, **msg: Any) -> None:
-        self.sock.send_multipart([self.peer, msgpack.packb({"v": 1, **msg})])
+    def to_worker(self, **msg: Any) -> None:
+        self.send(self.peer, **msg)
 
-    def recv(self, kind: str, timeout: float = 5.0) -> dict[str, Any]:
+    def recv_kind(self, kind: str, timeout: float = 5.0) -> dict[str, Any]:
         """The next message of `kind` (others are kept in `got`)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self.sock.poll(50):
-                continue
-            self.peer, frame = self.sock.recv_multipart()
-            msg = msgpack.unpackb(frame, raw=False)
-            self.got.append(msg)
-            if msg["type"] == kind:
-                return msg
+            got = self.recv(0.05)
+            if got is not None:
+                self.peer, msg = got
+                if msg["type"] == kind:
+                    return msg
         raise AssertionError(f"no {kind} within {timeout} s; got {[m['type'] for m in self.got]}")
 
     def admit(self, epoch: int) -> None:
         """Answer the worker's `hello` with a valid challenge, its `register` with
         `registered` under `epoch`."""
-        hello = self.recv("hello")
+        hello = self.recv_kind("hello")
         nonce = new_nonce()
         proof = router_proof(SECRET.encode(), hello["nonce"], nonce, 0)
-        self.send(type="challenge", worker_id=0, handshake=2, nonce=nonce, proof=proof)
-        self.recv("register")
-        self.send(type="registered", worker_id=0, epoch=epoch)
+        self.to_worker(type="challenge", worker_id=0, handshake=2, nonce=nonce, proof=proof)
+        self.recv_kind("register")
+        self.to_worker(type="registered", worker_id=0, epoch=epoch)
 
     def generate(self, rid: str, n: int) -> None:
-        sampling = {"max_tokens": n}
-        self.send(type="generate", request_id=rid, input_ids=PROMPT, sampling=sampling, tier="")
+        msg = {"request_id": rid, "input_ids": PROMPT, "sampling": {"max_tokens": n}, "tier": ""}
+        self.to_worker(type="generate", **msg)
 
     def plan(self, epoch: int) -> dict[str, Any]:
         """Send a one-group plan under `epoch`; its ack."""
         group = {"members": [0], "tp": 1, "role": "mixed", "tiers": [], "accepts_background": True}
-        self.send(type="reconfigure", epoch=epoch, groups=[group])
-        return self.recv("reconfigured")
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
+        self.to_worker(type="reconfigure", epoch=epoch, groups=[group])
+        return self.recv_kind("reconfigured")
 
 
 @pytest.fixture
-def two_routers() -> Iterator[tuple[FakeRouter, FakeRouter, WorkerServer, EchoBackend]]:
-    leader, follower = FakeRouter(), FakeRouter()
+def two_routers() -> Iterator[tuple[ProvenRouter, ProvenRouter, WorkerServer, EchoBackend]]:
+    leader, follower = ProvenRouter(), ProvenRouter()
     backend = EchoBackend(0, delay=0.01)
     server = WorkerServer(
         backend,
@@ -101,12 +90,12 @@ def two_routers() -> Iterator[tuple[FakeRouter, FakeRouter, WorkerServer, EchoBa
         follower.close()
 
 
-def tokens_of(router: FakeRouter, rid: str, timeout: float = 5.0) -> list[int]:
+def tokens_of(router: ProvenRouter, rid: str, timeout: float = 5.0) -> list[int]:
     """Every token id `router` got for `rid` up to its final message."""
     ids: list[int] = []
     deadline = time.monotonic() + timeout
     while True:
-        msg = router.recv("tokens", max(0.1, deadline - time.monotonic()))
+        msg = router.recv_kind("tokens", max(0.1, deadline - time.monotonic()))
         assert msg["request_id"] == rid, f"{router.addr} got tokens of {msg['request_id']}"
         ids += msg["token_ids"]
         if msg["finish_reason"] is not None:
@@ -119,7 +108,7 @@ def test_each_router_gets_its_own_tokens_and_only_the_leaders_newer_plan_counts(
     assert server.plan.epoch == TERM2 + 5
     # The follower asks the worker to register again and answers with the epoch it knows,
     # which lags the leader's: the worker keeps its own.
-    follower.send(type="reregister")
+    follower.to_worker(type="reregister")
     follower.admit(TERM2 + 1)
     wait(lambda: server.registered, what="registered again")
     assert server.plan.epoch == TERM2 + 5
@@ -143,4 +132,4 @@ def test_a_router_that_goes_away_loses_only_its_own_requests(two_routers):
     follower.close()  # the router dies: its connection drops
     wait(lambda: list(backend.reqs) == ["a" * 32], what="the follower's request aborted")
     assert list(server.live) == ["a" * 32]
-    leader.recv("tokens")  # the leader's stream goes on
+    leader.recv_kind("tokens")  # the leader's stream goes on

@@ -41,12 +41,10 @@ fn lease_specs_parse_and_bad_ones_are_refused() {
     }
 }
 
-#[tokio::test]
-async fn a_file_lease_has_one_holder_and_each_holder_a_larger_term() {
-    let dir = std::env::temp_dir().join(format!("nitsum-lease-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let spec = LeaseSpec::File(dir.join("lease"));
-    let (mut a, mut b) = (Lease::open(&spec, 1), Lease::open(&spec, 1));
+/// Two routers' handles on `spec`: the first takes the (free) lease, the second cannot and
+/// sees the first lead. Returns both and the first's term.
+async fn first_takes_it(spec: &LeaseSpec) -> (Lease, Lease, u64) {
+    let (mut a, mut b) = (Lease::open(spec, 1), Lease::open(spec, 1));
     assert_eq!(a.leader().await.unwrap(), None);
     let t1 = a.try_acquire(&candidate(0)).await.unwrap().expect("free");
     assert_eq!(
@@ -56,6 +54,15 @@ async fn a_file_lease_has_one_holder_and_each_holder_a_larger_term() {
     );
     assert_eq!(b.leader().await.unwrap(), Some(candidate(0).info(t1)));
     assert!(a.keep().await);
+    (a, b, t1)
+}
+
+#[tokio::test]
+async fn a_file_lease_has_one_holder_and_each_holder_a_larger_term() {
+    let dir = std::env::temp_dir().join(format!("nitsum-lease-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = LeaseSpec::File(dir.join("lease"));
+    let (mut a, mut b, t1) = first_takes_it(&spec).await;
     // The holder goes (as its process would on kill -9: the lock goes with the file).
     a.release().await;
     assert!(!a.keep().await);
@@ -84,16 +91,7 @@ async fn an_etcd_lease_has_one_holder_and_expires_without_renewal() {
         return;
     };
     let spec = LeaseSpec::parse(&format!("etcd:{}/test/lease", etcd.url)).unwrap();
-    let (mut a, mut b) = (Lease::open(&spec, 1), Lease::open(&spec, 1));
-    assert_eq!(a.leader().await.unwrap(), None);
-    let t1 = a.try_acquire(&candidate(0)).await.unwrap().expect("free");
-    assert_eq!(
-        b.try_acquire(&candidate(1)).await.unwrap(),
-        None,
-        "held by a"
-    );
-    assert_eq!(b.leader().await.unwrap(), Some(candidate(0).info(t1)));
-    assert!(a.keep().await);
+    let (mut a, mut b, t1) = first_takes_it(&spec).await;
     // a stops renewing (a paused or dead leader): the key goes within the TTL (1 s, and
     // etcd's expiry check runs every 500 ms).
     let t0 = Instant::now();

@@ -72,15 +72,16 @@ impl PeerMessage {
     }
 }
 
+/// A frame as it travels: the message's own msgpack bytes (`body`) and their MAC.
 #[derive(Debug, Serialize, Deserialize)]
-struct Frame {
-    v: u32,
+pub(crate) struct Frame {
+    pub v: u32,
     #[serde(rename = "type")]
-    ty: String,
-    router: u32,
+    pub ty: String,
+    pub router: u32,
     #[serde(with = "serde_bytes")]
-    body: Vec<u8>,
-    mac: String,
+    pub body: Vec<u8>,
+    pub mac: String,
 }
 
 /// Why a peer frame was dropped.

@@ -1,3 +1,4 @@
+use super::peer::Frame;
 use super::peer::*;
 use crate::plan::{NamedGroupPlan, Role};
 use crate::worker_auth::WorkerSecret;
@@ -62,16 +63,6 @@ fn a_wrong_secret_a_missing_mac_or_a_changed_byte_is_refused() {
         Err(PeerError::BadMac)
     );
     // The same MAC does not pass for another sender index.
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct Frame {
-        v: u32,
-        #[serde(rename = "type")]
-        ty: String,
-        router: u32,
-        #[serde(with = "serde_bytes")]
-        body: Vec<u8>,
-        mac: String,
-    }
     let mut frame: Frame = rmp_serde::from_slice(&bytes).unwrap();
     frame.router = 1;
     let forged = rmp_serde::to_vec_named(&frame).unwrap();
