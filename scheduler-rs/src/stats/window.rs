@@ -80,16 +80,7 @@ impl WindowStats {
     /// (tier, seconds ago, output tokens) of the completions within `lookback_s` of `now`
     /// the length window still holds.
     pub fn recent_completions(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
-        let since = now - lookback_s.min(self.cfg.length_window_s);
-        self.tiers
-            .iter()
-            .flat_map(|(name, w)| {
-                w.outputs
-                    .iter()
-                    .filter(move |&&(t, _)| t > since && t <= now)
-                    .map(move |&(t, o)| (name.as_str(), now - t, o))
-            })
-            .collect()
+        self.recent(now, lookback_s, |w| &w.outputs)
     }
 
     /// The length window, seconds.
@@ -100,14 +91,25 @@ impl WindowStats {
     /// (tier, seconds ago, prompt tokens) of the arrivals within `lookback_s` of `now`, as
     /// far as the length window still holds them (`length_window_s`), oldest first per tier.
     pub fn recent_arrivals(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
+        self.recent(now, lookback_s, |w| &w.prompts)
+    }
+
+    /// (tier, seconds ago, value) of the (time, value) samples `of` each tier's window within
+    /// `lookback_s` of `now` (at most the length window), oldest first per tier.
+    fn recent(
+        &self,
+        now: f64,
+        lookback_s: f64,
+        of: impl Fn(&TierWindow) -> &VecDeque<(f64, f64)>,
+    ) -> Vec<(&str, f64, f64)> {
         let since = now - lookback_s.min(self.cfg.length_window_s);
         self.tiers
             .iter()
             .flat_map(|(name, w)| {
-                w.prompts
+                of(w)
                     .iter()
                     .filter(move |&&(t, _)| t > since && t <= now)
-                    .map(move |&(t, p)| (name.as_str(), now - t, p))
+                    .map(move |&(t, v)| (name.as_str(), now - t, v))
             })
             .collect()
     }
