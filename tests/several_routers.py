@@ -38,18 +38,16 @@ PROFILE = {
 }
 
 
-def start_routers(tmp: Path, n: int, lease: str, window_ms: int) -> list[Router]:
-    """`n` routers (indices 0..n-1) with the control loop and the shared `lease`; router 0
-    first, so it takes the lease."""
+def start_routers(tmp: Path, n: int, lease: str, window_ms: int, routers: list[Router]) -> None:
+    """Add `n` routers (indices 0..n-1) to `routers`, with the control loop and the shared
+    `lease`; router 0 first, so it takes the lease."""
     (tmp / "profile.json").write_text(json.dumps(PROFILE))
-    routers = []
     for i in range(n):
         extra = ["--profile", str(tmp / "profile.json"), "--control-window-ms", str(window_ms)]
         extra += ["--lease", lease, "--router-index", str(i)]
         routers.append(Router(tmp, log_level="info", extra_args=extra, log_name=f"router{i}.log"))
         if i == 0:
             wait(lambda: plan_of(routers[0])["router"]["role"] == "leader", what="router 0 leads")
-    return routers
 
 
 def plan_of(router: Router) -> dict[str, Any]:
@@ -58,11 +56,11 @@ def plan_of(router: Router) -> dict[str, Any]:
 
 
 class Workers:
-    """`n` real worker servers (echo backends, one device each) registered with every router."""
+    """`n` real worker servers (echo backends, one device each) for every router."""
 
     def __init__(self, routers: list[Router], n: int, delay: float) -> None:
-        self.servers = []
-        self.threads = []
+        self.servers: list[WorkerServer] = []
+        self.threads: list[threading.Thread] = []
         for w in range(n):
             server = WorkerServer(
                 EchoBackend(w, delay),
@@ -76,6 +74,8 @@ class Workers:
             thread.start()
             self.servers.append(server)
             self.threads.append(thread)
+
+    def wait_registered(self) -> None:
         wait(lambda: all(s.registered for s in self.servers), what="workers registered")
 
     def stop(self) -> None:
@@ -83,6 +83,28 @@ class Workers:
             s.stop()
         for t in self.threads:
             t.join(5)
+
+
+class Deployment:
+    """Routers and workers of one test, all stopped by `stop` (the fixture's teardown), also
+    when the test fails half-way."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.routers: list[Router] = []
+        self.workers: Workers | None = None
+
+    def start(self, lease: str, window_ms: int, routers: int = 2, workers: int = 2) -> None:
+        """The routers (router 0 leading), then the workers registered with all of them."""
+        start_routers(self.tmp, routers, lease, window_ms, self.routers)
+        self.workers = Workers(self.routers, workers, delay=0.02)
+        self.workers.wait_registered()
+
+    def stop(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+        for r in self.routers:
+            r.stop()
 
 
 def echo(prompt: list[int], n: int) -> list[int]:

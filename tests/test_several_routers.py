@@ -20,15 +20,7 @@ from pathlib import Path
 import pytest
 
 from plane import wait
-from several_routers import (
-    Etcd,
-    FakeLeader,
-    Stream,
-    Workers,
-    echo,
-    plan_of,
-    start_routers,
-)
+from several_routers import Deployment, Etcd, FakeLeader, Stream, echo, plan_of
 
 pytestmark = pytest.mark.e2e
 
@@ -45,12 +37,31 @@ def bounded() -> Iterator[None]:
     faulthandler.cancel_dump_traceback_later()
 
 
-def kill_the_leader_under_load(tmp: Path, lease: str) -> tuple[list, Workers, int]:
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    d = Deployment(tmp_path)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[Etcd]:
+    if not Etcd.installed():
+        pytest.skip("etcd is not installed (Debian: apt-get install etcd-server)")
+    server = Etcd(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def kill_the_leader_under_load(d: Deployment, lease: str) -> int:
     """Routers a (leader) and b, 4 streams on each; `kill -9` a mid-stream; check b's streams,
-    the retries and the failover. Returns (routers, workers, a's term)."""
-    routers = start_routers(tmp, 2, lease, WINDOW_MS)
-    a, b = routers
-    workers = Workers(routers, 2, delay=0.02)
+    the retries and the failover. Returns a's term."""
+    d.start(lease, WINDOW_MS)
+    a, b = d.routers
     term_a = plan_of(a)["router"]["term"]
     # b follows a, and routes by a's plan (the same epoch, of a's term).
     wait(lambda: plan_of(b)["router"]["role"] == "follower", what="b follows")
@@ -92,12 +103,15 @@ def kill_the_leader_under_load(tmp: Path, lease: str) -> tuple[list, Workers, in
         ),
         what="every worker on b's plan",
     )
-    return routers, workers, term_a
+    return term_a
 
 
-def test_kill_9_the_leader_and_a_deposed_leader_cannot_roll_the_plan_back(tmp_path: Path) -> None:
-    routers, workers, term_a = kill_the_leader_under_load(tmp_path, f"file:{tmp_path}/lease")
-    a, b = routers
+def test_kill_9_the_leader_and_a_deposed_leader_cannot_roll_the_plan_back(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    term_a = kill_the_leader_under_load(deployment, f"file:{tmp_path}/lease")
+    a, b = deployment.routers
+    assert deployment.workers is not None
     term_b = plan_of(b)["router"]["term"]
     fake = FakeLeader(a.addr)
     try:
@@ -106,26 +120,12 @@ def test_kill_9_the_leader_and_a_deposed_leader_cannot_roll_the_plan_back(tmp_pa
         for w, ack in fake.acks.items():
             assert ack["ok"] is False, ack
             assert "older than the active epoch" in ack["error"], ack
-            assert workers.servers[w].plan.epoch >> 32 == term_b
+            assert deployment.workers.servers[w].plan.epoch >> 32 == term_b
         assert b.generate(PROMPTS[0], 10) == echo(PROMPTS[0], 10)
         assert all(e >> 32 == term_b for e in plan_of(b)["router"]["worker_epochs"].values())
     finally:
         fake.close()
-        workers.stop()
-        for r in routers:
-            r.stop()
 
 
-def test_kill_9_the_leader_with_an_etcd_lease(tmp_path: Path) -> None:
-    if not Etcd.installed():
-        pytest.skip("etcd is not installed (Debian: apt-get install etcd-server)")
-    etcd = Etcd(tmp_path)
-    routers: list = []
-    try:
-        lease = f"etcd:{etcd.url}/nitsum/test-{uuid.uuid4().hex}"
-        routers, workers, _ = kill_the_leader_under_load(tmp_path, lease)
-        workers.stop()
-    finally:
-        for r in routers:
-            r.stop()
-        etcd.stop()
+def test_kill_9_the_leader_with_an_etcd_lease(etcd: Etcd, deployment: Deployment) -> None:
+    kill_the_leader_under_load(deployment, f"etcd:{etcd.url}/nitsum/test-{uuid.uuid4().hex}")
