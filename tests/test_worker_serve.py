@@ -25,8 +25,8 @@ import argparse, json, os, sys, threading, zmq
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import msgpack
 p = argparse.ArgumentParser()
-for f in ("--listen", "--worker-addr", "--model-dir", "--served-model-name", "--config",
-          "--router-index", "--lease"):
+for f in ("--router-index", "--lease", "--listen", "--worker-addr", "--model-dir",
+          "--served-model-name", "--config"):
     p.add_argument(f)
 a = p.parse_args()
 a.host, a.port = a.listen.rsplit(":", 1)
