@@ -16,6 +16,16 @@ if [ -n "$extras" ] && command -v rustup >/dev/null \
     rustup component add rustfmt clippy
 fi
 
+# The several-routers tests take their etcd lease from Debian's etcd-server (docs/deployment.md):
+# as root with apt (CI), install it (about 10-20 s with the package lists' update); elsewhere
+# those tests skip, saying so.
+if [ -n "$extras" ] && ! command -v etcd >/dev/null && [ "$(id -u)" = 0 ] \
+    && command -v apt-get >/dev/null; then
+    install_etcd() { apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1; }
+    install_etcd || { apt-get update -q >/dev/null 2>&1 && install_etcd; } \
+        || echo "setup: could not install etcd-server; the etcd lease tests will skip"
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi

@@ -109,17 +109,23 @@ class Router:
     """`nitsum-router` on free loopback ports with the shared secret in its environment."""
 
     def __init__(
-        self, tmp: Path, config: dict[str, Any] | None = None, log_level: str = "error"
+        self,
+        tmp: Path,
+        config: dict[str, Any] | None = None,
+        log_level: str = "error",
+        extra_args: list[str] | None = None,
+        log_name: str = "router.log",
     ) -> None:
-        """`log_level` other than "error": the router's log goes to `self.log` (a file)."""
+        """`log_level` other than "error": the router's log goes to `self.log` (a file, named
+        `log_name` in `tmp`). `extra_args`: more router flags."""
         write_tiny_model(tmp)
         self.http = f"http://127.0.0.1:{free_port()}"
         self.addr = f"tcp://127.0.0.1:{free_port()}"
         self.args = [str(BIN), "--listen", self.http.removeprefix("http://")]
         self.args += ["--worker-addr", self.addr, "--model-dir", str(tmp)]
         self.args += ["--served-model-name", MODEL, "--log-level", log_level]
-        self.log: Path | None = None if log_level == "error" else tmp / "router.log"
-        self.args += ["--heartbeat-timeout-ms", "3000"]
+        self.log: Path | None = None if log_level == "error" else tmp / log_name
+        self.args += ["--heartbeat-timeout-ms", "3000", *(extra_args or [])]
         if config is not None:
             (tmp / "router.json").write_text(json.dumps(config))
             self.args += ["--config", str(tmp / "router.json")]
@@ -180,6 +186,32 @@ class RealWorker:
     def stop(self) -> None:
         self.server.stop()
         self.thread.join(5)
+
+
+class FakeRouter:
+    """A ROUTER socket at the address a worker dials (a fake router); records what each peer
+    sends."""
+
+    def __init__(self) -> None:
+        self.addr = f"tcp://127.0.0.1:{free_port()}"
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.addr)
+        self.got: list[dict] = []
+
+    def recv(self, timeout: float = 2.0) -> tuple[bytes, dict] | None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        peer, frame = self.sock.recv_multipart()
+        msg = msgpack.unpackb(frame, raw=False)
+        self.got.append(msg)
+        return peer, msg
+
+    def send(self, peer: bytes, **msg: object) -> None:
+        self.sock.send_multipart([peer, msgpack.packb({"v": 1, **msg})])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
 
 
 class Peer:

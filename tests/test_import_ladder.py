@@ -40,6 +40,8 @@ FLOORS: list[set[str]] = [
         "serve_devices",
         "serve_flags",
         "serve_kv_sizing",
+        "serve_routers",
+        "serve_supervise",
         "cli",
         "simulate",
         "bench",

@@ -134,6 +134,7 @@ sys.exit(s.main(sys.argv[3:]))
 def test_serve_passes_the_profile_it_gives_the_router(tmp_path, control):
     router = tmp_path / "fake-router"
     source = FAKE_ROUTER.replace('"--config")', '"--config", "--profile")')
+    assert source != FAKE_ROUTER, "the fake router's flags changed: teach it --profile again"
     router.write_text(f"#!{sys.executable}\n{source}")
     router.chmod(0o755)
     (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)

@@ -21,8 +21,8 @@ import zmq
 
 from nitsum.worker.handshake import new_nonce, router_proof
 from nitsum.worker.server import WorkerServer
-from plane import MODEL, SECRET, EchoBackend, Router, wait
-from test_router_protocol import BIN, free_port
+from plane import MODEL, SECRET, EchoBackend, FakeRouter, Router, wait
+from test_router_protocol import BIN
 
 pytestmark = pytest.mark.e2e
 
@@ -35,31 +35,6 @@ def bounded() -> Iterator[None]:
     faulthandler.dump_traceback_later(60, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
-
-
-class FakeRouter:
-    """A ROUTER socket at the address the worker dials; records what each peer sends."""
-
-    def __init__(self) -> None:
-        self.addr = f"tcp://127.0.0.1:{free_port()}"
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(self.addr)
-        self.got: list[dict] = []
-
-    def recv(self, timeout: float = 2.0) -> tuple[bytes, dict] | None:
-        if not self.sock.poll(int(timeout * 1000)):
-            return None
-        peer, frame = self.sock.recv_multipart()
-        msg = msgpack.unpackb(frame, raw=False)
-        self.got.append(msg)
-        return peer, msg
-
-    def send(self, peer: bytes, **msg: object) -> None:
-        self.sock.send_multipart([peer, msgpack.packb({"v": 1, **msg})])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
 
 
 def start_worker(addr: str) -> tuple[WorkerServer, EchoBackend, threading.Thread]:

@@ -25,14 +25,16 @@ import argparse, json, os, sys, threading, zmq
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import msgpack
 p = argparse.ArgumentParser()
-for f in ("--listen", "--worker-addr", "--model-dir", "--served-model-name", "--config"):
+for f in ("--router-index", "--lease", "--listen", "--worker-addr", "--model-dir",
+          "--served-model-name", "--config"):
     p.add_argument(f)
 a = p.parse_args()
 a.host, a.port = a.listen.rsplit(":", 1)
 out = os.environ["FAKE_OUT"]
 secret = os.environ.get("NITSUM_WORKER_SECRET")
+name = "router" if a.router_index is None else f"router{a.router_index}"
 json.dump({"argv": sys.argv[1:], "pid": os.getpid(), "secret": secret},
-          open(f"{out}/router.json", "w"))
+          open(f"{out}/{name}.json", "w"))
 workers = set()
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -65,11 +67,12 @@ if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 ids = range(wid, wid + int(mode[4:])) if mode.startswith("host") else [wid]
 socks = []
-for i in ids:
-    s = zmq.Context.instance().socket(zmq.DEALER); s.setsockopt(zmq.IDENTITY, str(i).encode())
-    s.connect(addr)
-    s.send(msgpack.packb({"v": 1, "type": "register", "worker_id": i}))
-    socks.append(s)
+for one in addr.split(","):  # several routers: it registers with each
+    for i in ids:
+        s = zmq.Context.instance().socket(zmq.DEALER); s.setsockopt(zmq.IDENTITY, str(i).encode())
+        s.connect(one)
+        s.send(msgpack.packb({"v": 1, "type": "register", "worker_id": i}))
+        socks.append(s)
 while True:
     time.sleep(0.1)
 """
@@ -133,8 +136,8 @@ def launch(tmp_path):
         if proc.stdout:
             proc.stdout.close()
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    if (tmp_path / "router.json").exists():
-        pids.append(json.loads((tmp_path / "router.json").read_text())["pid"])
+    for router_json in tmp_path.glob("router*.json"):
+        pids.append(json.loads(router_json.read_text() or "{}").get("pid", 0))
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
@@ -254,6 +257,47 @@ def test_tp_switching_starts_one_host_worker_for_all_devices(launch, tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
     assert wait_dead(pids, timeout=2.0) == []
+
+
+@pytest.mark.e2e
+def test_several_routers_on_consecutive_ports_share_a_lease_and_every_worker(launch, tmp_path):
+    proc, port = launch("ok,ok", "--routers", "2")
+    line = read_ready_line(proc)
+    urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]
+    assert (
+        line.strip() == f"nitsum serve: tiny-model ready at {urls[0]}/v1 {urls[1]}/v1 (2 workers)"
+    )
+    first = [json.loads((tmp_path / f"router{i}.json").read_text()) for i in range(2)]
+    flag = lambda i, f: first[i]["argv"][first[i]["argv"].index(f) + 1]  # noqa: E731
+    assert [flag(i, "--listen") for i in range(2)] == [f"127.0.0.1:{port + i}" for i in range(2)]
+    zmq_port = int(flag(0, "--worker-addr").rsplit(":", 1)[1])
+    assert flag(1, "--worker-addr") == f"tcp://127.0.0.1:{zmq_port + 1}"
+    assert [flag(i, "--router-index") for i in range(2)] == ["0", "1"]
+    lease = flag(0, "--lease")
+    assert lease == flag(1, "--lease") and lease.startswith("file:")
+    assert first[0]["secret"] == first[1]["secret"]
+    # Every worker registered with both routers.
+    for url in urls:
+        assert serve.get_health(url)[1]["workers"] == 2
+    # A router that dies is restarted alone, with its own command; the other serves on.
+    os.kill(first[1]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while json.loads((tmp_path / "router1.json").read_text() or "{}").get("pid") in (
+        None,
+        first[1]["pid"],
+    ):
+        assert time.monotonic() < deadline, "router1 was not restarted"
+        time.sleep(0.1)
+    again = json.loads((tmp_path / "router1.json").read_text())
+    assert again["argv"] == first[1]["argv"]
+    assert json.loads((tmp_path / "router0.json").read_text())["pid"] == first[0]["pid"]
+    pids = [first[0]["pid"], again["pid"]] + [
+        int((tmp_path / f"worker{i}.pid").read_text()) for i in range(2)
+    ]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert wait_dead(pids, timeout=2.0) == []
+    assert not Path(lease.removeprefix("file:")).parent.exists(), "the run directory is left"
 
 
 def test_host_worker_command():

@@ -14,23 +14,21 @@ router, wait for its `/health` to answer at all (503 "no_workers" counts: the HT
 up), start the workers, then poll `/health` until its JSON reports `workers >= N`. Ctrl-C or
 SIGTERM is forwarded to every child; no child outlives this process (see worker/children.py).
 The router and its workers share a fresh random worker secret (`NITSUM_WORKER_SECRET` in their
-environment) that workers authenticate with (docs/security.md). See docs/serving.md.
+environment) that workers authenticate with (docs/security.md). With `--routers N`, N routers
+on consecutive ports share a planning lease and every worker registers with each
+(serve_routers.py). See docs/serving.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import functools
 import logging
 import os
 import secrets
+import shutil
 import signal
-import socket
 import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+import tempfile
 from pathlib import Path
 from types import FrameType
 
@@ -49,14 +47,26 @@ from nitsum.serve_commands import (
     host_worker_command,
     resolve_router,
     router_command,
-    without_kv_transport,
     worker_command,
 )
 from nitsum.serve_flags import build_parser, resolve_dtype, resolve_flags
 from nitsum.serve_kv_sizing import kv_sizing
+from nitsum.serve_routers import (
+    check_routers,
+    lease_flags,
+    router_names,
+    router_ports,
+    worker_addrs,
+)
+from nitsum.serve_supervise import (
+    check_port_free,
+    get_health,
+    supervise,
+    wait_for,
+    workers_ready,
+)
 from nitsum.worker.children import Children
 from nitsum.worker.protocol import SECRET_ENV
-from nitsum.worker.supervise import Restarts
 
 log = logging.getLogger("nitsum.serve")
 
@@ -72,57 +82,8 @@ def profile_shift_rule(profile: Path | str | None) -> ShiftRule | None:
         return None
 
 
-def check_port_free(host: str, port: int) -> None:
-    """ServeError when something already listens on host:port: its /health would fool us."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ServeError(f"cannot use {host}:{port} ({e.strerror}); pick another --port") from e
-
-
-def get_health(base_url: str, timeout: float = 2.0) -> tuple[int, dict] | None:
-    """(status, JSON body) of GET /health; None while nothing answers."""
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout) as r:
-            status, body = r.status, r.read()
-    except urllib.error.HTTPError as e:  # 503 "no_workers" is an answer too
-        status, body = e.code, e.read()
-    except (urllib.error.URLError, OSError):
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = {}
-    return status, data if isinstance(data, dict) else {}
-
-
-def workers_ready(health: tuple[int, dict] | None, n: int) -> bool:
-    """Whether /health reports `n` workers (a body without `workers`: 200 means ready)."""
-    if health is None:
-        return False
-    status, data = health
-    if isinstance(data.get("workers"), int):
-        return data["workers"] >= n
-    return status == 200
-
-
 class _Stop(Exception):
     """Raised in the main thread by the signal handler."""
-
-
-def _wait(what: str, children: Children, timeout: float, ready: Callable[[], object]) -> None:
-    """Poll `ready` every 200 ms; fail early when a child exits."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        dead = children.exited()
-        if dead:
-            name, code = dead[0]
-            raise ServeError(f"{name} exited with code {code} while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise ServeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def use_host_worker(
@@ -140,52 +101,12 @@ def use_host_worker(
     return (control and device == "cpu" and workers > 1) or devices_per_gpu > 1
 
 
-def _supervise(
-    children: Children,
-    workers: dict[str, list[str]],
-    router: list[str],
-    env: dict[str, str],
-    args: argparse.Namespace,
-    url: str,
-) -> None:
-    """Keep the router and the workers running until a signal: restart whoever exits (with
-    backoff, supervise.py) unless told not to.
-
-    NOTE: a restarted router keeps its command line, address and worker secret, so the live
-    workers reconnect to it and register again by themselves (worker/link.py) and abort what
-    the dead router had sent them (worker/registration.py); a restarted worker registers afresh.
-    """
-    restarts = Restarts()
-    for who in (*workers, "router"):
-        restarts.started(who)
-    reported: set[str] = set()
-    waiting_for_workers = False
-    while True:
-        for who, code in children.exited():
-            if who == "router" and not args.restart_router:
-                raise ServeError(f"the router exited with code {code}")
-            if who == "router" or args.restart_workers:
-                restarts.exited(who, code)
-            elif who not in reported:  # the router retries its requests (docs/protocol.md)
-                log.error("%s exited with code %s; serving with the others", who, code)
-                reported.add(who)
-        for who in restarts.due():
-            cmd = router if who == "router" else without_kv_transport(workers[who])
-            children.spawn(who, cmd, env=env)
-            restarts.started(who)
-            waiting_for_workers |= who == "router"
-        if waiting_for_workers and workers_ready(get_health(url, timeout=0.5), args.workers):
-            log.info("the restarted router serves %d workers again", args.workers)
-            waiting_for_workers = False
-        time.sleep(0.2)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run until SIGINT/SIGTERM (or the router exits, with --no-restart-router); 0 on a clean
     stop, 1 or 2 on failure."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s %(message)s")
-    errors = resolve_flags(args)
+    errors = resolve_flags(args) + check_routers(args)
     if args.workers < 1:
         errors.append("--workers must be >= 1")
     if errors:
@@ -197,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
 
         model_dir = resolve_model_dir(args.model)
         prefix = resolve_router(args.router_bin)
-        check_port_free(args.host, args.port)
+        ports = router_ports(args.port, args.routers)
+        for port in ports:
+            check_port_free(args.host, port)
+        addrs = worker_addrs(args.worker_addr, args.routers)
         choice = choose_control_profile(
             model_dir, args.device, args.profile, args.control, args.config
         )
@@ -235,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     args.kv_peers_addr = f"tcp://127.0.0.1:{free_port()}" if args.kv_transport else None
     names = args.served_model_name or [model_dir.name]
     name = names[0]
-    url = f"http://{'127.0.0.1' if args.host == '0.0.0.0' else args.host}:{args.port}"
+    host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
+    names_of = router_names(args.routers)
+    urls = {who: f"http://{host}:{port}" for who, port in zip(names_of, ports, strict=True)}
+    run_dir = Path(tempfile.mkdtemp(prefix="nitsum-serve-"))  # the routers' lease file
     children = Children(grace_s=args.stop_timeout)
     received: list[int] = []
 
@@ -250,38 +177,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_keys:
         env[API_KEYS_ENV] = "\n".join(args.api_keys)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    profile = str(choice.profile) if choice.profile else None
     try:
-        rcmd = router_command(
-            prefix,
-            args.host,
-            args.port,
-            args.worker_addr,
-            model_dir,
-            names,
-            args.config,
-            str(choice.profile) if choice.profile else None,
-            args,
-        )
-        children.spawn("router", rcmd, env=env)
-        _wait("the router's /health", children, args.startup_timeout, lambda: get_health(url))
+        routers = {
+            who: router_command(
+                prefix, args.host, ports[i], addrs[i], model_dir, names, args.config, profile, args
+            )
+            + lease_flags(args, i, run_dir)
+            for i, who in enumerate(names_of)
+        }
+        for who, rcmd in routers.items():
+            children.spawn(who, rcmd, env=env)
+        for who, url in urls.items():
+            up = functools.partial(get_health, url)
+            wait_for(f"the {who}'s /health", children, args.startup_timeout, up)
+        # NOTE: every worker registers with every router (one DEALER per router).
+        every = ",".join(addrs)
         workers = (
-            {"host-worker": host_worker_command(model_dir, args.worker_addr, name, args)}
+            {"host-worker": host_worker_command(model_dir, every, name, args)}
             if host_worker
             else {
-                f"worker{i}": worker_command(i, model_dir, args.worker_addr, name, args)
+                f"worker{i}": worker_command(i, model_dir, every, name, args)
                 for i in range(args.workers)
             }
         )
         for who, cmd in workers.items():
             children.spawn(who, cmd, env=env)
-        _wait(
+        wait_for(
             f"{args.workers} workers to register",
             children,
             args.startup_timeout,
-            lambda: workers_ready(get_health(url), args.workers),
+            lambda: all(workers_ready(get_health(u), args.workers) for u in urls.values()),
         )
-        print(f"nitsum serve: {name} ready at {url}/v1 ({args.workers} workers)", flush=True)
-        _supervise(children, workers, rcmd, env, args, url)
+        at = " ".join(f"{u}/v1" for u in urls.values())
+        print(f"nitsum serve: {name} ready at {at} ({args.workers} workers)", flush=True)
+        supervise(children, workers, routers, env, args, urls)
     except _Stop:
         log.info("signal %d: stopping", received[0])
         return 0
@@ -293,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         children.stop(received[0] if received else signal.SIGTERM)
+        shutil.rmtree(run_dir, ignore_errors=True)
         for s, h in old.items():
             signal.signal(s, h)
     return 0

@@ -188,6 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
         "loopback port, so the planner may split prefill/decode across them (a restarted "
         "worker runs without it, which turns such splits off)",
     )
+    p.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="N routers in front of the pool, on ports --port..--port+N-1 (workers on "
+        "--worker-addr's port + i); one plans, the others follow; put a load balancer in "
+        "front (docs/serving.md, 'Several routers behind a load balancer')",
+    )
+    p.add_argument(
+        "--router-lease",
+        default=None,
+        help="the routers' planning lease: etcd:http://HOST:PORT[/KEY] across hosts (default "
+        "with --routers > 1: a file lock in this run's directory)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds")
     p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds before SIGKILL")
     p.add_argument(

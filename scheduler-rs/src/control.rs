@@ -50,11 +50,23 @@ pub fn spawn(engine: Arc<RouterState>, profile: Arc<Profile>) -> JoinHandle<()> 
         loop {
             tokio::select! {
                 biased;
+                // NOTE: this router just took the lease (several routers): plan at once.
+                _ = engine.leading.notified() => (backoff, skip) = (0, 0),
                 _ = tick.tick() => {}
                 _ = observe_tick.tick(), if shadows => {
-                    observe(&engine, &profile, &mut chooser).await;
+                    if engine.plans() {
+                        observe(&engine, &profile, &mut chooser).await;
+                    }
                     continue;
                 }
+            }
+            // NOTE: a follower routes by the leader's plan; it plans once it leads. Its own
+            // dispatcher still lets go of the charges of requests past their TTFT, and its
+            // window drops what it no longer holds (it forwards its arrivals to the leader).
+            if !engine.plans() {
+                engine.release_late_charges();
+                engine.prune_window();
+                continue;
             }
             if skip > 0 {
                 skip -= 1;

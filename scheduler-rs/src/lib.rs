@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod errors;
 pub mod fasthash;
 pub mod ids;
+pub mod lease;
 pub mod metrics;
 pub mod mock_worker;
 pub mod plan;
@@ -21,6 +22,7 @@ pub mod protocols;
 #[cfg(feature = "python")]
 mod python;
 pub mod registry;
+pub mod routers;
 pub mod server;
 pub mod sim;
 pub mod state;

@@ -189,6 +189,21 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The plan as one of `routers` routers dispatches by it: each group's SLO bandwidth
+    /// (`max_rps`, `max_inflight`) split evenly between them (architecture §4 "Several
+    /// routers"); 0 (unbounded) stays unbounded.
+    pub fn shared_by(&self, routers: u32) -> Plan {
+        let n = f64::from(routers.max(1));
+        let mut plan = self.clone();
+        for g in &mut plan.groups {
+            g.max_rps /= n;
+            g.max_inflight /= n;
+        }
+        plan
+    }
+}
+
 impl NamedPlan {
     /// The router form: every group's tier names resolved against `tiers`.
     pub fn resolve(self, tiers: &[Tier]) -> Result<Plan> {
@@ -233,6 +248,23 @@ mod tests {
         let named: NamedPlan = serde_json::from_str(PLAN_JSON).unwrap();
         let err = named.resolve(&tiers(&["gold"])).unwrap_err();
         assert!(err.to_string().contains("\"silver\""), "{err}");
+    }
+
+    #[test]
+    fn routers_share_a_groups_slo_bandwidth_and_unbounded_stays_unbounded() {
+        let named: NamedPlan = serde_json::from_str(PLAN_JSON).unwrap();
+        let plan = named.resolve(&tiers(&["silver", "gold"])).unwrap();
+        let half = plan.shared_by(2);
+        assert_eq!(
+            (half.groups[0].max_rps, half.groups[0].max_inflight),
+            (1.25, 1.5)
+        );
+        assert_eq!(
+            (half.groups[1].max_rps, half.groups[1].max_inflight),
+            (0.0, 0.0)
+        );
+        assert_eq!(plan.shared_by(1), plan);
+        assert_eq!(plan.shared_by(0), plan);
     }
 
     #[test]

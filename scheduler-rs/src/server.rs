@@ -1,5 +1,5 @@
-//! Wiring: config → model files → engine → transport → heartbeat reaper → control loop (with
-//! a profile) → HTTP server.
+//! Wiring: config → model files → engine → transport → heartbeat reaper → lease loop (several
+//! routers) → control loop (with a profile) → HTTP server.
 //! `main` (the binary) and `nitsum._core.router_main` (Python) both call [`cli_main`].
 
 use std::net::SocketAddr;
@@ -30,6 +30,8 @@ pub struct Running {
     pub reaper: JoinHandle<()>,
     /// The control loop (with `--profile`).
     pub control: Option<JoinHandle<()>>,
+    /// The lease loop (several routers, with `--lease`).
+    pub routers: Option<crate::routers::Routers>,
     pub mocks: Vec<MockWorker>,
 }
 
@@ -59,6 +61,9 @@ impl Running {
         self.reaper.abort();
         if let Some(c) = &self.control {
             c.abort();
+        }
+        if let Some(r) = &self.routers {
+            r.abort();
         }
         self.transport.abort();
         for m in &self.mocks {
@@ -104,6 +109,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
             }
         })
     };
+    let routers = crate::routers::spawn(engine.clone(), &worker_endpoint)?;
     let control = profile.map(|p| {
         tracing::info!(
             window_ms = cfg.control_window_ms,
@@ -142,6 +148,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
         http,
         reaper,
         control,
+        routers,
         mocks,
     })
 }
@@ -151,7 +158,7 @@ pub async fn serve(cfg: RouterConfig) -> Result<()> {
     let model = load_model(&cfg)?;
     let shutdown_workers = cfg.shutdown_workers_on_exit;
     let drain = Duration::from_millis(cfg.drain_timeout_ms);
-    let running = start(cfg, model).await?;
+    let mut running = start(cfg, model).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     tokio::select! {
@@ -162,6 +169,10 @@ pub async fn serve(cfg: RouterConfig) -> Result<()> {
         inflight = running.router.inflight(),
         "shutting down: draining"
     );
+    // NOTE: give the lease up first: another router plans while this one drains.
+    if let Some(r) = running.routers.take() {
+        r.release().await;
+    }
     let ended = running.drain(drain).await;
     tracing::info!(ended, "drained");
     if shutdown_workers {

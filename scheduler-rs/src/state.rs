@@ -77,6 +77,10 @@ struct State {
     outcomes: std::collections::VecDeque<(f64, TierId, bool)>,
     /// Control windows planned so far (selection rounds run every `every_windows`).
     windows: u64,
+    /// Unix ms when the latest windows were planned (bounded), oldest first.
+    planned_at: std::collections::VecDeque<u64>,
+    /// Unix ms when this router last took the lease (0: never).
+    leading_since_ms: u64,
     /// The control loop's last strategy choice (shown in `/admin/plan`).
     choice: Option<crate::sim::choice::Choice>,
     /// Recent control decisions, oldest first (bounded).
@@ -85,6 +89,19 @@ struct State {
     sessions: crate::worker_auth::Sessions,
     /// Which group last got each prompt prefix (cache-aware dispatch).
     prefixes: crate::prefix_index::PrefixIndex,
+    /// This router's part in planning (several routers: `leadership.rs`).
+    role: leadership::RouterRole,
+    /// Routers that share each group's SLO bandwidth (1: this one alone).
+    share: u32,
+    /// A follower: (term, sent_ms) of the last plan it took from a leader.
+    adopted: (u64, u64),
+    /// A leader: the followers it hears from, by router index.
+    peers: std::collections::BTreeMap<u32, peer_window::PeerView>,
+    /// A follower: window events not yet forwarded to the leader.
+    forward: peer_window::Forward,
+    /// A follower: the leader term it last wrote to (its first message to a term carries
+    /// its whole window history).
+    forwarded_term: u64,
 }
 
 /// At most this many requests are held at once (state/held.rs); beyond it a request with no
@@ -107,6 +124,8 @@ pub struct RouterState {
     control: bool,
     /// Shutting down: new requests are refused (`RouterState::start_draining`).
     draining: std::sync::atomic::AtomicBool,
+    /// Notified when this router takes the lease: the control loop plans at once.
+    pub leading: tokio::sync::Notify,
 }
 
 #[cfg(test)]
@@ -121,8 +140,12 @@ mod handshake_tests;
 mod held;
 #[cfg(test)]
 mod held_tests;
+mod leadership;
+#[cfg(test)]
+mod leadership_tests;
 mod live_plan;
 mod orphans;
+mod peer_window;
 mod plan_record;
 mod requests;
 mod rounds;
@@ -138,6 +161,8 @@ mod window;
 mod workers;
 pub use events::{EarlyEnd, Event, FinishReason, Outbound};
 pub use handle::RequestHandle;
+pub use leadership::RouterRole;
+pub use peer_window::forward_period;
 pub use plan_record::{PlanRecord, PlanResult, Refusal};
 pub use rounds::RoundOutcome;
 pub use submit::{CacheHints, Fork, Submit};
@@ -154,12 +179,20 @@ impl RouterState {
             prior_output_tokens: cfg.planner.prior_lengths.1,
             ..StatsConfig::default()
         });
+        // NOTE: with a lease a router starts as a follower until it holds it.
+        let role = if cfg.lease.is_some() {
+            leadership::RouterRole::Follower { leader: None }
+        } else {
+            leadership::RouterRole::Alone
+        };
         let engine = RouterState {
             metrics: Metrics::new(&cfg.tiers, &cfg.served_model_name),
             control: cfg.profile.is_some(),
             cfg,
             state: Mutex::new(State {
                 stats,
+                role,
+                share: 1,
                 ..State::default()
             }),
             out,
@@ -167,6 +200,7 @@ impl RouterState {
             ids: crate::worker_auth::RequestIds::new(),
             clock: Instant::now(),
             draining: std::sync::atomic::AtomicBool::new(false),
+            leading: tokio::sync::Notify::new(),
         };
         (Arc::new(engine), rx)
     }

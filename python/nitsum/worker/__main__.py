@@ -31,7 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--devices", type=int, default=1, help="N > 1: a host worker over N local devices"
     )
-    p.add_argument("--router", default=DEFAULT_ROUTER, help="the router's worker address")
+    p.add_argument(
+        "--router",
+        default=DEFAULT_ROUTER,
+        help="the router's worker address; several routers in front of one pool: every "
+        "router's, comma-separated (the worker registers with each)",
+    )
     p.add_argument("--served-model-name", default=None, help="model name sent in register")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda:0, ...)")
     p.add_argument("--kv-cache-mb", type=int, default=512, help="KV pool size in MiB")
@@ -197,6 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices < 1:
         print("nitsum worker: --devices must be >= 1", file=sys.stderr)
         return 2
+    routers = [a.strip() for a in args.router.split(",") if a.strip()]
+    if not routers:
+        print("nitsum worker: --router names no address", file=sys.stderr)
+        return 2
+    if args.kv_peers and len(routers) > 1:
+        # NOTE: a request handed over by a KV peer streams on the decode target's socket, and
+        # the peer does not say which router sent it (docs/deployment.md "Several routers").
+        print(
+            "nitsum worker: --kv-peers serves one router; several --router addresses are not "
+            "supported with it yet",
+            file=sys.stderr,
+        )
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda:"):
@@ -246,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         backend.attach_peers(peers)
     server = WorkerServer(
-        backend, args.router, name, device=args.device, secret=secret, kv_transport=args.kv_peers
+        backend, routers, name, device=args.device, secret=secret, kv_transport=args.kv_peers
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

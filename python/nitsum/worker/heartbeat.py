@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from nitsum.worker.link import RouterLink
+from nitsum.worker.link import LinkKey, RouterLink
 from nitsum.worker.protocol import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -31,20 +31,21 @@ class StepHeartbeats:
     lock's hand-over is the full memory barrier ZMQ asks for when a socket changes threads.
     """
 
-    def __init__(self, links: dict[int, RouterLink], every_s: float) -> None:
+    def __init__(self, links: dict[LinkKey, RouterLink], every_s: float) -> None:
         self.sockets = threading.Lock()
         self.links = links
         self.every_s = every_s
-        # Each device's latest heartbeat, built by the serving loop (its load as of then).
+        # Each device's latest heartbeat, built by the serving loop (its load as of then); it
+        # goes to every router the device serves.
         # NOTE: the thread resends it as it is: it proves liveness; the load it reports is at
         # most one step old, and computing a fresh one would read engine state mid-step.
         self.latest: dict[int, Heartbeat] = {}
         self.sent = 0  # heartbeats this thread sent (they mean a step outlasted the timer)
-        # Devices whose last heartbeat was one of this thread's (a load up to a step old).
+        # Links whose last heartbeat was one of this thread's (a load up to a step old).
         # NOTE: the serving loop sends a fresh one after the step even if the timer is not
         # due: otherwise, with steps longer than the timer, the thread's resends reset the
         # timer every time and the router would see the load of the first step forever.
-        self.stale: set[int] = set()
+        self.stale: set[LinkKey] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nitsum-heartbeat", daemon=True)
 
@@ -78,10 +79,10 @@ class StepHeartbeats:
                 if self._stop.is_set():
                     return
                 now = time.monotonic()
-                for device, link in self.links.items():
-                    beat = self.latest.get(device)
+                for key, link in self.links.items():
+                    beat = self.latest.get(key[1])
                     # NOTE: nothing but the handshake goes to a router that has not accepted us.
                     if beat is not None and link.registered and link.heartbeat_due(now):
                         link.send(beat)
                         self.sent += 1
-                        self.stale.add(device)
+                        self.stale.add(key)

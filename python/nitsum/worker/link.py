@@ -1,8 +1,10 @@
-"""One device id's connection to the router: a DEALER socket, its monitor, register/heartbeat,
+"""One device id's connection to one router: a DEALER socket, its monitor, register/heartbeat,
 and whether the peer at the router's address has proven the worker secret on it.
 
-A host worker owns one link per device it serves, so the router sees one worker per device
-(docs/protocol.md). The link knows nothing about engines: the server builds the messages.
+A host worker owns one link per device it serves and router it serves them to (several routers
+in front of one pool: every worker registers with every router), so each router sees one
+worker per device (docs/protocol.md). The link knows nothing about engines: the server builds
+the messages.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20  # a larger message drops the connection (docs/security.md)
 MAX_HELD_BYTES = 64 << 20  # frames held while the router has not proven itself yet
 
+LinkKey = tuple[int, int]
+"""A link's key: (the router's index in the worker's `--router` list, the device id)."""
+
 
 class RouterLink:
     """The DEALER socket of worker `worker_id`.
@@ -40,10 +45,13 @@ class RouterLink:
         register_every_s: float,
         heartbeat_every_s: float,
         authenticate: bool = False,
+        router: int = 0,
     ) -> None:
         """`authenticate`: the worker has a secret, so the router must prove it (handshake.py)
-        before anything it sends is acted on; without one every peer counts as proven."""
+        before anything it sends is acted on; without one every peer counts as proven.
+        `router`: the router's index in the worker's list of routers."""
         self.worker_id = worker_id
+        self.router = router
         self.router_addr = router_addr
         self.authenticate = authenticate
         # NOTE (invariant): with `authenticate`, `proven` is True only after the peer on this
@@ -68,6 +76,11 @@ class RouterLink:
         now = time.monotonic()
         self.next_register = self.next_heartbeat = now
 
+    @property
+    def key(self) -> LinkKey:
+        """(router index, device id)."""
+        return self.router, self.worker_id
+
     def due(self, now: float) -> tuple[bool, bool]:
         """(register due, heartbeat due) at `now`; advances the timers of what is due."""
         register = not self.registered and now >= self.next_register
@@ -82,18 +95,25 @@ class RouterLink:
         self.next_heartbeat = now + self.heartbeat_every_s
         return True
 
-    def on_monitor(self) -> None:
-        """Track the connection; when it comes back (a restarted router), re-register now."""
+    def on_monitor(self) -> bool:
+        """Track the connection; when it comes back (a restarted router), re-register now.
+        Returns whether it was lost just now (the server drops what that router sent)."""
         event = recv_monitor_message(self.monitor)["event"]
         if event == zmq.EVENT_DISCONNECTED:
-            log.warning("worker %d lost the router; will re-register", self.worker_id)
+            log.warning(
+                "worker %d lost the router at %s; will re-register",
+                self.worker_id,
+                self.router_addr,
+            )
             self.registered = False
             self.proven = not self.authenticate  # whoever answers next must prove it again
             self._lost = True
-        elif event == zmq.EVENT_CONNECTED and self._lost:
+            return True
+        if event == zmq.EVENT_CONNECTED and self._lost:
             self._lost = False
             self.next_register = time.monotonic()
         # The first connect needs nothing: the register queued before it goes out by itself.
+        return False
 
     def hello(self) -> proto.Hello:
         """Open a handshake: `hello` with a fresh nonce; the peer must answer it with a valid

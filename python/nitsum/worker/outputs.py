@@ -2,8 +2,9 @@
 
 After each step the server hands the backend's outputs here: every request gets one `tokens`
 message per step (whatever the engine yielded for it), on the socket its `generate` arrived
-on, and a final one, with its finish reason, when it ends. Requests the backend handed to
-another process (P/D across hosts) leave the streams; ones handed to us join them.
+on (that router's link of that device), and a final one, with its finish reason, when it
+ends. Requests the backend handed to another process (P/D across hosts) leave the streams;
+ones handed to us join them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from nitsum.engine.request_output import RequestOutput
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
 from nitsum.worker.backend import Backend
-from nitsum.worker.link import RouterLink
+from nitsum.worker.link import LinkKey, RouterLink
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,11 @@ class TokenStreams:
     ends in exactly one final `tokens` (worker/server.py).
     """
 
-    def __init__(self, backend: Backend, links: dict[int, RouterLink]) -> None:
+    def __init__(self, backend: Backend, links: dict[LinkKey, RouterLink]) -> None:
         self.backend = backend
         self.links = links  # NOTE: the server's dict, filled when it connects
-        self.live: dict[str, tuple[int, int]] = {}  # request id -> (device it came on, prompt)
+        # request id -> ((router, device) it came on, prompt tokens)
+        self.live: dict[str, tuple[LinkKey, int]] = {}
 
     def deliver(self, outputs: list[RequestOutput]) -> None:
         """Send what one step produced: one message per request, a final one for those that
@@ -38,7 +40,8 @@ class TokenStreams:
         for rid in left:  # handed to another process, which ends it: no final from here
             self.live.pop(rid, None)
         for rid, device, prompt_tokens in came:  # streams on the decode target's socket
-            self.live[rid] = (device, prompt_tokens)
+            # NOTE: KV peers serve one router (worker/__main__.py refuses more).
+            self.live[rid] = ((0, device), prompt_tokens)
         new: dict[str, list[int]] = {}
         reasons: dict[str, str] = {}
         errors: dict[str, str] = {}
@@ -77,9 +80,9 @@ class TokenStreams:
                     cached_tokens=cached.get(rid),
                 )
             else:
-                device, prompt_tokens = self.live[rid]
+                key, prompt_tokens = self.live[rid]
                 msg = proto.Tokens(
-                    device,
+                    key[1],
                     rid,
                     ids,
                     None,
@@ -90,7 +93,7 @@ class TokenStreams:
                     prompt_logprobs=prompt_lps.get(rid),
                     cached_tokens=cached.get(rid),
                 )
-                self.links[device].send(msg)
+                self.links[key].send(msg)
 
     def fail(self, rid: str, error: str) -> None:
         """End one request with an error."""
@@ -117,9 +120,9 @@ class TokenStreams:
     ) -> None:
         """Send request `rid`'s last message (finish `reason`, `error` for "error") and
         forget it."""
-        device, prompt_tokens = self.live.pop(rid)
+        key, prompt_tokens = self.live.pop(rid)
         msg = proto.Tokens(
-            device,
+            key[1],
             rid,
             ids,
             reason,  # type: ignore[arg-type]
@@ -131,4 +134,4 @@ class TokenStreams:
             prompt_logprobs=prompt_logprobs,
             cached_tokens=cached_tokens,
         )
-        self.links[device].send(msg)
+        self.links[key].send(msg)

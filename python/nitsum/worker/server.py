@@ -1,13 +1,16 @@
-"""The worker server: one DEALER socket per served device id, around one backend.
+"""The worker server: one DEALER socket per served device id and router, around one backend.
 
 A single-device worker is the N=1 case of a host worker (both a `PoolBackend`: a PoolEngine
 over one in-process device or N device processes): towards the router both look like one
-worker per device id (docs/protocol.md). One thread does everything: poll the sockets,
-handle messages, run `backend.step()` while there is work, stream `tokens`, and send
-`register` / `heartbeat` on each link's timers; only while a step runs does a second thread
-(`heartbeat.py`) send the heartbeats, so that a long step is not silence. Messages are
-handled between steps, so a `reconfigure` is always applied at an iteration boundary. See
-docs/serving.md for how it is launched.
+worker per device id (docs/protocol.md). With several routers in front of one pool every
+device registers with every router; each request's tokens go back to the router that sent it,
+and the plan comes from whichever leads (docs/protocol.md "Several routers").
+
+One thread does everything: poll the sockets, handle messages, run `backend.step()` while
+there is work, stream `tokens`, and send `register` / `heartbeat` on each link's timers; only
+while a step runs does a second thread (`heartbeat.py`) send the heartbeats, so that a long
+step is not silence. Messages are handled between steps, so a `reconfigure` is always applied
+at an iteration boundary. See docs/serving.md for how it is launched.
 
 The server is the loop that wires its parts: each device id's registration and device loss
 (`registration.py`), the plan it follows (`active_plan.py`) and the requests' token streams
@@ -30,7 +33,7 @@ from nitsum.worker.active_plan import ActivePlan
 from nitsum.worker.assignment import Assignment
 from nitsum.worker.backend import Backend
 from nitsum.worker.heartbeat import StepHeartbeats
-from nitsum.worker.link import RouterLink
+from nitsum.worker.link import LinkKey, RouterLink
 from nitsum.worker.outputs import TokenStreams
 from nitsum.worker.protocol import Message, ProtocolError
 from nitsum.worker.registration import Registration
@@ -51,7 +54,7 @@ class WorkerServer:
     def __init__(
         self,
         backend: Backend,
-        router_addr: str,
+        router_addr: str | list[str],
         model_name: str,
         device: str = "cpu",
         register_every_s: float = 5.0,
@@ -61,21 +64,23 @@ class WorkerServer:
         secret: bytes | None = None,
         kv_transport: str | None = None,
     ) -> None:
-        """`secret`: the shared worker secret that answers the router's `challenge`
-        (docs/security.md); without it only a router with authentication off accepts us.
-        `kv_transport`: the KV transport's rendezvous address, when the backend joined one
-        (sent in `register`: the router may then hand this process's KV to others)."""
+        """`router_addr`: the router's worker address, or every router's (several routers in
+        front of one pool). `secret`: the shared worker secret that answers the router's
+        `challenge` (docs/security.md); without it only a router with authentication off
+        accepts us. `kv_transport`: the KV transport's rendezvous address, when the backend
+        joined one (sent in `register`: the router may then hand this process's KV to
+        others)."""
         self.backend = backend
-        self.router_addr = router_addr
+        self.router_addrs = [router_addr] if isinstance(router_addr, str) else list(router_addr)
         self.register_every_s = register_every_s
         self.heartbeat_every_s = heartbeat_every_s
         self.idle_poll_ms = idle_poll_ms
         self.secret = secret
         self.ctx = context or zmq.Context.instance()
-        self.links: dict[int, RouterLink] = {}
+        self.links: dict[LinkKey, RouterLink] = {}
         self.plan = ActivePlan(backend)
         self.streams = TokenStreams(backend, self.links)
-        self.live = self.streams.live  # request id -> (device it came on, prompt)
+        self.live = self.streams.live  # request id -> ((router, device) it came on, prompt)
         self.registration = Registration(
             backend,
             self.links,
@@ -83,7 +88,7 @@ class WorkerServer:
             self.plan,
             model_name,
             device,
-            router_addr,
+            len(self.router_addrs) > 1,
             register_every_s,
             secret,
             kv_transport,
@@ -99,7 +104,7 @@ class WorkerServer:
 
     @property
     def registered(self) -> bool:
-        """Whether the router has acknowledged every device's `register`."""
+        """Whether every router has acknowledged every device's `register`."""
         return bool(self.links) and all(link.registered for link in self.links.values())
 
     def stop(self) -> None:
@@ -111,20 +116,22 @@ class WorkerServer:
         """Serve until `shutdown` or `stop()`; closes the sockets on the way out."""
         poller = zmq.Poller()
         owners: dict[zmq.Socket, tuple[RouterLink, bool]] = {}  # socket -> (link, is monitor)
-        for d in self.backend.device_ids:
-            link = RouterLink(
-                self.ctx,
-                d,
-                self.router_addr,
-                self.register_every_s,
-                self.heartbeat_every_s,
-                authenticate=self.secret is not None,
-            )
-            self.links[d] = link
-            for sock, is_monitor in ((link.sock, False), (link.monitor, True)):
-                poller.register(sock, zmq.POLLIN)
-                owners[sock] = (link, is_monitor)
-        log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addr)
+        for r, addr in enumerate(self.router_addrs):
+            for d in self.backend.device_ids:
+                link = RouterLink(
+                    self.ctx,
+                    d,
+                    addr,
+                    self.register_every_s,
+                    self.heartbeat_every_s,
+                    authenticate=self.secret is not None,
+                    router=r,
+                )
+                self.links[link.key] = link
+                for sock, is_monitor in ((link.sock, False), (link.monitor, True)):
+                    poller.register(sock, zmq.POLLIN)
+                    owners[sock] = (link, is_monitor)
+        log.info("worker %s connecting to %s", self.backend.device_ids, self.router_addrs)
         self.heartbeats = StepHeartbeats(self.links, self.heartbeat_every_s)
         self.heartbeats.start()
         next_stats = time.monotonic()
@@ -132,7 +139,10 @@ class WorkerServer:
             while not self._stop.is_set():
                 self.registration.watch_devices()
                 now = time.monotonic()
-                for d, link in self.links.items():
+                stats_due = now >= next_stats
+                if stats_due:
+                    next_stats = now + self.heartbeat_every_s
+                for (_, d), link in self.links.items():
                     if d in self.down:
                         # NOTE: the step thread must not keep a dead device alive either.
                         self.heartbeats.latest.pop(d, None)
@@ -140,18 +150,17 @@ class WorkerServer:
                     register, heartbeat = link.due(now)
                     if register:
                         link.send(self.registration.opening_msg(link))
-                    stale = d in self.heartbeats.stale  # the step thread resent an old load
-                    self.heartbeats.stale.discard(d)
+                    stale = link.key in self.heartbeats.stale  # the step thread resent an old load
+                    self.heartbeats.stale.discard(link.key)
                     # NOTE: nothing but the handshake goes to a router that has not accepted us.
                     if (heartbeat or stale) and link.registered:
                         beat = self._heartbeat_msg(d)
                         self.heartbeats.latest[d] = beat
                         link.send(beat)
-                    # One report per backend (on its first device's link): the counters cover
-                    # all its devices. NOTE: on a timer of its own, not with the heartbeat:
-                    # while steps run the heartbeat thread sends most heartbeats.
-                    if d == self.backend.device_ids[0] and link.registered and now >= next_stats:
-                        next_stats = now + self.heartbeat_every_s
+                    # One report per backend and router (on its first device's link): the
+                    # counters cover all its devices. NOTE: on a timer of its own, not with the
+                    # heartbeat: while steps run the heartbeat thread sends most heartbeats.
+                    if d == self.backend.device_ids[0] and link.registered and stats_due:
                         counters, last_bind = self.backend.counters(), self.backend.last_bind()
                         if counters or last_bind is not None:
                             link.send(Stats.of(d, counters, last_bind))
@@ -161,10 +170,11 @@ class WorkerServer:
                 for sock, _ in sorted(events, key=lambda e: not owners[e[0]][1]):
                     link, is_monitor = owners[sock]
                     if is_monitor:
-                        link.on_monitor()
+                        if link.on_monitor():
+                            self.registration.drop_orphans(link.key)
                         continue
                     for frame in link.recv_all():
-                        self._handle(link.worker_id, frame)
+                        self._handle(link.key, frame)
                 if self.backend.has_unfinished() and not self._stop.is_set():
                     self._step()
                     # NOTE: a device that died in the step: report it now.
@@ -177,40 +187,45 @@ class WorkerServer:
             self.links.clear()
             log.info("worker %s stopped", self.backend.device_ids)
 
-    def _handle(self, device: int, frame: bytes) -> None:
+    def _handle(self, key: LinkKey, frame: bytes) -> None:
         try:
             msg = proto.decode(frame)
-            link = self.links[device]
+            link = self.links[key]
             if not link.proven and msg["type"] not in ("challenge", "refused"):
                 link.hold(frame)  # handled once the router proves the secret, else dropped
                 return
             if msg["type"] == "generate":
-                self._on_generate(device, msg)
+                self._on_generate(key, msg)
                 return
             if msg["type"] == "reconfigure":  # answered even when it does not parse
-                self._on_reconfigure(device, msg)
+                self._on_reconfigure(key, msg)
                 return
             kind = proto.ROUTER_MESSAGES.get(msg["type"])
             if kind is None:
                 log.warning("dropped message of unknown type %r", msg["type"])
                 return
-            self._dispatch(device, kind.from_wire(msg))
+            self._dispatch(key, kind.from_wire(msg))
         except ProtocolError as e:
             log.error("dropped message: %s", e)
         except Exception:  # a bug in one handler must not take the worker down
             log.exception("failed to handle a message")
 
-    def _dispatch(self, device: int, msg: Message) -> None:
+    def _dispatch(self, key: LinkKey, msg: Message) -> None:
         match msg:
             case proto.Challenge():
-                for frame in self.registration.on_challenge(device, msg):
-                    self._handle(device, frame)
+                for frame in self.registration.on_challenge(key, msg):
+                    self._handle(key, frame)
             case proto.Refused():
-                log.error("router refused worker %d: %s", device, msg.error)
+                log.error(
+                    "router %s refused worker %d: %s",
+                    self.links[key].router_addr,
+                    key[1],
+                    msg.error,
+                )
             case proto.Registered():
-                self.registration.on_registered(device, msg)
+                self.registration.on_registered(key, msg)
             case proto.Reregister():
-                self.registration.on_reregister(device)
+                self.registration.on_reregister(key)
             case proto.Abort():
                 self._on_abort(msg.request_id)
             case proto.FlushCache():
@@ -224,7 +239,8 @@ class WorkerServer:
         running, waiting, free_pages = self.backend.load(device)
         return proto.Heartbeat(device, running, waiting, free_pages, self.plan.epoch)
 
-    def _on_generate(self, device: int, msg: dict[str, Any]) -> None:
+    def _on_generate(self, key: LinkKey, msg: dict[str, Any]) -> None:
+        device = key[1]
         rid = inbound.request_id_of(msg)
         if device in self.down:
             # Sent before the router read our `device_lost`: it resumes this request too.
@@ -235,7 +251,7 @@ class WorkerServer:
             log.error("dropped generate for %r: that request is already running", rid)
             return
         ids = msg.get("input_ids")
-        self.live[rid] = (device, len(ids) if isinstance(ids, list) else 0)
+        self.live[rid] = (key, len(ids) if isinstance(ids, list) else 0)
         try:
             self.backend.add(device, inbound.parse_generate(msg))
         except InvalidRequestError as e:
@@ -250,13 +266,16 @@ class WorkerServer:
         self.backend.abort(rid)
         self.streams.final(rid, [], "abort", None)
 
-    def _on_reconfigure(self, device: int, msg: dict[str, Any]) -> None:
-        """Apply a plan once per epoch and answer every copy (active_plan.py)."""
+    def _on_reconfigure(self, key: LinkKey, msg: dict[str, Any]) -> None:
+        """Apply a plan once per epoch and answer every copy (active_plan.py).
+
+        NOTE: with several routers only the leader sends plans; one older than the active plan
+        (a deposed leader's) is refused there, whichever router it came from."""
         # NOTE: a switch may take seconds (a KV migration; KV offers to another host settling
         # first, up to their deadline): the heartbeats go on meanwhile, as during a step.
         with self.heartbeats.stepping():
-            answer = self.plan.answer(device, msg)
-        self.links[device].send(answer)
+            answer = self.plan.answer(key[1], msg)
+        self.links[key].send(answer)
 
     # -- engine -----------------------------------------------------------------------------------
     def _step(self) -> None:

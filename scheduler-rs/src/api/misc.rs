@@ -118,9 +118,33 @@ pub async fn admin_plan(State(state): State<Arc<AppState>>, headers: HeaderMap) 
         "control": state.router.cfg.profile.is_some(),
         "pending": state.router.round_pending(),
         "strategy": state.router.last_choice(),
+        "router": router_role(&state.router),
         "history": history}),
     )
     .into_response()
+}
+
+/// This router's part among several (architecture §4): its index, role, the leader and
+/// term it knows, the followers it hears from (as leader, seconds since), the control
+/// windows it planned (and when the latest were, unix ms), since when it leads, and each
+/// worker's plan epoch as reported.
+fn router_role(router: &crate::state::RouterState) -> serde_json::Value {
+    use crate::state::RouterRole as Role;
+    let (role, term, leader) = match router.role() {
+        Role::Alone => ("alone", None, None),
+        Role::Leader { term } => ("leader", Some(term), None),
+        Role::Follower { leader } => ("follower", leader.as_ref().map(|l| l.term), leader),
+    };
+    let (windows, planned_at) = router.planned_windows();
+    let epochs: HashMap<String, u64> = router
+        .worker_epochs()
+        .into_iter()
+        .map(|(w, e)| (w.0.to_string(), e))
+        .collect();
+    json!({"index": router.cfg.router_index, "role": role, "term": term, "leader": leader,
+           "followers": router.followers(), "windows_planned": windows,
+           "planned_unix_ms": planned_at, "leading_since_ms": router.leading_since_ms(),
+           "worker_epochs": epochs})
 }
 
 /// `GET /metrics`: Prometheus text exposition.

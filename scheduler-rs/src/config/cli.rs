@@ -9,6 +9,7 @@ use clap::Parser;
 use super::api_key::{env_api_keys, API_KEYS_ENV};
 use super::file::{load_file, model_name_of, FileConfig};
 use super::router::RouterConfig;
+use crate::lease::LeaseSpec;
 use crate::worker_auth::{WorkerSecret, SECRET_ENV};
 
 /// `nitsum-router` command line. Flags override the config file.
@@ -71,6 +72,21 @@ pub struct Cli {
     /// set NITSUM_WORKER_SECRET or `worker_secret` in the config.
     #[arg(long)]
     pub insecure_worker_plane: bool,
+    /// Several routers in front of one pool: this router's number (0, 1, ...); the
+    /// lowest-numbered live one leads.
+    #[arg(long)]
+    pub router_index: Option<u32>,
+    /// Several routers: the planning lease they share, `file:PATH` (one host) or
+    /// `etcd:http://HOST:PORT[/KEY]` (across hosts). Without it this router plans alone.
+    #[arg(long)]
+    pub lease: Option<String>,
+    /// Several routers: how long an etcd lease lives without renewal (whole seconds).
+    #[arg(long)]
+    pub lease_ttl_ms: Option<u64>,
+    /// Several routers: where the others reach this router when it leads (default: its
+    /// worker endpoint, which must then not be a wildcard address).
+    #[arg(long)]
+    pub peer_addr: Option<String>,
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -128,6 +144,14 @@ impl RouterConfig {
         cfg.control_window_ms = cli.control_window_ms.unwrap_or(cfg.control_window_ms);
         if cli.profile.is_some() {
             cfg.profile = cli.profile.clone();
+        }
+        cfg.router_index = cli.router_index.unwrap_or(cfg.router_index);
+        if let Some(spec) = &cli.lease {
+            cfg.lease = Some(LeaseSpec::parse(spec)?);
+        }
+        cfg.lease_ttl_ms = cli.lease_ttl_ms.or(cfg.lease_ttl_ms);
+        if cli.peer_addr.is_some() {
+            cfg.peer_addr = cli.peer_addr.clone();
         }
         cfg.mock_workers = cli.mock_workers;
         cfg.shutdown_workers_on_exit = cli.shutdown_workers_on_exit;

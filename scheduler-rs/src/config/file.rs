@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::api_key::ApiKey;
 use super::router::RouterConfig;
+use crate::lease::LeaseSpec;
 use crate::plan::{NamedGroupPlan, Role};
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
@@ -81,6 +82,14 @@ pub struct FileConfig {
     pub worker_secret: Option<String>,
     /// No worker authentication (loopback endpoints only; docs/security.md).
     pub insecure_worker_plane: Option<bool>,
+    /// Several routers: this router's number (`--router-index`).
+    pub router_index: Option<u32>,
+    /// Several routers: the planning lease, `file:PATH` or `etcd:http://HOST:PORT[/KEY]`.
+    pub lease: Option<String>,
+    /// Several routers: an etcd lease's time to live without renewal.
+    pub lease_ttl_ms: Option<u64>,
+    /// Several routers: where the others reach this one when it leads.
+    pub peer_addr: Option<String>,
 }
 
 impl RouterConfig {
@@ -160,6 +169,15 @@ impl RouterConfig {
                 .transpose()
                 .context("config: worker_secret")?,
             insecure_worker_plane: file.insecure_worker_plane.unwrap_or(false),
+            router_index: file.router_index.unwrap_or(d.router_index),
+            lease: file
+                .lease
+                .as_deref()
+                .map(LeaseSpec::parse)
+                .transpose()
+                .context("config: lease")?,
+            lease_ttl_ms: file.lease_ttl_ms,
+            peer_addr: file.peer_addr,
             ..d
         };
         cfg.validate()?;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use super::api_key::ApiKey;
 use crate::ids::TierId;
+use crate::lease::LeaseSpec;
 use crate::plan::GroupPlan;
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
@@ -67,7 +68,23 @@ pub struct RouterConfig {
     /// `insecure_worker_plane` on a loopback endpoint (checked when the router starts).
     pub worker_secret: Option<WorkerSecret>,
     pub insecure_worker_plane: bool,
+    /// Several routers in front of one pool (architecture §4): this router's number; at start
+    /// router `i` lets the lease stand free for `i` polls before it takes it, so the
+    /// lowest-numbered live router leads.
+    pub router_index: u32,
+    /// The planning lease (`None`: this router is the only one and plans).
+    pub lease: Option<LeaseSpec>,
+    /// How long an etcd lease lives without renewal (rounded up to whole seconds; etcd
+    /// raises it to its own minimum, 1.5 election timeouts); `None`: [`DEFAULT_LEASE_TTL_MS`].
+    /// A file lease has none: it ends with its holder's process.
+    pub lease_ttl_ms: Option<u64>,
+    /// Where the other routers reach this one when it leads (default: its worker endpoint).
+    pub peer_addr: Option<String>,
 }
+
+/// An etcd lease's time to live by default: a dead leader's lease is gone within about a
+/// control window (etcd must allow it: election timeout at most 666 ms).
+pub const DEFAULT_LEASE_TTL_MS: u64 = 1000;
 
 /// Prompts one request may batch by default (lm-eval's `--batch_size` stays far below).
 pub const DEFAULT_MAX_BATCH_PROMPTS: usize = 256;
@@ -128,6 +145,10 @@ impl Default for RouterConfig {
             shutdown_workers_on_exit: false,
             worker_secret: None,
             insecure_worker_plane: false,
+            router_index: 0,
+            lease: None,
+            lease_ttl_ms: None,
+            peer_addr: None,
         }
     }
 }

@@ -92,3 +92,28 @@ fn control_loop_settings() {
     let file: FileConfig = serde_json::from_str(r#"{"reconfigure_timeout_ms": 0}"#).unwrap();
     assert!(RouterConfig::from_file(file).is_err());
 }
+
+#[test]
+fn several_routers_need_a_lease_and_a_ttl_only_an_etcd_one() {
+    let parse = |args: &[&str]| {
+        let argv = std::iter::once("nitsum-router").chain(args.iter().copied());
+        RouterConfig::from_cli(&Cli::parse_from(argv))
+    };
+    let cfg = parse(&["--lease", "file:/tmp/l", "--router-index", "2"]).unwrap();
+    assert_eq!(
+        cfg.lease,
+        Some(crate::lease::LeaseSpec::File("/tmp/l".into()))
+    );
+    assert_eq!((cfg.router_index, cfg.lease_ttl_ms), (2, None));
+    let cfg = parse(&["--lease", "etcd:http://h:2379", "--lease-ttl-ms", "3000"]).unwrap();
+    assert_eq!(cfg.lease_ttl_ms, Some(3000));
+    for bad in [
+        &["--router-index", "1"][..],
+        &["--peer-addr", "tcp://10.0.0.1:5557"],
+        &["--lease", "file:/tmp/l", "--lease-ttl-ms", "1000"],
+        &["--lease", "etcd:http://h:2379", "--lease-ttl-ms", "0"],
+        &["--lease", "consul:h"],
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?}");
+    }
+}

@@ -3,6 +3,7 @@
 use anyhow::{bail, Result};
 
 use super::router::RouterConfig;
+use crate::lease::LeaseSpec;
 
 impl RouterConfig {
     /// Reject configs the router cannot serve with.
@@ -54,6 +55,22 @@ impl RouterConfig {
             || self.client_read_timeout_ms == 0
         {
             bail!("config: heartbeat_timeout_ms, control_window_ms, reconfigure_timeout_ms and client_read_timeout_ms must be > 0");
+        }
+        if self.lease.is_none()
+            && (self.router_index != 0 || self.peer_addr.is_some() || self.lease_ttl_ms.is_some())
+        {
+            bail!("config: router_index, peer_addr and lease_ttl_ms are for several routers: set a lease (--lease file:PATH or etcd:URL)");
+        }
+        if self.lease.is_some() && self.shutdown_workers_on_exit {
+            bail!("config: shutdown_workers_on_exit with a lease would stop the pool the other routers serve");
+        }
+        if let Some(ttl) = self.lease_ttl_ms {
+            if ttl == 0 {
+                bail!("config: lease_ttl_ms must be > 0");
+            }
+            if matches!(self.lease, Some(LeaseSpec::File(_))) {
+                bail!("config: lease_ttl_ms applies to an etcd lease; a file lease ends with its holder's process");
+            }
         }
         if self.worker_gone_ms < self.heartbeat_timeout_ms {
             bail!(

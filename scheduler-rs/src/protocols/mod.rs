@@ -1,10 +1,14 @@
-//! Wire types: the OpenAI-compatible HTTP API and the router ↔ worker messages.
+//! Wire types: the OpenAI-compatible HTTP API, the router ↔ worker messages and the router ↔
+//! router ones (`peer`).
 
 pub mod body;
 pub mod extensions;
 pub mod grammar_probe;
 pub mod native;
 pub mod openai;
+pub mod peer;
+#[cfg(test)]
+mod peer_tests;
 pub mod responses;
 pub mod structured;
 pub mod tool_calls;

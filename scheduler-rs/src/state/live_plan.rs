@@ -56,19 +56,26 @@ impl RouterState {
         }
         let epoch = match epoch {
             Some(e) => e,
+            // NOTE: a follower numbers no plan: its epoch stays the leader's last.
+            None if !st.role.plans() => st.plan.epoch,
             None => {
                 st.last_epoch += 1;
                 st.last_epoch
             }
         };
         st.plan = Plan { epoch, groups };
-        st.dispatcher.set_plan(&st.plan);
+        // NOTE: with several routers each dispatches up to its share of a group's bandwidth.
+        st.dispatcher.set_plan(&st.plan.shared_by(st.share));
         st.plan.clone()
     }
 
-    /// Send `reconfigure` with the whole plan to every live worker.
+    /// Send `reconfigure` with the whole plan to every live worker (not as a follower: only
+    /// the leader sends plans).
     pub(super) fn broadcast_plan(&self, plan: &Plan) {
         let st = self.lock();
+        if !st.role.plans() {
+            return;
+        }
         let payload =
             wire::encode_reconfigure(plan, &self.cfg.tiers, |g| Self::max_batch_of(&st, g));
         // NOTE: not to suspect workers: one that returns gets the plan its return rebuilds.

@@ -205,6 +205,9 @@ impl RouterState {
                 st.outcomes.pop_front();
             }
             st.outcomes.push_back((arrival, tier, met));
+            if !st.role.plans() {
+                st.forward.outcome(arrival, tier, met);
+            }
         }
         self.metrics
             .record_completion(tier, self.cfg.tier(tier), c, why);

@@ -12,6 +12,9 @@ use crate::sim::choice::Choice;
 use crate::sim::forecast::{recent_of, InFlight, RecentArrival};
 use crate::stats::TierDemand;
 
+/// How many of the latest planning times `/admin/plan` shows.
+const PLANNED_AT_KEPT: usize = 16;
+
 /// What the planner needs from the engine for one window.
 #[derive(Debug, Clone)]
 pub struct PlanningView {
@@ -37,8 +40,11 @@ impl RouterState {
         if self.control {
             let now = self.now_s();
             let name = &self.cfg.tier(tier).name;
-            st.stats
-                .on_arrival(now, name, u32::try_from(prompt_tokens).unwrap_or(u32::MAX));
+            let prompt = u32::try_from(prompt_tokens).unwrap_or(u32::MAX);
+            st.stats.on_arrival(now, name, prompt);
+            if !st.role.plans() {
+                st.forward.arrival(now, tier, prompt);
+            }
         }
     }
 
@@ -47,8 +53,11 @@ impl RouterState {
         if self.control {
             let now = self.now_s();
             let name = &self.cfg.tier(tier).name;
-            st.stats
-                .on_completion(now, name, u32::try_from(output_tokens).unwrap_or(u32::MAX));
+            let output = u32::try_from(output_tokens).unwrap_or(u32::MAX);
+            st.stats.on_completion(now, name, output);
+            if !st.role.plans() {
+                st.forward.completion(now, tier, output);
+            }
         }
     }
 
@@ -76,15 +85,14 @@ impl RouterState {
     pub fn inflight_snapshot(&self) -> Vec<InFlight> {
         let st = self.lock();
         let now = Instant::now();
-        st.inflight
-            .iter()
-            .map(|(&id, e)| InFlight {
-                tier: e.req.tier.index(),
-                generated: e.tokens() as f64,
-                age_s: now.duration_since(e.start).as_secs_f64(),
-                feasible: st.dispatcher.holds(id),
-            })
-            .collect()
+        let own = st.inflight.iter().map(|(&id, e)| InFlight {
+            tier: e.req.tier.index(),
+            generated: e.tokens() as f64,
+            age_s: now.duration_since(e.start).as_secs_f64(),
+            feasible: st.dispatcher.holds(id),
+        });
+        // NOTE: the followers' requests too, on the leader (peer_window.rs).
+        own.chain(Self::peer_inflight(&st).copied()).collect()
     }
 
     /// Completions of requests that arrived in the last `window_s` (engine clock): (arrival
@@ -110,7 +118,17 @@ impl RouterState {
     pub fn next_control_window(&self) -> u64 {
         let mut st = self.lock();
         st.windows += 1;
+        if st.planned_at.len() >= PLANNED_AT_KEPT {
+            st.planned_at.pop_front();
+        }
+        st.planned_at.push_back(super::leadership::unix_ms());
         st.windows - 1
+    }
+
+    /// (control windows planned, unix ms of the latest ones planned, oldest first).
+    pub fn planned_windows(&self) -> (u64, Vec<u64>) {
+        let st = self.lock();
+        (st.windows, st.planned_at.iter().copied().collect())
     }
 
     /// Record the control loop's latest strategy choice.
@@ -132,6 +150,12 @@ impl RouterState {
         (recent, now)
     }
 
+    /// Drop the window's expired samples without planning (a follower's control loop).
+    pub fn prune_window(&self) {
+        let now = self.now_s();
+        self.lock().stats.prune(now);
+    }
+
     /// Current demand of every tier (drops expired samples).
     pub fn demand_snapshot(&self) -> Vec<TierDemand> {
         let now = self.now_s();
@@ -141,6 +165,7 @@ impl RouterState {
             .inflight
             .values()
             .map(|e| (names[e.req.tier.index()], e.tokens() as f64))
+            .chain(Self::peer_inflight(&st).map(|f| (names[f.tier], f.generated)))
             .collect();
         st.stats.snapshot(now, &running)
     }

@@ -10,7 +10,7 @@ mod window;
 
 pub use demand::{TierDemand, DEFAULT_PRIOR_LENGTHS};
 pub use lengths::{censored_mean, censored_stats, LengthStats};
-pub use window::{StatsConfig, WindowStats};
+pub use window::{insert_sorted, StatsConfig, WindowStats};
 
 #[cfg(test)]
 mod tests;

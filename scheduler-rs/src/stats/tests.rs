@@ -108,3 +108,35 @@ fn censored_mean_is_kaplan_meier_with_a_tail() {
     let short = censored_mean(&[100.0; 9], &[1.0], 256.0);
     assert!((short - 100.0).abs() < 1e-9, "{short}");
 }
+
+#[test]
+fn late_reports_land_in_time_order_and_leave_the_window_on_time() {
+    // Another router's arrivals reach the leader late: inserted where they belong, they
+    // count towards the rate exactly while their time is within the window.
+    let mut w = WindowStats::new(StatsConfig {
+        rate_window_s: 1.0,
+        length_window_s: 10.0,
+        ..StatsConfig::default()
+    });
+    w.on_arrival(5.0, "a", 100);
+    w.insert_arrival(4.2, "a", 300);
+    w.insert_arrival(5.5, "a", 200);
+    w.insert_completion(4.5, "a", 7);
+    assert_eq!(
+        w.recent_arrivals(6.0, 10.0),
+        [
+            ("a", 1.7999999999999998, 300.0),
+            ("a", 1.0, 100.0),
+            ("a", 0.5, 200.0)
+        ]
+    );
+    assert_eq!(w.recent_completions(6.0, 10.0), [("a", 1.5, 7.0)]);
+    // The window (4.6, 5.6] holds 5.0 and 5.5; 4.2, inserted after 5.0, left it on time
+    // (appended at the back it would have stayed behind 5.0).
+    assert_eq!(w.snapshot(5.6, &[])[0].rate_rps, 2.0);
+    assert_eq!(w.snapshot(6.2, &[])[0].rate_rps, 1.0);
+    // A router that records but never plans (a follower) drops old samples by pruning.
+    w.prune(16.0);
+    assert_eq!(w.recent_arrivals(16.0, 100.0), []);
+    assert_eq!(w.recent_completions(16.0, 100.0), []);
+}

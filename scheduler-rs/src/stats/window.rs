@@ -63,17 +63,53 @@ impl WindowStats {
         w.prompts.push_back((now, f64::from(prompt_tokens)));
     }
 
+    /// An arrival at `t` reported late (another router's, forwarded to the planning leader):
+    /// kept in time order among the others.
+    pub fn insert_arrival(&mut self, t: f64, tier: &str, prompt_tokens: u32) {
+        let w = self.window(tier);
+        insert_sorted(&mut w.arrivals, t, |&x| x);
+        insert_sorted(&mut w.prompts, (t, f64::from(prompt_tokens)), |x| x.0);
+    }
+
+    /// A completion at `t` reported late (see [`Self::insert_arrival`]).
+    pub fn insert_completion(&mut self, t: f64, tier: &str, output_tokens: u32) {
+        let w = self.window(tier);
+        insert_sorted(&mut w.outputs, (t, f64::from(output_tokens)), |x| x.0);
+    }
+
+    /// (tier, seconds ago, output tokens) of the completions within `lookback_s` of `now`
+    /// the length window still holds.
+    pub fn recent_completions(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
+        self.recent(now, lookback_s, |w| &w.outputs)
+    }
+
+    /// The length window, seconds.
+    pub fn length_window_s(&self) -> f64 {
+        self.cfg.length_window_s
+    }
+
     /// (tier, seconds ago, prompt tokens) of the arrivals within `lookback_s` of `now`, as
     /// far as the length window still holds them (`length_window_s`), oldest first per tier.
     pub fn recent_arrivals(&self, now: f64, lookback_s: f64) -> Vec<(&str, f64, f64)> {
+        self.recent(now, lookback_s, |w| &w.prompts)
+    }
+
+    /// (tier, seconds ago, value) of the (time, value) samples `of` each tier's window within
+    /// `lookback_s` of `now` (at most the length window), oldest first per tier.
+    fn recent(
+        &self,
+        now: f64,
+        lookback_s: f64,
+        of: impl Fn(&TierWindow) -> &VecDeque<(f64, f64)>,
+    ) -> Vec<(&str, f64, f64)> {
         let since = now - lookback_s.min(self.cfg.length_window_s);
         self.tiers
             .iter()
             .flat_map(|(name, w)| {
-                w.prompts
+                of(w)
                     .iter()
                     .filter(move |&&(t, _)| t > since && t <= now)
-                    .map(move |&(t, p)| (name.as_str(), now - t, p))
+                    .map(move |&(t, v)| (name.as_str(), now - t, v))
             })
             .collect()
     }
@@ -83,6 +119,23 @@ impl WindowStats {
         self.window(tier)
             .outputs
             .push_back((now, f64::from(output_tokens)));
+    }
+
+    /// Drop the samples older than the windows at `now` (what [`Self::snapshot`] does first;
+    /// for a router that records but does not plan: a follower of several routers).
+    pub fn prune(&mut self, now: f64) {
+        let (rate_cut, len_cut) = (now - self.cfg.rate_window_s, now - self.cfg.length_window_s);
+        for w in self.tiers.values_mut() {
+            while w.arrivals.front().is_some_and(|&t| t <= rate_cut) {
+                w.arrivals.pop_front();
+            }
+            while w.prompts.front().is_some_and(|&(t, _)| t <= len_cut) {
+                w.prompts.pop_front();
+            }
+            while w.outputs.front().is_some_and(|&(t, _)| t <= len_cut) {
+                w.outputs.pop_front();
+            }
+        }
     }
 
     /// Current demand of every tier seen so far, ordered by tier name. Drops expired samples.
@@ -98,20 +151,10 @@ impl WindowStats {
     /// discarded for good).
     pub fn snapshot(&mut self, now: f64, running: &[(&str, f64)]) -> Vec<TierDemand> {
         let cfg = self.cfg;
+        self.prune(now);
         self.tiers
             .iter_mut()
             .map(|(name, w)| {
-                let rate_cut = now - cfg.rate_window_s;
-                let len_cut = now - cfg.length_window_s;
-                while w.arrivals.front().is_some_and(|&t| t <= rate_cut) {
-                    w.arrivals.pop_front();
-                }
-                while w.prompts.front().is_some_and(|&(t, _)| t <= len_cut) {
-                    w.prompts.pop_front();
-                }
-                while w.outputs.front().is_some_and(|&(t, _)| t <= len_cut) {
-                    w.outputs.pop_front();
-                }
                 let mut p: Vec<f64> = w.prompts.iter().map(|x| x.1).collect();
                 let o: Vec<f64> = w.outputs.iter().map(|x| x.1).collect();
                 if !p.is_empty() {
@@ -143,4 +186,11 @@ impl WindowStats {
         }
         self.tiers.get_mut(tier).expect("inserted above")
     }
+}
+
+/// Insert `x` after every element whose time is at most its own (the deque stays sorted).
+pub fn insert_sorted<T>(q: &mut VecDeque<T>, x: T, time: impl Fn(&T) -> f64) {
+    let t = time(&x);
+    let at = q.partition_point(|y| time(y) <= t);
+    q.insert(at, x);
 }

@@ -33,10 +33,12 @@ pub enum Rejection {
     UnknownRequest,
     /// `tokens` for a live request that another connection serves.
     ForeignRequest,
+    /// A router ↔ router message with a wrong or missing MAC, or that does not decode.
+    BadPeer,
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 12] = [
+    pub const ALL: [Rejection; 13] = [
         Rejection::Undecodable,
         Rejection::Version,
         Rejection::Unauthenticated,
@@ -49,6 +51,7 @@ impl Rejection {
         Rejection::Malformed,
         Rejection::UnknownRequest,
         Rejection::ForeignRequest,
+        Rejection::BadPeer,
     ];
 
     /// The `reason` label.
@@ -66,6 +69,7 @@ impl Rejection {
             Rejection::Malformed => "malformed",
             Rejection::UnknownRequest => "unknown_request",
             Rejection::ForeignRequest => "foreign_request",
+            Rejection::BadPeer => "bad_peer",
         }
     }
 }

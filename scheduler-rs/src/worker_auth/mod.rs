@@ -122,6 +122,22 @@ impl WorkerSecret {
     }
 }
 
+impl WorkerSecret {
+    /// The hex HMAC-SHA256 of `data` (router ↔ router messages, `protocols/peer.rs`).
+    pub fn mac_hex(&self, data: &[u8]) -> String {
+        let mut mac = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(data);
+        hex(&mac.finalize().into_bytes())
+    }
+
+    /// Whether `mac` (hex) is [`Self::mac_hex`] of `data`. NOTE: compared in constant time.
+    pub fn verify_mac_hex(&self, data: &[u8], mac: &str) -> bool {
+        let mut m = HmacSha256::new_from_slice(&self.0).expect("HMAC takes any key length");
+        m.update(data);
+        unhex(mac).is_some_and(|bytes| m.verify_slice(&bytes).is_ok())
+    }
+}
+
 /// Whether a worker endpoint (`tcp://HOST:PORT`, `ipc://…`) is reachable only from this host.
 pub fn is_local_endpoint(addr: &str) -> bool {
     if addr.starts_with("ipc://") || addr.starts_with("inproc://") {

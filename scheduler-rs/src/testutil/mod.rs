@@ -128,3 +128,6 @@ pub fn tiny_model_dir() -> TempDir {
     write_tiny_model_dir(dir.path());
     dir
 }
+
+mod etcd;
+pub use etcd::Etcd;
