@@ -42,10 +42,12 @@ def tp_rows(run: SectionRun) -> list[Row]:
     rows.append(run.row(numbers, target, nokv["p50_ms"] <= TP_SWITCH_MAX_MS))
     numbers = (
         f"{kv['bytes'] / 2**20:.0f} MiB at {kv['gbps']:.1f} GB/s = {kv['of_copy']:.0%} of a "
-        f"device copy ({kv['copy_gbps']:.1f} GB/s)"
+        f"device copy ({kv['copy_gbps']:.1f} GB/s); "
+        + ("read in place" if kv["direct"] else "NOT read in place")
     )
-    target = f">= {TP_KV_COPY_FRACTION_MIN:.0%} of a device copy"
-    rows.append(run.row(numbers, target, kv["of_copy"] >= TP_KV_COPY_FRACTION_MIN))
+    target = f">= {TP_KV_COPY_FRACTION_MIN:.0%} of a device copy, read in place"
+    met = kv["of_copy"] >= TP_KV_COPY_FRACTION_MIN and kv["direct"]
+    rows.append(run.row(numbers, target, met, None if kv["direct"] else "FAIL"))
     label = " (shared GPU)" if d["gpu"] else ""
     for row, name in zip(rows[1:], ("switch", "KV move"), strict=True):
         row.section, row.wall_s, row.budget_s = f"{run.section} {name}{label}", 0.0, 0.0

@@ -197,6 +197,7 @@ def tp_data(same: bool = True, switch_ms: float = 0.2, of_copy: float = 0.8) -> 
             "gbps": 900.0,
             "copy_gbps": 900 / of_copy,
             "of_copy": of_copy,
+            "direct": True,
         },
         "graphs": {"graph_captures": 600, "graph_replays": 900, "graph_cuts": 2400},
     }

@@ -206,3 +206,21 @@ def test_over_nixl_an_offer_nobody_answers_is_taken_back_after_its_deadline(tiny
     # B hears of them late, with their withdrawal: it reads none and adopts none.
     time.sleep(0.2)
     assert b.step() == [] and b.counters()["kv_remote_in"] == 0
+
+
+@pytest.mark.parametrize("restarted", ["prefill", "decode"])
+def test_over_nixl_a_device_restarted_alone_keeps_its_requests_out_of_the_transport(
+    tiny, pool, restarted
+):
+    """A device restarted alone after a crash has no NIXL agent and its peers hold its dead
+    one: no offer from its group, an offer to its group refused at once; every request
+    still finishes with its tokens, decoded where it was prefilled."""
+    a, b = nixl_backends(tiny, pool)
+    side = a if restarted == "prefill" else b
+    side.pe.solo.add(0)  # as pool/device_loss.py marks a device restarted alone
+    out, seen = run(a, b, tiny[1])
+    assert out == reference(tiny)
+    assert seen["a"] == set(REQS) and seen["b"] == set() and seen["came"] == set()
+    assert a.counters()["kv_remote_out"] == 0
+    # The decode side refused each offer when it came (none waited for its deadline).
+    assert a.counters()["kv_remote_failed"] == (3 if restarted == "decode" else 0)

@@ -218,8 +218,8 @@ def test_the_cuda_default_says_so_when_the_device_is_too_full(monkeypatch, tmp_p
 
 
 def test_devices_per_gpu_makes_one_gpu_a_pool_of_k_devices(monkeypatch, tmp_path):
-    """--devices-per-gpu K: K device processes per visible GPU (device d on GPU d // K), one
-    host worker for them, the GPU's memory split K ways; refused where it cannot run."""
+    """--devices-per-gpu K: K device processes on the one visible GPU, one host worker for
+    them, the GPU's memory split K ways; refused where it cannot run."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -232,14 +232,18 @@ def test_devices_per_gpu_makes_one_gpu_a_pool_of_k_devices(monkeypatch, tmp_path
     for i, gpu in ((0, "cuda:0"), (3, "cuda:0")):
         one = sc.worker_command(i, d, "tcp://x", "m", args)
         assert one[one.index("--device") + 1] == gpu
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    args = parse("--device", "cuda", "--devices-per-gpu", "2", "--workers", "3")
+    args = parse("--device", "cuda", "--devices-per-gpu", "4", "--workers", "3")
     assert resolve_flags(args) == [] and args.workers == 3  # as given
-    third = sc.worker_command(2, d, "tcp://x", "m", args)
-    assert third[third.index("--device") + 1] == "cuda:1"
     assert resolve_flags(parse("--device", "cuda", "--devices-per-gpu", "2", "--workers", "5")) == [
-        "--workers 5 with --devices-per-gpu 2: 4 device slots on 2 visible GPUs"
+        "--workers 5 with --devices-per-gpu 2: 2 device slots"
     ]
+    # A pool over two GPUs would mix kinds of collectives: one GPU, or one process per GPU.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_flags(parse("--device", "cuda", "--devices-per-gpu", "2")) == [
+        "--devices-per-gpu makes one GPU a pool of devices: 2 are visible "
+        "(CUDA_VISIBLE_DEVICES=N picks one)"
+    ]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert resolve_flags(parse("--devices-per-gpu", "2")) == [
         "--devices-per-gpu shares a GPU between device processes (--device cuda)"
     ]
@@ -264,3 +268,19 @@ def test_devices_per_gpu_makes_one_gpu_a_pool_of_k_devices(monkeypatch, tmp_path
     assert kv_cache_mb_for(80 * gib, gib, 2 * gib, 0.9, devices=4) == (71 - 16) * 1024 // 4
     with pytest.raises(ValueError, match=r"4 x \(weights 16384 MiB"):
         kv_cache_mb_for(80 * gib, gib, 16 * gib, 0.9, devices=4)
+
+
+def test_several_routers_on_a_wildcard_worker_endpoint_meet_on_loopback(tmp_path):
+    """Followers reach the leader at its worker endpoint; tcp://0.0.0.0:P names no host, so
+    `nitsum serve --routers N` gives each router a loopback --peer-addr of its own port."""
+    from nitsum.serve_routers import lease_flags, worker_addrs
+
+    args = parse("--routers", "2", "--worker-addr", "tcp://0.0.0.0:6000")
+    addrs = worker_addrs(args.worker_addr, args.routers)
+    flags = [lease_flags(args, i, tmp_path, a) for i, a in enumerate(addrs)]
+    assert [f[f.index("--peer-addr") + 1] for f in flags] == [
+        "tcp://127.0.0.1:6000",
+        "tcp://127.0.0.1:6001",
+    ]
+    named = parse("--routers", "2", "--worker-addr", "tcp://10.1.2.3:6000")
+    assert "--peer-addr" not in lease_flags(named, 0, tmp_path, "tcp://10.1.2.3:6000")

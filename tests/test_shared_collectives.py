@@ -84,6 +84,7 @@ def _collectives(rank: int, world: int, device: str) -> dict[str, Any]:
     calls[0]()  # the replay's call
     out["cut_ran"] = torch.equal(x.cpu(), torch.full((10,), float(sum(range(1, world + 1)))))
     out["rounds"] = comm.stats["rounds"]
+    dist.barrier()  # NOTE: no member frees its slots (exits) while another may read them
     return out
 
 
@@ -137,6 +138,7 @@ def _channel(rank: int, world: int, device: str) -> bool:
             got = torch.empty(50, 50, device=device)
             ch.recv(0, got)
             ok &= torch.equal(got.cpu(), _data(i, (50, 50), torch.float32))
+    dist.barrier()  # NOTE: the sender keeps its buffers until the last chunk is taken
     return ok
 
 

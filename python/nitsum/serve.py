@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             who: router_command(
                 prefix, args.host, ports[i], addrs[i], model_dir, names, args.config, profile, args
             )
-            + lease_flags(args, i, run_dir)
+            + lease_flags(args, i, run_dir, addrs[i])
             for i, who in enumerate(names_of)
         }
         for who, rcmd in routers.items():

@@ -33,8 +33,8 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         action=NoteGiven,
-        help="devices (worker ids 0..N-1); default 2, or with --devices-per-gpu K every "
-        "visible GPU's K devices",
+        help="devices (worker ids 0..N-1); default 2, or with --devices-per-gpu K the GPU's K "
+        "devices",
     )
     p.add_argument(
         "--device", default="cpu", help="cpu, or cuda (device i gets cuda:i // --devices-per-gpu)"
@@ -43,9 +43,9 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
         "--devices-per-gpu",
         type=positive_int,
         default=1,
-        help="with --device cuda: K device processes per GPU, so that one GPU is a pool of K "
-        "devices (TP, SP, PP and KV moves between its processes, over CUDA IPC; "
-        "docs/serving.md, 'Several devices on one GPU')",
+        help="with --device cuda and one visible GPU: K device processes on it, so that the "
+        "GPU is a pool of K devices (TP, SP, PP and KV moves between its processes, over CUDA "
+        "IPC; docs/serving.md, 'Several devices on one GPU')",
     )
     p.add_argument(
         "--collectives",
@@ -58,22 +58,26 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_devices(args: argparse.Namespace) -> list[str]:
-    """Check --devices-per-gpu and --collectives; with --devices-per-gpu K on CUDA,
-    `args.workers` not given is K devices for every visible GPU. Returns errors."""
+    """Check --devices-per-gpu and --collectives; with --devices-per-gpu K on CUDA (one
+    visible GPU), `args.workers` not given is K. Returns errors."""
     k, errors = args.devices_per_gpu, []
     if k > 1 and args.device != "cuda":
         errors.append("--devices-per-gpu shares a GPU between device processes (--device cuda)")
     elif k > 1:
         import torch
 
-        slots = k * torch.cuda.device_count()
+        gpus = torch.cuda.device_count()
         if not getattr(args, "workers_given", False):
-            args.workers = slots
-        if args.workers > slots or slots == 0:
+            args.workers = k
+        if gpus != 1:
+            # NOTE: a group of a pool spanning two GPUs would mix both kinds of collectives;
+            # a node of GPUs runs one process per GPU, over NCCL.
             errors.append(
-                f"--workers {args.workers} with --devices-per-gpu {k}: {slots} device slots "
-                f"on {slots // k} visible GPUs"
+                f"--devices-per-gpu makes one GPU a pool of devices: {gpus} are visible "
+                "(CUDA_VISIBLE_DEVICES=N picks one)"
             )
+        elif args.workers > k:
+            errors.append(f"--workers {args.workers} with --devices-per-gpu {k}: {k} device slots")
     try:
         resolve_collectives(args.collectives, args.device, k)
     except ValueError as e:

@@ -45,12 +45,21 @@ def worker_addrs(worker_addr: str, n: int) -> list[str]:
     return [f"tcp://{host}:{port + i}" for i in range(n)]
 
 
-def lease_flags(args: argparse.Namespace, index: int, run_dir: Path) -> list[str]:
-    """Router `index`'s flags for the shared lease (none for a lone router without one)."""
+def lease_flags(
+    args: argparse.Namespace, index: int, run_dir: Path, worker_addr: str | None = None
+) -> list[str]:
+    """Router `index`'s flags for the shared lease (none for a lone router without one).
+
+    NOTE: followers reach the leader at its worker endpoint; a wildcard one (tcp://0.0.0.0:P)
+    names no host, so the routers of one `nitsum serve` then meet on loopback (--peer-addr)."""
     if args.routers == 1 and args.router_lease is None:
         return []
     lease = args.router_lease or f"file:{run_dir / 'lease'}"
-    return ["--router-index", str(index), "--lease", lease]
+    flags = ["--router-index", str(index), "--lease", lease]
+    m = re.fullmatch(r"tcp://(0\.0\.0\.0|\*|\[::\]):(\d+)", worker_addr or "")
+    if m is not None:
+        flags += ["--peer-addr", f"tcp://127.0.0.1:{m.group(2)}"]
+    return flags
 
 
 def check_routers(args: argparse.Namespace) -> list[str]:

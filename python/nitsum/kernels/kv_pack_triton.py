@@ -28,8 +28,9 @@ def _copy_rows(
     width,
     BLOCK: tl.constexpr,
 ):
-    plane = tl.program_id(0)  # layer * 2 + (K or V)
-    i = tl.program_id(1)  # token within the chunk
+    # NOTE: offsets in int64: a pool past 2^31 elements (4 GiB of bf16) would wrap in int32.
+    plane = tl.program_id(0).to(tl.int64)  # layer * 2 + (K or V)
+    i = tl.program_id(1).to(tl.int64)  # token within the chunk
     src_row = tl.load(src_rows + i) if src_rows is not None else i
     dst_row = tl.load(dst_rows + i) if dst_rows is not None else i
     src_base = src + plane * src_plane + src_row * src_row_stride + src_col

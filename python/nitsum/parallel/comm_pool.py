@@ -46,13 +46,13 @@ def resolve_collectives(choice: str, device_type: str, devices_per_gpu: int = 1)
             f"{devices_per_gpu} device processes per GPU need shared collectives: NCCL "
             "refuses two ranks on one GPU"
         )
+    if (shares_gpu or choice == "shared") and not shared_memory.supported():
+        raise ValueError("shared collectives need Linux on x86-64 (memory files, /proc)")
     if choice == "auto":
         # NOTE: CPU devices share memory where the flag hand-off is safe (x86), as GPUs
         # that share a device must; a GPU of its own keeps NCCL.
         shares = shares_gpu or (device_type == "cpu" and shared_memory.supported())
         return "shared" if shares else "dist"
-    if choice == "shared" and not shared_memory.supported():
-        raise ValueError("shared collectives need Linux on x86-64 (memory files, /proc)")
     return choice
 
 

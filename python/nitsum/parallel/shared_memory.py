@@ -6,17 +6,16 @@ a peer opens (`open_shared`) into its own mapping of the same bytes:
 
 - on a CPU device, a memory file (`memfd`) each peer maps through `/proc/<pid>/fd/<fd>`;
 - on a CUDA device, device memory shared by CUDA IPC (torch's own handles, as
-  `torch.multiprocessing` shares CUDA tensors): peer to peer over NVLink or PCIe on a node,
-  the same memory when the processes share one GPU.
+  `torch.multiprocessing` shares CUDA tensors) between the processes that share one GPU.
 
-Flags always live in host memory (`SharedBuffer.host`): a writer finishes its device work on a
-buffer (`fence`), then stores a flag word; a reader that sees the flag launches its own work
-on the buffer. So the hand-off never spins on a GPU, which matters where several processes
-share one GPU: their kernels are time-sliced, never concurrent.
+Flags always live in host memory (a host `SharedBuffer`'s `words`): a writer finishes its
+device work on a buffer (`fence`), then stores a flag word; a reader that sees the flag
+launches its own work on the buffer. So the hand-off never spins on a GPU, which matters where
+several processes share one GPU: their kernels are time-sliced, never concurrent.
 
 NOTE: x86 makes stores visible in program order, so a flag written after a finished host copy
 is never seen before the copied bytes; elsewhere (ARM) that needs fences, so `supported()` is
-x86 only and other hosts use the process group.
+x86 only: elsewhere CPU devices use gloo, and processes cannot share a GPU.
 """
 
 from __future__ import annotations

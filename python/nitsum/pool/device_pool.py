@@ -63,6 +63,11 @@ class DevicePool:
         levels: tuple[int, ...] | None = None,
         start_timeout: float = 300.0,
     ) -> None:
+        if ecfg.device.startswith("cuda") and 1 < ecfg.devices_per_gpu < num_devices:
+            raise ValueError(
+                f"{num_devices} devices at {ecfg.devices_per_gpu} per GPU would span GPUs: "
+                "several processes per GPU make one GPU a pool (one process per GPU on a node)"
+            )
         self.num_devices = num_devices
         threads = max(1, (os.cpu_count() or 1) // num_devices)
         # NOTE: the PoolEngine derives its topology from the same candidates (`self.levels`).
@@ -229,7 +234,7 @@ class DevicePool:
         All replies are drained even on failure, so the pool stays usable for a rollback.
         """
         devices = sorted({p.src for p in pieces} | {p.dst for p in pieces})
-        self._migrations += 1  # names this migration's chunks in shared memory
+        self._migrations += 1  # names when sources' pages are ready (pool/shared_kv.py)
         self.send_many(devices, Migrate(pieces, mode, faults, self._migrations))
         stats, failure = [], None
         for d in devices:

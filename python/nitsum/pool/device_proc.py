@@ -119,7 +119,10 @@ class Device:
         topology = TPTopology.of(cfg, spec.world, spec.levels)
         storage_device = torch.device(spec.ecfg.device)
         self.comms = CommPool(topology, rank, kind, storage_device)
-        shareable = spec.world > 1 and shared_memory.supported()
+        # NOTE: pages are read in place between CPU devices and between processes sharing a
+        # GPU; between GPUs of their own, NCCL moves them peer to peer (torch's CUDA IPC would
+        # open a context on every peer GPU in every process).
+        shareable = spec.world > 1 and shared_memory.supported() and (not cuda or kind == "shared")
         built = DeviceBuild(cfg, tensors, spec.ecfg, spec.num_pages, shared_kv=shareable)
         self.model, self.pool = built.model, built.kv
         # Every peer's KV pages mapped (None: KV moves over the world process group), and,
@@ -128,6 +131,9 @@ class Device:
         if built.kv_memory is not None:
             shared_kv = SharedKV(built.kv_memory, self.pool.storage)
         shared_kv = self._share(spec, shared_kv)
+        if cuda and kind == "shared" and spec.world > 1 and shared_kv is None:
+            # NOTE: gloo, the world group here, cannot send CUDA tensors: no fallback.
+            raise RuntimeError("processes sharing a GPU move KV through CUDA IPC, which failed")
         channel = None
         if kind == "shared" and spec.world > 1:
             elems = PIPELINE_CHUNK_BYTES // self.pool.storage.element_size()

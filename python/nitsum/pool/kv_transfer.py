@@ -2,20 +2,20 @@
 within a host, double-buffered and pipelined over a process group.
 
 Every device gets the same ordered list of pieces and acts on those it sends or receives.
-Between the devices of one host the receiver copies straight from the sender's pages, which
-it maps (pool/shared_kv.py: memory files between CPU devices, CUDA IPC between GPUs, peer to
-peer over NVLink or PCIe, or within one GPU its processes share): one copy per byte, a
-strided copy per run of pages on CPU, one Triton launch per chunk on CUDA. Otherwise
-aggregated and double-buffered over the world process group (gloo sockets on CPU; NCCL on
-CUDA, the fallback where IPC cannot map a peer): pack a chunk while the other is on the wire.
+Between CPU devices of one host, and between processes that share a GPU, the receiver copies
+straight from the sender's pages, which it maps (pool/shared_kv.py: memory files, CUDA IPC):
+one copy per byte, a strided copy per run of pages on CPU, one Triton launch per chunk on
+CUDA. Otherwise aggregated and double-buffered over the world process group (gloo sockets on
+CPU; NCCL between GPUs of their own, which moves peer to peer itself): pack a chunk while the
+other is on the wire. Processes sharing a GPU have no such fallback (their world group is
+gloo, which sends no CUDA tensors): they read in place or fail at start-up.
 
 NOTE, why not a staging hand-off between the processes: pack into a staging buffer, then
 unpack from it, is two copies of every byte, and on a CPU they barely overlapped (the
 shared-memory staging of 2026-11 reached 17-53% of a memcpy; one copy per run, read in place,
-reached 115% of the memcpy reference in the same run of scripts/bench_tp_switch.py, which
-copies whole buffers); on one GPU shared by several processes
-the two copies cannot overlap at all (their kernels are time-sliced), so staging would cap a
-move at half a device-to-device copy.
+reached 115% of the memcpy reference of scripts/bench_tp_switch.py on the same machine); on
+one GPU shared by several processes the two copies cannot overlap at all (their kernels are
+time-sliced), so staging would cap a move at half a device-to-device copy.
 NOTE: processing pieces in one global order makes blocking point-to-point transfers
 deadlock-free: the earliest unfinished piece always has both of its devices waiting on it.
 """
@@ -131,6 +131,10 @@ class KVTransfer:
         """
         if mode not in MODES:
             raise ValueError(f"unknown transfer mode {mode!r}; one of {MODES}")
+        if mode != "pipelined" and self.storage.is_cuda and dist.get_backend() == "gloo":
+            # NOTE: device processes sharing a GPU: their world group is gloo, which sends no
+            # CUDA tensors; they move KV in place only.
+            raise ValueError(f"mode {mode!r} needs a world group that sends CUDA tensors (NCCL)")
         shared = self.shared if mode == "pipelined" else None
         if shared is not None:
             shared.ready(migration)

@@ -121,6 +121,10 @@ class RemoteHandoffs:
         log.info(
             "sending KV of %s (%d tokens) to worker %d", seq.request_id, seq.num_computed, target
         )
+        if isinstance(self.peers, NixlPeers) and set(seq.layout.members) & self.pe.solo:
+            # NOTE: a device restarted alone has no NIXL agent, and peers hold its old one.
+            log.info("%s decodes here: its group has a device restarted alone", seq.request_id)
+            return False
         try:
             if isinstance(self.peers, NixlPeers):
                 offer = self.peers.offer(
@@ -231,6 +235,9 @@ class RemoteHandoffs:
                 self.peers.refuse(offer, "no group to adopt it" if group is None else "runs here")
                 continue
             engine = self.pe.engines[group]
+            if set(group) & self.pe.solo:  # NOTE: restarted alone: no NIXL agent to READ with
+                self.peers.refuse(offer, "its decode group has a device restarted alone")
+                continue
             try:
                 seq = handoff_sequence(offer.meta)
                 need = engine.pages.pages_for(seq.num_computed)

@@ -3,9 +3,9 @@ that say when a device's pages may be read.
 
 A KV move between two devices of one host is then one copy: the receiver reads the source
 pages in place and writes its own (pool/kv_transfer.py), with no staging buffer and nothing
-through the host. The pages live in memory files on CPU devices and in CUDA IPC memory on
-GPUs (parallel/shared_memory.py): peer to peer over NVLink or PCIe on a node, the same
-memory where the processes share one GPU.
+through the host. The pages live in memory files on CPU devices and in CUDA IPC memory where
+processes share one GPU (parallel/shared_memory.py). GPUs of their own move KV over NCCL,
+peer to peer: torch's CUDA IPC would open a context on every peer GPU in every process.
 
 NOTE: at the start of migration m every device finishes its queued device work (`fence`: a
 step's KV writes may still be in flight) and stores m in its flag; a receiver reads a source
@@ -55,9 +55,8 @@ class SharedKV:
             if memory.pid == self.memory.handle.pid:
                 continue
             raw = open_shared(memory)
-            here, there = self.storage.device, raw.device
-            if here != there and not torch.cuda.can_device_access_peer(here, there):
-                raise RuntimeError(f"{here} cannot read {there} peer to peer")
+            if raw.device != self.storage.device:  # NOTE: one GPU's processes only
+                raise RuntimeError(f"{self.storage.device} maps no pages of {raw.device}")
             self.peers[peer] = raw.view(self.storage.dtype).view(self.storage.shape)
             self.flags[peer] = open_shared(flag).view(torch.int64).numpy()
             self.pids[peer] = memory.pid
