@@ -172,16 +172,33 @@ class Router:
 
 
 class RealWorker:
-    """A `WorkerServer` thread (the real worker protocol code) over an `EchoBackend`."""
+    """A `WorkerServer` thread (the real worker protocol code) over an `EchoBackend`, dialing
+    `router` (a `Router`, or addresses: several routers, or a fake one); with `registered`,
+    once it has registered."""
 
-    def __init__(self, router: Router, worker_id: int = 0, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        router: Router | str | list[str],
+        worker_id: int = 0,
+        delay: float = 0.0,
+        heartbeat_every_s: float = 0.1,
+        register_every_s: float = 5.0,
+        registered: bool = True,
+    ) -> None:
         self.backend = EchoBackend(worker_id, delay)
+        addr = router.addr if isinstance(router, Router) else router
         self.server = WorkerServer(
-            self.backend, router.addr, MODEL, heartbeat_every_s=0.1, secret=SECRET.encode()
+            self.backend,
+            addr,
+            MODEL,
+            register_every_s=register_every_s,
+            heartbeat_every_s=heartbeat_every_s,
+            secret=SECRET.encode(),
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        wait(lambda: self.server.registered, what="real worker registered")
+        if registered:
+            wait(lambda: self.server.registered, what="real worker registered")
 
     def stop(self) -> None:
         self.server.stop()

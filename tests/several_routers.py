@@ -20,8 +20,7 @@ import msgpack
 import zmq
 
 from nitsum.worker.handshake import new_nonce, router_proof
-from nitsum.worker.server import WorkerServer
-from plane import MODEL, SECRET, EchoBackend, Router, wait
+from plane import SECRET, RealWorker, Router, wait
 from test_router_protocol import free_port
 
 # A profile the control loop plans TP-1 groups with (the echo backend serves TP 1 only).
@@ -59,30 +58,18 @@ class Workers:
     """`n` real worker servers (echo backends, one device each) for every router."""
 
     def __init__(self, routers: list[Router], n: int, delay: float) -> None:
-        self.servers: list[WorkerServer] = []
-        self.threads: list[threading.Thread] = []
-        for w in range(n):
-            server = WorkerServer(
-                EchoBackend(w, delay),
-                [r.addr for r in routers],
-                MODEL,
-                heartbeat_every_s=0.1,
-                register_every_s=0.3,
-                secret=SECRET.encode(),
-            )
-            thread = threading.Thread(target=server.run, daemon=True)
-            thread.start()
-            self.servers.append(server)
-            self.threads.append(thread)
+        addrs = [r.addr for r in routers]
+        self.workers = [
+            RealWorker(addrs, w, delay, register_every_s=0.3, registered=False) for w in range(n)
+        ]
+        self.servers = [w.server for w in self.workers]
 
     def wait_registered(self) -> None:
         wait(lambda: all(s.registered for s in self.servers), what="workers registered")
 
     def stop(self) -> None:
-        for s in self.servers:
-            s.stop()
-        for t in self.threads:
-            t.join(5)
+        for w in self.workers:
+            w.stop()
 
 
 class Deployment:

@@ -21,7 +21,7 @@ import zmq
 
 from nitsum.worker.handshake import new_nonce, router_proof
 from nitsum.worker.server import WorkerServer
-from plane import MODEL, SECRET, EchoBackend, FakeRouter, Router, wait
+from plane import SECRET, EchoBackend, FakeRouter, RealWorker, Router, wait
 from test_router_protocol import BIN
 
 pytestmark = pytest.mark.e2e
@@ -39,18 +39,8 @@ def bounded() -> Iterator[None]:
 
 def start_worker(addr: str) -> tuple[WorkerServer, EchoBackend, threading.Thread]:
     """The real worker (with the secret) dialing `addr`; it says `hello` every 0.3 s."""
-    backend = EchoBackend(0)
-    server = WorkerServer(
-        backend,
-        addr,
-        MODEL,
-        register_every_s=0.3,
-        heartbeat_every_s=0.05,
-        secret=SECRET.encode(),
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    return server, backend, thread
+    worker = RealWorker(addr, heartbeat_every_s=0.05, register_every_s=0.3, registered=False)
+    return worker.server, worker.backend, worker.thread
 
 
 def lure(fake: FakeRouter, peer: bytes, worker_id: int = 0) -> None:

@@ -6,7 +6,6 @@ whichever router sends it; a router whose connection drops loses only its own re
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from nitsum.worker.handshake import new_nonce, router_proof
 from nitsum.worker.server import WorkerServer
-from plane import MODEL, SECRET, EchoBackend, FakeRouter, wait
+from plane import SECRET, EchoBackend, FakeRouter, RealWorker, wait
 
 PROMPT = [11, 12, 13]
 TERM2 = 2 << 32  # epochs of the leader of lease term 2 (docs/protocol.md)
@@ -67,25 +66,17 @@ class ProvenRouter(FakeRouter):
 @pytest.fixture
 def two_routers() -> Iterator[tuple[ProvenRouter, ProvenRouter, WorkerServer, EchoBackend]]:
     leader, follower = ProvenRouter(), ProvenRouter()
-    backend = EchoBackend(0, delay=0.01)
-    server = WorkerServer(
-        backend,
-        [leader.addr, follower.addr],
-        MODEL,
-        register_every_s=0.2,
-        heartbeat_every_s=0.05,
-        secret=SECRET.encode(),
+    worker = RealWorker(
+        [leader.addr, follower.addr], 0, 0.01, 0.05, register_every_s=0.2, registered=False
     )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    server, backend = worker.server, worker.backend
     try:
         leader.admit(TERM2 + 1)
         follower.admit(TERM2 + 1)
         wait(lambda: server.registered, what="registered with both routers")
         yield leader, follower, server, backend
     finally:
-        server.stop()
-        thread.join(5)
+        worker.stop()
         leader.close()
         follower.close()
 
