@@ -202,12 +202,13 @@ class DevicePool:
         return next(r for r in self._replies(members) if r is not None)
 
     def _replies(self, members: tuple[int, ...]) -> list[Any]:
-        """Every member's reply, in order; the first DeviceError once all are drained."""
+        """Every member's reply, in order; the first DeviceError or TransferFailed once all
+        are drained."""
         replies, error = [], None
         for d in members:  # NOTE: drain every member even after an error, or pipes desync
             try:
                 replies.append(self._reply(d))
-            except DeviceError as e:
+            except (DeviceError, TransferFailed) as e:
                 error = error or e
         if error is not None:
             raise error
@@ -236,15 +237,7 @@ class DevicePool:
         devices = sorted({p.src for p in pieces} | {p.dst for p in pieces})
         self._migrations += 1  # names when sources' pages are ready (pool/shared_kv.py)
         self.send_many(devices, Migrate(pieces, mode, faults, self._migrations))
-        stats, failure = [], None
-        for d in devices:
-            try:
-                stats.append(self._reply(d))
-            except TransferFailed as e:
-                failure = e
-        if failure is not None:
-            raise failure
-        return stats
+        return self._replies(tuple(devices))
 
     # -- KV to / from another host worker process (kv_wire.py) -----------------------------
     def kv_out(self, pieces: list[Piece]) -> list[torch.Tensor]:
@@ -277,18 +270,10 @@ class DevicePool:
         self._replies(every)
 
     def nixl_read(self, reads: dict[int, list[Read]], timeout_s: float) -> int:
-        devices = sorted(reads)
+        devices = tuple(sorted(reads))
         for d in devices:
             self.send(d, NixlRead(reads[d], timeout_s))
-        moved, failure = 0, None
-        for d in devices:  # NOTE: every device is drained, even after a failure
-            try:
-                moved += self._reply(d)
-            except (TransferFailed, DeviceError) as e:
-                failure = failure or e
-        if failure is not None:
-            raise failure
-        return moved
+        return sum(self._replies(devices))
 
     def close(self) -> None:
         for proc, _ in self.starting.values():
