@@ -82,3 +82,49 @@ def test_turn_two_goes_to_the_device_that_holds_turn_one(tmp_path: Path) -> None
         turn1_tokens = turn1["usage"]["prompt_tokens"] + ANSWER_TOKENS
         assert reused >= 0.75 * turn1_tokens, (reused, turn1_tokens, prompt2)
         busy.join(timeout=300)
+
+
+FILLER_TOKENS_PER_ITEM = 7.5  # "item i is blue." in SmolLM2's tokenizer, on average
+
+
+def conversation(
+    http: httpx.Client, prompt_tokens: int, turns: int = 3, answer: int = 12
+) -> tuple[list[int], list[int], tuple[int, int]]:
+    """Issue 40 item 3's conversation of about `prompt_tokens`: "Summarize this: " and
+    numbered lines, then "And then?" turns, greedy with `answer` tokens each. Returns each
+    turn's (prompt tokens, cached tokens), and (prompt, cached) of turn 1's prompt sent again."""
+    items = max(1, round((prompt_tokens - 30) / FILLER_TOKENS_PER_ITEM))
+    body = " ".join(f"item {i} is blue." for i in range(items))
+    messages = [{"role": "user", "content": f"Summarize this: {body}"}]
+    prompts, cached = [], []
+    first: dict | None = None
+    for _ in range(turns):
+        req = {"model": MODEL, "messages": messages, "max_tokens": answer, "temperature": 0}
+        r = http.post("/v1/chat/completions", json=req)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        first = first or req
+        prompts.append(out["usage"]["prompt_tokens"])
+        cached.append(out["usage"]["prompt_tokens_details"]["cached_tokens"])
+        reply = out["choices"][0]["message"]
+        messages = [*messages, reply, {"role": "user", "content": "And then?"}]
+    assert first is not None
+    again = http.post("/v1/chat/completions", json=first).json()["usage"]
+    repeat = (again["prompt_tokens"], again["prompt_tokens_details"]["cached_tokens"])
+    return prompts, cached, repeat
+
+
+def test_turn_two_and_a_repeat_hit_the_cache_on_the_default_server(tmp_path: Path) -> None:
+    """Issue 40 item 3: on the default server (control loop on: its first plan serves no tier,
+    so every request is best effort) turn 2 missed the cache (0 of 1,151 tokens), and so did
+    the same prompt sent again (16 of 1,126): best-effort requests went round-robin, ignoring
+    the router's prefix index. Each turn must reuse at least 80% of the previous prompt."""
+    with serving(tmp_path, "--workers", "2", "--threads", "1") as (base, _log):
+        http = httpx.Client(base_url=base, timeout=300)
+        for size in (200, 1100):
+            prompts, cached, (again, again_cached) = conversation(http, size)
+            turns = list(zip(prompts, cached, strict=True))
+            print(f"~{size} tokens: turns {turns}, again {again_cached}/{again}")
+            for turn in (1, 2):
+                assert cached[turn] >= 0.8 * prompts[turn - 1], (size, turn, prompts, cached)
+            assert again_cached >= 0.8 * again, (size, again, again_cached)

@@ -29,7 +29,18 @@ SRC = Path(__file__).resolve().parent.parent / "scheduler-rs" / "src"
 # Lowest first. A module's floor is that of its top-level name (`a` for `a::b`); `crate`
 # (lib.rs: the version and the health answer) imports nothing.
 FLOORS: list[set[str]] = [
-    {"crate", "ids", "fasthash", "tiers", "profile", "stats", "errors", "tokenize", "testutil"},
+    {
+        "crate",
+        "ids",
+        "fasthash",
+        "heap",
+        "tiers",
+        "profile",
+        "stats",
+        "errors",
+        "tokenize",
+        "testutil",
+    },
     {"plan", "prefix_index", "worker_auth", "binding", "lease"},
     {"protocols", "dispatch", "planner", "metrics"},
     {"sim", "registry", "mock_worker"},

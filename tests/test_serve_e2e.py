@@ -581,16 +581,6 @@ BAD_REQUESTS = [
         "invalid_request_error",
     ),
     (
-        "missing_model",
-        CHAT,
-        {"messages": HI},
-        {},
-        400,
-        "model",
-        None,
-        "invalid_request_error",
-    ),
-    (
         "misspelt_field",
         CHAT,
         {"model": MODEL, "messages": HI, "max_token": 2},

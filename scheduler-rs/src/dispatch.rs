@@ -18,7 +18,8 @@ const NO_GROUP: u32 = u32::MAX;
 pub enum Class {
     /// Fits its tier's SLO-compliant bandwidth.
     Feasible,
-    /// Over the tier's bandwidth: spilled round-robin, served with leftover capacity.
+    /// Over the tier's bandwidth: spilled to its prefix's group (else round-robin), served
+    /// with leftover capacity.
     BestEffort,
     /// Background tier: no SLO, lowest priority.
     Background,
@@ -58,8 +59,11 @@ pub struct Decision {
 #[derive(Debug)]
 struct GroupLoad {
     plan: GroupPlan,
-    /// Requests assigned and not yet finished.
+    /// Feasible requests assigned and not yet finished (or released: `release`).
     assigned: u32,
+    /// Best-effort and background requests placed here and not yet finished: they hold no
+    /// SLO bandwidth, but keep a prefix's spills from all piling onto one group (pick.rs).
+    leftover: u32,
 }
 
 impl GroupLoad {
@@ -100,8 +104,10 @@ pub struct Dispatcher {
     /// Keyed by group leader; the order of `plan.groups` is kept in `order`.
     groups: IntMap<u32, GroupLoad>,
     order: Vec<u32>,
-    /// Unfinished request → the groups it was charged to.
+    /// Unfinished feasible request → the groups it was charged to.
     charged: IntMap<u64, (u32, Option<u32>)>,
+    /// Unfinished best-effort or background request → the group it was placed on.
+    spilled: IntMap<u64, u32>,
     spill_cursor: usize,
     background_cursor: usize,
 }
@@ -123,12 +129,12 @@ impl Dispatcher {
         let mut survived = std::collections::HashSet::new();
         for g in &plan.groups {
             let leader = g.leader();
-            let assigned = match old.remove(&leader) {
+            let (assigned, leftover) = match old.remove(&leader) {
                 Some(prev) if prev.plan.members == g.members => {
                     survived.insert(leader);
-                    prev.assigned
+                    (prev.assigned, prev.leftover)
                 }
-                _ => 0,
+                _ => (0, 0),
             };
             self.order.push(leader);
             self.groups.insert(
@@ -136,6 +142,7 @@ impl Dispatcher {
                 GroupLoad {
                     plan: g.clone(),
                     assigned,
+                    leftover,
                 },
             );
         }
@@ -149,19 +156,30 @@ impl Dispatcher {
                 *dec = None;
             }
         }
+        for pre in self.spilled.values_mut() {
+            if !survived.contains(pre) {
+                *pre = NO_GROUP;
+            }
+        }
         self.spill_cursor = 0;
         self.background_cursor = 0;
     }
 
-    /// Route a request and charge it to the chosen groups. `None` when no group can take it.
+    /// Route a request and charge it to the chosen groups: a feasible one against their SLO
+    /// bandwidth, another one as leftover work. `None` when no group can take it.
+    ///
+    /// NOTE: every class follows `req.affinity` (the group holding its prefix's KV) when it
+    /// can: a conversation's next turn or a repeated prompt that lands elsewhere recomputes
+    /// its whole prompt. Only the least-loaded pick (feasible) and the round-robin fallback
+    /// (best effort, background) differ.
     pub fn dispatch(&mut self, id: u64, req: &DispatchRequest) -> Option<Decision> {
         let (prefill, class) = if req.background {
-            (self.next_background()?, Class::Background)
+            (self.next_background(req.affinity)?, Class::Background)
         } else {
             let feasible = |g: &GroupLoad| g.prefills() && g.serves(req.tier) && g.has_room();
             match self.prefer(req.affinity, self.least_loaded(feasible), feasible) {
                 Some(leader) => (leader, Class::Feasible),
-                None => (self.next_spill()?, Class::BestEffort),
+                None => (self.next_spill(req.affinity)?, Class::BestEffort),
             }
         };
         let decode = if self.groups[&prefill].plan.role == Role::Prefill {
@@ -174,7 +192,11 @@ impl Dispatcher {
         } else {
             None
         };
-        self.charge(id, prefill, decode);
+        if class == Class::Feasible {
+            self.charge(id, prefill, decode);
+        } else {
+            self.spill(id, prefill);
+        }
         Some(Decision {
             prefill_leader: prefill,
             decode_leader: decode,
@@ -182,8 +204,20 @@ impl Dispatcher {
         })
     }
 
-    /// Release a finished (or failed) request's charge. Unknown ids are ignored.
+    /// Release a finished (or failed) request: its SLO charge and its leftover count. Unknown
+    /// ids are ignored.
     pub fn complete(&mut self, id: u64) {
+        self.release(id);
+        if let Some(pre) = self.spilled.remove(&id) {
+            if let Some(g) = self.groups.get_mut(&pre) {
+                g.leftover = g.leftover.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Release only a request's SLO-bandwidth charge (it can no longer meet its SLO, or it was
+    /// demoted): it stays counted nowhere until it completes. Unknown ids are ignored.
+    pub fn release(&mut self, id: u64) {
         if let Some((pre, dec)) = self.charged.remove(&id) {
             for leader in std::iter::once(pre).chain(dec) {
                 if let Some(g) = self.groups.get_mut(&leader) {
@@ -210,8 +244,14 @@ impl Dispatcher {
             .map_or(0.0, |g| g.capacity() - f64::from(g.assigned))
     }
 
+    /// Feasible requests in flight (those holding SLO bandwidth).
     pub fn inflight(&self) -> usize {
         self.charged.len()
+    }
+
+    /// Best-effort and background requests in flight on the group led by `leader`.
+    pub fn leftover(&self, leader: u32) -> u32 {
+        self.groups.get(&leader).map_or(0, |g| g.leftover)
     }
 
     /// Charge request `id` to these groups (released by `complete`).
@@ -222,6 +262,19 @@ impl Dispatcher {
             }
         }
         self.charged.insert(id, (prefill, decode));
+    }
+
+    /// Count request `id` as leftover work on `prefill` (released by `complete`).
+    pub fn spill(&mut self, id: u64, prefill: u32) {
+        if let Some(g) = self.groups.get_mut(&prefill) {
+            g.leftover += 1;
+        }
+        // NOTE: a request placed again (its group was rebuilt) is counted once, where it is now.
+        if let Some(old) = self.spilled.insert(id, prefill) {
+            if let Some(g) = self.groups.get_mut(&old) {
+                g.leftover = g.leftover.saturating_sub(1);
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod control;
 pub mod dispatch;
 pub mod errors;
 pub mod fasthash;
+pub mod heap;
 pub mod ids;
 pub mod lease;
 pub mod metrics;

@@ -198,6 +198,7 @@ where
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
+    crate::heap::init();
     let level = cli.log_level.parse().unwrap_or(tracing::Level::INFO);
     let _ = tracing_subscriber::fmt()
         .with_max_level(level)

@@ -151,6 +151,8 @@ mod requests;
 mod rounds;
 #[cfg(test)]
 mod rounds_tests;
+#[cfg(test)]
+mod spill_prefix_tests;
 mod submit;
 mod submit_error;
 #[cfg(test)]

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from nitsum.bench import closed_loop
+from nitsum.bench import closed_loop, pyplot
 from nitsum.bench.bursty import BurstySpec, UniformLengths
 from nitsum.bench.mixes import tier_shares
 from nitsum.bench.planlog import load_plan_log
@@ -221,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `nitsum bench`; returns the process exit code (2: bad options or
     trace, 1: no request of any run succeeded, 0 otherwise)."""
     args = build_parser().parse_args(argv)
+    if args.plot or args.plot_tiers or args.plot_plan or args.plan_log:
+        # NOTE: before any run: a sweep must not end in an ImportError (pyplot.py).
+        try:
+            pyplot.require()
+        except pyplot.PlottingUnavailable as e:
+            print(f"nitsum bench: {e}", file=sys.stderr)
+            return 2
     if args.compare or args.plan_log:
         if args.compare:
             if not (args.plot or args.plot_tiers):

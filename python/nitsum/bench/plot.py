@@ -1,6 +1,7 @@
 """Plots: goodput vs request rate (one line per results file) and the plan timeline.
 
-matplotlib with the Agg backend (no display needed). The data preparation is in pure
+matplotlib with the Agg backend (no display needed), imported when a plot is drawn
+(pyplot.py: it is in the `bench` extra). The data preparation is in pure
 functions (`goodput_points`, `plan_segments`) so it can be tested without looking at images.
 """
 
@@ -11,10 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from nitsum.bench.pyplot import pyplot
 
 ROLE_COLORS = {"prefill": "tab:blue", "decode": "tab:orange", "mixed": "tab:green"}
 
@@ -37,6 +35,7 @@ def goodput_points(results: dict[str, Any], tier: str | None = None) -> list[tup
 def plot_goodput_vs_rate(results: list[str | Path | dict[str, Any]], out: str | Path) -> None:
     """One line per results file or dict (labelled by its `label`, else the file name), with
     the ideal goodput = rate as a dashed reference."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ideal: list[tuple[float, float]] = []
     for i, f in enumerate(results):
@@ -116,6 +115,7 @@ def plot_plan_timeline(entries: list[dict[str, Any]], out: str | Path) -> None:
     """One row per device; bars colored by role and labelled with the TP level."""
     segs = plan_segments(entries)
     devices = sorted({s.device for s in segs})
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 1 + 0.4 * max(len(devices), 1)))
     for s in segs:
         y = devices.index(s.device)

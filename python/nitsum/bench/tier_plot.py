@@ -11,13 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-
-# NOTE: SVG text stays text (searchable, and a test can find the tier names in it).
-matplotlib.rcParams["svg.fonttype"] = "none"
+from nitsum.bench.pyplot import pyplot
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +68,9 @@ def tier_series(results: dict[str, Any]) -> list[TierSeries]:
 def plot_tiers(results: dict[str, Any], out: str | Path) -> None:
     """Write the four-panel per-tier figure of `results` to `out` (.svg or .png)."""
     series = tier_series(results)
+    plt = pyplot()
+    # NOTE: SVG text stays text (searchable, and a test can find the tier names in it).
+    plt.rcParams["svg.fonttype"] = "none"
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     (ax_good, ax_att), (ax_ttft, ax_tpot) = axes
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -129,8 +129,14 @@ pub async fn read_body_within(
             .into_response()
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    let size = bytes.len();
+    let resp = next
+        .run(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    // NOTE: a huge input's parse, render and tokenization buffers are freed by now (a stream
+    // keeps only its token ids): give their memory back (heap.rs).
+    crate::heap::trim_after(size);
+    resp
 }
 
 /// Why a body could not be read.

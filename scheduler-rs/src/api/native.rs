@@ -8,6 +8,9 @@
 //! `output_top_logprobs` with `top_logprobs_num`), cumulative like the text, and with
 //! `logprob_start_len` ≥ 0 the prompt's (`input_token_logprobs`). Fields SGLang has
 //! and Nitsum lacks are refused by name unless neutral (protocols/extensions.rs).
+//! `max_new_tokens: 0` answers the prompt alone, as SGLang does (its frontend's `select` and
+//! prefix caching send it): no output, and with `return_logprob` the prompt's logprobs (from
+//! its last token when `logprob_start_len` is -1, SGLang's default).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,16 +75,23 @@ struct Meta {
     choices: Vec<Choice>,
     /// Whether the answer is a list (a batch, or n > 1): streamed chunks then carry `index`.
     listed: bool,
+    /// `max_new_tokens: 0`: the one token generated to get the prompt's logprobs is dropped.
+    prompt_only: bool,
 }
 
 impl Choice {
     fn info(&self, meta: &Meta, ts: &TextStream, finish: Option<&str>) -> Value {
+        let (completion_tokens, finish) = if meta.prompt_only {
+            (0, finish.map(|_| json!({"type": "length", "length": 0})))
+        } else {
+            (ts.completion_tokens, finish.map(|f| json!({"type": f})))
+        };
         let mut info = json!({
             "id": meta.rid.clone().unwrap_or_else(|| ts.id.to_string()),
             "prompt_tokens": ts.prompt_tokens,
-            "completion_tokens": ts.completion_tokens,
+            "completion_tokens": completion_tokens,
             "cached_tokens": ts.cached_tokens.unwrap_or(0),
-            "finish_reason": finish.map(|f| json!({"type": f})),
+            "finish_reason": finish,
             "e2e_latency": meta.start.elapsed().as_secs_f64(),
             "tier": meta.tier,
             "class": ts.class.as_str(),
@@ -115,10 +125,16 @@ impl ChunkFormat for Meta {
                 logprobs: None,
             },
         );
-        c.text.push_str(&p.text);
-        c.ids.extend_from_slice(&p.ids);
-        if let Some(lp) = &mut c.logprobs {
-            lp.push(&p.ids, &p.logprobs);
+        if self.prompt_only && p.finish.is_none() {
+            self.choices[index] = c;
+            return Vec::new();
+        }
+        if !self.prompt_only {
+            c.text.push_str(&p.text);
+            c.ids.extend_from_slice(&p.ids);
+            if let Some(lp) = &mut c.logprobs {
+                lp.push(&p.ids, &p.logprobs);
+            }
         }
         let mut chunk = json!({"text": c.text, "output_ids": c.ids,
                                "meta_info": c.info(self, ts, p.finish)});
@@ -152,6 +168,15 @@ pub async fn handle(
     let (prompts, batched, field) = prompts(&state, &req).await?;
     let top = asked.map(|(top, _)| top);
     let input_start = asked.and_then(|(_, start)| start);
+    // NOTE: SGLang reads `logprob_start_len: -1` as the prompt's last token: a prompt-only
+    // request with `return_logprob` still has `input_token_logprobs` (select's unconditional
+    // pass reads them).
+    let prompt_only = sp.max_new_tokens == Some(0);
+    let input_from = |prompt_len: usize| match input_start {
+        Some(s) => Some(s),
+        None if prompt_only && top.is_some() => Some(prompt_len.saturating_sub(1)),
+        None => None,
+    };
     if let Some(start) = input_start {
         if let Some(short) = prompts.iter().map(Vec::len).find(|&len| start >= len) {
             return Err(ApiError::invalid(
@@ -161,7 +186,12 @@ pub async fn handle(
         }
     }
     let sampling = SamplingInput {
-        max_tokens: sp.max_new_tokens,
+        // One token is generated to get the prompt's logprobs, and dropped.
+        max_tokens: if prompt_only {
+            Some(1)
+        } else {
+            sp.max_new_tokens
+        },
         max_tokens_field: "max_new_tokens",
         default_max_tokens: Some(DEFAULT_MAX_NEW_TOKENS),
         temperature: sp.temperature,
@@ -181,7 +211,11 @@ pub async fn handle(
             min_p: sp.min_p,
         },
         logprobs: top,
-        prompt_logprobs: input_start.and(top),
+        prompt_logprobs: if prompt_only {
+            top
+        } else {
+            input_start.and(top)
+        },
         grammar,
         ..SamplingInput::default()
     };
@@ -210,7 +244,7 @@ pub async fn handle(
                 with_text: req.return_text_in_logprobs,
                 tokens: Vec::new(),
                 tops: Vec::new(),
-                input: input_start.map(|s| (prompts[i / n].clone(), s)),
+                input: input_from(prompts[i / n].len()).map(|s| (prompts[i / n].clone(), s)),
             }),
         })
         .collect();
@@ -220,6 +254,7 @@ pub async fn handle(
         rid: req.rid.clone(),
         choices,
         listed: batched || n > 1,
+        prompt_only,
     };
     if req.stream {
         return Ok(sse::respond(all, meta));
@@ -235,7 +270,12 @@ pub async fn handle(
                 logprobs: None,
             },
         );
-        if let Some(lp) = &mut c.logprobs {
+        let (text, output_ids) = if meta.prompt_only {
+            (String::new(), Vec::new())
+        } else {
+            (text, output_ids)
+        };
+        if let Some(lp) = c.logprobs.as_mut().filter(|_| !meta.prompt_only) {
             lp.push(&output_ids, &ts.logprobs);
         }
         let info = c.info(&meta, ts, Some(finish));

@@ -75,19 +75,14 @@ impl SamplingInput {
     }
 }
 
-/// 400 when `model` is absent (as OpenAI: clients that forget it should hear so), 404 unless
-/// it is the served model name.
+/// 404 unless `model` is one of the served model's names.
+///
+/// NOTE: a request without `model` gets the one served model, as vLLM and SGLang answer it
+/// (OpenAI's 400 broke clients written for them).
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        None => Err(ApiError::invalid(
-            "model",
-            format!(
-                "you must provide a model parameter (this server serves {:?})",
-                state.served_model()
-            ),
-        )),
         Some(m) if !state.serves_model(m) => Err(ApiError::model_not_found(m)),
-        Some(_) => Ok(()),
+        _ => Ok(()),
     }
 }
 

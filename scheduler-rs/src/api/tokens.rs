@@ -123,3 +123,19 @@ pub async fn detokenize(
         .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?;
     Ok(axum::Json(json!({"prompt": text, "text": text})).into_response())
 }
+
+/// Handler of `GET /tokenizer_info` (vLLM's): the tokenizer's configuration, its class and the
+/// chat template (tokenize/info.rs). lm-evaluation-harness's remote tokenizer starts with it.
+pub async fn tokenizer_info(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    prepare::tier(&state, &headers, None)?;
+    let model = state.model.as_deref().ok_or_else(|| {
+        ApiError::from_status(
+            axum::http::StatusCode::NOT_FOUND,
+            "this router has no tokenizer (start it with --model-dir)".to_string(),
+        )
+    })?;
+    Ok(axum::Json(model.info.clone()).into_response())
+}

@@ -62,16 +62,15 @@ fn feasible_goes_to_least_loaded_prefill_group_of_its_tier() {
         spills.iter().map(|p| p.prefill_leader).collect::<Vec<_>>(),
         [0, 1, 2]
     );
-    // Spills overfill groups 0 and 1 (3 each): two completions on group 1 free one slot.
+    // Spills hold no SLO bandwidth: they are counted apart, and one completion on group 1
+    // frees a feasible slot there.
+    assert_eq!((d.assigned(0), d.assigned(1), d.inflight()), (2, 2, 4));
+    assert_eq!((d.leftover(0), d.leftover(1), d.leftover(2)), (1, 1, 1));
     d.complete(1);
-    assert_eq!(
-        d.dispatch(8, &req("strict")).unwrap().class,
-        Class::BestEffort
-    );
-    d.complete(8);
-    d.complete(3);
     let again = d.dispatch(7, &req("strict")).unwrap();
     assert_eq!((again.prefill_leader, again.class), (1, Class::Feasible));
+    d.complete(5);
+    assert_eq!((d.leftover(1), d.inflight()), (0, 4));
 }
 
 #[test]
@@ -180,4 +179,124 @@ fn surviving_groups_keep_their_load_across_plans() {
     }
     assert_eq!(d.assigned(0), 1);
     assert_eq!(d.inflight(), 1);
+}
+
+fn with_affinity(name: &str, background: bool, affinity: u32) -> DispatchRequest {
+    DispatchRequest {
+        tier: tier(name),
+        background,
+        affinity: Some(affinity),
+    }
+}
+
+/// A default server's first plan: two devices that serve no tier yet, so every request spills.
+fn no_tier_plan() -> Plan {
+    Plan {
+        epoch: 1,
+        groups: vec![
+            group(&[0], Role::Mixed, &[], true, 0.0),
+            group(&[1], Role::Mixed, &[], true, 0.0),
+        ],
+    }
+}
+
+#[test]
+fn spills_follow_their_prefix_group_within_a_slack() {
+    // Issue 40 item 3: round-robin sent a conversation's second turn (and a repeated prompt)
+    // to the device without its KV. Turn 1 went to group 1; every later turn follows it.
+    let mut d = Dispatcher::new(&no_tier_plan());
+    assert_eq!(d.dispatch(0, &req("t")).unwrap().prefill_leader, 0);
+    let picks: Vec<_> = (1..5)
+        .map(|i| d.dispatch(i, &with_affinity("t", false, 1)).unwrap())
+        .collect();
+    assert!(picks
+        .iter()
+        .all(|p| (p.prefill_leader, p.class) == (1, Class::BestEffort)));
+    assert_eq!((d.leftover(0), d.leftover(1), d.inflight()), (1, 4, 0));
+    // Group 1 now has SPILL_SLACK (4) more than group 0 when 0 is idle: the next one balances.
+    d.complete(0);
+    assert_eq!(
+        d.dispatch(5, &with_affinity("t", false, 1))
+            .unwrap()
+            .prefill_leader,
+        0
+    );
+    // A completion on group 1 brings it back within the slack of group 0.
+    d.complete(1);
+    assert_eq!(
+        d.dispatch(6, &with_affinity("t", false, 1))
+            .unwrap()
+            .prefill_leader,
+        1
+    );
+    // A finished spill releases its count; unknown and repeated completions change nothing.
+    for id in [2, 3, 4, 6, 6, 99] {
+        d.complete(id);
+    }
+    assert_eq!((d.leftover(0), d.leftover(1)), (1, 0));
+    // An affinity to a group that is not in the plan is ignored.
+    assert_eq!(
+        d.dispatch(7, &with_affinity("t", false, 9))
+            .unwrap()
+            .prefill_leader,
+        1
+    );
+}
+
+#[test]
+fn background_follows_its_prefix_group_among_accepting_groups() {
+    let mut plan = no_tier_plan();
+    plan.groups.push(group(&[2], Role::Mixed, &[], false, 0.0));
+    let mut d = Dispatcher::new(&plan);
+    let picks: Vec<_> = (0..3)
+        .map(|i| d.dispatch(i, &with_affinity("b", true, 1)).unwrap())
+        .collect();
+    assert!(picks
+        .iter()
+        .all(|p| (p.prefill_leader, p.class) == (1, Class::Background)));
+    // Group 2 takes no background work: an affinity to it is ignored (round-robin instead).
+    let other = d.dispatch(3, &with_affinity("b", true, 2)).unwrap();
+    assert_eq!(other.prefill_leader, 0);
+}
+
+#[test]
+fn a_spill_follows_its_prefix_to_the_prefill_group_of_a_pd_plan() {
+    // P/D: turn 1 was prefilled by group 2 (its KV and prefix cache are there), decoded by 4.
+    let plan = Plan {
+        epoch: 1,
+        groups: vec![
+            group(&[0, 1], Role::Prefill, &[], false, 0.0),
+            group(&[2, 3], Role::Prefill, &[], false, 0.0),
+            group(&[4], Role::Decode, &[], false, 0.0),
+        ],
+    };
+    let mut d = Dispatcher::new(&plan);
+    for i in 0..3 {
+        let p = d.dispatch(i, &with_affinity("t", false, 2)).unwrap();
+        assert_eq!((p.prefill_leader, p.decode_leader), (2, Some(4)));
+    }
+    // A decode group prefills nothing: an affinity to it never places the prefill there.
+    let p = d.dispatch(3, &with_affinity("t", false, 4)).unwrap();
+    assert_eq!((p.prefill_leader, p.decode_leader), (0, Some(4)));
+}
+
+#[test]
+fn spill_counts_survive_unchanged_groups_and_are_forgotten_with_rebuilt_ones() {
+    let mut d = Dispatcher::new(&no_tier_plan());
+    for i in 0..3 {
+        d.dispatch(i, &with_affinity("t", false, 1)).unwrap();
+    }
+    // Group 0 is rebuilt (now TP 2 with a new device), group 1 vanishes.
+    let mut next = no_tier_plan();
+    next.groups = vec![group(&[0, 2], Role::Mixed, &[], true, 0.0)];
+    d.set_plan(&next);
+    assert_eq!(d.leftover(0), 0);
+    d.dispatch(10, &req("t")).unwrap();
+    for i in 0..3 {
+        d.complete(i);
+    }
+    assert_eq!(d.leftover(0), 1);
+    // Back to the first plan: group 0's members changed again, so it starts from zero.
+    d.set_plan(&no_tier_plan());
+    assert_eq!((d.leftover(0), d.leftover(1)), (0, 0));
 }

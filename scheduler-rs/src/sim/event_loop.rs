@@ -102,7 +102,7 @@ impl Cluster<'_> {
         let started = g.start(&mut self.reqs, &self.profile, self.now);
         // A demoted request no longer holds SLO bandwidth at the dispatcher.
         for r in g.take_demoted() {
-            self.dispatcher.complete(r as u64);
+            self.dispatcher.release(r as u64);
         }
         if let Some(lat) = started {
             g.busy_until = self.now + lat;

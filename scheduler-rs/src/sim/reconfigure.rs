@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::dispatch::{Class, DispatchRequest};
+use crate::dispatch::DispatchRequest;
 use crate::plan::Role;
 use crate::planner::{Planned, PlannerConfig};
 
@@ -102,9 +102,6 @@ impl Cluster<'_> {
             };
             match self.dispatcher.dispatch(r as u64, &req) {
                 Some(d) => {
-                    if d.class != Class::Feasible {
-                        self.dispatcher.complete(r as u64);
-                    }
                     self.reqs[r].class = d.class;
                     self.reqs[r].decode_leader = d.decode_leader;
                     let g = self.groups.get_mut(&d.prefill_leader).expect("planned");

@@ -30,13 +30,11 @@ impl Cluster<'_> {
             self.drop_request(r);
             return;
         }
-        // NOTE: only feasible work is charged against a group's SLO bandwidth: best-effort
-        // and background requests run on leftover capacity (the local scheduler serves them
-        // last and preempts them), so charging them would let a spill backlog mark every
-        // later request infeasible. The router should do the same (docs/planner.md).
-        if d.class != Class::Feasible {
-            self.dispatcher.complete(r as u64);
-        }
+        // NOTE: only feasible work is charged against a group's SLO bandwidth (the dispatcher
+        // counts the rest apart): best-effort and background requests run on leftover
+        // capacity (the local scheduler serves them last and preempts them), so charging them
+        // would let a spill backlog mark every later request infeasible. The router does the
+        // same (docs/planner.md).
         self.reqs[r].decode_leader = d.decode_leader;
         if !self.try_bind(r, d.prefill_leader, d.class) {
             self.groups

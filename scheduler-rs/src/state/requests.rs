@@ -156,12 +156,10 @@ impl RouterState {
         // NOTE: the prefill group will hold this prompt's KV: later prompts that start the
         // same way go there when they can (prefix_index.rs).
         st.prefixes.record(keys, d.prefill_leader);
-        // NOTE: only feasible work is charged against a group's SLO bandwidth, as in the
-        // simulator: best-effort and background requests run on leftover capacity, and
-        // charging them would let a spill backlog mark every later request infeasible.
-        if d.class != Class::Feasible {
-            st.dispatcher.complete(id);
-        }
+        // NOTE: only feasible work is charged against a group's SLO bandwidth (the dispatcher
+        // counts the rest apart), as in the simulator: best-effort and background requests run
+        // on leftover capacity, and charging them would let a spill backlog mark every later
+        // request infeasible.
         match st.registry.get(WorkerId::of_device(d.prefill_leader)) {
             Some(w) => Some((w.identity.clone(), d)),
             None => {
@@ -187,6 +185,8 @@ impl RouterState {
         let identity = st.registry.get(parent.leader)?.identity.clone();
         if d.class == Class::Feasible {
             st.dispatcher.charge(id, d.prefill_leader, d.decode_leader);
+        } else {
+            st.dispatcher.spill(id, d.prefill_leader);
         }
         Some((identity, d))
     }

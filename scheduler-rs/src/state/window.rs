@@ -75,7 +75,7 @@ impl RouterState {
                 && tier.ttft_ms > 0.0
                 && now.duration_since(e.start).as_secs_f64() * 1e3 > tier.ttft_ms;
             if late {
-                st.dispatcher.complete(*id);
+                st.dispatcher.release(*id);
             }
         }
     }

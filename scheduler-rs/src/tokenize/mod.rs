@@ -2,6 +2,7 @@
 //! from an HF-format model directory; incremental detokenization; stop strings.
 
 pub mod detok;
+pub mod info;
 pub mod stop;
 pub mod template;
 
@@ -32,6 +33,8 @@ pub struct ModelFiles {
     /// EOS ids from `generation_config.json` and `tokenizer_config.json`.
     pub eos_token_ids: Vec<u32>,
     pub defaults: GenerationDefaults,
+    /// `GET /tokenizer_info`'s answer (info.rs).
+    pub info: Value,
 }
 
 impl Decode for tokenizers::Tokenizer {
@@ -112,7 +115,9 @@ impl ModelFiles {
 
         let bos = token_str(tok_cfg.get("bos_token")).unwrap_or_default();
         let eos = token_str(tok_cfg.get("eos_token")).unwrap_or_default();
-        let template = template_source(dir, &tok_cfg, chat_template)?
+        let source = template_source(dir, &tok_cfg, chat_template)?;
+        let info = info::tokenizer_info(&tok_cfg, source.as_deref());
+        let template = source
             .map(|src| ChatTemplate::new(&src, &bos, &eos))
             .transpose()
             .map_err(|e| anyhow!("compiling the chat template: {e}"))?;
@@ -146,6 +151,7 @@ impl ModelFiles {
             max_context,
             eos_token_ids,
             defaults,
+            info,
         })
     }
 
