@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from nitsum.pool.step_deadline import StepDeadline, is_stopped
+from nitsum.pool.step_deadline import StepDeadline, cpu_seconds, is_stopped
 
 
 def test_before_any_step_the_deadline_is_the_floor():
@@ -51,3 +51,10 @@ def test_a_floor_must_be_positive():
 def test_a_running_process_is_not_stopped():
     assert not is_stopped(os.getpid())
     assert not is_stopped(None)
+
+
+def test_cpu_seconds_count_this_process_work():
+    before = cpu_seconds(os.getpid())
+    sum(i * i for i in range(2_000_000))
+    assert cpu_seconds(os.getpid()) > before
+    assert cpu_seconds(None) == 0.0

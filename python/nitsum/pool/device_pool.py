@@ -90,7 +90,8 @@ class DevicePool(DeviceSteps):
         self.contexts: list[list[tuple[int, ...]]] = []
         self._migrations = 0
         self.deadline = StepDeadline(ecfg.device_step_timeout_s)
-        self._steps, self._drained, self.why = {}, {}, {}  # device_steps.py
+        self._steps, self._drained, self.why, self._cpu = {}, {}, {}, {}  # device_steps.py
+        self._due, self._extended = {}, {}
         for d, conn in enumerate(self.conns):
             if not conn.poll(start_timeout):
                 self.close()
@@ -275,6 +276,7 @@ class DevicePool(DeviceSteps):
 
     def close(self) -> None:
         self._steps.clear()
+        self._due.clear()
         for proc, _ in self.starting.values():
             proc.kill()  # NOTE: still loading; nothing of it is in use
         for conn, proc in zip(self.conns, self.procs, strict=True):

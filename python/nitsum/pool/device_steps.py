@@ -22,9 +22,14 @@ import torch
 from nitsum.engine.step_inputs import StepInputs
 from nitsum.pool.device_commands import DeviceCommand, Step
 from nitsum.pool.kv_transfer import TransferFailed
-from nitsum.pool.step_deadline import StepDeadline, is_stopped
+from nitsum.pool.step_deadline import StepDeadline, cpu_seconds, is_stopped
 
 log = logging.getLogger(__name__)
+
+# A late step is given its budget again, at most this many times, while one of its devices
+# still computes (CPU time of at least BUSY of the step's wall time so far).
+EXTENSIONS = 3
+BUSY = 0.05
 
 
 class DeviceError(RuntimeError):
@@ -51,6 +56,11 @@ class DeviceSteps:
     _drained: dict[tuple[int, ...], Any]
     # Why a device was killed (it missed its step deadline), until it is reported lost.
     why: dict[int, str]
+    # Each device's CPU seconds when its last step was launched.
+    _cpu: dict[int, float]
+    # Each launched step's deadline, and how often it was extended (`_extend`).
+    _due: dict[tuple[int, ...], float]
+    _extended: dict[tuple[int, ...], int]
 
     def send_many(self, devices: tuple[int, ...] | list[int], cmd: DeviceCommand) -> None:
         raise NotImplementedError
@@ -72,7 +82,10 @@ class DeviceSteps:
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
         assert members not in self._steps and members not in self._drained, members
         self.send_many(members, Step(members, inputs))
-        self._steps[members] = (time.monotonic(), len(inputs.input_ids))
+        now, tokens = time.monotonic(), len(inputs.input_ids)
+        self._steps[members] = (now, tokens)
+        self._due[members] = now + self.deadline.budget(members, tokens)
+        self._cpu.update({d: cpu_seconds(self.procs[d].pid) for d in members})
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
         """Logits from the member that samples (TP rank 0 of the last stage; every member
@@ -100,35 +113,88 @@ class DeviceSteps:
 
     def step_due(self, members: tuple[int, ...]) -> float:
         """When the launched step of `members` misses its deadline (monotonic seconds)."""
-        t0, tokens = self._steps.get(members, (time.monotonic(), 0))
-        return t0 + self.deadline.budget(members, tokens)
+        return self._due.get(members, time.monotonic())
+
+    def overdue(self, members: tuple[int, ...]) -> bool:
+        """True once the launched step of `members` is past its deadline and its late devices
+        do not compute (`_extend`); its collect then kills them."""
+        if members not in self._steps or time.monotonic() < self._due[members]:
+            return False
+        late = [d for d in members if not self.conns[d].poll(0)]
+        return not (late and self._extend(members, late))
 
     def step_patience(self, members: tuple[int, ...]) -> float:
         """When the launched step of `members` is late enough that the other groups stop
-        waiting on it (twice its expected time; half a second before anything is measured)."""
+        waiting on it (1.5 times its expected time; half a second before any is measured)."""
         t0, tokens = self._steps.get(members, (time.monotonic(), 0))
         expected = self.deadline.expected(members, tokens)
-        return t0 + (2 * expected + 0.05 if expected > 0 else 0.5)
+        return t0 + (1.5 * expected + 0.05 if expected > 0 else 0.5)
 
     def _step_replies(self, members: tuple[int, ...]) -> list[Any]:
         t0, tokens = self._steps[members]
-        until = self.step_due(members)
-        del self._steps[members]
-        replies, error, late = [], None, []
-        for d in members:  # NOTE: drain every member even after an error, or pipes desync
-            try:
-                replies.append(self._reply(d, until))
-            except Late:
-                late.append(d)
-            except (DeviceError, TransferFailed) as e:
-                error = error or e
-        if late:
+        until = self._due[members]
+        got: dict[int, Any] = {}
+        error: Exception | None = None
+        waiting = list(members)
+        while waiting:  # NOTE: drain every member even after an error, or pipes desync
+            late = []
+            for d in waiting:
+                try:
+                    got[d] = self._reply(d, until)
+                except Late:
+                    late.append(d)
+                except (DeviceError, TransferFailed) as e:
+                    error, got[d] = error or e, None
+            waiting = late
+            if not late:
+                break
+            if self._extend(members, late):
+                until = self._due[members]
+                continue
+            expected = self.deadline.expected(members, tokens)
+            log.error(
+                "group %s: no step reply from %s within %.1f s (a step of %d tokens, %.2f s "
+                "expected)",
+                members, late, until - t0, tokens, expected,
+            )  # fmt: skip
+            self._forget(members)
             self._kill_hung(late, until - t0)
             raise DeviceError(f"device {late[0]} missed its step deadline ({until - t0:.1f} s)")
+        self._forget(members)
         if error is not None:
             raise error
         self.deadline.observe(members, tokens, time.monotonic() - t0)
-        return replies
+        return [got[d] for d in members]
+
+    def _forget(self, members: tuple[int, ...]) -> None:
+        del self._steps[members], self._due[members]
+        self._extended.pop(members, None)
+
+    def _extend(self, members: tuple[int, ...], late: list[int]) -> bool:
+        """Give the late step of `members` its budget again if one of its `late` devices
+        still computes (`_working`), at most `EXTENSIONS` times; False: they count as hung."""
+        t0, tokens = self._steps[members]
+        n = self._extended.get(members, 0)
+        if n >= EXTENSIONS or not self._working(late, t0):
+            return False
+        self._extended[members] = n + 1
+        self._due[members] = time.monotonic() + self.deadline.budget(members, tokens)
+        log.warning(
+            "group %s: a step of %d tokens is past its deadline (%.2f s expected) but %s "
+            "still compute: extended (%d of %d)",
+            members, tokens, self.deadline.expected(members, tokens), late, n + 1, EXTENSIONS,
+        )  # fmt: skip
+        return True
+
+    def _working(self, late: list[int], t0: float) -> bool:
+        """True if none of `late` is stopped and one of them spent CPU time on the step (at
+        least `BUSY` of its wall time): a slow device, not a hung one."""
+        pids = [self.procs[d].pid for d in late]
+        if any(is_stopped(p) for p in pids):
+            return False
+        wall = time.monotonic() - t0
+        spent = [cpu_seconds(self.procs[d].pid) - self._cpu.get(d, 0.0) for d in late]
+        return any(s >= BUSY * wall for s in spent)
 
     def _kill_hung(self, late: list[int], budget_s: float) -> None:
         """Kill the devices that missed a step deadline: the stopped ones, if any; the rest

@@ -109,7 +109,7 @@ def _collect_ready(
     begun = time.monotonic()
     while pending:
         now = time.monotonic()
-        for members in [g for g in pending if pool.step_ready(g) or now >= pool.step_due(g)]:
+        for members in [g for g in pending if pool.step_ready(g) or pool.overdue(g)]:
             outputs += _collect(pool, members, pending.pop(members), binder)
         if not pending:
             break

@@ -12,6 +12,7 @@ NOTE: the floor carries first steps, compiles and outliers; the fit only lets a 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 DEFAULT_FLOOR_S = 5.0  # `--device-step-timeout`'s default
@@ -81,3 +82,13 @@ def is_stopped(pid: int | None) -> bool:
     except (OSError, IndexError):
         return False
     return state in ("T", "t")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds process `pid` has used (0.0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
