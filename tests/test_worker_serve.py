@@ -326,6 +326,14 @@ def test_host_worker_command():
     assert ecfg.dtype is torch.bfloat16  # the flag reaches the engine, not only the parser
     assert (ecfg.kv_cache_bytes, ecfg.host_kv_cache_bytes) == (512 << 20, 256 << 20)
     assert (ecfg.max_batch, ecfg.device) == (64, "cpu")
+    assert ecfg.device_step_timeout_s == 5.0  # the worker's default
+
+    # A step deadline's floor given to `nitsum serve` reaches every worker's device pool.
+    args = serve.build_parser().parse_args(["--workers", "2", "--device-step-timeout", "2.5"])
+    serve_kv_sizing.kv_sizing(args, Path("/m"))
+    cmd = serve_commands.host_worker_command(Path("/m"), "tcp://x:1", "m", args)
+    assert dict(zip(cmd[3::2], cmd[4::2], strict=True))["--device-step-timeout"] == "2.5"
+    assert engine_config(worker_parser().parse_args(cmd[3:])).device_step_timeout_s == 2.5
 
 
 def test_router_resolution_and_command(tmp_path, monkeypatch):

@@ -105,6 +105,8 @@ def engine_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
     if getattr(args, "kv_cache_mb", None) is not None:
         flags += ["--kv-cache-mb", str(args.kv_cache_mb)]
     flags += ["--host-kv-cache-mb", str(args.host_kv_cache_mb), "--dtype", dtype]
+    if getattr(args, "device_step_timeout", None) is not None:
+        flags += ["--device-step-timeout", str(args.device_step_timeout)]
     if getattr(args, "max_model_len", None) is not None:
         flags += ["--max-context", str(args.max_model_len)]
     if getattr(args, "prefix_caching", True) is False:

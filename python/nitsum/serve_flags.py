@@ -161,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="host memory per device for swapped-out KV (0: preemption recomputes)",
     )
     p.add_argument(
+        "--device-step-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="passed to every worker: a device step's deadline is S plus 4x its expected time "
+        "(default: the worker's, 5); a device process that misses it (hung, stopped) is killed "
+        "and its requests resume elsewhere",
+    )
+    p.add_argument(
         "--max-batch", type=int, default=None, help="running sequences cap (cpu 64, cuda 256)"
     )
     p.add_argument(

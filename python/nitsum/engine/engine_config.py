@@ -44,6 +44,9 @@ class EngineConfig:
     # preemption always recomputes. (`nitsum serve` and the worker default to
     # config.HOST_KV_CACHE_MB.)
     host_kv_cache_bytes: int = 0
+    # The floor of a pool step's deadline (pool/step_deadline.py: floor + 4x the expected
+    # time); a device process that misses it is killed and lost like a crashed one.
+    device_step_timeout_s: float = 5.0
     # Swap-ins: "auto" (asynchronous unless a synchronous copy is cheaper, engine/swap.py),
     # "sync" or "async".
     swap_mode: str = "auto"

@@ -27,6 +27,7 @@ def lose_device(pe: PoolEngine, device: int) -> list[str]:
     NOTE: nothing is sent to any device: the dead one cannot answer, and the survivors'
     pages of the dropped requests are only bookkeeping in the controller.
     """
+    pe.settle()  # NOTE: the lost device's step fails; every member's reply is drained
     hit = [e for members, e in pe.every_engine() if device in members]
     dropped = [rid for e in hit for rid in e.request_ids()]
     for rid in dropped:

@@ -7,6 +7,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -15,7 +16,6 @@ from typing import Any
 import torch
 
 from nitsum.engine.engine_config import EngineConfig
-from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.pool.device_commands import (
@@ -27,27 +27,24 @@ from nitsum.pool.device_commands import (
     NixlOpen,
     NixlRead,
     Reply,
-    Step,
     Stop,
     SwapPoll,
     SwapStart,
 )
 from nitsum.pool.device_proc import DeviceSpec, ModelSource, device_main
+from nitsum.pool.device_steps import DeviceError, DeviceSteps, Late
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferFailed, TransferStats
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.nixl_agent import Read
 from nitsum.pool.nixl_descs import KVRegion
+from nitsum.pool.step_deadline import StepDeadline
 from nitsum.ports import free_port
 
 log = logging.getLogger(__name__)
 
 
-class DeviceError(RuntimeError):
-    """A device process reported an error (its traceback is the message)."""
-
-
-class DevicePool:
+class DevicePool(DeviceSteps):
     """Starts one process per device and sends them commands.
 
     NOTE: commands to one device are answered in order, so a caller may send to several
@@ -63,6 +60,8 @@ class DevicePool:
         levels: tuple[int, ...] | None = None,
         start_timeout: float = 300.0,
     ) -> None:
+        """`ecfg.device_step_timeout_s`: the floor of a step's deadline (pool/step_deadline.py);
+        a device that misses its deadline is killed and lost like a crashed one."""
         if ecfg.device.startswith("cuda") and 1 < ecfg.devices_per_gpu < num_devices:
             raise ValueError(
                 f"{num_devices} devices at {ecfg.devices_per_gpu} per GPU would span GPUs: "
@@ -90,6 +89,9 @@ class DevicePool:
         self.starting: dict[int, tuple[BaseProcess, Connection]] = {}
         self.contexts: list[list[tuple[int, ...]]] = []
         self._migrations = 0
+        self.deadline = StepDeadline(ecfg.device_step_timeout_s)
+        self._steps, self._drained, self.why, self._cpu = {}, {}, {}, {}  # device_steps.py
+        self._due, self._extended = {}, {}
         for d, conn in enumerate(self.conns):
             if not conn.poll(start_timeout):
                 self.close()
@@ -166,6 +168,7 @@ class DevicePool:
             self._gone(d)
         if dead:
             raise DeviceError(f"device {dead[0]} is gone (its process exited)")
+        self.drain_steps(devices)  # NOTE: a step still out answers first: replies keep order
         data = pickle.dumps(cmd)  # pickled once for the whole group
         for d in devices:
             try:
@@ -174,8 +177,12 @@ class DevicePool:
                 self._gone(d)
                 raise DeviceError(f"device {d} is gone: {e}") from e
 
-    def _reply(self, device: int) -> Any:
+    def _reply(self, device: int, until: float | None = None) -> Any:
+        """`device`'s next reply; `Late` if none came by `until` (monotonic seconds)."""
         try:
+            left = None if until is None else max(0.0, until - time.monotonic())
+            if left is not None and not self.conns[device].poll(left):
+                raise Late(device)
             raw = self.conns[device].recv_bytes()
         except (EOFError, OSError) as e:
             self._gone(device)
@@ -193,14 +200,6 @@ class DevicePool:
         return self._reply(device)
 
     # -- steps -------------------------------------------------------------------------------
-    def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
-        self.send_many(members, Step(members, inputs))
-
-    def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
-        """Logits from the member that samples (TP rank 0 of the last stage; every member
-        must be drained)."""
-        return next(r for r in self._replies(members) if r is not None)
-
     def _replies(self, members: tuple[int, ...]) -> list[Any]:
         """Every member's reply, in order; the first DeviceError or TransferFailed once all
         are drained."""
@@ -276,6 +275,8 @@ class DevicePool:
         return sum(self._replies(devices))
 
     def close(self) -> None:
+        self._steps.clear()
+        self._due.clear()
         for proc, _ in self.starting.values():
             proc.kill()  # NOTE: still loading; nothing of it is in use
         for conn, proc in zip(self.conns, self.procs, strict=True):

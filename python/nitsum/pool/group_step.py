@@ -2,6 +2,9 @@
 
 Groups run concurrently on their devices: all are launched before any is collected. A group
 whose step fails fails only its own requests (with an error output); the others carry on.
+A group whose step is late (a device hung or stopped) stays in flight across iterations when
+the caller allows it (`carry`): the other groups collect as they finish and launch again, so
+they do not wait on it; at its deadline its devices are killed and lost (pool/step_deadline.py).
 The PoolEngine (pool_engine.py) wraps this with what happens between iterations: bindings
 forming and releasing (pool/binding.py) and the P/D hand-off (pd_handoff.py).
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from nitsum.engine.engine import Engine
 from nitsum.engine.overlap import LaunchFailed
@@ -17,23 +21,49 @@ from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduled import Scheduled
 from nitsum.pool.binding import Binder
-from nitsum.pool.device_pool import DeviceError
+from nitsum.pool.device_pool import DeviceError, DevicePool
 from nitsum.pool.devices import Devices
 
 log = logging.getLogger(__name__)
 
 Group = tuple[int, ...]
 
+# How long an iteration with nothing to collect waits on late groups before it returns (so
+# the worker handles its messages meanwhile).
+IDLE_WAIT_S = 0.05
 
-def step_groups(pool: Devices, engines: dict[Group, Engine], binder: Binder) -> list[RequestOutput]:
+
+@dataclass
+class InFlight:
+    """A group's launched step, not collected yet."""
+
+    engine: Engine
+    batch: list[Scheduled]
+    started: float
+
+
+def step_groups(
+    pool: Devices,
+    engines: dict[Group, Engine],
+    binder: Binder,
+    carry: dict[Group, InFlight] | None = None,
+) -> list[RequestOutput]:
     """One step on every active group (the plan's `engines` not lent to a formed binding,
-    and the bindings'); returns their outputs, failed requests' errors included."""
+    and the bindings'); returns their outputs, failed requests' errors included.
+
+    `carry`: the steps still in flight from the last iteration; this iteration collects them
+    when they finish and leaves in it the steps that are late now (None: collect all)."""
     paused = binder.paused()
     active = [(g, e) for g, e in engines.items() if g not in paused]
-    launched: list[tuple[tuple[int, ...], Engine, list[Scheduled]]] = []
+    pending: dict[Group, InFlight] = {}
+    if carry is not None:
+        pending, carry_out = dict(carry), carry
+        carry_out.clear()
     outputs: list[RequestOutput] = []
     started = time.monotonic()
     for members, engine in active + binder.active():
+        if members in pending:
+            continue  # NOTE: still in flight from an earlier iteration
         if engine.driver is not None:  # a one-device pool's overlapped steps
             try:
                 outputs += engine.step()
@@ -62,25 +92,68 @@ def step_groups(pool: Devices, engines: dict[Group, Engine], binder: Binder) -> 
                     continue  # NOTE: not failed: lose_device hands them to the router
                 outputs += fail_batch(engine, batch, f"engine step failed: {e}")
                 continue
-            launched.append((members, engine, batch))
-    for members, engine, batch in launched:
-        try:
-            logits = pool.collect_step(members)
-        except DeviceError as e:
-            # A failing group fails only its own requests; the other groups carry on.
-            log.error("group %s failed a step: %s", members, e)
-            if set(members) & pool.down:
-                continue  # NOTE: not failed: lose_device hands them to the router
-            why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
-            outputs += fail_batch(engine, batch, why)
-            continue
-        # Groups run concurrently: each one's step ends by its collect.
-        if not engine.shape.is_pipeline:
-            ms = (time.monotonic() - started) * 1e3
-            binder.chooser.observe(len(members), batch, ms)
-        tokens = sample_batch(logits, batch)
-        outputs += engine.end_step(batch, tokens, time.monotonic() - started)
+            pending[members] = InFlight(engine, batch, started)
+    if carry is None or not isinstance(pool, DevicePool):
+        for members, step in pending.items():
+            outputs += _collect(pool, members, step, binder)
+        return outputs
+    return outputs + _collect_ready(pool, pending, binder, carry)
+
+
+def _collect_ready(
+    pool: DevicePool, pending: dict[Group, InFlight], binder: Binder, carry: dict[Group, InFlight]
+) -> list[RequestOutput]:
+    """Collect the steps of `pending` as they finish; those late (past their patience, when
+    every other one is in) stay in `carry`, and those past their deadline fail here."""
+    outputs: list[RequestOutput] = []
+    begun = time.monotonic()
+    while pending:
+        now = time.monotonic()
+        for members in [g for g in pending if pool.step_ready(g) or pool.overdue(g)]:
+            outputs += _collect(pool, members, pending.pop(members), binder)
+        if not pending:
+            break
+        now = time.monotonic()
+        patience = [pool.step_patience(g) for g in pending]
+        late = all(now >= t for t in patience)
+        if late and (outputs or now - begun >= IDLE_WAIT_S):
+            carry.update(pending)  # NOTE: late: the others do not wait on them
+            break
+        wake = [t for t in patience if t > now] + [pool.step_due(g) for g in pending]
+        if late:
+            wake.append(begun + IDLE_WAIT_S)
+        pool.wait_steps(list(pending), min(wake) - now)
     return outputs
+
+
+def collect_all(pool: Devices, carry: dict[Group, InFlight], binder: Binder) -> list[RequestOutput]:
+    """Wait for every step of `carry` (each at most to its deadline) and end it."""
+    outputs: list[RequestOutput] = []
+    while carry:
+        members, step = carry.popitem()
+        outputs += _collect(pool, members, step, binder)
+    return outputs
+
+
+def _collect(pool: Devices, members: Group, step: InFlight, binder: Binder) -> list[RequestOutput]:
+    """End one group's step: its tokens, or its requests failed (or handed back if a member
+    is gone)."""
+    engine, batch = step.engine, step.batch
+    try:
+        logits = pool.collect_step(members)
+    except DeviceError as e:
+        # A failing group fails only its own requests; the other groups carry on.
+        log.error("group %s failed a step: %s", members, e)
+        if set(members) & pool.down:
+            return []  # NOTE: not failed: lose_device hands them to the router
+        why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
+        return fail_batch(engine, batch, why)
+    # Groups run concurrently: each one's step ends by its collect.
+    if not engine.shape.is_pipeline:
+        ms = (time.monotonic() - step.started) * 1e3
+        binder.chooser.observe(len(members), batch, ms)
+    tokens = sample_batch(logits, batch)
+    return engine.end_step(batch, tokens, time.monotonic() - step.started)
 
 
 def fail_batch(engine: Engine, batch: list[Scheduled], why: str) -> list[RequestOutput]:

@@ -29,7 +29,7 @@ from nitsum.pool.binding import Binder
 from nitsum.pool.devices import Devices
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.group_runner import GroupRunner
-from nitsum.pool.group_step import step_groups
+from nitsum.pool.group_step import InFlight, collect_all, step_groups
 from nitsum.pool.kv_move import ReconfigureReport
 from nitsum.pool.pd_handoff import hand_off_prefilled
 from nitsum.pool.switch import Switch
@@ -91,6 +91,10 @@ class PoolEngine:
         # Devices that serve only as TP-1 groups of their own: lost or restarted alone
         # (pool/device_loss.py).
         self.solo: set[int] = set()
+        # Steps still in flight after an iteration (a late group: pool/group_step.py), and the
+        # outputs of steps collected outside `step` (`settle`), for the next `step` to return.
+        self.carry: dict[tuple[int, ...], InFlight] = {}
+        self.early: list[RequestOutput] = []
 
     def new_engine(self, shape: GroupShape) -> Engine:
         """A new engine for the group `shape` (its pages, host pages and runner)."""
@@ -207,6 +211,8 @@ class PoolEngine:
 
     def abort(self, request_id: str) -> bool:
         """Take a request out (freeing its pages), even if its engine is upset."""
+        if any(request_id == i.seq.request_id for f in self.carry.values() for i in f.batch):
+            self.settle()  # NOTE: no page is freed while a step in flight writes it
         self.decode_targets.pop(request_id, None)
         self.binder.drop(request_id)
         found = any(e.abort_or_forget(request_id) for _, e in self.every_engine())
@@ -214,7 +220,7 @@ class PoolEngine:
         return found
 
     def has_unfinished(self) -> bool:
-        return any(e.has_unfinished() for _, e in self.every_engine())
+        return bool(self.early) or any(e.has_unfinished() for _, e in self.every_engine())
 
     def step(self) -> list[RequestOutput]:
         """One iteration on every group; groups run concurrently on their devices
@@ -222,8 +228,15 @@ class PoolEngine:
 
         NOTE: the plan's groups lent to a formed binding sit out; a binding forms and is
         released only here, between iterations (pool/binding.py)."""
+        # NOTE: a step stays in flight across iterations only while no binding or P/D
+        # hand-off moves sequences between engines.
+        alone = not self.binder.bindings and not self.decode_targets
+        if not alone:
+            self.settle()
         self.binder.begin_iteration()
-        outputs = step_groups(self.pool, self.engines, self.binder)
+        carry = self.carry if alone else None
+        outputs = self.early + step_groups(self.pool, self.engines, self.binder, carry)
+        self.early = []
         for out in outputs:
             if out.finished:
                 self.decode_targets.pop(out.request_id, None)
@@ -242,12 +255,19 @@ class PoolEngine:
         """Switch the pool to `groups` at this iteration boundary, migrating running KV, as a
         transaction (pool/switch.py); a bare members tuple is a TP group. `faults`: failures
         a test injects (None: none)."""
+        self.settle()
         return Switch(self, [as_shape(g) for g in groups]).run(mode, faults)
 
     def plan_switch(self, groups: Iterable[GroupShape | tuple[int, ...]]) -> list[str]:
         """The running requests a switch to `groups` would preempt for lack of pages, lowest
         priority first (the capacity check, before anything changes)."""
+        self.settle()
         return Switch(self, [as_shape(g) for g in groups]).capacity()
+
+    def settle(self) -> None:
+        """End every step still in flight (each by its deadline); their outputs come with
+        the next `step`."""
+        self.early += collect_all(self.pool, self.carry, self.binder)
 
     def retire(self, engine: Engine) -> None:
         """A dissolved group's engine: free its cached pages, keep its counters."""

@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="host memory per device for swapped-out KV, MiB (0: preemption recomputes)",
     )
     p.add_argument(
+        "--device-step-timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="a device step's deadline is S plus 4x its expected time; a device process that "
+        "misses it is killed and its requests resume elsewhere",
+    )
+    p.add_argument(
         "--bind-idle",
         action="store_true",
         help="under light load, bind idle devices into a TP group for a request with a TTFT "
@@ -164,6 +172,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         kv_cache_bytes=args.kv_cache_mb << 20,
         host_kv_cache_bytes=args.host_kv_cache_mb << 20,
+        device_step_timeout_s=args.device_step_timeout,
         page_tokens=args.page_tokens,
         max_batch=args.max_batch,
         token_budget=args.token_budget,

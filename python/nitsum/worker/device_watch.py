@@ -1,7 +1,8 @@
 """A host worker watches its device processes: a dead one leaves the plan, then restarts.
 
 Each poll (between engine steps, from the server loop) reports what changed:
-- a device whose process died is taken out of the engines at once (pool/device_loss.py);
+- a device whose process died, or that missed a step's deadline and was killed for it
+  (pool/step_deadline.py), is taken out of the engines at once (pool/device_loss.py);
   the server tells the router (`device_lost`), which resumes its requests on a live group;
 - its process is started again with backoff (worker/supervise.py `Restarts`: a device that
   keeps crashing costs one attempt per `max_s`), and once it is up it serves again as a
@@ -62,7 +63,10 @@ class DeviceWatch:
         events = DeviceEvents()
         for d, code in self.pool.lost():
             dropped = lose_device(self.pe, d)
+            why = self.pool.why.pop(d, None)  # killed for missing a step's deadline
             reason = f"device process exited with code {code}"
+            if why is not None:
+                reason = f"{why}; exit code {code}"
             events.lost.append(LostDevice(self.first_id + d, reason, dropped))
             self.restarts.exited(self._name(d), code, now)
         for name in self.restarts.due(now):
