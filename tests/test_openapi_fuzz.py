@@ -7,6 +7,7 @@ worker, under a minute.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,8 @@ CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,"
     "response_schema_conformance"
 )
-# Examples per operation: 24 operations in the bounded run.
+# Examples per operation in the fuzzing phase (the coverage phase adds its own: about 2,000
+# requests in all, ~25 s on 2 cores).
 EXAMPLES = 12
 LIMIT_S = 90
 
@@ -66,7 +68,7 @@ def test_the_fuzzer_finds_no_5xx_and_no_schema_violation(tmp_path: Path) -> None
         until_ready(httpx.Client(base_url=base, timeout=30), "/health")
         cmd = [*st, "run", f"{base}/openapi.json", "--checks", CHECKS]
         cmd += ["--max-examples", str(EXAMPLES), "--workers", "1", "--no-color"]
-        cmd += ["--phases", "examples,fuzzing", "--request-timeout", "20"]
+        cmd += ["--phases", "examples,coverage,fuzzing", "--request-timeout", "20"]
         t0 = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
         took = time.monotonic() - t0
@@ -75,3 +77,7 @@ def test_the_fuzzer_finds_no_5xx_and_no_schema_violation(tmp_path: Path) -> None
         assert "panicked" not in log.read_text()
         assert run.returncode == 0, out[-6000:]
         assert took < LIMIT_S
+        # NOTE: a run that tested nothing must not pass: every operation, many cases.
+        assert "23 selected / 23 total" in out, out[-3000:]
+        generated = re.search(r"(\d+) generated, (\d+) passed", out)
+        assert generated and int(generated[1]) >= 500 and generated[1] == generated[2], out[-3000:]
