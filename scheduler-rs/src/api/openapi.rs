@@ -213,6 +213,58 @@ fn set_enum(schema: &mut Value, name: &str, values: &[String]) {
     }
 }
 
+/// Request bodies whose unknown fields the router refuses (protocols/extensions.rs): closed
+/// in the spec (`additionalProperties: false`), their flattened parts inlined.
+const CLOSED: [&str; 5] = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "NativeGenerateRequest",
+    "NativeSampling",
+    "StreamOptions",
+];
+
+/// The properties of `schema` and of its `allOf` parts (references followed) into `out`.
+fn all_properties(schemas: &Map<String, Value>, schema: &Value, out: &mut Map<String, Value>) {
+    let target = schema.get("$ref").and_then(Value::as_str);
+    if let Some(name) = target.and_then(|r| r.strip_prefix("#/components/schemas/")) {
+        if let Some(s) = schemas.get(name) {
+            all_properties(schemas, s, out);
+        }
+        return;
+    }
+    if let Some(Value::Array(parts)) = schema.get("allOf") {
+        for part in parts {
+            all_properties(schemas, part, out);
+        }
+    }
+    if let Some(Value::Object(props)) = schema.get("properties") {
+        out.extend(props.clone());
+    }
+}
+
+/// NOTE: a flattened `extra` map (what no named field took, checked by
+/// `extensions::refused`) derives as "any other property"; the router refuses those (vLLM's
+/// neutral extensions aside), so the spec names exactly the fields it takes. Chat roles are
+/// the ones the templates know.
+fn close_requests(schemas: &mut Map<String, Value>) {
+    for name in CLOSED {
+        let Some(schema) = schemas.get(name) else {
+            continue;
+        };
+        let mut props = Map::new();
+        all_properties(schemas, schema, &mut props);
+        let closed = json!({"type": "object", "description": schema["description"],
+                            "properties": props, "additionalProperties": false});
+        schemas.insert(name.to_string(), closed);
+    }
+    if let Some(role) = schemas
+        .get_mut("ChatMessage")
+        .and_then(|m| m.pointer_mut("/properties/role"))
+    {
+        *role = json!({"type": "string", "enum": crate::protocols::openai::CHAT_ROLES});
+    }
+}
+
 /// The whole document for this deployment.
 pub fn spec(models: &[String], tiers: &[String]) -> Value {
     let mut doc = serde_json::to_value(Schemas::openapi()).unwrap_or_else(|_| json!({}));
@@ -224,6 +276,7 @@ pub fn spec(models: &[String], tiers: &[String]) -> Value {
     doc["paths"] = Value::Object(paths);
     doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
     if let Some(Value::Object(schemas)) = doc.pointer_mut("/components/schemas") {
+        close_requests(schemas);
         name_the_values(schemas, models, tiers);
     }
     doc

@@ -48,3 +48,25 @@ fn model_and_tier_are_the_deployments_values() {
         assert!(!name.is_empty());
     }
 }
+
+/// The router refuses unknown fields: the request schemas say so, with every field the
+/// flattened parts take (CommonParams, VllmFields) in the one object.
+#[test]
+fn request_bodies_are_closed_and_name_every_field() {
+    let doc = spec(&names(&["m"]), &names(&["strict"]));
+    let chat = &doc["components"]["schemas"]["ChatCompletionRequest"];
+    assert_eq!(chat["additionalProperties"], false);
+    for field in [
+        "messages",
+        "max_tokens",
+        "tier",
+        "guided_json",
+        "chat_template",
+    ] {
+        assert!(chat["properties"][field].is_object(), "{field}");
+    }
+    let role = &doc["components"]["schemas"]["ChatMessage"]["properties"]["role"];
+    assert_eq!(role["enum"][2], "user");
+    let sampling = &doc["components"]["schemas"]["NativeSampling"];
+    assert_eq!(sampling["additionalProperties"], false);
+}
