@@ -40,6 +40,7 @@ FLOORS: list[set[str]] = [
         "serve_devices",
         "serve_flags",
         "serve_kv_sizing",
+        "serve_launch_flags",
         "serve_routers",
         "serve_supervise",
         "cli",

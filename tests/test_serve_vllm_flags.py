@@ -8,6 +8,7 @@ test_serve_flags.py.
 from __future__ import annotations
 
 import re
+import ssl
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -117,3 +118,41 @@ def test_tensor_parallel_size_without_control_runs_one_tp_group(tmp_path: Path) 
         )
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_vllm_launch_flags_start_a_server_over_https(tmp_path: Path) -> None:
+    """The accepted launch flags of serve_launch_flags.py on one real server: it serves HTTPS
+    under the root path, with the engine settings they ask for on its worker."""
+    from test_router_launch_flags import self_signed
+
+    cert, key = self_signed(tmp_path)
+    flags = ["--workers", "1", "--no-control", "--threads", "1", "--seed", "3"]
+    flags += ["--trust-remote-code", "--disable-log-requests", "--disable-log-stats"]
+    flags += ["--enable-chunked-prefill", "--max-num-batched-tokens", "256", "--enforce-eager"]
+    flags += ["--block-size", "32", "--swap-space", "0.25", "--uvicorn-log-level", "info"]
+    flags += ["--root-path", "/api", "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+    flags += ["--generation-config", "vllm", "-pp", "1", "-dp", "1", "--kv-cache-dtype", "auto"]
+    with serving(tmp_path, *flags) as (base, log):
+        base = base.replace("http://", "https://")
+        trusting = ssl.create_default_context(cafile=str(cert))
+        http = httpx.Client(base_url=base, timeout=120, verify=trusting)
+        r = http.post(
+            "/api/v1/chat/completions",
+            json={
+                "model": "SmolLM2-135M-Instruct",
+                "max_tokens": 16,
+                "temperature": 0,
+                "request_id": "launch-flags",
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            },
+        )
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["choices"][0]["message"]["content"]
+        text = log.read_text()
+        assert "ready at https://" in text
+        # The worker's command line (logged when it is started) carries the engine flags.
+        for flag in ("--seed 3", "--page-tokens 32", "--token-budget 256", "--enforce-eager"):
+            assert flag in text, flag
+        assert "--host-kv-cache-mb 256" in text
+        assert "--trust-remote-code: Nitsum runs no code" in text
+        assert "launch-flags" not in text  # --disable-log-requests

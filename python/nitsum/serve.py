@@ -51,6 +51,7 @@ from nitsum.serve_commands import (
 )
 from nitsum.serve_flags import build_parser, resolve_dtype, resolve_flags
 from nitsum.serve_kv_sizing import kv_sizing
+from nitsum.serve_launch_flags import https
 from nitsum.serve_routers import (
     check_routers,
     lease_flags,
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     name = names[0]
     host = "127.0.0.1" if args.host == "0.0.0.0" else args.host
     names_of = router_names(args.routers)
-    urls = {who: f"http://{host}:{port}" for who, port in zip(names_of, ports, strict=True)}
+    scheme = "https" if https(args) else "http"
+    urls = {who: f"{scheme}://{host}:{port}" for who, port in zip(names_of, ports, strict=True)}
     run_dir = Path(tempfile.mkdtemp(prefix="nitsum-serve-"))  # the routers' lease file
     children = Children(grace_s=args.stop_timeout)
     received: list[int] = []

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nitsum.serve_binding import binding_flags
 from nitsum.serve_flags import resolve_dtype
+from nitsum.serve_launch_flags import router_launch_flags, worker_launch_flags
 
 ROUTER_EXE = "nitsum-router"
 # NOTE: API keys reach the router in its environment (newline-separated), never on a command
@@ -82,6 +83,8 @@ def router_command(
         cmd += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args is not None and getattr(args, "chat_template", None):
         cmd += ["--chat-template", str(Path(args.chat_template).resolve())]
+    if args is not None:
+        cmd += router_launch_flags(args)
     return cmd
 
 
@@ -111,7 +114,7 @@ def engine_flags(args: argparse.Namespace, model_dir: Path) -> list[str]:
         flags += ["--max-context", str(args.max_model_len)]
     if getattr(args, "prefix_caching", True) is False:
         flags += ["--no-prefix-caching"]
-    return flags + binding_flags(args)
+    return flags + worker_launch_flags(args) + binding_flags(args)
 
 
 def worker_command(

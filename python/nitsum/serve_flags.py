@@ -3,7 +3,8 @@
 NOTE: abbreviations are off (`allow_abbrev=False`): `--tp 1` must not read as `--tp-switching`.
 The vLLM flags (docs/serving.md, "vLLM flags") map onto Nitsum's own: `--max-num-seqs` is
 `--max-batch`, `--max-model-len` caps the context, `--api-key` feeds the router's API keys, a
-positional model is `--model`; `resolve_vllm_flags` checks and resolves what needs the model.
+positional model is `--model`; `resolve_flags` checks and resolves what needs the model. The
+other `vllm serve` flags, each working or refused by name, are in serve_launch_flags.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from nitsum.parallel.shift import shift_rule
 from nitsum.serve_binding import add_binding_flags
 from nitsum.serve_devices import add_device_flags, positive_int, resolve_devices
 from nitsum.serve_kv_sizing import CPU_KV_CACHE_MB, DEFAULT_GPU_MEMORY_UTILIZATION
+from nitsum.serve_launch_flags import add_launch_flags, resolve_launch_flags
 
 log = logging.getLogger("nitsum.serve")
 
@@ -228,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with it (docs/serving.md, 'When the router dies')",
     )
     _add_vllm_flags(p)
+    add_launch_flags(p)
     return p
 
 
@@ -259,6 +262,7 @@ def resolve_flags(args: argparse.Namespace) -> list[str]:
         args.model = args.model_positional
     if args.model is None:
         args.model = "default"
+    errors += resolve_launch_flags(args)
     errors += resolve_devices(args)
     tp = args.tensor_parallel_size
     if tp is not None and tp > args.workers:

@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -31,9 +32,14 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def get_health(base_url: str, timeout: float = 2.0) -> tuple[int, dict] | None:
-    """(status, JSON body) of GET /health; None while nothing answers."""
+    """(status, JSON body) of GET /health; None while nothing answers.
+
+    NOTE: over HTTPS (`--ssl-certfile`) the certificate is not checked: this polls the router
+    `nitsum serve` itself started, on its own address, whose certificate may name another host.
+    """
+    context = ssl._create_unverified_context() if base_url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout) as r:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout, context=context) as r:
             status, body = r.status, r.read()
     except urllib.error.HTTPError as e:  # 503 "no_workers" is an answer too
         status, body = e.code, e.read()

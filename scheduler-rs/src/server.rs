@@ -14,7 +14,7 @@ use crate::api::{self, AppState};
 use crate::config::{Cli, RouterConfig};
 use crate::mock_worker::{self, MockOptions, MockWorker};
 use crate::state::RouterState;
-use crate::tokenize::ModelFiles;
+use crate::tokenize::{ModelFiles, ModelSources};
 use crate::transport::{self, Transport};
 use crate::worker_auth::{check_policy, WorkerSecret};
 
@@ -74,10 +74,16 @@ impl Running {
 
 /// Load the model directory named by the config, if any.
 pub fn load_model(cfg: &RouterConfig) -> Result<Option<Arc<ModelFiles>>> {
-    cfg.model_dir
-        .as_deref()
-        .map(|d| ModelFiles::load_with(d, cfg.chat_template.as_deref()).map(Arc::new))
-        .transpose()
+    let Some(model_dir) = cfg.model_dir.as_deref() else {
+        return Ok(None);
+    };
+    let sources = ModelSources {
+        model_dir,
+        tokenizer_dir: cfg.tokenizer_dir.as_deref(),
+        chat_template: cfg.chat_template.as_deref(),
+        generation: &cfg.generation,
+    };
+    Ok(Some(Arc::new(ModelFiles::load_from(sources)?)))
 }
 
 /// Start transport, reaper, optional mock workers and the HTTP server.
@@ -137,9 +143,14 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
         .with_context(|| format!("binding HTTP at {}", cfg.listen))?;
     let http_addr = listener.local_addr()?;
     let app = api::router(AppState::new(engine.clone(), model));
-    let read_timeout = Duration::from_millis(cfg.client_read_timeout_ms);
-    let http = tokio::spawn(api::listen::serve(listener, app, read_timeout));
-    tracing::info!(%http_addr, worker_endpoint = %worker_endpoint, "nitsum-router listening");
+    let how = api::listen::Listening {
+        read_timeout: Duration::from_millis(cfg.client_read_timeout_ms),
+        tls: cfg.tls.as_ref().map(api::tls::acceptor).transpose()?,
+        root_path: cfg.root_path.as_deref().map(Arc::from),
+    };
+    let scheme = if how.tls.is_some() { "https" } else { "http" };
+    let http = tokio::spawn(api::listen::serve(listener, app, how));
+    tracing::info!(%http_addr, scheme, worker_endpoint = %worker_endpoint, "nitsum-router listening");
     Ok(Running {
         http_addr,
         worker_endpoint,

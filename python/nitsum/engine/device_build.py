@@ -65,6 +65,10 @@ class DeviceBuild:
         (`kv_memory`; pool/shared_kv.py), so a KV move reads them in place."""
         self.cfg = cfg
         self.ecfg = ecfg
+        if ecfg.seed is not None:
+            # NOTE: seeds this process's CPU and CUDA generators, the ones unseeded
+            # requests draw from (sampling.sample_on_device); one device per process.
+            torch.manual_seed(ecfg.seed)
         self.model = build_model(cfg, tensors, ecfg)
         # A recorded step writes its padding rows' K/V to a scratch page past the allocator's
         # (engine/graphs.py, engine/piecewise.py).

@@ -93,6 +93,9 @@ class EngineConfig:
     # x86 and between processes that share a GPU; NCCL on a GPU of its own), "dist"
     # (torch.distributed: gloo or NCCL) or "shared" (parallel/shared_collectives.py).
     collectives: str = "auto"
+    # Seed of each device's random draws (unseeded requests' sampling), set when the device
+    # is built (engine/device_build.py): the same seed gives the same draws. None: unseeded.
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.bind_policy not in BIND_POLICIES:

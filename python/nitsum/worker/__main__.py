@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_SHIFT_THRESHOLD}; `nitsum serve` passes a profile's crossovers)",
     )
     p.add_argument("--page-tokens", type=int, default=16, help="tokens per KV page at TP 1")
+    p.add_argument("--seed", type=int, default=None, help="seed each device's random draws")
+    p.add_argument("--enforce-eager", action="store_true", help="record no steps (no CUDA graphs)")
     p.add_argument(
         "--max-batch", type=int, default=None, help="running sequences cap (cpu 64, cuda 256)"
     )
@@ -189,6 +191,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         warm_kernels=args.device.startswith("cuda"),
         devices_per_gpu=args.devices_per_gpu,
         collectives=args.collectives,
+        seed=args.seed,
+        # NOTE: False, not None: None means "on CUDA".
+        decode_graphs=False if args.enforce_eager else None,
+        piecewise_graphs=False if args.enforce_eager else None,
     )
 
 

@@ -26,6 +26,8 @@ pub struct Replies {
     pub prompt_logprobs: Option<u32>,
     /// `stream_options.continuous_usage_stats`: usage on every chunk.
     pub continuous_usage: bool,
+    /// No log line for this request (`--disable-log-requests`).
+    pub quiet: bool,
 }
 
 /// Apply the request side of the fields to `sampling` (after the endpoint set its own
@@ -92,6 +94,7 @@ pub async fn apply(
         tokens_as_ids: f.return_tokens_as_token_ids == Some(true),
         prompt_logprobs,
         continuous_usage: continuous && c.stream,
+        quiet: !state.router.cfg.log_requests,
     })
 }
 
@@ -177,7 +180,7 @@ impl Replies {
     /// Log which router request serves the caller's `request_id` (the router's own ids stay
     /// unique: two requests may share a caller's id).
     pub fn log(&self, all: &[TextStream]) {
-        if let Some(rid) = &self.request_id {
+        if let Some(rid) = self.request_id.as_ref().filter(|_| !self.quiet) {
             let ids: Vec<u64> = all.iter().map(|ts| ts.id).collect();
             tracing::info!(request_id = %rid, router_ids = ?ids, "request");
         }

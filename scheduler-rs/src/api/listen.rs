@@ -6,6 +6,10 @@
 //! `client_read_timeout_ms` to send its headers (also the idle time a kept-alive connection
 //! may wait for its next request, like uvicorn's keep-alive timeout), and each request as
 //! long again for its body.
+//!
+//! With `--ssl-certfile` the loop serves HTTPS only (api/tls.rs): the TLS handshake must end
+//! within the same header-read timeout. With `--root-path /p` a request for `/p/x` is served
+//! as `/x` (a proxy in front forwards the prefix, as vLLM's `--root-path` expects).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use super::AppState;
@@ -56,8 +61,44 @@ pub async fn bind(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     }))
 }
 
+/// How the accept loop serves each connection.
+#[derive(Clone)]
+pub struct Listening {
+    /// Headers (and with TLS the handshake) must arrive within this.
+    pub read_timeout: Duration,
+    /// `Some`: HTTPS only.
+    pub tls: Option<TlsAcceptor>,
+    /// `--root-path`, without a trailing slash.
+    pub root_path: Option<Arc<str>>,
+}
+
+/// `req` with `root` taken off the front of its path (`/api/v1/models` → `/v1/models`,
+/// `/api` → `/`); a path without it is left alone.
+pub fn strip_root<B>(mut req: Request<B>, root: &str) -> Request<B> {
+    let uri = req.uri();
+    let Some(rest) = uri.path().strip_prefix(root) else {
+        return req;
+    };
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        return req; // `/apix` is not under `/api`
+    }
+    let path = if rest.is_empty() { "/" } else { rest };
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    if let Ok(pq) = path_and_query.parse() {
+        parts.path_and_query = Some(pq);
+        if let Ok(stripped) = axum::http::Uri::from_parts(parts) {
+            *req.uri_mut() = stripped;
+        }
+    }
+    req
+}
+
 /// Serve `app` on `listener` until the task is aborted.
-pub async fn serve(listener: tokio::net::TcpListener, app: Router, read_timeout: Duration) {
+pub async fn serve(listener: tokio::net::TcpListener, app: Router, how: Listening) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -68,16 +109,43 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, read_timeout:
                 continue;
             }
         };
-        let service = TowerToHyperService::new(
-            app.clone()
-                .map_request(|r: Request<hyper::body::Incoming>| r.map(Body::new)),
-        );
+        let root = how.root_path.clone();
+        let service = TowerToHyperService::new(app.clone().map_request(
+            move |r: Request<hyper::body::Incoming>| {
+                let r = r.map(Body::new);
+                match &root {
+                    Some(root) => strip_root(r, root),
+                    None => r,
+                }
+            },
+        ));
+        let how = how.clone();
         tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new())
-                .header_read_timeout(read_timeout);
-            let conn = http.serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.with_upgrades().await {
+                .header_read_timeout(how.read_timeout);
+            let result = match &how.tls {
+                None => {
+                    let conn = http.serve_connection(TokioIo::new(stream), service);
+                    conn.with_upgrades().await
+                }
+                Some(tls) => {
+                    // NOTE: a client that never finishes its handshake is dropped like one
+                    // that never sends its headers.
+                    let stream =
+                        match tokio::time::timeout(how.read_timeout, tls.accept(stream)).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!("TLS handshake failed: {e}");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                    let conn = http.serve_connection(TokioIo::new(stream), service);
+                    conn.with_upgrades().await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!("HTTP connection ended: {e}");
             }
         });

@@ -15,6 +15,7 @@ mod logprobs;
 mod misc;
 mod native;
 mod native_input;
+mod openapi;
 pub mod output;
 pub mod prepare;
 pub mod processors;
@@ -23,6 +24,7 @@ mod response_object;
 mod responses;
 mod responses_stream;
 mod sse;
+pub mod tls;
 mod tokens;
 mod tool_reply;
 mod utility;
@@ -108,6 +110,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/health_generate",
             get(utility::health_generate).post(utility::health_generate),
         )
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/docs", get(openapi::docs))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             listen::read_body_within,

@@ -20,9 +20,9 @@ use crate::protocols::openai::ChatMessage;
 use crate::tokenize::detok::Decode;
 
 /// `POST /tokenize`: a `prompt`, or chat `messages` rendered with the chat template.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TokenizeRequest {
+pub(super) struct TokenizeRequest {
     model: Option<String>,
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
@@ -36,9 +36,9 @@ struct TokenizeRequest {
 }
 
 /// `POST /detokenize`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct DetokenizeRequest {
+pub(super) struct DetokenizeRequest {
     model: Option<String>,
     tokens: Option<Vec<u32>>,
 }

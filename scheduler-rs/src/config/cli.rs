@@ -8,8 +8,9 @@ use clap::Parser;
 
 use super::api_key::{env_api_keys, API_KEYS_ENV};
 use super::file::{load_file, model_name_of, FileConfig};
-use super::router::RouterConfig;
+use super::router::{RouterConfig, TlsFiles};
 use crate::lease::LeaseSpec;
+use crate::tokenize::GenerationSource;
 use crate::worker_auth::{WorkerSecret, SECRET_ENV};
 
 /// `nitsum-router` command line. Flags override the config file.
@@ -90,6 +91,62 @@ pub struct Cli {
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    #[command(flatten)]
+    pub launch: LaunchFlags,
+}
+
+/// vLLM's HTTP-side launch flags (`nitsum serve` passes them on under these names).
+#[derive(Debug, clap::Args, Default)]
+pub struct LaunchFlags {
+    /// A URL prefix a proxy in front adds (`/api`): stripped from request paths.
+    #[arg(long)]
+    pub root_path: Option<String>,
+    /// PEM certificate chain: serve HTTPS (with --ssl-keyfile).
+    #[arg(long)]
+    pub ssl_certfile: Option<PathBuf>,
+    /// PEM private key of --ssl-certfile.
+    #[arg(long)]
+    pub ssl_keyfile: Option<PathBuf>,
+    /// No log line per request.
+    #[arg(long)]
+    pub disable_log_requests: bool,
+    /// A directory whose tokenizer.json, tokenizer_config.json and chat template are used
+    /// instead of the model directory's.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Default sampling values: auto (the model's generation_config.json), vllm (none) or a
+    /// directory holding generation_config.json.
+    #[arg(long)]
+    pub generation_config: Option<String>,
+}
+
+impl LaunchFlags {
+    /// Set what these flags ask for on `cfg`.
+    fn apply(&self, cfg: &mut RouterConfig) -> Result<()> {
+        if let Some(root) = &self.root_path {
+            let root = root.trim_end_matches('/');
+            if !root.starts_with('/') {
+                bail!("--root-path {root}: must start with /");
+            }
+            cfg.root_path = (!root.is_empty()).then(|| root.to_string());
+        }
+        cfg.tls = match (&self.ssl_certfile, &self.ssl_keyfile) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None) => None,
+            _ => bail!("--ssl-certfile and --ssl-keyfile go together"),
+        };
+        cfg.log_requests &= !self.disable_log_requests;
+        if self.tokenizer.is_some() {
+            cfg.tokenizer_dir = self.tokenizer.clone();
+        }
+        if let Some(gen) = &self.generation_config {
+            cfg.generation = GenerationSource::parse(gen)?;
+        }
+        Ok(())
+    }
 }
 
 /// The largest TP level `--tensor-parallel-size` lets the planner consider.
@@ -156,6 +213,7 @@ impl RouterConfig {
         cfg.mock_workers = cli.mock_workers;
         cfg.shutdown_workers_on_exit = cli.shutdown_workers_on_exit;
         cfg.insecure_worker_plane |= cli.insecure_worker_plane;
+        cli.launch.apply(&mut cfg)?;
         if let Some(secret) = std::env::var_os(SECRET_ENV).filter(|s| !s.is_empty()) {
             let secret = secret
                 .to_str()

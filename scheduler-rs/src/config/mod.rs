@@ -16,6 +16,6 @@ pub use api_key::{env_api_keys, ApiKey, API_KEYS_ENV};
 pub use cli::Cli;
 pub use file::{FileConfig, StaticGroup};
 pub use router::{
-    default_tiers, RouterConfig, DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_BATCH_PROMPTS,
+    default_tiers, RouterConfig, TlsFiles, DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_BATCH_PROMPTS,
     DEFAULT_TIER_MAX_INFLIGHT,
 };

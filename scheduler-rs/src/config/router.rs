@@ -9,6 +9,7 @@ use crate::plan::GroupPlan;
 use crate::planner::PlannerConfig;
 use crate::sim::lookahead::LookaheadConfig;
 use crate::tiers::Tier;
+use crate::tokenize::GenerationSource;
 use crate::worker_auth::WorkerSecret;
 
 /// The resolved router configuration.
@@ -80,6 +81,25 @@ pub struct RouterConfig {
     pub lease_ttl_ms: Option<u64>,
     /// Where the other routers reach this one when it leads (default: its worker endpoint).
     pub peer_addr: Option<String>,
+    /// `--root-path`: the URL prefix a proxy in front adds (`/api`); stripped from a request
+    /// path that starts with it (paths without it are served too).
+    pub root_path: Option<String>,
+    /// `--ssl-certfile` / `--ssl-keyfile`: serve HTTPS only (api/tls.rs).
+    pub tls: Option<TlsFiles>,
+    /// One log line per request that names its `request_id` (`--disable-log-requests`: off).
+    pub log_requests: bool,
+    /// `--tokenizer`: the tokenizer files and chat template come from here, not the model
+    /// directory.
+    pub tokenizer_dir: Option<PathBuf>,
+    /// `--generation-config`: where the default sampling values come from.
+    pub generation: GenerationSource,
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// An etcd lease's time to live by default: a dead leader's lease is gone within about a
@@ -149,6 +169,11 @@ impl Default for RouterConfig {
             lease: None,
             lease_ttl_ms: None,
             peer_addr: None,
+            root_path: None,
+            tls: None,
+            log_requests: true,
+            tokenizer_dir: None,
+            generation: GenerationSource::Model,
         }
     }
 }

@@ -117,3 +117,39 @@ fn several_routers_need_a_lease_and_a_ttl_only_an_etcd_one() {
         assert!(parse(bad).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn vllm_launch_flags_set_tls_root_path_request_log_and_model_sources() {
+    let cli = Cli::parse_from([
+        "nitsum-router",
+        "--root-path",
+        "/api/",
+        "--ssl-certfile",
+        "c.pem",
+        "--ssl-keyfile",
+        "k.pem",
+        "--disable-log-requests",
+        "--tokenizer",
+        "/tok",
+        "--generation-config",
+        "vllm",
+    ]);
+    let cfg = RouterConfig::from_cli(&cli).unwrap();
+    assert_eq!(cfg.root_path.as_deref(), Some("/api"));
+    let tls = cfg.tls.unwrap();
+    assert_eq!(
+        (tls.cert.as_path(), tls.key.as_path()),
+        (Path::new("c.pem"), Path::new("k.pem"))
+    );
+    assert!(!cfg.log_requests && RouterConfig::default().log_requests);
+    assert_eq!(cfg.tokenizer_dir.as_deref(), Some(Path::new("/tok")));
+    assert_eq!(cfg.generation, crate::tokenize::GenerationSource::Builtin);
+    for bad in [
+        &["--ssl-certfile", "c.pem"][..],
+        &["--root-path", "api"],
+        &["--generation-config", "/no/such/dir"],
+    ] {
+        let cli = Cli::parse_from(std::iter::once("nitsum-router").chain(bad.iter().copied()));
+        assert!(RouterConfig::from_cli(&cli).is_err(), "{bad:?}");
+    }
+}

@@ -4,6 +4,7 @@
 pub mod body;
 pub mod extensions;
 pub mod grammar_probe;
+pub mod http_replies;
 pub mod native;
 pub mod openai;
 pub mod peer;

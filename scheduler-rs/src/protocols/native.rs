@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::openai::StringOrList;
 
 /// `sampling_params` of the native `/generate`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct NativeSampling {
     pub max_new_tokens: Option<i64>,
     pub temperature: Option<f64>,
@@ -41,7 +41,7 @@ pub struct NativeSampling {
 }
 
 /// `input_ids` of `/generate`: one prompt or a batch (SGLang answers a batch with a list).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum NativeIds {
     One(Vec<u32>),
@@ -49,7 +49,7 @@ pub enum NativeIds {
 }
 
 /// `POST /generate` (SGLang-style): token ids or text in, token ids (and text) out.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct NativeGenerateRequest {
     /// One prompt's ids, or a batch of them.
     pub input_ids: Option<NativeIds>,

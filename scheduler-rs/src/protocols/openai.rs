@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::extensions::{not_supported, refused};
 
 /// A string or a list of strings (`stop`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum StringOrList {
     One(String),
@@ -28,7 +28,7 @@ impl StringOrList {
 }
 
 /// `prompt` of `/v1/completions`: text or token ids (a batch of one is accepted).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -38,7 +38,7 @@ pub enum Prompt {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
@@ -51,7 +51,7 @@ pub struct StreamOptions {
 }
 
 /// Fields shared by chat and text completions (and Nitsum extensions).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct CommonParams {
     pub model: Option<String>,
     pub max_tokens: Option<i64>,
@@ -169,7 +169,7 @@ pub const CHAT_ROLES: [&str; 6] = [
 ];
 
 /// A chat message; `content` is a string or a list of `{"type": "text", "text": ...}` parts.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
@@ -180,7 +180,7 @@ pub struct ChatMessage {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct ChatCompletionRequest {
     /// NOTE: optional here so that a missing field is our own 400 naming `messages`.
     pub messages: Option<Vec<ChatMessage>>,
@@ -195,7 +195,7 @@ pub struct ChatCompletionRequest {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct CompletionRequest {
     pub prompt: Option<Prompt>,
     /// Echo the prompt text before the completion.

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use super::structured::Grammar;
 
 /// The fields, as sent (checked by `check` and where they are applied).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct VllmFields {
     /// Structured output, vLLM's pre-0.10 spelling: a JSON schema (object or JSON text).
     pub guided_json: Option<Value>,

@@ -3,15 +3,17 @@
 
 pub mod detok;
 pub mod info;
+pub mod sources;
 pub mod stop;
 pub mod template;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 
 pub use detok::{Decode, IncrementalDetokenizer};
+pub use sources::{GenerationSource, ModelSources};
 pub use stop::StopMatcher;
 pub use template::ChatTemplate;
 
@@ -99,23 +101,37 @@ impl ModelFiles {
 
     /// `load`, with the chat template read from `chat_template` when given.
     pub fn load_with(dir: &Path, chat_template: Option<&Path>) -> Result<Self> {
-        let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| anyhow!("loading {}/tokenizer.json: {e}", dir.display()))?;
-        let opt = |name: &str| -> Result<Value> {
-            let p = dir.join(name);
+        Self::load_from(ModelSources {
+            chat_template,
+            ..ModelSources::dir(dir)
+        })
+    }
+
+    /// Load the tokenizer files from `src.tokenizer_dir()`, `config.json` and the EOS ids from
+    /// the model directory, the default sampling values from `src.generation`'s file.
+    pub fn load_from(src: ModelSources<'_>) -> Result<Self> {
+        let (dir, tok_dir) = (src.model_dir, src.tokenizer_dir());
+        let tokenizer = tokenizers::Tokenizer::from_file(tok_dir.join("tokenizer.json"))
+            .map_err(|e| anyhow!("loading {}/tokenizer.json: {e}", tok_dir.display()))?;
+        let opt = |p: PathBuf| -> Result<Value> {
             if p.exists() {
                 read_json(&p)
             } else {
                 Ok(Value::Null)
             }
         };
-        let tok_cfg = opt("tokenizer_config.json")?;
-        let config = opt("config.json")?;
-        let gen = opt("generation_config.json")?;
+        let tok_cfg = opt(tok_dir.join("tokenizer_config.json"))?;
+        let config = opt(dir.join("config.json"))?;
+        let gen = opt(dir.join("generation_config.json"))?;
+        let sampling = match src.defaults_file() {
+            Some(p) => opt(p)?,
+            None => Value::Null,
+        };
+        let chat_template = src.chat_template;
 
         let bos = token_str(tok_cfg.get("bos_token")).unwrap_or_default();
         let eos = token_str(tok_cfg.get("eos_token")).unwrap_or_default();
-        let source = template_source(dir, &tok_cfg, chat_template)?;
+        let source = template_source(tok_dir, &tok_cfg, chat_template)?;
         let info = info::tokenizer_info(&tok_cfg, source.as_deref());
         let template = source
             .map(|src| ChatTemplate::new(&src, &bos, &eos))
@@ -141,9 +157,9 @@ impl ModelFiles {
             .and_then(Value::as_u64)
             .unwrap_or(4096) as usize;
         let defaults = GenerationDefaults {
-            temperature: gen.get("temperature").and_then(Value::as_f64),
-            top_p: gen.get("top_p").and_then(Value::as_f64),
-            top_k: gen.get("top_k").and_then(Value::as_i64),
+            temperature: sampling.get("temperature").and_then(Value::as_f64),
+            top_p: sampling.get("top_p").and_then(Value::as_f64),
+            top_k: sampling.get("top_k").and_then(Value::as_i64),
         };
         Ok(ModelFiles {
             tokenizer,
@@ -213,6 +229,49 @@ mod tests {
             m.encode(&text, false).unwrap()[0],
             crate::testutil::IM_START_ID
         );
+    }
+
+    /// `--generation-config` picks where the default sampling values come from, and
+    /// `--tokenizer` where the tokenizer and its template do; EOS and the window stay the
+    /// model's.
+    #[test]
+    fn generation_config_and_tokenizer_directory_are_read_from_where_they_say() {
+        let model = crate::testutil::tiny_model_dir();
+        let other = crate::testutil::tiny_model_dir();
+        std::fs::write(
+            other.path().join("generation_config.json"),
+            r#"{"temperature": 0.2, "top_k": 5, "eos_token_id": 7}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            other.path().join("chat_template.jinja"),
+            "{{ messages[0].content }}",
+        )
+        .unwrap();
+        let load = |generation: &GenerationSource, tok: Option<&Path>| {
+            ModelFiles::load_from(ModelSources {
+                tokenizer_dir: tok,
+                generation,
+                ..ModelSources::dir(model.path())
+            })
+            .unwrap()
+        };
+        let m = load(&GenerationSource::Builtin, None);
+        assert_eq!(m.defaults, GenerationDefaults::default());
+        let m = load(&GenerationSource::Dir(other.path().to_path_buf()), None);
+        assert_eq!(
+            (m.defaults.temperature, m.defaults.top_k),
+            (Some(0.2), Some(5))
+        );
+        assert_eq!(m.eos_token_ids, vec![crate::testutil::EOS_ID]);
+        let m = load(&GenerationSource::Model, Some(other.path()));
+        assert_eq!(m.defaults.temperature, Some(0.7));
+        let hi = serde_json::json!({"role": "user", "content": "hi"});
+        assert_eq!(
+            m.template.as_ref().unwrap().render(&[hi], true).unwrap(),
+            "hi"
+        );
+        assert_eq!(m.max_context, 64);
     }
 
     /// The real SmolLM2 tokenizer, when `nitsum model prepare` has put it in the cache
