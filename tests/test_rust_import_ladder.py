@@ -30,7 +30,7 @@ SRC = Path(__file__).resolve().parent.parent / "scheduler-rs" / "src"
 # (lib.rs: the version and the health answer) imports nothing.
 FLOORS: list[set[str]] = [
     {"crate", "ids", "fasthash", "tiers", "profile", "stats", "errors", "tokenize", "testutil"},
-    {"plan", "prefix_index", "worker_auth", "binding", "lease"},
+    {"plan", "prefix_index", "worker_auth", "binding", "lease", "parsers"},
     {"protocols", "dispatch", "planner", "metrics"},
     {"sim", "registry", "mock_worker"},
     {"config"},

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::api_key::ApiKey;
+use super::parsers::OutputParsers;
 use crate::ids::TierId;
 use crate::lease::LeaseSpec;
 use crate::plan::GroupPlan;
@@ -80,6 +81,8 @@ pub struct RouterConfig {
     pub lease_ttl_ms: Option<u64>,
     /// Where the other routers reach this one when it leads (default: its worker endpoint).
     pub peer_addr: Option<String>,
+    /// How replies are read for reasoning and tool calls (config/parsers.rs).
+    pub parsers: OutputParsers,
 }
 
 /// An etcd lease's time to live by default: a dead leader's lease is gone within about a
@@ -149,6 +152,7 @@ impl Default for RouterConfig {
             lease: None,
             lease_ttl_ms: None,
             peer_addr: None,
+            parsers: OutputParsers::default(),
         }
     }
 }
