@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -172,12 +173,13 @@ impl ChunkFormat for ChatChunks {
                 ..Held::default()
             });
         }
+        // NOTE: without a reasoning parser the piece's text is the content, uncopied.
         let (reasoning, content) = match self.held[index].reasoning.as_mut() {
             Some(r) => {
                 let s = r.push(&p.text, p.finish.is_some());
-                (s.reasoning, s.content)
+                (s.reasoning, Cow::Owned(s.content))
             }
-            None => (String::new(), p.text.clone()),
+            None => (String::new(), Cow::Borrowed(p.text.as_str())),
         };
         if let Some(format) = self.reading.calls {
             // NOTE: a call is only known once its text is complete, so no content streams
