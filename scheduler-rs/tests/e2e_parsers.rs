@@ -305,4 +305,14 @@ async fn reasoning_and_calls_together_in_chat_and_responses() {
     assert_eq!(events[6]["text"], "hm");
     assert_eq!(events[8]["item"], reasoning);
     assert_eq!(events[13]["response"]["output"][0], reasoning);
+    // `reasoning.effort` is the template's `reasoning_effort`, echoed back.
+    let effort = json!({"model": "tiny", "input": "x", "reasoning": {"effort": "low"},
+                        "chat_template": LAST_ONLY});
+    let resp = post(&r, "/v1/responses", effort.clone()).await;
+    assert_eq!(err(&resp), (400, json!("reasoning.effort")));
+    let mut effort = effort;
+    effort["chat_template"] = json!("{{ reasoning_effort }}<|im_end|>");
+    let v = post(&r, "/v1/responses", effort).await.json();
+    assert_eq!(v["output"][0]["content"][0]["text"], "low", "{v}");
+    assert_eq!(v["reasoning"], json!({"effort": "low"}));
 }

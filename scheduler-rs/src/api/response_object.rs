@@ -32,6 +32,7 @@ impl ResponseMeta {
         let defaults = [
             ("metadata", json!({})),
             ("parallel_tool_calls", json!(true)),
+            ("reasoning", json!({"effort": null, "summary": null})),
             ("text", json!({"format": {"type": "text"}})),
             ("tool_choice", json!("auto")),
             ("tools", json!([])),
@@ -58,7 +59,7 @@ impl ResponseMeta {
             "status": status, "error": null, "incomplete_details": incomplete,
             "model": self.model, "output": output, "usage": usage,
             "previous_response_id": null, "store": false, "background": false,
-            "truncation": "disabled", "reasoning": {"effort": null, "summary": null},
+            "truncation": "disabled",
         });
         let fields = obj.as_object_mut().expect("an object literal");
         fields.extend(self.echoed.clone());
@@ -208,6 +209,7 @@ mod tests {
             (&json!([]), &json!("auto"))
         );
         assert_eq!(obj["output"][0]["id"], "msg_7");
+        assert_eq!(obj["reasoning"], json!({"effort": null, "summary": null}));
         assert_eq!(obj["output"][0]["content"][0]["text"], "hi");
         assert_eq!(status("stop"), "completed");
     }

@@ -50,6 +50,7 @@ pub const ECHOED: &[&str] = &[
     "max_output_tokens",
     "metadata",
     "parallel_tool_calls",
+    "reasoning",
     "temperature",
     "text",
     "tool_choice",
