@@ -41,7 +41,7 @@ FLOORS: list[set[str]] = [
         "tokenize",
         "testutil",
     },
-    {"plan", "prefix_index", "worker_auth", "binding", "lease"},
+    {"plan", "prefix_index", "worker_auth", "binding", "lease", "parsers"},
     {"protocols", "dispatch", "planner", "metrics"},
     {"sim", "registry", "mock_worker"},
     {"config"},

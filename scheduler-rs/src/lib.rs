@@ -15,6 +15,7 @@ pub mod ids;
 pub mod lease;
 pub mod metrics;
 pub mod mock_worker;
+pub mod parsers;
 pub mod plan;
 pub mod planner;
 pub mod prefix_index;

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
+use nitsum_scheduler::config::{OutputParsers, RouterConfig};
 use nitsum_scheduler::mock_worker::MockOptions;
+use nitsum_scheduler::parsers::tool_calls::ToolParser;
 use serde_json::{json, Value};
 
 fn tools() -> Value {
@@ -34,7 +36,17 @@ async fn forced_schema(r: &Router, mut body: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tool_list_goes_into_the_system_prompt_and_forced_calls_get_a_grammar() {
-    let r = start(config(), &[MockOptions::default()]).await;
+    // NOTE: `tools` without `tool_choice` is `auto`, served with a parser (e2e_parsers.rs).
+    let parsers = OutputParsers {
+        tool_calls: Some(ToolParser::Hermes),
+        auto_tool_choice: true,
+        ..OutputParsers::default()
+    };
+    let cfg = RouterConfig {
+        parsers,
+        ..config()
+    };
+    let r = start(cfg, &[MockOptions::default()]).await;
     // NOTE: the tiny model's context is 64 tokens: templates that render a slice of the
     // prompt (the mock echoes it) keep requests within it.
     let head = "{{ messages[0]['role'] }}:{{ messages[0]['content'][:24] }}<|im_end|>";

@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -15,6 +16,8 @@ use super::fields;
 use super::logprobs;
 use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
+use super::reading::Reading;
+use super::reasoning::{self, ReasoningPieces};
 use super::sse::{self, ChunkFormat};
 use super::tool_reply::{self, CallFormat};
 use super::{unix_now, AppState};
@@ -34,6 +37,7 @@ pub(super) fn render(
 ) -> Result<String, ApiError> {
     let opts = RenderOptions {
         tools,
+        tool_parser: state.router.cfg.parsers.tool_calls,
         ..RenderOptions::default()
     };
     chat_render::render(state, messages, opts)
@@ -42,8 +46,8 @@ pub(super) fn render(
 /// A chat request admitted: its choices' output streams and how their text is read.
 pub(super) struct Started {
     pub all: Vec<TextStream>,
-    /// Set when tool calls are read from the replies.
-    pub calls: Option<CallFormat>,
+    /// How the replies' text is read (reasoning, tool calls).
+    pub reading: Reading,
     /// Whether the request asked for logprobs.
     pub logprobs: bool,
     /// What the vLLM reply fields add to the answer (fields.rs).
@@ -72,13 +76,23 @@ pub(super) async fn start(
     if let Some(t) = tools.as_mut() {
         t.parallel = parallel;
     }
+    let parsers = state.router.cfg.parsers;
+    let calls = CallFormat::for_request(tools.as_ref(), &parsers)?;
+    let (effort, reasoning) = reasoning::from_request(state, req)?;
     sampling.grammar = grammar(req, tools.as_ref())?;
     let replies = fields::apply(state, &req.common, &mut sampling).await?;
     fields::want_prompt_logprobs(&mut sampling, &replies);
+    let needs_special = calls.is_some_and(|c| !c.forced && c.parser.needs_special_tokens());
+    if needs_special && req.common.vllm.skip_special_tokens.is_none() {
+        // NOTE: the format's markers are special tokens (vLLM turns the skipping off too).
+        sampling.output.keep_special = true;
+    }
     let opts = RenderOptions {
         tools: tools.as_ref(),
+        tool_parser: parsers.tool_calls,
         template: req.chat_template.as_deref(),
         kwargs: req.chat_template_kwargs.as_ref(),
+        reasoning_effort: effort.as_deref(),
     };
     let prompt = chat_render::render(state, messages, opts)?;
     // NOTE: the template already inserts BOS where the model wants it.
@@ -90,7 +104,7 @@ pub(super) async fn start(
     replies.log(&all);
     Ok(Started {
         all,
-        calls: CallFormat::of(tools.as_ref()),
+        reading: Reading { calls, reasoning },
         logprobs: sampling.logprobs.is_some(),
         replies,
         prompt_ids,
@@ -105,17 +119,19 @@ struct ChatChunks {
     /// Whether the request asked for logprobs (the tokenizer names their tokens).
     logprobs: bool,
     files: Option<Arc<ModelFiles>>,
-    /// Set when tool calls are read from the reply: each choice's text (and its tokens'
-    /// logprobs) is held back until its end.
-    calls: Option<CallFormat>,
+    /// How the replies are read. With tool calls each choice's content (and its tokens'
+    /// logprobs) is held back until its end; reasoning streams as it is decided.
+    reading: Reading,
     held: Vec<Held>,
     /// vLLM's `return_tokens_as_token_ids` (api/fields.rs).
     tokens_as_ids: bool,
 }
 
-/// A choice's reply held back while tool calls are read from it.
+/// A choice's reply state: its reasoning parser's, and the content held back while tool
+/// calls are read from it.
 #[derive(Debug, Default)]
 struct Held {
+    reasoning: Option<ReasoningPieces>,
     text: String,
     ids: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
@@ -150,13 +166,30 @@ impl ChunkFormat for ChatChunks {
 
     fn piece(&mut self, index: usize, ts: &TextStream, p: &Piece) -> Vec<Value> {
         let mut out = Vec::new();
-        if let Some(format) = self.calls {
-            // NOTE: a call is only known once its text is complete, so nothing streams before.
-            if self.held.len() <= index {
-                self.held.resize_with(index + 1, Held::default);
+        if self.held.len() <= index {
+            let reading = self.reading;
+            self.held.resize_with(index + 1, || Held {
+                reasoning: reading.pieces(),
+                ..Held::default()
+            });
+        }
+        // NOTE: without a reasoning parser the piece's text is the content, uncopied.
+        let (reasoning, content) = match self.held[index].reasoning.as_mut() {
+            Some(r) => {
+                let s = r.push(&p.text, p.finish.is_some());
+                (s.reasoning, Cow::Owned(s.content))
+            }
+            None => (String::new(), Cow::Borrowed(p.text.as_str())),
+        };
+        if let Some(format) = self.reading.calls {
+            // NOTE: a call is only known once its text is complete, so no content streams
+            // before; the reasoning does (its tokens' logprobs ride on the closing deltas).
+            if !reasoning.is_empty() {
+                let delta = json!({"reasoning_content": reasoning});
+                out.push(self.chunk(index, delta, None, Value::Null));
             }
             let held = &mut self.held[index];
-            held.text.push_str(&p.text);
+            held.text.push_str(&content);
             held.ids.extend_from_slice(&p.ids);
             held.logprobs.extend_from_slice(&p.logprobs);
             if let Some(f) = p.finish {
@@ -178,10 +211,15 @@ impl ChunkFormat for ChatChunks {
             }
             return out;
         }
-        // NOTE: tokens whose text is still incomplete get their logprobs now, with "".
-        if !p.text.is_empty() || (self.logprobs && !p.logprobs.is_empty()) {
-            let lps = self.logprobs(&p.ids, &p.logprobs);
-            out.push(self.chunk(index, json!({"content": p.text}), None, lps));
+        let mut lps = self.logprobs(&p.ids, &p.logprobs);
+        if !reasoning.is_empty() {
+            let delta = json!({"reasoning_content": reasoning});
+            out.push(self.chunk(index, delta, None, std::mem::take(&mut lps)));
+        }
+        // NOTE: tokens whose text is still incomplete (or held as a possible tag) get their
+        // logprobs now, with "".
+        if !content.is_empty() || (!lps.is_null() && !p.logprobs.is_empty()) {
+            out.push(self.chunk(index, json!({"content": content}), None, lps));
         }
         if let Some(f) = p.finish {
             out.push(self.chunk(index, json!({}), Some(f), Value::Null));
@@ -212,7 +250,7 @@ impl WholeBody for ChatChunks {
     fn choice(&mut self, index: usize, out: &Collected, ts: &TextStream) -> Value {
         let (text, ids, finish) = out;
         let rid = format!("chatcmpl-{}", ts.id);
-        let (message, finish) = tool_reply::message(self.calls, &rid, text.clone(), finish);
+        let (message, finish) = self.reading.message(&rid, text, finish);
         json!({"index": index, "message": message,
                "logprobs": self.logprobs(ids, &ts.logprobs), "finish_reason": finish})
     }
@@ -231,7 +269,7 @@ pub async fn handle(
     let req: ChatCompletionRequest = parse_body(&body)?;
     let Started {
         all,
-        calls,
+        reading,
         logprobs,
         replies,
         prompt_ids,
@@ -243,7 +281,7 @@ pub async fn handle(
         include_usage: req.common.include_usage(),
         logprobs,
         files: state.model.clone(),
-        calls,
+        reading,
         held: Vec::new(),
         tokens_as_ids: replies.tokens_as_ids,
     };

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use super::AppState;
 use crate::errors::ApiError;
+use crate::parsers::tool_calls::ToolParser;
 use crate::protocols::openai::{ChatMessage, CHAT_ROLES};
 use crate::protocols::tool_prompt;
 use crate::protocols::tools::Tools;
@@ -20,6 +21,11 @@ pub struct RenderOptions<'a> {
     pub template: Option<&'a str>,
     /// The request's `chat_template_kwargs`, as sent.
     pub kwargs: Option<&'a Value>,
+    /// `--tool-call-parser`: the format a template-less tool prompt asks for (Hermes without).
+    pub tool_parser: Option<ToolParser>,
+    /// The request's `reasoning_effort`: a template variable (a 400 if the template does not
+    /// read it).
+    pub reasoning_effort: Option<&'a str>,
 }
 
 /// Message content as plain text: a string, or the concatenated `text` parts.
@@ -102,15 +108,15 @@ fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Map<String, Value>>
 
 /// Show `tools` in the system prompt (a template that cannot render them): appended to a
 /// leading system/developer message, else as a new first system message; earlier assistant
-/// `tool_calls` become the Hermes blocks the model is told to write.
-fn inject_tools(msgs: &mut Vec<Map<String, Value>>, tools: &Tools) {
-    let Some(text) = tool_prompt::system_text(tools) else {
+/// `tool_calls` are written in the format the model is told to use.
+fn inject_tools(msgs: &mut Vec<Map<String, Value>>, tools: &Tools, parser: ToolParser) {
+    let Some(text) = tool_prompt::system_text(tools, parser) else {
         return;
     };
     for m in msgs.iter_mut() {
         let calls = match m.get("tool_calls") {
             Some(c) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
-                tool_prompt::calls_as_text(c)
+                tool_prompt::calls_as_text(c, parser)
             }
             _ => continue,
         };
@@ -170,14 +176,25 @@ pub fn render(
             ))
         }
     };
-    let kwargs = kwargs(opts.kwargs)?;
+    let mut kwargs = kwargs(opts.kwargs)?;
+    if let Some(effort) = opts.reasoning_effort {
+        const FIELD: &str = "reasoning_effort";
+        if !template.reads(FIELD) {
+            return Err(ApiError::invalid(
+                FIELD,
+                "this model's chat template does not read `reasoning_effort`",
+            ));
+        }
+        kwargs.insert(FIELD.into(), Value::String(effort.into()));
+    }
     let mut msgs = template_messages(messages)?;
     let mut shown = None;
     if let Some(tools) = opts.tools {
         if template.supports_tools() {
             shown = Some(tools.list.as_slice());
         } else {
-            inject_tools(&mut msgs, tools);
+            let parser = opts.tool_parser.unwrap_or(ToolParser::Hermes);
+            inject_tools(&mut msgs, tools, parser);
         }
     }
     let msgs: Vec<Value> = msgs.into_iter().map(Value::Object).collect();

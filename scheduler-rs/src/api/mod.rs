@@ -20,6 +20,8 @@ pub mod output;
 pub mod prepare;
 pub mod processors;
 mod quota;
+mod reading;
+mod reasoning;
 mod response_object;
 mod responses;
 mod responses_stream;

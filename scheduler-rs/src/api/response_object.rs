@@ -4,6 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use super::output::TextStream;
+use super::reading::Reading;
 use super::tool_reply::CallFormat;
 use crate::protocols::responses::ECHOED;
 
@@ -31,6 +32,7 @@ impl ResponseMeta {
         let defaults = [
             ("metadata", json!({})),
             ("parallel_tool_calls", json!(true)),
+            ("reasoning", json!({"effort": null, "summary": null})),
             ("text", json!({"format": {"type": "text"}})),
             ("tool_choice", json!("auto")),
             ("tools", json!([])),
@@ -57,7 +59,7 @@ impl ResponseMeta {
             "status": status, "error": null, "incomplete_details": incomplete,
             "model": self.model, "output": output, "usage": usage,
             "previous_response_id": null, "store": false, "background": false,
-            "truncation": "disabled", "reasoning": {"effort": null, "summary": null},
+            "truncation": "disabled",
         });
         let fields = obj.as_object_mut().expect("an object literal");
         fields.extend(self.echoed.clone());
@@ -67,6 +69,11 @@ impl ResponseMeta {
     /// The message item's id.
     pub fn message_id(&self) -> String {
         format!("msg_{}", &self.id["resp_".len()..])
+    }
+
+    /// The reasoning item's id.
+    pub fn reasoning_id(&self) -> String {
+        format!("rs_{}", &self.id["resp_".len()..])
     }
 }
 
@@ -91,9 +98,48 @@ pub fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
 }
 
-/// The output items of a finished reply: a message with its text (unless only calls were
-/// made), then one `function_call` item per call (`call_id` `call_resp_<id>_<i>`).
+/// A `reasoning_text` content part.
+pub fn reasoning_text(text: &str) -> Value {
+    json!({"type": "reasoning_text", "text": text})
+}
+
+/// A reasoning item holding `text` (content empty while in progress).
+pub fn reasoning_item(meta: &ResponseMeta, text: Option<&str>, status: &str) -> Value {
+    let content: Vec<Value> = text.map(reasoning_text).into_iter().collect();
+    json!({"type": "reasoning", "id": meta.reasoning_id(), "summary": [], "content": content,
+           "encrypted_content": null, "status": status})
+}
+
+/// A reasoning item's status: completed once content followed it, else the reply's.
+pub fn reasoning_status(content: &str, finish: &str) -> &'static str {
+    if content.is_empty() {
+        status(finish)
+    } else {
+        "completed"
+    }
+}
+
+/// The output items of a finished reply: its reasoning item (when a reasoning parser read
+/// some), then `content_items` of the rest.
 pub fn output_items(
+    meta: &ResponseMeta,
+    reading: &Reading,
+    text: &str,
+    finish: &str,
+) -> Vec<Value> {
+    let split = reading.split(text);
+    let mut items = Vec::new();
+    if !split.reasoning.is_empty() {
+        let status = reasoning_status(&split.content, finish);
+        items.push(reasoning_item(meta, Some(&split.reasoning), status));
+    }
+    items.extend(content_items(meta, reading.calls, split.content, finish));
+    items
+}
+
+/// The content's output items: a message with its text (unless only calls were made), then
+/// one `function_call` item per call (`call_id` `call_resp_<id>_<i>`).
+pub fn content_items(
     meta: &ResponseMeta,
     calls: Option<CallFormat>,
     text: String,
@@ -147,7 +193,7 @@ mod tests {
     #[test]
     fn the_object_echoes_the_request_and_reports_a_cut_reply_incomplete() {
         let m = meta();
-        let items = output_items(&m, None, "hi".into(), "length");
+        let items = output_items(&m, &Reading::default(), "hi", "length");
         let obj = m.object(status("length"), &items, json!(null));
         assert_eq!(
             (obj["id"].as_str(), obj["status"].as_str()),
@@ -163,6 +209,7 @@ mod tests {
             (&json!([]), &json!("auto"))
         );
         assert_eq!(obj["output"][0]["id"], "msg_7");
+        assert_eq!(obj["reasoning"], json!({"effort": null, "summary": null}));
         assert_eq!(obj["output"][0]["content"][0]["text"], "hi");
         assert_eq!(status("stop"), "completed");
     }
@@ -171,7 +218,7 @@ mod tests {
     fn calls_become_function_call_items_after_the_text() {
         let text =
             "Checking.<tool_call>{\"name\": \"now\", \"arguments\": {\"tz\": \"UTC\"}}</tool_call>";
-        let items = output_items(&meta(), Some(CallFormat::HERMES), text.into(), "stop");
+        let items = content_items(&meta(), Some(CallFormat::HERMES), text.into(), "stop");
         assert_eq!(items.len(), 2);
         assert_eq!(items[0]["content"][0]["text"], "Checking.");
         assert_eq!(
@@ -184,7 +231,7 @@ mod tests {
         );
         assert_eq!(items[1]["arguments"], r#"{"tz":"UTC"}"#);
         let forced = r#"{"name": "now", "arguments": {}}"#;
-        let items = output_items(&meta(), Some(CallFormat::FORCED), forced.into(), "stop");
+        let items = content_items(&meta(), Some(CallFormat::FORCED), forced.into(), "stop");
         assert_eq!(
             (items.len(), items[0]["type"].as_str()),
             (1, Some("function_call"))

@@ -41,13 +41,15 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Bytes) -> Result<Re
     let chat_body = responses::to_chat(&request).map_err(|(f, why)| ApiError::invalid(&f, why))?;
     let bytes = serde_json::to_vec(&chat_body).map_err(|e| ApiError::internal(e.to_string()))?;
     let req: ChatCompletionRequest = parse_body(&bytes)?;
-    let Started { mut all, calls, .. } = chat::start(&state, &headers, &req).await?;
+    let Started {
+        mut all, reading, ..
+    } = chat::start(&state, &headers, &req).await?;
     let meta = ResponseMeta::new(&request, all[0].id, unix_now(), state.served_model());
     if req.common.stream {
-        return Ok(sse::respond(all, ResponseEvents::new(meta, calls)));
+        return Ok(sse::respond(all, ResponseEvents::new(meta, reading)));
     }
     let (text, _, finish) = all[0].collect().await?;
-    let output = obj::output_items(&meta, calls, text, finish);
+    let output = obj::output_items(&meta, &reading, &text, finish);
     let response = meta.object(obj::status(finish), &output, obj::usage(&all));
     Ok(axum::Json(response).into_response())
 }

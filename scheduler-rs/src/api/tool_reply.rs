@@ -1,17 +1,23 @@
 //! A chat reply that may hold tool calls: read out of the model's text (a forced reply is the
-//! whole text as JSON calls; otherwise Hermes `<tool_call>` blocks) into OpenAI `tool_calls`.
+//! whole text as JSON calls; otherwise the `--tool-call-parser` format) into OpenAI
+//! `tool_calls`.
 
 use serde_json::{json, Value};
 
-use crate::protocols::tool_calls::{forced_calls, hermes_calls, ToolCall};
-use crate::protocols::tools::Tools;
+use crate::config::OutputParsers;
+use crate::errors::ApiError;
+use crate::parsers::tool_calls::ToolParser;
+use crate::protocols::tool_calls::{forced_calls, ToolCall};
+use crate::protocols::tools::{ToolChoice, Tools};
 
 /// How a reply's text is read for calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallFormat {
     /// The grammar forced the calls: the text is `{"name": ..., "arguments": ...}` or an
-    /// array of those. Otherwise the model chose: Hermes `<tool_call>{...}</tool_call>` blocks.
+    /// array of those. Otherwise the model chose: calls in `parser`'s format.
     pub forced: bool,
+    /// The format of calls the model chose (`--tool-call-parser`).
+    pub parser: ToolParser,
     /// `parallel_tool_calls: false`: only the first call is kept (vLLM truncates the same way).
     pub at_most_one: bool,
 }
@@ -21,27 +27,49 @@ impl CallFormat {
     #[cfg(test)]
     pub const FORCED: CallFormat = CallFormat {
         forced: true,
+        parser: ToolParser::Hermes,
         at_most_one: false,
     };
     /// The format of a reply the model chose (Hermes blocks).
     #[cfg(test)]
     pub const HERMES: CallFormat = CallFormat {
         forced: false,
+        parser: ToolParser::Hermes,
         at_most_one: false,
     };
 
-    /// For a request's tools: None when no calls are read (`tool_choice: none`, no tools).
-    pub fn of(tools: Option<&Tools>) -> Option<Self> {
+    /// For a request's tools, with `auto` served in `auto_parser`'s format: None when no
+    /// calls are read (`tool_choice: none`, no tools, `auto` not served).
+    pub fn of(tools: Option<&Tools>, auto_parser: Option<ToolParser>) -> Option<Self> {
         let t = tools?;
-        let forced = match t.choice {
-            crate::protocols::tools::ToolChoice::None => return None,
-            crate::protocols::tools::ToolChoice::Auto => false,
-            _ => true,
+        let (forced, parser) = match t.choice {
+            ToolChoice::None => return None,
+            ToolChoice::Auto => (false, auto_parser?),
+            _ => (true, auto_parser.unwrap_or(ToolParser::Hermes)),
         };
         Some(CallFormat {
             forced,
+            parser,
             at_most_one: !t.parallel,
         })
+    }
+
+    /// For a request's tools under the router's parsers; `tool_choice: auto` (tools without
+    /// `tool_choice` too) is vLLM's 400 unless `--enable-auto-tool-choice` serves it.
+    pub fn for_request(
+        tools: Option<&Tools>,
+        parsers: &OutputParsers,
+    ) -> Result<Option<Self>, ApiError> {
+        let auto = tools.is_some_and(|t| t.choice == ToolChoice::Auto);
+        if auto && parsers.auto_tools().is_none() {
+            // NOTE: vLLM's words.
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "\"auto\" tool choice requires --enable-auto-tool-choice and \
+                 --tool-call-parser to be set",
+            ));
+        }
+        Ok(Self::of(tools, parsers.auto_tools()))
     }
 
     /// (content, calls) of a finished reply's text.
@@ -53,7 +81,7 @@ impl CallFormat {
                 None => (text.to_string(), Vec::new()),
             }
         } else {
-            hermes_calls(text)
+            self.parser.parse(text)
         };
         if self.at_most_one {
             calls.truncate(1);
@@ -151,8 +179,8 @@ mod tests {
         let (msg, _) = message(Some(CallFormat::HERMES), "r4", two.into(), "stop");
         assert_eq!(msg["tool_calls"][1]["id"], "call_r4_1");
         let one = CallFormat {
-            forced: false,
             at_most_one: true,
+            ..CallFormat::HERMES
         };
         let (msg, _) = message(Some(one), "r4", two.into(), "stop");
         assert_eq!(msg["tool_calls"].as_array().unwrap().len(), 1);

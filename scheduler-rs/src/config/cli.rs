@@ -88,6 +88,16 @@ pub struct Cli {
     /// worker endpoint, which must then not be a wildcard address).
     #[arg(long)]
     pub peer_addr: Option<String>,
+    /// Read reasoning out of replies into `reasoning_content`: deepseek_r1 or qwen3.
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
+    /// The format of tool calls the model chooses to make: hermes, llama3_json, mistral or
+    /// pythonic.
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
+    /// Serve `tool_choice: "auto"` (needs --tool-call-parser), as vLLM's flag.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -220,6 +230,10 @@ impl RouterConfig {
                 .context("NITSUM_WORKER_SECRET is not UTF-8")?;
             cfg.worker_secret = Some(WorkerSecret::new(secret).context(SECRET_ENV)?);
         }
+        let (reasoning, tools) = (&cli.reasoning_parser, &cli.tool_call_parser);
+        let auto = cli.enable_auto_tool_choice;
+        cfg.parsers
+            .set(reasoning.as_deref(), tools.as_deref(), auto)?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -90,6 +90,12 @@ pub struct FileConfig {
     pub lease_ttl_ms: Option<u64>,
     /// Several routers: where the others reach this one when it leads.
     pub peer_addr: Option<String>,
+    /// `--reasoning-parser`: `deepseek_r1` or `qwen3`.
+    pub reasoning_parser: Option<String>,
+    /// `--tool-call-parser`: `hermes`, `llama3_json`, `mistral` or `pythonic`.
+    pub tool_call_parser: Option<String>,
+    /// `--enable-auto-tool-choice`.
+    pub enable_auto_tool_choice: Option<bool>,
 }
 
 impl RouterConfig {
@@ -133,7 +139,7 @@ impl RouterConfig {
             (None, Some(dir)) => model_name_of(dir),
             (None, None) => d.served_model_name,
         };
-        let cfg = RouterConfig {
+        let mut cfg = RouterConfig {
             listen: file.listen.unwrap_or(d.listen),
             worker_addr: file.worker_addr.unwrap_or(d.worker_addr),
             model_dir: file.model_dir,
@@ -180,6 +186,11 @@ impl RouterConfig {
             peer_addr: file.peer_addr,
             ..d
         };
+        cfg.parsers.set(
+            file.reasoning_parser.as_deref(),
+            file.tool_call_parser.as_deref(),
+            file.enable_auto_tool_choice.unwrap_or(false),
+        )?;
         cfg.validate()?;
         Ok(cfg)
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::api_key::ApiKey;
+use super::parsers::OutputParsers;
 use crate::ids::TierId;
 use crate::lease::LeaseSpec;
 use crate::plan::GroupPlan;
@@ -93,6 +94,8 @@ pub struct RouterConfig {
     pub tokenizer_dir: Option<PathBuf>,
     /// `--generation-config`: where the default sampling values come from.
     pub generation: GenerationSource,
+    /// How replies are read for reasoning and tool calls (config/parsers.rs).
+    pub parsers: OutputParsers,
 }
 
 /// A PEM certificate chain and its private key.
@@ -174,6 +177,7 @@ impl Default for RouterConfig {
             log_requests: true,
             tokenizer_dir: None,
             generation: GenerationSource::Model,
+            parsers: OutputParsers::default(),
         }
     }
 }

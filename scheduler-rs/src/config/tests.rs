@@ -153,3 +153,45 @@ fn vllm_launch_flags_set_tls_root_path_request_log_and_model_sources() {
         assert!(RouterConfig::from_cli(&cli).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn parser_flags_resolve_and_auto_tool_choice_needs_a_parser() {
+    use crate::parsers::reasoning::ReasoningParser;
+    use crate::parsers::tool_calls::ToolParser;
+    let cli = Cli::parse_from([
+        "nitsum-router",
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--tool-call-parser",
+        "pythonic",
+        "--enable-auto-tool-choice",
+    ]);
+    let p = RouterConfig::from_cli(&cli).unwrap().parsers;
+    assert_eq!(p.reasoning, Some(ReasoningParser::DeepSeekR1));
+    assert_eq!(p.auto_tools(), Some(ToolParser::Pythonic));
+    let cli = Cli::parse_from(["nitsum-router", "--tool-call-parser", "hermes"]);
+    let p = RouterConfig::from_cli(&cli).unwrap().parsers;
+    assert_eq!(
+        (p.tool_calls, p.auto_tools()),
+        (Some(ToolParser::Hermes), None)
+    );
+    let cli = Cli::parse_from(["nitsum-router", "--enable-auto-tool-choice"]);
+    let e = RouterConfig::from_cli(&cli).unwrap_err().to_string();
+    assert_eq!(e, "--enable-auto-tool-choice requires --tool-call-parser");
+    let cli = Cli::parse_from(["nitsum-router", "--reasoning-parser", "o1"]);
+    let e = RouterConfig::from_cli(&cli).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "--reasoning-parser: unknown parser `o1` (one of deepseek_r1, qwen3)"
+    );
+    let file: FileConfig = serde_json::from_str(
+        r#"{"reasoning_parser": "qwen3", "tool_call_parser": "mistral",
+            "enable_auto_tool_choice": true}"#,
+    )
+    .unwrap();
+    let p = RouterConfig::from_file(file).unwrap().parsers;
+    assert_eq!(
+        (p.reasoning, p.auto_tools()),
+        (Some(ReasoningParser::Qwen3), Some(ToolParser::Mistral))
+    );
+}

@@ -8,6 +8,7 @@ use crate::lease::LeaseSpec;
 impl RouterConfig {
     /// Reject configs the router cannot serve with.
     pub fn validate(&self) -> Result<()> {
+        self.parsers.check()?;
         if self.max_batch_prompts == 0 {
             bail!("config: max_batch_prompts must be at least 1");
         }

@@ -35,7 +35,6 @@ const LISTED: &[(&str, Accept)] = &[
         "function_call",
         Accept::Neutral(|| vec![json!("none"), json!("auto")]),
     ),
-    ("reasoning_effort", Accept::Neutral(Vec::new)),
     ("prediction", Accept::Neutral(Vec::new)),
     ("audio", Accept::Neutral(Vec::new)),
     ("web_search_options", Accept::Neutral(Vec::new)),
@@ -158,10 +157,6 @@ mod tests {
         let (name, why) = check(json!({"spaces_between_special_tokens": false})).unwrap();
         assert_eq!(name, "spaces_between_special_tokens");
         assert!(why.contains("not supported"), "{why}");
-        assert_eq!(
-            check(json!({"reasoning_effort": "high"})).unwrap().0,
-            "reasoning_effort"
-        );
         assert_eq!(
             check(json!({"chat_template_kwargs": {"enable_thinking": false}}))
                 .unwrap()

@@ -20,8 +20,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
-    /// The template reads a `tools` variable (it can show the model functions to call).
-    tools: bool,
+    /// The variables the template reads from its context (`tools`, `reasoning_effort`, ...).
+    reads: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -51,15 +51,16 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.set_fuel(Some(RENDER_FUEL));
         env.add_template_owned(NAME, source.to_string())?;
-        let tools = env
+        let reads = env
             .get_template(NAME)?
             .undeclared_variables(false)
-            .contains("tools");
+            .into_iter()
+            .collect();
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
-            tools,
+            reads,
         })
     }
 
@@ -71,7 +72,12 @@ impl ChatTemplate {
 
     /// Whether the template renders `tools` (HF templates that support tool calling read it).
     pub fn supports_tools(&self) -> bool {
-        self.tools
+        self.reads("tools")
+    }
+
+    /// Whether the template reads the context variable `name` (e.g. `reasoning_effort`).
+    pub fn reads(&self, name: &str) -> bool {
+        self.reads.contains(name)
     }
 
     /// Render a conversation. `messages` are JSON objects with at least `role` and `content`.

@@ -53,7 +53,11 @@ pub fn paced(ms: u64) -> MockOptions {
 
 /// Start a router with the tiny model and one mock worker per entry of `workers`.
 pub async fn start(cfg: RouterConfig, workers: &[MockOptions]) -> Router {
-    let dir = testutil::tiny_model_dir();
+    start_in(cfg, workers, testutil::tiny_model_dir()).await
+}
+
+/// `start` with the model directory `dir` (e.g. the tiny model with a longer context).
+pub async fn start_in(cfg: RouterConfig, workers: &[MockOptions], dir: TempDir) -> Router {
     let model = Arc::new(ModelFiles::load(dir.path()).unwrap());
     let run = server::start(cfg, Some(model)).await.unwrap();
     let mut mocks = Vec::new();

@@ -24,7 +24,6 @@ const NEUTRAL: &[(&str, &[&str])] = &[
     ("include", &["[]"]),
     ("truncation", &["\"disabled\""]),
     ("top_logprobs", &["0"]),
-    ("reasoning", &["{}"]),
     ("conversation", &[]),
     ("prompt", &[]),
     ("max_tool_calls", &[]),
@@ -51,6 +50,7 @@ pub const ECHOED: &[&str] = &[
     "max_output_tokens",
     "metadata",
     "parallel_tool_calls",
+    "reasoning",
     "temperature",
     "text",
     "tool_choice",
@@ -92,6 +92,7 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Refusal>
             // NOTE: the metadata is only reported back (OpenAI's: at most 16 string pairs).
             "metadata" => {}
             "stream_options" => stream_options(value)?,
+            "reasoning" => reasoning(value, &mut chat)?,
             _ => {
                 chat.insert(key.clone(), value.clone());
             }
@@ -108,6 +109,30 @@ pub fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Refusal>
         chat.insert("response_format".into(), format);
     }
     Ok(chat)
+}
+
+/// `reasoning`: its `effort` is the chat `reasoning_effort` (a chat template variable); a
+/// summary is refused (none is written: the reasoning itself is the reasoning item's text).
+fn reasoning(v: &Value, chat: &mut Map<String, Value>) -> Result<(), Refusal> {
+    let Value::Object(o) = v else {
+        return match v {
+            Value::Null => Ok(()),
+            _ => Err(refuse("reasoning", "reasoning must be an object")),
+        };
+    };
+    for (key, value) in o {
+        match key.as_str() {
+            "effort" if !value.is_null() => {
+                chat.insert("reasoning_effort".into(), value.clone());
+            }
+            "effort" | "summary" | "generate_summary" if value.is_null() => {}
+            _ => {
+                let name = format!("reasoning.{key}");
+                return Err(refuse(&name, super::extensions::not_supported(&name)));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Only `include_obfuscation` (a padding Nitsum never adds) is accepted.
@@ -127,6 +152,7 @@ pub fn field_name(chat: &str) -> String {
     match chat {
         "response_format" => "text.format".into(),
         "max_tokens" => "max_output_tokens".into(),
+        "reasoning_effort" => "reasoning.effort".into(),
         other => match other.strip_prefix("messages") {
             // NOTE: indices count chat messages (`instructions` is the first when sent).
             Some(rest) => format!("input{rest}"),

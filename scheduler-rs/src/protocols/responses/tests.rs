@@ -82,9 +82,11 @@ fn what_needs_storage_or_is_unknown_is_refused_by_name() {
     );
     assert_eq!(field(json!({"input": "x", "messages": []})), "messages");
     assert_eq!(
-        field(json!({"input": "x", "reasoning": {"effort": "high"}})),
-        "reasoning"
+        field(json!({"input": "x", "reasoning": {"summary": "auto"}})),
+        "reasoning.summary"
     );
+    let effort = chat(json!({"input": "x", "reasoning": {"effort": "high", "summary": null}}));
+    assert_eq!(effort.unwrap()["reasoning_effort"], "high");
     assert_eq!(field(json!({})), "input");
     assert_eq!(
         field(json!({"input": [{"type": "input_image", "image_url": "u"}]})),
