@@ -537,7 +537,8 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
         )
         return r.choices[0].text, r.usage.completion_tokens
 
-    # four requests: round-robin puts them on both workers
+    # four requests of one prompt: the same tokens wherever they run (prefix affinity keeps
+    # a repeated prompt on its worker while that one is not much busier)
     first = sample(1234)
     assert first[1] == 12
     assert [sample(1234) for _ in range(3)] == [first] * 3
