@@ -273,6 +273,8 @@ class Peer:
                 reg |= {"v": 1, "eos_token_ids": [EOS], "auth": auth}
                 self.sock.send(self.end.register(key, nonce, frame, reg))
             elif msg["type"] in ("registered", "refused"):
+                if msg["type"] == "refused":
+                    self.end.channel = None  # the router started none
                 self.last = msg
                 return msg["type"]
         return "silence"
