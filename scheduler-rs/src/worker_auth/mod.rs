@@ -10,6 +10,9 @@
 //! nonces are in both, so a proof made for one handshake passes in no other.
 //! A router nonce is bound to the connection it was issued to and used at most once.
 //!
+//! The handshake ends in a sealed channel ([`channel`]): keys per direction derived from the
+//! secret, both nonces and the exact handshake frames; every later frame is AES-256-GCM.
+//!
 //! This module holds the secret, the MACs and the startup policy; [`sessions`] tracks which
 //! connection is bound to which worker id, [`request_ids`] makes the request ids sent to
 //! workers unguessable, [`refusal_log`] keeps refused registers from flooding the log.
