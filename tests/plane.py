@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgpack
 import zmq
 
 from nitsum.engine.request_output import RequestOutput
@@ -26,6 +25,7 @@ from nitsum.worker.device_watch import DeviceEvents
 from nitsum.worker.handshake import new_nonce, worker_proof
 from nitsum.worker.inbound import GenerateRequest
 from nitsum.worker.server import WorkerServer
+from sealing import RouterEnds, WorkerEnd
 from test_router_protocol import BIN, EOS, free_port, write_tiny_model
 
 SECRET = "attack-suite-secret-0123456789abcdef"
@@ -207,25 +207,27 @@ class RealWorker:
 
 class FakeRouter:
     """A ROUTER socket at the address a worker dials (a fake router); records what each peer
-    sends."""
+    sends. With `secret` it keeps the sealed channel a handshake it proves ends in (a sealed
+    frame it cannot open reads as type "<sealed>")."""
 
-    def __init__(self) -> None:
-        self.addr = f"tcp://127.0.0.1:{free_port()}"
+    def __init__(self, addr: str | None = None, secret: bytes | None = None) -> None:
+        self.addr = addr or f"tcp://127.0.0.1:{free_port()}"
         self.sock = zmq.Context.instance().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(self.addr)
         self.got: list[dict] = []
+        self.ends = RouterEnds(secret)
 
     def recv(self, timeout: float = 2.0) -> tuple[bytes, dict] | None:
         if not self.sock.poll(int(timeout * 1000)):
             return None
         peer, frame = self.sock.recv_multipart()
-        msg = msgpack.unpackb(frame, raw=False)
+        msg = self.ends.read(peer, frame)
         self.got.append(msg)
         return peer, msg
 
     def send(self, peer: bytes, **msg: object) -> None:
-        self.sock.send_multipart([peer, msgpack.packb({"v": 1, **msg})])
+        self.sock.send_multipart([peer, self.ends.frame(peer, {"v": 1, **msg})])
 
     def close(self) -> None:
         self.sock.close(linger=0)
@@ -242,14 +244,15 @@ class Peer:
         if identity is not None:
             self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.connect(addr)
+        self.end = WorkerEnd()  # its channel, when it registered with the secret
 
     def send(self, **msg: Any) -> None:
-        self.sock.send(msgpack.packb({"v": 1, **msg}))
+        self.sock.send(self.end.frame({"v": 1, **msg}))
 
     def recv(self, timeout: float = 2.0) -> dict[str, Any] | None:
         if not self.sock.poll(int(timeout * 1000)):
             return None
-        return msgpack.unpackb(self.sock.recv(), raw=False)
+        return self.end.read(self.sock.recv())
 
     def register(self, worker_id: int, model: str = MODEL, secret: str | None = None) -> str:
         """Try to register (`hello`, then `register`); answers the challenge with `secret`
@@ -258,13 +261,20 @@ class Peer:
         reg = {"type": "register", "worker_id": worker_id, "device": "cpu", "model": model}
         reg |= {"tp_levels": [1], "kv_capacity_tokens": 4096, "max_context": 256}
         nonce = new_nonce()
-        self.send(type="hello", worker_id=worker_id, handshake=2, nonce=nonce)
-        while (msg := self.recv()) is not None:
+        self.end.channel = None
+        hello = {"v": 1, "type": "hello", "worker_id": worker_id, "handshake": 3, "nonce": nonce}
+        self.sock.send(self.end.hello(hello))
+        while self.sock.poll(2000):
+            frame = self.sock.recv()
+            msg = self.end.read(frame)
             if msg["type"] == "challenge":
                 key = (secret or "not-the-secret-at-all").encode()
                 auth = worker_proof(key, nonce, msg["nonce"], worker_id, model)
-                self.send(**reg, eos_token_ids=[EOS], auth=auth)
+                reg |= {"v": 1, "eos_token_ids": [EOS], "auth": auth}
+                self.sock.send(self.end.register(key, nonce, frame, reg))
             elif msg["type"] in ("registered", "refused"):
+                if msg["type"] == "refused":
+                    self.end.channel = None  # the router started none
                 self.last = msg
                 return msg["type"]
         return "silence"

@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgpack
-import zmq
 
 from nitsum.worker.handshake import new_nonce, router_proof
-from plane import SECRET, RealWorker, Router, wait
+from plane import SECRET, FakeRouter, RealWorker, Router, wait
 from test_router_protocol import free_port
 
 # A profile the control loop plans TP-1 groups with (the echo backend serves TP 1 only).
@@ -133,14 +131,12 @@ class Stream:
         assert not self.thread.is_alive(), "a stream did not end"
 
 
-class FakeLeader:
+class FakeLeader(FakeRouter):
     """A deposed leader back at its old worker endpoint: a ROUTER socket that proves the
     worker secret in the handshake, accepts each worker and sends it a plan of its old term."""
 
     def __init__(self, addr: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(addr)
+        super().__init__(addr, secret=SECRET.encode())
         self.acks: dict[int, dict[str, Any]] = {}
 
     def serve(self, epoch: int, workers: int, timeout: float = 15.0) -> None:
@@ -148,16 +144,16 @@ class FakeLeader:
         deadline = time.monotonic() + timeout
         while len(self.acks) < workers:
             assert time.monotonic() < deadline, f"acks of the stale plan: {self.acks}"
-            if not self.sock.poll(100):
+            got = self.recv(0.1)
+            if got is None:
                 continue
-            peer, frame = self.sock.recv_multipart()
-            msg = msgpack.unpackb(frame, raw=False)
+            peer, msg = got
             w = msg.get("worker_id")
             if msg["type"] == "hello":
                 nonce = new_nonce()
                 proof = router_proof(SECRET.encode(), msg["nonce"], nonce, w)
                 self.send(
-                    peer, type="challenge", worker_id=w, handshake=2, nonce=nonce, proof=proof
+                    peer, type="challenge", worker_id=w, handshake=3, nonce=nonce, proof=proof
                 )
             elif msg["type"] == "register":
                 self.send(peer, type="registered", worker_id=w, epoch=epoch - 1)
@@ -166,12 +162,6 @@ class FakeLeader:
                 self.send(peer, type="reconfigure", epoch=epoch, groups=[group])
             elif msg["type"] == "reconfigured":
                 self.acks[w] = msg
-
-    def send(self, peer: bytes, **msg: object) -> None:
-        self.sock.send_multipart([peer, msgpack.packb({"v": 1, **msg})])
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
 
 
 class Etcd:

@@ -14,14 +14,13 @@ import threading
 import time
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
 
 from nitsum.ports import free_port
 from nitsum.worker.handshake import new_nonce, router_proven, worker_proof
-from nitsum.worker.protocol import encode
 from nitsum.worker.stats import Stats
+from sealing import WorkerEnd
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("NITSUM_ROUTER_BIN", ROOT / "target" / "release" / "nitsum-router"))
@@ -119,9 +118,14 @@ class PyWorker(threading.Thread):
         self.addr, self.worker_id = addr, worker_id
         self.received: list[dict] = []
         self.stop = threading.Event()
+        self.end = WorkerEnd()  # the handshake's frames, then the sealed channel
 
     def send(self, sock: zmq.Socket, **msg) -> None:
-        sock.send(msgpack.packb({"v": 1, "worker_id": self.worker_id, **msg}))
+        sock.send(self.end.frame({"v": 1, "worker_id": self.worker_id, **msg}))
+
+    def hello(self, sock: zmq.Socket, nonce: str) -> None:
+        msg = {"v": 1, "worker_id": self.worker_id, "type": "hello", "handshake": 3}
+        sock.send(self.end.hello(msg | {"nonce": nonce}))
 
     def run(self) -> None:
         ctx = zmq.Context.instance()
@@ -138,7 +142,7 @@ class PyWorker(threading.Thread):
             eos_token_ids=[EOS],
         )
         nonces = [new_nonce()]  # of every hello sent: a challenge may answer an older one
-        self.send(sock, type="hello", handshake=2, nonce=nonces[-1])
+        self.hello(sock, nonces[-1])
         registered, last_beat = False, 0.0
         while not self.stop.is_set():
             now = time.monotonic()
@@ -146,11 +150,12 @@ class PyWorker(threading.Thread):
                 self.send(sock, type="heartbeat", running=0, waiting=0, free_pages=10, epoch=0)
                 if not registered:
                     nonces.append(new_nonce())
-                    self.send(sock, type="hello", handshake=2, nonce=nonces[-1])
+                    self.hello(sock, nonces[-1])
                 last_beat = now
             if not sock.poll(20):
                 continue
-            msg = msgpack.unpackb(sock.recv(), raw=False)
+            frame = sock.recv()
+            msg = self.end.read(frame)
             self.received.append(msg)
             if msg["type"] == "challenge":
                 key, theirs = SECRET.encode(), msg["nonce"]
@@ -159,12 +164,14 @@ class PyWorker(threading.Thread):
                 ]
                 assert ours, "the router's proof matches none of our hellos"
                 auth = worker_proof(key, ours[0], theirs, self.worker_id, "tiny")
-                self.send(sock, **register, auth=auth)
+                reg = {"v": 1, "worker_id": self.worker_id, **register, "auth": auth}
+                sock.send(self.end.register(key, ours[0], frame, reg))
             elif msg["type"] == "registered":
                 registered = True
                 # A typed `stats`, plus a key from a newer worker the router does not know.
                 stats = Stats(self.worker_id, kv_handoffs=7, num_preemptions=3)
-                sock.send(encode(stats.to_wire() | {"kv_cache_usage_perc": 50, "new_one": 1}))
+                wire = stats.to_wire() | {"kv_cache_usage_perc": 50, "new_one": 1}
+                sock.send(self.end.frame(wire))
             elif msg["type"] == "reconfigure":
                 self.send(
                     sock,

@@ -65,7 +65,7 @@ def test_a_fake_router_without_the_secret_gets_nothing(caplog: pytest.LogCapture
         first = fake.recv()
         assert first is not None, "the worker never spoke"
         peer, hello = first
-        assert hello["type"] == "hello" and hello["handshake"] == 2
+        assert hello["type"] == "hello" and hello["handshake"] == 3
         assert set(hello) == {"v", "type", "worker_id", "handshake", "nonce"}
         # Proofs an impostor can make: under a guessed secret, none at all, and a replay of a
         # proof computed for another nonce.
@@ -77,7 +77,7 @@ def test_a_fake_router_without_the_secret_gets_nothing(caplog: pytest.LogCapture
         ]
         for proof in answers:
             fake.send(
-                peer, type="challenge", worker_id=0, handshake=2, nonce="cd" * 32, proof=proof
+                peer, type="challenge", worker_id=0, handshake=3, nonce="cd" * 32, proof=proof
             )
             lure(fake, peer)
             got = fake.recv()

@@ -25,7 +25,7 @@ class ProvenRouter(FakeRouter):
     worker connection it last heard from."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(secret=SECRET.encode())
         self.peer = b""
 
     def to_worker(self, **msg: Any) -> None:
@@ -48,7 +48,7 @@ class ProvenRouter(FakeRouter):
         hello = self.recv_kind("hello")
         nonce = new_nonce()
         proof = router_proof(SECRET.encode(), hello["nonce"], nonce, 0)
-        self.to_worker(type="challenge", worker_id=0, handshake=2, nonce=nonce, proof=proof)
+        self.to_worker(type="challenge", worker_id=0, handshake=3, nonce=nonce, proof=proof)
         self.recv_kind("register")
         self.to_worker(type="registered", worker_id=0, epoch=epoch)
 

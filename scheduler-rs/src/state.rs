@@ -118,6 +118,8 @@ pub struct RouterState {
     next_id: AtomicU64,
     /// Wire form of request ids (unguessable, per router process).
     ids: crate::worker_auth::RequestIds,
+    /// The sealed channel of each authenticated connection (worker_auth/channel.rs).
+    channels: crate::worker_auth::Channels,
     /// Time origin of the window statistics.
     clock: Instant,
     /// Whether the control loop runs (a profile is configured): the request path feeds stats.
@@ -147,10 +149,15 @@ mod live_plan;
 mod orphans;
 mod peer_window;
 mod plan_record;
+#[cfg(test)]
+mod plane_peer;
 mod requests;
 mod rounds;
 #[cfg(test)]
 mod rounds_tests;
+mod sealed;
+#[cfg(test)]
+mod sealed_tests;
 #[cfg(test)]
 mod spill_prefix_tests;
 mod submit;
@@ -200,6 +207,7 @@ impl RouterState {
             out,
             next_id: AtomicU64::new(1),
             ids: crate::worker_auth::RequestIds::new(),
+            channels: crate::worker_auth::Channels::default(),
             clock: Instant::now(),
             draining: std::sync::atomic::AtomicBool::new(false),
             leading: tokio::sync::Notify::new(),
@@ -214,7 +222,28 @@ impl RouterState {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Send a message to a worker: sealed on its channel when the router has a secret.
+    /// NOTE: with a secret nothing but the handshake ([`Self::send_clear`]) leaves in clear;
+    /// a message for a connection without a channel is dropped.
     fn send(&self, identity: Bytes, payload: Vec<u8>) {
+        if self.cfg.worker_secret.is_none() {
+            return self.send_clear(identity, payload);
+        }
+        let out = &self.out;
+        let ident = identity.clone();
+        let sealed = self.channels.seal_with(&identity, &payload, |frame| {
+            let _ = out.send(Outbound {
+                identity: ident,
+                payload: Bytes::from(frame),
+            });
+        });
+        if !sealed {
+            tracing::debug!("dropped a message for a connection without a sealed channel");
+        }
+    }
+
+    /// Send a message in clear: the handshake, and router ↔ router messages (MACed).
+    fn send_clear(&self, identity: Bytes, payload: Vec<u8>) {
         // The receiver lives as long as the transport; a send after shutdown is moot.
         let _ = self.out.send(Outbound {
             identity,

@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::protocols::worker::{decode_incoming, Body, Incoming};
 use crate::state::{Outbound, RouterState};
 use crate::worker_auth::Rejection;
 
@@ -86,18 +85,5 @@ fn handle_frames(engine: &RouterState, msg: ZmqMessage) {
     }
     let payload = frames.pop().expect("len >= 2");
     let identity: Bytes = frames.swap_remove(0);
-    match decode_incoming(&payload) {
-        // NOTE: another router's message (several routers, protocols/peer.rs): no worker
-        // handshake; its MAC is checked on the way in.
-        Ok(Incoming {
-            body: Body::Unknown(ty),
-            ..
-        }) if ty.starts_with("peer_") => engine.on_peer(identity, &payload),
-        Ok(m) => engine.on_message(identity, m),
-        Err(e) => {
-            // NOTE: debug, not warn: any peer can send garbage; the metric counts it.
-            engine.metrics.plane.count(Rejection::Undecodable);
-            tracing::debug!("undecodable worker message: {e}");
-        }
-    }
+    engine.on_frame(identity, &payload);
 }

@@ -4,7 +4,9 @@ The worker opens with `hello` and its own nonce; the router's `challenge` carrie
 nonce and `proof = HMAC-SHA256(secret, ROUTER_LABEL ‖ worker nonce ‖ router nonce ‖ worker_id)`;
 the worker checks that proof before it sends anything else, and answers `register` with
 `auth = HMAC-SHA256(secret, WORKER_LABEL ‖ worker nonce ‖ router nonce ‖ worker_id ‖ model)`.
-The router's side is scheduler-rs `worker_auth` (the same test vectors pin both).
+The router's side is scheduler-rs `worker_auth` (the same test vectors pin both). Version 3
+kept version 2's proofs and added the sealed channel the handshake ends in (channel.py): the
+keys are bound to the exact `hello`, `challenge` and `register` frames.
 
 NOTE: the labels differ (same length), so one side's proof never passes for the other's; both
 nonces are in both proofs, so a proof made for one handshake (e.g. a relay's own `hello` to the
@@ -19,7 +21,7 @@ import secrets
 
 from nitsum.worker.codec import ProtocolError
 
-HANDSHAKE_VERSION = 2  # in `hello` and `challenge`
+HANDSHAKE_VERSION = 3  # in `hello` and `challenge`; 2 had no sealed frames
 ROUTER_LABEL = b"nitsum-handshake-v2 router"
 WORKER_LABEL = b"nitsum-handshake-v2 worker"
 NONCE_BYTES = 32

@@ -1,5 +1,6 @@
 """One device id's connection to one router: a DEALER socket, its monitor, register/heartbeat,
-and whether the peer at the router's address has proven the worker secret on it.
+and, with a worker secret, the handshake in progress and the sealed channel it ends in
+(channel.py): after it, nothing crosses in clear.
 
 A host worker owns one link per device it serves and router it serves them to (several routers
 in front of one pool: every worker registers with every router), so each router sees one
@@ -18,12 +19,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from nitsum.worker import handshake
 from nitsum.worker import protocol as proto
-from nitsum.worker.codec import Message, encode
+from nitsum.worker.channel import Channel, ChannelKeys, is_sealed, transcript_hash
+from nitsum.worker.codec import Message, ProtocolError, decode, encode
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20  # a larger message drops the connection (docs/security.md)
-MAX_HELD_BYTES = 64 << 20  # frames held while the router has not proven itself yet
+# What the router may send in clear on an authenticating link (the handshake's own messages).
+CLEAR_FROM_ROUTER = ("challenge", "refused", "reregister")
 
 LinkKey = tuple[int, int]
 """A link's key: (the router's index in the worker's `--router` list, the device id)."""
@@ -48,19 +51,20 @@ class RouterLink:
         router: int = 0,
     ) -> None:
         """`authenticate`: the worker has a secret, so the router must prove it (handshake.py)
-        before anything it sends is acted on; without one every peer counts as proven.
+        and every frame after the handshake is sealed (channel.py); without one frames are clear.
         `router`: the router's index in the worker's list of routers."""
         self.worker_id = worker_id
         self.router = router
         self.router_addr = router_addr
         self.authenticate = authenticate
-        # NOTE (invariant): with `authenticate`, `proven` is True only after the peer on this
-        # connection answered our latest `hello` with a valid proof; it drops with the
-        # connection. Until then frames are held (bounded), not handled.
-        self.proven = not authenticate
+        # NOTE (invariant): with `authenticate`, `channel` is set only from our `register` that
+        # answered a challenge proving the secret for our latest `hello`, until the next `hello`
+        # or a frame that fails to open; nothing but the handshake is sent or handled without it.
+        self.channel: Channel | None = None
         self.hello_nonce: str | None = None  # our nonce of the handshake in progress
-        self.held: list[bytes] = []
-        self._held_bytes = 0
+        self._hello_frame = b""  # the exact frames of the handshake in progress
+        self._challenge_frame = b""
+        self._nonces = (b"", b"")  # (worker, router) of the handshake answered last
         self.register_every_s = register_every_s
         self.heartbeat_every_s = heartbeat_every_s
         self.registered = False
@@ -106,7 +110,8 @@ class RouterLink:
                 self.router_addr,
             )
             self.registered = False
-            self.proven = not self.authenticate  # whoever answers next must prove it again
+            # NOTE: the channel survives a reconnect (the router keeps it for this identity);
+            # a restarted router asks us to authenticate again (`reregister`).
             self._lost = True
             return True
         if event == zmq.EVENT_CONNECTED and self._lost:
@@ -115,41 +120,75 @@ class RouterLink:
         # The first connect needs nothing: the register queued before it goes out by itself.
         return False
 
+    @property
+    def handshaking(self) -> bool:
+        """Whether our `hello` waits for its challenge."""
+        return self.hello_nonce is not None
+
     def hello(self) -> proto.Hello:
-        """Open a handshake: `hello` with a fresh nonce; the peer must answer it with a valid
-        proof before anything it sends is handled."""
+        """Open a handshake: `hello` with a fresh nonce; it ends the channel (a new one comes
+        from this handshake)."""
         self.hello_nonce = handshake.new_nonce()
-        self.proven = not self.authenticate
+        self.channel = None
         return proto.Hello(self.worker_id, handshake.HANDSHAKE_VERSION, self.hello_nonce)
 
-    def hold(self, frame: bytes) -> None:
-        """Keep a frame from a peer that has not proven itself yet (handled if it does)."""
-        if self._held_bytes + len(frame) > MAX_HELD_BYTES:
-            log.warning("worker %d dropped a frame from an unproven router", self.worker_id)
-            return
-        self.held.append(frame)
-        self._held_bytes += len(frame)
+    def receive(self, frame: bytes) -> bytes | None:
+        """The message a frame from the router holds, or None to drop it: without
+        `authenticate` every frame as it is; with it, a sealed frame opened on the channel
+        (ChannelError when it does not open: the caller ends the channel) and, in clear, only
+        the handshake's messages."""
+        if not self.authenticate:
+            return frame
+        if is_sealed(frame):
+            if self.channel is None:
+                # Sealed for a channel we ended (a new handshake): never acted on.
+                log.debug("worker %d dropped a frame of an ended channel", self.worker_id)
+                return None
+            return self.channel.open(frame)
+        try:
+            kind = decode(frame)["type"]
+        except ProtocolError:
+            kind = None
+        if kind not in CLEAR_FROM_ROUTER:
+            log.warning(
+                "worker %d dropped a clear %r from %s: after the handshake every frame is sealed",
+                self.worker_id,
+                kind,
+                self.router_addr,
+            )
+            return None
+        if kind == "challenge":
+            self._challenge_frame = frame
+        return frame
 
     def answer(self, secret: bytes, msg: proto.Challenge, model: str) -> str | None:
         """End the handshake in progress on `msg`: our `register.auth` when the peer proved
-        the secret for our `hello` (then `take_held` has what it sent meanwhile), else None
-        (the held frames are dropped, the next `hello` goes out on the register timer)."""
+        the secret for our `hello` (then `send_register` sends it and starts the channel),
+        else None (the next `hello` goes out on the register timer)."""
         ours, self.hello_nonce = self.hello_nonce, None
-        self.proven = (
+        proven = (
             ours is not None
             and msg.handshake == handshake.HANDSHAKE_VERSION
             and msg.worker_id == self.worker_id
             and handshake.router_proven(secret, ours, msg.nonce, self.worker_id, msg.proof)
         )
-        if ours is None or not self.proven:
-            self.take_held()
+        if ours is None or not proven:
             return None
+        self._nonces = (bytes.fromhex(ours), bytes.fromhex(msg.nonce))
         return handshake.worker_proof(secret, ours, msg.nonce, self.worker_id, model)
 
-    def take_held(self) -> list[bytes]:
-        """The frames held while the handshake was in progress, removed."""
-        held, self.held, self._held_bytes = self.held, [], 0
-        return held
+    def send_register(self, secret: bytes, msg: proto.Register) -> None:
+        """Send the `register` that answers the challenge (in clear), then seal everything
+        after it with keys bound to this handshake's exact frames."""
+        frame = encode(msg.to_wire())
+        self._send_frame(frame, msg.TYPE)
+        if msg.auth is not None:
+            t = transcript_hash(self._hello_frame, self._challenge_frame, frame)
+            self.channel = Channel(ChannelKeys.derive(secret, *self._nonces, t))
+
+    def end_channel(self) -> None:
+        """Drop the channel (a frame failed to open); the next `hello` starts another."""
+        self.channel = None
 
     def recv_all(self) -> list[bytes]:
         """Every frame waiting on the socket, without blocking."""
@@ -161,12 +200,26 @@ class RouterLink:
                 return frames
 
     def send(self, msg: Message) -> None:
+        """Send `msg`: sealed on the channel; with `authenticate` and no channel only `hello`
+        and `register` leave (in clear), anything else is dropped."""
+        frame = encode(msg.to_wire())
+        if self.channel is not None:
+            frame = self.channel.seal(frame)
+        elif self.authenticate:
+            if not isinstance(msg, (proto.Hello, proto.Register)):
+                log.debug("worker %d has no channel: dropped a %s", self.worker_id, msg.TYPE)
+                return
+            if isinstance(msg, proto.Hello):
+                self._hello_frame = frame
+        self._send_frame(frame, msg.TYPE)
+
+    def _send_frame(self, frame: bytes, kind: str) -> None:
         try:
             # NOTE: never block: with the router gone for long, the queue fills (SNDHWM) and a
             # blocking send would hang the loop, deaf to `stop()` and to signals.
-            self.sock.send(encode(msg.to_wire()), zmq.NOBLOCK)
+            self.sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("router not reachable: worker %d dropped a %s", self.worker_id, msg.TYPE)
+            log.warning("router not reachable: worker %d dropped a %s", self.worker_id, kind)
 
     def close(self) -> None:
         self.sock.disable_monitor()

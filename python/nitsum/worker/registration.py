@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from nitsum.worker import handshake
 from nitsum.worker import protocol as proto
 from nitsum.worker.active_plan import ActivePlan
 from nitsum.worker.backend import Backend
@@ -79,18 +80,26 @@ class Registration:
         """`device`'s link to every router."""
         return [link for (_, d), link in self.links.items() if d == device]
 
-    def on_challenge(self, key: LinkKey, msg: proto.Challenge) -> list[bytes]:
-        """Check the router's proof of the secret; only then prove ours in `register`.
-        Returns what the router sent meanwhile, for the server to handle now (nothing when
-        the proof failed; docs/protocol.md "Handshake")."""
+    def on_challenge(self, key: LinkKey, msg: proto.Challenge) -> None:
+        """Check the router's proof of the secret; only then prove ours in `register`, after
+        which every frame is sealed (docs/protocol.md "Handshake")."""
         if self.secret is None:
             log.error(
                 "the router requires worker authentication: set %s for worker %d",
                 proto.SECRET_ENV,
                 key[1],
             )
-            return []
+            return
         link = self.links[key]
+        if msg.handshake != handshake.HANDSHAKE_VERSION:
+            log.error(
+                "the router at %s speaks handshake version %s; worker %d needs %d (every frame "
+                "after it sealed): upgrade the router. Sent it nothing",
+                link.router_addr,
+                msg.handshake,
+                key[1],
+                handshake.HANDSHAKE_VERSION,
+            )
         auth = link.answer(self.secret, msg, self.model_name)
         if auth is None:
             log.error(
@@ -100,9 +109,8 @@ class Registration:
                 key[1],
                 self.register_every_s,
             )
-            return []
-        link.send(self.register_msg(key[1], auth))
-        return link.take_held()
+            return
+        link.send_register(self.secret, self.register_msg(key[1], auth))
 
     # -- the router's answers ---------------------------------------------------------------------
     def on_registered(self, key: LinkKey, msg: proto.Registered) -> None:
@@ -151,15 +159,40 @@ class Registration:
 
     def on_reregister(self, key: LinkKey) -> None:
         """The router declared this device dead (e.g. a step outlasted the heartbeat timeout)
-        and already ended its requests: drop them here too and register again at once."""
-        for rid, (arrived_on, _) in list(self.live.items()):
-            if arrived_on == key:
-                self.backend.abort(rid)
-                del self.live[rid]
+        and already ended its requests: drop them here too and register again at once.
+        NOTE: while our `hello` waits for its challenge this is a no-op (the router asks once
+        per frame it could not open; the handshake under way answers them all)."""
+        if self.links[key].handshaking:
+            return
+        self._drop_link_requests(key)
         link = self.links[key]
         log.warning("router %s asked worker %d to register again", link.router_addr, key[1])
         link.registered = False
         link.next_register = time.monotonic()
+
+    def on_channel_failed(self, key: LinkKey, why: str) -> None:
+        """A frame from the router did not open on the channel (forged, modified, replayed,
+        reordered, or one was dropped on the way): end the channel, drop what came on it
+        (the router resumes those requests elsewhere once we authenticate again) and open a
+        new handshake at once."""
+        link = self.links[key]
+        log.error(
+            "worker %d: a frame from %s failed to open (%s): tampering on the network path? "
+            "Ending the channel and authenticating again",
+            key[1],
+            link.router_addr,
+            why,
+        )
+        link.end_channel()
+        self._drop_link_requests(key)
+        link.registered = False
+        link.next_register = time.monotonic()
+
+    def _drop_link_requests(self, key: LinkKey) -> None:
+        for rid, (arrived_on, _) in list(self.live.items()):
+            if arrived_on == key:
+                self.backend.abort(rid)
+                del self.live[rid]
 
     # -- device loss ------------------------------------------------------------------------------
     def watch_devices(self) -> None:

@@ -32,6 +32,7 @@ from nitsum.worker import protocol as proto
 from nitsum.worker.active_plan import ActivePlan
 from nitsum.worker.assignment import Assignment
 from nitsum.worker.backend import Backend
+from nitsum.worker.channel import ChannelError
 from nitsum.worker.heartbeat import StepHeartbeats
 from nitsum.worker.link import LinkKey, RouterLink
 from nitsum.worker.outputs import TokenStreams
@@ -189,11 +190,14 @@ class WorkerServer:
 
     def _handle(self, key: LinkKey, frame: bytes) -> None:
         try:
-            msg = proto.decode(frame)
-            link = self.links[key]
-            if not link.proven and msg["type"] not in ("challenge", "refused"):
-                link.hold(frame)  # handled once the router proves the secret, else dropped
+            try:
+                plain = self.links[key].receive(frame)
+            except ChannelError as e:
+                self.registration.on_channel_failed(key, str(e))
                 return
+            if plain is None:
+                return
+            msg = proto.decode(plain)
             if msg["type"] == "generate":
                 self._on_generate(key, msg)
                 return
@@ -213,8 +217,7 @@ class WorkerServer:
     def _dispatch(self, key: LinkKey, msg: Message) -> None:
         match msg:
             case proto.Challenge():
-                for frame in self.registration.on_challenge(key, msg):
-                    self._handle(key, frame)
+                self.registration.on_challenge(key, msg)
             case proto.Refused():
                 log.error(
                     "router %s refused worker %d: %s",

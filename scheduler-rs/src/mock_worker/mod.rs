@@ -7,6 +7,7 @@
 //! One mock worker's connection is `session.rs`; what it streams `output.rs`.
 
 mod output;
+mod sealed;
 mod session;
 
 use std::sync::atomic::AtomicU64;

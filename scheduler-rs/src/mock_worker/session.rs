@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use tokio::sync::mpsc;
-use zeromq::{DealerSocket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{DealerSocket, SocketRecv, ZmqMessage};
 
 use super::output::{chunks, encode, plan_output, Tokens};
+use super::sealed::MockLink;
 use super::{MockOptions, MockStats};
 use crate::ids::WorkerId;
 use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
@@ -44,7 +45,7 @@ struct MockGroup {
     max_batch: Option<u32>,
 }
 pub(super) async fn run(
-    mut sock: DealerSocket,
+    sock: DealerSocket,
     id: WorkerId,
     opts: MockOptions,
     stats: Arc<MockStats>,
@@ -56,13 +57,16 @@ pub(super) async fn run(
         register["domain"] = domain.into();
     }
     // With a secret, `hello` (a fresh nonce each time) opens the handshake; else `register`.
+    let mut link = MockLink::new(sock);
     let mut our_nonce = Nonce::random();
     let opening = |nonce: &Nonce| match &opts.secret {
-        Some(_) => encode(&serde_json::json!({"v": PROTOCOL_VERSION, "type": "hello",
-            "worker_id": id, "handshake": HANDSHAKE_VERSION, "nonce": nonce.to_hex()})),
-        None => encode(&register),
+        Some(_) => rmp_serde::to_vec_named(&serde_json::json!({"v": PROTOCOL_VERSION,
+            "type": "hello", "worker_id": id, "handshake": HANDSHAKE_VERSION,
+            "nonce": nonce.to_hex()}))
+        .expect("msgpack"),
+        None => rmp_serde::to_vec_named(&register).expect("msgpack"),
     };
-    let _ = sock.send(opening(&our_nonce)).await;
+    link.hello(opening(&our_nonce)).await;
     let mut beat = tokio::time::interval(opts.heartbeat);
     let mut registered = false;
     let mut ticks = 0u64;
@@ -70,9 +74,10 @@ pub(super) async fn run(
     let (paced_tx, mut paced_rx) = mpsc::unbounded_channel::<ZmqMessage>();
     loop {
         tokio::select! {
-            msg = sock.recv() => {
+            msg = link.sock.recv() => {
                 let Ok(msg) = msg else { continue };
-                let Some(body) = msg.into_vec().pop() else { continue };
+                let Some(frame) = msg.into_vec().pop() else { continue };
+                let Some(body) = link.open(&frame) else { continue };
                 let Ok(mut m) = rmp_serde::from_slice::<RouterMsg>(&body) else { continue };
                 match m.ty.as_str() {
                     "challenge" => {
@@ -82,7 +87,8 @@ pub(super) async fn run(
                         if !secret.verify_router_proof(&nonces, id, &m.proof) { continue }
                         let mut proven = register.clone();
                         proven["auth"] = secret.worker_proof(&nonces, id, &opts.model).into();
-                        let _ = sock.send(encode(&proven)).await;
+                        let proven = rmp_serde::to_vec_named(&proven).expect("msgpack");
+                        link.register(secret, &nonces, &body, proven).await;
                     }
                     "registered" => {
                         registered = true;
@@ -101,7 +107,7 @@ pub(super) async fn run(
                         let (out, finish) = plan_output(&m.input_ids, &sampling);
                         if opts.step_delay.is_zero() {
                             for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), &opts) {
-                                let _ = sock.send(msg).await;
+                                link.send(msg).await;
                             }
                         } else {
                             tokio::spawn(paced(id, m, out, finish, opts.clone(), aborted.clone(), paced_tx.clone()));
@@ -128,18 +134,20 @@ pub(super) async fn run(
                         let ack = serde_json::json!({"v": PROTOCOL_VERSION, "type": "reconfigured",
                             "worker_id": id, "epoch": m.epoch, "ok": !refuse, "error": error,
                             "timings_ms": {"total": 0.0}});
-                        let _ = sock.send(encode(&ack)).await;
+                        link.send(encode(&ack)).await;
                     }
+                    // The router lost our channel (or restarted): authenticate again.
+                    "reregister" => registered = false,
                     "shutdown" => return,
                     _ => {}
                 }
             }
-            Some(msg) = paced_rx.recv() => { let _ = sock.send(msg).await; }
+            Some(msg) = paced_rx.recv() => { link.send(msg).await; }
             _ = beat.tick() => {
                 ticks += 1;
                 let hb = serde_json::json!({"v": PROTOCOL_VERSION, "type": "heartbeat", "worker_id": id,
                     "running": 0, "waiting": 0, "free_pages": 1000, "epoch": 0});
-                let _ = sock.send(encode(&hb)).await;
+                link.send(encode(&hb)).await;
                 if opts.report_stats && registered {
                     let mut s = serde_json::json!({"v": PROTOCOL_VERSION, "type": "stats", "worker_id": id,
                         "prefix_cache_queries": stats.prompt_tokens.load(Ordering::Relaxed),
@@ -149,12 +157,12 @@ pub(super) async fn run(
                     if let Some(map) = s.as_object_mut() {
                         map.extend(opts.stats_extra.clone());
                     }
-                    let _ = sock.send(encode(&s)).await;
+                    link.send(encode(&s)).await;
                 }
                 // Re-register until acknowledged (the router may have started after us).
                 if !registered && ticks.is_multiple_of(4) {
                     our_nonce = Nonce::random();
-                    let _ = sock.send(opening(&our_nonce)).await;
+                    link.hello(opening(&our_nonce)).await;
                 }
             }
         }

@@ -6,21 +6,24 @@
 //! an accepted `register` (when the router has a secret: a valid proof over both nonces of the
 //! challenge issued to that connection, for the worker id its `hello` named; the served model;
 //! an id no other live connection holds), and from then on its messages act for that worker
-//! id only.
+//! id only. With a secret, a bound connection's messages are read only from its sealed channel
+//! (keys from this handshake, worker_auth/channel.rs; state/sealed.rs).
 
 use std::time::Instant;
 
 use bytes::Bytes;
+use sha2::Digest;
 
 use super::RouterState;
 use crate::ids::WorkerId;
 use crate::protocols::worker::{self as wire, Body, Hello, Incoming, Register, PROTOCOL_VERSION};
 use crate::registry::WorkerInfo;
-use crate::worker_auth::{Nonce, Rejection, HANDSHAKE_VERSION};
+use crate::worker_auth::{ChannelKeys, Nonce, Rejection, HANDSHAKE_VERSION};
 
 impl RouterState {
-    /// Handle one decoded message from connection `identity`.
-    pub fn on_message(&self, identity: Bytes, m: Incoming) {
+    /// Handle one decoded message from connection `identity`: `raw` is its exact frame (the
+    /// handshake's transcript), `sealed` whether it came out of the connection's channel.
+    pub(super) fn on_message(&self, identity: Bytes, m: Incoming, raw: &[u8], sealed: bool) {
         if m.v != PROTOCOL_VERSION {
             self.metrics.plane.count(Rejection::Version);
             tracing::error!(
@@ -33,12 +36,22 @@ impl RouterState {
             worker_id, body, ..
         } = m;
         let body = match body {
-            Body::Hello(h) => return self.on_hello(identity, worker_id, h),
-            Body::Register(r) => return self.on_register(identity, worker_id, r),
+            // NOTE: the handshake is clear by design (its frames are the keys' transcript).
+            Body::Hello(_) | Body::Register(_) if sealed => {
+                self.metrics.plane.count(Rejection::Handshake);
+                tracing::debug!("dropped a handshake message inside a sealed frame");
+                return;
+            }
+            Body::Hello(h) => return self.on_hello(identity, worker_id, h, raw),
+            Body::Register(r) => return self.on_register(identity, worker_id, r, raw),
             other => other,
         };
+        let secure = self.cfg.worker_secret.is_some();
+        if secure && !sealed && self.channels.has(&identity) {
+            return self.close_channel(identity, "a clear message where a sealed one was due");
+        }
         let bound = self.lock().sessions.worker_of(&identity);
-        let Some(worker) = bound else {
+        let Some(worker) = bound.filter(|_| sealed || !secure) else {
             self.metrics.plane.count(Rejection::Unauthenticated);
             tracing::debug!(
                 ty = body.kind(),
@@ -47,7 +60,7 @@ impl RouterState {
             if matches!(body, Body::Heartbeat(_)) {
                 // NOTE: how a worker learns that a restarted router does not know it; it
                 // answers with the handshake. Nothing else is revealed.
-                self.send(identity, wire::encode_reregister());
+                self.send_clear(identity, wire::encode_reregister());
             }
             return;
         };
@@ -65,7 +78,7 @@ impl RouterState {
     }
 
     /// `hello`: answer with a challenge (a fresh nonce and the router's proof of the secret).
-    fn on_hello(&self, identity: Bytes, worker_id: Option<WorkerId>, h: Hello) {
+    fn on_hello(&self, identity: Bytes, worker_id: Option<WorkerId>, h: Hello, raw: &[u8]) {
         let Some(worker) = worker_id else {
             self.metrics.plane.count(Rejection::Malformed);
             tracing::warn!("dropped a hello without worker_id");
@@ -78,7 +91,8 @@ impl RouterState {
         };
         if h.handshake != Some(HANDSHAKE_VERSION) {
             let why = format!(
-                "handshake version {:?} is not supported; this router speaks {HANDSHAKE_VERSION}",
+                "handshake version {:?} is not supported; this router speaks {HANDSHAKE_VERSION} \
+                 (every frame after it sealed): upgrade the worker",
                 h.handshake
             );
             return self.refuse(identity, worker, Rejection::Handshake, &why);
@@ -87,18 +101,21 @@ impl RouterState {
             let why = "hello needs `nonce`: 64 hex characters";
             return self.refuse(identity, worker, Rejection::Handshake, why);
         };
+        // NOTE: a new handshake ends the connection's channel: nothing more is sealed with
+        // keys the worker has dropped (its requests resume when it registers again).
+        self.channels.close(&identity);
         let now = Instant::now();
-        let nonces = self
-            .lock()
-            .sessions
-            .challenge(&identity, worker, worker_nonce, now);
+        let mut st = self.lock();
+        let nonces = st.sessions.challenge(&identity, worker, worker_nonce, now);
         let proof = secret.router_proof(&nonces, worker);
         let challenge = wire::encode_challenge(worker, &nonces.router.to_hex(), &proof);
-        self.send(identity, challenge);
+        st.sessions.record(&identity, raw, &challenge);
+        drop(st);
+        self.send_clear(identity, challenge);
     }
 
     /// `register`: check its proof (with a secret), model and id, then admit the worker.
-    fn on_register(&self, identity: Bytes, worker_id: Option<WorkerId>, m: Register) {
+    fn on_register(&self, identity: Bytes, worker_id: Option<WorkerId>, m: Register, raw: &[u8]) {
         let Some(worker) = worker_id else {
             self.metrics.plane.count(Rejection::Malformed);
             tracing::warn!("dropped a register without worker_id");
@@ -106,23 +123,27 @@ impl RouterState {
         };
         let model = m.model.as_deref().unwrap_or("");
         let mut st = self.lock();
+        let mut keys = None;
         if let Some(secret) = &self.cfg.worker_secret {
             let Some(proof) = m.auth.as_deref() else {
                 drop(st);
                 let why = "this router requires worker authentication: open with `hello` \
-                           (handshake 2, docs/protocol.md) and set the worker secret";
+                           (handshake 3, docs/protocol.md) and set the worker secret";
                 return self.refuse(identity, worker, Rejection::BadProof, why);
             };
             // NOTE: the challenge is consumed whatever the outcome: one try per `hello`.
             let challenge = st.sessions.take_challenge(&identity, Instant::now());
-            let valid = challenge.is_some_and(|(nonces, hello_worker)| {
-                hello_worker == worker && secret.verify_worker_proof(&nonces, worker, model, proof)
+            let valid = challenge.filter(|c| {
+                c.worker == worker && secret.verify_worker_proof(&c.nonces, worker, model, proof)
             });
-            if !valid {
+            let Some(mut c) = valid else {
                 drop(st);
                 let why = "authentication failed (wrong worker secret, or no live challenge)";
                 return self.refuse(identity, worker, Rejection::BadProof, why);
-            }
+            };
+            c.transcript.update(raw);
+            let transcript: [u8; 32] = c.transcript.finalize().into();
+            keys = Some(ChannelKeys::derive(secret, &c.nonces, &transcript));
         }
         let served = &self.cfg.served_model_name;
         if model != served {
@@ -141,7 +162,19 @@ impl RouterState {
             let why = format!("worker id {worker} is served by another live connection");
             return self.refuse(identity, worker, Rejection::IdTaken, &why);
         }
+        let displaced = st
+            .sessions
+            .conn_of(worker)
+            .filter(|c| **c != identity)
+            .cloned();
         st.sessions.bind(&identity, worker);
+        if let Some(old) = displaced {
+            self.channels.close(&old); // NOTE: an unbound connection keeps no keys
+        }
+        if let Some(keys) = keys {
+            // NOTE: before `admit` sends `registered`: from here on both ways are sealed.
+            self.channels.install(&identity, &keys);
+        }
         self.admit(st, worker, identity, WorkerInfo::from_register(&m));
     }
 
@@ -161,7 +194,7 @@ impl RouterState {
                 "refused a worker register: {error}"
             );
         }
-        self.send(identity, wire::encode_refused(worker, error));
+        self.send_clear(identity, wire::encode_refused(worker, error));
     }
 
     /// Write the summary of refused registers not logged one by one, once their window is over

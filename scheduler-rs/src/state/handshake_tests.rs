@@ -4,18 +4,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
+use serde_json::json;
 
-use super::tests::{drain_raw, submit};
-use super::{Event, Outbound, RouterState};
+use super::plane_peer::{self, drain_raw, hello_msg, register_msg, send, Rx};
+use super::tests::submit;
+use super::{Event, RouterState};
 use crate::config::RouterConfig;
 use crate::ids::WorkerId;
-use crate::protocols::worker::decode_incoming;
 use crate::worker_auth::{HandshakeNonces, Nonce, Rejection, WorkerSecret};
-
-type Rx = UnboundedReceiver<Outbound>;
 
 fn secret() -> WorkerSecret {
     WorkerSecret::new("handshake-tests-secret-0123").unwrap()
@@ -30,42 +26,10 @@ fn engine() -> (Arc<RouterState>, Rx) {
     }))
 }
 
-fn send(engine: &RouterState, conn: &str, v: Value) {
-    let bytes = rmp_serde::to_vec_named(&v).unwrap();
-    let m = decode_incoming(&bytes).unwrap();
-    engine.on_message(Bytes::copy_from_slice(conn.as_bytes()), m);
-}
-
-fn register_msg(worker: u32, model: &str, auth: Option<String>) -> Value {
-    json!({"v": 1, "type": "register", "worker_id": worker, "model": model, "auth": auth})
-}
-
-fn hello_msg(worker: u32, nonce: &Nonce) -> Value {
-    json!({"v": 1, "type": "hello", "worker_id": worker, "handshake": 2, "nonce": nonce.to_hex()})
-}
-
-/// Send `hello` for `worker` on `conn`; the nonces of the challenge that answers it, after
-/// checking the router's proof in it.
 fn hello(engine: &RouterState, rx: &mut Rx, conn: &str, worker: u32) -> HandshakeNonces {
-    let ours = Nonce::random();
-    send(engine, conn, hello_msg(worker, &ours));
-    let sent = drain_raw(rx);
-    let (_, challenge) = sent
-        .iter()
-        .find(|(to, m)| to == conn && m["type"] == "challenge")
-        .expect("a challenge");
-    assert_eq!(challenge["handshake"], 2);
-    assert_eq!(challenge["worker_id"], worker);
-    let nonces = HandshakeNonces {
-        worker: ours,
-        router: Nonce::from_hex(challenge["nonce"].as_str().unwrap()).unwrap(),
-    };
-    let proof = challenge["proof"].as_str().unwrap();
-    assert!(secret().verify_router_proof(&nonces, WorkerId(worker), proof));
-    nonces
+    plane_peer::hello(engine, rx, conn, worker, &secret()).nonces
 }
 
-/// Register `worker` on `conn`, proving `key`; the type of the router's last answer to `conn`.
 fn handshake(
     engine: &RouterState,
     rx: &mut Rx,
@@ -74,16 +38,7 @@ fn handshake(
     model: &str,
     key: &WorkerSecret,
 ) -> String {
-    let nonces = hello(engine, rx, conn, worker);
-    let auth = key.worker_proof(&nonces, WorkerId(worker), model);
-    send(engine, conn, register_msg(worker, model, Some(auth)));
-    let sent = drain_raw(rx);
-    let last = sent
-        .iter()
-        // NOTE: a held request may resume on the new connection (`generate`): not an answer.
-        .rfind(|(to, m)| to == conn && m["type"] != "reconfigure" && m["type"] != "generate");
-    last.map(|(_, m)| m["type"].as_str().unwrap().to_string())
-        .unwrap_or_default()
+    plane_peer::handshake(engine, rx, conn, worker, model, key)
 }
 
 fn rejected(engine: &RouterState, why: Rejection) -> u64 {
@@ -216,19 +171,26 @@ fn a_hello_the_router_cannot_answer_is_refused() {
     for bad in [
         json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 1, "nonce": nonce}),
         json!({"v": 1, "type": "hello", "worker_id": 0, "nonce": nonce}),
-        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 2}),
-        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 2, "nonce": "abcd"}),
+        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 3}),
+        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 3, "nonce": "abcd"}),
+        // A worker of handshake 2 (no sealed frames) is refused by name.
+        json!({"v": 1, "type": "hello", "worker_id": 0, "handshake": 2, "nonce": nonce}),
     ] {
         send(&engine, "a", bad);
     }
     let sent = drain_raw(&mut rx);
     let types: Vec<_> = sent.iter().map(|(_, m)| m["type"].clone()).collect();
-    assert_eq!(types, vec!["refused"; 4]);
+    assert_eq!(types, vec!["refused"; 5]);
     assert!(sent[0].1["error"]
         .as_str()
         .unwrap()
         .contains("handshake version Some(1)"));
-    assert_eq!(rejected(&engine, Rejection::Handshake), 4);
+    let old = sent[4].1["error"].as_str().unwrap();
+    assert!(
+        old.contains("handshake version Some(2) is not supported; this router speaks 3"),
+        "{old}"
+    );
+    assert_eq!(rejected(&engine, Rejection::Handshake), 5);
     // A router without a secret cannot prove one: it refuses `hello` too.
     let (open, mut rx) = RouterState::new(Arc::new(RouterConfig::default()));
     send(&open, "a", hello_msg(0, &Nonce::random()));
@@ -256,6 +218,12 @@ fn a_live_id_stays_with_its_connection() {
         "refused"
     );
     assert_eq!(rejected(&engine, Rejection::ConnectionBound), 1);
+    // NOTE: that `hello` ended a's channel (a worker says `hello` only once it dropped its
+    // own): worker 0 authenticates on it again.
+    assert_eq!(
+        handshake(&engine, &mut rx, "a", 0, "nitsum", &secret()),
+        "registered"
+    );
     let _h = engine.submit(submit()).unwrap();
     let sent = drain_raw(&mut rx);
     assert!(sent

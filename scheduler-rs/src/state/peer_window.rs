@@ -162,7 +162,7 @@ impl RouterState {
             let msg = PeerMessage::Plan(plan);
             let payload =
                 peer::encode_peer(&msg, self.cfg.router_index, self.cfg.worker_secret.as_ref());
-            self.send(identity, payload);
+            self.send_clear(identity, payload);
         }
     }
 

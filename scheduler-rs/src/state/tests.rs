@@ -10,15 +10,14 @@ use serde_json::json;
 use super::{Event, FinishReason, Outbound, RouterState, Submit};
 use crate::config::RouterConfig;
 use crate::ids::{TierId, WorkerId};
-use crate::protocols::worker::{decode_incoming, Sampling};
+use crate::protocols::worker::Sampling;
 
 /// Deliver `v` from worker `worker`'s connection (named by the id).
 /// NOTE: these helpers play the remote worker, so `worker` is the bare number it writes on the
 /// wire (as the Python worker does); router-side values are compared as `WorkerId`s.
 pub(super) fn msg(engine: &RouterState, worker: u32, v: serde_json::Value) {
     let bytes = rmp_serde::to_vec_named(&v).unwrap();
-    let m = decode_incoming(&bytes).unwrap();
-    engine.on_message(Bytes::from(worker.to_string()), m);
+    engine.on_frame(Bytes::from(worker.to_string()), &bytes);
 }
 
 pub(super) fn register(engine: &RouterState, worker: u32) {

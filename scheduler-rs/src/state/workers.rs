@@ -144,7 +144,7 @@ impl RouterState {
 
     /// Workers already out of the registry: rebuild the plan without them, then retry,
     /// resume or fail their requests.
-    fn bury(&self, st: MutexGuard<'_, State>, dead: &[WorkerId]) {
+    pub(super) fn bury(&self, st: MutexGuard<'_, State>, dead: &[WorkerId]) {
         let mut st = st;
         // Rebuild first so retries cannot land on a dead worker.
         let plan = self.rebuild_plan(&mut st);

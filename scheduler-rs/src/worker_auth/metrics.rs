@@ -35,10 +35,13 @@ pub enum Rejection {
     ForeignRequest,
     /// A router ↔ router message with a wrong or missing MAC, or that does not decode.
     BadPeer,
+    /// A sealed frame that does not open (forged, modified, replayed, reordered, after a
+    /// dropped one), or a clear frame where a sealed one was due: the channel is closed.
+    BadFrame,
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 13] = [
+    pub const ALL: [Rejection; 14] = [
         Rejection::Undecodable,
         Rejection::Version,
         Rejection::Unauthenticated,
@@ -52,6 +55,7 @@ impl Rejection {
         Rejection::UnknownRequest,
         Rejection::ForeignRequest,
         Rejection::BadPeer,
+        Rejection::BadFrame,
     ];
 
     /// The `reason` label.
@@ -70,6 +74,7 @@ impl Rejection {
             Rejection::UnknownRequest => "unknown_request",
             Rejection::ForeignRequest => "foreign_request",
             Rejection::BadPeer => "bad_peer",
+            Rejection::BadFrame => "bad_frame",
         }
     }
 }

@@ -10,6 +10,9 @@
 //! nonces are in both, so a proof made for one handshake passes in no other.
 //! A router nonce is bound to the connection it was issued to and used at most once.
 //!
+//! The handshake ends in a sealed channel ([`channel`]): keys per direction derived from the
+//! secret, both nonces and the exact handshake frames; every later frame is AES-256-GCM.
+//!
 //! This module holds the secret, the MACs and the startup policy; [`sessions`] tracks which
 //! connection is bound to which worker id, [`request_ids`] makes the request ids sent to
 //! workers unguessable, [`refusal_log`] keeps refused registers from flooding the log.
@@ -20,19 +23,22 @@ use sha2::Sha256;
 
 use crate::ids::WorkerId;
 
+pub mod channel;
 pub mod metrics;
 pub mod refusal_log;
 pub mod request_ids;
 pub mod sessions;
 
+pub use channel::{ChannelKeys, Channels, Opened};
 pub use metrics::{PlaneMetrics, Rejection};
 pub use request_ids::RequestIds;
 pub use sessions::{HandshakeNonces, Nonce, Sessions};
 
 /// The handshake version `hello` and `challenge` carry (docs/protocol.md "Handshake").
-pub const HANDSHAKE_VERSION: u32 = 2;
+pub const HANDSHAKE_VERSION: u32 = 3;
 /// What the router's proof starts with. NOTE: both labels have the same length and differ,
-/// so a proof made by one side never verifies as the other's.
+/// so a proof made by one side never verifies as the other's. (Version 3 kept version 2's
+/// proofs; it added the sealed channel, [`channel`].)
 const ROUTER_LABEL: &[u8] = b"nitsum-handshake-v2 router";
 /// What the worker's proof starts with.
 const WORKER_LABEL: &[u8] = b"nitsum-handshake-v2 worker";
@@ -71,6 +77,11 @@ impl WorkerSecret {
     pub fn generate() -> Self {
         let bytes = random_bytes::<32>();
         WorkerSecret(hex(&bytes).into_bytes())
+    }
+
+    /// The secret's bytes (the HKDF input keying material of [`channel::ChannelKeys`]).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
     }
 
     fn mac(&self, label: &[u8], n: &HandshakeNonces, worker: WorkerId, model: &str) -> HmacSha256 {

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use sha2::{Digest, Sha256};
 
 use super::{hex, random_bytes, unhex};
 use crate::ids::WorkerId;
@@ -58,6 +59,18 @@ struct Pending {
     nonces: HandshakeNonces,
     worker: WorkerId,
     at: Instant,
+    /// SHA-256 over the exact `hello` and `challenge` frames so far (`register` follows).
+    transcript: Sha256,
+}
+
+/// A live challenge, taken by the `register` that answers it.
+#[derive(Debug)]
+pub struct Challenge {
+    pub nonces: HandshakeNonces,
+    /// The worker id its `hello` named.
+    pub worker: WorkerId,
+    /// SHA-256 state over `hello` ‖ `challenge` (channel.rs).
+    pub transcript: Sha256,
 }
 
 /// A connection's routing identity.
@@ -94,21 +107,38 @@ impl Sessions {
             worker: worker_nonce,
             router: Nonce::random(),
         };
-        let at = now;
-        self.pending
-            .insert(conn.clone(), Pending { nonces, worker, at });
+        let (at, transcript) = (now, Sha256::new());
+        let pending = Pending {
+            nonces,
+            worker,
+            at,
+            transcript,
+        };
+        self.pending.insert(conn.clone(), pending);
         nonces
     }
 
-    /// The live challenge issued to `conn` (its nonces and the worker id its `hello` named),
-    /// consumed: a second call returns `None`.
-    pub fn take_challenge(
-        &mut self,
-        conn: &ConnId,
-        now: Instant,
-    ) -> Option<(HandshakeNonces, WorkerId)> {
+    /// Record the exact `hello` and `challenge` frames of `conn`'s pending challenge.
+    pub fn record(&mut self, conn: &ConnId, hello: &[u8], challenge: &[u8]) {
+        if let Some(p) = self.pending.get_mut(conn) {
+            p.transcript.update(hello);
+            p.transcript.update(challenge);
+        }
+    }
+
+    /// Whether `conn` has a challenge pending.
+    pub fn is_pending(&self, conn: &ConnId) -> bool {
+        self.pending.contains_key(conn)
+    }
+
+    /// The live challenge issued to `conn`, consumed: a second call returns `None`.
+    pub fn take_challenge(&mut self, conn: &ConnId, now: Instant) -> Option<Challenge> {
         let p = self.pending.remove(conn)?;
-        (now.saturating_duration_since(p.at) < NONCE_TTL).then_some((p.nonces, p.worker))
+        (now.saturating_duration_since(p.at) < NONCE_TTL).then_some(Challenge {
+            nonces: p.nonces,
+            worker: p.worker,
+            transcript: p.transcript,
+        })
     }
 
     /// Pending challenges (for tests and metrics).
@@ -124,6 +154,13 @@ impl Sessions {
     /// The connection bound to `worker`.
     pub fn conn_of(&self, worker: WorkerId) -> Option<&ConnId> {
         self.by_worker.get(&worker)
+    }
+
+    /// Unbind `conn` (its channel was closed); returns the worker id it served.
+    pub fn unbind(&mut self, conn: &ConnId) -> Option<WorkerId> {
+        let worker = self.bound.remove(conn)?;
+        self.by_worker.remove(&worker);
+        Some(worker)
     }
 
     /// Bind `conn` to `worker`, dropping both sides' previous bindings.
@@ -155,17 +192,16 @@ mod tests {
         let n = s.challenge(&conn("a"), w1, theirs, t0);
         assert_eq!(n.worker, theirs);
         assert_ne!(n.router, theirs);
-        assert_eq!(
-            s.take_challenge(&conn("b"), t0),
-            None,
+        assert!(
+            s.take_challenge(&conn("b"), t0).is_none(),
             "issued to another connection"
         );
-        assert_eq!(s.take_challenge(&conn("a"), t0), Some((n, w1)));
-        assert_eq!(s.take_challenge(&conn("a"), t0), None, "used once");
+        let taken = s.take_challenge(&conn("a"), t0).unwrap();
+        assert_eq!((taken.nonces, taken.worker), (n, w1));
+        assert!(s.take_challenge(&conn("a"), t0).is_none(), "used once");
         s.challenge(&conn("a"), w1, theirs, t0);
-        assert_eq!(
-            s.take_challenge(&conn("a"), t0 + NONCE_TTL),
-            None,
+        assert!(
+            s.take_challenge(&conn("a"), t0 + NONCE_TTL).is_none(),
             "expired"
         );
         let again = s.challenge(&conn("a"), w1, theirs, t0);
@@ -185,7 +221,7 @@ mod tests {
         assert_eq!(s.pending(), MAX_PENDING);
         // The oldest went first; the newest is still answerable.
         let now = t0 + Duration::from_secs(1);
-        assert_eq!(s.take_challenge(&conn("0"), now), None);
+        assert!(s.take_challenge(&conn("0"), now).is_none());
         assert!(s
             .take_challenge(&conn(&(MAX_PENDING + 49).to_string()), now)
             .is_some());
@@ -209,5 +245,7 @@ mod tests {
         s.bind(&conn("c"), w2);
         assert_eq!(s.conn_of(w0), None);
         assert_eq!(s.worker_of(&conn("c")), Some(w2));
+        assert_eq!(s.unbind(&conn("c")), Some(w2));
+        assert_eq!((s.worker_of(&conn("c")), s.conn_of(w2)), (None, None));
     }
 }
