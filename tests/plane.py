@@ -6,12 +6,14 @@ Every wait here is bounded, so a regression fails in seconds instead of hanging.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,14 @@ from test_router_protocol import BIN, EOS, free_port, write_tiny_model
 
 SECRET = "attack-suite-secret-0123456789abcdef"
 MODEL = "tiny"
+
+
+@contextmanager
+def bounded_run(seconds: float) -> Iterator[None]:
+    """NOTE: bounds a test: a hang dumps every thread's stack and ends the run after `seconds`."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 def wait(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:

@@ -11,7 +11,6 @@ leader's plan.
 
 from __future__ import annotations
 
-import faulthandler
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from plane import wait
+from plane import bounded_run, wait
 from several_routers import Deployment, Etcd, FakeLeader, Stream, echo, plan_of
 
 pytestmark = pytest.mark.e2e
@@ -31,10 +30,9 @@ PROMPTS = [[65 + (i + k) % 7 for k in range(5)] for i in range(8)]
 
 @pytest.fixture(autouse=True)
 def bounded() -> Iterator[None]:
-    """NOTE: every test is bounded: a hang dumps the stacks and ends the run after 90 s."""
-    faulthandler.dump_traceback_later(90, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+    """Every test is bounded (plane.bounded_run)."""
+    with bounded_run(90):
+        yield
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ test_router_protocol.py) and the real `WorkerServer` over an echo backend, on lo
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import socket
 import struct
@@ -20,7 +19,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from plane import SECRET, Peer, RealWorker, Router, wait
+from plane import SECRET, Peer, RealWorker, Router, bounded_run, wait
 from test_router_protocol import BIN
 
 # Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
@@ -32,10 +31,9 @@ ECHO = [104, 105, 106, 104, 105, 106]
 
 @pytest.fixture(autouse=True)
 def bounded() -> Iterator[None]:
-    """NOTE: every test is bounded: a hang dumps the stacks and ends the run after 60 s."""
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+    """Every test is bounded (plane.bounded_run)."""
+    with bounded_run(60):
+        yield
 
 
 @pytest.fixture()

@@ -9,7 +9,6 @@ binary for the relay case (skipped when it is not built), and attacker sockets, 
 
 from __future__ import annotations
 
-import faulthandler
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import zmq
 
 from nitsum.worker.handshake import new_nonce, router_proof
 from nitsum.worker.server import WorkerServer
-from plane import SECRET, EchoBackend, FakeRouter, RealWorker, Router, wait
+from plane import SECRET, EchoBackend, FakeRouter, RealWorker, Router, bounded_run, wait
 from test_router_protocol import BIN
 
 pytestmark = pytest.mark.e2e
@@ -31,10 +30,9 @@ PROMPT = [104, 105, 106]
 
 @pytest.fixture(autouse=True)
 def bounded() -> Iterator[None]:
-    """NOTE: every test is bounded: a hang dumps the stacks and ends the run after 60 s."""
-    faulthandler.dump_traceback_later(60, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+    """Every test is bounded (plane.bounded_run)."""
+    with bounded_run(60):
+        yield
 
 
 def start_worker(addr: str) -> tuple[WorkerServer, EchoBackend, threading.Thread]:

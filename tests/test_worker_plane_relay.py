@@ -8,7 +8,6 @@ On a worker plane without sealing the relay reads the prompt (the first assertio
 
 from __future__ import annotations
 
-import faulthandler
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from plane import RealWorker, Router, wait
+from plane import RealWorker, Router, bounded_run, wait
 from test_router_protocol import BIN
 from zmtp_relay import Attack, Relay
 
@@ -36,10 +35,9 @@ SECRETS = [msgpack.packb(PROMPT)] + [
 
 @pytest.fixture(autouse=True)
 def bounded() -> Iterator[None]:
-    """NOTE: every test is bounded: a hang dumps the stacks and ends the run after 90 s."""
-    faulthandler.dump_traceback_later(90, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
+    """Every test is bounded (plane.bounded_run)."""
+    with bounded_run(90):
+        yield
 
 
 @pytest.fixture
