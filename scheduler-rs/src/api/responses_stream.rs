@@ -61,6 +61,11 @@ impl ResponseEvents {
     fn open_reasoning(&mut self, index: usize) -> Vec<Value> {
         let item = obj::reasoning_item(&self.meta, None, "in_progress");
         let id = self.meta.reasoning_id();
+        self.open_item(index, item, id, obj::reasoning_text(""))
+    }
+
+    /// `output_item.added` for `item`, then `content_part.added` for its empty first `part`.
+    fn open_item(&mut self, index: usize, item: Value, id: String, part: Value) -> Vec<Value> {
         vec![
             self.event(
                 "response.output_item.added",
@@ -68,8 +73,22 @@ impl ResponseEvents {
             ),
             self.event(
                 "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+            ),
+        ]
+    }
+
+    /// `content_part.done` for `item`'s first part, then `output_item.done`.
+    fn close_item(&mut self, index: usize, id: &str, item: &Value) -> [Value; 2] {
+        [
+            self.event(
+                "response.content_part.done",
                 json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": obj::reasoning_text("")}),
+                       "part": item["content"][0]}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
             ),
         ]
     }
@@ -82,22 +101,14 @@ impl ResponseEvents {
         self.reasoning_done = true;
         let item = obj::reasoning_item(&self.meta, Some(&self.reasoning), status);
         let id = self.meta.reasoning_id();
-        vec![
-            self.event(
-                "response.reasoning_text.done",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "text": self.reasoning}),
-            ),
-            self.event(
-                "response.content_part.done",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": item["content"][0]}),
-            ),
-            self.event(
-                "response.output_item.done",
-                json!({"output_index": index, "item": item}),
-            ),
-        ]
+        let done = self.event(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "text": self.reasoning}),
+        );
+        let mut out = vec![done];
+        out.extend(self.close_item(index, &id, &item));
+        out
     }
 
     /// Reasoning decided by a piece: opens the item first, then a delta.
@@ -134,17 +145,7 @@ impl ResponseEvents {
     fn open_message(&mut self, index: usize) -> Vec<Value> {
         let item = obj::message_item(&self.meta, None, "in_progress");
         let id = self.meta.message_id();
-        vec![
-            self.event(
-                "response.output_item.added",
-                json!({"output_index": index, "item": item}),
-            ),
-            self.event(
-                "response.content_part.added",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": obj::output_text("")}),
-            ),
-        ]
+        self.open_item(index, item, id, obj::output_text(""))
     }
 
     fn text_delta(&mut self, index: usize, delta: &str) -> Value {
@@ -160,22 +161,14 @@ impl ResponseEvents {
     fn close_message(&mut self, index: usize, item: &Value) -> Vec<Value> {
         let id = self.meta.message_id();
         let text = item["content"][0]["text"].clone();
-        vec![
-            self.event(
-                "response.output_text.done",
-                json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
-                       "logprobs": []}),
-            ),
-            self.event(
-                "response.content_part.done",
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "part": item["content"][0]}),
-            ),
-            self.event(
-                "response.output_item.done",
-                json!({"output_index": index, "item": item}),
-            ),
-        ]
+        let done = self.event(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
+                   "logprobs": []}),
+        );
+        let mut out = vec![done];
+        out.extend(self.close_item(index, &id, item));
+        out
     }
 
     /// The whole event sequence of a finished `function_call` item.

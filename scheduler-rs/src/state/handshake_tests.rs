@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::plane_peer::{self, drain_raw, hello_msg, register_msg, send, Rx};
+use super::plane_peer::{self, drain_raw, handshake, hello_msg, register_msg, send, Rx};
 use super::tests::submit;
 use super::{Event, RouterState};
 use crate::config::RouterConfig;
@@ -28,17 +28,6 @@ fn engine() -> (Arc<RouterState>, Rx) {
 
 fn hello(engine: &RouterState, rx: &mut Rx, conn: &str, worker: u32) -> HandshakeNonces {
     plane_peer::hello(engine, rx, conn, worker, &secret()).nonces
-}
-
-fn handshake(
-    engine: &RouterState,
-    rx: &mut Rx,
-    conn: &str,
-    worker: u32,
-    model: &str,
-    key: &WorkerSecret,
-) -> String {
-    plane_peer::handshake(engine, rx, conn, worker, model, key)
 }
 
 fn rejected(engine: &RouterState, why: Rejection) -> u64 {
