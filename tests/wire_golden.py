@@ -16,6 +16,7 @@ from typing import Any
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import protocol as proto
 from nitsum.worker.bind_decision import BindDecision, BindOption
+from nitsum.worker.handshake import HANDSHAKE_VERSION
 from nitsum.worker.stats import Stats
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "wire"
@@ -38,7 +39,7 @@ def worker_messages() -> dict[str, proto.Message]:
     """Worker → router, by fixture name."""
     lp = [TokenLogprob(-0.25, ((5, -0.25), (6, -1.5))), TokenLogprob(-3.0)]
     return {
-        "hello": proto.Hello(3, 2, "ef" * 32),
+        "hello": proto.Hello(3, HANDSHAKE_VERSION, "ef" * 32),
         "register": proto.Register(
             3,
             "cuda:1",
@@ -91,7 +92,7 @@ def router_messages() -> dict[str, proto.Message]:
         proto.Group([4], 1, "prefill"),
     ]
     return {
-        "challenge": proto.Challenge(3, 2, "cd" * 32, "12" * 32),
+        "challenge": proto.Challenge(3, HANDSHAKE_VERSION, "cd" * 32, "12" * 32),
         "refused": proto.Refused(3, "model 'other' is not the served model 'tiny'"),
         "registered": proto.Registered(3, epoch=9),
         "reregister": proto.Reregister(),

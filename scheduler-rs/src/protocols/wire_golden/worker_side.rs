@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::{RID, RID2};
 use crate::binding::{BindDecision, BindMode, BindOption};
 use crate::protocols::worker::*;
+use crate::worker_auth::HANDSHAKE_VERSION;
 
 /// What the router reads from each worker → router fixture, built here.
 pub(super) fn worker_messages() -> Vec<(&'static str, Body)> {
@@ -19,7 +20,7 @@ pub(super) fn worker_messages() -> Vec<(&'static str, Body)> {
         (
             "hello",
             Body::Hello(Hello {
-                handshake: Some(2),
+                handshake: Some(HANDSHAKE_VERSION),
                 nonce: Some("ef".repeat(32)),
             }),
         ),
