@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
+from nitsum.engine.validation import validate_request  # noqa: E402
 from nitsum.errors import InvalidRequestError  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
@@ -221,7 +222,9 @@ def longest(pool: DevicePool, cfg, pages: int) -> None:
     n = pe.max_servable_tokens() - 8
     ids = random_prompt(cfg, n, 1)
     try:
-        pe.engines[(0,)].validate(ids, greedy(4))
+        # NOTE: the checks Engine.add_request runs, on one replica, without queueing anything.
+        one = pe.engines[(0,)]
+        validate_request(ids, greedy(4), one.cfg.vocab_size, one.max_context, one.scheduler.pages)
         dp = "accepted"
     except InvalidRequestError:
         dp = "refused"
