@@ -41,12 +41,21 @@ from tiny import random_llama, random_prompt  # noqa: E402
 DECODE_BATCHES = (1, 4, 16, 64, 256)
 PREFILL_TOKENS = (64, 256, 1024, 2048)
 CONTEXT = 256
+WORKLOADS = {"interactive 1x(512+64)": (1, 512, 64), "batch 32x(256+64)": (32, 256, 64)}
+# `--smoke` (tests/test_scripts_smoke.py): every section at sizes that run in seconds.
+SMOKE_SIZES = (
+    (1, 4),
+    (64, 128),
+    {"interactive 1x(32+4)": (1, 32, 4), "batch 4x(32+4)": (4, 32, 4)},
+)
 
 
-def points() -> list[tuple[str, int, list[tuple[int, int]]]]:
+def points(
+    decode: tuple[int, ...] = DECODE_BATCHES, prefill: tuple[int, ...] = PREFILL_TOKENS
+) -> list[tuple[str, int, list[tuple[int, int]]]]:
     """(label, batched tokens, items as (context, q_len)) for every measured iteration."""
-    out = [(f"decode b={b}", b, [(CONTEXT, 1)] * b) for b in DECODE_BATCHES]
-    return out + [(f"prefill n={n}", n, [(n, n)]) for n in PREFILL_TOKENS]
+    out = [(f"decode b={b}", b, [(CONTEXT, 1)] * b) for b in decode]
+    return out + [(f"prefill n={n}", n, [(n, n)]) for n in prefill]
 
 
 def interleaved_ms(
@@ -76,17 +85,23 @@ def interleaved_ms(
     return {name: min(v) for name, v in ms.items()}
 
 
-def calibrate(pe: PoolEngine, group: tuple[int, ...], rounds: int) -> int | None:
+def calibrate(
+    pe: PoolEngine,
+    group: tuple[int, ...],
+    rounds: int,
+    batches: tuple[int, ...] = DECODE_BATCHES,
+    tokens: tuple[int, ...] = PREFILL_TOKENS,
+) -> int | None:
     """The crossover fitted (as `nitsum profile` fits it) to the best of a few interleaved
     rounds of both modes at every point."""
     both = {"tp": False, "sp": True}
     decode = {m: [] for m in both}
     prefill = {m: [] for m in both}
-    for b in DECODE_BATCHES:
+    for b in batches:
         med = interleaved_ms(pe, group, [(CONTEXT, 1)] * b, both, rounds)
         for m in both:
             decode[m].append({"batch": b, "context": CONTEXT, "ms": med[m]})
-    for n in PREFILL_TOKENS:
+    for n in tokens:
         med = interleaved_ms(pe, group, [(n, n)], both, rounds)
         for m in both:
             prefill[m].append({"tokens": n, "ms": med[m]})
@@ -114,9 +129,10 @@ def serve(pe: PoolEngine, cfg, requests: int, prompt: int, output: int) -> dict[
     return {"ttft": ttft, "tpot": tpot, "tok_s": requests * output / max(done.values())}
 
 
-def end_to_end(pe: PoolEngine, cfg, group: tuple[int, ...], rules: dict[str, ShiftRule]) -> None:
+def end_to_end(
+    pe: PoolEngine, cfg, group: tuple[int, ...], rules: dict[str, ShiftRule], workloads: dict
+) -> None:
     """Interactive (one request at a time) and batch (many at once) traffic, per rule."""
-    workloads = {"interactive 1x(512+64)": (1, 512, 64), "batch 32x(256+64)": (32, 256, 64)}
     engines = {name: engine_with(pe, group, rule) for name, rule in rules.items()}
     for label, (n, prompt, output) in workloads.items():
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in rules}
@@ -152,7 +168,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (the tests' smoke run)")
     args = ap.parse_args()
+    decode, prefill, workloads = (
+        SMOKE_SIZES if args.smoke else (DECODE_BATCHES, PREFILL_TOKENS, WORKLOADS)
+    )
     hf, cfg = random_llama(args.hidden, args.layers, args.kv_heads)
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     levels = (1, args.devices)
@@ -161,11 +181,11 @@ def main() -> None:
     group = tuple(range(args.devices))
     with DevicePool(args.devices, source, ecfg, pages, levels=levels) as pool:
         pe = PoolEngine(pool, cfg, ecfg, pages, [group])
-        threshold = calibrate(pe, group, max(3, args.rounds // 3))
+        threshold = calibrate(pe, group, max(3, args.rounds // 3), decode, prefill)
         rule = ShiftRule(threshold=threshold)
         print(f"[shift] {args.devices} devices, crossover: SP above {threshold} batched tokens")
         rows = []
-        for label, tokens, items in points():
+        for label, tokens, items in points(decode, prefill):
             shift_sp = rule.sequence_parallel(len(group), tokens)
             # "again" repeats the shift's mode: the A/A spread is this machine's noise floor.
             modes = {"TP": False, "SP": True, "shift": shift_sp, "again": shift_sp}
@@ -190,7 +210,7 @@ def main() -> None:
             f"largest ({label}): {ms['TP'] / ms['shift']:.2f}x TP (target >= 1.3)"
         )
         rules = {"TP": ShiftRule(None), "SP": ShiftRule(0), "shift": rule}
-        end_to_end(pe, cfg, group, rules)
+        end_to_end(pe, cfg, group, rules, workloads)
         for d in range(args.devices):
             nbytes, shared = pool.call(d, Probe(weight_bytes, ()))
             print(

@@ -16,7 +16,7 @@ Tiers: the paper's method on the CPU profile (see scripts/results.py `derive_tie
 `--tiers` is given. Goodput on both sides = met / (last arrival − first arrival).
 
     /work/main/.venv/bin/python scripts/validate_sim.py --profile PROFILE.json
-    /work/main/.venv/bin/python scripts/validate_sim.py --profile P --duration 4 --smoke
+    .venv/bin/python scripts/validate_sim.py --profile P --duration 4 --max-requests 3 --warmup 0
 """
 
 from __future__ import annotations
