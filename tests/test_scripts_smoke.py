@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,10 +28,11 @@ NUM = r"[\d.]+"  # a number as the scripts print it
 
 @dataclass(frozen=True)
 class Smoke:
-    """A script's smoke run: `args` after the script (`{tmp}` is a fresh directory), and the
-    lines its output (stdout and stderr) must hold: (regex, at least this many lines)."""
+    """A script's smoke run: `args` after the script, split like a shell's, with `{tmp}` (a
+    fresh directory), `{traces}`, `{cpu_profile}` and `{tiers}` filled in; `rows`: the lines
+    its output (stdout and stderr) must hold, as (regex, at least this many lines)."""
 
-    args: tuple[str, ...]
+    args: str
     rows: tuple[tuple[str, int], ...]
     slow: bool = False
     timeout: float = 240.0
@@ -43,292 +45,157 @@ TIERS = (
     '[{"name": "strict", "ttft_ms": 500, "tpot_ms": 50},'
     ' {"name": "relaxed", "ttft_ms": 5000, "tpot_ms": 200}]'
 )
+X = rf"{NUM}x"  # a ratio
 
 SMOKE: dict[str, Smoke] = {
+    # The host side, the client, simulations and the router: seconds each.
     "bench_fake.py": Smoke(
-        (
-            "--ttft",
-            "0.01",
-            "--tpot",
-            "0.001",
-            "--",
-            "--trace",
-            "bursty",
-            "--bursty-duration",
-            "1",
-            "--tiers",
-            "strict:ttft=100,tpot=15",
-            "--out",
-            "{tmp}/r.json",
-        ),
-        (
-            (r"^requests (\d+) ok \1 errors 0 ", 1),
-            (rf"^goodput {NUM} req/s, SLO attainment {NUM}%", 1),
-        ),
+        "--ttft 0.01 --tpot 0.001 -- --trace bursty --bursty-duration 1"
+        " --tiers strict:ttft=100,tpot=15 --out {tmp}/r.json",
+        ((r"^requests (\d+) ok \1 errors 0 ", 1), (rf"^goodput {NUM} req/s, SLO attainment", 1)),
         files=(("r.json", '"strict"'),),
     ),
-    "bench_collectives.py": Smoke(
-        ("--reps", "3"),
-        ((rf"^\[all-reduce, [24] processes\] .*: gloo +{NUM} us, shared +{NUM} us: {NUM}x$", 6),),
-        slow=True,
-    ),
     "bench_host.py": Smoke(
-        ("--steps", "3", "--scenarios", "decode-1", "decode-64"),
+        "--steps 3 --scenarios decode-1 decode-64",
         ((rf"^\[host\] +decode-(1|64): host +{NUM} ms/step, GPU step +{NUM} ms, host/GPU", 2),),
     ),
-    "bench_shift.py": Smoke(
-        ("--smoke", "--hidden", "64", "--layers", "1", "--rounds", "1"),
-        (
-            (rf"^\[shift\] (decode b=|prefill n=).* {NUM}x TP \(A/A noise", 4),
-            (r"^\[shift\] worst point", 1),
-            (rf"^\[e2e\]   shift vs TP: TTFT {NUM}x, TPOT {NUM}x, throughput {NUM}x$", 2),
-            (r"^\[shift\] device [01]: .* TP shards are views of it: True", 2),
-        ),
-        slow=True,
-    ),
-    "bench_pp.py": Smoke(
-        ("--hidden", "64", "--layers", "4", "--requests", "2", "--rounds", "1"),
-        (
-            (r"^\[switch\] .* MiB whose owner changed \(exact\)", 9),
-            (rf"^\[decode\] batch +(1|32): TP4 \(4,1\) +{NUM} ms/token", 2),
-            (rf"^\[switch\] restart of a layout: {NUM} ms; .*: {NUM}x faster", 2),
-        ),
-        slow=True,
-    ),
-    "bench_tp_switch.py": Smoke(
-        ("--gib", "0.005", "--switches", "3"),
-        (
-            (r"^\[switch, no KV\] 3 switches .* created during the switches: 0$", 1),
-            (rf"^\[migration\] +(pipelined|pipelined_socket|per_page): .* = {NUM} GB/s", 3),
-            (r"^\[migration\] direct from .* copied KV bit-exact: True$", 1),
-            (rf"^\[full switch\] TP1x4 -> TP2x2 with 8 running requests: {NUM} ms", 1),
-        ),
-        slow=True,
-        timeout=400,
-    ),
-    "bench_binding.py": Smoke(
-        (
-            "--binds",
-            "3",
-            "--seconds",
-            "1",
-            "--every",
-            "0.5",
-            "--hidden",
-            "64",
-            "--layers",
-            "2",
-            "--dp-batch",
-            "2",
-        ),
-        (
-            (rf"^\[bind\] bind .* p50 {NUM} p99 {NUM} ms; release p50 {NUM}", 1),
-            (
-                r"^\[mixed\] (DP, priority -1|forced binding at TP 2|cost-aware binding) +: \d+ ",
-                5,
-            ),
-            (rf"^\[mixed\] .* vs DP: priority TTFT p50 {NUM}x better", 3),
-            (
-                r"^\[context\] one replica holds \d+ tokens \(\d+-token prompt: refused\); ",
-                1,
-            ),
-        ),
-        slow=True,
-    ),
-    "bench_overlap.py": Smoke(
-        ("--device", "cpu", "--shape", "tiny", "--batches", "1", "--dtype", "float32"),
-        ((rf"^\[decode\] batch +1: step +{NUM} ms synchronous, .*same tokens: True$", 1),),
-        slow=True,
-    ),
     "bench_forward.py": Smoke(
-        (
-            "--device",
-            "cpu",
-            "--shape",
-            "tiny",
-            "--layers",
-            "1",
-            "--batch",
-            "1",
-            "--context",
-            "32",
-            "--chunk",
-            "16",
-            "--repeats",
-            "1",
-        ),
+        "--device cpu --shape tiny --layers 1 --batch 1 --context 32 --chunk 16 --repeats 1",
         ((rf"^  \S.* +{NUM} ms +\({NUM} ms/layer\) +max\|Δlogits\| ", 7),),
         env=(("TRITON_INTERPRET", "1"),),
     ),
-    "bench_gpu.py": Smoke(
-        ("--device", "cpu", "--shape", "tiny", "--points", "1x32", "--dtype", "float32"),
-        (
-            (rf"^\[decode\] batch +1 x +32: +{NUM} tok/s", 1),
-            (r"^\[decode\] recorded steps replayed: ", 1),
-        ),
-        slow=True,
-    ),
     "bench_attention.py": Smoke(
-        (
-            "--device",
-            "cpu",
-            "--contexts",
-            "64",
-            "--batch",
-            "1",
-            "--q-heads",
-            "4",
-            "--kv-heads",
-            "2",
-            "--head-dim",
-            "16",
-            "--dtype",
-            "float32",
-        ),
-        ((rf"^ +64 +\d+ +{NUM} +{NUM} .* {NUM}x ", 1),),
-    ),
-    "gpu_agreement.py": Smoke(
-        ("--device", "cpu"),
-        ((r"^PASS ", 3), (r"^gpu_agreement: (\d+)/\1 cases pass$", 1)),
-        slow=True,
-    ),
-    "gpu_tp.py": Smoke(
-        ("--device", "cpu", "--layers", "1"), ((r"^tp: all tokens agree$", 1),), slow=True
-    ),
-    "bench_kv_transport.py": Smoke(
-        ("--tokens", "64", "--reps", "1", "--tls", "default"),
-        ((r"^handoff of 64 tokens", 1), (rf"^UCX_TLS=default +gloo {NUM} GB/s", 1)),
-        slow=True,
-    ),
-    "bench_long_prompt.py": Smoke(
-        ("--long", "600", "--shorts", "1"),
-        ((rf"^(no TTFT target|TTFT 60 s): short first-token wait mean {NUM} s -> {NUM} s", 2),),
-        slow=True,
-    ),
-    "bench_prefix.py": Smoke(
-        ("--history", "64", "--conversations", "2", "--small-kv-mb", "16", "--host-mb", "32"),
-        ((rf": turn-2 TTFT median {NUM} ms -> {NUM} ms \({NUM}x better\); prompt tokens", 2),),
-        slow=True,
-    ),
-    "bench_preempt.py": Smoke(
-        (
-            "--strict",
-            "3",
-            "--gap",
-            "0.1",
-            "--background",
-            "2",
-            "--bg-prompt",
-            "64",
-            "--bg-tokens",
-            "16",
-            "--batch",
-            "2",
-            "--kv-mb",
-            "16",
-            "--conversations",
-            "2",
-            "--turns",
-            "2",
-        ),
-        (
-            (rf"copy {NUM} MiB to host: memcpy {NUM} GB/s", 1),
-            (rf"^swap vs .*: .* P99 TTFT {NUM}x", 2),
-        ),
-        slow=True,
+        "--device cpu --contexts 64 --batch 1 --dtype float32",
+        ((rf"^ +64 +\d+ +{NUM} +{NUM} .* {X} ", 1),),
     ),
     "calibrate_planner.py": Smoke(
-        (
-            "--trace",
-            str(TRACE),
-            "--tiers",
-            TIERS,
-            "--devices",
-            "8",
-            "--levels",
-            "1,2",
-            "--rate-scale",
-            "0.1",
-        ),
+        "--trace {traces}/AzureLLMInferenceTrace_conv.csv --tiers {tiers} --devices 8"
+        " --levels 1,2 --rate-scale 0.1",
         (
             (r"^\d+ requests over [\d.]+ s, 8 devices$", 1),
             (rf"  planned .* delivered .* total {NUM} req/s$", 2),
-        ),
+        ),  # fmt: skip
         needs_trace=True,
     ),
-    "bench_planner.sh": Smoke(
-        (), ((r"target <= [\d.]+ ms at p99 (CPU|wall): (met|MISSED)", 4),), slow=True
-    ),
+    "bench_planner.sh": Smoke("", ((rf"target <= {NUM} ms at p99 (CPU|wall): (met|MISSED)", 4),)),
     "bench_router.sh": Smoke(
-        (
-            "--requests",
-            "200",
-            "--replicas",
-            "4",
-            "--window",
-            "16",
-            "--latency-requests",
-            "50",
-            "--rate",
-            "200",
-            "--http-connections",
-            "2",
-        ),
+        "--requests 200 --replicas 4 --window 16 --latency-requests 50 --rate 200"
+        " --http-connections 2",
         ((r"^summary: \{", 1),),
-        slow=True,
+        files=(("bench_router.json", r'^\{".*\}$'),),
+        env=(("BENCH_ROUTER_OUT", "{tmp}/bench_router.json"),),
     ),
     "results.py": Smoke(
-        ("--quick", "--out", "{tmp}"),
+        "--quick --out {tmp}",
         ((rf"^\S+ x{NUM}: {NUM} req/s", 2), (r"^wrote ", 1)),
         slow=True,
         needs_trace=True,
         files=(("results.md", "## Summary"), ("results.md", "## Measured on CPU")),
     ),
-    "validate_sim.py": Smoke(
+    # One engine in this process, on the embedded SmolLM2 or a tiny random model.
+    "bench_engine.py": Smoke(
+        "--batches 1 --repeats 1 --no-bf16",
+        ((rf"^fp32 batch +1: e2e nitsum +{NUM} \| transformers +{NUM} tok/s \| ratio {X}", 1),),
+        slow=True,
+    ),
+    "bench_overlap.py": Smoke(
+        "--device cpu --shape tiny --batches 1 --dtype float32",
+        ((rf"^\[decode\] batch +1: step +{NUM} ms synchronous, .*same tokens: True$", 1),),
+        slow=True,
+    ),
+    "bench_gpu.py": Smoke(
+        "--device cpu --shape tiny --points 1x32 --dtype float32",
         (
-            "--profile",
-            str(CPU_PROFILE),
-            "--trace-dir",
-            str(TRACE.parent),
-            "--duration",
-            "4",
-            "--max-requests",
-            "3",
-            "--warmup",
-            "0",
-            "--workers",
-            "1",
-            "--out",
-            "{tmp}",
-        ),
+            (rf"^\[decode\] batch +1 x +32: +{NUM} tok/s", 1),
+            (r"^\[decode\] recorded steps replayed: \d+", 1),
+        ),  # fmt: skip
+        slow=True,
+    ),
+    "gpu_agreement.py": Smoke(
+        "--device cpu", ((r"^PASS ", 3), (r"^gpu_agreement: (\d+)/\1 cases pass$", 1)), slow=True
+    ),
+    "bench_long_prompt.py": Smoke(
+        "--long 600 --shorts 1",
+        ((rf"^(no TTFT target|TTFT 60 s): short first-token wait mean {NUM} s -> {NUM} s", 2),),
+        slow=True,
+    ),
+    "bench_prefix.py": Smoke(
+        "--history 64 --conversations 2 --small-kv-mb 16 --host-mb 32",
+        ((rf": turn-2 TTFT median {NUM} ms -> {NUM} ms \({X} better\); prompt tokens", 2),),
+        slow=True,
+    ),
+    "bench_preempt.py": Smoke(
+        "--strict 3 --gap 0.1 --background 2 --bg-prompt 64 --bg-tokens 16 --batch 2 --kv-mb 16"
+        " --conversations 2 --turns 2",
+        ((rf"copy {NUM} MiB to host: memcpy {NUM} GB/s", 1), (rf"^swap vs .* P99 TTFT {X}", 2)),
+        slow=True,
+    ),
+    # Device processes (a DevicePool each: seconds of start-up apiece), or servers.
+    "bench_collectives.py": Smoke(
+        "--reps 3",
+        ((rf"^\[all-reduce, [24] processes\] .*: gloo +{NUM} us, shared +{NUM} us: {X}$", 6),),
+        slow=True,
+    ),
+    "bench_shift.py": Smoke(
+        "--smoke --hidden 64 --layers 1 --rounds 1",
+        (
+            (rf"^\[shift\] (decode b=|prefill n=).* {X} TP \(A/A noise", 4),
+            (r"^\[shift\] worst point", 1),
+            (rf"^\[e2e\]   shift vs TP: TTFT {X}, TPOT {X}, throughput {X}$", 2),
+            (r"^\[shift\] device [01]: .* TP shards are views of it: True", 2),
+        ),  # fmt: skip
+        slow=True,
+    ),
+    "bench_pp.py": Smoke(
+        "--hidden 64 --layers 4 --requests 2 --rounds 1",
+        (
+            (r"^\[switch\] .* MiB whose owner changed \(exact\)", 9),
+            (rf"^\[decode\] batch +(1|32): TP4 \(4,1\) +{NUM} ms/token", 2),
+            (rf"^\[switch\] restart of a layout: {NUM} ms; .*: {X} faster", 2),
+        ),  # fmt: skip
+        slow=True,
+    ),
+    "bench_tp_switch.py": Smoke(
+        "--gib 0.005 --switches 3",
+        (
+            (r"^\[switch, no KV\] 3 switches .* created during the switches: 0$", 1),
+            (rf"^\[migration\] +(pipelined|pipelined_socket|per_page): .* = {NUM} GB/s", 3),
+            (r"^\[migration\] direct from .* copied KV bit-exact: True$", 1),
+            (rf"^\[full switch\] TP1x4 -> TP2x2 with 8 running requests: {NUM} ms", 1),
+        ),  # fmt: skip
+        slow=True,
+        timeout=400,
+    ),
+    "bench_binding.py": Smoke(
+        "--binds 3 --seconds 1 --every 0.5 --hidden 64 --layers 2 --dp-batch 2",
+        (
+            (rf"^\[bind\] bind .* p50 {NUM} p99 {NUM} ms; release p50 {NUM}", 1),
+            (r"^\[mixed\] (DP, priority -1|forced binding at TP 2|cost-aware binding) +: \d+ ", 5),
+            (rf"^\[mixed\] .* vs DP: priority TTFT p50 {X} better", 3),
+            (r"^\[context\] one replica holds \d+ tokens \(\d+-token prompt: refused\); ", 1),
+        ),  # fmt: skip
+        slow=True,
+    ),
+    "gpu_tp.py": Smoke("--device cpu --layers 1", ((r"^tp: all tokens agree$", 1),), slow=True),
+    "bench_kv_transport.py": Smoke(
+        "--tokens 64 --reps 1 --tls default",
+        ((r"^handoff of 64 tokens", 1), (rf"^UCX_TLS=default +gloo {NUM} GB/s", 1)),
+        slow=True,
+    ),
+    "validate_sim.py": Smoke(
+        "--profile {cpu_profile} --trace-dir {traces} --duration 4 --max-requests 3 --warmup 0"
+        " --workers 1 --out {tmp}",
         ((r"^\| real \| \d+/3 \| \d+ \| ", 1), (r"^\| sim \| \d+/3 \| \d+ \| ", 1)),
         slow=True,
         needs_trace=True,
         files=(("validate.json", '"real"'),),
     ),
     "real_shift_run.py": Smoke(
-        (
-            "--devices",
-            "2",
-            "--static-levels",
-            "--trace-dir",
-            str(TRACE.parent),
-            "--duration",
-            "3",
-            "--warmup",
-            "0",
-            "--out",
-            "{tmp}",
-        ),
+        "--devices 2 --static-levels --trace-dir {traces} --duration 3 --warmup 0 --out {tmp}",
         ((rf"^\| control \| .* \| {NUM} \| ", 1), (r"^total \d+ s; results in ", 1)),
         slow=True,
         needs_trace=True,
         files=(("real_shift.json", '"control"'),),
-    ),
-    "bench_engine.py": Smoke(
-        ("--batches", "1", "--repeats", "1", "--no-bf16"),
-        ((rf"^fp32 batch +1: e2e nitsum +{NUM} \| transformers +{NUM} tok/s \| ratio {NUM}x", 1),),
-        slow=True,
     ),
 }
 
@@ -379,17 +246,25 @@ def test_every_script_is_smoke_run_or_excluded():
     assert all(reason.strip() for reason in EXCLUDED.values())
 
 
+def fill(text: str, tmp: Path) -> str:
+    """`text` with the placeholders of `Smoke` filled in."""
+    for key, value in {
+        "{tmp}": str(tmp),
+        "{traces}": str(TRACE.parent),
+        "{cpu_profile}": str(CPU_PROFILE),
+        "{tiers}": TIERS,
+    }.items():
+        text = text.replace(key, value)
+    return text
+
+
 def run_script(name: str, smoke: Smoke, tmp: Path) -> str:
     """Run one script with its smoke arguments; its output, stdout then stderr."""
-    args = [a.replace("{tmp}", str(tmp)) for a in smoke.args]
-    cmd = (
-        ["bash", str(SCRIPTS / name)]
-        if name.endswith(".sh")
-        else [sys.executable, str(SCRIPTS / name)]
-    )
-    env = (
-        os.environ | {"PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"} | dict(smoke.env)
-    )
+    script = SCRIPTS / name
+    cmd = ["bash", str(script)] if name.endswith(".sh") else [sys.executable, str(script)]
+    env = os.environ | {"PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
+    env |= {key: fill(value, tmp) for key, value in smoke.env}
+    args = [fill(arg, tmp) for arg in shlex.split(smoke.args)]
     done = subprocess.run(
         cmd + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=smoke.timeout
     )
