@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.kernels.linear import linear
 from nitsum.llm import LLM
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from nitsum_kernels.linear import linear
 
 PROMPT_LEN, OUT_LEN = 128, 64
 

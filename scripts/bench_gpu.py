@@ -42,10 +42,10 @@ from model_shapes import SHAPES, random_llama
 from nitsum.config import ModelConfig
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.overlap import OverlapStepper
-from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.pool.local import ONLY_GROUP, local_engine
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.profiling.analytic import gpu_of_device
+from nitsum_kernels.paged_attention import AttentionMetadata, paged_attention_ref
 
 DEFAULT_POINTS = ("1x1024", "16x1024", "64x1024", "64x2048")
 
@@ -126,7 +126,7 @@ def engine_config(device: str, dtype: torch.dtype, cfg: ModelConfig, points: lis
 
 
 def attention_bench(device: str, dtype: torch.dtype, contexts: list[int]) -> None:
-    from nitsum.kernels.paged_attention_triton import paged_attention_triton
+    from nitsum_kernels.paged_attention_triton import paged_attention_triton
 
     batch, hq, hkv, hd, page = 16, 32, 8, 128, 16
     for ctx in contexts:

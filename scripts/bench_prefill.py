@@ -45,8 +45,8 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:  # NOTE: nitsum imports wait for main (TRITON_INTERPRET must come first)
     from nitsum.config import ModelConfig
-    from nitsum.kernels.paged_attention import AttentionMetadata
     from nitsum.pool.pool_engine import PoolEngine
+    from nitsum_kernels.paged_attention import AttentionMetadata
 
 TARGET = 0.5  # of the GEMM rate, for the whole prefill forward
 Runner = Callable[[Callable[[], object]], float]  # seconds of one call (median)
@@ -94,8 +94,8 @@ def profile_engine(shape: str, device: str, n: int) -> PoolEngine:
 def fresh_prompt_plan(pages: list[int], n: int, page_tokens: int) -> AttentionMetadata:
     """The host-side plan (AttentionMetadata) of one fresh n-token prompt in `pages`, as
     build_step_inputs makes it."""
-    from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment
     from nitsum.kv.pages import context_slots
+    from nitsum_kernels.paged_attention import AttentionMetadata, PrefillSegment
 
     return AttentionMetadata(
         slot_mapping=context_slots(pages, n, page_tokens),
@@ -155,7 +155,7 @@ def attention_rows(dev: str, run: Runner, cfg: ModelConfig, n: int, page: int) -
     pages against SDPA (flash on CUDA) on contiguous K/V of the same shapes."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from nitsum.kernels.prefill_attention_triton import prefill_attention_triton
+    from nitsum_kernels.prefill_attention_triton import prefill_attention_triton
 
     hq, hkv, hd, dtype = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16
     g = torch.Generator().manual_seed(2)
@@ -223,9 +223,9 @@ def main() -> None:
                 "bench_prefill: off CUDA only `--device cpu --tiny` runs (timings meaningless)"
             )
         # NOTE: before triton is first imported: the kernel runs in Triton's interpreter,
-        # whose bf16 dots the tests' helper fixes (tests/triton_interpret.py).
+        # whose bf16 dots the kernel tests' helper fixes (kernels/tests/triton_interpret.py).
         os.environ["TRITON_INTERPRET"] = "1"
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kernels" / "tests"))
         from triton_interpret import widen_bf16_dots
 
         widen_bf16_dots()

@@ -39,7 +39,7 @@ prepare() {
     --platform manylinux2014_x86_64 -d "$CARRY/whl" "${WHEELS[@]}"
   cp python/nitsum/_core*.so "$CARRY/"
   local model
-  model=$(PYTHONPATH=python "$PYTHON" -c \
+  model=$(PYTHONPATH=python:kernels "$PYTHON" -c \
     'from nitsum.engine.load import resolve_model_dir; print(resolve_model_dir(None))')
   for f in "${TOKENIZER_FILES[@]}"; do cp "$model/$f" "$CARRY/tokenizer/"; done
   local size tree
@@ -82,7 +82,8 @@ set_up() {  # the work dir, the wheels, the extension, PYTHONPATH (the children 
     export PYTHONPATH=$W/site
   fi
   ls python/nitsum/_core*.so >/dev/null 2>&1 || cp "$CARRY"/_core*.so python/nitsum/
-  export PYTHONPATH=$ROOT/python:$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}
+  # NOTE: the kernels package (kernels/nitsum_kernels) travels as source, like python/nitsum.
+  export PYTHONPATH=$ROOT/python:$ROOT/kernels:$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}
   export NITSUM_CACHE=$W/cache GPU_CHECK_W=$W
 }
 
@@ -107,10 +108,9 @@ ORDER=(tests agreement tp decode attention prefill serve)
 [ -n "$SECTIONS" ] && IFS=, read -r -a ORDER <<< "$SECTIONS"
 
 TESTS=()
-for pat in tests/test_kernels_triton.py tests/test_decode_graphs.py tests/test_decode_attention.py \
-    tests/test_prefill_attention.py 'tests/test_fused_ops*.py' tests/test_fused_forward.py \
-    'tests/test_piecewise*.py' tests/test_launch_budget.py tests/test_overlap.py \
-    tests/test_shared_collectives.py; do
+for pat in 'kernels/tests/test_*.py' tests/test_decode_graphs.py tests/test_engine_kernels.py \
+    tests/test_fused_forward.py 'tests/test_piecewise*.py' tests/test_launch_budget.py \
+    tests/test_overlap.py tests/test_shared_collectives.py; do
   for f in $pat; do [ -f "$f" ] && TESTS+=("$f"); done
 done
 
@@ -128,7 +128,9 @@ section_cmd() {  # the section's command; its JSON (if any) goes to $W/$1.json
     decode) "$PYTHON" scripts/bench_gpu.py --device "$DEVICE" --engine-only "${DECODE_ARGS[@]}" \
               --json "$W/decode.json" ;;
     attention|prefill)
+      # NOTE: the attention bench is kernel-only (kernels/benchmarks/); prefill's builds an engine.
       local script=scripts/bench_$1.py small=()
+      [ "$1" = attention ] && script=kernels/benchmarks/bench_attention.py
       [ -f "$script" ] || { echo "$script: missing"; return 127; }
       [ "$DEVICE" = cuda ] || small=(--tiny)
       [ "$1" = attention ] && small=()

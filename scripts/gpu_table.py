@@ -85,8 +85,8 @@ def profile_rows(run: SectionRun) -> list[Row]:
 
 
 def attention_rows(run: SectionRun) -> list[Row]:
-    """scripts/bench_attention.py: the share of copy bandwidth at the 8k context (or the
-    longest measured), and the kernel faster than gather+SDPA at every context."""
+    """kernels/benchmarks/bench_attention.py: the share of copy bandwidth at the 8k context (or
+    the longest measured), and the kernel faster than gather+SDPA at every context."""
     target = f">= {ATTENTION_COPY_PCT_MIN:.0f}% of copy bw at 8k, faster than SDPA everywhere"
     if run.result == "MISSING":
         return [run.row("missing", target, None)]

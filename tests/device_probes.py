@@ -73,7 +73,7 @@ def fill_kv(device: Device, seed: int, chunk_bytes: int = KVTransfer.CHUNK_BYTES
 
 def kv_equal(device: Device, seed: int, src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Do our `dst` slots hold what a device filled with `seed` holds at `src` (TP-1 layout)?"""
-    from nitsum.kernels.kv_pack import slot_view
+    from nitsum_kernels.kv_pack import slot_view
 
     heads, hd = device.cfg.num_kv_heads, device.cfg.head_dim
     ref = slot_view(kv_pattern(device, seed), heads, hd)
@@ -83,7 +83,7 @@ def kv_equal(device: Device, seed: int, src: torch.Tensor, dst: torch.Tensor) ->
 
 def kv_of_slots(device: Device, slots: torch.Tensor) -> torch.Tensor:
     """The device's K/V at `slots` (TP-1 layout): (layers, 2, len(slots), heads, hd)."""
-    from nitsum.kernels.kv_pack import slot_view
+    from nitsum_kernels.kv_pack import slot_view
 
     view = slot_view(device.pool.storage, device.cfg.num_kv_heads, device.cfg.head_dim)
     return view.index_select(2, slots).clone()

@@ -16,9 +16,9 @@ from nitsum.engine.attention_warmup import chunk_counts, warm_attention  # noqa:
 from nitsum.engine.build import build_engine  # noqa: E402
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
-from nitsum.kernels import decode_attention_triton as dat  # noqa: E402
-from nitsum.kernels import prefill_attention_triton as pat  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
+from nitsum_kernels import decode_attention_triton as dat  # noqa: E402
+from nitsum_kernels import prefill_attention_triton as pat  # noqa: E402
 from tiny import EAGER_STEPS, kv_bytes, random_llama, random_prompt  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,7 +92,7 @@ def test_the_warm_up_launches_every_variant_a_run_of_steps_does(monkeypatch):
 
 
 def test_chunk_counts_reach_every_vector_size_up_to_the_batch_cap():
-    from nitsum.kernels.prefill_attention_triton import chunk_block
+    from nitsum_kernels.prefill_attention_triton import chunk_block
 
     for cap in (1, 16, 17, 256, 257, 300, 1000):
         sizes = {chunk_block(n) for n in chunk_counts(cap)}

@@ -41,8 +41,8 @@ from nitsum.config import ModelConfig  # noqa: E402
 from nitsum.engine.build import build_engine  # noqa: E402
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
-from nitsum.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
+from nitsum_kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
 from tiny import BASE, EAGER_STEPS  # noqa: E402
 
 BUDGET = 12

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from nitsum.config import kv_heads_per_rank
-from nitsum.kernels.kv_pack import slot_view
 from nitsum.parallel.topology import GroupShape
 from nitsum.pool.migration_plan import Placement, plan_pieces
 from nitsum.pool.nixl_agent import NixlUnavailable, load_nixl
 from nitsum.pool.nixl_descs import KVRegion, piece_rows, plan_reads
+from nitsum_kernels.kv_pack import slot_view
 
 LAYERS, KV_HEADS, HEAD_DIM, PAGE_TOKENS, PAGES = 3, 4, 8, 4, 12
 

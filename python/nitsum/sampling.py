@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from nitsum.errors import InvalidRequestError
-from nitsum.kernels.host_copy import index_on, to_device
 from nitsum.structured.mask import apply_grammars
 from nitsum.structured.matcher import GrammarMatcher
 from nitsum.structured.spec import GrammarSpec
+from nitsum_kernels.host_copy import index_on, to_device
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from nitsum.kernels.decode_attention_triton import decode_splits, merge_block
-from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment
-from nitsum.kernels.prefill_attention_triton import chunk_block, prefill_blocks
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
+from nitsum_kernels.decode_attention_triton import decode_splits, merge_block
+from nitsum_kernels.paged_attention import AttentionMetadata, PrefillSegment
+from nitsum_kernels.prefill_attention_triton import chunk_block, prefill_blocks
 
 # Longest decode contexts that give one split, a few and many (decode_splits: a split is at
 # least 256 tokens; merge_block changes size past 16 splits) at batch 1.

@@ -15,7 +15,7 @@ import torch
 
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kernels.host_copy import index_on, to_device
+from nitsum_kernels.host_copy import index_on, to_device
 
 
 @dataclass

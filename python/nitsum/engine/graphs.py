@@ -27,11 +27,11 @@ import torch
 
 from nitsum.config import ModelConfig
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kernels.paged_attention import AttentionMetadata
 from nitsum.kv.pool import KVPool
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel import capture_cuts
 from nitsum.parallel.context import TPContext
+from nitsum_kernels.paged_attention import AttentionMetadata
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -31,12 +31,12 @@ import torch
 
 from nitsum.engine.graphs import CaptureAfterStartup, DecodeGraphs, Recording
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kernels.host_copy import index_on
-from nitsum.kernels.paged_attention import AttentionMetadata
 from nitsum.kv.pool import KVPool
 from nitsum.models.activations import Activations
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
+from nitsum_kernels.host_copy import index_on
+from nitsum_kernels.paged_attention import AttentionMetadata
 
 DEFAULT_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 

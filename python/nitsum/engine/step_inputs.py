@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from nitsum.engine.scheduled import Scheduled
-from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment
 from nitsum.kv.pages import context_slots
+from nitsum_kernels.paged_attention import AttentionMetadata, PrefillSegment
 
 
 @dataclass

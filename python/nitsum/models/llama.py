@@ -23,17 +23,17 @@ import torch
 import torch.nn.functional as F
 
 from nitsum.config import ModelConfig
-from nitsum.kernels import fused_ops
-from nitsum.kernels.fused_ops import rms_norm
-from nitsum.kernels.host_copy import index_on
-from nitsum.kernels.linear import linear
-from nitsum.kernels.paged_attention import AttentionMetadata, paged_attention_ref
 from nitsum.kv.pool import KVPool
 from nitsum.models.activations import Activations
 from nitsum.models.rope import Rotary
 from nitsum.parallel.context import TPContext
 from nitsum.parallel.sequence import SPComm, TokenSplit
 from nitsum.weights.layout import LayerWeights, ModelWeights
+from nitsum_kernels import fused_ops
+from nitsum_kernels.fused_ops import rms_norm
+from nitsum_kernels.host_copy import index_on
+from nitsum_kernels.linear import linear
+from nitsum_kernels.paged_attention import AttentionMetadata, paged_attention_ref
 
 
 def split_qkv(
@@ -71,11 +71,11 @@ class LlamaModel:
         self.silu_mul = fused_ops.silu_mul
         self.rotary_kv = fused_ops.rotary_kv
         if weights.embed.is_cuda or self.fused:  # attend over the pages in place (kernels/)
-            from nitsum.kernels.paged_attention_triton import paged_attention_triton
+            from nitsum_kernels.paged_attention_triton import paged_attention_triton
 
             self.paged_attention = paged_attention_triton
         if self.fused:
-            from nitsum.kernels import fused_ops_triton as tri
+            from nitsum_kernels import fused_ops_triton as tri
 
             self.add_norm = tri.add_rms_norm_triton
             self.silu_mul = tri.silu_mul_triton

@@ -7,7 +7,7 @@ import math
 import torch
 
 from nitsum.config import ModelConfig
-from nitsum.kernels.fused_ops import apply_rotary, rotary_table
+from nitsum_kernels.fused_ops import apply_rotary, rotary_table
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:

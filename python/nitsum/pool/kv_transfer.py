@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 
 from nitsum.config import kv_heads_per_rank
-from nitsum.kernels.kv_pack import copy_ref, pack_ref, slot_view, unpack_ref
 from nitsum.parallel.shared_memory import PeerTimeout, fence
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.shared_kv import SharedKV
+from nitsum_kernels.kv_pack import copy_ref, pack_ref, slot_view, unpack_ref
 
 # Transfer modes: "pipelined" (straight from the peer's mapped pages where it has them, else
 # the socket), "pipelined_socket" (the process group even where pages are mapped: the
@@ -88,7 +88,7 @@ class KVTransfer:
         elems = chunk_bytes // storage.element_size()
         self.pack, self.unpack, self.copy = pack_ref, unpack_ref, copy_ref
         if storage.is_cuda:  # one Triton launch per chunk instead of many gather/scatter ops
-            from nitsum.kernels.kv_pack_triton import copy_triton, pack_triton, unpack_triton
+            from nitsum_kernels.kv_pack_triton import copy_triton, pack_triton, unpack_triton
 
             self.pack, self.unpack, self.copy = pack_triton, unpack_triton, copy_triton
         self.shared = shared

@@ -17,7 +17,7 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-from nitsum.kernels.decode_attention_triton import (  # noqa: E402
+from nitsum_kernels.decode_attention_triton import (  # noqa: E402
     MAX_SPLITS,
     MIN_SPLIT_TOKENS,
     DecodeConfig,
@@ -142,8 +142,8 @@ def test_dispatcher_runs_the_recorded_plan():
     """`paged_attention_triton` on a decode step planned as engine/graphs.py records it (the
     whole page table, `decode_max_len` its width): this step's K/V land in the cache and the
     output is float64 attention over the real lengths."""
-    from nitsum.kernels.paged_attention import AttentionMetadata
-    from nitsum.kernels.paged_attention_triton import paged_attention_triton
+    from nitsum_kernels.paged_attention import AttentionMetadata
+    from nitsum_kernels.paged_attention_triton import paged_attention_triton
 
     page_tokens, lens = 16, [1, 20, 100]
     q, kc, vc, pages, lens_t = _decode_case(lens, page_tokens, 2, 4, 32, torch.float32, 64, 11)
@@ -218,7 +218,7 @@ def test_split_kernel_compiles_to_tensor_cores():
 def test_split_counts_compile_two_merge_variants():
     """The split count grows with the context; the merge's vector over splits takes two
     sizes, and the split count itself is no compile key of either kernel."""
-    from nitsum.kernels.decode_attention_triton import DECODE_UNSPECIALIZED, MAX_SPLITS, merge_block
+    from nitsum_kernels.decode_attention_triton import DECODE_UNSPECIALIZED, MAX_SPLITS, merge_block
 
     assert {merge_block(n) for n in range(2, MAX_SPLITS + 1)} == {16, MAX_SPLITS}
     assert all(merge_block(n) >= n for n in range(2, 200))

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nitsum.kernels.paged_attention import AttentionMetadata
+from nitsum_kernels.paged_attention import AttentionMetadata
 
 LOG2_E = math.log2(math.e)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nitsum.kernels.host_copy import to_device
+from nitsum_kernels.host_copy import to_device
 
 # Below this many (batch · query · key) positions, CPU attention in bf16/fp16 runs upcast to
 # fp32 SDPA (measured: 25 vs 52 us at one query over 192 keys; the matmul path wins from

@@ -14,14 +14,13 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-from nitsum.engine.request_spec import RequestSpec  # noqa: E402
-from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment  # noqa: E402
-from nitsum.kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
-from nitsum.kernels.prefill_attention_triton import (  # noqa: E402
+from nitsum_kernels.paged_attention import AttentionMetadata, PrefillSegment  # noqa: E402
+from nitsum_kernels.paged_attention_triton import paged_attention_triton  # noqa: E402
+from nitsum_kernels.prefill_attention_triton import (  # noqa: E402
     prefill_attention_triton,
     prefill_blocks,
 )
-from nitsum.kv.pages import context_slots  # noqa: E402
+from slots import seq_slots  # noqa: E402
 from triton_interpret import widen_bf16_dots  # noqa: E402
 
 widen_bf16_dots()
@@ -49,8 +48,8 @@ def _step(g, page, kv_heads, group, hd, dtype, chunks=CHUNKS, decode_lens=DECODE
     decode_pages = torch.zeros(len(decode_lens), width, dtype=torch.long)
     for i, p in enumerate(owned[: len(decode_lens)]):
         decode_pages[i, : len(p)] = torch.tensor(p)
-    slots = [context_slots(p, n, page, n - 1) for p, n in zip(owned, decode_lens, strict=False)]
-    slots += [context_slots(s.pages.tolist(), s.ctx_len, page, s.start) for s in segs]
+    slots = [seq_slots(p, n, page, n - 1) for p, n in zip(owned, decode_lens, strict=False)]
+    slots += [seq_slots(s.pages.tolist(), s.ctx_len, page, s.start) for s in segs]
     meta = AttentionMetadata(
         slot_mapping=torch.cat(slots),
         page_tokens=page,
@@ -78,7 +77,7 @@ def _float64_attention(q, k_cache, v_cache, meta, scale):
     seqs += [(s.row_start, s.q_len, s.ctx_len, s.pages.tolist()) for s in meta.prefills]
     out = torch.full(q.shape, float("nan"), dtype=torch.float64)
     for row0, n, ctx, pages in seqs:
-        slots = context_slots(pages, ctx, meta.page_tokens)
+        slots = seq_slots(pages, ctx, meta.page_tokens)
         k = k_cache.cpu()[slots].double().repeat_interleave(group, 1)  # (ctx, q_heads, hd)
         v = v_cache.cpu()[slots].double().repeat_interleave(group, 1)
         scores = torch.einsum("nhd,chd->hnc", q.cpu()[row0 : row0 + n].double(), k) * scale
@@ -155,42 +154,11 @@ def test_block_sizes():
     assert prefill_blocks(128, 4, torch.bfloat16, 1).block_m == 16
 
 
-def test_engine_steps_with_the_kernels_match_transformers():
-    """The engine with the Triton kernels in place of the torch reference (as on CUDA):
-    prompts prefilled in chunks under a 16-token budget, beside other requests' decodes, in
-    4-token pages (GQA 4:1); every request's greedy tokens equal transformers'."""
-    from nitsum.engine.build import build_engine
-    from nitsum.engine.engine_config import EngineConfig
-    from nitsum.sampling import SamplingParams
-    from tiny import hf_greedy, make_tiny, run_to_completion
-
-    hf, cfg = make_tiny("llama-kv2")
-    # NOTE: eager steps on the kernels' device (on CUDA, recorded steps would not call the
-    # attention swapped in below).
-    ecfg = EngineConfig(
-        device=DEV,
-        kv_cache_bytes=1 << 20,
-        page_tokens=4,
-        token_budget=16,
-        decode_graphs=False,
-        piecewise_graphs=False,
-    )
-    engine = build_engine(cfg, hf.state_dict().items(), ecfg)
-    engine.runner.model.paged_attention = paged_attention_triton
-    g = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 19, 40)]
-    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, RequestSpec(greedy))
-    outs, _ = run_to_completion(engine)
-    assert outs == {f"r{i}": hf_greedy(hf, p, 6) for i, p in enumerate(prompts)}
-
-
 def test_many_chunks_and_the_variants_a_step_compiles():
     """More chunks than the small BLOCK_C (17 one- to nine-token prompts beside decode rows)
     match float64 attention; chunk counts fall in two compiled sizes, and the chunks'
     integers keep 16-byte aligned rows (a pointer's alignment is a compile key)."""
-    from nitsum.kernels.prefill_attention_triton import PREFILL_UNSPECIALIZED, chunk_block
+    from nitsum_kernels.prefill_attention_triton import PREFILL_UNSPECIALIZED, chunk_block
 
     g = torch.Generator().manual_seed(11)
     chunks = [(3 * (i % 4), 1 + i % 9) for i in range(17)]
@@ -211,8 +179,8 @@ def test_steps_of_other_chunk_counts_widths_and_splits_compile_nothing_new():
     """Once a mixed step ran, steps with other chunk counts (up to 16), page-table widths and
     decode split counts reuse its compiled attention kernels (a compile is ~1 s on the
     serving path)."""
-    from nitsum.kernels import decode_attention_triton as dat
-    from nitsum.kernels import prefill_attention_triton as pat
+    from nitsum_kernels import decode_attention_triton as dat
+    from nitsum_kernels import prefill_attention_triton as pat
 
     def compiled() -> list[int]:
         kernels = (pat._prefill_kernel, dat._split_kernel, dat._merge_kernel)

@@ -11,8 +11,8 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-from nitsum.kernels.kv_pack import pack_ref, slot_view, unpack_ref  # noqa: E402
-from nitsum.kernels.kv_pack_triton import pack_triton, unpack_triton  # noqa: E402
+from nitsum_kernels.kv_pack import pack_ref, slot_view, unpack_ref  # noqa: E402
+from nitsum_kernels.kv_pack_triton import pack_triton, unpack_triton  # noqa: E402
 from triton_interpret import widen_bf16_dots  # noqa: E402
 
 widen_bf16_dots()
@@ -42,8 +42,8 @@ def test_pack_unpack_match_reference(local_heads, head, heads):
 def _paged_case(g, page_tokens: int, q_heads: int, kv_heads: int, hd: int, dtype):
     """A step of 3 decode queries and 2 prefill chunks (one with cached context) over
     scattered pages: (q, k, v, caches, meta)."""
-    from nitsum.kernels.paged_attention import AttentionMetadata, PrefillSegment
-    from nitsum.kv.pages import context_slots
+    from nitsum_kernels.paged_attention import AttentionMetadata, PrefillSegment
+    from slots import seq_slots
 
     num_pages = 40
     order = torch.randperm(num_pages, generator=g).tolist()
@@ -54,9 +54,9 @@ def _paged_case(g, page_tokens: int, q_heads: int, kv_heads: int, hd: int, dtype
     seg_pages = [take(-(-(s + n) // page_tokens)) for s, n in prefill]
     slots, segs, row = [], [], len(decode_lens)
     for pages, n in zip(decode_pages, decode_lens, strict=True):
-        slots.append(context_slots(pages, n, page_tokens, n - 1))
+        slots.append(seq_slots(pages, n, page_tokens, n - 1))
     for pages, (start, n) in zip(seg_pages, prefill, strict=True):
-        slots.append(context_slots(pages, start + n, page_tokens, start))
+        slots.append(seq_slots(pages, start + n, page_tokens, start))
         segs.append(PrefillSegment(row, n, start + n, torch.tensor(pages)))
         row += n
     width = max(map(len, decode_pages))
@@ -87,8 +87,8 @@ def test_paged_attention_matches_reference(page_tokens, q_heads, kv_heads, hd):
     """Decode and chunked-prefill kernels read the pages in place (any page size, GQA, a head
     dim that is not a power of two) and agree with the torch reference; the caches they
     write are the same."""
-    from nitsum.kernels.paged_attention import paged_attention_ref
-    from nitsum.kernels.paged_attention_triton import paged_attention_triton
+    from nitsum_kernels.paged_attention import paged_attention_ref
+    from nitsum_kernels.paged_attention_triton import paged_attention_triton
 
     g = torch.Generator().manual_seed(page_tokens + q_heads)
     q, k, v, kc, vc, meta = _paged_case(g, page_tokens, q_heads, kv_heads, hd, torch.float32)
@@ -106,7 +106,7 @@ def test_paged_attention_matches_reference(page_tokens, q_heads, kv_heads, hd):
 def _dense_attention(q, k_cache, v_cache, meta, scale):
     """Per query row: softmax over its sequence's keys 0..position (slots from its pages),
     GQA by repeating KV heads; float64, one row at a time."""
-    from nitsum.kv.pages import context_slots
+    from slots import seq_slots
 
     rows = []  # (row, position, pages)
     for i in range(meta.n_decode):
@@ -117,7 +117,7 @@ def _dense_attention(q, k_cache, v_cache, meta, scale):
     out = torch.empty_like(q)
     r = q.shape[1] // k_cache.shape[1]
     for row, pos, pages in rows:
-        slots = context_slots(pages, pos + 1, meta.page_tokens).to(q.device)
+        slots = seq_slots(pages, pos + 1, meta.page_tokens).to(q.device)
         k = k_cache[slots].double().repeat_interleave(r, dim=1)  # (ctx, Hq, hd)
         v = v_cache[slots].double().repeat_interleave(r, dim=1)
         w = torch.softmax(torch.einsum("hd,chd->hc", q[row].double(), k) * scale, -1)
@@ -127,8 +127,8 @@ def _dense_attention(q, k_cache, v_cache, meta, scale):
 
 def test_paged_attention_low_precision_paths():
     """bf16: the reference's CPU matmul path and the Triton kernel both track fp32 attention."""
-    from nitsum.kernels.paged_attention import paged_attention_ref
-    from nitsum.kernels.paged_attention_triton import paged_attention_triton
+    from nitsum_kernels.paged_attention import paged_attention_ref
+    from nitsum_kernels.paged_attention_triton import paged_attention_triton
 
     g = torch.Generator().manual_seed(7)
     q, k, v, kc, vc, meta = _paged_case(g, 16, 4, 2, 16, torch.bfloat16)
@@ -146,8 +146,8 @@ def test_paged_attention_low_precision_paths():
 def test_direct_copy_matches_reference(src_heads, dst_heads, src_head, dst_head, heads):
     """A KV move read straight from a peer's pages (kv_transfer.py): the Triton copy and the
     torch reference's run-wise copies give the same pages, runs and single slots alike."""
-    from nitsum.kernels.kv_pack import copy_ref
-    from nitsum.kernels.kv_pack_triton import copy_triton
+    from nitsum_kernels.kv_pack import copy_ref
+    from nitsum_kernels.kv_pack_triton import copy_triton
 
     g = torch.Generator().manual_seed(1)
     layers, pages, page_elems, hd = 3, 8, 4 * 4 * 8, 8

@@ -1,18 +1,18 @@
 """Decode attention against the memory-bandwidth floor (for a session lent a GPU).
 
 At batch 16, 32 query / 8 KV heads, head dim 128, bf16, 16-token pages scattered over the
-pool, for each context: the flash-decoding Triton kernel (kernels/decode_attention_triton.py),
-the torch reference's decode path (page gather + SDPA, default backend, the mask made once as
-a step does for all layers), and a device-to-device copy of the same K/V bytes. Prints µs,
-the bandwidth each achieves (the kernel: K+V bytes read / time; the copy: bytes read +
-written / time), the kernel's share of the copy's bandwidth, the floor (K+V bytes at the
-copy's bandwidth), the speed-up over gather+SDPA, and the largest difference between the two
-outputs (a wrong kernel must not look fast). Times are medians of triton.testing.do_bench,
-which flushes L2 between runs.
+pool, for each context: the flash-decoding Triton kernel
+(nitsum_kernels/decode_attention_triton.py), the torch reference's decode path (page gather
++ SDPA, default backend, the mask made once as a step does for all layers), and a
+device-to-device copy of the same K/V bytes. Prints µs, the bandwidth each achieves (the
+kernel: K+V bytes read / time; the copy: bytes read + written / time), the kernel's share of
+the copy's bandwidth, the floor (K+V bytes at the copy's bandwidth), the speed-up over
+gather+SDPA, and the largest difference between the two outputs (a wrong kernel must not
+look fast). Times are medians of triton.testing.do_bench, which flushes L2 between runs.
 
-    python scripts/bench_attention.py [--contexts 1024 2048 4096 8192 16384] [--json PATH]
-    python scripts/bench_attention.py --device cpu   # tiny shapes, Triton interpreter: checks
-                                                     # the script only; timings meaningless
+    python kernels/benchmarks/bench_attention.py [--contexts 1024 4096 16384] [--json PATH]
+    python kernels/benchmarks/bench_attention.py --device cpu   # tiny shapes, Triton
+                                # interpreter: checks the script only; timings meaningless
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def time_us(fn: Callable[[], object], device: str) -> float:
 
 
 def bench_context(args: argparse.Namespace, ctx: int, g: torch.Generator) -> Row:
-    from nitsum.kernels.decode_attention_triton import decode_attention_triton, decode_splits
-    from nitsum.kernels.paged_attention import attend, gather_pages
+    from nitsum_kernels.decode_attention_triton import decode_attention_triton, decode_splits
+    from nitsum_kernels.paged_attention import attend, gather_pages
 
     dev, dtype, page = args.device, getattr(torch, args.dtype), args.page
     b, hq, hkv, hd = args.batch, args.q_heads, args.kv_heads, args.head_dim

@@ -14,7 +14,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 
-from nitsum.kernels import decode_attention_triton as dat
+from nitsum_kernels import decode_attention_triton as dat
 
 POINTERS = ("q", "k_cache", "v_cache", "out", "o_part", "lse_part", "pages", "lens")
 TARGET = GPUTarget("cuda", 90, 32)  # H100 / H200

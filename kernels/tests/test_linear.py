@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from nitsum.kernels.linear import linear
+from nitsum_kernels.linear import linear
 
 
 def test_linear_matches_f_linear_on_views_and_strided_bias():

@@ -20,9 +20,9 @@ import contextlib
 
 import torch
 
-from nitsum.kernels.decode_attention_triton import decode_attention_triton
-from nitsum.kernels.paged_attention import AttentionMetadata
-from nitsum.kernels.prefill_attention_triton import prefill_attention_triton
+from nitsum_kernels.decode_attention_triton import decode_attention_triton
+from nitsum_kernels.paged_attention import AttentionMetadata
+from nitsum_kernels.prefill_attention_triton import prefill_attention_triton
 
 
 def paged_attention_triton(

@@ -31,7 +31,7 @@ def compile_report(arch: int, dtype: str, head_dim: int, group: int, page: int) 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from nitsum.kernels.prefill_attention_triton import _prefill_kernel, prefill_blocks
+    from nitsum_kernels.prefill_attention_triton import _prefill_kernel, prefill_blocks
 
     blocks = prefill_blocks(head_dim, group, getattr(torch, dtype), 2048, arch >= 90)
     block_d = max(16, triton.next_power_of_2(head_dim))

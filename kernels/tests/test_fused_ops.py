@@ -12,8 +12,8 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU and Triton's interpreter is off", allow_module_level=True)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
-from nitsum.kernels import fused_ops as ref  # noqa: E402
-from nitsum.kernels import fused_ops_triton as tri  # noqa: E402
+from nitsum_kernels import fused_ops as ref  # noqa: E402
+from nitsum_kernels import fused_ops_triton as tri  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
