@@ -19,6 +19,7 @@ from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.server import WorkerServer
+from shapes import tp
 from tiny import make_tiny
 
 TIMEOUT_S = 10.0
@@ -96,7 +97,7 @@ def make_engine(tiny, **kw):
 
 def engine_of(server):
     """The worker's one group engine (its device is a pool of one)."""
-    return server.backend.pe.engines[(0,)]
+    return server.backend.pe.engines[tp(0)]
 
 
 def solo(tiny, ids, params=GREEDY):
