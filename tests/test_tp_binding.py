@@ -43,7 +43,7 @@ def test_a_prompt_longer_than_a_device_runs_on_a_bound_group(run, tiny) -> None:
     long = prompt(cfg, 100, seed=1)
     assert run.pe.max_servable_tokens() == 160
     group = run.pe.add_request("long", long, RequestSpec(greedy(20)))
-    assert group == (0, 1) and run.pe.binder.bindings[0].hard is False
+    assert group == tp(0, 1) and run.pe.binder.bindings[0].hard is False
     run.finish()
     assert run.out["long"] == hf_greedy(hf, long, 20)
     assert run.pe.all_counters()["tp_binds"] == 1
@@ -54,9 +54,8 @@ def test_a_prompt_longer_than_a_device_runs_on_a_bound_group(run, tiny) -> None:
     with pytest.raises(InvalidRequestError):
         run.pe.add_request("too-long", prompt(cfg, 170, seed=3), RequestSpec(greedy(4)))
     # A tier's bind_tp beyond the pool's levels binds the largest one below it.
-    assert run.pe.add_request("four", short, RequestSpec(greedy(2), bind_tp=4, ttft_ms=900)) == (
-        0,
-        1,
+    assert run.pe.add_request("four", short, RequestSpec(greedy(2), bind_tp=4, ttft_ms=900)) == tp(
+        0, 1
     )
     run.finish()
     assert run.out["four"] == hf_greedy(hf, short, 2)
@@ -75,9 +74,8 @@ def test_hard_binding_pauses_replicas_with_their_kv_intact(run, pool, tiny) -> N
     for _ in range(4):
         run.step()
     bound_at = run.n
-    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2, ttft_ms=500)) == (
-        0,
-        1,
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2, ttft_ms=500)) == tp(
+        0, 1
     )
     run.finish()
     s_steps = run.steps["s"]
@@ -132,9 +130,8 @@ def test_a_hard_request_joining_a_soft_binding_stops_the_alternation(run, tiny) 
     run.pe.add_request("soft", ps["soft"], RequestSpec(greedy(20), bind_tp=2, bind_hard=False))
     run.step()
     run.step()
-    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=500)) == (
-        0,
-        1,
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=500)) == tp(
+        0, 1
     )
     joined = run.n
     for _ in range(4):
@@ -239,7 +236,7 @@ def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
     pe.step()
     assert not pe.binder.bindings
     pe.add_request("gone", prompt(cfg, 8, seed=53), RequestSpec(greedy(4), bind_tp=2, ttft_ms=500))
-    assert pe.binder.bindings and pe.binder.paused() == {(0,), (1,)}
+    assert pe.binder.bindings and pe.binder.paused() == {tp(0), tp(1)}
     assert pe.abort("gone")
     assert not pe.binder.bindings and not pe.binder.paused()
     c = pe.all_counters()
