@@ -8,7 +8,7 @@ import pytest
 from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.faults import FaultPlan, SwitchFault
 from nitsum.worker.assignment import local_plan
-from nitsum.worker.protocol import Group
+from nitsum.worker.protocol import GroupPlan
 from shapes import tp
 
 
@@ -69,7 +69,10 @@ def test_the_topology_lists_pipelines_as_shapes() -> None:
 
 
 def test_a_local_plan_carries_each_groups_shape() -> None:
-    groups = [Group([2, 3, 4, 5], 2, "mixed", [], True, pp=2), Group([0, 1], 2, "mixed", [], True)]
+    groups = [
+        GroupPlan([2, 3, 4, 5], 2, "mixed", [], True, pp=2),
+        GroupPlan([0, 1], 2, "mixed", [], True),
+    ]
     plan = local_plan([0, 1, 2, 3, 4, 5, 6], groups)
     assert plan.groups == [
         GroupShape((0, 1), 2, 1),

@@ -86,7 +86,7 @@ class HostRouter(FakeRouter):
     def reconfigure(self, epoch: int, groups: list[dict[str, Any]]) -> dict[str, dict]:
         """Send the plan to every device, as the router does; returns their acks."""
         for identity in self.ids:
-            self.send(proto.Reconfigure(epoch, [proto.Group(**g) for g in groups]), identity)
+            self.send(proto.Reconfigure(epoch, [proto.GroupPlan(**g) for g in groups]), identity)
         self.pump(lambda: len(self.acks.get(epoch, {})) == len(self.ids))
         return self.acks[epoch]
 

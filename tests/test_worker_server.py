@@ -276,7 +276,7 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
 
 def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     router, server, _ = registered(worker)
-    group = proto.Group([0], 1, "decode", ["gold"])
+    group = proto.GroupPlan([0], 1, "decode", ["gold"])
     router.send(proto.Reconfigure(5, [replace(group, accepts_background=False, max_batch=3)]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"], ack["error"], ack["worker_id"]) == (5, True, None, 0)
@@ -284,7 +284,7 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     router.expect("heartbeat", epoch=5)
     assert engine_of(server).max_batch == 3
     assert server.assignment == Assignment("decode", ["gold"], False, 3)
-    router.send(proto.Reconfigure(6, [proto.Group([0, 1], 2, "mixed")]))
+    router.send(proto.Reconfigure(6, [proto.GroupPlan([0, 1], 2, "mixed")]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (6, False)
     assert "spans devices of another worker process" in ack["error"]
