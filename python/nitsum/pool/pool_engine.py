@@ -123,7 +123,7 @@ class PoolEngine:
                 )
             if seen & set(s.members):
                 raise ValueError(f"group {s.members} overlaps another group")
-            if len(s.members) > 1 and set(s.members) & self.solo:
+            if s.size > 1 and set(s.members) & self.solo:
                 raise ValueError(
                     f"group {s.members}: device(s) {sorted(set(s.members) & self.solo)} "
                     "restarted alone after a crash serve as TP-1 groups only"

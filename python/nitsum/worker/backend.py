@@ -201,7 +201,7 @@ class PoolBackend:
         down = self.pe.pool.down
         # NOTE: local_plan gives every device a group; a dead one has none until it is back.
         dead = {self.first_id + d for d in down}
-        kept = [g for g in plan.groups if not (len(g.members) == 1 and g.members[0] in dead)]
+        kept = [g for g in plan.groups if not (g.size == 1 and g.leader in dead)]
         plan = LocalPlan(kept, plan.assignments)
         groups = [
             GroupShape(tuple(d - self.first_id for d in g.members), g.tp, g.pp) for g in plan.groups
