@@ -35,6 +35,7 @@ from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.engine.validation import validate_request  # noqa: E402
 from nitsum.errors import InvalidRequestError  # noqa: E402
+from nitsum.parallel.topology import GroupShape  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import ModelSource  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
@@ -43,6 +44,10 @@ from tiny import random_llama, random_prompt  # noqa: E402
 
 P = 4
 ECFG = EngineConfig(page_tokens=P, token_budget=128, tp_levels=(1, 2), prefix_caching=False)
+
+
+# The two TP-1 groups the benches start from.
+DP2 = [GroupShape.tp_group((0,)), GroupShape.tp_group((1,))]
 
 
 def greedy(n: int) -> SamplingParams:
@@ -55,7 +60,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bind_latency(pool: DevicePool, cfg, pages: int, n: int) -> None:
-    pe = PoolEngine(pool, cfg, ECFG, pages, [(0,), (1,)])
+    pe = PoolEngine(pool, cfg, ECFG, pages, DP2)
     binds, releases = [], []
     for i in range(n):
         t0 = time.perf_counter()
@@ -93,7 +98,7 @@ def measured_profile(pool: DevicePool, cfg, pages: int, out: Path) -> str:
     model; returns its path."""
     from nitsum.profiling.measure import measure_profile
 
-    pe = PoolEngine(pool, cfg, ECFG, pages, [(0,), (1,)])
+    pe = PoolEngine(pool, cfg, ECFG, pages, DP2)
     t0 = time.perf_counter()
     profile = measure_profile(
         pe, cfg, "bench-binding", "cpu", repeats=3, prefill_tokens=(16, 64, 128, 256),
@@ -112,7 +117,7 @@ def mixed(pool: DevicePool, cfg, pages: int, args, every: float, row: Row) -> di
     "cost" (the cost model decides per request: DP, bound for the prompt, or bound)."""
     policy = "always" if row.policy == "dp" else row.policy
     ecfg = replace(ECFG, bind_policy=policy, binding_profile=row.profile)
-    pe = PoolEngine(pool, cfg, ecfg, pages, [(0,), (1,)])
+    pe = PoolEngine(pool, cfg, ecfg, pages, DP2)
     arrival: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -123,7 +128,7 @@ def mixed(pool: DevicePool, cfg, pages: int, args, every: float, row: Row) -> di
     while time.monotonic() - t0 < args.seconds or pe.has_unfinished():
         now = time.monotonic()
         open_ = now - t0 < args.seconds
-        for g in ((0,), (1,)):
+        for g in DP2:
             while open_ and len(pe.engines[g].request_ids()) < args.dp_batch:
                 rid = f"d{n_short}"
                 pe.add_request(
@@ -217,13 +222,13 @@ def compare(name: str, dp: dict, r: dict, doubled: bool) -> None:
 
 
 def longest(pool: DevicePool, cfg, pages: int) -> None:
-    pe = PoolEngine(pool, cfg, ECFG, pages, [(0,), (1,)])
+    pe = PoolEngine(pool, cfg, ECFG, pages, DP2)
     dp_limit = pages * P  # tokens of one device at TP 1
     n = pe.max_servable_tokens() - 8
     ids = random_prompt(cfg, n, 1)
     try:
         # NOTE: the checks Engine.add_request runs, on one replica, without queueing anything.
-        one = pe.engines[(0,)]
+        one = pe.engines[DP2[0]]
         validate_request(ids, greedy(4), one.cfg.vocab_size, one.max_context, one.scheduler.pages)
         dp = "accepted"
     except InvalidRequestError:

@@ -37,6 +37,7 @@ from nitsum.sampling import SamplingParams  # noqa: E402
 from tiny import layout_slices, random_llama, random_prompt  # noqa: E402
 
 ALL = (0, 1, 2, 3)
+TP4 = GroupShape.tp_group(ALL)
 # (label, the group's shape)
 LAYOUTS = [
     ("TP4 (4,1)", GroupShape(ALL, 4, 1)),
@@ -54,12 +55,12 @@ def switches(pool: DevicePool, cfg: ModelConfig, requests: int) -> dict[str, lis
     out: dict[str, list[float]] = {"no KV": [], "KV, 1st round": [], "KV, 2nd round": []}
     for name in out:
         with_kv = name != "no KV"
-        pe = PoolEngine(pool, cfg, ECFG, PAGES, [ALL])
+        pe = PoolEngine(pool, cfg, ECFG, PAGES, [TP4])
         if with_kv:
             greedy = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
             for i in range(requests):
                 pe.add_request(f"r{i}", random_prompt(cfg, 240, i), RequestSpec(greedy))
-            while any(s.num_computed < 240 for s in pe.engines[ALL].sequences()):
+            while any(s.num_computed < 240 for s in pe.engines[TP4].sequences()):
                 pe.step()
         for (_, before), (label, after) in zip(LAYOUTS, LAYOUTS[1:], strict=False):
             tokens = sum(s.num_computed for e in pe.engines.values() for s in e.sequences())
@@ -86,7 +87,7 @@ def restart_ms(source: ModelSource, cfg: ModelConfig) -> float:
     """New device processes for a layout, up to their first step (ms)."""
     t0 = time.perf_counter()
     with DevicePool(4, source, ECFG, PAGES, levels=(1, 2, 4)) as pool:
-        pe = PoolEngine(pool, cfg, ECFG, PAGES, [ALL])
+        pe = PoolEngine(pool, cfg, ECFG, PAGES, [TP4])
         step = GroupStep(pe, GroupShape.tp_group(ALL), [(16, 16)])
         step()
         ms = (time.perf_counter() - t0) * 1e3
@@ -95,7 +96,7 @@ def restart_ms(source: ModelSource, cfg: ModelConfig) -> float:
 
 def decode(pool: DevicePool, cfg: ModelConfig, rounds: int) -> None:
     """Decode step latency of each layout at batch 1 and 32 (context 256), interleaved."""
-    pe = PoolEngine(pool, cfg, ECFG, PAGES, [ALL])
+    pe = PoolEngine(pool, cfg, ECFG, PAGES, [TP4])
     for batch in (1, 32):
         items = [(256, 1)] * batch
         steps = {label: GroupStep(pe, shape, items) for label, shape in LAYOUTS[:3]}

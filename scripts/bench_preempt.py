@@ -29,7 +29,7 @@ from nitsum.engine.load import resolve_model_dir
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.host_pool import HostKVPool
 from nitsum.kv.pool import KVPool
-from nitsum.pool.local import open_local_engine
+from nitsum.pool.local import ONLY_GROUP, open_local_engine
 from nitsum.sampling import SamplingParams
 
 
@@ -119,13 +119,13 @@ def workload(
     gaps: list[float] = []
     tokens = 0
     # The strict requests start once the background conversations that fit are all decoding.
-    running = engine.engines[(0,)].scheduler.running
+    running = engine.engines[ONLY_GROUP].scheduler.running
     while not running or any(s.remaining > 1 for s in running):
         tokens += sum(len(o.new_token_ids) for o in engine.step())
     t0 = time.monotonic()
     next_at = t0
     sent = 0
-    while sent < args.strict or any(r.startswith("s") for r in engine.engines[(0,)].seqs):
+    while sent < args.strict or any(r.startswith("s") for r in engine.engines[ONLY_GROUP].seqs):
         now = time.monotonic()
         if sent < args.strict and now >= next_at:
             rid = f"s{sent}"

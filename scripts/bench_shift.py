@@ -158,7 +158,8 @@ def end_to_end(
 
 def engine_with(pe: PoolEngine, group: tuple[int, ...], rule: ShiftRule) -> PoolEngine:
     """A PoolEngine over the same devices whose group follows `rule`."""
-    return PoolEngine(pe.pool, pe.cfg, replace(pe.ecfg, shift=rule), pe.alloc.num_pages, [group])
+    ecfg, shape = replace(pe.ecfg, shift=rule), GroupShape.tp_group(group)
+    return PoolEngine(pe.pool, pe.cfg, ecfg, pe.alloc.num_pages, [shape])
 
 
 def main() -> None:
@@ -180,7 +181,7 @@ def main() -> None:
     pages = 2048
     group = tuple(range(args.devices))
     with DevicePool(args.devices, source, ecfg, pages, levels=levels) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, pages, [group])
+        pe = PoolEngine(pool, cfg, ecfg, pages, [GroupShape.tp_group(group)])
         threshold = calibrate(pe, group, max(3, args.rounds // 3), decode, prefill)
         rule = ShiftRule(threshold=threshold)
         print(f"[shift] {args.devices} devices, crossover: SP above {threshold} batched tokens")

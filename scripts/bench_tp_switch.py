@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from device_probes import fill_kv, kv_equal  # noqa: E402
 from nitsum.engine.engine_config import EngineConfig  # noqa: E402
 from nitsum.engine.request_spec import RequestSpec  # noqa: E402
+from nitsum.parallel.topology import GroupShape  # noqa: E402
 from nitsum.pool.device_commands import Counters, Probe  # noqa: E402
 from nitsum.pool.device_pool import DevicePool  # noqa: E402
 from nitsum.pool.device_proc import Device, ModelSource  # noqa: E402
@@ -31,6 +32,10 @@ from nitsum.pool.migration_plan import Piece  # noqa: E402
 from nitsum.pool.pool_engine import PoolEngine  # noqa: E402
 from nitsum.sampling import SamplingParams  # noqa: E402
 from tiny import make_tiny  # noqa: E402
+
+TP1 = [GroupShape.tp_group((d,)) for d in range(4)]
+TP2 = [GroupShape.tp_group((0, 1)), GroupShape.tp_group((2, 3))]
+TP4 = [GroupShape.tp_group((0, 1, 2, 3))]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -44,9 +49,9 @@ def bench_activation(switches: int) -> None:
     with DevicePool(
         4, ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict()), ecfg, 64
     ) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, 64, [(0,), (1,), (2,), (3,)])
+        pe = PoolEngine(pool, cfg, ecfg, 64, TP1)
         before = [pool.call(d, Counters())["groups_created"] for d in range(4)]
-        layouts = [[(0, 1), (2, 3)], [(0, 1, 2, 3)], [(0, 1), (2, 3)], [(0,), (1,), (2,), (3,)]]
+        layouts = [TP2, TP4, TP2, TP1]
         times = []
         for i in range(switches):
             t0 = time.perf_counter()
@@ -152,19 +157,19 @@ def bench_switch_vs_restart() -> None:
     prompts = [torch.randint(0, 128, (100,), generator=g).tolist() for _ in range(8)]
     params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     with DevicePool(4, source, ecfg, 512) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, 512, [(0,), (1,), (2,), (3,)])
+        pe = PoolEngine(pool, cfg, ecfg, 512, TP1)
         for i, p in enumerate(prompts):
             pe.add_request(f"r{i}", p, RequestSpec(params))
         for _ in range(20):
             pe.step()
         t0 = time.perf_counter()
-        report = pe.reconfigure([(0, 1), (2, 3)])
+        report = pe.reconfigure(TP2)
         switch = time.perf_counter() - t0
         assert report.ok
     # Restart: new processes, weights loaded again, the running requests prefilled again.
     t0 = time.perf_counter()
     with DevicePool(4, source, ecfg, 512) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, 512, [(0, 1), (2, 3)])
+        pe = PoolEngine(pool, cfg, ecfg, 512, TP2)
         for i, p in enumerate(prompts):
             pe.add_request(f"r{i}", p, RequestSpec(params))
         while any(

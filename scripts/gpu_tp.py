@@ -48,9 +48,9 @@ from nitsum.sampling import SamplingParams  # noqa: E402
 from random_model import hf_config, write_model  # noqa: E402
 
 DEVICES = 4
-TP1 = [(0,), (1,), (2,), (3,)]
-TP2 = [(0, 1), (2, 3)]
-TP4 = [(0, 1, 2, 3)]
+TP1 = [GroupShape.tp_group((d,)) for d in range(4)]
+TP2 = [GroupShape.tp_group((0, 1)), GroupShape.tp_group((2, 3))]
+TP4 = [GroupShape.tp_group((0, 1, 2, 3))]
 REQUESTS = 16
 NEW_TOKENS = 24
 
@@ -170,7 +170,7 @@ def run(cuda: bool, layers: int, work: Path) -> dict[str, Any]:
         # 1. greedy at TP 1, 2, 4
         _, ref = serve(pool, cfg, ecfg, pages, TP1, ps[:4])
         out["greedy"] = {
-            f"tp{len(g[0])}": serve(pool, cfg, ecfg, pages, g, ps[:4])[1] == ref for g in (TP2, TP4)
+            f"tp{g[0].tp}": serve(pool, cfg, ecfg, pages, g, ps[:4])[1] == ref for g in (TP2, TP4)
         }
         # 2. 1 -> 2 -> 4 -> 1 with 16 requests in flight
         _, unswitched = serve(pool, cfg, ecfg, pages, TP1, ps)
@@ -214,9 +214,9 @@ def run(cuda: bool, layers: int, work: Path) -> dict[str, Any]:
             "sp_steps": pe.counters["sp_steps"],
         }
         pe = PoolEngine(pool, cfg, ecfg, pages, TP1)
-        assert pe.reconfigure([GroupShape((0, 1), 1, 2), (2,), (3,)]).ok
+        assert pe.reconfigure([GroupShape((0, 1), 1, 2), *TP1[2:]]).ok
         for i, p in enumerate(ps[:2]):
-            pe.add_request(f"r{i}", p, greedy(), group=(0, 1))
+            pe.add_request(f"r{i}", p, greedy(), group=GroupShape((0, 1), 1, 2))
         got = {}
         drain(pe, got)
         out["pp"] = {

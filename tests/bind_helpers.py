@@ -12,6 +12,7 @@ from nitsum.engine.engine_config import EngineConfig
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from shapes import layout
 
 P = 4
 PAGES = 20  # one device holds 80 tokens at TP 1, a TP-2 group 160
@@ -57,7 +58,13 @@ class Run:
     in, and the prompt tokens each engine computed for each request."""
 
     def __init__(self, pool: DevicePool, cfg, ecfg: EngineConfig = ECFG, **knobs) -> None:
-        self.pe = PoolEngine(pool, cfg, replace(ecfg, **knobs), PAGES, [(0,), (1,)])
+        self.pe = PoolEngine(
+            pool,
+            cfg,
+            replace(ecfg, **knobs),
+            PAGES,
+            layout((0,), (1,)),
+        )
         self.out: dict[str, list[int]] = {}
         self.steps: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}

@@ -12,6 +12,7 @@ from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.pool.bind_choice import SLOWDOWN_RANGE, Chooser
+from shapes import tp
 
 # Prefill 1 ms a token at TP 1 and 0.5 at TP 2; decode 10 / 10 ms (x (1 + batch / 10)).
 SHAPE = ({1: 1.0, 2: 0.5}, {1: 10.0, 2: 10.0})
@@ -52,7 +53,7 @@ def test_steps_twice_as_slow_as_profiled_make_a_slowdown_of_two(tmp_path) -> Non
 def test_the_query_carries_each_level_s_slowdown(tmp_path) -> None:
     c = chooser(tmp_path)
     c.slowdown = {1: 3.0, 2: 1.5}
-    q = c._query(2, {(0,): _idle(), (1,): _idle()}, RequestSpec(greedy(8), ttft_ms=100), 64, 8, 0)
+    q = c._query(2, {tp(0): _idle(), tp(1): _idle()}, RequestSpec(greedy(8), ttft_ms=100), 64, 8, 0)
     assert [r["slowdown"] for r in q["replicas"]] == [3.0, 3.0] and q["bound_slowdown"] == 1.5
     # And the model uses them: DP's first token three times as late as profiled.
     assert c.model is not None
@@ -86,7 +87,7 @@ def test_the_query_weighs_the_tier_s_tpot_target_and_weight(tmp_path) -> None:
     `tpot_ms`, `weight`): the cost model values the request with them."""
     c = chooser(tmp_path)
     spec = RequestSpec(greedy(8), ttft_ms=100, tpot_ms=15.0, weight=4.0)
-    q = c._query(2, {(0,): _idle(), (1,): _idle()}, spec, 64, 8, 0)
+    q = c._query(2, {tp(0): _idle(), tp(1): _idle()}, spec, 64, 8, 0)
     assert (q["ttft_ms"], q["tpot_ms"], q["weight"]) == (100, 15.0, 4.0)
-    plain = c._query(2, {(0,): _idle()}, RequestSpec(greedy(8)), 64, 8, 0)
+    plain = c._query(2, {tp(0): _idle()}, RequestSpec(greedy(8)), 64, 8, 0)
     assert (plain["tpot_ms"], plain["weight"]) == (None, 1.0)

@@ -10,6 +10,7 @@ import pytest
 
 from bind_helpers import ECFG, PAGES, Run, greedy, write_profile
 from nitsum.engine.request_spec import RequestSpec
+from shapes import layout, tp
 from tiny import hf_greedy, make_tiny, tiny_device_pool
 from tiny import random_prompt as prompt
 
@@ -41,8 +42,8 @@ def cost_run(pool, tiny, tmp_path, shape) -> Run:
 
 def busy_replicas(run: Run, ps: dict[str, list[int]], n: int = 16) -> None:
     """Requests "a" on (0,) and "b" on (1,), decoding after a few steps."""
-    run.pe.add_request("a", ps["a"], RequestSpec(greedy(n)), group=(0,))
-    run.pe.add_request("b", ps["b"], RequestSpec(greedy(n)), group=(1,))
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(n)), group=tp(0))
+    run.pe.add_request("b", ps["b"], RequestSpec(greedy(n)), group=tp(1))
     for _ in range(3):
         run.step()
 
@@ -58,10 +59,10 @@ def test_prefill_only_binding_hands_the_kv_back_after_the_prompt(pool, tiny, tmp
     busy_replicas(run, ps)
     bound_at = run.n
     spec = RequestSpec(greedy(10), bind_tp=2, ttft_ms=30)
-    assert run.pe.add_request("s", ps["s"], spec) == (0, 1)
+    assert run.pe.add_request("s", ps["s"], spec) == tp(0, 1)
     decision = run.pe.last_bind
     assert decision is not None and decision["mode"] == "prefill" and decision["level"] == 2
-    replica = [(0,), (1,)][decision["replica"]]
+    replica = layout((0,), (1,))[decision["replica"]]
     run.step()
     assert run.steps["s"] == [bound_at]  # prompt and first token at TP 2
     assert not run.pe.binder.bindings and not run.pe.binder.paused()  # released at once
@@ -86,13 +87,13 @@ def test_full_binding_hands_back_when_the_replicas_get_work(pool, tiny, tmp_path
     run = cost_run(pool, tiny, tmp_path, BOTH_PAY)
     ps = {r: prompt(cfg, 20 + i, seed=80 + i) for i, r in enumerate("sab")}
     spec = RequestSpec(greedy(16), bind_tp=2, ttft_ms=30)
-    assert run.pe.add_request("s", ps["s"], spec) == (0, 1)
+    assert run.pe.add_request("s", ps["s"], spec) == tp(0, 1)
     assert run.pe.last_bind is not None and run.pe.last_bind["mode"] == "full"
     for _ in range(3):
         run.step()
     assert run.pe.binder.bindings and len(run.out["s"]) == 3  # no work waits: stays bound
-    run.pe.add_request("a", ps["a"], RequestSpec(greedy(8)), group=(0,))
-    run.pe.add_request("b", ps["b"], RequestSpec(greedy(8)), group=(1,))
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(8)), group=tp(0))
+    run.pe.add_request("b", ps["b"], RequestSpec(greedy(8)), group=tp(1))
     handed_at = run.n
     run.step()
     assert not run.pe.binder.bindings  # asked at once (the replicas' load changed): DP
@@ -118,11 +119,11 @@ def test_the_decision_weighs_the_blocks_real_state(pool, tiny, tmp_path) -> None
     idle = run.pe.last_bind
     assert idle is not None and all(o["lost_tokens"] == 0 for o in idle["options"])
     run.finish()
-    for r, g in (("a", (0,)), ("c", (0,)), ("b", (1,))):
+    for r, g in (("a", tp(0)), ("c", tp(0)), ("b", tp(1))):
         run.pe.add_request(r, ps[r], RequestSpec(greedy(12)), group=g)
     for _ in range(3):
         run.step()
-    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2)) == (1,)
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2)) == tp(1)
     busy = run.pe.last_bind
     assert busy is not None and busy["mode"] == "dp" and busy["replica"] == 1
     full = next(o for o in busy["options"] if o["mode"] == "full")
@@ -154,18 +155,18 @@ def test_a_profile_that_cannot_weigh_warns_and_binds_as_always(
         with caplog.at_level(logging.WARNING, logger="nitsum.pool.bind_choice"):
             run = Run(pool, cfg, binding_profile=path)
         assert [r.getMessage() for r in caplog.records if path in r.getMessage()], path
-        assert run.pe.add_request("x", p, RequestSpec(greedy(4), bind_tp=2)) == (0, 1)
+        assert run.pe.add_request("x", p, RequestSpec(greedy(4), bind_tp=2)) == tp(0, 1)
         run.finish()
         assert run.out["x"] == hf_greedy(hf, p, 4)
         assert run.pe.last_bind is None
         assert run.pe.all_counters()["bind_decisions_dp"] == 0
     good = write_profile(tmp_path / "good.json", *NEVER_PAYS)
     always = Run(pool, cfg, binding_profile=good, bind_policy="always")
-    assert always.pe.add_request("y", p, RequestSpec(greedy(4), bind_tp=2)) == (0, 1)
+    assert always.pe.add_request("y", p, RequestSpec(greedy(4), bind_tp=2)) == tp(0, 1)
     always.finish()
     assert always.pe.last_bind is None
     cost = Run(pool, cfg, binding_profile=good)
     long = prompt(cfg, 100, seed=98)
-    assert cost.pe.add_request("long", long, RequestSpec(greedy(8), bind_tp=2)) == (0, 1)
+    assert cost.pe.add_request("long", long, RequestSpec(greedy(8), bind_tp=2)) == tp(0, 1)
     cost.finish()
     assert cost.out["long"] == hf_greedy(hf, long, 8) and cost.pe.last_bind is None

@@ -13,6 +13,7 @@ from nitsum.pool.device_commands import Counters
 from nitsum.pool.local import local_engine
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from shapes import layout, tp
 from tiny import POOL_ECFG, POOL_PAGES, drain, make_tiny, tiny_device_pool
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -73,13 +74,17 @@ def test_tp_switch_selects_recordings_and_never_records():
         captures = [pool.call(d, Counters())["graph_captures"] for d in range(4)]
         # Contexts of TP 1, 2 and 4 on each device, a recording per bucket.
         assert captures == [3 * len(DEFAULT_BUCKETS)] * 4
-        pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0,), (1,), (2,), (3,)])
+        pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [tp(d) for d in range(4)])
         for i, p in enumerate(ps):
             pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
         out: dict[str, list[int]] = {}
-        for layout in ([(0, 1), (2, 3)], [(0, 1, 2, 3)], [(0,), (1,), (2,), (3,)]):
+        for plan in (
+            layout((0, 1), (2, 3)),
+            layout((0, 1, 2, 3)),
+            layout((0,), (1,), (2,), (3,)),
+        ):
             drain(pe, out, steps=3)
-            assert pe.reconfigure(layout).ok
+            assert pe.reconfigure(plan).ok
         drain(pe, out)
         stats = [pool.call(d, Counters()) for d in range(4)]
     assert out == eager

@@ -20,6 +20,7 @@ from nitsum.worker.backend import PoolBackend
 from nitsum.worker.device_watch import DeviceWatch
 from nitsum.worker.server import WorkerServer
 from nitsum.worker.supervise import Restarts
+from shapes import tp
 from test_host_worker import ECFG, NUM_PAGES, HostRouter, greedy, plan, prompt, reference
 from tiny import make_tiny, tiny_device_pool
 
@@ -41,7 +42,7 @@ def tiny():
 def host(tiny) -> Iterator[Host]:
     """A registered 2-device host worker on its own pool (a test kills one of its devices)."""
     with tiny_device_pool(tiny, devices=N, levels=(1, 2)) as pool:
-        pe = PoolEngine(pool, tiny[1], ECFG, NUM_PAGES, [(d,) for d in range(N)])
+        pe = PoolEngine(pool, tiny[1], ECFG, NUM_PAGES, [tp(d) for d in range(N)])
         backend = PoolBackend(pe)
         backend.watch = DeviceWatch(pe, pool, 0, Restarts(base_s=0.2))
         router = HostRouter(N)
@@ -133,7 +134,7 @@ def test_a_killed_device_leaves_at_once_and_comes_back_alone(host, tiny):
     # A plan that puts the restarted device in a TP group is refused, nothing changed.
     acks = router.reconfigure(3, plan([[0, 1]]))
     assert not acks["1"]["ok"] and "restarted alone" in acks["1"]["error"], acks
-    assert pe.groups == [(0,), (1,)]
+    assert [g.members for g in pe.groups] == [(0,), (1,)]
     for used, owned in pe.page_accounting().values():
         assert used == owned
 
@@ -155,7 +156,7 @@ def test_a_tp_group_losing_a_member_hands_its_requests_back(host, tiny):
     router.pump(lambda: [m["worker_id"] for m in _of(router, "register", start)] == [0])
     assert [m["worker_id"] for m in _of(router, "device_lost")] == [1]
     assert not any(r in router.finals for r in reqs), "no error: the router resumes them"
-    assert pe.groups == [(0,)]
+    assert [g.members for g in pe.groups] == [(0,)]
     # Device 0 serves alone meanwhile, and the reference is what it computes.
     router.send(proto.Registered(0, epoch=3), b"0")
     ids, params = reqs["r0"]

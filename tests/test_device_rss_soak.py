@@ -13,6 +13,7 @@ import pytest
 
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.pool.pool_engine import PoolEngine
+from shapes import layout
 from test_host_worker import greedy, prompt
 from tiny import POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
 
@@ -36,7 +37,7 @@ def test_device_rss_levels_off_over_rounds_of_cut_streams():
     tiny = make_tiny("llama-long")
     ecfg = replace(POOL_ECFG, host_kv_cache_bytes=HOST_MIB << 20)
     with tiny_device_pool(tiny, ecfg, devices=2, levels=(1, 2)) as pool:
-        pe = PoolEngine(pool, tiny[1], ecfg, POOL_PAGES, [(0,), (1,)])
+        pe = PoolEngine(pool, tiny[1], ecfg, POOL_PAGES, layout((0,), (1,)))
         rss: list[list[float]] = []
         for r in range(ROUNDS):
             ids = []

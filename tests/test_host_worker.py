@@ -19,11 +19,13 @@ import torch
 from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker import protocol as proto
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.server import WorkerServer
+from shapes import tp
 from test_worker_server import FakeRouter
 from tiny import POOL_DEVICES, POOL_ECFG, POOL_PAGES, make_tiny, tiny_device_pool
 
@@ -84,7 +86,7 @@ class HostRouter(FakeRouter):
     def reconfigure(self, epoch: int, groups: list[dict[str, Any]]) -> dict[str, dict]:
         """Send the plan to every device, as the router does; returns their acks."""
         for identity in self.ids:
-            self.send(proto.Reconfigure(epoch, [proto.Group(**g) for g in groups]), identity)
+            self.send(proto.Reconfigure(epoch, [proto.GroupPlan(**g) for g in groups]), identity)
         self.pump(lambda: len(self.acks.get(epoch, {})) == len(self.ids))
         return self.acks[epoch]
 
@@ -103,7 +105,7 @@ def pool(tiny):
 @pytest.fixture
 def host(pool, tiny):
     """A registered host worker thread on the shared pool; yields (router, server, engine)."""
-    pe = PoolEngine(pool, tiny[1], ECFG, NUM_PAGES, [(d,) for d in range(N)])
+    pe = PoolEngine(pool, tiny[1], ECFG, NUM_PAGES, [tp(d) for d in range(N)])
     router = HostRouter()
     server = WorkerServer(PoolBackend(pe), router.addr, "tiny", heartbeat_every_s=0.2)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -186,7 +188,7 @@ def test_reconfigure_switches_tp_mid_stream_and_keeps_greedy_tokens(host, tiny):
         # Applied once: the copies on the other sockets are answered with the same report.
         assert len({tuple(sorted(a["timings_ms"].items())) for a in acks.values()}) == 1
         timings.append(acks["0"]["timings_ms"])
-        assert pe.groups == [tuple(g) for g in layout]
+        assert pe.groups == [GroupShape.tp_group(tuple(g)) for g in layout]
         if layout == TP2:  # a non-leader's generate joins the group that holds the device
             for rid, identity in (("late1", b"1"), ("late3", b"3")):
                 router.send(proto.generate(rid, *late[rid]), identity)
@@ -274,7 +276,7 @@ def test_an_illegal_plan_is_refused_and_serving_goes_on(host, tiny, groups, erro
     acks = router.reconfigure(3, body)
     for ack in acks.values():
         assert not ack["ok"] and error in ack["error"], ack
-    assert pe.groups == [(0, 1), (2, 3)]
+    assert pe.groups == [tp(0, 1), tp(2, 3)]
     router.pump(lambda: "x" in router.finals)
     assert router.tokens == ref and router.came_on["x"] == {"2"}
     heartbeats_settle(router, free_pages=NUM_PAGES, running=0, epoch=2)
@@ -341,7 +343,7 @@ def test_a_plan_with_a_pipeline_switches_to_it_mid_stream(host, tiny):
         acks = router.reconfigure(epoch, layout)
         assert all((a["ok"], a["error"]) == (True, None) for a in acks.values()), acks
         expect = (2, 2) if layout is pipeline else (1, 1)
-        assert all((pe.shape_of(g).tp, pe.shape_of(g).pp) == expect for g in pe.groups)
+        assert all((g.tp, g.pp) == expect for g in pe.groups)
     router.pump(lambda: set(router.finals) >= set(reqs))
     assert {rid: router.tokens[rid] for rid in reqs} == ref
     assert pe.all_counters()["pp_steps"] > 0

@@ -21,6 +21,7 @@ from nitsum.pool.migration_plan import Placement, plan_pieces
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.weights.layout import build_weights
+from shapes import layout
 from tiny import (
     POOL_ECFG,
     POOL_PAGES,
@@ -35,7 +36,7 @@ from tiny import (
 # TP only: every step of a group runs as TP (the shift rule's SP path is tested elsewhere).
 ECFG = replace(POOL_ECFG, shift=ShiftRule(threshold=None))
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-TP1, TP2, TP4 = [(0,), (1,), (2,), (3,)], [(0, 1), (2, 3)], [(0, 1, 2, 3)]
+TP1, TP2, TP4 = layout((0,), (1,), (2,), (3,)), layout((0, 1), (2, 3)), layout((0, 1, 2, 3))
 
 
 @pytest.fixture(scope="module")
@@ -217,13 +218,13 @@ def test_migration_through_replicated_tp4_keeps_tokens_and_moves_exact_bytes(poo
         pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     head_token_bytes = cfg.num_layers * 2 * cfg.head_dim * 4  # one head of one token, K and V
-    for layout in (TP4, TP2, TP1):
+    for plan in (TP4, TP2, TP1):
         drain(pe, out, steps=3)
         computed = sum(s.num_computed for e in pe.engines.values() for s in e.sequences())
-        tp = len(layout[0])
-        report = pe.reconfigure(layout, mode)
+        tp = plan[0].tp
+        report = pe.reconfigure(plan, mode)
         assert report.ok, report.error
-        assert pe.groups == layout
+        assert pe.groups == plan
         assert report.recomputed_requests == 0 and report.moved_requests > 0
         # Each destination rank receives (or copies locally) the heads it holds, once:
         # TP 1 → 4 moves twice the KV (each head to both replicas), 4 → 2 and 2 → 1 once.

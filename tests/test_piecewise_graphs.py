@@ -20,6 +20,7 @@ from nitsum.pool.device_commands import Counters
 from nitsum.pool.local import local_engine
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from shapes import tp
 from tiny import POOL_ECFG, POOL_PAGES, drain, make_tiny, random_prompt, tiny_device_pool
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -126,7 +127,7 @@ def test_tp2_group_replays_pieces_with_their_all_reduces():
     eager = eager_ids(hf, cfg, ps, ecfg=replace(ECFG, device="cpu"))
     ecfg = replace(PIECEWISE, device="cpu")  # two device processes: CPU (gloo) everywhere
     with tiny_device_pool(tiny, ecfg, devices=2, levels=(1, 2)) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, POOL_PAGES, [(0, 1)])
+        pe = PoolEngine(pool, cfg, ecfg, POOL_PAGES, [tp(0, 1)])
         out = run(pe, ps)
         stats = [pool.call(d, Counters()) for d in range(2)]
     assert out == eager

@@ -4,7 +4,6 @@
 from dataclasses import replace
 
 import pytest
-import torch
 
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.parallel.topology import GroupShape
@@ -14,6 +13,7 @@ from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from shapes import tp
 from tiny import (
     POOL_ECFG,
     POOL_PAGES,
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 ALL = (0, 1, 2, 3)
 TP4 = [GroupShape.tp_group(ALL)]
+TP2 = [tp(0, 1), tp(2, 3)]
 TP2_PP2 = [GroupShape(ALL, 2, 2)]
 TP1_PP4 = [GroupShape(ALL, 1, 4)]
 ECFG = replace(POOL_ECFG, prefix_caching=False)
@@ -53,7 +54,7 @@ def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
     (layer, head) slices whose owner changed."""
     hf, cfg, pool = tiny_pool
     prompts = [random_prompt(cfg, 5 + 3 * i, 40 + i) for i in range(4)]
-    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
     for i, p in enumerate(prompts):
         pe.add_request(f"r{i}", p, RequestSpec(greedy(16)))
     out: dict[str, list[int]] = {}
@@ -66,7 +67,7 @@ def test_switches_through_pipelines_keep_greedy_tokens(tiny_pool):
         changed = sum(len(after[d] - before[d]) for d in after)
         report = pe.reconfigure(layout)
         assert report.ok, report.error
-        assert [pe.shape_of(ALL)] == layout
+        assert pe.groups == layout
         assert_pages_consistent(pe)
         assert report.bytes_sent == changed * tokens * slice_bytes
         current = layout
@@ -82,13 +83,13 @@ def test_shrinking_switch_preempts_exactly_the_predicted_requests(tiny_pool):
     finish later with HF's tokens."""
     hf, cfg, pool = tiny_pool
     pages = 36  # TP4: 16 tokens a page; (1,4): 4
-    pe = PoolEngine(pool, cfg, ECFG, pages, [ALL])
+    pe = PoolEngine(pool, cfg, ECFG, pages, TP4)
     prompts = [random_prompt(cfg, 30, 60 + i) for i in range(6)]
     for i, p in enumerate(prompts):
         # r0 is the most important (lowest priority value), r5 the least.
         pe.add_request(f"r{i}", p, RequestSpec(greedy(8), priority=i))
     out = drain(pe, {}, steps=4)  # every prompt prefilled (64 tokens a step), then decoding
-    computed = sorted(s.num_computed for s in pe.engines[ALL].sequences())
+    computed = sorted(s.num_computed for s in pe.engines[GroupShape.tp_group(ALL)].sequences())
     assert computed[0] >= 30 and computed[-1] <= 32 + 1
     predicted = pe.plan_switch(TP1_PP4)
     # 31-33 tokens need 8-9 pages at (1,4) and 3 at TP4. NOTE: the TP4 pages stay allocated
@@ -109,7 +110,7 @@ def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
     (groups, pages, tokens); after it the new layout is in force."""
     hf, cfg, pool = tiny_pool
     prompts = [random_prompt(cfg, 9, 80 + i) for i in range(3)]
-    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
     for i, p in enumerate(prompts):
         pe.add_request(f"r{i}", p, RequestSpec(greedy(10)))
     out = drain(pe, {}, steps=3)
@@ -121,10 +122,10 @@ def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
         report = pe.reconfigure(TP2_PP2, faults=FaultPlan(phase=phase))
     assert report.error is not None and ("failed" in report.error or phase in report.error)
     if phase == "after_commit":
-        assert report.ok and [pe.shape_of(ALL)] == TP2_PP2
+        assert report.ok and pe.groups == TP2_PP2
         assert all(s.layout == TP2_PP2[0] for e in pe.engines.values() for s in e.sequences())
     else:
-        assert not report.ok and [pe.shape_of(ALL)] == TP4
+        assert not report.ok and pe.groups == TP4
         assert pe.page_accounting() == before
         assert {s.request_id: s.layout for e in pe.engines.values() for s in e.sequences()} == (
             layouts
@@ -137,14 +138,14 @@ def test_a_failure_before_commit_leaves_the_old_layout(tiny_pool, phase):
 
 def test_unknown_pipelines_are_refused_clearly(tiny_pool):
     _, cfg, pool = tiny_pool
-    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [ALL])
+    pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP4)
     with pytest.raises(ValueError, match=r"no pipeline \[0, 1, 2\] \(TP 1 x PP 3\)"):
         pe.reconfigure([GroupShape((0, 1, 2), 1, 3)])
     with pytest.raises(ValueError, match="overlaps"):
-        pe.reconfigure([GroupShape((0, 1), 1, 2), ALL])
+        pe.reconfigure([GroupShape((0, 1), 1, 2), *TP4])
     with pytest.raises(ValueError, match="are not 2 stage"):
         GroupShape((0, 1, 2), 2, 2)
-    assert torch.equal(torch.tensor(pe.groups), torch.tensor([ALL]))
+    assert pe.groups == TP4
 
 
 def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
@@ -153,7 +154,7 @@ def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
     hf, cfg = make_tiny("llama-deep")
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
-        pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, [(0, 1), (2, 3)])
+        pe = PoolEngine(pool, cfg, ECFG, POOL_PAGES, TP2)
         for i in range(4):
             pe.add_request(f"r{i}", random_prompt(cfg, 9, 90 + i), RequestSpec(greedy(10)))
         drain(pe, {}, steps=3)
@@ -162,12 +163,12 @@ def test_a_dead_device_before_the_transfer_leaves_the_old_layout():
         pool.procs[3].join()
         report = pe.reconfigure(TP2_PP2)
         assert not report.ok and "device 3 is gone" in report.error
-        assert pe.groups == [(0, 1), (2, 3)] and pe.page_accounting() == before
+        assert pe.groups == TP2 and pe.page_accounting() == before
         # The dead group's requests are handed back unanswered (the host worker's
         # `lose_device`, for the router to resume); the live group still serves.
         dropped = lose_device(pe, 3)
         assert len(dropped) == 2, dropped
-        assert (2,) in pe.groups and 3 in pe.solo
+        assert tp(2) in pe.groups and 3 in pe.solo
         finals = {}
         while pe.has_unfinished():
             for o in pe.step():
@@ -182,12 +183,12 @@ def test_a_reshaped_group_gives_its_cache_back_and_keeps_its_counters(tiny_pool)
     is retired like a vanishing one (its cached pages freed first, counted in plan_switch; its
     counters kept), and nothing leaks."""
     hf, cfg, pool = tiny_pool
-    pe = PoolEngine(pool, cfg, POOL_ECFG, 46, [ALL])  # the cache on
+    pe = PoolEngine(pool, cfg, POOL_ECFG, 46, TP4)  # the cache on
     done = [random_prompt(cfg, 24, 100 + i) for i in range(2)]
     for i, p in enumerate(done):
         pe.add_request(f"d{i}", p, RequestSpec(greedy(2)))
     drain(pe, {})  # finished: their full pages stay cached
-    assert pe.engines[ALL].cached_pages()
+    assert pe.engines[GroupShape.tp_group(ALL)].cached_pages()
     prompts = [random_prompt(cfg, 30, 110 + i) for i in range(4)]
     for i, p in enumerate(prompts):
         pe.add_request(f"r{i}", p, RequestSpec(greedy(6), priority=i))

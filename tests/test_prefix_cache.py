@@ -9,6 +9,7 @@ from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.prefix_cache import PrefixCache
 from nitsum.sampling import SamplingParams
+from shapes import tp
 from tiny import kv_bytes, make_tiny
 from tiny import random_prompt as history
 
@@ -161,17 +162,26 @@ def test_kv_moves_into_a_group_evict_its_idle_cached_pages(tiny) -> None:
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     with tiny_device_pool(tiny) as pool:
         assert pool.num_devices == POOL_DEVICES
-        pe = PoolEngine(pool, cfg, ecfg, 24, [(0,), (1,), (2,), (3,)])
+        pe = PoolEngine(pool, cfg, ecfg, 24, [tp(d) for d in range(4)])
         # Fill device 1's pool with idle cached pages: three 30-token requests there.
         for i in range(3):
             pe.add_request(
-                f"fill{i}", history(cfg, 30, seed=10 + i), RequestSpec(params), group=(1,)
+                f"fill{i}",
+                history(cfg, 30, seed=10 + i),
+                RequestSpec(params),
+                group=tp(1),
             )
         while pe.has_unfinished():
             pe.step()
-        assert pe.engines[(1,)].num_evictable() >= 18
+        assert pe.engines[tp(1)].num_evictable() >= 18
         p = history(cfg, 40, seed=20)
-        pe.add_request("pd", p, RequestSpec(params), group=(0,), decode_group=(1,))
+        pe.add_request(
+            "pd",
+            p,
+            RequestSpec(params),
+            group=tp(0),
+            decode_group=tp(1),
+        )
         out: list[int] = []
         while pe.has_unfinished():
             out += [t for o in pe.step() for t in o.new_token_ids]

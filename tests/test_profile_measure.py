@@ -10,6 +10,7 @@ from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.profiling.measure import measure_profile
+from shapes import tp
 from tiny import POOL_ECFG, POOL_PAGES, make_tiny
 
 # Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
@@ -21,7 +22,7 @@ def profile():
     hf, cfg = make_tiny("llama-deep")  # 4 layers, 4 KV heads: TP 1/2/4, PP 2/4
     source = ModelSource(hf_config=cfg.extra, state_dict=hf.state_dict())
     with DevicePool(4, source, POOL_ECFG, POOL_PAGES, levels=(1, 2, 4)) as pool:
-        pe = PoolEngine(pool, cfg, POOL_ECFG, POOL_PAGES, [(d,) for d in range(4)])
+        pe = PoolEngine(pool, cfg, POOL_ECFG, POOL_PAGES, [tp(d) for d in range(4)])
         grid = {"prefill_tokens": (8, 32), "batches": (1, 4), "contexts": (16,)}
         return measure_profile(pe, cfg, "tiny", "cpu-test", repeats=1, **grid)
 

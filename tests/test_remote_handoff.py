@@ -22,6 +22,7 @@ from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.inbound import GenerateRequest
+from shapes import tp
 from tiny import assert_pages_consistent, make_tiny, random_prompt, tiny_device_pool
 
 # Spawns processes (devices, workers, router): out of the fast lane (scripts/test.sh --fast).
@@ -72,7 +73,7 @@ def pool(tiny):
 def backends(tiny, pool, decode_pages: int = PAGES) -> tuple[PoolBackend, PoolBackend]:
     """Process A: worker ids 0-1 as one TP-2 group; process B: worker id 2, one device."""
     hf, cfg = tiny
-    a = PoolBackend(PoolEngine(pool, cfg, ECFG, PAGES, [(0, 1)]), first_id=0)
+    a = PoolBackend(PoolEngine(pool, cfg, ECFG, PAGES, [tp(0, 1)]), first_id=0)
     ecfg = EngineConfig(page_tokens=4, token_budget=64, kv_cache_bytes=decode_pages * 4 * 512)
     b = PoolBackend(local_engine(cfg, hf.state_dict().items(), ecfg), first_id=2)
     pa, pb = LoopPeers([0, 1]), LoopPeers([2])

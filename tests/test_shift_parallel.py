@@ -12,12 +12,14 @@ from nitsum.engine.sequence import Sequence
 from nitsum.parallel.sequence import TokenSplit, head_rows_by_rank
 from nitsum.parallel.shard import HeadRange
 from nitsum.parallel.shift import ShiftRule, crossover
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.profiling.measure import shift_threshold
 from nitsum.sampling import SamplingParams
+from shapes import tp
 from tiny import POOL_ECFG, POOL_PAGES, assert_last_logits, hf_greedy, make_tiny, random_prompt
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -37,7 +39,7 @@ def tiny_pool(request):
 
 def engine(pool, cfg, groups, shift):
     ecfg = EngineConfig(**{**vars(POOL_ECFG), "shift": shift})
-    return PoolEngine(pool, cfg, ecfg, POOL_PAGES, groups)
+    return PoolEngine(pool, cfg, ecfg, POOL_PAGES, [GroupShape.tp_group(g) for g in groups])
 
 
 def one_step(pe, group, items):
@@ -46,7 +48,7 @@ def one_step(pe, group, items):
     for seq, _, _ in items:
         if not seq.pages:
             seq.pages = pages.allocate(pages.pages_for(seq.total_len))
-    inputs = pe.engines[group].runner.prepare([Scheduled(*it) for it in items])
+    inputs = pe.engines[GroupShape.tp_group(group)].runner.prepare([Scheduled(*it) for it in items])
     pe.pool.launch_step(group, inputs)
     return pe.pool.collect_step(group), inputs
 
@@ -107,7 +109,7 @@ def test_shift_mid_decode_keeps_greedy_tokens(tiny_pool):
     before = pool.call(0, Counters())
     while pe.has_unfinished():
         # Two steps SP, two steps TP, ...: the KV written in one mode is read in the other.
-        pe.engines[(0, 1, 2, 3)].runner.shift = ALWAYS_SP if step // 2 % 2 == 0 else NEVER_SP
+        pe.engines[tp(0, 1, 2, 3)].runner.shift = ALWAYS_SP if step // 2 % 2 == 0 else NEVER_SP
         for o in pe.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
         step += 1
@@ -134,7 +136,7 @@ def test_sp_writes_the_kv_tp_writes(tiny_pool):
         Sequence("tp", ids, RequestSpec(GREEDY)),
     )
     one_step(pe, (0, 1), [(sp_seq, 0, len(ids))])
-    pe.engines[(2, 3)].runner.shift = NEVER_SP
+    pe.engines[tp(2, 3)].runner.shift = NEVER_SP
     one_step(pe, (2, 3), [(tp_seq, 0, len(ids))])
     assert tp_seq.pages == sp_seq.pages  # both groups' allocators were fresh
     assert pe.counters["sp_steps"] == 1 and pe.counters["tp_steps"] == 1
@@ -158,7 +160,7 @@ def test_sp_writes_the_kv_tp_writes_on_four_ranks(tiny_pool):
     one_step(pe, ALL, [(seq, 0, len(ids))])
     local_heads = HeadRange.of(cfg, 4, 0).kv_heads
     sp_kv = [pool.call(d, Probe(kv_slots, (seq.pages, len(ids), local_heads))) for d in ALL]
-    pe.engines[ALL].runner.shift = NEVER_SP
+    pe.engines[GroupShape.tp_group(ALL)].runner.shift = NEVER_SP
     one_step(
         pe, ALL, [(Sequence("y", ids, RequestSpec(GREEDY), pages=list(seq.pages)), 0, len(ids))]
     )

@@ -10,6 +10,7 @@ from nitsum.engine.request_spec import RequestSpec
 from nitsum.kv.host_pool import HostKVPool, runs
 from nitsum.kv.pool import KVPool
 from nitsum.sampling import SamplingParams
+from shapes import tp
 from tiny import hf_greedy, kv_bytes, make_tiny, run_arrivals, tiny_device_pool
 from tiny import random_prompt as prompt
 
@@ -136,8 +137,8 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
     )
     ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
     with tiny_device_pool(tiny, ecfg, devices=2, pages=64, levels=(1, 2)) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, 64, [(0, 1)])
-        pe.engines[(0, 1)].scheduler.swap.bytes_per_s = 1e15
+        pe = PoolEngine(pool, cfg, ecfg, 64, [tp(0, 1)])
+        pe.engines[tp(0, 1)].scheduler.swap.bytes_per_s = 1e15
         out: dict[str, list[int]] = {}
         peak = {"kv_cache_usage_perc": 0, "host_kv_usage_perc": 0}
         for step in range(200):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nitsum.config import ModelConfig
-from nitsum.parallel.topology import TPTopology
+from nitsum.parallel.topology import GroupShape, TPTopology
 from tiny import BASE
 
 
@@ -27,9 +27,11 @@ def test_levels_are_what_the_model_allows_and_the_pool_holds() -> None:
 
 def test_aligned_groups_and_a_devices_group() -> None:
     t = TPTopology(6, (1, 2, 4))
-    assert t.aligned_groups() == [(0, 1), (2, 3), (4, 5), (0, 1, 2, 3)]
-    assert t.group_of(5, 2) == (4, 5) and t.group_of(3, 4) == (0, 1, 2, 3)
-    assert TPTopology(3, (1, 3)).aligned_groups() == [(0, 1, 2)]
+    tp = GroupShape.tp_group
+    assert t.aligned_groups() == [tp((0, 1)), tp((2, 3)), tp((4, 5)), tp((0, 1, 2, 3))]
+    assert t.group_of(5, 2) == tp((4, 5)) and t.group_of(3, 4) == tp((0, 1, 2, 3))
+    assert t.group_of(3, 4).tp == 4
+    assert TPTopology(3, (1, 3)).aligned_groups() == [tp((0, 1, 2))]
 
 
 @pytest.mark.parametrize(
@@ -43,8 +45,15 @@ def test_aligned_groups_and_a_devices_group() -> None:
 )
 def test_check_refuses_what_the_pool_cannot_run(groups, error) -> None:
     with pytest.raises(ValueError, match=error):
-        TPTopology(4, (1, 2, 4)).check(groups)
+        TPTopology(4, (1, 2, 4)).check([GroupShape.tp_group(g) for g in groups])
+
+
+def test_check_reads_tp_from_the_shape_not_the_member_count() -> None:
+    # Four devices as 2 stages of TP 2: a pipeline, not a TP-4 group (4 = len(members)).
+    with pytest.raises(ValueError, match="a pipeline, not a TP group"):
+        TPTopology(4, (1, 2, 4)).check([GroupShape((0, 1, 2, 3), 2, 2)])
 
 
 def test_check_accepts_a_mixed_layout() -> None:
-    TPTopology(8, (1, 2, 4)).check([(0, 1, 2, 3), (4, 5), (6,), (7,)])
+    layout = [(0, 1, 2, 3), (4, 5), (6,), (7,)]
+    TPTopology(8, (1, 2, 4)).check([GroupShape.tp_group(g) for g in layout])

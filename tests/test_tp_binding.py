@@ -11,6 +11,7 @@ from nitsum.engine.request_spec import RequestSpec
 from nitsum.errors import InvalidRequestError
 from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.pool_engine import PoolEngine
+from shapes import layout, tp
 from tiny import hf_greedy, make_tiny, tiny_device_pool
 from tiny import random_prompt as prompt
 
@@ -42,20 +43,19 @@ def test_a_prompt_longer_than_a_device_runs_on_a_bound_group(run, tiny) -> None:
     long = prompt(cfg, 100, seed=1)
     assert run.pe.max_servable_tokens() == 160
     group = run.pe.add_request("long", long, RequestSpec(greedy(20)))
-    assert group == (0, 1) and run.pe.binder.bindings[0].hard is False
+    assert group == tp(0, 1) and run.pe.binder.bindings[0].hard is False
     run.finish()
     assert run.out["long"] == hf_greedy(hf, long, 20)
     assert run.pe.all_counters()["tp_binds"] == 1
     short = prompt(cfg, 20, seed=2)
-    assert run.pe.add_request("short", short, RequestSpec(greedy(8)), group=(1,)) == (1,)
+    assert run.pe.add_request("short", short, RequestSpec(greedy(8)), group=tp(1)) == tp(1)
     run.finish()
     assert run.out["short"] == hf_greedy(hf, short, 8)
     with pytest.raises(InvalidRequestError):
         run.pe.add_request("too-long", prompt(cfg, 170, seed=3), RequestSpec(greedy(4)))
     # A tier's bind_tp beyond the pool's levels binds the largest one below it.
-    assert run.pe.add_request("four", short, RequestSpec(greedy(2), bind_tp=4, ttft_ms=900)) == (
-        0,
-        1,
+    assert run.pe.add_request("four", short, RequestSpec(greedy(2), bind_tp=4, ttft_ms=900)) == tp(
+        0, 1
     )
     run.finish()
     assert run.out["four"] == hf_greedy(hf, short, 2)
@@ -69,14 +69,13 @@ def test_hard_binding_pauses_replicas_with_their_kv_intact(run, pool, tiny) -> N
     hf, cfg = tiny
     created = [pool.call(d, Counters())["groups_created"] for d in range(2)]
     ps = {r: prompt(cfg, 24 + i, seed=10 + i) for i, r in enumerate("abs")}
-    run.pe.add_request("a", ps["a"], RequestSpec(greedy(16)), group=(0,))
-    run.pe.add_request("b", ps["b"], RequestSpec(greedy(16)), group=(1,))
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(16)), group=tp(0))
+    run.pe.add_request("b", ps["b"], RequestSpec(greedy(16)), group=tp(1))
     for _ in range(4):
         run.step()
     bound_at = run.n
-    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2, ttft_ms=500)) == (
-        0,
-        1,
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2, ttft_ms=500)) == tp(
+        0, 1
     )
     run.finish()
     s_steps = run.steps["s"]
@@ -97,13 +96,13 @@ def test_soft_binding_alternates_iterations_with_its_replicas(run, tiny) -> None
     request's tokens equal the reference with nothing recomputed."""
     hf, cfg = tiny
     ps = {r: prompt(cfg, 20 + i, seed=20 + i) for i, r in enumerate(("a", "b", "soft", "later"))}
-    run.pe.add_request("a", ps["a"], RequestSpec(greedy(16)), group=(0,))
-    run.pe.add_request("b", ps["b"], RequestSpec(greedy(16)), group=(1,))
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(16)), group=tp(0))
+    run.pe.add_request("b", ps["b"], RequestSpec(greedy(16)), group=tp(1))
     run.step()
     bound_at = run.n
     spec = RequestSpec(greedy(12), bind_tp=2, bind_hard=False)
-    assert run.pe.add_request("soft", ps["soft"], spec) == (0, 1)
-    run.pe.add_request("later", ps["later"], RequestSpec(greedy(4)), group=(0,))
+    assert run.pe.add_request("soft", ps["soft"], spec) == tp(0, 1)
+    run.pe.add_request("later", ps["later"], RequestSpec(greedy(4)), group=tp(0))
     for _ in range(6):
         run.step()
     window = range(bound_at, bound_at + 6)
@@ -127,13 +126,12 @@ def test_a_hard_request_joining_a_soft_binding_stops_the_alternation(run, tiny) 
     replicas pause while it runs (the TTFT tier's hard binding); tokens equal the reference."""
     hf, cfg = tiny
     ps = {r: prompt(cfg, 16 + i, seed=25 + i) for i, r in enumerate(("a", "soft", "s"))}
-    run.pe.add_request("a", ps["a"], RequestSpec(greedy(20)), group=(0,))
+    run.pe.add_request("a", ps["a"], RequestSpec(greedy(20)), group=tp(0))
     run.pe.add_request("soft", ps["soft"], RequestSpec(greedy(20), bind_tp=2, bind_hard=False))
     run.step()
     run.step()
-    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=500)) == (
-        0,
-        1,
+    assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=500)) == tp(
+        0, 1
     )
     joined = run.n
     for _ in range(4):
@@ -152,8 +150,8 @@ def test_no_deadlock_when_a_replica_lags(run, pool, tiny) -> None:
     pool.call(0, Probe(device_probes.slow_steps, (0.2,)))
     try:
         ps = {r: prompt(cfg, 20 + i, seed=30 + i) for i, r in enumerate("abs")}
-        run.pe.add_request("a", ps["a"], RequestSpec(greedy(6)), group=(0,))
-        run.pe.add_request("b", ps["b"], RequestSpec(greedy(6)), group=(1,))
+        run.pe.add_request("a", ps["a"], RequestSpec(greedy(6)), group=tp(0))
+        run.pe.add_request("b", ps["b"], RequestSpec(greedy(6)), group=tp(1))
         run.step()
         run.pe.add_request("s", ps["s"], RequestSpec(greedy(4), bind_tp=2, ttft_ms=100))
         done = threading.Event()
@@ -177,17 +175,29 @@ def test_light_load_binds_idle_replicas_for_a_strict_request(pool, tiny) -> None
     from dataclasses import replace
 
     hf, cfg = tiny
-    pe = PoolEngine(pool, cfg, replace(ECFG, bind_idle=True), PAGES, [(0,), (1,)])
+    pe = PoolEngine(
+        pool,
+        cfg,
+        replace(ECFG, bind_idle=True),
+        PAGES,
+        layout((0,), (1,)),
+    )
     ps = [prompt(cfg, 16, seed=40 + i) for i in range(3)]
-    assert pe.add_request("idle", ps[0], RequestSpec(greedy(4), ttft_ms=500), group=(0,)) == (0, 1)
-    assert pe.add_request("bulk", ps[1], RequestSpec(greedy(4)), group=(1,)) == (1,)  # no TTFT: DP
+    assert pe.add_request("idle", ps[0], RequestSpec(greedy(4), ttft_ms=500), group=tp(0)) == tp(
+        0, 1
+    )
+    assert pe.add_request("bulk", ps[1], RequestSpec(greedy(4)), group=tp(1)) == tp(
+        1
+    )  # no TTFT: DP
     out: dict[str, list[int]] = {}
     while pe.has_unfinished():
         for o in pe.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
-    pe.add_request("busy", ps[1], RequestSpec(greedy(30)), group=(1,))
+    pe.add_request("busy", ps[1], RequestSpec(greedy(30)), group=tp(1))
     pe.step()
-    assert pe.add_request("strict", ps[2], RequestSpec(greedy(4), ttft_ms=500), group=(0,)) == (0,)
+    assert pe.add_request("strict", ps[2], RequestSpec(greedy(4), ttft_ms=500), group=tp(0)) == tp(
+        0
+    )
     while pe.has_unfinished():
         for o in pe.step():
             out.setdefault(o.request_id, []).extend(o.new_token_ids)
@@ -203,8 +213,14 @@ def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
     from dataclasses import replace
 
     hf, cfg = tiny
-    pe = PoolEngine(pool, cfg, replace(ECFG, prefix_caching=True), PAGES, [(0,), (1,)])
-    for i, g in enumerate(((0,), (1,))):
+    pe = PoolEngine(
+        pool,
+        cfg,
+        replace(ECFG, prefix_caching=True),
+        PAGES,
+        layout((0,), (1,)),
+    )
+    for i, g in enumerate((tp(0), tp(1))):
         pe.add_request(f"warm{i}", prompt(cfg, 64, seed=50 + i), RequestSpec(greedy(4)), group=g)
     while pe.has_unfinished():
         pe.step()
@@ -220,7 +236,7 @@ def test_a_bound_group_gets_the_pages_the_replicas_cache(pool, tiny) -> None:
     pe.step()
     assert not pe.binder.bindings
     pe.add_request("gone", prompt(cfg, 8, seed=53), RequestSpec(greedy(4), bind_tp=2, ttft_ms=500))
-    assert pe.binder.bindings and pe.binder.paused() == {(0,), (1,)}
+    assert pe.binder.bindings and pe.binder.paused() == {tp(0), tp(1)}
     assert pe.abort("gone")
     assert not pe.binder.bindings and not pe.binder.paused()
     c = pe.all_counters()
@@ -232,9 +248,9 @@ def test_a_group_failing_to_begin_a_step_fails_alone(run, tiny) -> None:
     with an error; the other group's launched step is still collected and it finishes."""
     hf, cfg = tiny
     ps = [prompt(cfg, 12, seed=60 + i) for i in range(2)]
-    run.pe.add_request("ok", ps[0], RequestSpec(greedy(6)), group=(0,))
-    run.pe.add_request("bad", ps[1], RequestSpec(greedy(6)), group=(1,))
-    broken = run.pe.engines[(1,)]
+    run.pe.add_request("ok", ps[0], RequestSpec(greedy(6)), group=tp(0))
+    run.pe.add_request("bad", ps[1], RequestSpec(greedy(6)), group=tp(1))
+    broken = run.pe.engines[tp(1)]
 
     def fail():
         raise RuntimeError("swap copy failed: boom")

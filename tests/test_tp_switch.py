@@ -19,6 +19,7 @@ from nitsum.pool.kv_transfer import TransferFailed
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.pool_engine import PoolEngine
 from nitsum.sampling import SamplingParams
+from shapes import layout, tp
 from tiny import (
     POOL_ECFG,
     POOL_PAGES,
@@ -30,7 +31,7 @@ from tiny import (
 
 ECFG, NUM_PAGES = POOL_ECFG, POOL_PAGES
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-TP1, TP2, TP4 = [(0,), (1,), (2,), (3,)], [(0, 1), (2, 3)], [(0, 1, 2, 3)]
+TP1, TP2, TP4 = layout((0,), (1,), (2,), (3,)), layout((0, 1), (2, 3)), layout((0, 1, 2, 3))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def groups_expected(kind: str, device: int) -> int:
     """Communicators a device creates at start-up: every aligned group's process group
     (new_group is collective), or the shared groups it is a member of."""
     groups = TPTopology(4, (1, 2, 4)).aligned_groups()
-    return len(groups) if kind == "dist" else sum(device in g for g in groups)
+    return len(groups) if kind == "dist" else sum(g.holds(device) for g in groups)
 
 
 @pytest.mark.e2e
@@ -129,11 +130,11 @@ def test_switch_mid_decode_keeps_greedy_tokens(pool, tiny):
         pe.add_request(f"r{i}", p, RequestSpec(GREEDY))
     out: dict[str, list[int]] = {}
     reports = []
-    for layout in (TP2, TP4, TP2, TP1):
+    for plan in (TP2, TP4, TP2, TP1):
         drain(pe, out, steps=4)
-        report = pe.reconfigure(layout)
+        report = pe.reconfigure(plan)
         assert report.ok, report.error
-        assert pe.groups == layout
+        assert pe.groups == plan
         assert_pages_consistent(pe)
         reports.append(report)
     drain(pe, out)
@@ -170,13 +171,19 @@ def test_prefill_group_hands_kv_to_decode_group(pool, tiny):
     hf, cfg = tiny
     ps = prompts(cfg, 4)
     ref = reference_tokens(tiny, ps)
-    pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, [(0, 1), (2,), (3,)])
+    pe = PoolEngine(pool, cfg, ECFG, NUM_PAGES, layout((0, 1), (2,), (3,)))
     for i, p in enumerate(ps):
-        pe.add_request(f"r{i}", p, RequestSpec(GREEDY), group=(0, 1), decode_group=(2 + i % 2,))
+        pe.add_request(
+            f"r{i}",
+            p,
+            RequestSpec(GREEDY),
+            group=tp(0, 1),
+            decode_group=tp(2 + i % 2),
+        )
     out = drain(pe, steps=6)
     # Every prompt fits the budget, so all prefills are done and handed off by now.
-    assert not pe.engines[(0, 1)].seqs
-    assert {r for e in (pe.engines[(2,)], pe.engines[(3,)]) for r in e.seqs} == set(ref)
+    assert not pe.engines[tp(0, 1)].seqs
+    assert {r for e in (pe.engines[tp(2)], pe.engines[tp(3)]) for r in e.seqs} == set(ref)
     assert pe.counters["kv_handoff_bytes"] > 0
     assert_pages_consistent(pe)
     drain(pe, out)

@@ -180,7 +180,7 @@ def test_generate_without_request_id_cannot_be_answered():
 
 
 def test_reconfigure_from_wire():
-    g = proto.Group([0, 1], 2, "prefill", ["a"], False)
+    g = proto.GroupPlan([0, 1], 2, "prefill", ["a"], False)
     msg = roundtrip(proto.Reconfigure(4, [g]).to_wire())
     assert "pp" not in msg["groups"][0] and "max_batch" not in msg["groups"][0]  # defaults
     assert proto.Reconfigure.from_wire(msg) == proto.Reconfigure(4, [g])

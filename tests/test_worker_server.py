@@ -19,6 +19,7 @@ from nitsum.worker import protocol as proto
 from nitsum.worker.assignment import Assignment
 from nitsum.worker.backend import PoolBackend
 from nitsum.worker.server import WorkerServer
+from shapes import tp
 from tiny import make_tiny
 
 TIMEOUT_S = 10.0
@@ -96,7 +97,7 @@ def make_engine(tiny, **kw):
 
 def engine_of(server):
     """The worker's one group engine (its device is a pool of one)."""
-    return server.backend.pe.engines[(0,)]
+    return server.backend.pe.engines[tp(0)]
 
 
 def solo(tiny, ids, params=GREEDY):
@@ -275,7 +276,7 @@ def test_failing_step_fails_its_requests_and_the_worker_goes_on(worker, tiny):
 
 def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     router, server, _ = registered(worker)
-    group = proto.Group([0], 1, "decode", ["gold"])
+    group = proto.GroupPlan([0], 1, "decode", ["gold"])
     router.send(proto.Reconfigure(5, [replace(group, accepts_background=False, max_batch=3)]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"], ack["error"], ack["worker_id"]) == (5, True, None, 0)
@@ -283,7 +284,7 @@ def test_reconfigure_keeps_tp1_and_refuses_tp2(worker):
     router.expect("heartbeat", epoch=5)
     assert engine_of(server).max_batch == 3
     assert server.assignment == Assignment("decode", ["gold"], False, 3)
-    router.send(proto.Reconfigure(6, [proto.Group([0, 1], 2, "mixed")]))
+    router.send(proto.Reconfigure(6, [proto.GroupPlan([0, 1], 2, "mixed")]))
     ack = router.expect("reconfigured")
     assert (ack["epoch"], ack["ok"]) == (6, False)
     assert "spans devices of another worker process" in ack["error"]

@@ -88,8 +88,8 @@ def worker_messages() -> dict[str, proto.Message]:
 def router_messages() -> dict[str, proto.Message]:
     """Router → worker but `generate`, by fixture name."""
     groups = [
-        proto.Group([0, 1, 2, 3], 2, "decode", ["gold", "silver"], False, max_batch=8, pp=2),
-        proto.Group([4], 1, "prefill"),
+        proto.GroupPlan([0, 1, 2, 3], 2, "decode", ["gold", "silver"], False, max_batch=8, pp=2),
+        proto.GroupPlan([4], 1, "prefill"),
     ]
     return {
         "challenge": proto.Challenge(3, HANDSHAKE_VERSION, "cd" * 32, "12" * 32),

@@ -77,7 +77,8 @@ class PageAllocator:
 
 
 class GroupPages:
-    """A group's view of the allocator: mirrored pages on all `members`.
+    """A group's view of the allocator: the pages of one engine's group (the `members` and
+    `tp` of a `parallel.topology.GroupShape`), mirrored on all `members`.
 
     NOTE: in a pipeline (`tp` < len(members)) every stage uses the same page ids and writes
     only its own layers' part of them, so a page holds the tokens of its stage's TP degree.

@@ -84,7 +84,8 @@ class CommPool:
         self.groups: dict[tuple[int, ...], Collectives] = {}
         shared: dict[tuple[int, ...], SharedCollectives] = {}
         # NOTE: new_group is collective: every rank must create every group, in the same order.
-        for members in topology.aligned_groups():
+        for shape in topology.aligned_groups():
+            members = shape.members
             if kind == "shared":
                 if rank in members and len(members) > 1:
                     shared[members] = SharedCollectives(members, rank, device)

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from nitsum.config import DEFAULT_TP_LEVELS, ModelConfig
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class GroupShape:
     """The devices one engine runs on: `pp` pipeline stages of `tp` devices each, `members`
     stage-major (stage s is `members[s*tp : (s+1)*tp]`). `pp == 1` is a TP group.
 
     NOTE: this is also a sequence's KV layout: rank r of a stage holds the KV heads
     `parallel.shard.kv_head_range(H, tp, r)` of its stage's layers, in the same page ids on
-    every member. Hashable, so it keys groups, pipelines and warm contexts.
+    every member. Frozen and hashable, so it keys a pool's engines, bindings, pipelines and
+    warm contexts; ordered by (members, tp, pp), so groups sort by their devices as before.
+    The TP degree is always `tp`, never `len(members)` (a pipeline has tp·pp members).
     """
 
     members: tuple[int, ...] = (0,)
@@ -54,17 +56,29 @@ class GroupShape:
     def size(self) -> int:
         return len(self.members)
 
+    @property
+    def leader(self) -> int:
+        """The first member: a group's requests are counted on it."""
+        return self.members[0]
+
+    def holds(self, device: int) -> bool:
+        """Whether `device` is one of the members."""
+        return device in self.members
+
+    def overlaps(self, other: GroupShape) -> bool:
+        """Whether the two groups share a device."""
+        return not set(self.members).isdisjoint(other.members)
+
+    def within(self, other: GroupShape) -> bool:
+        """Whether every member of this group is one of `other`'s."""
+        return set(self.members) <= set(other.members)
+
     def stage(self, s: int) -> tuple[int, ...]:
         """The members of stage `s`."""
         return self.members[s * self.tp : (s + 1) * self.tp]
 
     def __str__(self) -> str:
         return f"{list(self.members)} (TP {self.tp} x PP {self.pp})"
-
-
-def as_shape(group: GroupShape | tuple[int, ...]) -> GroupShape:
-    """`group` as a shape: a bare members tuple is one TP group of all of them."""
-    return group if isinstance(group, GroupShape) else GroupShape.tp_group(group)
 
 
 @dataclass(frozen=True)
@@ -86,15 +100,15 @@ class TPTopology:
         levels = tuple(p for p in cfg.allowed_tp_levels(candidates) if p <= num_devices)
         return cls(num_devices, levels)
 
-    def group_of(self, device: int, tp: int) -> tuple[int, ...]:
-        """The aligned group of level `tp` that holds `device`."""
+    def group_of(self, device: int, tp: int) -> GroupShape:
+        """The aligned TP group of level `tp` that holds `device`."""
         start = device - device % tp
-        return tuple(range(start, start + tp))
+        return GroupShape.tp_group(tuple(range(start, start + tp)))
 
-    def aligned_groups(self, min_tp: int = 2) -> list[tuple[int, ...]]:
-        """Every aligned group of each level ≥ `min_tp` that fits in the pool."""
+    def aligned_groups(self, min_tp: int = 2) -> list[GroupShape]:
+        """Every aligned TP group of each level ≥ `min_tp` that fits in the pool."""
         return [
-            tuple(range(start, start + p))
+            GroupShape.tp_group(tuple(range(start, start + p)))
             for p in self.levels
             if p >= min_tp
             for start in range(0, self.num_devices - p + 1, p)
@@ -116,17 +130,21 @@ class TPTopology:
                 ]
         return out
 
-    def check(self, groups: list[tuple[int, ...]]) -> None:
-        """Raise ValueError unless `groups` are disjoint aligned blocks of allowed levels."""
+    def check(self, groups: list[GroupShape]) -> None:
+        """Raise ValueError unless `groups` are disjoint aligned TP groups of allowed levels."""
         seen: set[int] = set()
         for g in groups:
-            tp = len(g)
-            if tp not in self.levels:
-                raise ValueError(f"group {g}: TP {tp} not in the allowed levels {self.levels}")
-            if g != self.group_of(g[0], tp) or g[-1] >= self.num_devices:
+            members = list(g.members)
+            if g.is_pipeline:
+                raise ValueError(f"group {members}: a pipeline, not a TP group")
+            if g.tp not in self.levels:
                 raise ValueError(
-                    f"group {g} is not an aligned block of the {self.num_devices}-device pool"
+                    f"group {members}: TP {g.tp} not in the allowed levels {self.levels}"
                 )
-            if seen & set(g):
-                raise ValueError(f"group {g} overlaps another group")
-            seen |= set(g)
+            if g != self.group_of(g.leader, g.tp) or g.members[-1] >= self.num_devices:
+                raise ValueError(
+                    f"group {members} is not an aligned block of the {self.num_devices}-device pool"
+                )
+            if seen & set(g.members):
+                raise ValueError(f"group {members} overlaps another group")
+            seen |= set(g.members)

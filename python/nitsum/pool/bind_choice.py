@@ -28,8 +28,8 @@ from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
+from nitsum.parallel.topology import GroupShape
 
-Group = tuple[int, ...]
 log = logging.getLogger(__name__)
 
 MODES = ("dp", "prefill", "full")
@@ -45,7 +45,7 @@ class Choice:
     prompt-only binding uses, and the decision dict as `BindingModel.decide` returned it."""
 
     mode: str
-    replica: Group
+    replica: GroupShape
     decision: dict[str, Any]
 
 
@@ -100,7 +100,7 @@ class Chooser:
     def admit(
         self,
         level: int,
-        replicas: dict[Group, Engine],
+        replicas: dict[GroupShape, Engine],
         prompt_tokens: int,
         output_tokens: int,
         spec: RequestSpec,
@@ -113,7 +113,7 @@ class Chooser:
         self.last = choice.decision
         return choice
 
-    def keep(self, level: int, replicas: dict[Group, Engine], seq: Sequence) -> Choice:
+    def keep(self, level: int, replicas: dict[GroupShape, Engine], seq: Sequence) -> Choice:
         """Whether `seq`, prefilled and decoding bound at `level`, should stay bound (`full`)
         or go on on a replica (`dp`: kept in `last`; a `full` answer changes nothing)."""
         left = max(1, seq.sampling.max_tokens - len(seq.output_ids))
@@ -147,7 +147,7 @@ class Chooser:
         old = self.slowdown.get(tp)
         self.slowdown[tp] = ratio if old is None else old + SLOWDOWN_WEIGHT * (ratio - old)
 
-    def _decide(self, query: dict[str, Any], groups: list[Group]) -> Choice:
+    def _decide(self, query: dict[str, Any], groups: list[GroupShape]) -> Choice:
         assert self.model is not None
         decision = json.loads(self.model.decide(json.dumps(query)))
         return Choice(decision["mode"], groups[decision["replica"]], decision)
@@ -155,7 +155,7 @@ class Chooser:
     def _query(
         self,
         level: int,
-        replicas: dict[Group, Engine],
+        replicas: dict[GroupShape, Engine],
         spec: RequestSpec,
         prompt_tokens: int,
         output_tokens: int,
@@ -171,11 +171,11 @@ class Chooser:
             queued = sum(len(s.prompt_ids) - s.num_computed for s in seqs if not s.prefilled)
             loads.append(
                 {
-                    "tp": len(group),
+                    "tp": group.tp,
                     "decoding": len(decoding),
                     "context": sum(decoding) / len(decoding) if decoding else 0.0,
                     "prefill_tokens": min(queued, budget) if budget else queued,
-                    "slowdown": self.slowdown.get(len(group), 1.0),
+                    "slowdown": self.slowdown.get(group.tp, 1.0),
                 }
             )
             outputs += [s.sampling.max_tokens for s in seqs]

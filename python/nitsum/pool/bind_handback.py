@@ -42,7 +42,7 @@ def hand_back(pe: Pool, b: Binding, chooser: Chooser, counters: dict[str, int]) 
         target = b.prefill_only.get(rid)
         if target is None and ask and rid in b.weighed:
             block = {g: pe.engines[g] for g in b.replicas}
-            choice = chooser.keep(len(b.members), block, seq)
+            choice = chooser.keep(b.shape.tp, block, seq)
             if choice.mode == "dp":
                 target = choice.replica
                 weighed_back.add(rid)

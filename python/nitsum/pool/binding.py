@@ -36,7 +36,7 @@ from nitsum.errors import InvalidRequestError
 from nitsum.parallel.topology import GroupShape
 from nitsum.pool.bind_choice import Chooser
 from nitsum.pool.bind_handback import hand_back
-from nitsum.pool.bound import Binding, Group, Pool
+from nitsum.pool.bound import Binding, Pool
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +61,17 @@ class Binder:
         self.chooser = Chooser(pe.ecfg, pe.allowed, self.counters)
 
     # -- what runs ----------------------------------------------------------------------------
-    def paused(self) -> set[Group]:
+    def paused(self) -> set[GroupShape]:
         """Plan groups lent to a formed binding this iteration: not stepped."""
         return {g for b in self.bindings if b.formed and b.bound_turn for g in b.replicas}
 
-    def engines(self) -> list[tuple[Group, Engine]]:
+    def engines(self) -> list[tuple[GroupShape, Engine]]:
         """Every binding's engine (formed or not: an unformed one may hold queued requests)."""
-        return [(b.members, b.engine) for b in self.bindings]
+        return [(b.shape, b.engine) for b in self.bindings]
 
-    def active(self) -> list[tuple[Group, Engine]]:
+    def active(self) -> list[tuple[GroupShape, Engine]]:
         """The bound groups that run this iteration."""
-        return [(b.members, b.engine) for b in self.bindings if b.formed and b.bound_turn]
+        return [(b.shape, b.engine) for b in self.bindings if b.formed and b.bound_turn]
 
     def begin_iteration(self) -> None:
         """At an iteration boundary: form the bindings whose replicas drained, and give each
@@ -87,7 +87,7 @@ class Binder:
 
     # -- which level a request runs at ---------------------------------------------------------
     def levels(
-        self, group: Group, context: int, bind_tp: int | None, latency: bool
+        self, group: GroupShape, context: int, bind_tp: int | None, latency: bool
     ) -> tuple[int, int]:
         """(the TP level a request queued on plan group `group` runs at, the level its
         `context` tokens (prompt + `max_tokens`) need). The triggers: the context; its tier's
@@ -101,27 +101,27 @@ class Binder:
             bind_tp = level
         need = self._context_tp(context)
         tp = max(bind_tp or 1, need)
-        if tp <= len(group) and self.pe.ecfg.bind_idle and latency:
+        if tp <= group.tp and self.pe.ecfg.bind_idle and latency:
             tp = self._idle_level(group)
         return tp, need
 
-    def _idle_level(self, group: Group) -> int:
+    def _idle_level(self, group: GroupShape) -> int:
         """The largest TP level whose aligned block around `group` holds only plan groups
         with no request at all and no binding (`group`'s own level if none).
 
         NOTE (the load trigger): under load some replica is always busy, so everything stays
         DP; a binding made here borrows idle devices for one request and gives them back."""
-        busy = {d for b in self.bindings for d in b.members}
+        busy = {d for b in self.bindings for d in b.shape.members}
         for tp in sorted(self.pe.allowed, reverse=True):
-            if tp <= len(group):
+            if tp <= group.tp:
                 break
-            block = set(self.pe.topology.group_of(group[0], tp))
-            inside = [(g, e) for g, e in self.pe.engines.items() if set(g) & block]
-            if block.isdisjoint(busy) and all(
-                set(g) <= block and not e.request_ids() for g, e in inside
+            block = self.pe.topology.group_of(group.leader, tp)
+            inside = [(g, e) for g, e in self.pe.engines.items() if g.overlaps(block)]
+            if busy.isdisjoint(block.members) and all(
+                g.within(block) and not e.request_ids() for g, e in inside
             ):
                 return tp
-        return len(group)
+        return group.tp
 
     def _context_tp(self, tokens: int) -> int:
         """The smallest TP level whose group's pages hold `tokens` tokens (the largest if
@@ -138,21 +138,21 @@ class Binder:
     def serve(
         self,
         tp: int,
-        near: Group,
+        near: GroupShape,
         request_id: str,
         spec: RequestSpec,
         tokens: tuple[int, int],
         needed: bool,
-    ) -> tuple[Group, Engine]:
+    ) -> tuple[GroupShape, Engine]:
         """The engine a request of `tokens` (prompt, most output) that asks for TP `tp` near
         plan group `near` is queued on: the bound group's, or (the cost model said `dp`) a
         replica's. `needed`: no replica holds its context (never weighed).
         Hard: `spec.bind_hard`, default when it has a TTFT target."""
         hard = spec.bind_hard if spec.bind_hard is not None else spec.ttft_ms is not None
         mode, replica = "full", near
-        members = self.pe.topology.group_of(near[0], tp)
-        if not needed and self.chooser.active and members[-1] < self.pe.pool.num_devices:
-            block = {g: e for g, e in self.pe.engines.items() if set(g) & set(members)}
+        bound = self.pe.topology.group_of(near.leader, tp)
+        if not needed and self.chooser.active and bound.members[-1] < self.pe.pool.num_devices:
+            block = {g: e for g, e in self.pe.engines.items() if g.overlaps(bound)}
             choice = self.chooser.admit(tp, block, *tokens, spec)
             if choice.mode == "dp":
                 return choice.replica, self.pe.engines[choice.replica]
@@ -163,26 +163,28 @@ class Binder:
             b.prefill_only[request_id] = replica
         elif not needed and self.chooser.active:
             b.weighed.add(request_id)
-        return b.members, b.engine
+        return b.shape, b.engine
 
-    def _binding(self, tp: int, near: Group, hard: bool) -> Binding:
-        members = self.pe.topology.group_of(near[0], tp)
+    def _binding(self, tp: int, near: GroupShape, hard: bool) -> Binding:
+        shape = self.pe.topology.group_of(near.leader, tp)
+        members = list(shape.members)
         for b in self.bindings:
-            if set(members) <= set(b.members):
+            if shape.within(b.shape):
                 # NOTE: this binding (or a larger one) holds these devices: serve there; a
                 # hard request stops a soft one's alternation (its replicas pause from now).
                 b.interleave = b.interleave and not hard
                 return b
-            if set(b.members) & set(members):
+            if b.shape.overlaps(shape):
                 raise InvalidRequestError(
-                    "bind_tp", f"devices {members} are bound as {b.members} until it finishes"
+                    "bind_tp",
+                    f"devices {tuple(members)} are bound as {b.shape.members} until it finishes",
                 )
         if members[-1] >= self.pe.pool.num_devices:
-            raise InvalidRequestError("bind_tp", f"the pool has no aligned group {members}")
-        replicas = [g for g in self.pe.engines if set(g) & set(members)]
-        if any(not set(g) <= set(members) for g in replicas):
-            raise InvalidRequestError("bind_tp", f"the plan's groups straddle {members}")
-        b = Binding(members, replicas, self.pe.new_engine(GroupShape.tp_group(members)), hard)
+            raise InvalidRequestError("bind_tp", f"the pool has no aligned group {tuple(members)}")
+        replicas = [g for g in self.pe.engines if g.overlaps(shape)]
+        if any(not g.within(shape) for g in replicas):
+            raise InvalidRequestError("bind_tp", f"the plan's groups straddle {tuple(members)}")
+        b = Binding(shape, replicas, self.pe.new_engine(shape), hard)
         # NOTE: a soft one's first iteration is its own (bound_turn flips at the boundary).
         b.interleave, b.bound_turn = not hard, hard
         self.bindings.append(b)

@@ -14,8 +14,6 @@ from nitsum.kv.pages import PageAllocator
 from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool.devices import Devices
 
-Group = tuple[int, ...]
-
 
 class Pool(Protocol):
     """What a binder needs of its PoolEngine (pool/pool_engine.py)."""
@@ -26,7 +24,7 @@ class Pool(Protocol):
     topology: TPTopology
     allowed: tuple[int, ...]
     alloc: PageAllocator
-    engines: dict[Group, Engine]
+    engines: dict[GroupShape, Engine]
     counters: dict[str, int]
     retired: Counter[str]
 
@@ -35,11 +33,11 @@ class Pool(Protocol):
 
 @dataclass
 class Binding:
-    """A TP group over the plan's `replicas`, with its own scheduler (`engine`) over the same
-    pages; `requests` are the ones it serves."""
+    """A TP group (`shape`) over the plan's `replicas`, with its own scheduler (`engine`) over
+    the same pages; `requests` are the ones it serves."""
 
-    members: Group
-    replicas: list[Group]
+    shape: GroupShape
+    replicas: list[GroupShape]
     engine: Engine
     hard: bool
     formed: bool = False
@@ -51,7 +49,7 @@ class Binding:
     # Whether the bound group runs this iteration (else its replicas do).
     bound_turn: bool = True
     # Bound for the prompt only: request → the replica that decodes it (bind_handback.py).
-    prefill_only: dict[str, Group] = field(default_factory=dict)
+    prefill_only: dict[str, GroupShape] = field(default_factory=dict)
     # Bound in full by the cost model: asked again while they decode (bind_handback.py).
     weighed: set[str] = field(default_factory=set)
     # Iterations since those were last asked, and the replicas' request count then.

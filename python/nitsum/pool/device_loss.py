@@ -28,16 +28,17 @@ def lose_device(pe: PoolEngine, device: int) -> list[str]:
     pages of the dropped requests are only bookkeeping in the controller.
     """
     pe.settle()  # NOTE: the lost device's step fails; every member's reply is drained
-    hit = [e for members, e in pe.every_engine() if device in members]
+    hit = [e for g, e in pe.every_engine() if g.holds(device)]
     dropped = [rid for e in hit for rid in e.request_ids()]
     for rid in dropped:
         pe.abort(rid)  # NOTE: before the groups go: a binding over them is released first
     pe.solo.add(device)
-    for members in [g for g in pe.engines if device in g]:
-        pe.retire(pe.engines.pop(members))
-        for m in members:
+    for group in [g for g in pe.engines if g.holds(device)]:
+        pe.retire(pe.engines.pop(group))
+        for m in group.members:
             if m != device:
-                pe.engines[(m,)] = pe.new_engine(GroupShape.tp_group((m,)))
+                alone = GroupShape.tp_group((m,))
+                pe.engines[alone] = pe.new_engine(alone)
     log.error(
         "device %d lost: dropped %d request(s) for the router to resume", device, len(dropped)
     )
@@ -46,6 +47,7 @@ def lose_device(pe: PoolEngine, device: int) -> list[str]:
 
 def revive_device(pe: PoolEngine, device: int) -> None:
     """The restarted `device` serves again, as a TP-1 group of its own."""
-    assert device in pe.solo and not any(device in g for g in pe.engines), device
-    pe.engines[(device,)] = pe.new_engine(GroupShape.tp_group((device,)))
+    assert device in pe.solo and not any(g.holds(device) for g in pe.engines), device
+    alone = GroupShape.tp_group((device,))
+    pe.engines[alone] = pe.new_engine(alone)
     log.info("device %d is back (TP 1 only until its host worker restarts)", device)

@@ -144,7 +144,7 @@ class Device:
         # NOTE: every context this device can ever join is built here, before serving.
         self.runners: dict[tuple[int, ...], ModelRunner] = {}
         for tp in topology.levels:
-            members = topology.group_of(rank, tp)
+            members = topology.group_of(rank, tp).members
             if members[-1] < spec.world:
                 ctx = build_context(
                     cfg, self.model.weights, tp, members.index(rank), members,

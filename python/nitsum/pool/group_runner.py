@@ -45,8 +45,8 @@ class GroupRunner:
             tpp = self.pages.tokens_per_page
             return build_pipeline_inputs(batch, tpp, self.shape.tp, self.shape.pp)
         tokens = sum(item.q_len for item in batch)
-        sp = self.shift.sequence_parallel(len(self.members), tokens)
-        if len(self.members) > 1:
+        sp = self.shift.sequence_parallel(self.shape.tp, tokens)
+        if self.shape.tp > 1:
             self.counters["sp_steps" if sp else "tp_steps"] += 1
         return build_step_inputs(batch, self.pages.tokens_per_page, sp)
 

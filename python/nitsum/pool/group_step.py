@@ -20,13 +20,12 @@ from nitsum.engine.overlap import LaunchFailed
 from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduled import Scheduled
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.binding import Binder
 from nitsum.pool.device_pool import DeviceError, DevicePool
 from nitsum.pool.devices import Devices
 
 log = logging.getLogger(__name__)
-
-Group = tuple[int, ...]
 
 # How long an iteration with nothing to collect waits on late groups before it returns (so
 # the worker handles its messages meanwhile).
@@ -44,9 +43,9 @@ class InFlight:
 
 def step_groups(
     pool: Devices,
-    engines: dict[Group, Engine],
+    engines: dict[GroupShape, Engine],
     binder: Binder,
-    carry: dict[Group, InFlight] | None = None,
+    carry: dict[GroupShape, InFlight] | None = None,
 ) -> list[RequestOutput]:
     """One step on every active group (the plan's `engines` not lent to a formed binding,
     and the bindings'); returns their outputs, failed requests' errors included.
@@ -55,14 +54,15 @@ def step_groups(
     when they finish and leaves in it the steps that are late now (None: collect all)."""
     paused = binder.paused()
     active = [(g, e) for g, e in engines.items() if g not in paused]
-    pending: dict[Group, InFlight] = {}
+    pending: dict[GroupShape, InFlight] = {}
     if carry is not None:
         pending, carry_out = dict(carry), carry
         carry_out.clear()
     outputs: list[RequestOutput] = []
     started = time.monotonic()
-    for members, engine in active + binder.active():
-        if members in pending:
+    for group, engine in active + binder.active():
+        members = group.members
+        if group in pending:
             continue  # NOTE: still in flight from an earlier iteration
         if engine.driver is not None:  # a one-device pool's overlapped steps
             try:
@@ -92,16 +92,19 @@ def step_groups(
                     continue  # NOTE: not failed: lose_device hands them to the router
                 outputs += fail_batch(engine, batch, f"engine step failed: {e}")
                 continue
-            pending[members] = InFlight(engine, batch, started)
+            pending[group] = InFlight(engine, batch, started)
     if carry is None or not isinstance(pool, DevicePool):
-        for members, step in pending.items():
-            outputs += _collect(pool, members, step, binder)
+        for group, step in pending.items():
+            outputs += _collect(pool, group, step, binder)
         return outputs
     return outputs + _collect_ready(pool, pending, binder, carry)
 
 
 def _collect_ready(
-    pool: DevicePool, pending: dict[Group, InFlight], binder: Binder, carry: dict[Group, InFlight]
+    pool: DevicePool,
+    pending: dict[GroupShape, InFlight],
+    binder: Binder,
+    carry: dict[GroupShape, InFlight],
 ) -> list[RequestOutput]:
     """Collect the steps of `pending` as they finish; those late (past their patience, when
     every other one is in) stay in `carry`, and those past their deadline fail here."""
@@ -109,36 +112,41 @@ def _collect_ready(
     begun = time.monotonic()
     while pending:
         now = time.monotonic()
-        for members in [g for g in pending if pool.step_ready(g) or pool.overdue(g)]:
-            outputs += _collect(pool, members, pending.pop(members), binder)
+        ready = [g for g in pending if pool.step_ready(g.members) or pool.overdue(g.members)]
+        for group in ready:
+            outputs += _collect(pool, group, pending.pop(group), binder)
         if not pending:
             break
         now = time.monotonic()
-        patience = [pool.step_patience(g) for g in pending]
+        patience = [pool.step_patience(g.members) for g in pending]
         late = all(now >= t for t in patience)
         if late and (outputs or now - begun >= IDLE_WAIT_S):
             carry.update(pending)  # NOTE: late: the others do not wait on them
             break
-        wake = [t for t in patience if t > now] + [pool.step_due(g) for g in pending]
+        wake = [t for t in patience if t > now] + [pool.step_due(g.members) for g in pending]
         if late:
             wake.append(begun + IDLE_WAIT_S)
-        pool.wait_steps(list(pending), min(wake) - now)
+        pool.wait_steps([g.members for g in pending], min(wake) - now)
     return outputs
 
 
-def collect_all(pool: Devices, carry: dict[Group, InFlight], binder: Binder) -> list[RequestOutput]:
+def collect_all(
+    pool: Devices, carry: dict[GroupShape, InFlight], binder: Binder
+) -> list[RequestOutput]:
     """Wait for every step of `carry` (each at most to its deadline) and end it."""
     outputs: list[RequestOutput] = []
     while carry:
-        members, step = carry.popitem()
-        outputs += _collect(pool, members, step, binder)
+        group, step = carry.popitem()
+        outputs += _collect(pool, group, step, binder)
     return outputs
 
 
-def _collect(pool: Devices, members: Group, step: InFlight, binder: Binder) -> list[RequestOutput]:
+def _collect(
+    pool: Devices, group: GroupShape, step: InFlight, binder: Binder
+) -> list[RequestOutput]:
     """End one group's step: its tokens, or its requests failed (or handed back if a member
     is gone)."""
-    engine, batch = step.engine, step.batch
+    engine, batch, members = step.engine, step.batch, group.members
     try:
         logits = pool.collect_step(members)
     except DeviceError as e:
@@ -149,9 +157,9 @@ def _collect(pool: Devices, members: Group, step: InFlight, binder: Binder) -> l
         why = f"engine step failed: {str(e).strip().splitlines()[-1]}"
         return fail_batch(engine, batch, why)
     # Groups run concurrently: each one's step ends by its collect.
-    if not engine.shape.is_pipeline:
+    if not group.is_pipeline:
         ms = (time.monotonic() - step.started) * 1e3
-        binder.chooser.observe(len(members), batch, ms)
+        binder.chooser.observe(group.tp, batch, ms)
     tokens = sample_batch(logits, batch)
     return engine.end_step(batch, tokens, time.monotonic() - step.started)
 

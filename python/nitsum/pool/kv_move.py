@@ -15,13 +15,14 @@ from nitsum.config import ModelConfig
 from nitsum.engine.engine import Engine
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.kv.pages import OutOfPages
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.devices import Devices
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import TransferStats
 from nitsum.pool.migration_plan import Piece, Placement, aggregate, plan_pieces
 
 # A sequence, the group it moves to, and the engine it leaves.
-Move = tuple[Sequence, tuple[int, ...], Engine]
+Move = tuple[Sequence, GroupShape, Engine]
 
 
 @dataclass
@@ -29,7 +30,7 @@ class ReconfigureReport:
     """What a reconfiguration did and what it cost."""
 
     ok: bool
-    groups: list[tuple[int, ...]]
+    groups: list[GroupShape]
     moved_requests: int = 0
     recomputed_requests: int = 0
     # Sent to other devices plus copied within one; `bytes_sent`: only bytes whose owner
@@ -64,7 +65,7 @@ def transfer_moves(
     cfg: ModelConfig,
     page_tokens: int,
     moves: list[Move],
-    engines: dict[tuple[int, ...], Engine],
+    engines: dict[GroupShape, Engine],
     mode: str = "pipelined",
     faults: FaultPlan | None = None,
     preempt: set[str] | frozenset[str] = frozenset(),
@@ -95,7 +96,7 @@ def _allocate_and_move(
     cfg: ModelConfig,
     page_tokens: int,
     moves: list[Move],
-    engines: dict[tuple[int, ...], Engine],
+    engines: dict[GroupShape, Engine],
     mode: str,
     faults: FaultPlan | None,
     new_pages: dict[str, list[int]],
@@ -128,7 +129,7 @@ def _allocate_and_move(
 
 
 def release_new_pages(
-    moves: list[Move], engines: dict[tuple[int, ...], Engine], new_pages: dict[str, list[int]]
+    moves: list[Move], engines: dict[GroupShape, Engine], new_pages: dict[str, list[int]]
 ) -> None:
     """Give back the target pages of a transfer that will not be committed."""
     for seq, target, _ in moves:
@@ -137,7 +138,7 @@ def release_new_pages(
 
 
 def commit_moves(
-    moves: list[Move], engines: dict[tuple[int, ...], Engine], outcome: MoveOutcome
+    moves: list[Move], engines: dict[GroupShape, Engine], outcome: MoveOutcome
 ) -> None:
     """Hand every moved sequence to its target engine with its new pages and layout."""
     new_pages, recompute = outcome.new_pages, outcome.recompute

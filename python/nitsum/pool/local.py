@@ -22,6 +22,7 @@ from nitsum.engine.step_inputs import StepInputs
 from nitsum.kv.host_pool import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.kv_transfer import KVTransfer, TransferFailed, TransferStats
@@ -32,7 +33,7 @@ from nitsum.pool.nixl_descs import KVRegion
 from nitsum.pool.nixl_endpoint import KVEndpoint
 from nitsum.pool.pool_engine import PoolEngine
 
-ONLY_GROUP = (0,)
+ONLY_GROUP = GroupShape.tp_group((0,))
 
 
 class LocalDevice:
@@ -60,14 +61,14 @@ class LocalDevice:
         self.nixl: KVEndpoint | None = None  # its pages' NIXL agent (`nixl_open`)
 
     def launch_step(self, members: tuple[int, ...], inputs: StepInputs) -> None:
-        if members != ONLY_GROUP or self._launched is not None:
+        if members != ONLY_GROUP.members or self._launched is not None:
             raise DeviceError(f"device 0: cannot launch a step of {members}")
         self._launched = inputs
 
     def collect_step(self, members: tuple[int, ...]) -> torch.Tensor:
         """Float32 logits of the sampled rows; DeviceError if the forward failed."""
         inputs, self._launched = self._launched, None
-        if members != ONLY_GROUP or inputs is None:
+        if members != ONLY_GROUP.members or inputs is None:
             raise DeviceError(f"device 0: no step of {members} was launched")
         try:
             with torch.inference_mode():
@@ -87,7 +88,7 @@ class LocalDevice:
 
     @staticmethod
     def _check(members: tuple[int, ...]) -> None:
-        if members != ONLY_GROUP:
+        if members != ONLY_GROUP.members:
             raise DeviceError(f"device 0: no group {members}")
 
     def migrate(

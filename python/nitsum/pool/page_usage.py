@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from nitsum.engine.engine import Engine
     from nitsum.kv.pages import PageAllocator
+    from nitsum.parallel.topology import GroupShape
     from nitsum.pool.devices import Devices
 
 
@@ -22,12 +23,12 @@ class PagedPool(Protocol):
     alloc: PageAllocator
     host_alloc: PageAllocator | None
 
-    def every_engine(self) -> list[tuple[tuple[int, ...], Engine]]: ...
+    def every_engine(self) -> list[tuple[GroupShape, Engine]]: ...
 
 
 def free_pages(pe: PagedPool, device: int) -> int:
     """Pages of `device` free now or as soon as its group needs them (idle cached ones)."""
-    cached = sum(e.num_evictable() for g, e in pe.every_engine() if device in g)
+    cached = sum(e.num_evictable() for g, e in pe.every_engine() if g.holds(device))
     return pe.alloc.num_free(device) + cached
 
 
@@ -41,7 +42,7 @@ def usage(pe: PagedPool) -> dict[str, int]:
     if pe.host_alloc is not None:
         host = pe.host_alloc.num_pages * pe.pool.num_devices
         host_free = sum(pe.host_alloc.num_free(d) for d in range(pe.pool.num_devices))
-        host_free += sum(e.num_host_cached() * len(g) for g, e in pe.every_engine())
+        host_free += sum(e.num_host_cached() * g.size for g, e in pe.every_engine())
         out["host_kv_usage_perc"] = round(100 * (host - host_free) / host)
     return out
 
@@ -50,10 +51,10 @@ def page_accounting(pe: PagedPool) -> dict[int, tuple[set[int], set[int]]]:
     """Per device: (pages marked used, pages owned by live sequences or held by a
     group's prefix cache). Must be equal."""
     owned: dict[int, set[int]] = {d: set() for d in range(pe.pool.num_devices)}
-    for members, engine in pe.every_engine():
+    for group, engine in pe.every_engine():
         for seq in engine.sequences():
             for d in seq.layout.members:
                 owned[d] |= set(seq.pages)
-        for d in members:
+        for d in group.members:
             owned[d] |= engine.cached_pages()
     return {d: (pe.alloc.used(d), owned[d]) for d in owned}

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from nitsum.config import ModelConfig
     from nitsum.engine.engine import Engine
     from nitsum.engine.engine_config import EngineConfig
+    from nitsum.parallel.topology import GroupShape
     from nitsum.pool.binding import Binder
     from nitsum.pool.devices import Devices
 
@@ -25,9 +26,9 @@ class HandoffPool(Protocol):
     pool: Devices
     cfg: ModelConfig
     ecfg: EngineConfig
-    engines: dict[tuple[int, ...], Engine]
+    engines: dict[GroupShape, Engine]
     binder: Binder
-    decode_targets: dict[str, tuple[int, ...]]
+    decode_targets: dict[str, GroupShape]
     counters: dict[str, int]
 
 

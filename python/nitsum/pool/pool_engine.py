@@ -23,7 +23,7 @@ from nitsum.kv.host_pool import host_pages_in
 from nitsum.kv.pages import PageAllocator
 from nitsum.kv.pool import KVPool
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
-from nitsum.parallel.topology import GroupShape, TPTopology, as_shape
+from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool import page_usage
 from nitsum.pool.binding import Binder
 from nitsum.pool.devices import Devices
@@ -44,7 +44,7 @@ class PoolEngine:
         cfg: ModelConfig,
         ecfg: EngineConfig,
         num_pages: int,
-        groups: list[tuple[int, ...]],
+        groups: list[GroupShape],
         eos_token_ids: tuple[int, ...] | None = None,
     ) -> None:
         """`groups`: the first plan's TP groups (pipelines come with `reconfigure`)."""
@@ -64,7 +64,7 @@ class PoolEngine:
             else None
         )
         self.topology.check(groups)
-        self.decode_targets: dict[str, tuple[int, ...]] = {}
+        self.decode_targets: dict[str, GroupShape] = {}
         # Cumulative counters, reported to the router in `stats` messages (`/metrics`).
         self.counters: dict[str, int] = dict.fromkeys(
             (
@@ -78,10 +78,8 @@ class PoolEngine:
             ),
             0,
         )
-        # NOTE: keyed by members (a plan's groups are disjoint); `Engine.shape` is the shape.
-        self.engines: dict[tuple[int, ...], Engine] = {
-            g: self.new_engine(GroupShape.tp_group(g)) for g in groups
-        }
+        # NOTE: keyed by shape, and `engines[g].shape == g` (a plan's groups are disjoint).
+        self.engines: dict[GroupShape, Engine] = {g: self.new_engine(g) for g in groups}
         # `Engine.counters` of engines already dissolved.
         self.retired: Counter[str] = Counter()
         # Per-request TP bindings borrowing the plan's groups (pool/binding.py).
@@ -93,7 +91,7 @@ class PoolEngine:
         self.solo: set[int] = set()
         # Steps still in flight after an iteration (a late group: pool/group_step.py), and the
         # outputs of steps collected outside `step` (`settle`), for the next `step` to return.
-        self.carry: dict[tuple[int, ...], InFlight] = {}
+        self.carry: dict[GroupShape, InFlight] = {}
         self.early: list[RequestOutput] = []
 
     def new_engine(self, shape: GroupShape) -> Engine:
@@ -110,14 +108,10 @@ class PoolEngine:
         runner = GroupRunner(self.pool, shape, pages, e.shift, self.counters)
         return Engine(self.cfg, runner, scheduler, self.ecfg.max_context, self.eos)
 
-    def shape_of(self, members: tuple[int, ...]) -> GroupShape:
-        """The shape of the plan's group `members`."""
-        return self.engines[members].shape
-
     def check_shapes(self, shapes: list[GroupShape]) -> None:
         """ValueError unless `shapes` are disjoint groups with warm contexts on their devices:
         aligned TP groups of allowed levels, or pipelines the topology lists."""
-        self.topology.check([s.members for s in shapes if not s.is_pipeline])
+        self.topology.check([s for s in shapes if not s.is_pipeline])
         known = set(self.topology.pipelines(self.cfg.num_layers, DEFAULT_PP_LEVELS))
         seen: set[int] = set()
         for s in shapes:
@@ -129,7 +123,7 @@ class PoolEngine:
                 )
             if seen & set(s.members):
                 raise ValueError(f"group {s.members} overlaps another group")
-            if len(s.members) > 1 and set(s.members) & self.solo:
+            if s.size > 1 and set(s.members) & self.solo:
                 raise ValueError(
                     f"group {s.members}: device(s) {sorted(set(s.members) & self.solo)} "
                     "restarted alone after a crash serve as TP-1 groups only"
@@ -137,10 +131,11 @@ class PoolEngine:
             seen |= set(s.members)
 
     @property
-    def groups(self) -> list[tuple[int, ...]]:
+    def groups(self) -> list[GroupShape]:
+        """The plan's groups, in the order their engines were made."""
         return list(self.engines)
 
-    def every_engine(self) -> list[tuple[tuple[int, ...], Engine]]:
+    def every_engine(self) -> list[tuple[GroupShape, Engine]]:
         """The plan's engines and the bindings' (whose devices overlap them)."""
         return [*self.engines.items(), *self.binder.engines()]
 
@@ -160,9 +155,9 @@ class PoolEngine:
         request_id: str,
         prompt_ids: list[int],
         spec: RequestSpec,
-        group: tuple[int, ...] | None = None,
-        decode_group: tuple[int, ...] | None = None,
-    ) -> tuple[int, ...]:
+        group: GroupShape | None = None,
+        decode_group: GroupShape | None = None,
+    ) -> GroupShape:
         """Queue on `group` (default: the group with the fewest requests); returns the group
         it runs on.
 
@@ -194,9 +189,10 @@ class PoolEngine:
         # NOTE: a pipeline is never a binding's replica (bindings merge TP groups); a request
         # its pages cannot hold is refused by its engine with the pages it needs.
         # NOTE: never a binding over a device restarted alone (pool/device_loss.py).
-        lone = set(self.topology.group_of(group[0], tp)) & self.solo if tp > len(group) else None
-        if tp > len(group) and not engine.shape.is_pipeline and not lone:
-            tokens, needed = (len(prompt_ids), context - len(prompt_ids)), need > len(group)
+        bigger = tp > group.tp
+        lone = set(self.topology.group_of(group.leader, tp).members) & self.solo if bigger else None
+        if bigger and not group.is_pipeline and not lone:
+            tokens, needed = (len(prompt_ids), context - len(prompt_ids)), need > group.tp
             group, engine = self.binder.serve(tp, group, request_id, spec, tokens, needed)
         try:
             engine.add_request(request_id, prompt_ids, spec)
@@ -248,21 +244,20 @@ class PoolEngine:
     # -- reconfiguration ---------------------------------------------------------------------
     def reconfigure(
         self,
-        groups: Iterable[GroupShape | tuple[int, ...]],
+        groups: Iterable[GroupShape],
         mode: str = "pipelined",
         faults: FaultPlan | None = None,
     ) -> ReconfigureReport:
         """Switch the pool to `groups` at this iteration boundary, migrating running KV, as a
-        transaction (pool/switch.py); a bare members tuple is a TP group. `faults`: failures
-        a test injects (None: none)."""
+        transaction (pool/switch.py). `faults`: failures a test injects (None: none)."""
         self.settle()
-        return Switch(self, [as_shape(g) for g in groups]).run(mode, faults)
+        return Switch(self, list(groups)).run(mode, faults)
 
-    def plan_switch(self, groups: Iterable[GroupShape | tuple[int, ...]]) -> list[str]:
+    def plan_switch(self, groups: Iterable[GroupShape]) -> list[str]:
         """The running requests a switch to `groups` would preempt for lack of pages, lowest
         priority first (the capacity check, before anything changes)."""
         self.settle()
-        return Switch(self, [as_shape(g) for g in groups]).capacity()
+        return Switch(self, list(groups)).capacity()
 
     def settle(self) -> None:
         """End every step still in flight (each by its deadline); their outputs come with

@@ -31,6 +31,7 @@ from nitsum.engine.request_output import RequestOutput
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.errors import InvalidRequestError
 from nitsum.kv.pages import OutOfPages
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DeviceError
 from nitsum.pool.handoff_meta import handoff_meta, handoff_sequence
 from nitsum.pool.kv_transfer import TransferFailed
@@ -189,7 +190,7 @@ class RemoteHandoffs:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.pe.ecfg.dtype.itemsize
 
     # -- receiving --------------------------------------------------------------------------
-    def receive(self, group_of: dict[int, tuple[int, ...]]) -> list[RequestOutput]:
+    def receive(self, group_of: dict[int, GroupShape]) -> list[RequestOutput]:
         """Adopt the handoffs that arrived, each on the group holding its decode target
         (`group_of`: worker id -> group); returns their first tokens to stream (and, over
         NIXL, those of our offers rolled back)."""
@@ -222,7 +223,7 @@ class RemoteHandoffs:
         return RequestOutput(seq.request_id, list(seq.output_ids), None)
 
     def _adopt_offers(
-        self, offers: list[Offer], group_of: dict[int, tuple[int, ...]]
+        self, offers: list[Offer], group_of: dict[int, GroupShape]
     ) -> list[RequestOutput]:
         """NIXL: READ each offer's KV into pages of its target's group, then commit it; an
         offer that cannot be taken is refused (its sender decodes it)."""
@@ -235,7 +236,9 @@ class RemoteHandoffs:
                 self.peers.refuse(offer, "no group to adopt it" if group is None else "runs here")
                 continue
             engine = self.pe.engines[group]
-            if set(group) & self.pe.solo:  # NOTE: restarted alone: no NIXL agent to READ with
+            if (
+                set(group.members) & self.pe.solo
+            ):  # NOTE: restarted alone: no NIXL agent to READ with
                 self.peers.refuse(offer, "its decode group has a device restarted alone")
                 continue
             try:
@@ -263,7 +266,7 @@ class RemoteHandoffs:
             outputs.append(self._came_here(seq, int(offer.meta["target"])))
         return outputs
 
-    def _adopt(self, meta: dict[str, Any], kv: torch.Tensor, group: tuple[int, ...]) -> Sequence:
+    def _adopt(self, meta: dict[str, Any], kv: torch.Tensor, group: GroupShape) -> Sequence:
         engine = self.pe.engines[group]
         seq = handoff_sequence(meta)
         pages = engine.pages

@@ -54,13 +54,13 @@ class SwitchablePool(Protocol):
     cfg: ModelConfig
     ecfg: EngineConfig
     alloc: PageAllocator
-    engines: dict[tuple[int, ...], Engine]
+    engines: dict[GroupShape, Engine]
     binder: Binder
     counters: dict[str, int]
     switch_log: list[dict]
 
     @property
-    def groups(self) -> list[tuple[int, ...]]: ...
+    def groups(self) -> list[GroupShape]: ...
 
     def new_engine(self, shape: GroupShape) -> Engine: ...
 
@@ -80,15 +80,14 @@ class Switch:
     def __init__(self, pe: SwitchablePool, shapes: list[GroupShape]) -> None:
         pe.check_shapes(shapes)
         self.pe = pe
-        self.groups = [s.members for s in shapes]
-        self.shapes = {s.members: s for s in shapes}
+        self.groups = list(shapes)
 
-    def _same(self, g: tuple[int, ...]) -> bool:
-        """Whether group `g` of the plan exists now with the same shape (kept as it is)."""
-        engine = self.pe.engines.get(g)
-        return engine is not None and g in self.shapes and engine.shape == self.shapes[g]
+    def _same(self, g: GroupShape) -> bool:
+        """Whether group `g` is in the plan and exists now (same shape: kept as it is).
+        NOTE: a group reshaped on the same devices is another key: a new engine."""
+        return g in self.pe.engines and g in self.groups
 
-    def _moves(self, targets: dict[tuple[int, ...], Engine]) -> list[Move]:
+    def _moves(self, targets: dict[GroupShape, Engine]) -> list[Move]:
         """Every sequence of a vanishing group to a new group sharing devices (the least
         loaded), most important first: pages go to them first."""
         moves: list[Move] = []
@@ -97,7 +96,7 @@ class Switch:
             if self._same(old_group):
                 continue
             for seq in engine.sequences():
-                near = [g for g in self.groups if set(g) & set(old_group)] or list(self.groups)
+                near = [g for g in self.groups if g.overlaps(old_group)] or list(self.groups)
                 target = min(near, key=lambda g: load[g])
                 load[target] += 1
                 moves.append((seq, target, engine))
@@ -112,12 +111,13 @@ class Switch:
         sizes = {}
         for g in self.groups:
             engine = self.pe.engines.get(g) if self._same(g) else None
-            sizes[g] = int(free[list(g)].all(axis=0).sum()) + (spare(engine) if engine else 0)
+            devices = list(g.members)
+            sizes[g] = int(free[devices].all(axis=0).sum()) + (spare(engine) if engine else 0)
         short = []
         for seq, target, _ in moves:
             if seq.num_computed == 0 or seq.host_pages:
                 continue
-            need = -(-seq.num_computed // self.pe.alloc.tokens_per_page(self.shapes[target].tp))
+            need = -(-seq.num_computed // self.pe.alloc.tokens_per_page(target.tp))
             if need > sizes[target]:
                 short.append(seq.request_id)
             else:
@@ -127,13 +127,13 @@ class Switch:
     def capacity(self) -> list[str]:
         """The requests this switch would preempt, lowest priority first (nothing changes)."""
         targets = {g: self.pe.engines[g] for g in self.groups if self._same(g)}
-        targets |= {g: self.pe.new_engine(self.shapes[g]) for g in self.groups if g not in targets}
+        targets |= {g: self.pe.new_engine(g) for g in self.groups if g not in targets}
         free = self.pe.alloc.free.copy()
         for g, engine in self.pe.engines.items():
             if not self._same(g):  # its idle cached pages are freed before the transfer
                 owned = {p for seq in engine.sequences() for p in seq.pages}
                 idle = sorted(engine.cached_pages() - owned)
-                free[np.ix_(list(g), idle)] = True
+                free[np.ix_(list(g.members), idle)] = True
         return self._short(self._moves(targets), free, lambda e: e.num_evictable())[::-1]
 
     def run(self, mode: str, faults: FaultPlan | None = None) -> ReconfigureReport:
@@ -159,12 +159,12 @@ class Switch:
                     False, pe.groups, error="a TP binding is active; the plan waits for it"
                 )
             )
-        targets: dict[tuple[int, ...], Engine] = {}
+        targets: dict[GroupShape, Engine] = {}
         moves: list[Move] = []
         outcome: MoveOutcome | None = None
         try:
             targets = {g: pe.engines[g] for g in self.groups if self._same(g)}
-            targets |= {g: pe.new_engine(self.shapes[g]) for g in self.groups if g not in targets}
+            targets |= {g: pe.new_engine(g) for g in self.groups if g not in targets}
             moves = self._moves(targets)
             phase("plan")
             # NOTE: the vanishing groups' idle cached pages are freed first (their devices'
@@ -217,8 +217,8 @@ class Switch:
         log.append(
             {
                 "ok": report.ok,
-                "groups": [list(g) for g in report.groups],
-                "pipelines": {str(list(g)): s.tp for g, s in self.shapes.items() if s.is_pipeline},
+                "groups": [list(g.members) for g in report.groups],
+                "pipelines": {str(list(g.members)): g.tp for g in self.groups if g.is_pipeline},
                 "preempted": list(report.preempted),
                 "bytes_sent": report.bytes_sent,
                 "timings_ms": dict(report.timings_ms),

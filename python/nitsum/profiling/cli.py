@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from nitsum.engine.engine_config import EngineConfig
+from nitsum.parallel.topology import GroupShape
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     num_pages = 2048
     kind = args.device_kind or f"cpu-{os.cpu_count()}core"
     with DevicePool(devices, ModelSource(model_dir=str(model_dir)), ecfg, num_pages) as pool:
-        pe = PoolEngine(pool, cfg, ecfg, num_pages, [(d,) for d in range(devices)])
+        pe = PoolEngine(
+            pool, cfg, ecfg, num_pages, [GroupShape.tp_group((d,)) for d in range(devices)]
+        )
         kw = {}
         if args.quick:
             kw = {"prefill_tokens": (16, 128), "batches": (1, 8), "contexts": (128,)}

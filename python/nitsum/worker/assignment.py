@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nitsum.parallel.topology import GroupShape
-from nitsum.worker.protocol import Group
+from nitsum.worker.protocol import GroupPlan
 
 
 class PlanRefused(ValueError):
@@ -35,10 +35,10 @@ class LocalPlan:
 
     def max_batch(self, group: GroupShape) -> int | None:
         """The plan's batch cap of `group` (held by its leader's assignment)."""
-        return self.assignments[group.members[0]].max_batch
+        return self.assignments[group.leader].max_batch
 
 
-def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
+def local_plan(device_ids: list[int], groups: list[GroupPlan]) -> LocalPlan:
     """The groups of `groups` that contain one of `device_ids`; PlanRefused when the plan
     puts a device in two groups, a group's `tp` · `pp` disagrees with its members, or a group
     mixes these devices with devices of another process."""
@@ -68,4 +68,4 @@ def local_plan(device_ids: list[int], groups: list[Group]) -> LocalPlan:
         if d not in assignments:
             assignments[d] = Assignment()
             out.append(GroupShape((d,)))
-    return LocalPlan(sorted(out, key=lambda s: s.members), assignments)
+    return LocalPlan(sorted(out), assignments)  # NOTE: shapes sort by their members first

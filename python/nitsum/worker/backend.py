@@ -132,9 +132,9 @@ class PoolBackend:
             return [1], device
         return list(self.tp_levels), self.first_id  # one process = one domain
 
-    def _group(self, device: int) -> tuple[int, ...]:
+    def _group(self, device: int) -> GroupShape:
         local = device - self.first_id
-        return next(g for g in self.pe.engines if local in g)
+        return next(g for g in self.pe.engines if g.holds(local))
 
     def capacity(self) -> tuple[int, int, list[int]]:
         engine = next(iter(self.pe.engines.values()))
@@ -147,11 +147,11 @@ class PoolBackend:
     def load(self, device: int) -> tuple[int, int, int]:
         group = self._group(device)
         free = self.pe.free_pages(device - self.first_id)
-        if group[0] != device - self.first_id:
+        if group.leader != device - self.first_id:
             return 0, 0, free  # requests are counted on their group's leader only
         running, waiting, _ = self.pe.engines[group].load()
-        for members, engine in self.pe.binder.engines():
-            if members[0] == group[0]:  # a binding's requests count on its leader too
+        for bound, engine in self.pe.binder.engines():
+            if bound.leader == group.leader:  # a binding's requests count on its leader too
                 r, w, _ = engine.load()
                 running, waiting = running + r, waiting + w
         return running, waiting, free
@@ -201,7 +201,7 @@ class PoolBackend:
         down = self.pe.pool.down
         # NOTE: local_plan gives every device a group; a dead one has none until it is back.
         dead = {self.first_id + d for d in down}
-        kept = [g for g in plan.groups if not (len(g.members) == 1 and g.members[0] in dead)]
+        kept = [g for g in plan.groups if not (g.size == 1 and g.leader in dead)]
         plan = LocalPlan(kept, plan.assignments)
         groups = [
             GroupShape(tuple(d - self.first_id for d in g.members), g.tp, g.pp) for g in plan.groups
@@ -216,7 +216,7 @@ class PoolBackend:
             raise PlanRefused(f"plan not applied, nothing changed: {report.error}")
         for local, g in zip(groups, plan.groups, strict=True):
             cap = plan.max_batch(g) or self.max_batch
-            self.pe.engines[local.members].max_batch = min(self.max_batch, cap)
+            self.pe.engines[local].max_batch = min(self.max_batch, cap)
         return dict(report.timings_ms)
 
     def flush_prefix_cache(self) -> int:

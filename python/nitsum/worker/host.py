@@ -8,6 +8,7 @@ from pathlib import Path
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import install_grammars, load_config, model_eos_ids
 from nitsum.kv.pool import KVPool
+from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
 from nitsum.pool.pool_engine import PoolEngine
@@ -38,7 +39,7 @@ def open_pool_backend(
     source = ModelSource(model_dir=str(model_dir))
     pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
     try:
-        groups: list[tuple[int, ...]] = [(d,) for d in range(num_devices)]
+        groups = [GroupShape.tp_group((d,)) for d in range(num_devices)]
         eos = model_eos_ids(model_dir)
         install_grammars(model_dir, eos)
         pe = PoolEngine(pool, cfg, ecfg, num_pages, groups, eos)

@@ -179,8 +179,13 @@ class Abort(Message):
 
 
 @dataclass(frozen=True)
-class Group:
-    """One group of a `reconfigure` plan: `tp · pp` members, stage-major."""
+class GroupPlan:
+    """One group of a `reconfigure` plan as the router planned it (Rust `plan.rs` GroupPlan):
+    `tp · pp` members (router worker ids), stage-major, with its role, tiers and batch cap.
+
+    NOTE: the worker turns it into a `parallel.topology.GroupShape` (local device ids, the key
+    of its engine) once, in `worker/assignment.py`; `kv.pages.GroupPages` is that group's view
+    of the page allocator."""
 
     members: list[int] = wire_field(check=(bool, "a non-empty list of worker ids"))
     tp: int = wire_field(check=AT_LEAST_ONE)
@@ -198,7 +203,7 @@ class Reconfigure(Message):
 
     TYPE = "reconfigure"
     epoch: int
-    groups: list[Group]
+    groups: list[GroupPlan]
 
 
 @dataclass(frozen=True)
