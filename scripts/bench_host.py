@@ -145,7 +145,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     engine, vocab = make_engine()
-    gpu = _core.BindingModel(PROFILE.read_text())
+    gpu = _core.BindingModel(_core.Profile(PROFILE.read_text()))
     run(engine, vocab, (4, 64, 0), 4)  # warm-up
     print(f"host time per step (CPU, torch {torch.__version__}) vs the 8B H100 profile's step")
     for name in args.scenarios:

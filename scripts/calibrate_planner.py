@@ -19,11 +19,18 @@ from nitsum import _core
 from nitsum.simulate import build_config, parser
 
 
-def length_stats(values: list[int]) -> dict[str, float]:
+def length_stats(values: list[int]) -> _core.LengthStats:
     x = sorted(values)
     n = len(x)
-    return {"count": n, "mean": statistics.mean(x), "p50": x[n // 2], "p90": x[int(n * 0.9)],
-            "p99": x[int(n * 0.99)]}  # fmt: skip
+    return _core.LengthStats(statistics.mean(x), count=n, p50=x[n // 2], p90=x[int(n * 0.9)],
+                             p99=x[int(n * 0.99)])  # fmt: skip
+
+
+def group_json(g: _core.GroupPlan) -> dict[str, object]:
+    """A planned group as the simulator's `fixed_plan` reads it (`GroupPlan` JSON)."""
+    keys = ("members", "tp", "pp", "role", "tiers", "accepts_background", "max_rps",
+            "max_inflight")  # fmt: skip
+    return {k: getattr(g, k) for k in keys}
 
 
 def main() -> None:
@@ -45,27 +52,28 @@ def main() -> None:
     demand = []
     for t in cfg["tiers"]:
         mine = [r for r in reqs if r["tier"] == t["name"]]
-        demand.append({"tier": t["name"], "rate_rps": len(mine) / span,
-                       "prompt": length_stats([r["input_len"] for r in mine]),
-                       "output": length_stats([r["output_len"] for r in mine])})  # fmt: skip
-    tiers = [{"weight": 1, "background": False} | t for t in cfg["tiers"]]
-    profile = json.dumps(cfg["profile"])
+        demand.append(_core.TierDemand(t["name"], len(mine) / span,
+                                       length_stats([r["input_len"] for r in mine]),
+                                       length_stats([r["output_len"] for r in mine])))  # fmt: skip
+    tiers = [_core.Tier(t["name"], t["ttft_ms"], t["tpot_ms"], weight=t.get("weight", 1.0),
+                        background=t.get("background", False)) for t in cfg["tiers"]]  # fmt: skip
+    profile = _core.Profile(json.dumps(cfg["profile"]))
     # The simulator's planner settings (docs/results.md), without hysteresis: one decision.
     base = {"slo_margin": 0.9, "target_utilization": 0.5, "keep_utilization": 0}
     choices = [[int(t) for t in a.levels.split(",")][i : i + 1] for i in range(4)] + [None]
     print(f"{len(reqs)} requests over {span:.1f} s, {a.devices} devices")
     for levels in [c for c in choices if c != []]:
         pc = base | ({"tp_levels": levels} if levels else {})
-        out = json.loads(_core.plan(profile, json.dumps(tiers), json.dumps(demand), a.devices,
-                                    None, json.dumps(pc)))  # fmt: skip
-        layout = Counter(f"{g['role'][0].upper()}{g['tp']}:{','.join(g['tiers']) or '-'}"
-                         for g in out["groups"])  # fmt: skip
+        out = _core.plan(profile, tiers, demand, a.devices, None, json.dumps(pc))
+        layout = Counter(f"{g.role[0].upper()}{g.tp}:{','.join(g.tiers) or '-'}"
+                         for g in out.groups)  # fmt: skip
         planned: Counter[str] = Counter()
-        for g in out["groups"]:
-            for t in g["tiers"] if g["role"] != "decode" else []:
-                planned[t] += g["max_rps"]
-        policy = {"kind": "fixed_plan", "plan": {"epoch": 1, "groups": out["groups"]},
-                  "batch_caps": out["batch_caps"]}  # fmt: skip
+        for g in out.groups:
+            for t in g.tiers if g.role != "decode" else []:
+                planned[t] += g.max_rps
+        groups = [group_json(g) for g in out.groups]
+        policy = {"kind": "fixed_plan", "plan": {"epoch": 1, "groups": groups},
+                  "batch_caps": out.batch_caps}  # fmt: skip
         res = json.loads(_core.simulate(json.dumps(cfg | {"policy": policy})))
         real = {k: round(v["goodput_rps"], 1) for k, v in res["per_tier"].items()}
         name = f"TP {levels[0]}" if levels else "all levels"

@@ -3,7 +3,6 @@ a profile taken alone or on another machine says how options compare, the moving
 measured / profiled step time per TP level says how fast they run here. No devices: the
 steps are Scheduled items of real sequences, the times are given."""
 
-import json
 from dataclasses import replace
 
 from bind_helpers import ECFG, greedy, write_profile
@@ -54,12 +53,12 @@ def test_the_query_carries_each_level_s_slowdown(tmp_path) -> None:
     c = chooser(tmp_path)
     c.slowdown = {1: 3.0, 2: 1.5}
     q = c._query(2, {tp(0): _idle(), tp(1): _idle()}, RequestSpec(greedy(8), ttft_ms=100), 64, 8, 0)
-    assert [r["slowdown"] for r in q["replicas"]] == [3.0, 3.0] and q["bound_slowdown"] == 1.5
+    assert [r.slowdown for r in q.replicas] == [3.0, 3.0] and q.bound_slowdown == 1.5
     # And the model uses them: DP's first token three times as late as profiled.
     assert c.model is not None
-    d = json.loads(c.model.decide(json.dumps(q)))
-    dp = next(o for o in d["options"] if o["mode"] == "dp")
-    assert abs(dp["ttft_ms"] - 3.0 * 64.0) < 1e-6, d
+    d = c.model.decide(q)
+    dp = next(o for o in d.options if o.mode == "dp")
+    assert abs(dp.ttft_ms - 3.0 * 64.0) < 1e-6, d
 
 
 def test_calibration_off_keeps_the_profile(tmp_path) -> None:
@@ -88,6 +87,6 @@ def test_the_query_weighs_the_tier_s_tpot_target_and_weight(tmp_path) -> None:
     c = chooser(tmp_path)
     spec = RequestSpec(greedy(8), ttft_ms=100, tpot_ms=15.0, weight=4.0)
     q = c._query(2, {tp(0): _idle(), tp(1): _idle()}, spec, 64, 8, 0)
-    assert (q["ttft_ms"], q["tpot_ms"], q["weight"]) == (100, 15.0, 4.0)
+    assert (q.ttft_ms, q.tpot_ms, q.weight) == (100, 15.0, 4.0)
     plain = c._query(2, {tp(0): _idle()}, RequestSpec(greedy(8)), 64, 8, 0)
-    assert (plain["tpot_ms"], plain["weight"]) == (None, 1.0)
+    assert (plain.tpot_ms, plain.weight) == (None, 1.0)

@@ -61,8 +61,8 @@ def test_prefill_only_binding_hands_the_kv_back_after_the_prompt(pool, tiny, tmp
     spec = RequestSpec(greedy(10), bind_tp=2, ttft_ms=30)
     assert run.pe.add_request("s", ps["s"], spec) == tp(0, 1)
     decision = run.pe.last_bind
-    assert decision is not None and decision["mode"] == "prefill" and decision["level"] == 2
-    replica = layout((0,), (1,))[decision["replica"]]
+    assert decision is not None and decision.mode == "prefill" and decision.level == 2
+    replica = layout((0,), (1,))[decision.replica]
     run.step()
     assert run.steps["s"] == [bound_at]  # prompt and first token at TP 2
     assert not run.pe.binder.bindings and not run.pe.binder.paused()  # released at once
@@ -88,7 +88,7 @@ def test_full_binding_hands_back_when_the_replicas_get_work(pool, tiny, tmp_path
     ps = {r: prompt(cfg, 20 + i, seed=80 + i) for i, r in enumerate("sab")}
     spec = RequestSpec(greedy(16), bind_tp=2, ttft_ms=30)
     assert run.pe.add_request("s", ps["s"], spec) == tp(0, 1)
-    assert run.pe.last_bind is not None and run.pe.last_bind["mode"] == "full"
+    assert run.pe.last_bind is not None and run.pe.last_bind.mode == "full"
     for _ in range(3):
         run.step()
     assert run.pe.binder.bindings and len(run.out["s"]) == 3  # no work waits: stays bound
@@ -97,7 +97,7 @@ def test_full_binding_hands_back_when_the_replicas_get_work(pool, tiny, tmp_path
     handed_at = run.n
     run.step()
     assert not run.pe.binder.bindings  # asked at once (the replicas' load changed): DP
-    assert run.pe.last_bind is not None and run.pe.last_bind["mode"] == "dp"
+    assert run.pe.last_bind is not None and run.pe.last_bind.mode == "dp"
     assert any("s" in e.request_ids() for e in run.pe.engines.values())
     run.finish()
     assert all(n > handed_at for r in "ab" for n in run.steps[r])
@@ -117,7 +117,7 @@ def test_the_decision_weighs_the_blocks_real_state(pool, tiny, tmp_path) -> None
     ps = {r: prompt(cfg, 12 + i, seed=90 + i) for i, r in enumerate(("idle", "a", "c", "b", "s"))}
     run.pe.add_request("idle", ps["idle"], RequestSpec(greedy(4), bind_tp=2))
     idle = run.pe.last_bind
-    assert idle is not None and all(o["lost_tokens"] == 0 for o in idle["options"])
+    assert idle is not None and all(o.lost_tokens == 0 for o in idle.options)
     run.finish()
     for r, g in (("a", tp(0)), ("c", tp(0)), ("b", tp(1))):
         run.pe.add_request(r, ps[r], RequestSpec(greedy(12)), group=g)
@@ -125,9 +125,9 @@ def test_the_decision_weighs_the_blocks_real_state(pool, tiny, tmp_path) -> None
         run.step()
     assert run.pe.add_request("s", ps["s"], RequestSpec(greedy(6), bind_tp=2)) == tp(1)
     busy = run.pe.last_bind
-    assert busy is not None and busy["mode"] == "dp" and busy["replica"] == 1
-    full = next(o for o in busy["options"] if o["mode"] == "full")
-    assert full["lost_tokens"] > 0 and full["value"] < busy["options"][0]["value"]
+    assert busy is not None and busy.mode == "dp" and busy.replica == 1
+    full = next(o for o in busy.options if o.mode == "full")
+    assert full.lost_tokens > 0 and full.value < busy.options[0].value
     assert not run.pe.binder.bindings
     run.finish()
     for r, n in (("idle", 4), ("a", 12), ("c", 12), ("b", 12), ("s", 6)):

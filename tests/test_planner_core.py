@@ -26,40 +26,39 @@ LINEAR = {
         "1": [{"batch": 1, "context": 10, "ms": 11}, {"batch": 64, "context": 10, "ms": 74}]
     },
 }
-TIERS = [{"name": "A", "ttft_ms": 200.0, "tpot_ms": 61.0}]
-DEMAND = [{"tier": "A", "rate_rps": 50.0, "prompt": {"mean": 100}, "output": {"mean": 11}}]
+TIERS = [core.Tier("A", 200.0, 61.0)]
+DEMAND = [core.TierDemand("A", 50.0, core.LengthStats(100), core.LengthStats(11))]
 MIXED_ONLY = json.dumps({"disaggregation": False, "target_utilization": 1.0})
 
 
-def _plan(previous: str | None = None) -> dict:
-    out = core.plan(
-        json.dumps(LINEAR), json.dumps(TIERS), json.dumps(DEMAND), 4, previous, MIXED_ONLY
-    )
-    return json.loads(out)
+def _plan(previous: core.Plan | None = None) -> core.Plan:
+    return core.plan(core.Profile(json.dumps(LINEAR)), TIERS, DEMAND, 4, previous, MIXED_ONLY)
 
 
 def test_plan_one_tier_by_hand() -> None:
     plan = _plan()
-    groups = plan["groups"]
-    assert [g["tiers"] for g in groups] == [["A"], ["A"], [], []]
-    assert groups[0]["max_rps"] == pytest.approx(125 / 3)
-    assert groups[0]["max_inflight"] == pytest.approx(125 / 3 * 0.7724)
-    assert plan["batch_caps"] == [25.0, 25.0, 0.0, 0.0]
-    assert [g["accepts_background"] for g in groups] == [False, False, True, True]
+    groups = plan.groups
+    assert [g.tiers for g in groups] == [["A"], ["A"], [], []]
+    assert groups[0].max_rps == pytest.approx(125 / 3)
+    assert groups[0].max_inflight == pytest.approx(125 / 3 * 0.7724)
+    assert plan.batch_caps == [25.0, 25.0, 0.0, 0.0]
+    assert [g.accepts_background for g in groups] == [False, False, True, True]
 
 
 def test_plan_is_stable_given_the_previous_plan() -> None:
     first = _plan()
-    again = _plan(json.dumps({"epoch": first["epoch"], "groups": first["groups"]}))
-    assert again["groups"] == first["groups"]
-    assert again["epoch"] == first["epoch"] + 1
+    again = _plan(core.Plan(first.epoch, first.groups))
+    assert again.groups == first.groups
+    assert again.epoch == first.epoch + 1
 
 
 def test_plan_rejects_bad_input_clearly() -> None:
     with pytest.raises(ValueError, match="schema"):
-        core.plan(json.dumps({**LINEAR, "schema": "x"}), json.dumps(TIERS), "[]", 4)
-    with pytest.raises(ValueError, match="tiers JSON"):
-        core.plan(json.dumps(LINEAR), "{", "[]", 4)
+        core.Profile(json.dumps({**LINEAR, "schema": "x"}))
+    with pytest.raises(ValueError, match="unknown tier"):
+        _plan(core.Plan(1, [core.GroupPlan([0], 1, "mixed", ["B"])]))
+    with pytest.raises(ValueError, match="num_devices"):
+        core.plan(core.Profile(json.dumps(LINEAR)), TIERS, DEMAND, 0)
 
 
 def _sim_config(requests: list[dict]) -> dict:
@@ -114,5 +113,5 @@ def test_shipped_analytic_profiles_load() -> None:
     for path in sorted((ROOT / "profiles").glob("*-analytic.json")):
         profile = json.loads(path.read_text())
         assert profile["analytic"] is True
-        plan = json.loads(core.plan(path.read_text(), json.dumps(TIERS), json.dumps(DEMAND), 8))
-        assert sum(g["tp"] for g in plan["groups"]) <= 8
+        plan = core.plan(core.Profile(path.read_text()), TIERS, DEMAND, 8)
+        assert sum(g.tp for g in plan.groups) <= 8

@@ -44,12 +44,12 @@ def test_every_mode_and_shape_is_measured(profile):
 def test_the_planner_reads_the_measured_profile(profile):
     """The router's planner takes the file (SP points, thresholds and pipeline tables
     included): well-formed groups over the devices, pipelines only of measured shapes."""
-    demand = [{"tier": "strict", "rate_rps": 1.0, "prompt": {"mean": 32}, "output": {"mean": 8}}]
-    tiers = [t for t in json.loads(_core.default_tiers()) if not t["background"]]
-    plan = json.loads(_core.plan(json.dumps(profile), json.dumps(tiers), json.dumps(demand), 4))
-    devices = sorted(d for g in plan["groups"] for d in g["members"])
+    lengths = (_core.LengthStats(32), _core.LengthStats(8))
+    demand = [_core.TierDemand("strict", 1.0, *lengths)]
+    tiers = [t for t in _core.default_tiers() if not t.background]
+    plan = _core.plan(_core.Profile(json.dumps(profile)), tiers, demand, 4)
+    devices = sorted(d for g in plan.groups for d in g.members)
     assert devices == [0, 1, 2, 3]
-    for g in plan["groups"]:
-        pp = g.get("pp", 1)
-        assert g["tp"] * pp == len(g["members"])
-        assert pp == 1 or f"{g['tp']}x{pp}" in profile["pipelines"]
+    for g in plan.groups:
+        assert g.tp * g.pp == len(g.members)
+        assert g.pp == 1 or f"{g.tp}x{g.pp}" in profile["pipelines"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nitsum._core import BindingModel
+from nitsum._core import BindingModel, Profile
 from nitsum.profiling.analytic import GPUS, MODELS, _allreduce_ms, decode_ms, prefill_ms
 from nitsum.profiling.scaled import main, scale
 
@@ -38,7 +38,7 @@ def test_scaling_keeps_tp1_and_adds_the_collectives(tmp_path: Path) -> None:
     assert got == pytest.approx(want, abs=1e-3)
     # Faster with more devices, never below the collectives alone.
     assert out["decode"]["8"][0]["ms"] < out["decode"]["2"][0]["ms"] < d["ms"]
-    BindingModel(json.dumps(out))  # the Rust loader's rules
+    BindingModel(Profile(json.dumps(out)))  # the Rust loader's rules
 
 
 def test_the_command_refuses_what_it_cannot_scale(tmp_path: Path) -> None:

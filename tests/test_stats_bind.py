@@ -4,7 +4,6 @@ and the worker sends the pool's latest one with its counters."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -24,36 +23,45 @@ from test_worker_server import registered, tiny, worker  # noqa: F401 (fixtures)
 PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "h100-llama3-8b-analytic.json"
 
 
-def decide(prompt_tokens: int, decoding: int, ttft_ms: float) -> str:
-    """The cost model's JSON answer for a TP-4 binding over four TP-1 replicas."""
-    query = {
-        "level": 4,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": 128,
-        "ttft_ms": ttft_ms,
-        "tpot_ms": 50.0,
-        "replicas": [{"tp": 1, "decoding": decoding, "context": 1024.0}] * 4,
-        "token_budget": 2048,
-        "replica_output_tokens": 256.0,
-    }
-    return _core.BindingModel(PROFILE.read_text()).decide(json.dumps(query))
+def decide(prompt_tokens: int, decoding: int, ttft_ms: float) -> _core.BindDecision:
+    """The cost model's answer for a TP-4 binding over four TP-1 replicas."""
+    query = _core.BindQuery(
+        level=4,
+        prompt_tokens=prompt_tokens,
+        output_tokens=128,
+        ttft_ms=ttft_ms,
+        tpot_ms=50.0,
+        replicas=[_core.ReplicaLoad(tp=1, decoding=decoding, context=1024.0)] * 4,
+        token_budget=2048,
+        replica_output_tokens=256.0,
+    )
+    return _core.BindingModel(_core.Profile(PROFILE.read_text())).decide(query)
+
+
+def wire(decision: _core.BindDecision) -> dict[str, Any]:
+    """The decision as the worker sends it (`last_bind`)."""
+    return BindDecision.from_core(decision).to_wire()
 
 
 @pytest.fixture(scope="module")
-def idle_block() -> str:
+def idle_block() -> _core.BindDecision:
     """An idle block and a long prompt with a tight TTFT: it binds in full."""
     return decide(4096, 0, 100.0)
 
 
 def test_a_cost_model_decision_is_typed_and_round_trips_the_stats_wire(idle_block):
-    raw = json.loads(idle_block)
-    decision = BindDecision.from_json(idle_block)
+    decision = BindDecision.from_core(idle_block)
+    raw = decision.to_wire()
     assert (decision.mode, decision.level, decision.replica) == ("full", 4, 0)
     assert [o.mode for o in decision.options] == ["dp", "prefill", "full"]
     assert all(isinstance(o, BindOption) for o in decision.options)
-    assert decision.gain == raw["gain"] > 0.01
-    # The wire map is the model's JSON, key for key and value for value.
-    assert decision.to_wire() == raw
+    assert decision.gain == idle_block.gain > 0.01
+    # The wire map is the model's decision, key for key and value for value.
+    assert raw["options"][2] == {
+        k: getattr(idle_block.options[2], k)
+        for k in ("mode", "ttft_ms", "tpot_ms", "meets", "lost_tokens", "value")
+    }
+    assert BindDecision.from_dict(raw) == decision
     msg = Stats.of(2, {"tp_binds": 1, "bind_decisions_full": 1}, decision)
     wire = proto.decode(proto.encode(msg.to_wire()))
     assert wire["last_bind"] == raw and wire["bind_decisions_full"] == 1
@@ -61,7 +69,7 @@ def test_a_cost_model_decision_is_typed_and_round_trips_the_stats_wire(idle_bloc
 
 
 def test_a_busy_block_decides_dp_and_a_stats_message_without_one_has_no_key():
-    busy = BindDecision.from_json(decide(512, 64, 10_000.0))  # a loose TTFT: DP meets it
+    busy = BindDecision.from_core(decide(512, 64, 10_000.0))  # a loose TTFT: DP meets it
     assert busy.mode == "dp" and busy.gain == 0.0
     wire = Stats.of(2, {"bind_decisions_dp": 3}).to_wire()
     assert "last_bind" not in wire
@@ -77,7 +85,7 @@ def test_a_busy_block_decides_dp_and_a_stats_message_without_one_has_no_key():
     ],
 )
 def test_a_malformed_decision_is_refused_naming_its_field(idle_block, change, field):
-    raw = json.loads(idle_block) | change
+    raw = wire(idle_block) | change
     with pytest.raises(ProtocolError, match="^" + re.escape(field)):
         BindDecision.from_dict(raw)
     with pytest.raises(ProtocolError, match=re.escape(field)):
@@ -101,24 +109,13 @@ def next_stats(router: Any, want: Any) -> dict[str, Any]:
 def test_the_worker_sends_the_pools_latest_decision(worker, idle_block):  # noqa: F811
     router, server, _ = registered(worker)
     pe = server.backend.pe
-    # NOTE: the pool keeps its cost model's latest decision as the parsed JSON.
-    pe.binder.chooser.last = json.loads(idle_block)
-    first = next_stats(router, json.loads(idle_block))
+    # NOTE: the pool keeps its cost model's latest decision as `decide` returned it (typed).
+    pe.binder.chooser.last = idle_block
+    first = next_stats(router, wire(idle_block))
     assert first["worker_id"] == 0
-    dp = json.loads(decide(512, 64, 10_000.0))
+    dp = decide(512, 64, 10_000.0)
     pe.binder.chooser.last = dp
-    assert next_stats(router, dp)["last_bind"]["mode"] == "dp"
-
-
-def test_a_malformed_pool_decision_is_left_out_not_the_stats(worker, idle_block):  # noqa: F811
-    router, server, _ = registered(worker)
-    server.backend.pe.binder.chooser.last = json.loads(idle_block) | {"mode": "sideways"}
-    server.backend.pe.binder.counters["tp_binds"] = 5
-    for _ in range(10):
-        msg = router.expect("stats", timeout=5.0)
-        if msg.get("tp_binds") == 5:
-            break
-    assert msg.get("tp_binds") == 5 and "last_bind" not in msg
+    assert next_stats(router, wire(dp))["last_bind"]["mode"] == "dp"
 
 
 class BindingBackend(EchoBackend):
@@ -143,7 +140,7 @@ def test_the_real_router_shows_a_workers_decision_in_admin_plan_and_metrics(tmp_
         pytest.skip(f"{BIN} not built")
     router = Router(tmp_path)
     real = RealWorker(router)
-    real.server.backend = BindingBackend(BindDecision.from_json(idle_block))
+    real.server.backend = BindingBackend(BindDecision.from_core(idle_block))
     try:
 
         def binding() -> Any:
@@ -153,7 +150,7 @@ def test_the_real_router_shows_a_workers_decision_in_admin_plan_and_metrics(tmp_
         wait(lambda: binding() is not None, what="the worker's binding in /admin/plan")
         got = binding()
         assert got["counters"] == BindingBackend.COUNTERS
-        want = json.loads(idle_block)
+        want = wire(idle_block)
         assert got["last"]["mode"] == want["mode"] == "full"
         for option, expected in zip(got["last"]["options"], want["options"], strict=True):
             assert option.pop("mode") == expected.pop("mode")

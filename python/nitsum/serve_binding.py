@@ -66,11 +66,11 @@ def profile_problem(path: Path) -> str | None:
     refused at start rather than by every worker. NOTE: the control profile is the router's
     to check; this is for a profile only the workers read."""
     try:
-        from nitsum._core import BindingModel
+        from nitsum._core import BindingModel, Profile
     except ImportError:  # no native module (the router runs as its own binary): unchecked
         return None
     try:
-        BindingModel(path.read_text())
+        BindingModel(Profile(path.read_text()))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return str(e)
     return None

@@ -50,8 +50,18 @@ def _router_default_tiers() -> tuple[TierSpec, ...]:
     """The router's default tiers (`scheduler-rs/src/config.rs`, `default_tiers`)."""
     import nitsum._core as _core  # NOTE: late: the native module is only needed here
 
-    tiers = json.loads(_core.default_tiers())
-    return tuple(_tier_from_mapping(t, "the router's default tiers") for t in tiers)
+    return tuple(
+        _tier_from_mapping(
+            {
+                "name": t.name,
+                "ttft_ms": t.ttft_ms,
+                "tpot_ms": t.tpot_ms,
+                "background": t.background,
+            },
+            "the router's default tiers",
+        )
+        for t in _core.default_tiers()
+    )
 
 
 # NOTE: one source with the router: a benchmark without `--tier` judges requests by the tiers

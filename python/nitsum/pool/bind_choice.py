@@ -17,11 +17,10 @@ one that cannot load or that lacks a level the pool binds at, or with
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nitsum.engine.engine import Engine
 from nitsum.engine.engine_config import EngineConfig
@@ -29,6 +28,9 @@ from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.parallel.topology import GroupShape
+
+if TYPE_CHECKING:
+    import nitsum._core as _core
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +44,29 @@ SLOWDOWN_RANGE = (0.25, 8.0)
 @dataclass(frozen=True)
 class Choice:
     """A decision: its mode, the replica (a plan group) that DP or the decode after a
-    prompt-only binding uses, and the decision dict as `BindingModel.decide` returned it."""
+    prompt-only binding uses, and the decision as `BindingModel.decide` returned it."""
 
     mode: str
     replica: GroupShape
-    decision: dict[str, Any]
+    decision: _core.BindDecision
 
 
-def load_model(ecfg: EngineConfig, levels: tuple[int, ...]) -> Any | None:
+def tier_targets(spec: RequestSpec) -> tuple[float | None, float | None, float]:
+    """The request's tier targets the cost model weighs: TTFT and TPOT (ms; None: no
+    target) and the tier's weight. NOTE: the one place that reads them from the spec."""
+    return spec.ttft_ms, spec.tpot_ms, spec.weight
+
+
+def load_model(ecfg: EngineConfig, levels: tuple[int, ...]) -> _core.BindingModel | None:
     """The cost model of `ecfg.binding_profile`, or None (with one warning when a profile was
     given but cannot serve: unreadable, invalid, or lacking one of `levels`)."""
     path = ecfg.binding_profile
     if ecfg.bind_policy != "cost" or path is None:
         return None
-    from nitsum._core import BindingModel
+    from nitsum._core import BindingModel, Profile
 
     try:
-        model = BindingModel(Path(path).read_text())
+        model = BindingModel(Profile(Path(path).read_text()))
         for level in levels:
             model.iteration_ms(level, 0, 0.0, 1)  # ValueError: a level the profile lacks
     except (OSError, ValueError) as e:
@@ -83,7 +91,7 @@ class Chooser:
         """`counters`: where the `bind_decisions_*` counters are kept (the binder's)."""
         self.ecfg = ecfg
         self.model = load_model(ecfg, tuple(lv for lv in levels if lv > 1) + (1,))
-        self.last: dict[str, Any] | None = None
+        self.last: _core.BindDecision | None = None
         self.counters = counters
         counters.update({f"bind_decisions_{m}": 0 for m in MODES})
         # Moving a prompt's KV back to a replica, ms per token (measured, moving average).
@@ -147,10 +155,10 @@ class Chooser:
         old = self.slowdown.get(tp)
         self.slowdown[tp] = ratio if old is None else old + SLOWDOWN_WEIGHT * (ratio - old)
 
-    def _decide(self, query: dict[str, Any], groups: list[GroupShape]) -> Choice:
+    def _decide(self, query: _core.BindQuery, groups: list[GroupShape]) -> Choice:
         assert self.model is not None
-        decision = json.loads(self.model.decide(json.dumps(query)))
-        return Choice(decision["mode"], groups[decision["replica"]], decision)
+        decision = self.model.decide(query)
+        return Choice(decision.mode, groups[decision.replica], decision)
 
     def _query(
         self,
@@ -160,8 +168,10 @@ class Chooser:
         prompt_tokens: int,
         output_tokens: int,
         context_tokens: int,
-    ) -> dict[str, Any]:
+    ) -> _core.BindQuery:
         """A `BindQuery` (binding/) over the replicas' state now."""
+        from nitsum._core import BindQuery, ReplicaLoad  # NOTE: late, as in `load_model`
+
         budget = self.ecfg.token_budget
         loads = []
         outputs: list[int] = []
@@ -170,28 +180,29 @@ class Chooser:
             decoding = [s.num_computed for s in engine.running() if s.prefilled]
             queued = sum(len(s.prompt_ids) - s.num_computed for s in seqs if not s.prefilled)
             loads.append(
-                {
-                    "tp": group.tp,
-                    "decoding": len(decoding),
-                    "context": sum(decoding) / len(decoding) if decoding else 0.0,
-                    "prefill_tokens": min(queued, budget) if budget else queued,
-                    "slowdown": self.slowdown.get(group.tp, 1.0),
-                }
+                ReplicaLoad(
+                    tp=group.tp,
+                    decoding=len(decoding),
+                    context=sum(decoding) / len(decoding) if decoding else 0.0,
+                    prefill_tokens=min(queued, budget) if budget else queued,
+                    slowdown=self.slowdown.get(group.tp, 1.0),
+                )
             )
             outputs += [s.sampling.max_tokens for s in seqs]
-        return {
-            "level": level,
-            "prompt_tokens": prompt_tokens,
-            "output_tokens": max(1, output_tokens),
-            "context_tokens": context_tokens,
-            "ttft_ms": spec.ttft_ms,
-            "tpot_ms": spec.tpot_ms,
-            "weight": spec.weight,
-            "replicas": loads,
-            "token_budget": budget,
-            "handoff_ms_per_token": self.handoff_ms_per_token,
-            "bound_slowdown": self.slowdown.get(level, 1.0),
+        ttft_ms, tpot_ms, weight = tier_targets(spec)
+        return BindQuery(
+            level=level,
+            prompt_tokens=prompt_tokens,
+            output_tokens=max(1, output_tokens),
+            replicas=loads,
+            context_tokens=context_tokens,
+            ttft_ms=ttft_ms,
+            tpot_ms=tpot_ms,
+            weight=weight,
+            token_budget=budget,
+            handoff_ms_per_token=self.handoff_ms_per_token,
+            bound_slowdown=self.slowdown.get(level, 1.0),
             # NOTE: their requests' output is not known until they finish: their max_tokens.
-            "replica_output_tokens": sum(outputs) / len(outputs) if outputs else output_tokens,
-            "replica_weight": 1.0,
-        }
+            replica_output_tokens=sum(outputs) / len(outputs) if outputs else output_tokens,
+            replica_weight=1.0,
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from nitsum.config import ModelConfig
 from nitsum.engine.engine import Engine
@@ -33,6 +34,9 @@ from nitsum.pool.group_step import InFlight, collect_all, step_groups
 from nitsum.pool.kv_move import ReconfigureReport
 from nitsum.pool.pd_handoff import hand_off_prefilled
 from nitsum.pool.switch import Switch
+
+if TYPE_CHECKING:
+    import nitsum._core as _core
 
 
 class PoolEngine:
@@ -140,8 +144,8 @@ class PoolEngine:
         return [*self.engines.items(), *self.binder.engines()]
 
     @property
-    def last_bind(self) -> dict | None:
-        """The cost model's most recent decision (`BindingModel.decide`'s dict), if any."""
+    def last_bind(self) -> _core.BindDecision | None:
+        """The cost model's most recent decision (`BindingModel.decide`'s), if any."""
         return self.binder.chooser.last
 
     def max_servable_tokens(self) -> int:

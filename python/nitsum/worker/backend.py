@@ -14,7 +14,6 @@ from nitsum.engine.request_output import RequestOutput
 from nitsum.parallel.topology import GroupShape
 from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.bind_decision import BindDecision
-from nitsum.worker.codec import ProtocolError
 from nitsum.worker.device_watch import DeviceEvents, DeviceWatch
 from nitsum.worker.inbound import GenerateRequest
 
@@ -228,12 +227,6 @@ class PoolBackend:
 
     def last_bind(self) -> BindDecision | None:
         # NOTE: `PoolEngine.last_bind` is the cost model's decision as `BindingModel.decide`
-        # returned it, parsed (a dict), or None (no cost model, or nothing weighed yet).
-        raw = self.pe.last_bind
-        if raw is None:
-            return None
-        try:
-            return BindDecision.from_dict(raw)
-        except ProtocolError as e:  # a pool bug: say so, but keep the counters flowing
-            log.warning("stats: last_bind not sent: %s", e)
-            return None
+        # returned it (typed), or None (no cost model, or nothing weighed yet).
+        decision = self.pe.last_bind
+        return None if decision is None else BindDecision.from_core(decision)

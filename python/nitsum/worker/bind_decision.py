@@ -1,19 +1,22 @@
 """A per-request TP binding decision on the wire: `last_bind` of the `stats` message.
 
 The decision is taken by the cost model in scheduler-rs `binding/` (`nitsum._core.
-BindingModel.decide`, which returns it as JSON); the pool keeps its latest one as a dict
-(`PoolEngine.last_bind`) and the worker sends it typed. The router decodes it into the same
-Rust type (`binding::BindDecision`) and shows it in `/admin/plan` (docs/protocol.md).
+BindingModel.decide`, which returns a typed `_core.BindDecision`); the pool keeps its latest
+one (`PoolEngine.last_bind`) and the worker sends it as this dataclass (`from_core`). The
+router decodes it into the same Rust type (`binding::BindDecision`) and shows it in
+`/admin/plan` (docs/protocol.md).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from nitsum.worker.codec import from_map, to_map
+
+if TYPE_CHECKING:
+    import nitsum._core as _core
 
 BindMode = Literal["dp", "prefill", "full"]
 
@@ -46,14 +49,18 @@ class BindDecision:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> BindDecision:
-        """The decision from `BindingModel.decide`'s parsed JSON (or the wire map);
-        ProtocolError naming the field when it has the wrong shape."""
+        """The decision from the wire map; ProtocolError naming the field when it has the
+        wrong shape."""
         return from_map(cls, dict(raw), "last_bind")
 
     @classmethod
-    def from_json(cls, text: str) -> BindDecision:
-        """The decision from `BindingModel.decide`'s JSON."""
-        return cls.from_dict(json.loads(text))
+    def from_core(cls, d: _core.BindDecision) -> BindDecision:
+        """The decision `BindingModel.decide` returned, field for field."""
+        options = tuple(
+            BindOption(o.mode, o.ttft_ms, o.tpot_ms, o.meets, o.lost_tokens, o.value)
+            for o in d.options
+        )
+        return cls(d.mode, d.level, d.replica, d.gain, options)
 
     def to_wire(self) -> dict[str, Any]:
         """The map sent as `last_bind` (the keys of `from_dict`)."""

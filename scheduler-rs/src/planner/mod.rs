@@ -25,40 +25,25 @@ pub use planned::Planned;
 pub use replan::plan;
 pub use score::{candidate_levels, candidate_shapes};
 
-/// JSON form of [`plan`] (docs/planner.md): profile file, tier list, demand list and an
-/// optional previous plan in; `{"epoch", "groups", "batch_caps"}` out.
-pub fn plan_json(
-    profile_json: &str,
-    tiers_json: &str,
-    demand_json: &str,
+/// [`plan`] with tiers by name at both ends (`nitsum._core.plan`, docs/planner.md): the
+/// previous plan as it was handed out, and the new one with its `batch_caps`. Errs on a
+/// previous plan naming a tier the list lacks, and on no devices.
+pub fn plan_named(
+    profile: &Profile,
+    tiers: &[Tier],
+    demand: &[TierDemand],
     devices: u32,
-    previous_json: Option<&str>,
-    config_json: Option<&str>,
-) -> anyhow::Result<String> {
+    previous: Option<NamedPlan>,
+    cfg: &PlannerConfig,
+) -> anyhow::Result<(NamedPlan, Vec<f64>)> {
     use anyhow::Context;
-    let profile = Profile::from_json(profile_json)?;
-    let tiers: Vec<Tier> = serde_json::from_str(tiers_json).context("plan: invalid tiers JSON")?;
-    let demand: Vec<TierDemand> =
-        serde_json::from_str(demand_json).context("plan: invalid demand JSON")?;
-    let previous: Option<Plan> = previous_json
-        .map(serde_json::from_str::<NamedPlan>)
-        .transpose()
-        .context("plan: invalid previous plan JSON")?
-        .map(|p| p.resolve(&tiers))
+    let previous: Option<Plan> = previous
+        .map(|p| p.resolve(tiers))
         .transpose()
         .context("plan: previous plan")?;
-    let cfg: PlannerConfig = config_json
-        .map(serde_json::from_str)
-        .transpose()
-        .context("plan: invalid planner config JSON")?
-        .unwrap_or_default();
     anyhow::ensure!(devices > 0, "plan: num_devices must be positive");
-    let out = plan(&profile, &tiers, &demand, devices, previous.as_ref(), &cfg);
-    Ok(serde_json::to_string(&serde_json::json!({
-        "epoch": out.plan.epoch,
-        "groups": out.plan.named(&tiers).groups,
-        "batch_caps": out.batch_caps,
-    }))?)
+    let out = plan(profile, tiers, demand, devices, previous.as_ref(), cfg);
+    Ok((out.plan.named(tiers), out.batch_caps))
 }
 
 #[cfg(test)]
