@@ -108,9 +108,12 @@ ORDER=(tests agreement tp decode attention prefill serve)
 [ -n "$SECTIONS" ] && IFS=, read -r -a ORDER <<< "$SECTIONS"
 
 TESTS=()
-for pat in 'kernels/tests/test_*.py' tests/test_decode_graphs.py tests/test_engine_kernels.py \
-    tests/test_fused_forward.py 'tests/test_piecewise*.py' tests/test_launch_budget.py \
-    tests/test_overlap.py tests/test_shared_collectives.py; do
+# The kernels' own (kernels/tests) and the engine's on the CUDA path (tests/).
+for pat in kernels/tests/test_kernels_triton.py kernels/tests/test_decode_attention.py \
+    kernels/tests/test_prefill_attention.py 'kernels/tests/test_fused_ops*.py' \
+    tests/test_decode_graphs.py tests/test_engine_kernels.py tests/test_fused_forward.py \
+    'tests/test_piecewise*.py' tests/test_launch_budget.py tests/test_overlap.py \
+    tests/test_shared_collectives.py; do
   for f in $pat; do [ -f "$f" ] && TESTS+=("$f"); done
 done
 

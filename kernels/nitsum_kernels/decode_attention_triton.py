@@ -31,7 +31,8 @@ import triton.language as tl
 # Aim for this many stage-1 programs per SM: the sm_90 build (bf16, head dim 128, 64-position
 # blocks, 2 stages) takes 38 KiB of shared memory per program, so four or five fit on an
 # H100/H200 SM at once, enough loads in flight to approach copy bandwidth; more splits than
-# that only add partials to merge. Not yet measured: to tune with scripts/bench_attention.py.
+# that only add partials to merge. Not yet measured: to tune with
+# kernels/benchmarks/bench_attention.py.
 PROGRAMS_PER_SM = 4
 SMS_OFF_CUDA = 132  # the H100's SM count, for a split count off CUDA (tests, interpreter)
 MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost (q load, partial write) dominates

@@ -2,7 +2,7 @@
 PTX does: tensor-core MMAs, 16-byte asynchronous copies (pipelined K/V loads).
 
 Run as a script in a process without TRITON_INTERPRET (the interpreter replaces `triton.jit`):
-    python tests/decode_ptx.py DTYPE HEAD_DIM PAGE_TOKENS   -> prints a JSON object
+    python kernels/tests/decode_ptx.py DTYPE HEAD_DIM PAGE_TOKENS   -> prints a JSON object
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def compile_report(arch: int, dtype: str, head_dim: int, group: int, page: int) 
 def _report(arch: int, dtype: str, head_dim: int, group: int, page: int) -> dict:
     """`compile_report` in a child process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "python")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # kernels/: nitsum_kernels
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     args = [str(a) for a in (arch, dtype, head_dim, group, page)]
     done = subprocess.run(
