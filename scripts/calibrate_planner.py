@@ -59,11 +59,12 @@ def main() -> None:
                         background=t.get("background", False)) for t in cfg["tiers"]]  # fmt: skip
     profile = _core.Profile(json.dumps(cfg["profile"]))
     # The simulator's planner settings (docs/results.md), without hysteresis: one decision.
-    base = {"slo_margin": 0.9, "target_utilization": 0.5, "keep_utilization": 0.0}
     choices = [[int(t) for t in a.levels.split(",")][i : i + 1] for i in range(4)] + [None]
     print(f"{len(reqs)} requests over {span:.1f} s, {a.devices} devices")
     for levels in [c for c in choices if c != []]:
-        pc = _core.PlannerConfig(tp_levels=levels, **base)
+        pc = _core.PlannerConfig(
+            tp_levels=levels, slo_margin=0.9, target_utilization=0.5, keep_utilization=0.0
+        )
         out = _core.plan(profile, tiers, demand, a.devices, None, pc)
         layout = Counter(f"{g.role[0].upper()}{g.tp}:{','.join(g.tiers) or '-'}"
                          for g in out.groups)  # fmt: skip
