@@ -59,18 +59,19 @@ def main() -> None:
                         background=t.get("background", False)) for t in cfg["tiers"]]  # fmt: skip
     profile = _core.Profile(json.dumps(cfg["profile"]))
     # The simulator's planner settings (docs/results.md), without hysteresis: one decision.
-    base = {"slo_margin": 0.9, "target_utilization": 0.5, "keep_utilization": 0}
     choices = [[int(t) for t in a.levels.split(",")][i : i + 1] for i in range(4)] + [None]
     print(f"{len(reqs)} requests over {span:.1f} s, {a.devices} devices")
     for levels in [c for c in choices if c != []]:
-        pc = base | ({"tp_levels": levels} if levels else {})
-        out = _core.plan(profile, tiers, demand, a.devices, None, json.dumps(pc))
+        pc = _core.PlannerConfig(
+            tp_levels=levels, slo_margin=0.9, target_utilization=0.5, keep_utilization=0.0
+        )
+        out = _core.plan(profile, tiers, demand, a.devices, None, pc)
         layout = Counter(f"{g.role[0].upper()}{g.tp}:{','.join(g.tiers) or '-'}"
                          for g in out.groups)  # fmt: skip
-        planned: Counter[str] = Counter()
+        planned: dict[str, float] = {}
         for g in out.groups:
             for t in g.tiers if g.role != "decode" else []:
-                planned[t] += g.max_rps
+                planned[t] = planned.get(t, 0.0) + g.max_rps
         groups = [group_json(g) for g in out.groups]
         policy = {"kind": "fixed_plan", "plan": {"epoch": 1, "groups": groups},
                   "batch_caps": out.batch_caps}  # fmt: skip

@@ -93,3 +93,13 @@ def test_wrong_types_and_values_are_refused() -> None:
         _core.BindingModel(PROFILE).decide(_core.BindQuery(4, 1, 1, []))
     with pytest.raises(AttributeError):
         PROFILE.tp_levels = [1]  # type: ignore[misc]  # frozen
+
+
+def test_planner_config_keeps_the_routers_defaults_and_changes_the_plan() -> None:
+    cfg = _core.PlannerConfig(tp_levels=[2])
+    assert (cfg.tp_levels, cfg.target_utilization, cfg.max_prefill_batch) == ([2], 0.5, 64)
+    assert cfg.prior_lengths == (1024.0, 256.0) and cfg == _core.PlannerConfig(tp_levels=[2])
+    tiers = [t for t in _core.default_tiers() if not t.background]
+    want = [demand("strict", 30.0, 1024, 256)]
+    plan = _core.plan(PROFILE, tiers, want, 8, config=cfg)
+    assert {g.tp for g in plan.groups} == {2} and len(plan.groups) == 4

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from nitsum import _core
 
 core = pytest.importorskip("nitsum._core")
 if not hasattr(core, "plan"):
@@ -28,10 +32,10 @@ LINEAR = {
 }
 TIERS = [core.Tier("A", 200.0, 61.0)]
 DEMAND = [core.TierDemand("A", 50.0, core.LengthStats(100), core.LengthStats(11))]
-MIXED_ONLY = json.dumps({"disaggregation": False, "target_utilization": 1.0})
+MIXED_ONLY = core.PlannerConfig(disaggregation=False, target_utilization=1.0)
 
 
-def _plan(previous: core.Plan | None = None) -> core.Plan:
+def _plan(previous: _core.Plan | None = None) -> _core.Plan:
     return core.plan(core.Profile(json.dumps(LINEAR)), TIERS, DEMAND, 4, previous, MIXED_ONLY)
 
 

@@ -112,16 +112,44 @@ class Plan:
         self, epoch: int, groups: list[GroupPlan], batch_caps: list[float] = ...
     ) -> None: ...
 
+class PlannerConfig:
+    """The planner's knobs (`planner::PlannerConfig`); what is not given keeps the router's
+    default."""
+
+    tp_levels: list[int] | None
+    prefill_slack: float
+    max_prefill_batch: int
+    disaggregation: bool
+    chunk_tokens: float
+    slo_margin: float
+    target_utilization: float
+    keep_utilization: float
+    switch_gain: float
+    prior_lengths: tuple[float, float]
+    def __init__(
+        self,
+        *,
+        tp_levels: list[int] | None = None,
+        prefill_slack: float | None = None,
+        max_prefill_batch: int | None = None,
+        disaggregation: bool | None = None,
+        chunk_tokens: float | None = None,
+        slo_margin: float | None = None,
+        target_utilization: float | None = None,
+        keep_utilization: float | None = None,
+        switch_gain: float | None = None,
+        prior_lengths: tuple[float, float] | None = None,
+    ) -> None: ...
+
 def plan(
     profile: Profile,
     tiers: list[Tier],
     demand: list[TierDemand],
     num_devices: int,
     previous: Plan | None = None,
-    config_json: str | None = None,
+    config: PlannerConfig | None = None,
 ) -> Plan:
-    """One planner decision (docs/planner.md); `config_json`: any subset of the planner's
-    knobs. ValueError on invalid input."""
+    """One planner decision (docs/planner.md); ValueError on invalid input."""
 
 def default_tiers() -> list[Tier]:
     """The router's default tiers (`config::default_tiers`)."""

@@ -1,10 +1,11 @@
 //! `nitsum._core`: the Rust scheduler exposed to Python, typed (`python/nitsum/_core.pyi`).
 //! NOTE: the crate's Rust types stay primary; the classes here are converted at this
-//! boundary (`tiers.rs`, `planning.rs`, `binding.rs`). Only the simulator takes and returns
-//! JSON (its config is a document).
+//! boundary (`tiers.rs`, `planning.rs`, `planner_config.rs`, `binding.rs`). Only the simulator
+//! takes and returns JSON (its config is a document).
 
 mod binding;
 mod error;
+mod planner_config;
 mod planning;
 mod tiers;
 
@@ -60,6 +61,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<planning::PyProfile>()?;
     m.add_class::<planning::PyGroupPlan>()?;
     m.add_class::<planning::PyPlan>()?;
+    m.add_class::<planner_config::PyPlannerConfig>()?;
     m.add_class::<binding::PyReplicaLoad>()?;
     m.add_class::<binding::PyBindQuery>()?;
     m.add_class::<binding::PyBindOption>()?;

@@ -6,6 +6,7 @@
 use pyo3::prelude::*;
 
 use super::error::value_error;
+use super::planner_config::PyPlannerConfig;
 use super::tiers::{PyTier, PyTierDemand};
 use crate::plan::{NamedGroupPlan, NamedPlan, Role};
 use crate::planner::PlannerConfig;
@@ -184,10 +185,10 @@ impl PyPlan {
 }
 
 /// One planner decision (docs/planner.md) for `num_devices` devices, after `previous` (its
-/// tiers resolved by name against `tiers`), with the planner knobs of `config_json` (any
-/// subset of `PlannerConfig`'s fields). Raises `ValueError` on invalid input.
+/// tiers resolved by name against `tiers`), with the planner knobs `config` (None: the
+/// defaults). Raises `ValueError` on invalid input.
 #[pyfunction]
-#[pyo3(signature = (profile, tiers, demand, num_devices, previous=None, config_json=None))]
+#[pyo3(signature = (profile, tiers, demand, num_devices, previous=None, config=None))]
 pub fn plan(
     py: Python<'_>,
     profile: &PyProfile,
@@ -195,16 +196,12 @@ pub fn plan(
     demand: Vec<PyTierDemand>,
     num_devices: u32,
     previous: Option<PyPlan>,
-    config_json: Option<&str>,
+    config: Option<PyPlannerConfig>,
 ) -> PyResult<PyPlan> {
     let tiers: Vec<Tier> = tiers.iter().map(Tier::from).collect();
     let demand: Vec<TierDemand> = demand.iter().map(TierDemand::from).collect();
     let previous = previous.as_ref().map(PyPlan::to_rust).transpose()?;
-    let cfg: PlannerConfig = config_json
-        .map(serde_json::from_str)
-        .transpose()
-        .map_err(|e| value_error(anyhow::anyhow!("plan: invalid planner config JSON: {e}")))?
-        .unwrap_or_default();
+    let cfg = config.as_ref().map(PlannerConfig::from).unwrap_or_default();
     let (out, batch_caps) = py
         .detach(|| {
             crate::planner::plan_named(&profile.inner, &tiers, &demand, num_devices, previous, &cfg)
