@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from nitsum.codec import ProtocolError
 from nitsum.engine.request_output import RequestOutput
 from nitsum.parallel.topology import GroupShape
 from nitsum.worker.assignment import LocalPlan, PlanRefused
 from nitsum.worker.bind_decision import BindDecision
-from nitsum.worker.codec import ProtocolError
 from nitsum.worker.device_watch import DeviceEvents, DeviceWatch
 from nitsum.worker.inbound import GenerateRequest
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nitsum.worker.codec import from_map, to_map
+from nitsum.codec import from_map, to_map
 
 BindMode = Literal["dp", "prefill", "full"]
 
