@@ -20,6 +20,7 @@ FLOORS: list[set[str]] = [
     # any floor (the worker's binding cost model, pool/bind_choice.py, calls it).
     {
         "errors",
+        "codec",
         "paths",
         "ports",
         "config",

@@ -1,5 +1,5 @@
-"""RequestSpec: every `generate` field is checked by its declaration, and the worker serves
-what the spec says (here `truncate_prompt_tokens`, a field added with no parser edit)."""
+"""RequestSpec: every `generate` field lands on its spec field (the one codec type-checks it),
+and the worker serves what the spec says (here `truncate_prompt_tokens`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from nitsum.codec import ProtocolError
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import CLASSES, RequestSpec
 from nitsum.errors import InvalidRequestError
@@ -18,76 +19,63 @@ from nitsum.worker.backend import PoolBackend
 from tiny import hf_greedy, make_tiny, random_prompt
 
 
-def generate(**extra: object) -> dict:
-    """A `generate` as the worker decodes it, with `extra` top-level fields."""
+def generate(part: str | None = None, **extra: object) -> dict:
+    """A `generate` as the worker decodes it, with `extra` fields in its `part` map (None:
+    at the top level)."""
     msg = proto.generate("r1", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0))
-    return proto.decode(proto.encode({**msg, **extra}))
+    msg = {**msg, **extra} if part is None else {**msg, part: {**msg[part], **extra}}
+    return proto.decode(proto.encode(msg))
 
 
 def test_absent_fields_take_the_declared_defaults() -> None:
     spec = inbound.parse_generate(generate()).spec
     assert spec == RequestSpec(SamplingParams(max_tokens=4, temperature=0))
-    # Every wire key is a declared field with a default, so a message without it is valid.
-    assert RequestSpec.wire_keys() == {
-        "tier": "",
-        "class": "feasible",
-        "ttft_ms": None,
-        "tpot_ms": None,
-        "weight": 1.0,
-        "priority": 0,
-        "preempt": True,
-        "bind_tp": None,
-        "fork_of": None,
-        "decode_target": None,
-        "truncate_prompt_tokens": None,
-        "cache_salt": None,
-    }
+    bare = {"v": 1, "type": "generate", "request_id": "r1", "input_ids": [1]}
+    assert inbound.parse_generate(bare).spec == RequestSpec()
 
 
 @pytest.mark.parametrize(
-    "key, value, attr, want",
+    "part, key, value, attr, want",
     [
-        ("class", "background", "klass", "background"),
-        ("ttft_ms", 250, "ttft_ms", 250.0),  # an integer from a loose encoder is a float
-        ("tpot_ms", 40, "tpot_ms", 40.0),
-        ("weight", 2, "weight", 2.0),
-        ("preempt", False, "may_preempt", False),
-        ("priority", -3, "priority", -3),
-        ("bind_tp", 4, "bind_tp", 4),
-        ("fork_of", "r0", "fork_of", "r0"),
-        ("decode_target", 2, "decode_target", 2),
-        ("truncate_prompt_tokens", 2, "truncate_prompt_tokens", 2),
+        ("contract", "class", "background", "klass", "background"),
+        ("contract", "ttft_ms", 250, "ttft_ms", 250.0),  # a loose encoder's integer: a float
+        ("contract", "tpot_ms", 40, "tpot_ms", 40.0),
+        ("contract", "weight", 2, "weight", 2.0),
+        ("contract", "preempt", False, "may_preempt", False),
+        ("contract", "priority", -3, "priority", -3),
+        ("contract", "bind_tp", 4, "bind_tp", 4),
+        ("routing", "fork_of", "r0", "fork_of", "r0"),
+        ("routing", "decode_target", 2, "decode_target", 2),
+        ("routing", "cache_salt", "t", "cache_salt", "t"),
+        (None, "truncate_prompt_tokens", 2, "truncate_prompt_tokens", 2),
     ],
 )
-def test_each_wire_field_lands_on_its_spec_field(key, value, attr, want) -> None:
-    got = getattr(inbound.parse_generate(generate(**{key: value})).spec, attr)
+def test_each_wire_field_lands_on_its_spec_field(part, key, value, attr, want) -> None:
+    got = getattr(inbound.parse_generate(generate(part, **{key: value})).spec, attr)
     assert got == want and type(got) is type(want)
 
 
 @pytest.mark.parametrize(
-    "key, value",
+    "part, key, value",
     [
-        ("class", "gold"),
-        ("tier", 3),
-        ("ttft_ms", 0),
-        ("ttft_ms", "soon"),
-        ("tpot_ms", -1),
-        ("weight", 0),
-        ("weight", None),
-        ("priority", 1.5),
-        ("priority", True),  # a bool is not an integer here
-        ("preempt", 1),
-        ("bind_tp", 0),
-        ("fork_of", ""),
-        ("decode_target", "2"),
-        ("truncate_prompt_tokens", 0),
-        ("truncate_prompt_tokens", -1),
+        ("contract", "class", "gold"),
+        ("contract", "tier", 3),
+        ("contract", "ttft_ms", "soon"),
+        ("contract", "weight", None),
+        ("contract", "priority", 1.5),
+        ("contract", "priority", True),  # a bool is not an integer here
+        ("contract", "preempt", 1),
+        ("routing", "decode_target", "2"),
+        (None, "truncate_prompt_tokens", "2"),
     ],
 )
-def test_a_bad_value_is_refused_naming_its_wire_key(key, value) -> None:
-    with pytest.raises(InvalidRequestError) as e:
-        inbound.parse_generate(generate(**{key: value}))
-    assert e.value.field == key and repr(value) in str(e.value)
+def test_a_malformed_value_is_refused_naming_its_field(part, key, value) -> None:
+    """The codec's ProtocolError names the field; value ranges (ttft_ms > 0, bind_tp >= 1,
+    ...) are the router's to check (api/), once."""
+    with pytest.raises(ProtocolError) as e:
+        inbound.parse_generate(generate(part, **{key: value}))
+    path = key if part is None else f"{part}.{key}"
+    assert str(e.value).startswith(f"generate: {path} must be ") and repr(value) in str(e.value)
 
 
 def test_the_spec_is_frozen_and_checks_its_class() -> None:

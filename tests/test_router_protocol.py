@@ -182,7 +182,7 @@ class PyWorker(threading.Thread):
                     timings_ms={"total": 0.1},
                 )
             elif msg["type"] == "generate":
-                ids, s = msg["input_ids"], msg["sampling"]
+                ids, s = msg["input_ids"], msg["stop"]
                 out = []
                 for i in range(s["max_tokens"]):
                     out.append(ids[i % len(ids)])
@@ -265,42 +265,38 @@ def test_openai_client_through_python_worker(router):
         "type",
         "request_id",
         "input_ids",
+        "resumed_tokens",
         "sampling",
-        "tier",
-        "class",
-        "decode_target",
+        "stop",
+        "output",
+        "contract",
+        "routing",
     }
-    assert isinstance(gen["request_id"], str) and gen["class"] == "feasible"
-    assert gen["tier"] == "strict" and gen["decode_target"] is None
+    assert isinstance(gen["request_id"], str) and gen["contract"]["class"] == "feasible"
+    assert gen["contract"]["tier"] == "strict" and gen["routing"]["decode_target"] is None
+    assert gen["resumed_tokens"] == 0  # a fresh request
     assert set(gen["sampling"]) == {
-        "max_tokens",
         "temperature",
         "top_p",
         "top_k",
         "seed",
-        "stop_token_ids",
-        "ignore_eos",
         "presence_penalty",
         "frequency_penalty",
         "repetition_penalty",
         "logit_bias",
-        "min_tokens",
         "min_p",
-        "logprobs",
-        "resumed_tokens",
-        "prompt_logprobs",
         "allowed_token_ids",
         "bad_words",
     }
+    assert gen["output"] == {"logprobs": None, "prompt_logprobs": None}
     # Neutral unless asked: the worker skips the processors for such rows.
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
     assert {k: gen["sampling"][k] for k in neutral} == neutral
-    assert gen["sampling"]["logit_bias"] == [] and gen["sampling"]["min_tokens"] == 0
-    assert gen["sampling"]["min_p"] == 0.0 and gen["sampling"]["logprobs"] is None
-    assert gen["sampling"]["resumed_tokens"] == 0  # a fresh request
-    assert gen["sampling"]["prompt_logprobs"] is None
+    assert gen["sampling"]["logit_bias"] == [] and gen["stop"]["min_tokens"] == 0
+    assert gen["sampling"]["min_p"] == 0.0 and gen["sampling"]["top_k"] == -1
     assert gen["sampling"]["allowed_token_ids"] == [] and gen["sampling"]["bad_words"] == []
-    assert gen["sampling"]["stop_token_ids"] == [EOS] and gen["sampling"]["top_k"] == -1
+    # The router adds EOS to the stop ids, once; the worker adds none.
+    assert gen["stop"]["stop_token_ids"] == [EOS] and gen["stop"]["ignore_eos"] is False
     reg = next(m for m in worker.received if m["type"] == "registered")
     assert reg["worker_id"] == 0 and reg["epoch"] >= 1
     reconf = next(m for m in worker.received if m["type"] == "reconfigure")

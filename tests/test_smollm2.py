@@ -36,3 +36,23 @@ def test_batched_chats_equal_solo(llm):
     together = [c.token_ids for c in llm.chat(convs, params)]
     solo = [llm.chat(c, params)[0].token_ids for c in convs]
     assert together == solo
+
+
+def test_eos_is_added_once_by_the_in_process_api_and_never_by_the_engine(llm):
+    """EOS has one owner per path: the router adds it to a served request's stop ids, and
+    `LLM.generate` to an in-process one; the engine stops on the stop ids only."""
+    from nitsum.engine.request_spec import RequestSpec
+
+    eos = llm.eos_token_ids[0]
+    force = SamplingParams(max_tokens=4, temperature=0, logit_bias=((eos, 100.0),))
+    out = llm.generate([[1, 2, 3]], force)[0]
+    assert (out.token_ids, out.finish_reason) == ([eos], "stop")
+    kept = llm.generate([[1, 2, 3]], SamplingParams(**{**force.__dict__, "ignore_eos": True}))[0]
+    assert (kept.token_ids, kept.finish_reason) == ([eos] * 4, "length")
+    # The engine alone (as the worker runs it): no EOS among the stop ids, no stop on EOS.
+    llm.engine.add_request("bare", [1, 2, 3], RequestSpec(force))
+    got: list[int] = []
+    while llm.engine.has_unfinished():
+        for o in llm.engine.step():
+            got += o.new_token_ids
+    assert got == [eos] * 4

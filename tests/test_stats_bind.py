@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from nitsum import _core
+from nitsum.codec import ProtocolError
 from nitsum.worker import protocol as proto
 from nitsum.worker.bind_decision import BindDecision, BindOption
-from nitsum.worker.codec import ProtocolError
 from nitsum.worker.stats import Stats
 from plane import EchoBackend, RealWorker, Router, wait
 from test_router_protocol import BIN

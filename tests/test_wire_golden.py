@@ -6,6 +6,7 @@ field renamed, added or retyped on one side only fails one of the two.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import msgpack
@@ -28,10 +29,11 @@ TYPES: dict[str, type[proto.Message]] = {
         proto.Tokens,
         proto.Reconfigured,
         Stats,
+        proto.Generate,
     )
 } | proto.ROUTER_MESSAGES
 GOLDEN = all_wire()
-TYPED = sorted(name for name, wire in GOLDEN.items() if wire["type"] != "generate")
+TYPED = sorted(GOLDEN)
 
 
 def fixture(name: str) -> bytes:
@@ -41,7 +43,7 @@ def fixture(name: str) -> bytes:
 def test_one_fixture_per_golden_message_and_every_type_covered():
     on_disk = {p.stem for p in GOLDEN_DIR.glob("*.msgpack")}
     assert on_disk == set(GOLDEN), "run scripts/regen_wire_fixtures.py after a deliberate change"
-    assert {w["type"] for w in GOLDEN.values()} == set(TYPES) | {"generate"}
+    assert {w["type"] for w in GOLDEN.values()} == set(TYPES)
     for name in GOLDEN:  # the JSON twins say the same
         twin = json.loads((GOLDEN_DIR / f"{name}.json").read_text())
         assert twin == proto.decode(fixture(name)), name
@@ -63,13 +65,19 @@ def test_the_fixture_decodes_into_its_dataclass_and_back_byte_for_byte(name):
 
 
 def test_the_fixtures_set_every_field_of_every_type():
-    """No field falls back to its default in all of its type's fixtures (unchecked then)."""
+    """No field falls back to its default in all of its type's fixtures (unchecked then),
+    nested parts (`generate`'s `sampling`, `contract`, ...) included."""
     keys: dict[str, set[str]] = {}
     for name in TYPED:
         wire = proto.decode(fixture(name))
         keys.setdefault(wire["type"], set()).update(set(wire) - {"v", "type"})
     for kind, seen in keys.items():
         assert seen == set(TYPES[kind].__dataclass_fields__), kind
+    gen = proto.decode(fixture("generate"))
+    for part in ("sampling", "stop", "output", "contract", "routing"):
+        cls = proto.Generate.__dataclass_fields__[part].default_factory  # type: ignore[misc]
+        wire_keys = {f.metadata.get("key") or f.name for f in dataclasses.fields(cls)}
+        assert set(gen[part]) == wire_keys, part
 
 
 def test_the_generate_fixture_parses_into_the_request_it_describes():

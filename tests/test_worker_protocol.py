@@ -7,7 +7,6 @@ import re
 import msgpack
 import pytest
 
-from nitsum.errors import InvalidRequestError
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
 from nitsum.worker import handshake, inbound
@@ -88,10 +87,16 @@ def test_from_wire_names_the_bad_field():
         proto.Abort.from_wire({"v": 1, "type": "abort", "request_id": ""})
 
 
+def _with(msg: dict, part: str, **values) -> dict:
+    """`msg` with keys of its nested `part` map changed."""
+    return {**msg, part: {**msg[part], **values}}
+
+
 def test_parse_generate_round_trips_sampling():
     params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, seed=11,
                             stop_token_ids=(3, 4), ignore_eos=True)  # fmt: skip
     msg = roundtrip(proto.generate("r1", [1, 2], params, tier="gold", klass="background"))
+    assert msg["contract"]["class"] == "background" and msg["stop"]["max_tokens"] == 7
     req = inbound.parse_generate(msg)
     assert (req.request_id, req.input_ids, req.spec.tier, req.spec.klass) == (
         "r1",
@@ -102,14 +107,15 @@ def test_parse_generate_round_trips_sampling():
     assert (
         req.spec.sampling == params and req.spec.decode_target is None and req.spec.ttft_ms is None
     )
-    assert inbound.parse_generate({**msg, "ttft_ms": 250}).spec.ttft_ms == 250.0
+    assert inbound.parse_generate(_with(msg, "contract", ttft_ms=250)).spec.ttft_ms == 250.0
     assert (req.spec.priority, req.spec.may_preempt) == (0, True)
-    got = inbound.parse_generate({**msg, "priority": -4, "preempt": False})
+    got = inbound.parse_generate(_with(msg, "contract", priority=-4, preempt=False))
     assert (got.spec.priority, got.spec.may_preempt) == (-4, False)
     assert req.spec.bind_tp is None
-    assert inbound.parse_generate({**msg, "bind_tp": 2}).spec.bind_tp == 2
-    # Integer temperature from a loose encoder is accepted as a float.
-    loose = {**msg, "sampling": {"max_tokens": 2, "temperature": 0}}
+    assert inbound.parse_generate(_with(msg, "contract", bind_tp=2)).spec.bind_tp == 2
+    assert inbound.parse_generate(_with(msg, "routing", decode_target=5)).spec.decode_target == 5
+    # Integer temperature from a loose encoder is accepted as a float; absent parts default.
+    loose = {**msg, "sampling": {"temperature": 0}, "stop": {"max_tokens": 2}}
     assert inbound.parse_generate(loose).spec.sampling == SamplingParams(
         max_tokens=2, temperature=0.0
     )
@@ -121,9 +127,10 @@ def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
                             min_tokens=2, min_p=0.05, logprobs=4)  # fmt: skip
     msg = roundtrip(proto.generate("r1", [1, 2], params))
     assert msg["sampling"]["logit_bias"] == [[7, 100.0], [3, -2.5]]
+    assert (msg["stop"]["min_tokens"], msg["output"]["logprobs"]) == (2, 4)
     req = inbound.parse_generate(msg)
     assert req.spec.sampling == params and req.spec.fork_of is None
-    assert inbound.parse_generate({**msg, "fork_of": "r0"}).spec.fork_of == "r0"
+    assert inbound.parse_generate(_with(msg, "routing", fork_of="r0")).spec.fork_of == "r0"
     # Integer values from a loose encoder (the router's f32 as msgpack ints) are floats here.
     loose = inbound.parse_generate({**msg, "sampling": {"logit_bias": [[7, 100]], "min_p": 0}})
     assert loose.spec.sampling.logit_bias == ((7, 100.0),) and loose.spec.sampling.min_p == 0.0
@@ -138,39 +145,41 @@ def test_sampling_processors_logprobs_and_fork_of_cross_the_wire():
 
 
 @pytest.mark.parametrize(
-    ("change", "field"),
+    ("part", "change", "field"),
     [
-        ({"input_ids": "1 2"}, "input_ids"),
-        ({"input_ids": [1, True]}, "input_ids"),
-        ({"sampling": None}, "sampling"),
-        ({"sampling": {"max_tokens": "3"}}, "max_tokens"),
-        ({"sampling": {"temperature": None}}, "temperature"),
-        ({"sampling": {"seed": 1.5}}, "seed"),
-        ({"sampling": {"stop_token_ids": [1, "x"]}}, "stop_token_ids"),
-        ({"sampling": {"ignore_eos": 1}}, "ignore_eos"),
-        ({"class": "vip"}, "class"),
-        ({"tier": 3}, "tier"),
-        ({"decode_target": "2"}, "decode_target"),
-        ({"ttft_ms": 0}, "ttft_ms"),
-        ({"ttft_ms": "100"}, "ttft_ms"),
-        ({"priority": 1.5}, "priority"),
-        ({"preempt": 1}, "preempt"),
-        ({"bind_tp": 0}, "bind_tp"),
-        ({"bind_tp": "2"}, "bind_tp"),
-        ({"sampling": {"logit_bias": {"5": 1.0}}}, "logit_bias"),
-        ({"sampling": {"logit_bias": [[5]]}}, "logit_bias"),
-        ({"sampling": {"min_tokens": 1.0}}, "min_tokens"),
-        ({"sampling": {"min_p": "0.1"}}, "min_p"),
-        ({"sampling": {"logprobs": True}}, "logprobs"),
-        ({"sampling": {"presence_penalty": None}}, "presence_penalty"),
-        ({"fork_of": 3}, "fork_of"),
+        (None, {"input_ids": "1 2"}, "input_ids"),
+        (None, {"input_ids": [1, True]}, "input_ids[1]"),
+        (None, {"sampling": None}, "sampling"),
+        (None, {"resumed_tokens": "1"}, "resumed_tokens"),
+        ("stop", {"max_tokens": "3"}, "stop.max_tokens"),
+        ("sampling", {"temperature": None}, "sampling.temperature"),
+        ("sampling", {"seed": 1.5}, "sampling.seed"),
+        ("stop", {"stop_token_ids": [1, "x"]}, "stop.stop_token_ids[1]"),
+        ("stop", {"ignore_eos": 1}, "stop.ignore_eos"),
+        ("contract", {"class": "vip"}, "contract.class"),
+        ("contract", {"tier": 3}, "contract.tier"),
+        ("routing", {"decode_target": "2"}, "routing.decode_target"),
+        ("contract", {"ttft_ms": "100"}, "contract.ttft_ms"),
+        ("contract", {"priority": 1.5}, "contract.priority"),
+        ("contract", {"preempt": 1}, "contract.preempt"),
+        ("contract", {"bind_tp": "2"}, "contract.bind_tp"),
+        ("sampling", {"logit_bias": {"5": 1.0}}, "sampling.logit_bias"),
+        ("sampling", {"logit_bias": [[5]]}, "sampling.logit_bias[0]"),
+        ("stop", {"min_tokens": 1.0}, "stop.min_tokens"),
+        ("sampling", {"min_p": "0.1"}, "sampling.min_p"),
+        ("output", {"logprobs": True}, "output.logprobs"),
+        ("sampling", {"presence_penalty": None}, "sampling.presence_penalty"),
+        ("routing", {"fork_of": 3}, "routing.fork_of"),
     ],
 )
-def test_parse_generate_names_the_bad_field(change, field):
-    msg = {**proto.generate("r", [1], SamplingParams()), **change}
-    with pytest.raises(InvalidRequestError) as e:
+def test_parse_generate_names_the_bad_field(part, change, field):
+    """A malformed `generate` is the codec's ProtocolError naming the field (no value range
+    is checked here: the router checked them)."""
+    msg = proto.generate("r", [1], SamplingParams())
+    msg = {**msg, **change} if part is None else _with(msg, part, **change)
+    with pytest.raises(ProtocolError) as e:
         inbound.parse_generate(msg)
-    assert e.value.field == field and str(e.value).startswith(f"{field}: ")
+    assert str(e.value).startswith(f"generate: {field} must be "), e.value
 
 
 def test_generate_without_request_id_cannot_be_answered():

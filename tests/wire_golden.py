@@ -1,7 +1,7 @@
 """The golden router ↔ worker messages: one of each type, every field set, built from the
-Python dataclasses (`generate`, parsed by `inbound.parse_generate`, is written as the router
-sends it). tests/golden/wire/ holds them as msgpack (and a JSON twin to read); the router's
-Rust types are checked against the same files (scheduler-rs `protocols/wire_golden/`).
+Python dataclasses (`generate`'s in engine/generate_message.py). tests/golden/wire/ holds them
+as msgpack (and a JSON twin to read); the router's Rust types are checked against the same
+files (scheduler-rs `protocols/wire_golden/`).
 
 NOTE: every float is exact in f32 (the router's sampling and logprob fields are f32), so both
 sides can compare values exactly. Regenerate deliberately: scripts/regen_wire_fixtures.py.
@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nitsum.engine import generate_message as g
 from nitsum.sampling_logprobs import TokenLogprob
+from nitsum.structured.spec import GrammarSpec
 from nitsum.worker import protocol as proto
 from nitsum.worker.bind_decision import BindDecision, BindOption
 from nitsum.worker.handshake import HANDSHAKE_VERSION
@@ -86,7 +88,7 @@ def worker_messages() -> dict[str, proto.Message]:
 
 
 def router_messages() -> dict[str, proto.Message]:
-    """Router → worker but `generate`, by fixture name."""
+    """Router → worker, by fixture name."""
     groups = [
         proto.GroupPlan([0, 1, 2, 3], 2, "decode", ["gold", "silver"], False, max_batch=8, pp=2),
         proto.GroupPlan([4], 1, "prefill"),
@@ -100,33 +102,39 @@ def router_messages() -> dict[str, proto.Message]:
         "reconfigure": proto.Reconfigure(9, groups),
         "flush_cache": proto.FlushCache(),
         "shutdown": proto.Shutdown(),
+        "generate": generate(),
     }
 
 
-def generate() -> dict[str, Any]:
-    """`generate` with every key, as the router sends it (Rust `Generate`)."""
-    sampling = {
-        "max_tokens": 32, "temperature": 0.5, "top_p": 0.75, "top_k": 40, "seed": 1234,
-        "stop_token_ids": [2, 13], "ignore_eos": False, "presence_penalty": 0.25,
-        "frequency_penalty": -0.5, "repetition_penalty": 1.25, "logit_bias": [[7, 2.5]],
-        "min_tokens": 3, "min_p": 0.125, "logprobs": 2, "resumed_tokens": 1, "prompt_logprobs": 1,
-        "allowed_token_ids": [5, 9, 27], "bad_words": [[13], [15, 27]],
-    }  # fmt: skip
-    return {
-        "v": 1, "type": "generate", "request_id": "0123456789abcdef0123456789abcdef",
-        "input_ids": [1, 15, 27, 3], "sampling": sampling, "tier": "gold", "class": "feasible",
-        "decode_target": 2, "ttft_ms": 250.0, "tpot_ms": 40.0, "weight": 2.5, "priority": -1,
-        "preempt": False, "bind_tp": 2,
-        "fork_of": "fedcba9876543210fedcba9876543210", "truncate_prompt_tokens": 3,
-        "grammar": {"kind": "json_schema", "schema": '{"type":"object"}', "replay": 1},
-        "cache_salt": "tenant-a",
-    }  # fmt: skip
+def generate() -> proto.Generate:
+    """`generate` with every field set, as the router sends it (Rust `Generate`)."""
+    return proto.Generate(
+        "0123456789abcdef0123456789abcdef",
+        [1, 15, 27, 3],
+        resumed_tokens=1,
+        sampling=g.Sampling(
+            temperature=0.5, top_p=0.75, top_k=40, seed=1234, presence_penalty=0.25,
+            frequency_penalty=-0.5, repetition_penalty=1.25, logit_bias=((7, 2.5),), min_p=0.125,
+            allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)),
+        ),
+        stop=g.Stop(max_tokens=32, min_tokens=3, stop_token_ids=(2, 13), ignore_eos=False),
+        output=g.Output(logprobs=2, prompt_logprobs=1),
+        contract=g.Contract(
+            tier="gold", klass="feasible", ttft_ms=250.0, tpot_ms=40.0, weight=2.5, priority=-1,
+            preempt=False, bind_tp=2,
+        ),
+        routing=g.Routing(
+            fork_of="fedcba9876543210fedcba9876543210", decode_target=2, cache_salt="tenant-a"
+        ),
+        truncate_prompt_tokens=3,
+        grammar=GrammarSpec("json_schema", '{"type":"object"}', replay=1),
+    )  # fmt: skip
 
 
 def all_wire() -> dict[str, dict[str, Any]]:
     """Every golden message as its wire map, by fixture name."""
     typed = {**worker_messages(), **router_messages()}
-    return {name: msg.to_wire() for name, msg in typed.items()} | {"generate": generate()}
+    return {name: msg.to_wire() for name, msg in typed.items()}
 
 
 def write_all(directory: Path = GOLDEN_DIR) -> list[Path]:

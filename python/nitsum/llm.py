@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -67,6 +67,10 @@ class LLM:
             ecfg.token_budget = token_budget
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.engine = open_local_engine(self.model_dir, ecfg)
+        eos = self.engine.eos
+        # The model's EOS ids: every request stops on them unless `ignore_eos` (the router
+        # adds them to a served request's stop ids; here nobody else does).
+        self.eos_token_ids = tuple(eos if eos is not None else self.engine.cfg.eos_token_ids)
         self._next_id = 0
 
     def generate(
@@ -86,6 +90,10 @@ class LLM:
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         request_ids = []
         for prompt_ids, p in zip(ids, params, strict=True):
+            p.validate()  # NOTE: the values' one check here (the router checks served ones)
+            if not p.ignore_eos:
+                eos = tuple(t for t in self.eos_token_ids if t not in p.stop_token_ids)
+                p = replace(p, stop_token_ids=p.stop_token_ids + eos)
             request_ids.append(f"llm-{self._next_id}")
             self._next_id += 1
             self.engine.add_request(request_ids[-1], prompt_ids, RequestSpec(p))

@@ -19,7 +19,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use nitsum_scheduler::config::RouterConfig;
 use nitsum_scheduler::ids::TierId;
 use nitsum_scheduler::mock_worker::{self, MockOptions};
-use nitsum_scheduler::protocols::worker::Sampling;
+use nitsum_scheduler::protocols::worker::{Sampling, Stop};
 use nitsum_scheduler::server;
 use nitsum_scheduler::state::{Event, RouterState, Submit};
 use nitsum_scheduler::testutil;
@@ -68,11 +68,16 @@ fn make_request(i: usize, args: &Args) -> Submit {
         input_ids: (0..args.prompt_tokens)
             .map(|j| (32 + (i * 31 + j * 7) % 95) as u32)
             .collect(),
+        resumed_tokens: 0,
         sampling: Sampling {
-            max_tokens: args.max_tokens,
             temperature: 0.0,
             ..Sampling::default()
         },
+        stop: Stop {
+            max_tokens: args.max_tokens,
+            ..Stop::default()
+        },
+        output: Default::default(),
         tier: TierId(0),
         priority: 0,
         fork_of: None,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use nitsum_scheduler::ids::TierId;
 use nitsum_scheduler::mock_worker::MockOptions;
-use nitsum_scheduler::protocols::worker::Sampling;
+use nitsum_scheduler::protocols::worker::Stop;
 use nitsum_scheduler::state::{Event, RouterState, Submit};
 use nitsum_scheduler::testutil::TempDir;
 use serde_json::Value;
@@ -46,10 +46,13 @@ fn tp12() -> MockOptions {
 async fn one(engine: Arc<RouterState>, tier: TierId) -> bool {
     let req = Submit {
         input_ids: (1..=40).collect(),
-        sampling: Sampling {
+        resumed_tokens: 0,
+        sampling: Default::default(),
+        stop: Stop {
             max_tokens: 8,
-            ..Sampling::default()
+            ..Stop::default()
         },
+        output: Default::default(),
         tier,
         priority: 0,
         fork_of: None,

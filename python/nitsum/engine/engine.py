@@ -81,8 +81,9 @@ class Engine:
         if spec.ttft_ms is not None:
             seq.deadline = seq.arrival + spec.ttft_ms / 1000.0
         seq.generator = make_generator(sampling)
-        eos = () if sampling.ignore_eos else tuple(sorted(self.eos_token_ids))
-        seq.end_ids = eos + sampling.stop_token_ids
+        # NOTE: the stop ids hold the model's EOS already: the router adds them (api/prepare.rs),
+        # the in-process LLM API too (llm.py); the engine adds nothing.
+        seq.end_ids = sampling.stop_token_ids
         seq.grammar = grammar
         seq.layout = self.shape
         self.seqs[request_id] = seq
@@ -303,7 +304,7 @@ class Engine:
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.sampling
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+        if token in p.stop_token_ids:
             return "stop"
         if len(seq.output_ids) >= p.max_tokens or seq.total_len >= self.max_context:
             return "length"

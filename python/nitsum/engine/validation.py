@@ -16,8 +16,8 @@ def validate_request(
     pages: GroupPages,
 ) -> None:
     """Raise InvalidRequestError unless `prompt_ids` and `sampling` can run on an engine of
-    this vocabulary, context window and page pool."""
-    sampling.validate()
+    this vocabulary, context window and page pool.
+    NOTE: the sampling values are checked before (the router, or `LLM.generate`)."""
     if not prompt_ids:
         raise InvalidRequestError("prompt", "must not be empty")
     if sampling.resumed_tokens >= len(prompt_ids):

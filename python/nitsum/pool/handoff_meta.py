@@ -4,19 +4,21 @@ msgpack-able dict, and the running sequence it describes on the other side."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from nitsum.engine.request_wire import spec_from_wire, spec_to_wire
+from nitsum.engine.generate_message import Generate
 from nitsum.engine.sequence import Sequence, Status
 from nitsum.structured.start import start_grammar
 
 
 def handoff_meta(seq: Sequence, target: int) -> dict[str, Any]:
     """What the receiver needs besides the KV to go on exactly where this process stopped:
-    the whole spec in its `generate` form (engine/request_wire.py; NOTE: the grammar as its
-    wire form, the receiver replays the output into a fresh matcher) and the sequence's state."""
+    the whole spec as a `generate` message (engine/generate_message.py, without the prompt,
+    which rides beside it; NOTE: the grammar as its wire form, the receiver replays the
+    output into a fresh matcher) and the sequence's state."""
     generator = seq.generator.get_state().numpy().tobytes() if seq.generator is not None else None
     return {
         "target": target,
@@ -25,14 +27,14 @@ def handoff_meta(seq: Sequence, target: int) -> dict[str, Any]:
         "output_ids": seq.output_ids,
         "num_computed": seq.num_computed,
         # NOTE: the class as it is now (the scheduler may have demoted it).
-        "spec": spec_to_wire(seq.spec) | {"class": seq.klass},
+        "spec": Generate.of(seq.request_id, [], replace(seq.spec, klass=seq.klass)).to_wire(),
         "generator": generator,
     }
 
 
 def handoff_sequence(meta: dict[str, Any]) -> Sequence:
     """The running sequence a handoff describes (pages still to be given)."""
-    spec = spec_from_wire(meta["spec"])
+    spec = Generate.from_wire(meta["spec"]).spec()
     seq = Sequence(meta["request_id"], list(meta["prompt_ids"]), spec)
     seq.output_ids = list(meta["output_ids"])
     # The grammar where the sender's was: started on the prompt, then over the output so far.

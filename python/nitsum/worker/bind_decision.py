@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from nitsum.worker.codec import from_map, to_map
+from nitsum.codec import from_map, to_map
 
 if TYPE_CHECKING:
     import nitsum._core as _core

@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import secrets
 
-from nitsum.worker.codec import ProtocolError
+from nitsum.codec import ProtocolError
 
 HANDSHAKE_VERSION = 3  # in `hello` and `challenge`; 2 had no sealed frames
 ROUTER_LABEL = b"nitsum-handshake-v2 router"

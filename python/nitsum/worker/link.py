@@ -17,10 +17,10 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from nitsum.codec import Message, ProtocolError, decode, encode
 from nitsum.worker import handshake
 from nitsum.worker import protocol as proto
 from nitsum.worker.channel import Channel, ChannelKeys, is_sealed, transcript_hash
-from nitsum.worker.codec import Message, ProtocolError, decode, encode
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """Router ↔ worker messages (docs/protocol.md, v1), one frozen dataclass per `type`.
 
-The codec (codec.py) turns them into msgpack maps and back: `Msg(...).to_wire()` to send,
-`Msg.from_wire(decode(frame))` to read one, with its fields type-checked. `generate` is parsed
-by `inbound.parse_generate` (it becomes the engine's request); `stats` is in stats.py.
+The codec (nitsum/codec.py) turns them into msgpack maps and back: `Msg(...).to_wire()` to send,
+`Msg.from_wire(decode(frame))` to read one, with its fields type-checked. `generate` is declared
+on the engine floor (engine/generate_message.py: a KV handoff carries it too) and becomes the
+engine's request in `inbound.parse_generate`; `stats` is in stats.py.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from nitsum.engine.request_wire import sampling_to_wire
+from nitsum.codec import PROTOCOL_VERSION as PROTOCOL_VERSION
+from nitsum.codec import Message, wire_field
+from nitsum.codec import ProtocolError as ProtocolError
+from nitsum.codec import decode as decode
+from nitsum.codec import encode as encode
+from nitsum.engine.generate_message import Generate as Generate
+from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import SamplingParams
 from nitsum.sampling_logprobs import TokenLogprob
-from nitsum.worker.codec import PROTOCOL_VERSION as PROTOCOL_VERSION
-from nitsum.worker.codec import Message, wire_field
-from nitsum.worker.codec import ProtocolError as ProtocolError
-from nitsum.worker.codec import decode as decode
-from nitsum.worker.codec import encode as encode
 
 SECRET_ENV = "NITSUM_WORKER_SECRET"  # the shared worker secret (docs/security.md)
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -227,29 +229,14 @@ ROUTER_MESSAGES: dict[str, type[Message]] = {
 }
 
 
-def _msg(type_: str, **fields: Any) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "type": type_, **fields}
-
-
 def generate(
     request_id: str,
     input_ids: list[int],
-    sampling: SamplingParams | dict[str, Any],
+    sampling: SamplingParams,
     tier: str = "",
     klass: str = "feasible",
     decode_target: int | None = None,
 ) -> dict[str, Any]:
     """A `generate` as the router sends it (tests and tools; the router builds its own)."""
-    grammar = sampling.grammar if isinstance(sampling, SamplingParams) else None
-    if isinstance(sampling, SamplingParams):
-        sampling = sampling_to_wire(sampling)
-    return _msg(
-        "generate",
-        request_id=request_id,
-        input_ids=list(input_ids),
-        sampling=sampling,
-        tier=tier,
-        decode_target=decode_target,
-        **{"class": klass},
-        **({} if grammar is None else {"grammar": grammar.to_wire()}),
-    )
+    spec = RequestSpec(sampling, tier=tier, klass=klass, decode_target=decode_target)
+    return Generate.of(request_id, input_ids, spec).to_wire()

@@ -259,6 +259,8 @@ class WorkerServer:
             self.backend.add(device, inbound.parse_generate(msg))
         except InvalidRequestError as e:
             self.streams.final(rid, [], "error", str(e), error_param=e.field)
+        except proto.ProtocolError as e:  # a malformed message: the codec names the field
+            self.streams.final(rid, [], "error", str(e), error_param=e.field)
         except Exception as e:  # a bug must cost one request, not the worker
             log.exception("add(%r) failed", rid)
             self.streams.final(rid, [], "error", f"internal error: {type(e).__name__}: {e}")

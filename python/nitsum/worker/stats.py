@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from nitsum.codec import Message, wire_field
 from nitsum.worker.bind_decision import BindDecision
-from nitsum.worker.codec import Message, wire_field
 
 
 def _stat() -> Any:

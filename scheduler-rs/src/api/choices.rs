@@ -54,7 +54,7 @@ pub fn submit_choices(
         );
     }
     let metrics = &state.router.metrics.vllm;
-    metrics.on_request(n, first.sampling.max_tokens);
+    metrics.on_request(n, first.stop.max_tokens);
     Ok(streams)
 }
 

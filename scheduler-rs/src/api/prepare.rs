@@ -9,7 +9,7 @@ use super::AppState;
 use crate::errors::ApiError;
 use crate::ids::TierId;
 use crate::protocols::openai::CommonParams;
-use crate::protocols::worker::Sampling;
+use crate::protocols::worker::{Output, Sampling, Stop};
 use crate::state::{CacheHints, Submit};
 
 /// Sampling fields as the client sent them, with the name of the max-tokens field used.
@@ -231,24 +231,34 @@ pub fn build(
         }
     };
     let mut sampling = Sampling {
-        max_tokens,
         temperature: temperature as f32,
         top_p: top_p as f32,
         top_k,
         seed: s.seed,
-        stop_token_ids,
-        ignore_eos: s.ignore_eos,
-        logprobs: s.logprobs,
-        prompt_logprobs: s.prompt_logprobs,
         allowed_token_ids: s.allowed_token_ids.clone(),
         bad_words: s.bad_words.clone(),
         ..Sampling::default()
     };
-    s.processors
-        .apply(&mut sampling, model.map(|m| m.vocab_size() as u32))?;
+    let mut stop = Stop {
+        max_tokens,
+        min_tokens: 0,
+        stop_token_ids,
+        ignore_eos: s.ignore_eos,
+    };
+    s.processors.apply(
+        &mut sampling,
+        &mut stop,
+        model.map(|m| m.vocab_size() as u32),
+    )?;
     Ok(Submit {
         input_ids,
+        resumed_tokens: 0,
         sampling,
+        stop,
+        output: Output {
+            logprobs: s.logprobs,
+            prompt_logprobs: s.prompt_logprobs,
+        },
         tier,
         priority,
         fork_of: None,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::errors::ApiError;
 use crate::protocols::openai::CommonParams;
-use crate::protocols::worker::Sampling;
+use crate::protocols::worker::{Sampling, Stop};
 
 /// OpenAI's bound on a `logit_bias` value.
 const MAX_BIAS: f64 = 100.0;
@@ -37,9 +37,14 @@ impl Processors {
         }
     }
 
-    /// Check every field and write it into `s` (whose `max_tokens` is already final);
-    /// `vocab` bounds the `logit_bias` token ids when the router knows the model.
-    pub fn apply(&self, s: &mut Sampling, vocab: Option<u32>) -> Result<(), ApiError> {
+    /// Check every field and write it into `s` and `stop` (whose `max_tokens` is already
+    /// final); `vocab` bounds the `logit_bias` token ids when the router knows the model.
+    pub fn apply(
+        &self,
+        s: &mut Sampling,
+        stop: &mut Stop,
+        vocab: Option<u32>,
+    ) -> Result<(), ApiError> {
         let within = |name: &str, v: Option<f64>, lo: f64, hi: f64, dflt: f64| match v {
             None => Ok(dflt as f32),
             Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(x as f32),
@@ -62,15 +67,15 @@ impl Processors {
             }
         };
         let field = self.min_tokens_field;
-        s.min_tokens = match self.min_tokens {
+        stop.min_tokens = match self.min_tokens {
             None => 0,
-            Some(m) if (0..=i64::from(s.max_tokens)).contains(&m) => m as u32,
+            Some(m) if (0..=i64::from(stop.max_tokens)).contains(&m) => m as u32,
             Some(m) => {
                 return Err(ApiError::invalid(
                     field,
                     format!(
                         "{field} must be in [0, {}] (the max tokens), got {m}",
-                        s.max_tokens
+                        stop.max_tokens
                     ),
                 ))
             }
@@ -110,13 +115,14 @@ impl Processors {
 mod tests {
     use super::*;
 
-    fn check(p: Processors) -> Result<Sampling, String> {
-        let mut s = Sampling {
+    fn check(p: Processors) -> Result<(Sampling, Stop), String> {
+        let mut s = Sampling::default();
+        let mut stop = Stop {
             max_tokens: 8,
-            ..Sampling::default()
+            ..Stop::default()
         };
-        p.apply(&mut s, Some(100))
-            .map(|()| s)
+        p.apply(&mut s, &mut stop, Some(100))
+            .map(|()| (s, stop))
             .map_err(|e| e.param.unwrap_or_default())
     }
 
@@ -132,6 +138,7 @@ mod tests {
             min_p: Some(0.1),
         })
         .unwrap();
+        let (ok, ok_stop) = ok;
         assert_eq!(
             (
                 ok.presence_penalty,
@@ -141,14 +148,17 @@ mod tests {
             (0.5, -1.0, 1.2)
         );
         assert_eq!(ok.logit_bias, vec![(3, -5.5), (7, 100.0)]);
-        assert_eq!((ok.min_tokens, ok.min_p), (8, 0.1));
+        assert_eq!((ok_stop.min_tokens, ok.min_p), (8, 0.1));
         let neutral = check(Processors::default()).unwrap();
         assert_eq!(
             neutral,
-            Sampling {
-                max_tokens: 8,
-                ..Sampling::default()
-            }
+            (
+                Sampling::default(),
+                Stop {
+                    max_tokens: 8,
+                    ..Stop::default()
+                }
+            )
         );
         let field = |p: Processors| check(p).unwrap_err();
         let p = Processors::default;

@@ -6,7 +6,7 @@ use zeromq::ZmqMessage;
 
 use super::MockOptions;
 use crate::ids::WorkerId;
-use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
+use crate::protocols::worker::{Stop, PROTOCOL_VERSION};
 
 #[derive(Serialize)]
 pub(super) struct Tokens<'a> {
@@ -28,7 +28,7 @@ pub(super) fn encode<T: Serialize>(v: &T) -> ZmqMessage {
 }
 
 /// The mock's full output for a request and whether it ended on a stop token.
-pub(super) fn plan_output(input: &[u32], s: &Sampling) -> (Vec<u32>, &'static str) {
+pub(super) fn plan_output(input: &[u32], s: &Stop) -> (Vec<u32>, &'static str) {
     let mut out = Vec::with_capacity(s.max_tokens as usize);
     for i in 0..s.max_tokens as usize {
         let tok = if input.is_empty() {
@@ -83,18 +83,18 @@ mod tests {
 
     #[test]
     fn output_echoes_prompt_and_stops_on_stop_token() {
-        let s = Sampling {
+        let s = Stop {
             max_tokens: 5,
-            ..Sampling::default()
+            ..Stop::default()
         };
         assert_eq!(plan_output(&[7, 8], &s), (vec![7, 8, 7, 8, 7], "length"));
-        let s = Sampling {
+        let s = Stop {
             max_tokens: 5,
             stop_token_ids: vec![8],
-            ..Sampling::default()
+            ..Stop::default()
         };
         assert_eq!(plan_output(&[7, 8], &s), (vec![7, 8], "stop"));
-        let s = Sampling {
+        let s = Stop {
             ignore_eos: true,
             ..s
         };

@@ -14,7 +14,7 @@ use super::output::{chunks, encode, plan_output, Tokens};
 use super::sealed::MockLink;
 use super::{MockOptions, MockStats};
 use crate::ids::WorkerId;
-use crate::protocols::worker::{Sampling, PROTOCOL_VERSION};
+use crate::protocols::worker::{Stop, PROTOCOL_VERSION};
 use crate::worker_auth::{HandshakeNonces, Nonce, HANDSHAKE_VERSION};
 
 /// Router → worker message, decoded flat (fields of all types optional).
@@ -25,15 +25,29 @@ struct RouterMsg {
     ty: String,
     request_id: String,
     input_ids: Vec<u32>,
-    sampling: Option<Sampling>,
+    stop: Option<Stop>,
     epoch: u64,
-    tier: String,
-    class: String,
+    contract: MockContract,
     nonce: String,
     proof: String,
-    decode_target: Option<WorkerId>,
+    routing: MockRouting,
     groups: Vec<MockGroup>,
     grammar: Option<crate::protocols::structured::Grammar>,
+}
+
+/// A `generate`'s `contract` as the mock reads it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MockContract {
+    tier: String,
+    class: String,
+}
+
+/// A `generate`'s `routing` as the mock reads it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct MockRouting {
+    decode_target: Option<WorkerId>,
 }
 
 /// A `reconfigure` group as the mock reads it.
@@ -97,14 +111,14 @@ pub(super) async fn run(
                     "generate" => {
                         stats.generates.fetch_add(1, Ordering::Relaxed);
                         *stats.last_generate.lock().unwrap() =
-                            Some((std::mem::take(&mut m.tier), std::mem::take(&mut m.class), m.decode_target));
-                        let sampling = m.sampling.take().unwrap_or_default();
-                        *stats.last_input.lock().unwrap() = Some((m.input_ids.clone(), sampling.max_tokens));
+                            Some((std::mem::take(&mut m.contract.tier), std::mem::take(&mut m.contract.class), m.routing.decode_target));
+                        let stop = m.stop.take().unwrap_or_default();
+                        *stats.last_input.lock().unwrap() = Some((m.input_ids.clone(), stop.max_tokens));
                         *stats.last_grammar.lock().unwrap() = m.grammar.take();
                         let n = m.input_ids.len() as u64;
                         stats.prompt_tokens.fetch_add(n, Ordering::Relaxed);
                         stats.half_prompt_tokens.fetch_add(n / 2, Ordering::Relaxed);
-                        let (out, finish) = plan_output(&m.input_ids, &sampling);
+                        let (out, finish) = plan_output(&m.input_ids, &stop);
                         if opts.step_delay.is_zero() {
                             for msg in chunks(id, &m.request_id, &out, finish, m.input_ids.len(), &opts) {
                                 link.send(msg).await;

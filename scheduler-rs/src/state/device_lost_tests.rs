@@ -62,7 +62,7 @@ async fn a_lost_device_leaves_the_plan_at_once_and_its_requests_resume_elsewhere
     assert_eq!(to, "0");
     assert_eq!(g["request_id"], engine.wire_id(on_one.id()).as_str());
     assert_eq!(g["input_ids"], json!([1, 2, 7, 8]));
-    assert_eq!(g["sampling"]["max_tokens"], json!(14));
+    assert_eq!(g["stop"]["max_tokens"], json!(14));
     // The new plan went to the live worker (and not to the dead one).
     assert!(sent
         .iter()

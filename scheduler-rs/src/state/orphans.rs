@@ -135,17 +135,17 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
         return Some(req.clone());
     }
     let n = u32::try_from(generated.len()).ok()?;
-    let left = req.sampling.max_tokens.checked_sub(n).filter(|&l| l > 0)?;
+    let left = req.stop.max_tokens.checked_sub(n).filter(|&l| l > 0)?;
     let mut input_ids = Vec::with_capacity(req.input_ids.len() + generated.len());
     input_ids.extend_from_slice(&req.input_ids);
     input_ids.extend_from_slice(generated);
     let mut sampling = req.sampling.clone();
-    sampling.max_tokens = left;
+    let mut stop = req.stop.clone();
+    stop.max_tokens = left;
     sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(n)));
     // NOTE: the generated tokens are prompt now: `min_tokens` counts what is left to make,
     // and the penalties are told which prompt ids are output (as the grammar's replay is).
-    sampling.min_tokens = sampling.min_tokens.saturating_sub(n);
-    sampling.resumed_tokens += n;
+    stop.min_tokens = stop.min_tokens.saturating_sub(n);
     // NOTE: the new worker's grammar matcher replays the generated tokens, so it goes on
     // from where the output is in the grammar.
     let grammar = req.grammar.clone().map(|mut g| {
@@ -154,7 +154,10 @@ pub(super) fn resumed(req: &Arc<Submit>, generated: &[u32]) -> Option<Arc<Submit
     });
     Some(Arc::new(Submit {
         input_ids,
+        resumed_tokens: req.resumed_tokens + n,
         sampling,
+        stop,
+        output: req.output.clone(),
         tier: req.tier,
         priority: req.priority,
         fork_of: None,

@@ -194,30 +194,35 @@ impl RouterState {
     pub(super) fn send_generate(&self, id: u64, req: &Submit, identity: Bytes, d: Decision) {
         let rid = self.ids.encode(id);
         let fork_of = req.fork_of.map(|f| self.ids.encode(f.parent));
+        let tier = self.cfg.tier(req.tier);
+        let slo = |ms: f64| Some(ms).filter(|&ms| !tier.background && ms > 0.0);
         let payload = wire::encode_generate(&wire::Generate {
             v: PROTOCOL_VERSION,
             ty: "generate",
             request_id: &rid,
             input_ids: Cow::Borrowed(&req.input_ids),
+            resumed_tokens: req.resumed_tokens,
             sampling: Cow::Borrowed(&req.sampling),
-            tier: &self.cfg.tier(req.tier).name,
-            class: d.class.as_str(),
-            decode_target: d.decode_leader.map(WorkerId::of_device),
-            ttft_ms: Some(self.cfg.tier(req.tier))
-                .filter(|t| !t.background && t.ttft_ms > 0.0)
-                .map(|t| t.ttft_ms),
-            tpot_ms: Some(self.cfg.tier(req.tier))
-                .filter(|t| !t.background && t.tpot_ms > 0.0)
-                .map(|t| t.tpot_ms),
-            weight: self.cfg.tier(req.tier).weight,
-            priority: req.priority,
-            preempt: self.cfg.tier(req.tier).preempt,
-            bind_tp: self.cfg.tier(req.tier).bind_tp,
-            fork_of: fork_of.as_deref(),
+            stop: Cow::Borrowed(&req.stop),
+            output: Cow::Borrowed(&req.output),
+            contract: wire::Contract {
+                tier: &tier.name,
+                class: wire_class(d.class),
+                ttft_ms: slo(tier.ttft_ms),
+                tpot_ms: slo(tier.tpot_ms),
+                weight: tier.weight,
+                priority: req.priority,
+                preempt: tier.preempt,
+                bind_tp: tier.bind_tp,
+            },
+            routing: wire::Routing {
+                fork_of: fork_of.as_deref(),
+                decode_target: d.decode_leader.map(WorkerId::of_device),
+                cache_salt: req.cache.salt.as_deref(),
+            },
             // NOTE: the HTTP API does not take it yet (protocols/extensions.rs lists it).
             truncate_prompt_tokens: None,
             grammar: req.grammar.as_ref().map(Cow::Borrowed),
-            cache_salt: req.cache.salt.as_deref(),
         });
         self.send(identity, payload);
     }
@@ -285,5 +290,14 @@ impl RouterState {
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// A dispatch class as the `generate` message names it.
+fn wire_class(c: Class) -> wire::Class {
+    match c {
+        Class::Feasible => wire::Class::Feasible,
+        Class::BestEffort => wire::Class::BestEffort,
+        Class::Background => wire::Class::Background,
     }
 }

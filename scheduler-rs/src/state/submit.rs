@@ -2,13 +2,17 @@
 //! the earlier choice a sibling choice shares its prefill with.
 
 use crate::ids::TierId;
-use crate::protocols::worker::Sampling;
+use crate::protocols::worker::{Output, Sampling, Stop};
 
 /// A request ready for dispatch (already tokenized and validated).
 #[derive(Debug, Clone)]
 pub struct Submit {
     pub input_ids: Vec<u32>,
+    /// The last this-many `input_ids` are output streamed before a resume (orphans.rs).
+    pub resumed_tokens: u32,
     pub sampling: Sampling,
+    pub stop: Stop,
+    pub output: Output,
     /// The request's tier (resolved against the config's tiers).
     pub tier: TierId,
     /// Within its class on the worker, lower is served first (vLLM's `priority`).

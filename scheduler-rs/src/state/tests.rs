@@ -10,7 +10,7 @@ use serde_json::json;
 use super::{Event, FinishReason, Outbound, RouterState, Submit};
 use crate::config::RouterConfig;
 use crate::ids::{TierId, WorkerId};
-use crate::protocols::worker::Sampling;
+use crate::protocols::worker::{Sampling, Stop};
 
 /// Deliver `v` from worker `worker`'s connection (named by the id).
 /// NOTE: these helpers play the remote worker, so `worker` is the bare number it writes on the
@@ -74,7 +74,10 @@ fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Outbound>) -> Vec<(String
 pub(super) fn submit() -> Submit {
     Submit {
         input_ids: vec![1, 2],
+        resumed_tokens: 0,
         sampling: Sampling::default(),
+        stop: Stop::default(),
+        output: Default::default(),
         tier: TierId(0),
         priority: 0,
         fork_of: None,
@@ -152,9 +155,9 @@ async fn dead_worker_requests_are_retried_resumed_or_completed() {
     let mut streamed = engine.submit(seeded).unwrap();
     let mut waiting = engine.submit(submit()).unwrap();
     let one = Submit {
-        sampling: Sampling {
+        stop: Stop {
             max_tokens: 1,
-            ..Sampling::default()
+            ..Stop::default()
         },
         ..submit()
     };
@@ -194,12 +197,12 @@ async fn dead_worker_requests_are_retried_resumed_or_completed() {
     };
     let g = to_one(&waiting);
     assert_eq!(
-        (g["input_ids"].clone(), g["sampling"]["max_tokens"].clone()),
+        (g["input_ids"].clone(), g["stop"]["max_tokens"].clone()),
         (json!([1, 2]), json!(16))
     );
     let g = to_one(&streamed);
     assert_eq!(g["input_ids"], json!([1, 2, 3]));
-    assert_eq!(g["sampling"]["max_tokens"], json!(15));
+    assert_eq!(g["stop"]["max_tokens"], json!(15));
     assert_eq!(g["sampling"]["seed"], json!(8));
     assert_eq!(generates.len(), 2, "{generates:?}");
     assert_eq!(
@@ -417,10 +420,10 @@ async fn a_prompt_goes_where_its_prefix_went_unless_that_group_is_much_busier() 
 fn a_resumed_request_replays_its_generated_tokens_into_its_grammar_and_penalties() {
     use crate::protocols::structured::Grammar;
     let req = Arc::new(Submit {
-        sampling: Sampling {
+        stop: Stop {
             max_tokens: 10,
             min_tokens: 4,
-            ..Sampling::default()
+            ..Stop::default()
         },
         grammar: Some(Grammar::json_object()),
         ..submit()
@@ -428,13 +431,16 @@ fn a_resumed_request_replays_its_generated_tokens_into_its_grammar_and_penalties
     let once = super::orphans::resumed(&req, &[7, 8, 9]).unwrap();
     assert_eq!(once.input_ids, [1, 2, 7, 8, 9]);
     assert_eq!(once.grammar.as_ref().map(|g| g.replay), Some(3));
-    let s = &once.sampling;
-    assert_eq!((s.max_tokens, s.min_tokens, s.resumed_tokens), (7, 1, 3));
+    let s = &once.stop;
+    assert_eq!((s.max_tokens, s.min_tokens, once.resumed_tokens), (7, 1, 3));
     // A second resume starts again from the original request with all the output so far.
     let twice = super::orphans::resumed(&req, &[7, 8, 9, 5, 6]).unwrap();
     assert_eq!(twice.input_ids, [1, 2, 7, 8, 9, 5, 6]);
-    let s = &twice.sampling;
-    assert_eq!((s.max_tokens, s.min_tokens, s.resumed_tokens), (5, 0, 5));
+    let s = &twice.stop;
+    assert_eq!(
+        (s.max_tokens, s.min_tokens, twice.resumed_tokens),
+        (5, 0, 5)
+    );
     assert_eq!(
         super::orphans::resumed(&Arc::new(submit()), &[7])
             .unwrap()

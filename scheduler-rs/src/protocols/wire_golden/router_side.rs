@@ -12,24 +12,26 @@ use crate::tiers::Tier;
 
 fn golden_sampling() -> Sampling {
     Sampling {
-        max_tokens: 32,
         temperature: 0.5,
         top_p: 0.75,
         top_k: 40,
         seed: Some(1234),
-        stop_token_ids: vec![2, 13],
-        ignore_eos: false,
         presence_penalty: 0.25,
         frequency_penalty: -0.5,
         repetition_penalty: 1.25,
         logit_bias: vec![(7, 2.5)],
-        min_tokens: 3,
         min_p: 0.125,
-        logprobs: Some(2),
-        resumed_tokens: 1,
-        prompt_logprobs: Some(1),
         allowed_token_ids: vec![5, 9, 27],
         bad_words: vec![vec![13], vec![15, 27]],
+    }
+}
+
+fn golden_stop() -> Stop {
+    Stop {
+        max_tokens: 32,
+        min_tokens: 3,
+        stop_token_ids: vec![2, 13],
+        ignore_eos: false,
     }
 }
 
@@ -75,24 +77,38 @@ pub(super) fn router_messages() -> Vec<(&'static str, Vec<u8>)> {
         schema: Some(r#"{"type":"object"}"#.into()),
         replay: 1,
     };
+    let (stop, output) = (
+        golden_stop(),
+        Output {
+            logprobs: Some(2),
+            prompt_logprobs: Some(1),
+        },
+    );
     let generate = Generate {
         v: PROTOCOL_VERSION,
         ty: "generate",
         request_id: RID,
         input_ids: Cow::Borrowed(&[1, 15, 27, 3]),
+        resumed_tokens: 1,
         sampling: Cow::Borrowed(&sampling),
-        tier: "gold",
-        class: "feasible",
-        decode_target: Some(WorkerId(2)),
-        ttft_ms: Some(250.0),
-        tpot_ms: Some(40.0),
-        weight: 2.5,
-        priority: -1,
-        preempt: false,
-        bind_tp: Some(2),
-        fork_of: Some(RID2),
+        stop: Cow::Borrowed(&stop),
+        output: Cow::Borrowed(&output),
+        contract: Contract {
+            tier: "gold",
+            class: Class::Feasible,
+            ttft_ms: Some(250.0),
+            tpot_ms: Some(40.0),
+            weight: 2.5,
+            priority: -1,
+            preempt: false,
+            bind_tp: Some(2),
+        },
+        routing: Routing {
+            fork_of: Some(RID2),
+            decode_target: Some(WorkerId(2)),
+            cache_salt: Some("tenant-a"),
+        },
         truncate_prompt_tokens: Some(3),
-        cache_salt: Some("tenant-a"),
         grammar: Some(Cow::Borrowed(&grammar)),
     };
     let caps = |g: &GroupPlan| (g.pp == 2).then_some(8);

@@ -23,7 +23,7 @@ mod tokens;
 pub use super::worker_stats::Stats;
 pub use control::{encode_abort, encode_flush_cache, encode_reregister, encode_shutdown, Abort};
 pub use frame::{Bare, PROTOCOL_VERSION};
-pub use generate::{encode_generate, Generate, Sampling};
+pub use generate::{encode_generate, Class, Contract, Generate, Output, Routing, Sampling, Stop};
 pub use handshake::{
     encode_challenge, encode_refused, encode_registered, Challenge, Hello, Refused, Register,
     Registered,

@@ -9,8 +9,11 @@ use crate::ids::WorkerId;
 
 #[test]
 fn generate_is_a_named_map_and_round_trips() {
-    let sampling = Sampling {
+    let stop = Stop {
         max_tokens: 4,
+        ..Stop::default()
+    };
+    let sampling = Sampling {
         seed: Some(7),
         ..Sampling::default()
     };
@@ -19,31 +22,37 @@ fn generate_is_a_named_map_and_round_trips() {
         ty: "generate",
         request_id: "42",
         input_ids: Cow::Borrowed(&[1, 2, 3]),
+        resumed_tokens: 0,
         sampling: Cow::Borrowed(&sampling),
-        tier: "strict",
-        class: "feasible",
-        decode_target: None,
-        ttft_ms: None,
-        tpot_ms: None,
-        weight: 1.0,
-        priority: -3,
-        preempt: false,
-        bind_tp: Some(2),
-        fork_of: None,
+        stop: Cow::Borrowed(&stop),
+        output: Cow::Owned(Output::default()),
+        contract: Contract {
+            tier: "strict",
+            class: Class::BestEffort,
+            ttft_ms: None,
+            tpot_ms: None,
+            weight: 1.0,
+            priority: -3,
+            preempt: false,
+            bind_tp: Some(2),
+        },
+        routing: Routing::default(),
         truncate_prompt_tokens: Some(5),
         grammar: None,
-        cache_salt: None,
     });
     // Generic decode: keys are strings (a map, not an array).
     let v: serde_json::Value = rmp_serde::from_slice(&bytes).unwrap();
     assert_eq!(v["type"], "generate");
     assert_eq!(v["sampling"]["top_k"], -1);
     assert_eq!(v["sampling"]["seed"], 7);
-    assert!(v["decode_target"].is_null());
+    assert_eq!(v["stop"]["max_tokens"], 4);
+    assert!(v["routing"]["decode_target"].is_null());
     assert_eq!(v["input_ids"], serde_json::json!([1, 2, 3]));
-    assert_eq!(v["priority"], -3);
-    assert_eq!(v["preempt"], false);
-    assert_eq!(v["bind_tp"], 2);
+    assert_eq!(v["contract"]["class"], "best_effort");
+    assert_eq!(v["contract"]["priority"], -3);
+    assert_eq!(v["contract"]["preempt"], false);
+    assert_eq!(v["contract"]["bind_tp"], 2);
+    assert!(v["contract"].get("ttft_ms").is_none());
     assert_eq!(v["truncate_prompt_tokens"], 5);
 }
 

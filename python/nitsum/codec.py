@@ -1,8 +1,9 @@
 """One codec for every router ↔ worker message (docs/protocol.md, v1), driven by dataclass fields.
 
-A message is a frozen dataclass with a `TYPE`; its fields are the wire keys, their type hints
-the schema. `to_wire` builds the msgpack map (`v`, `type`, then the fields), `from_wire`
-type-checks a received map into the dataclass and raises ProtocolError naming the bad field.
+A message is a frozen dataclass with a `TYPE`; its fields are the wire keys (`wire_field(key=)`
+renames one, e.g. a Python keyword such as `class`), their type hints the schema. `to_wire`
+builds the msgpack map (`v`, `type`, then the fields), `from_wire` type-checks a received map
+into the dataclass and raises ProtocolError naming the bad field.
 Adding a field to a message is one line. The golden fixtures in tests/golden/wire/ pin the
 result against the router's Rust types (tests/test_wire_golden.py, scheduler-rs
 `protocols/wire_golden/`).
@@ -22,16 +23,24 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 
 import msgpack
 
-from nitsum.engine.request_spec import is_int
-
 PROTOCOL_VERSION = 1
 
 M = TypeVar("M", bound="Message")
 T = TypeVar("T")
 
 
+def is_int(x: object) -> bool:
+    """A wire integer (msgpack's bool is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 class ProtocolError(ValueError):
-    """A message that cannot be acted on (not a v1 map, or a field of the wrong shape)."""
+    """A message that cannot be acted on (not a v1 map, or a field of the wrong shape);
+    `field`: the bad field's path in the message (`sampling.top_k`), when one is."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _Always:
@@ -45,13 +54,15 @@ def wire_field(
     *,
     omit: Any = ALWAYS,
     check: tuple[typing.Callable[[Any], bool], str] | None = None,
+    key: str | None = None,
     default: Any = dataclasses.MISSING,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field with wire options: `omit`: leave the key out when the value equals
     this (None for an optional key; absent keys decode to the field's default); `check`:
-    (predicate on the decoded value, what it must be) for value constraints."""
-    meta = {"omit": omit, "check": check}
+    (predicate on the decoded value, what it must be) for value constraints; `key`: the wire
+    key when it is not the field's name."""
+    meta = {"omit": omit, "check": check, "key": key}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -94,7 +105,7 @@ class Message:
         try:
             return _from_map(cls, msg, "")
         except _Bad as e:
-            raise ProtocolError(f"{cls.TYPE}: {e}") from None
+            raise ProtocolError(f"{cls.TYPE}: {e}", e.path) from None
 
 
 def to_map(obj: Any) -> dict[str, Any]:
@@ -108,7 +119,7 @@ def from_map(cls: type[T], raw: dict[str, Any], where: str) -> T:
     try:
         return _from_map(cls, raw, where)
     except _Bad as e:
-        raise ProtocolError(str(e)) from None
+        raise ProtocolError(str(e), e.path) from None
 
 
 class _Bad(Exception):
@@ -119,20 +130,25 @@ class _Bad(Exception):
         self.path = path
 
 
+def _key(f: dataclasses.Field[Any]) -> str:
+    return f.metadata.get("key") or f.name
+
+
 @functools.cache
-def _wire_keys(cls: type) -> tuple[tuple[str, Any], ...]:
-    """(field name, its `omit` value) of a dataclass, in field order.
+def _wire_keys(cls: type) -> tuple[tuple[str, str, Any], ...]:
+    """(field name, wire key, its `omit` value) of a dataclass, in field order.
     NOTE: cached per class: a worker encodes a `tokens` message per request per step."""
-    return tuple((f.name, f.metadata.get("omit", ALWAYS)) for f in dataclasses.fields(cls))
+    fields = dataclasses.fields(cls)
+    return tuple((f.name, _key(f), f.metadata.get("omit", ALWAYS)) for f in fields)
 
 
 def _fields_to_wire(obj: Any) -> dict[str, Any]:
     out = {}
-    for name, omit in _wire_keys(obj.__class__):
+    for name, key, omit in _wire_keys(obj.__class__):
         value = getattr(obj, name)
         if omit is not ALWAYS and value == omit:
             continue
-        out[name] = _to_wire_value(value)
+        out[key] = _to_wire_value(value)
     return out
 
 
@@ -164,15 +180,16 @@ def _from_map(cls: Any, raw: Any, where: str) -> Any:
         raise _Bad(where, f"{where or 'message'} must be a map, got {raw!r}")
     kwargs = {}
     for f, hint in _schema(cls):
-        path = f"{where}.{f.name}" if where else f.name
-        if f.name not in raw:
+        key = _key(f)
+        path = f"{where}.{key}" if where else key
+        if key not in raw:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise _Bad(path, f"{path} is missing")
             continue
-        value = _from_wire_value(hint, raw[f.name], path)
+        value = _from_wire_value(hint, raw[key], path)
         check = f.metadata.get("check")
         if check is not None and not check[0](value):
-            raise _Bad(path, f"{path} must be {check[1]}, got {raw[f.name]!r}")
+            raise _Bad(path, f"{path} must be {check[1]}, got {raw[key]!r}")
         kwargs[f.name] = value
     return cls(**kwargs)
 

@@ -1,7 +1,7 @@
-"""One decoder of a RequestSpec on the wire (engine/request_wire.py) for both of its paths:
-the router's `generate` (worker/inbound.py) and a KV handoff across hosts
-(pool/remote_handoff.py). A spec with every field set survives both equal, the encoder
-writes exactly the router's form, and a bad field is named alike on both paths."""
+"""One `generate` message (engine/generate_message.py), decoded by the one codec, for both of
+its paths: the router's (worker/inbound.py) and a KV handoff across hosts
+(pool/remote_handoff.py). A spec with every field set survives both equal, the golden message
+decodes and encodes back key for key, and a bad field is named alike on both paths."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import msgpack
 import pytest
 from tokenizers import Tokenizer
 
+from nitsum.codec import ProtocolError
+from nitsum.engine.generate_message import Generate
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.engine.request_wire import sampling_to_wire, spec_from_wire, spec_to_wire
 from nitsum.engine.sequence import Sequence
-from nitsum.errors import InvalidRequestError
 from nitsum.pool.handoff_meta import handoff_meta, handoff_sequence
 from nitsum.sampling import SamplingParams
 from nitsum.structured import compiler
@@ -56,18 +56,18 @@ def tok(smollm2_dir) -> Tokenizer:
 def test_the_spec_under_test_sets_every_field():
     for obj in (SAMPLING, SPEC):
         for f in fields(obj):
-            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            factory: Any = f.default_factory
+            default = factory() if f.default is MISSING else f.default
             if f.name != "bind_hard":  # NOTE: not on the wire (the worker's own choice)
                 assert getattr(obj, f.name) != default, f"{type(obj).__name__}.{f.name}"
 
 
 def test_a_generate_with_every_field_parses_into_the_same_spec():
-    msg = roundtrip({"v": 1, "type": "generate", "request_id": "r1", "input_ids": [1, 2, 3, 4, 5]}
-                    | spec_to_wire(SPEC))  # fmt: skip
+    msg = roundtrip(Generate.of("r1", [1, 2, 3, 4, 5], SPEC).to_wire())
     req = inbound.parse_generate(msg)
     assert (req.request_id, req.input_ids) == ("r1", [1, 2, 3, 4, 5])
     assert req.spec == SPEC
-    assert proto.generate("r1", [1], SAMPLING)["sampling"] == sampling_to_wire(SAMPLING)
+    assert proto.generate("r1", [1], SAMPLING)["sampling"] == msg["sampling"]
 
 
 def test_a_handoff_with_every_field_rebuilds_the_same_spec(tok):
@@ -87,30 +87,32 @@ def test_a_handoff_with_every_field_rebuilds_the_same_spec(tok):
 
 def test_the_encoder_writes_the_routers_generate_exactly():
     """The golden `generate` (as the router sends it) decodes and encodes back key for key."""
-    wire = golden_generate()
-    spec = spec_from_wire(roundtrip(wire))
-    rest = {k: v for k, v in wire.items() if k not in ("v", "type", "request_id", "input_ids")}
-    assert spec_to_wire(spec) == rest
-    assert "grammar" not in spec_to_wire(replace(spec, sampling=SamplingParams()))
+    wire = golden_generate().to_wire()
+    spec = Generate.from_wire(roundtrip(wire)).spec()
+    assert Generate.of(wire["request_id"], wire["input_ids"], spec).to_wire() == wire
+    plain = Generate.of("r", [1], replace(spec, sampling=SamplingParams())).to_wire()
+    assert "grammar" not in plain
 
 
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"sampling": {"logit_bias": [[7, "x"]]}}, "logit_bias"),
-        ({"sampling": {"bad_words": [13]}}, "bad_words"),
-        ({"sampling": {"ignore_eos": 1}}, "ignore_eos"),
-        ({"sampling": {"max_tokens": True}}, "max_tokens"),
+        ({"sampling": {"logit_bias": [[7, "x"]]}}, "sampling.logit_bias[0][1]"),
+        ({"sampling": {"bad_words": [13]}}, "sampling.bad_words[0]"),
+        ({"stop": {"ignore_eos": 1}}, "stop.ignore_eos"),
+        ({"stop": {"max_tokens": True}}, "stop.max_tokens"),
         ({"sampling": [1]}, "sampling"),
-        ({"preempt": "no"}, "preempt"),
-        ({"grammar": {"kind": "regex-ish"}}, "response_format"),
+        ({"contract": {"preempt": "no"}}, "contract.preempt"),
+        ({"grammar": {"kind": 3}}, "grammar.kind"),
     ],
 )
 def test_a_bad_field_is_named_alike_on_both_paths(change, field):
-    good = spec_to_wire(SPEC)
-    msg = {"v": 1, "type": "generate", "request_id": "r1", "input_ids": [1]} | good | change
-    with pytest.raises(InvalidRequestError) as by_router:
-        inbound.parse_generate(msg)
-    with pytest.raises(InvalidRequestError) as by_handoff:
-        spec_from_wire(good | change)
-    assert by_router.value.field == by_handoff.value.field == field
+    good = Generate.of("r1", [1], SPEC).to_wire()
+    with pytest.raises(ProtocolError) as by_router:
+        inbound.parse_generate(good | change)
+    seq = Sequence("r1", [1], SPEC)
+    meta = handoff_meta(seq, target=3)
+    with pytest.raises(ProtocolError) as by_handoff:
+        handoff_sequence(meta | {"spec": meta["spec"] | change})
+    assert str(by_router.value) == str(by_handoff.value)
+    assert str(by_router.value).startswith(f"generate: {field} must be ")
