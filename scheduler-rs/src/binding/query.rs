@@ -1,6 +1,7 @@
 //! The cost model's question and answer (`binding/mod.rs`): the request and the replicas a
 //! binding would borrow (`BindQuery`, `ReplicaLoad`), and the options it weighed
-//! (`BindDecision`, `BindOption`). JSON through `nitsum._core` for the worker's binder.
+//! (`BindDecision`, `BindOption`). Copied field for field into `nitsum._core`'s classes for the
+//! worker's binder (`python/binding.rs`).
 
 use serde::{Deserialize, Serialize};
 
