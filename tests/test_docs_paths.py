@@ -19,10 +19,10 @@ DOC = ROOT / "docs" / "architecture.md"
 # NOTE: the page's own limit (issue 41): design only, its measurements live in
 # docs/results.md and docs/gpu.md.
 MAX_LINES = 350
-PREFIXES = ("python/", "scheduler-rs/", "scripts/", "tests/", "docs/", "profiles/")
+PREFIXES = ("python/", "kernels/", "scheduler-rs/", "scripts/", "tests/", "docs/", "profiles/")
 RELATIVE_ROOTS = (ROOT, ROOT / "python" / "nitsum", ROOT / "scheduler-rs" / "src")
 FILE_SUFFIXES = (".py", ".pyi", ".rs", ".md", ".sh", ".toml")
-SOURCE_TREES = ("python", "scheduler-rs", "scripts", "tests", "docs", "profiles")
+SOURCE_TREES = ("python", "kernels", "scheduler-rs", "scripts", "tests", "docs", "profiles")
 # A word of letters, digits, `_.-` and slashes, not glued to a longer word or a `::` path.
 WORD = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.-]*(?:/[\w.-]+)*/?)(?![\w/])")
 
