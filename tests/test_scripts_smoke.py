@@ -77,13 +77,18 @@ SMOKE: dict[str, Smoke] = {
         ),  # fmt: skip
         needs_trace=True,
     ),
-    "bench_planner.sh": Smoke("", ((rf"target <= {NUM} ms at p99 (CPU|wall): (met|MISSED)", 4),)),
+    # NOTE: after `cargo test --release` (scripts/test.sh) their examples are built; else
+    # cargo builds them first (minutes), hence the timeout.
+    "bench_planner.sh": Smoke(
+        "", ((rf"target <= {NUM} ms at p99 (CPU|wall): (met|MISSED)", 4),), timeout=900
+    ),
     "bench_router.sh": Smoke(
         "--requests 200 --replicas 4 --window 16 --latency-requests 50 --rate 200"
         " --http-connections 2",
         ((r"^summary: \{", 1),),
         files=(("bench_router.json", r'^\{".*\}$'),),
         env=(("BENCH_ROUTER_OUT", "{tmp}/bench_router.json"),),
+        timeout=900,
     ),
     "results.py": Smoke(
         "--quick --out {tmp}",
@@ -94,7 +99,7 @@ SMOKE: dict[str, Smoke] = {
     ),
     # One engine in this process, on the embedded SmolLM2 or a tiny random model.
     "bench_engine.py": Smoke(
-        "--batches 1 --repeats 1 --no-bf16",
+        "--smoke --batches 1 --repeats 1 --no-bf16",
         ((rf"^fp32 batch +1: e2e nitsum +{NUM} \| transformers +{NUM} tok/s \| ratio {X}", 1),),
         slow=True,
     ),
