@@ -117,7 +117,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--repeats", type=int, default=2, help="best of N interleaved runs per side")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 comparison")
+    ap.add_argument("--smoke", action="store_true", help="16-token prompts, 8 tokens out (tests)")
     args = ap.parse_args()
+    if args.smoke:
+        global PROMPT_LEN, OUT_LEN  # noqa: PLW0603 (read by ours/theirs/prompts)
+        PROMPT_LEN, OUT_LEN = 16, 8
     llm = LLM(None, kv_cache_mb=512)
     hf = AutoModelForCausalLM.from_pretrained(llm.model_dir, dtype=torch.float32).eval()
     vocab = llm.engine.cfg.vocab_size
