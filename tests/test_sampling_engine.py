@@ -76,9 +76,15 @@ def test_min_tokens_delays_eos(tiny) -> None:
     eos = cfg.eos_token_ids[0]
     prompt = random_prompt(cfg, 9, seed=4)
     # The bias makes EOS the greedy pick at every step: it ends at once without min_tokens.
-    bias = ((eos, 100.0),)
-    now = SamplingParams(max_tokens=10, temperature=0, logit_bias=bias)
-    later = SamplingParams(max_tokens=10, temperature=0, logit_bias=bias, min_tokens=4)
+    # NOTE: EOS among the stop ids, as the router sends it (the engine adds none).
+    kw = {
+        "max_tokens": 10,
+        "temperature": 0,
+        "logit_bias": ((eos, 100.0),),
+        "stop_token_ids": (eos,),
+    }
+    now = SamplingParams(**kw)
+    later = SamplingParams(**kw, min_tokens=4)
     got = run(engine_for(tiny), {"now": (prompt, now, None), "later": (prompt, later, None)})
     assert got["now"][:2] == ([eos], "stop")
     ids, finish, *_ = got["later"]

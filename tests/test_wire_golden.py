@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 
 import msgpack
 import pytest
@@ -75,7 +76,7 @@ def test_the_fixtures_set_every_field_of_every_type():
         assert seen == set(TYPES[kind].__dataclass_fields__), kind
     gen = proto.decode(fixture("generate"))
     for part in ("sampling", "stop", "output", "contract", "routing"):
-        cls = proto.Generate.__dataclass_fields__[part].default_factory  # type: ignore[misc]
+        cls = typing.get_type_hints(proto.Generate)[part]
         wire_keys = {f.metadata.get("key") or f.name for f in dataclasses.fields(cls)}
         assert set(gen[part]) == wire_keys, part
 
