@@ -54,7 +54,10 @@ async fn the_decode_host_takes_over_and_a_dead_prefill_host_loses_nothing() {
             .iter()
             .find(|(_, v)| v["request_id"] == engine.wire_id(h.id()).as_str())
             .unwrap();
-        assert_eq!((g.0.as_str(), &g.1["decode_target"]), ("0", &json!(1)));
+        assert_eq!(
+            (g.0.as_str(), &g.1["routing"]["decode_target"]),
+            ("0", &json!(1))
+        );
     }
     // Process 1 adopted the first request and streams it (its first token included).
     tokens(&engine, 1, handed.id(), &[5], None);

@@ -42,7 +42,10 @@ async fn the_next_turn_and_a_repeat_spill_to_the_group_with_their_prefix() {
             .iter()
             .find(|(_, v)| v["request_id"] == id.as_str())
             .expect("a generate for the request");
-        (to.clone(), v["class"].as_str().unwrap().to_string())
+        (
+            to.clone(),
+            v["contract"]["class"].as_str().unwrap().to_string(),
+        )
     };
     let spilled_to = |w: &str| (w.to_string(), "best_effort".to_string());
     // Turn 1 (150 tokens) goes to the first group, and answers 100 tokens.

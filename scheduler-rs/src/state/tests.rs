@@ -296,12 +296,18 @@ async fn generate_carries_the_priority_and_the_tiers_preempt_and_bind_tp() {
             .unwrap()
             .1;
         assert_eq!(
-            (g["priority"].clone(), g["preempt"].clone()),
+            (
+                g["contract"]["priority"].clone(),
+                g["contract"]["preempt"].clone()
+            ),
             (json!(priority), json!(preempt))
         );
         // Absent unless the tier binds (the default tiers do not).
         let bind = if tier == 0 { json!(2) } else { json!(null) };
-        assert_eq!(g.get("bind_tp").cloned().unwrap_or(json!(null)), bind);
+        assert_eq!(
+            g["contract"].get("bind_tp").cloned().unwrap_or(json!(null)),
+            bind
+        );
     }
 }
 
@@ -510,7 +516,7 @@ async fn a_prompt_cache_key_steers_to_its_group_and_a_cache_salt_isolates_prefix
             .iter()
             .find(|(_, v)| v["request_id"] == engine.wire_id(h.id()).as_str())
             .unwrap();
-        (to.clone(), msg.get("cache_salt").cloned())
+        (to.clone(), msg["routing"].get("cache_salt").cloned())
     };
     let history: Vec<u32> = (0..150).collect();
     let a = engine
