@@ -176,7 +176,7 @@ SMOKE: dict[str, Smoke] = {
         ),  # fmt: skip
         slow=True,
     ),
-    "gpu_tp.py": Smoke("--device cpu --layers 1", ((r"^tp: all tokens agree$", 1),), slow=True),
+    "gpu_tp.py": Smoke("--device cpu --layers 2", ((r"^tp: all tokens agree$", 1),), slow=True),
     "bench_kv_transport.py": Smoke(
         "--tokens 64 --reps 1 --tls default",
         ((r"^handoff of 64 tokens", 1), (rf"^UCX_TLS=default +gloo {NUM} GB/s", 1)),
