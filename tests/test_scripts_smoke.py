@@ -29,8 +29,9 @@ NUM = r"[\d.]+"  # a number as the scripts print it
 @dataclass(frozen=True)
 class Smoke:
     """A script's smoke run: `args` after the script, split like a shell's, with `{tmp}` (a
-    fresh directory), `{traces}`, `{cpu_profile}` and `{tiers}` filled in; `rows`: the lines
-    its output (stdout and stderr) must hold, as (regex, at least this many lines)."""
+    fresh directory), `{traces}`, `{cpu_profile}` and `{tiers}` (a file of TIERS) filled in;
+    `rows`: the lines its output (stdout and stderr) must hold, as (regex, at least this many
+    lines)."""
 
     args: str
     rows: tuple[tuple[str, int], ...]
@@ -176,7 +177,7 @@ SMOKE: dict[str, Smoke] = {
         ),  # fmt: skip
         slow=True,
     ),
-    "gpu_tp.py": Smoke("--device cpu --layers 1", ((r"^tp: all tokens agree$", 1),), slow=True),
+    "gpu_tp.py": Smoke("--device cpu --layers 2", ((r"^tp: all tokens agree$", 1),), slow=True),
     "bench_kv_transport.py": Smoke(
         "--tokens 64 --reps 1 --tls default",
         ((r"^handoff of 64 tokens", 1), (rf"^UCX_TLS=default +gloo {NUM} GB/s", 1)),
@@ -255,7 +256,7 @@ def fill(text: str, tmp: Path) -> str:
         "{tmp}": str(tmp),
         "{traces}": str(TRACE.parent),
         "{cpu_profile}": str(CPU_PROFILE),
-        "{tiers}": TIERS,
+        "{tiers}": str(tmp / "tiers.json"),
     }.items():
         text = text.replace(key, value)
     return text
@@ -264,6 +265,7 @@ def fill(text: str, tmp: Path) -> str:
 def run_script(name: str, smoke: Smoke, tmp: Path) -> str:
     """Run one script with its smoke arguments; its output, stdout then stderr."""
     script = SCRIPTS / name
+    (tmp / "tiers.json").write_text(TIERS)
     cmd = ["bash", str(script)] if name.endswith(".sh") else [sys.executable, str(script)]
     env = os.environ | {"PYTHONPATH": str(ROOT / "python"), "PYTHONUNBUFFERED": "1"}
     env |= {key: fill(value, tmp) for key, value in smoke.env}
