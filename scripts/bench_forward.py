@@ -31,7 +31,7 @@ from nitsum.engine.runner import ModelRunner
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import build_context
 from nitsum.sampling import SamplingParams
@@ -144,7 +144,7 @@ def main() -> None:
         cfg, random_tensors(cfg, dev).items(), mlp_blocks(cfg, (1,)), dtype, dev
     )
     pages = 2 * (args.batch + 1) * -(-(args.context + args.chunk) // page_tokens)
-    pool = KVPool(cfg, pages, page_tokens, dtype, dev, scratch_page=True)
+    pool = KVCache(cfg, pages, page_tokens, dtype, dev, scratch_page=True)
     fused, unfused = LlamaModel(cfg, weights, fused=True), LlamaModel(cfg, weights, fused=False)
     ctx = build_context(cfg, weights, 1, 0)
     t0 = time.perf_counter()

@@ -34,10 +34,12 @@ def run(model_dir, overtaking: bool, long_len: int, n_short: int, ttft_ms: float
     engine = open_local_engine(model_dir, ecfg)
     g = torch.Generator().manual_seed(0)
     vocab = engine.cfg.vocab_size
-    klass, tier = ("feasible", "relaxed") if ttft_ms else ("background", "background")
+    slo_class, tier = ("feasible", "relaxed") if ttft_ms else ("background", "background")
     t0 = time.monotonic()
     long = torch.randint(100, vocab - 100, (long_len,), generator=g).tolist()
-    engine.add_request("long", long, RequestSpec(OUT, klass=klass, tier=tier, ttft_ms=ttft_ms))
+    engine.add_request(
+        "long", long, RequestSpec(OUT, slo_class=slo_class, tier=tier, ttft_ms=ttft_ms)
+    )
     first: dict[str, float] = {}
     arrived: dict[str, float] = {}
 
@@ -49,7 +51,9 @@ def run(model_dir, overtaking: bool, long_len: int, n_short: int, ttft_ms: float
     step()
     for i in range(n_short):
         ids = torch.randint(100, vocab - 100, (SHORT_LEN,), generator=g).tolist()
-        engine.add_request(f"s{i}", ids, RequestSpec(OUT, klass=klass, tier=tier, ttft_ms=ttft_ms))
+        engine.add_request(
+            f"s{i}", ids, RequestSpec(OUT, slo_class=slo_class, tier=tier, ttft_ms=ttft_ms)
+        )
         arrived[f"s{i}"] = time.monotonic()
     while engine.has_unfinished():
         step()

@@ -27,17 +27,17 @@ from nitsum.config import ModelConfig
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import resolve_model_dir
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.kv.host_pool import HostKVPool
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
+from nitsum.kv.host_tier import HostKVTier
 from nitsum.pool.local import ONLY_GROUP, open_local_engine
 from nitsum.sampling import SamplingParams
 
 
 def copy_speed(cfg: ModelConfig, pages: int = 512) -> None:
-    pool = KVPool(cfg, 2 * pages, 16)
+    pool = KVCache(cfg, 2 * pages, 16)
     pool.storage.normal_()
-    host = HostKVPool(pool, pages)
-    nbytes = pages * KVPool.page_bytes_of(cfg, 16, torch.float32)
+    host = HostKVTier(pool, pages)
+    nbytes = pages * KVCache.page_bytes_of(cfg, 16, torch.float32)
 
     def best(fn) -> float:
         times = []
@@ -111,7 +111,7 @@ def workload(
 
     for i in range(args.background):
         engine.add_request(
-            f"bg{i}", ids(args.bg_prompt), RequestSpec(bg_params, klass="background", tier="bg")
+            f"bg{i}", ids(args.bg_prompt), RequestSpec(bg_params, slo_class="background", tier="bg")
         )
     arrival: dict[str, float] = {}
     first: dict[str, float] = {}
@@ -130,7 +130,7 @@ def workload(
         if sent < args.strict and now >= next_at:
             rid = f"s{sent}"
             engine.add_request(
-                rid, ids(48), RequestSpec(strict_params, klass="feasible", tier="strict")
+                rid, ids(48), RequestSpec(strict_params, slo_class="feasible", tier="strict")
             )
             arrival[rid] = now
             sent += 1
@@ -181,7 +181,7 @@ def markov_workload(
     def submit(c: int) -> None:
         rid = f"c{c}t{turn[c]}"
         engine.add_request(
-            rid, history[c], RequestSpec(answer, klass="feasible", priority=priority[c])
+            rid, history[c], RequestSpec(answer, slo_class="feasible", priority=priority[c])
         )
         arrival[rid] = time.monotonic()
         if priority[c] == 0 and turn[c] > 0:  # later turns: the cold start's queue aside

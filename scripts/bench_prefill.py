@@ -75,14 +75,14 @@ def profile_engine(shape: str, device: str, n: int) -> PoolEngine:
     from model_shapes import random_llama  # scripts/ is on the path
     from nitsum.config import ModelConfig
     from nitsum.engine.piecewise import token_buckets
-    from nitsum.kv.pool import KVPool
+    from nitsum.kv.cache import KVCache
     from nitsum.pool.local import local_engine
     from nitsum.profiling.engine_profile import profile_engine_config
 
     layers = {"num_hidden_layers": 2} if shape == "tiny" else {}
     hf, hf_cfg = random_llama(shape, device, torch.bfloat16, **layers)
     cfg = ModelConfig.from_hf(hf_cfg.to_dict() | {"architectures": ["LlamaForCausalLM"]})
-    kv = KVPool.page_bytes_of(cfg, 16, torch.bfloat16) * (n // 16 + 16)
+    kv = KVCache.page_bytes_of(cfg, 16, torch.bfloat16) * (n // 16 + 16)
     ecfg = profile_engine_config(device, torch.bfloat16, max(kv, 64 << 20), n)
     if n > max(token_buckets(ecfg.token_budget)):
         # NOTE: a step past the largest recorded bucket runs eagerly in the profile too

@@ -85,7 +85,8 @@ def run(scenario: Scenario) -> list[str]:
                     r["id"],
                     [1000 * (i + 1) + t for t in range(r["prompt"])],
                     RequestSpec(
-                        SamplingParams(max_tokens=r["output"], ignore_eos=True), klass=r["class"]
+                        SamplingParams(max_tokens=r["output"], ignore_eos=True),
+                        slo_class=r["class"],
                     ),
                     arrival=step + ARRIVAL_TIE * i,
                 )

@@ -81,9 +81,9 @@ def test_the_warm_up_launches_every_variant_a_run_of_steps_does(monkeypatch):
     with pytest.raises(ValueError, match="scratch page"):
         warm_attention(runner.model, runner.ctx, runner.pool, ecfg.max_batch)
 
-    from nitsum.kv.pool import KVPool
+    from nitsum.kv.cache import KVCache
 
-    pool = KVPool(cfg, 8, 16, ecfg.dtype, DEV, scratch_page=True)
+    pool = KVCache(cfg, 8, 16, ecfg.dtype, DEV, scratch_page=True)
     calls = warm_attention(runner.model, runner.ctx, pool, ecfg.max_batch)
     warmed = set(runs)
     assert stepped <= warmed, stepped - warmed

@@ -1,6 +1,6 @@
 """Soak: rounds of requests cut mid-stream (and short ones that finish) on a 2-device pool
 whose prefix cache spills to the host KV tier; the device processes' RSS levels off (the
-host tier is committed when it is made, kv/host_pool.py, not page by page as it fills).
+host tier is committed when it is made, kv/host_tier.py, not page by page as it fills).
 
 Bounded: 8 rounds of 16 requests on the tiny model (about 30 s)."""
 

@@ -198,15 +198,15 @@ def test_a_request_past_its_ttft_deadline_is_served_last(tiny):
     engine = engine_for(tiny, max_batch=1)
     ps = prompts(cfg, 2)
     engine.add_request(
-        "late", ps[0], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1.0)
+        "late", ps[0], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=1.0)
     )
     engine.add_request(
-        "on-time", ps[1], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+        "on-time", ps[1], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=60_000.0)
     )
     engine.seqs["late"].deadline -= 1.0  # its TTFT ran out a second ago
     first = engine.step()
     assert [o.request_id for o in first] == ["on-time"]
-    assert engine.seqs["late"].klass == "background"
+    assert engine.seqs["late"].slo_class == "background"
     outs, _ = run_to_completion(engine)
     assert outs["late"] == hf_greedy(hf, ps[0], 12)
     assert first[0].new_token_ids + outs["on-time"] == hf_greedy(hf, ps[1], 12)
@@ -223,17 +223,17 @@ def test_a_prompt_that_cannot_make_its_ttft_is_served_last(tiny):
     ps = prompts(cfg, 4)
     assume_full_steps_take(engine, 0.5)
     engine.add_request(
-        "hopeless", ps[3], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1200.0)
+        "hopeless", ps[3], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=1200.0)
     )
     engine.add_request(
-        "first", ps[2], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+        "first", ps[2], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=60_000.0)
     )
     engine.add_request(
-        "tight", ps[1], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1800.0)
+        "tight", ps[1], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=1800.0)
     )
     engine.step()
-    assert engine.seqs["hopeless"].klass == "background"
-    assert engine.seqs["tight"].klass == "feasible"
+    assert engine.seqs["hopeless"].slo_class == "background"
+    assert engine.seqs["tight"].slo_class == "feasible"
     assert engine.seqs["hopeless"].num_computed == 0
     assert engine.seqs["first"].num_computed == 8
     outs, _ = run_to_completion(engine)
@@ -248,18 +248,18 @@ def test_a_started_prompt_that_cannot_make_its_ttft_yields_the_budget(tiny):
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
     engine.add_request(
-        "started", ps[3], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+        "started", ps[3], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=60_000.0)
     )
     engine.step()
     assert engine.seqs["started"].num_computed == 8
     engine.add_request(
-        "next", ps[2], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=60_000.0)
+        "next", ps[2], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=60_000.0)
     )
     assume_full_steps_take(engine, 0.5)  # the step above took milliseconds
     # 18 tokens left: 3 steps, 2 of them full (at least 1 s).
     engine.seqs["started"].deadline = time.monotonic() + 0.8
     engine.step()
-    assert engine.seqs["started"].klass == "background"
+    assert engine.seqs["started"].slo_class == "background"
     assert engine.seqs["started"].num_computed == 8
     assert engine.seqs["next"].num_computed == 8
     outs, _ = run_to_completion(engine)
@@ -305,16 +305,16 @@ def test_a_started_lower_class_prompt_does_not_count_ahead_of_a_feasible_one(tin
     engine = engine_for(tiny, max_batch=4, token_budget=8)
     ps = prompts(cfg, 4)
     engine.add_request(
-        "be", ps[3], RequestSpec(GREEDY, klass="best_effort", tier="relaxed", ttft_ms=60_000.0)
+        "be", ps[3], RequestSpec(GREEDY, slo_class="best_effort", tier="relaxed", ttft_ms=60_000.0)
     )
     engine.step()
     assert engine.seqs["be"].num_computed == 8
     engine.add_request(
-        "f", ps[1], RequestSpec(GREEDY, klass="feasible", tier="strict", ttft_ms=1000.0)
+        "f", ps[1], RequestSpec(GREEDY, slo_class="feasible", tier="strict", ttft_ms=1000.0)
     )
     assume_full_steps_take(engine, 0.5)  # the step above took milliseconds
     engine.step()
-    assert engine.seqs["f"].klass == "feasible"
+    assert engine.seqs["f"].slo_class == "feasible"
     assert engine.seqs["f"].num_computed == 8, "the feasible prompt got the budget"
     outs, _ = run_to_completion(engine)
     assert outs["f"] == hf_greedy(hf, ps[1], 12)

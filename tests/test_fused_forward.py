@@ -19,7 +19,7 @@ from nitsum.engine.request_spec import RequestSpec  # noqa: E402
 from nitsum.engine.scheduled import Scheduled  # noqa: E402
 from nitsum.engine.sequence import Sequence  # noqa: E402
 from nitsum.engine.step_inputs import build_step_inputs  # noqa: E402
-from nitsum.kv.pool import KVPool  # noqa: E402
+from nitsum.kv.cache import KVCache  # noqa: E402
 from nitsum.models.activations import Activations  # noqa: E402
 from nitsum.parallel.context import TPContext  # noqa: E402
 from nitsum.parallel.shard import HeadRange, shard_views  # noqa: E402
@@ -86,7 +86,7 @@ def test_fused_qkv_of_a_replicated_kv_head_matches_torch():
         for model in models:
             ctx = TPContext(heads, shard_views(model.weights, 4, rank))
             assert ctx.layers[0].kv_proj is not None
-            kv = KVPool(cfg, 8, 4, device=DEV)
+            kv = KVCache(cfg, 8, 4, device=DEV)
             inputs = build_step_inputs([Scheduled(seq, 0, 11)], kv.tokens_per_page(4))
             meta = inputs.meta.to(DEV)
             act = Activations(torch.empty(0))

@@ -35,7 +35,7 @@ SAMPLING = SamplingParams(
     allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)),
 )  # fmt: skip
 SPEC = RequestSpec(
-    SAMPLING, tier="gold", klass="background", ttft_ms=250.0, tpot_ms=30.0, weight=3.0,
+    SAMPLING, tier="gold", slo_class="background", ttft_ms=250.0, tpot_ms=30.0, weight=3.0,
     priority=-2, may_preempt=False, bind_tp=2, fork_of="r0", decode_target=3,
     truncate_prompt_tokens=4, cache_salt="tenant-a",
 )  # fmt: skip
@@ -74,10 +74,10 @@ def test_a_handoff_with_every_field_rebuilds_the_same_spec(tok):
     prompt = tok.encode("Give me JSON:").ids
     seq = Sequence("r1", prompt, SPEC)
     seq.output_ids = tok.encode('{"a": ', add_special_tokens=False).ids
-    seq.klass = "feasible"  # NOTE: the class as the scheduler left it travels
+    seq.slo_class = "feasible"  # NOTE: the class as the scheduler left it travels
     seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) - 1
     got = handoff_sequence(roundtrip(handoff_meta(seq, target=3)))
-    assert got.spec == replace(SPEC, klass="feasible")
+    assert got.spec == replace(SPEC, slo_class="feasible")
     assert (got.request_id, got.prompt_ids, got.output_ids) == (
         "r1",
         seq.prompt_ids,

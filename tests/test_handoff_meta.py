@@ -48,7 +48,7 @@ def sequence(tok: Tokenizer, output: str) -> Sequence:
     )
     seq = Sequence("r1", tok.encode("Give me JSON:").ids, spec)
     seq.output_ids = tok.encode(output, add_special_tokens=False).ids
-    seq.klass = "background"  # demoted by the scheduler while it prefilled
+    seq.slo_class = "background"  # demoted by the scheduler while it prefilled
     seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) - 1
     return seq
 
@@ -58,8 +58,8 @@ def test_the_spec_and_the_grammar_state_travel_whole(tok) -> None:
     seq.grammar = start_grammar(seq.sampling.grammar, seq.prompt_ids)
     assert seq.grammar is not None and seq.grammar.consume(seq.output_ids)
     got = handed_over(seq)
-    assert got.spec == replace(seq.spec, klass="background")
-    assert (got.klass, got.output_ids) == ("background", seq.output_ids)
+    assert got.spec == replace(seq.spec, slo_class="background")
+    assert (got.slo_class, got.output_ids) == ("background", seq.output_ids)
     assert got.num_computed == seq.num_computed
     # The receiver's matcher is where the sender's is: it takes what continues the output
     # and refuses what would break it, as the sender's does.
@@ -81,4 +81,4 @@ def test_a_request_without_a_grammar_has_none(tok) -> None:
     seq = Sequence("r2", [1, 2, 3], RequestSpec(SamplingParams(max_tokens=4), tier="t"))
     seq.output_ids, seq.num_computed = [9], 3
     got = handed_over(seq)
-    assert got.grammar is None and got.spec == seq.spec and got.klass == "feasible"
+    assert got.grammar is None and got.spec == seq.spec and got.slo_class == "feasible"

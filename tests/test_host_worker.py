@@ -172,7 +172,7 @@ def test_reconfigure_switches_tp_mid_stream_and_keeps_greedy_tokens(host, tiny):
     ref = reference(tiny, reqs | late)
     sent_to = {rid: router.ids[i % N] for i, rid in enumerate(reqs)}  # two per leader
     for rid, (ids, params) in reqs.items():
-        router.send(proto.generate(rid, ids, params, klass="feasible"), sent_to[rid])
+        router.send(proto.generate(rid, ids, params, slo_class="feasible"), sent_to[rid])
 
     def streamed(k: int) -> Callable[[], bool]:
         return lambda: all(len(router.tokens.get(rid, [])) >= k for rid in reqs)
@@ -218,7 +218,7 @@ def test_prefill_group_hands_kv_to_the_decode_target_and_reports_it(host, tiny):
     reqs = {f"pd{i}": (prompt(6 + 5 * i, seed=40 + i), greedy(10)) for i in range(4)}
     ref = reference(tiny, reqs)
     for rid, (ids, params) in reqs.items():
-        router.send(proto.generate(rid, ids, params, klass="feasible", decode_target=2), b"0")
+        router.send(proto.generate(rid, ids, params, slo_class="feasible", decode_target=2), b"0")
     router.pump(lambda: set(router.finals) == set(reqs))
     assert router.tokens == ref
     for rid in reqs:  # one process serves both groups: it streams on the socket sent to
@@ -235,7 +235,7 @@ def test_prefill_group_hands_kv_to_the_decode_target_and_reports_it(host, tiny):
     # A decode target in another process (worker 9) has no KV path: the prefill group decodes
     # the request itself, and nothing is handed off.
     far = {"far": (prompt(9, seed=50), greedy(6))}
-    router.send(proto.generate("far", *far["far"], klass="feasible", decode_target=9), b"0")
+    router.send(proto.generate("far", *far["far"], slo_class="feasible", decode_target=9), b"0")
     router.pump(lambda: "far" in router.finals)
     assert router.tokens["far"] == reference(tiny, far)["far"]
     assert pe.counters["kv_handoffs"] == len(reqs)
@@ -336,7 +336,7 @@ def test_a_plan_with_a_pipeline_switches_to_it_mid_stream(host, tiny):
     reqs = {f"p{i}": (prompt(6 + 5 * i, seed=40 + i), greedy(30)) for i in range(4)}
     ref = reference(tiny, reqs)
     for i, (rid, (ids, params)) in enumerate(reqs.items()):
-        router.send(proto.generate(rid, ids, params, klass="feasible"), router.ids[i])
+        router.send(proto.generate(rid, ids, params, slo_class="feasible"), router.ids[i])
     pipeline = [g | {"tp": 2, "pp": 2} for g in plan([[0, 1, 2, 3]])]
     for epoch, (layout, after) in enumerate(((pipeline, 4), (plan(TP1), 12)), start=2):
         router.pump(lambda k=after: all(len(router.tokens.get(r, [])) >= k for r in reqs))

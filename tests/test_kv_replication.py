@@ -12,8 +12,8 @@ from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
+from nitsum.kv.cache import KVCache
 from nitsum.kv.pages import PageAllocator
-from nitsum.kv.pool import KVPool
 from nitsum.parallel.shard import HeadRange, shard_views
 from nitsum.parallel.shift import ShiftRule
 from nitsum.parallel.topology import GroupShape
@@ -119,7 +119,7 @@ def test_replicated_shards_are_views_with_the_right_rows(variant):
 
 def test_page_capacity_follows_the_kv_split(tiny):
     _, cfg = tiny
-    pool = KVPool(cfg, num_pages=4, page_tokens=4)
+    pool = KVCache(cfg, num_pages=4, page_tokens=4)
     assert [pool.tokens_per_page(p) for p in (1, 2, 4)] == [4, 8, 8]
     alloc = PageAllocator(4, 16, 4, cfg.num_kv_heads)
     assert [alloc.group(g, len(g)).tokens_per_page for g in ((0,), (0, 1), (0, 1, 2, 3))] == [

@@ -280,9 +280,9 @@ def test_a_swapped_out_request_comes_back_unchanged_under_overlap(tiny):
         )
         e.scheduler.swap.bytes_per_s = 1e15  # copies cost nothing: always swap
         ps = {r: random_prompt(cfg, 30 + i, i) for i, r in enumerate(("bg0", "bg1", "strict"))}
-        bg_spec = RequestSpec(long, klass="background", tier="background")
+        bg_spec = RequestSpec(long, slo_class="background", tier="background")
         bg = [(r, ps[r], bg_spec) for r in ("bg0", "bg1")]
-        strict = [("strict", ps["strict"], RequestSpec(long, klass="feasible", tier="s"))]
+        strict = [("strict", ps["strict"], RequestSpec(long, slo_class="feasible", tier="s"))]
         out, _ = run_arrivals(e, {0: bg, 12: strict})
         c = e.counters()
         assert c["num_preemptions_swap"] >= 1

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 
-from nitsum.kv.host_pool import runs
+from nitsum.kv.host_tier import runs
 from nitsum.kv.pages import PageAllocator, free_runs, page_runs
 
 

@@ -2,7 +2,7 @@
 
 Turn 1 is a short prompt (under one 64-token index block) with a long answer; turn 2 sends the
 history back. The router indexes turn 1's prompt + answer under the device that generated it
-(state/tokens.rs), so turn 2 goes there even though the other device is idler, and the
+(state/outputs.rs), so turn 2 goes there even though the other device is idler, and the
 worker's prefix cache serves most of its prompt (`vllm:prefix_cache_hits_total`, tokens).
 Before, turn 2 had no indexed prefix and went to the idle device: a miss.
 

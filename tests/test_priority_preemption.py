@@ -29,9 +29,10 @@ def test_a_strict_request_at_a_full_engine_preempts_background_ones(tiny) -> Non
     ps = {r: prompt(cfg, 9 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
     engine = engine_for(tiny, max_batch=2)
     bg = [
-        (r, ps[r], RequestSpec(LONG, klass="background", tier="background")) for r in ("bg0", "bg1")
+        (r, ps[r], RequestSpec(LONG, slo_class="background", tier="background"))
+        for r in ("bg0", "bg1")
     ]
-    strict = [("strict", ps["strict"], RequestSpec(LONG, klass="feasible", tier="strict"))]
+    strict = [("strict", ps["strict"], RequestSpec(LONG, slo_class="feasible", tier="strict"))]
     out, first = run_arrivals(engine, {0: bg, 3: strict})
     assert first["strict"] == 3, first  # admitted in the step it arrived
     assert engine.scheduler.preemptions == 1
@@ -56,8 +57,8 @@ def test_priority_within_a_class(tiny, newcomer: dict, preempts: bool) -> None:
     out, first = run_arrivals(
         engine,
         {
-            0: [("a", a, RequestSpec(LONG, klass="feasible", tier="t", priority=5))],
-            2: [("b", b, RequestSpec(LONG, klass="feasible", tier="t", **newcomer))],
+            0: [("a", a, RequestSpec(LONG, slo_class="feasible", tier="t", priority=5))],
+            2: [("b", b, RequestSpec(LONG, slo_class="feasible", tier="t", **newcomer))],
         },
     )
     assert (first["b"] == 2) == preempts, first

@@ -81,8 +81,8 @@ def run_out(engine, max_steps: int = 200) -> tuple[dict[str, int], dict[str, lis
 
 
 @pytest.mark.slow  # an 8k-token prompt through an engine: 10-16 s each on 2 cores
-@pytest.mark.parametrize("klass", ["background", "no-ttft"])
-def test_an_8k_prompt_without_a_deadline_does_not_block_short_ones(tiny_long, klass) -> None:
+@pytest.mark.parametrize("slo_class", ["background", "no-ttft"])
+def test_an_8k_prompt_without_a_deadline_does_not_block_short_ones(tiny_long, slo_class) -> None:
     """One worker, one 8000-token prompt (16 budgets of 512) already prefilling, then four
     short prompts: they get their first tokens within two steps (under FCFS: after the 15
     steps the long one still needs), with the reference tokens; the long one keeps at least
@@ -90,8 +90,8 @@ def test_an_8k_prompt_without_a_deadline_does_not_block_short_ones(tiny_long, kl
     hf, cfg = tiny_long
     engine = engine_for(tiny_long)
     long, shorts = prompts(cfg, 4)
-    tier = ("background", "background") if klass == "background" else ("feasible", "relaxed")
-    spec = RequestSpec(SHORT, klass=tier[0], tier=tier[1])
+    tier = ("background", "background") if slo_class == "background" else ("feasible", "relaxed")
+    spec = RequestSpec(SHORT, slo_class=tier[0], tier=tier[1])
     engine.add_request("long", long, spec)  # no ttft_ms: no deadline
     engine.step()
     assert engine.seqs["long"].num_computed == BUDGET
@@ -113,7 +113,7 @@ def test_a_long_prompt_with_slack_lets_short_ones_by_but_one_without_does_not(ti
     step is its own. Either way every output is the reference."""
     hf, cfg = tiny_long
     long, shorts = prompts(cfg, 2)
-    strict = RequestSpec(SHORT, klass="feasible", tier="strict", ttft_ms=60_000.0)
+    strict = RequestSpec(SHORT, slo_class="feasible", tier="strict", ttft_ms=60_000.0)
     for slack, shorts_first in ((60.0, True), (7.4, False)):
         engine = engine_for(tiny_long)
         engine.add_request("long", long, strict)

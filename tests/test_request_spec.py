@@ -37,7 +37,7 @@ def test_absent_fields_take_the_declared_defaults() -> None:
 @pytest.mark.parametrize(
     "part, key, value, attr, want",
     [
-        ("contract", "class", "background", "klass", "background"),
+        ("contract", "class", "background", "slo_class", "background"),
         ("contract", "ttft_ms", 250, "ttft_ms", 250.0),  # a loose encoder's integer: a float
         ("contract", "tpot_ms", 40, "tpot_ms", 40.0),
         ("contract", "weight", 2, "weight", 2.0),
@@ -79,11 +79,11 @@ def test_a_malformed_value_is_refused_naming_its_field(part, key, value) -> None
 
 
 def test_the_spec_is_frozen_and_checks_its_class() -> None:
-    spec = RequestSpec(klass=CLASSES[1])
+    spec = RequestSpec(slo_class=CLASSES[1])
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.priority = 3  # type: ignore[misc]
     with pytest.raises(InvalidRequestError):
-        RequestSpec(klass="urgent")
+        RequestSpec(slo_class="urgent")
     assert spec.prompt([5, 6, 7]) == [5, 6, 7]
     assert dataclasses.replace(spec, truncate_prompt_tokens=2).prompt([5, 6, 7]) == [6, 7]
 

@@ -46,7 +46,7 @@ FLOORS: list[set[str]] = [
     {"sim", "registry", "mock_worker"},
     {"config"},
     {"state", "auth"},
-    {"control", "transport", "api", "routers"},
+    {"control_loop", "transport", "api", "routers"},
     {"server"},
     {"main", "python"},
 ]

@@ -37,7 +37,7 @@ import torch
 
 from fault_load import wait_until
 from nitsum.config import ModelConfig
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.ports import free_port
 from nitsum.tokenizer import Tokenizer
 
@@ -363,7 +363,7 @@ def test_health_models_plan(
     hf_config = json.loads((smollm2_dir / "config.json").read_text())
     window = hf_config["max_position_embeddings"]
     # One-device workers: the context is capped by what one device's KV holds (256 MiB).
-    held = KVPool.pages_in(ModelConfig.from_hf(hf_config), 256 << 20, 16, torch.float32) * 16
+    held = KVCache.pages_in(ModelConfig.from_hf(hf_config), 256 << 20, 16, torch.float32) * 16
     assert held < window
     assert models.data[0].model_extra["max_model_len"] == held
     plan = http.get("/admin/plan", timeout=10).json()

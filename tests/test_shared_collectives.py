@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from group_procs import run_group
 from nitsum.parallel import capture_cuts
-from nitsum.parallel.comm_pool import resolve_collectives, world_backend
+from nitsum.parallel.communicators import resolve_collectives, world_backend
 from nitsum.parallel.shared_channel import SharedChannel
 from nitsum.parallel.shared_collectives import SharedCollectives
 from nitsum.parallel.shared_memory import PeerTimeout, supported

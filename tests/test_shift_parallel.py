@@ -9,10 +9,10 @@ from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
-from nitsum.parallel.sequence import TokenSplit, head_rows_by_rank
 from nitsum.parallel.shard import HeadRange
 from nitsum.parallel.shift import ShiftRule, crossover
 from nitsum.parallel.topology import GroupShape
+from nitsum.parallel.ulysses import TokenSplit, head_rows_by_rank
 from nitsum.pool.device_commands import Counters, Probe
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource

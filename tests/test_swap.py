@@ -7,8 +7,8 @@ import torch
 from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.kv.host_pool import HostKVPool, runs
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
+from nitsum.kv.host_tier import HostKVTier, runs
 from nitsum.sampling import SamplingParams
 from shapes import tp
 from tiny import hf_greedy, kv_bytes, make_tiny, run_arrivals, tiny_device_pool
@@ -23,11 +23,11 @@ def test_runs_group_consecutive_pages() -> None:
     assert runs([], []) == []
 
 
-def test_host_pool_moves_exact_bytes_in_runs(tiny) -> None:
+def test_host_tier_moves_exact_bytes_in_runs(tiny) -> None:
     hf, cfg = tiny
-    pool = KVPool(cfg, 16, P)
+    pool = KVCache(cfg, 16, P)
     pool.storage.normal_()
-    host = HostKVPool(pool, 8)
+    host = HostKVTier(pool, 8)
     before = pool.storage.clone()
     stats = host.swap([(5, 0), (6, 1), (7, 2), (12, 6)], [])
     page = pool.storage[:, :, 0].numel() * 4
@@ -71,9 +71,10 @@ def test_a_strict_request_swaps_background_ones_out_and_they_finish_unchanged(
     engine.scheduler.swap.bytes_per_s = 1e15  # copies cost nothing: always swap
     ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
     bg = [
-        (r, ps[r], RequestSpec(LONG, klass="background", tier="background")) for r in ("bg0", "bg1")
+        (r, ps[r], RequestSpec(LONG, slo_class="background", tier="background"))
+        for r in ("bg0", "bg1")
     ]
-    strict = [("strict", ps["strict"], RequestSpec(LONG, klass="feasible", tier="s"))]
+    strict = [("strict", ps["strict"], RequestSpec(LONG, slo_class="feasible", tier="s"))]
     out, first = run_arrivals(engine, {0: bg, 12: strict})
     assert first["strict"] == 12, first
     for r, p in ps.items():
@@ -101,17 +102,21 @@ def test_short_contexts_recompute_and_abort_frees_host_pages(tiny) -> None:
     out, _ = run_arrivals(
         engine,
         {
-            0: [("bg", prompt(cfg, 40, 1), RequestSpec(LONG, klass="background", tier="b"))],
-            3: [("strict", prompt(cfg, 9, 2), RequestSpec(LONG, klass="feasible", tier="s"))],
+            0: [("bg", prompt(cfg, 40, 1), RequestSpec(LONG, slo_class="background", tier="b"))],
+            3: [("strict", prompt(cfg, 9, 2), RequestSpec(LONG, slo_class="feasible", tier="s"))],
         },
     )
     assert (s.preemptions, s.swapped) == (1, 0)
     # Copies cheap: swap; then abort the swapped-out request while it waits on host.
     s.swap.bytes_per_s = 1e15
-    engine.add_request("bg2", prompt(cfg, 30, 3), RequestSpec(LONG, klass="background", tier="b"))
+    engine.add_request(
+        "bg2", prompt(cfg, 30, 3), RequestSpec(LONG, slo_class="background", tier="b")
+    )
     for _ in range(3):
         engine.step()
-    engine.add_request("strict2", prompt(cfg, 9, 4), RequestSpec(LONG, klass="feasible", tier="s"))
+    engine.add_request(
+        "strict2", prompt(cfg, 9, 4), RequestSpec(LONG, slo_class="feasible", tier="s")
+    )
     engine.step()
     assert s.swapped == 1 and s.swap.host.num_free < s.swap.host.num_pages
     assert engine.abort("bg2")
@@ -144,10 +149,10 @@ def test_swap_on_a_tp2_group_of_device_processes(tiny) -> None:
         for step in range(200):
             if step == 0:
                 for r in ("bg0", "bg1"):
-                    pe.add_request(r, ps[r], RequestSpec(LONG, klass="background", tier="b"))
+                    pe.add_request(r, ps[r], RequestSpec(LONG, slo_class="background", tier="b"))
             if step == 6:
                 pe.add_request(
-                    "strict", ps["strict"], RequestSpec(LONG, klass="feasible", tier="s")
+                    "strict", ps["strict"], RequestSpec(LONG, slo_class="feasible", tier="s")
                 )
             if step > 6 and not pe.has_unfinished():
                 break

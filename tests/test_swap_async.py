@@ -12,9 +12,9 @@ from nitsum.engine.build import build_engine
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.swap import SwapSpace
-from nitsum.kv.host_pool import HostKVPool
+from nitsum.kv.cache import KVCache
+from nitsum.kv.host_tier import HostKVTier
 from nitsum.kv.pages import PageAllocator
-from nitsum.kv.pool import KVPool
 from nitsum.kv.swap_copier import SwapCopier, SwapProgress
 from nitsum.sampling import SamplingParams
 from tiny import hf_greedy, kv_bytes, make_tiny
@@ -32,10 +32,10 @@ def test_copier_runs_tickets_in_order_off_the_caller(tiny) -> None:
     """Ticket 2 reads the host page ticket 1 writes: FIFO order makes it see ticket 1's data,
     though neither call waited; a ticket not above the earlier ones is refused."""
     _, cfg = tiny
-    pool = KVPool(cfg, 16, P)
+    pool = KVCache(cfg, 16, P)
     pool.storage.normal_()
     before = pool.storage.clone()
-    copier = SwapCopier(HostKVPool(pool, 4))
+    copier = SwapCopier(HostKVTier(pool, 4))
     try:
         copier.start(1, [(5, 0), (6, 1)], [])
         copier.start(2, [], [(0, 9), (1, 10)])
@@ -139,12 +139,16 @@ class Loading:
         self.gate = gated(engine)
         self.ps = {r: prompt(cfg, 30 + i, seed=i) for i, r in enumerate(("bg0", "bg1", "strict"))}
         self.out: dict[str, list[int]] = {}
-        engine.add_request("bg0", self.ps["bg0"], RequestSpec(LONG, klass="background", tier="b"))
-        engine.add_request("bg1", self.ps["bg1"], RequestSpec(SHORT, klass="background", tier="b"))
+        engine.add_request(
+            "bg0", self.ps["bg0"], RequestSpec(LONG, slo_class="background", tier="b")
+        )
+        engine.add_request(
+            "bg1", self.ps["bg1"], RequestSpec(SHORT, slo_class="background", tier="b")
+        )
         for _ in range(4):
             self.step()
         engine.add_request(
-            "strict", self.ps["strict"], RequestSpec(SHORT, klass="feasible", tier="s")
+            "strict", self.ps["strict"], RequestSpec(SHORT, slo_class="feasible", tier="s")
         )
         self.step()
         assert s.swapped == 1 and engine.seqs["bg1"].host_pages

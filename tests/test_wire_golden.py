@@ -84,7 +84,7 @@ def test_the_fixtures_set_every_field_of_every_type():
 def test_the_generate_fixture_parses_into_the_request_it_describes():
     req = inbound.parse_generate(proto.decode(fixture("generate")))
     spec = req.spec
-    assert (req.request_id, req.input_ids, spec.tier, spec.klass) == (
+    assert (req.request_id, req.input_ids, spec.tier, spec.slo_class) == (
         "0123456789abcdef0123456789abcdef",
         [1, 15, 27, 3],
         "gold",

@@ -95,10 +95,10 @@ def _with(msg: dict, part: str, **values) -> dict:
 def test_parse_generate_round_trips_sampling():
     params = SamplingParams(max_tokens=7, temperature=0.5, top_p=0.9, top_k=4, seed=11,
                             stop_token_ids=(3, 4), ignore_eos=True)  # fmt: skip
-    msg = roundtrip(proto.generate("r1", [1, 2], params, tier="gold", klass="background"))
+    msg = roundtrip(proto.generate("r1", [1, 2], params, tier="gold", slo_class="background"))
     assert msg["contract"]["class"] == "background" and msg["stop"]["max_tokens"] == 7
     req = inbound.parse_generate(msg)
-    assert (req.request_id, req.input_ids, req.spec.tier, req.spec.klass) == (
+    assert (req.request_id, req.input_ids, req.spec.tier, req.spec.slo_class) == (
         "r1",
         [1, 2],
         "gold",

@@ -224,22 +224,22 @@ def test_bad_requests_fail_alone_naming_the_field(worker, tiny):
     router.send({**zero, "stop": {**zero["stop"], "max_tokens": "0"}})
     router.send(proto.generate("empty", [], GREEDY))
     router.send(proto.generate("typed", [1, "x"], GREEDY))
-    klass = proto.generate("klass", [1, 2], GREEDY)
-    router.send({**klass, "contract": {**klass["contract"], "class": "vip"}})
+    slo_class = proto.generate("slo_class", [1, 2], GREEDY)
+    router.send({**slo_class, "contract": {**slo_class["contract"], "class": "vip"}})
     router.send({"v": 2, "type": "generate", "request_id": "v2"})  # refused, not answered
     router.send({"v": 1, "type": "gossip"})  # unknown type: logged and dropped
-    got = router.collect({"good", "zero", "empty", "typed", "klass"})
-    errors = {rid: got[rid][-1]["error"] for rid in ("zero", "empty", "typed", "klass")}
+    got = router.collect({"good", "zero", "empty", "typed", "slo_class"})
+    errors = {rid: got[rid][-1]["error"] for rid in ("zero", "empty", "typed", "slo_class")}
     assert errors["zero"] == "generate: stop.max_tokens must be an integer, got '0'"
     assert errors["empty"].startswith("prompt:")
     assert errors["typed"] == "generate: input_ids[1] must be an integer, got 'x'"
-    assert errors["klass"].startswith("generate: contract.class must be one of")
+    assert errors["slo_class"].startswith("generate: contract.class must be one of")
     params = {rid: got[rid][-1].get("error_param") for rid in errors}
     assert params == {
         "zero": "stop.max_tokens",
         "empty": "prompt",
         "typed": "input_ids[1]",
-        "klass": "contract.class",
+        "slo_class": "contract.class",
     }
     for rid in errors:
         assert [(m["finish_reason"], m["token_ids"]) for m in got[rid]] == [("error", [])]

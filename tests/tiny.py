@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from nitsum.config import ModelConfig
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -98,7 +98,7 @@ def random_prompt(cfg: ModelConfig, n: int, seed: int) -> list[int]:
 
 def kv_bytes(cfg: ModelConfig, pages: int, page_tokens: int = 4) -> int:
     """A KV budget of exactly `pages` pages (fp32, all layers, K and V)."""
-    return pages * KVPool.page_bytes_of(cfg, page_tokens, torch.float32)
+    return pages * KVCache.page_bytes_of(cfg, page_tokens, torch.float32)
 
 
 def hf_greedy(hf: torch.nn.Module, ids: list[int], n: int) -> list[int]:

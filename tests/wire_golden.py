@@ -120,7 +120,7 @@ def generate() -> proto.Generate:
         stop=g.Stop(max_tokens=32, min_tokens=3, stop_token_ids=(2, 13), ignore_eos=False),
         output=g.Output(logprobs=2, prompt_logprobs=1),
         contract=g.Contract(
-            tier="gold", klass="feasible", ttft_ms=250.0, tpot_ms=40.0, weight=2.5, priority=-1,
+            tier="gold", slo_class="feasible", ttft_ms=250.0, tpot_ms=40.0, weight=2.5, priority=-1,
             preempt=False, bind_tp=2,
         ),
         routing=g.Routing(

@@ -14,7 +14,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCa
 # (`parallel.topology.TPTopology`). 3 is for models with 3 or 9 KV heads (SmolLM2).
 DEFAULT_TP_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 8)
 # Host KV tier per device of `nitsum serve` and `python -m nitsum.worker` (MiB), for the KV of
-# swapped-out sequences (kv/host_pool.py).
+# swapped-out sequences (kv/host_tier.py).
 HOST_KV_CACHE_MB = 256
 # `--dtype` choices of `nitsum serve` and the worker (torch dtype names).
 DTYPES = ("float32", "bfloat16", "float16")

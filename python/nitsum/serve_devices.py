@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from nitsum.parallel.comm_pool import COLLECTIVES, resolve_collectives
+from nitsum.parallel.communicators import COLLECTIVES, resolve_collectives
 
 
 def positive_int(text: str) -> int:

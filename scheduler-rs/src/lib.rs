@@ -6,7 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod binding;
 pub mod config;
-pub mod control;
+pub mod control_loop;
 pub mod dispatch;
 pub mod errors;
 pub mod fasthash;

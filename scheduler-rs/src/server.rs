@@ -88,7 +88,7 @@ pub fn load_model(cfg: &RouterConfig) -> Result<Option<Arc<ModelFiles>>> {
 
 /// Start transport, reaper, optional mock workers and the HTTP server.
 pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Result<Running> {
-    let profile = crate::control::load_profile(&cfg)?;
+    let profile = crate::control_loop::load_profile(&cfg)?;
     if cfg.worker_secret.is_none() && !cfg.insecure_worker_plane && cfg.mock_workers > 0 {
         // In-process mock workers only: a secret nobody else knows.
         cfg.worker_secret = Some(WorkerSecret::generate());
@@ -123,7 +123,7 @@ pub async fn start(mut cfg: RouterConfig, model: Option<Arc<ModelFiles>>) -> Res
             model = %p.model,
             "control loop on"
         );
-        crate::control::spawn(engine.clone(), p)
+        crate::control_loop::spawn(engine.clone(), p)
     });
     let mut mocks = Vec::new();
     if cfg.mock_workers > 0 {

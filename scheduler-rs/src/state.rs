@@ -147,6 +147,7 @@ mod leadership;
 mod leadership_tests;
 mod live_plan;
 mod orphans;
+mod outputs;
 mod peer_window;
 mod plan_record;
 #[cfg(test)]
@@ -164,7 +165,6 @@ mod submit;
 mod submit_error;
 #[cfg(test)]
 mod tests;
-mod tokens;
 mod views;
 mod window;
 mod workers;

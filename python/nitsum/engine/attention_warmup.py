@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
 from nitsum_kernels.decode_attention_triton import decode_splits, merge_block
@@ -63,7 +63,7 @@ def decode_variants(kv_heads: int, device: torch.device) -> dict[tuple[bool, int
     return out
 
 
-def warm_attention(model: LlamaModel, ctx: TPContext, kv: KVPool, max_chunks: int) -> int:
+def warm_attention(model: LlamaModel, ctx: TPContext, kv: KVCache, max_chunks: int) -> int:
     """Run layer 0's attention under `ctx` once per kernel variant a step of at most
     `max_chunks` prompt chunks can need; returns how many calls ran. Needs the pool's scratch
     page (a pool that records steps has one)."""

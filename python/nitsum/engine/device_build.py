@@ -22,8 +22,8 @@ from nitsum.engine.graphs import (
 )
 from nitsum.engine.piecewise import PiecewiseGraphs, token_buckets
 from nitsum.engine.runner import ModelRunner
-from nitsum.kv.host_pool import HostKVPool, host_pages_in
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
+from nitsum.kv.host_tier import HostKVTier, host_pages_in
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
 from nitsum.parallel.shared_memory import SharedBuffer
@@ -41,7 +41,7 @@ def build_model(
 
 def pages_for_config(cfg: ModelConfig, ecfg: EngineConfig) -> int:
     """KV pages of one device that `ecfg.kv_cache_bytes` buys."""
-    return KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
+    return KVCache.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
 
 
 class DeviceBuild:
@@ -75,12 +75,14 @@ class DeviceBuild:
         scratch = ecfg.records_steps
         self.kv_memory: SharedBuffer | None = None
         if shared_kv:
-            nbytes = KVPool.storage_bytes(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, scratch)
+            nbytes = KVCache.storage_bytes(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, scratch)
             self.kv_memory = SharedBuffer(nbytes, ecfg.device)
         memory = self.kv_memory.tensor if self.kv_memory is not None else None
-        self.kv = KVPool(cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, scratch, memory)
+        self.kv = KVCache(
+            cfg, num_pages, ecfg.page_tokens, ecfg.dtype, ecfg.device, scratch, memory
+        )
         host_pages = host_pages_in(ecfg.host_kv_cache_bytes, self.kv.bytes_per_page)
-        self.host: HostKVPool | None = HostKVPool(self.kv, host_pages) if host_pages else None
+        self.host: HostKVTier | None = HostKVTier(self.kv, host_pages) if host_pages else None
         self._memory_pool = graph_memory_pool(ecfg.device) if ecfg.records_steps else None
 
     def runner(self, ctx: TPContext, swaps: bool = False, graphs: bool = True) -> ModelRunner:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nitsum.config import BIND_POLICIES, DEFAULT_TP_LEVELS
-from nitsum.parallel.comm_pool import resolve_collectives
+from nitsum.parallel.communicators import resolve_collectives
 from nitsum.parallel.shift import ShiftRule
 
 # Per-step limits by device type: (token budget: prompt + decode tokens one step may run,
@@ -40,7 +40,7 @@ class EngineConfig:
     # Keep finished sequences' full KV pages for prompts that start the same way
     # (kv/prefix_cache.py).
     prefix_caching: bool = True
-    # Host memory per device for the KV of swapped-out sequences (kv/host_pool.py); 0: none,
+    # Host memory per device for the KV of swapped-out sequences (kv/host_tier.py); 0: none,
     # preemption always recomputes. (`nitsum serve` and the worker default to
     # config.HOST_KV_CACHE_MB.)
     host_kv_cache_bytes: int = 0
@@ -87,7 +87,7 @@ class EngineConfig:
     warm_kernels: bool = False
     # Device processes per GPU (a pool's device d runs on GPU d // devices_per_gpu): above 1
     # one GPU is a pool of several devices, whose collectives then go through shared buffers
-    # (parallel/comm_pool.py). CPU devices ignore it.
+    # (parallel/communicators.py). CPU devices ignore it.
     devices_per_gpu: int = 1
     # What carries a TP group's collectives: "auto" (shared buffers between CPU devices on
     # x86 and between processes that share a GPU; NCCL on a GPU of its own), "dist"

@@ -70,7 +70,7 @@ class Contract:
     """The tier's terms: whom the local scheduler serves first and against which targets."""
 
     tier: str = ""
-    klass: Class = wire_field(key="class", default="feasible")
+    slo_class: Class = wire_field(key="class", default="feasible")
     ttft_ms: float | None = wire_field(omit=None, default=None)
     tpot_ms: float | None = wire_field(omit=None, default=None)
     weight: float = 1.0
@@ -126,7 +126,7 @@ class Generate(Message):
         """The message that asks for `spec` (tests, tools and the KV handoff)."""
         p = spec.sampling
         contract = Contract(
-            spec.tier, cast(Class, spec.klass), spec.ttft_ms, spec.tpot_ms, spec.weight,
+            spec.tier, cast(Class, spec.slo_class), spec.ttft_ms, spec.tpot_ms, spec.weight,
             spec.priority, spec.may_preempt, spec.bind_tp,
         )  # fmt: skip
         routing = Routing(spec.fork_of, spec.decode_target, spec.cache_salt)
@@ -145,7 +145,7 @@ class Generate(Message):
         sampling = SamplingParams(**parts, resumed_tokens=self.resumed_tokens, grammar=grammar)
         c, r = self.contract, self.routing
         return RequestSpec(
-            sampling, tier=c.tier, klass=c.klass, ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms,
+            sampling, tier=c.tier, slo_class=c.slo_class, ttft_ms=c.ttft_ms, tpot_ms=c.tpot_ms,
             weight=c.weight, priority=c.priority, may_preempt=c.preempt, bind_tp=c.bind_tp,
             fork_of=r.fork_of, decode_target=r.decode_target, cache_salt=r.cache_salt,
             truncate_prompt_tokens=self.truncate_prompt_tokens,

@@ -27,7 +27,7 @@ import torch
 
 from nitsum.config import ModelConfig
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel import capture_cuts
 from nitsum.parallel.context import TPContext
@@ -137,7 +137,7 @@ class DecodeGraphs:
         self,
         model: LlamaModel,
         ctx: TPContext,
-        pool: KVPool,
+        pool: KVCache,
         max_context: int,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
         memory_pool: object = None,

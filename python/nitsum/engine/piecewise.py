@@ -31,7 +31,7 @@ import torch
 
 from nitsum.engine.graphs import CaptureAfterStartup, DecodeGraphs, Recording
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.models.activations import Activations
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
@@ -59,7 +59,7 @@ class PiecewiseGraphs:
         self,
         model: LlamaModel,
         ctx: TPContext,
-        pool: KVPool,
+        pool: KVCache,
         buckets: tuple[int, ...] = DEFAULT_TOKEN_BUCKETS,
         memory_pool: object = None,
     ) -> None:

@@ -38,7 +38,7 @@ class Preemption:
     @staticmethod
     def _rank(seq: Sequence) -> tuple[int, int]:
         """Importance, lower first: class, then priority within the class."""
-        return CLASS_RANK[seq.klass], seq.priority
+        return CLASS_RANK[seq.slo_class], seq.priority
 
     def _make_room(self) -> None:
         """Priority preemption (FastSwitch §3; the simulator's `preempt_for_higher_classes`):
@@ -115,7 +115,7 @@ class Preemption:
             self.kv.free(seq)
             seq.num_computed = 0
         seq.status = Status.WAITING
-        self.waiting[seq.klass].appendleft(seq)
+        self.waiting[seq.slo_class].appendleft(seq)
 
     def num_reclaimable(self) -> int:
         """Pages free now or as soon as asked (idle cached pages)."""

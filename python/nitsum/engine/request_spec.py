@@ -28,7 +28,7 @@ class RequestSpec:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     tier: str = ""
     # The local-scheduler class (`CLASSES`); the wire calls it `class`.
-    klass: str = "feasible"
+    slo_class: str = "feasible"
     # The tier's TTFT target: a request not started within it is served last.
     ttft_ms: float | None = None
     # The tier's TPOT target and goodput weight: what the binding cost model weighs the
@@ -56,8 +56,8 @@ class RequestSpec:
     cache_salt: str | None = None
 
     def __post_init__(self) -> None:
-        if self.klass not in CLASSES:
-            raise InvalidRequestError("class", f"must be one of {CLASSES}, got {self.klass!r}")
+        if self.slo_class not in CLASSES:
+            raise InvalidRequestError("class", f"must be one of {CLASSES}, got {self.slo_class!r}")
 
     def prompt(self, prompt_ids: list[int]) -> list[int]:
         """The prompt the request is served with (`truncate_prompt_tokens` applied)."""

@@ -11,8 +11,8 @@ from nitsum.engine.piecewise import PiecewiseGraphs
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.sequence import Sequence
 from nitsum.engine.step_inputs import StepInputs, build_step_inputs
-from nitsum.kv.host_pool import HostKVPool, PageCopies
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
+from nitsum.kv.host_tier import HostKVTier, PageCopies
 from nitsum.kv.swap_copier import SwapCopier, SwapProgress
 from nitsum.models.llama import LlamaModel
 from nitsum.parallel.context import TPContext
@@ -52,9 +52,9 @@ class ModelRunner:
     def __init__(
         self,
         model: LlamaModel,
-        pool: KVPool,
+        pool: KVCache,
         ctx: TPContext,
-        host: HostKVPool | None = None,
+        host: HostKVTier | None = None,
         graphs: DecodeGraphs | None = None,
         piecewise: PiecewiseGraphs | None = None,
     ) -> None:

@@ -76,7 +76,7 @@ class Scheduler(Preemption):
     # -- queue management ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
-        self.waiting[seq.klass].append(seq)
+        self.waiting[seq.slo_class].append(seq)
 
     def remove(self, request_id: str) -> Sequence | None:
         """Take a sequence out of every queue and free its pages (abort / finish)."""
@@ -98,14 +98,14 @@ class Scheduler(Preemption):
         if seq.status == Status.RUNNING:
             self.running.append(seq)
         else:
-            self.waiting[seq.klass].append(seq)
+            self.waiting[seq.slo_class].append(seq)
 
     def detach(self, seq: Sequence) -> None:
         """Forget a sequence without touching its pages (it moves to another group)."""
         if seq in self.running:
             self.running.remove(seq)
-        elif seq in self.waiting[seq.klass]:
-            self.waiting[seq.klass].remove(seq)
+        elif seq in self.waiting[seq.slo_class]:
+            self.waiting[seq.slo_class].remove(seq)
 
     def has_work(self) -> bool:
         return bool(self.running) or any(self.waiting.values())
@@ -124,12 +124,12 @@ class Scheduler(Preemption):
         the late ones are at the front.
         """
         late: list[Sequence] = []
-        for klass in CLASSES[:-1]:
-            queue = self.waiting[klass]
+        for slo_class in CLASSES[:-1]:
+            queue = self.waiting[slo_class]
             while queue and queue[0].num_computed == 0 and (queue[0].deadline or now) < now:
                 seq = queue.popleft()
-                seq.klass = CLASSES[-1]
-                self.waiting[seq.klass].append(seq)
+                seq.slo_class = CLASSES[-1]
+                self.waiting[seq.slo_class].append(seq)
                 late.append(seq)
         return late
 
@@ -170,9 +170,9 @@ class Scheduler(Preemption):
                 ahead = tokens
         for seq in hopeless:
             if seq.status == Status.WAITING:
-                self.waiting[seq.klass].remove(seq)
+                self.waiting[seq.slo_class].remove(seq)
                 self.waiting[CLASSES[-1]].append(seq)
-            seq.klass = CLASSES[-1]
+            seq.slo_class = CLASSES[-1]
         return hopeless
 
     def _prompt_order(
@@ -186,10 +186,12 @@ class Scheduler(Preemption):
         slowest = max(self.full_steps, default=None)
         out: list[tuple[str, list[Sequence]]] = []
         higher = 0  # prompt tokens of the classes served before this one
-        for klass in classes:
+        for slo_class in classes:
 
-            def spare(seq: Sequence, ahead: int, klass: str = klass, higher: int = higher) -> int:
-                if klass == CLASSES[-1] or seq.deadline is None:
+            def spare(
+                seq: Sequence, ahead: int, slo_class: str = slo_class, higher: int = higher
+            ) -> int:
+                if slo_class == CLASSES[-1] or seq.deadline is None:
                     return self.token_budget - short_max
                 if slowest is None:
                     return 0  # no step measured yet: nothing is known to be spare
@@ -199,13 +201,13 @@ class Scheduler(Preemption):
 
             fcfs = sorted(
                 (
-                    *(s for s in self.running if s.remaining > 1 and s.klass == klass),
-                    *self.waiting[klass],
+                    *(s for s in self.running if s.remaining > 1 and s.slo_class == slo_class),
+                    *self.waiting[slo_class],
                 ),
                 key=lambda s: s.priority,  # stable: FCFS within a priority
             )
             order = overtaking_order(fcfs, lambda s: s.remaining, spare, short_max)
-            out.append((klass, order))
+            out.append((slo_class, order))
             higher += sum(s.remaining for s in order)
         return out
 
@@ -221,7 +223,7 @@ class Scheduler(Preemption):
             [s for s in self.running if s.remaining <= 1], batch, self.token_budget
         )
         admitting = True
-        for klass, order in self._prompt_order(now):
+        for slo_class, order in self._prompt_order(now):
             for seq in order:
                 if budget == 0:
                     break
@@ -244,7 +246,7 @@ class Scheduler(Preemption):
                         seq.num_computed = 0
                     admitting = False  # nobody overtakes a sequence that does not fit yet
                     continue
-                self.waiting[klass].remove(seq)
+                self.waiting[slo_class].remove(seq)
                 seq.status = Status.RUNNING
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now

@@ -75,10 +75,10 @@ class Sequence:
 
     # The local-scheduler class it is queued in now: the spec's, until the scheduler demotes
     # a request that missed its deadline to the last class.
-    klass: str = field(init=False)
+    slo_class: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.klass = self.spec.klass
+        self.slo_class = self.spec.slo_class
 
     @property
     def sampling(self) -> SamplingParams:

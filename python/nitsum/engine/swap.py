@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from nitsum.engine.sequence import Sequence
-from nitsum.kv.host_pool import PageCopies
+from nitsum.kv.host_tier import PageCopies
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.swap_copier import SwapProgress
 

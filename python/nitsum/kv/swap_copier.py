@@ -1,6 +1,6 @@
 """A device's swap copies off the step path (FastSwitch §3.2, the Multithreading Swap Manager).
 
-One thread per device runs the host tier's copies (`HostKVPool.swap`) in the order they were
+One thread per device runs the host tier's copies (`HostKVTier.swap`) in the order they were
 started, while the device's own thread runs forwards: on CUDA the copies go on a copy stream
 of their own, on CPU devices the thread's memcpy overlaps the forward's compute.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitsum.kv.host_pool import HostKVPool, PageCopies, SwapStats
+from nitsum.kv.host_tier import HostKVTier, PageCopies, SwapStats
 
 
 @dataclass
@@ -60,7 +60,7 @@ class _Job:
 class SwapCopier:
     """The copy thread of one device's host tier."""
 
-    def __init__(self, host: HostKVPool) -> None:
+    def __init__(self, host: HostKVTier) -> None:
         self.host = host
         self.cuda = host.pool.storage.is_cuda
         self.stream = torch.cuda.Stream(host.pool.storage.device) if self.cuda else None

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from nitsum.config import ModelConfig
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.models.activations import Activations
 from nitsum.models.rope import Rotary
 from nitsum.parallel.context import TPContext
-from nitsum.parallel.sequence import SPComm, TokenSplit
+from nitsum.parallel.ulysses import SPComm, TokenSplit
 from nitsum.weights.layout import LayerWeights, ModelWeights
 from nitsum_kernels import fused_ops
 from nitsum_kernels.fused_ops import rms_norm
@@ -93,7 +93,7 @@ class LlamaModel:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        kv: KVPool,
+        kv: KVCache,
         rows: list[int] | None = None,
         sequence_parallel: bool = False,
     ) -> torch.Tensor:
@@ -101,7 +101,7 @@ class LlamaModel:
         every rank.
 
         `sequence_parallel`: run the group's ranks in SP (each runs the dense layers on its
-        chunk of the tokens with the full weights; parallel/sequence.py) instead of TP. Both
+        chunk of the tokens with the full weights; parallel/ulysses.py) instead of TP. Both
         write the same KV into the same pages.
         """
         if sequence_parallel and ctx.sp is not None:
@@ -136,7 +136,7 @@ class LlamaModel:
         input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        kv: KVPool,
+        kv: KVCache,
         layer: int = 0,
     ) -> None:
         """The piece before the first attention: the embedding of `input_ids` into `act.h`
@@ -157,7 +157,7 @@ class LlamaModel:
         nxt: int,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        kv: KVPool,
+        kv: KVCache,
     ) -> None:
         """The piece between `layer`'s attention and `nxt`'s: o-proj and MLP of `layer`, the
         residual adds fused with the norms, `nxt`'s q/k/v."""
@@ -187,7 +187,7 @@ class LlamaModel:
         return self.add_norm(mlp, act.h, next_norm, eps)
 
     def attention(
-        self, ctx: TPContext, act: Activations, i: int, meta: AttentionMetadata, kv: KVPool
+        self, ctx: TPContext, act: Activations, i: int, meta: AttentionMetadata, kv: KVCache
     ) -> None:
         """Layer `i`'s paged attention of the step's rows (the first `len(slot_mapping)` of
         `act`; any further rows are a bucket's padding) into `act.o`."""
@@ -210,7 +210,7 @@ class LlamaModel:
         x: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        kv: KVPool,
+        kv: KVCache,
     ) -> None:
         """Layer `i`'s q (rotated) into `act.q`; k (rotated) and v into the cache (fused)
         or into `act.k`/`act.v` for attention to write (torch)."""
@@ -249,7 +249,7 @@ class LlamaModel:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        kv: KVPool,
+        kv: KVCache,
         rows: list[int],
     ) -> torch.Tensor:
         """The SP forward: dense layers on this rank's chunk with the full weights; attention

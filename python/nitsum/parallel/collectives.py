@@ -8,7 +8,7 @@
   one GPU, which NCCL refuses. They cannot be captured: a recorded step is cut at each call
   (parallel/capture_cuts.py).
 
-`comm_pool.py` chooses one per group at start-up.
+`communicators.py` chooses one per group at start-up.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import torch
 from nitsum.config import ModelConfig
 from nitsum.parallel.collectives import Collectives
 from nitsum.parallel.pipeline import Stage
-from nitsum.parallel.sequence import SPComm, build_sp_comm
 from nitsum.parallel.shard import HeadRange, shard_views
+from nitsum.parallel.ulysses import SPComm, build_sp_comm
 from nitsum.weights.layout import LayerWeights, ModelWeights
 
 
@@ -28,7 +28,7 @@ class TPContext:
     members: tuple[int, ...] = (0,)
     # The group's collectives (parallel/collectives.py); None for a single device.
     comm: Collectives | None = None
-    # The same group run as sequence parallelism (parallel/sequence.py); None at TP 1.
+    # The same group run as sequence parallelism (parallel/ulysses.py); None at TP 1.
     sp: SPComm | None = None
     # This rank's pipeline stage in a (tp, pp) group (parallel/pipeline.py); None: one stage.
     stage: Stage | None = None

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.host_pool import PageCopies
+from nitsum.kv.host_tier import PageCopies
 from nitsum.pool.faults import FaultPlan
 from nitsum.pool.migration_plan import Piece
 from nitsum.pool.nixl_agent import Read

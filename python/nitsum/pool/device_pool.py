@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nitsum.engine.engine_config import EngineConfig
-from nitsum.kv.host_pool import PageCopies
+from nitsum.kv.host_tier import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.pool.device_commands import (
     DeviceCommand,

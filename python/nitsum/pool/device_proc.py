@@ -28,7 +28,7 @@ from nitsum.engine.piecewise import PiecewiseGraphs
 from nitsum.engine.runner import ModelRunner
 from nitsum.kv.swap_copier import SwapCopier
 from nitsum.parallel import shared_memory
-from nitsum.parallel.comm_pool import CommPool, resolve_collectives, world_backend
+from nitsum.parallel.communicators import Communicators, resolve_collectives, world_backend
 from nitsum.parallel.context import build_context
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS, build_stage
 from nitsum.parallel.shared_channel import SharedChannel
@@ -118,7 +118,7 @@ class Device:
         self.cfg = cfg
         topology = TPTopology.of(cfg, spec.world, spec.levels)
         storage_device = torch.device(spec.ecfg.device)
-        self.comms = CommPool(topology, rank, kind, storage_device)
+        self.comms = Communicators(topology, rank, kind, storage_device)
         # NOTE: pages are read in place between CPU devices and between processes sharing a
         # GPU; between GPUs of their own, NCCL moves them peer to peer (torch's CUDA IPC would
         # open a context on every peer GPU in every process).
@@ -243,7 +243,7 @@ class Device:
         """Collectives run, graph captures and replays, contexts and pipelines built."""
         return {
             "collectives": self.comms.kind,
-            "groups_created": CommPool.created,
+            "groups_created": Communicators.created,
             "contexts": sorted(self.runners),
             "all_reduce": sum(r.ctx.stats["all_reduce"] for r in self.runners.values()),
             "all_to_all": sum(
@@ -276,7 +276,7 @@ def device_main(device: int, spec: DeviceSpec, source: ModelSource, conn: Connec
     torch.set_num_threads(spec.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
     try:
-        CommPool.guard_group_creation()  # this process is only a device
+        Communicators.guard_group_creation()  # this process is only a device
         dev = Device(device, spec, source)
         DecodeGraphs.freeze()  # a switch selects recorded steps; it never records
         conn.send_bytes(pickle.dumps(Reply("ok", sorted(dev.runners))))

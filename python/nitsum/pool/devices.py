@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     import torch
 
     from nitsum.engine.step_inputs import StepInputs
-    from nitsum.kv.host_pool import PageCopies
+    from nitsum.kv.host_tier import PageCopies
     from nitsum.kv.swap_copier import SwapProgress
     from nitsum.pool.faults import FaultPlan
     from nitsum.pool.kv_transfer import TransferStats

@@ -10,7 +10,7 @@ from __future__ import annotations
 from nitsum.engine.runner import sample_batch
 from nitsum.engine.scheduled import Scheduled
 from nitsum.engine.step_inputs import StepInputs, build_pipeline_inputs, build_step_inputs
-from nitsum.kv.host_pool import PageCopies
+from nitsum.kv.host_tier import PageCopies
 from nitsum.kv.pages import GroupPages
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.shift import ShiftRule

@@ -27,7 +27,9 @@ def handoff_meta(seq: Sequence, target: int) -> dict[str, Any]:
         "output_ids": seq.output_ids,
         "num_computed": seq.num_computed,
         # NOTE: the class as it is now (the scheduler may have demoted it).
-        "spec": Generate.of(seq.request_id, [], replace(seq.spec, klass=seq.klass)).to_wire(),
+        "spec": Generate.of(
+            seq.request_id, [], replace(seq.spec, slo_class=seq.slo_class)
+        ).to_wire(),
         "generator": generator,
     }
 

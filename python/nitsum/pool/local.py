@@ -19,7 +19,7 @@ from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import install_grammars, load_model, model_eos_ids
 from nitsum.engine.overlap import enable_overlap, overlap_wanted
 from nitsum.engine.step_inputs import StepInputs
-from nitsum.kv.host_pool import PageCopies
+from nitsum.kv.host_tier import PageCopies
 from nitsum.kv.swap_copier import SwapProgress
 from nitsum.parallel.context import build_context
 from nitsum.parallel.topology import GroupShape

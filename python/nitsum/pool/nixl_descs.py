@@ -1,7 +1,7 @@
 """NIXL descriptors of a KV handoff: the byte ranges a piece (migration_plan.py) reads from
 the sender's pages and writes into the receiver's.
 
-A device's KV storage is one registered region (layers, 2, pages, page_elems) (kv/pool.py):
+A device's KV storage is one registered region (layers, 2, pages, page_elems) (kv/cache.py):
 at TP p a slot holds `kv_heads_per_rank(H, p)` heads of head_dim elements, so the heads
 [h, h + n) of slot s in (layer, K or V) are one contiguous range. Consecutive slots whose
 heads are whole rows on both sides merge into one range, so a page moves as one descriptor

@@ -20,9 +20,9 @@ from nitsum.engine.request_spec import RequestSpec
 from nitsum.engine.scheduler import Scheduler
 from nitsum.engine.swap import SwapSpace
 from nitsum.errors import InvalidRequestError
-from nitsum.kv.host_pool import host_pages_in
+from nitsum.kv.cache import KVCache
+from nitsum.kv.host_tier import host_pages_in
 from nitsum.kv.pages import PageAllocator
-from nitsum.kv.pool import KVPool
 from nitsum.parallel.pipeline import DEFAULT_PP_LEVELS
 from nitsum.parallel.topology import GroupShape, TPTopology
 from nitsum.pool import page_usage
@@ -59,8 +59,8 @@ class PoolEngine:
         self.topology = TPTopology.of(cfg, pool.num_devices, pool.levels)
         self.allowed = self.topology.levels
         self.alloc = PageAllocator(pool.num_devices, num_pages, ecfg.page_tokens, cfg.num_kv_heads)
-        # The host KV tier's pages (every device has as many; kv/host_pool.py), if any.
-        self.page_bytes = KVPool.page_bytes_of(cfg, ecfg.page_tokens, ecfg.dtype)
+        # The host KV tier's pages (every device has as many; kv/host_tier.py), if any.
+        self.page_bytes = KVCache.page_bytes_of(cfg, ecfg.page_tokens, ecfg.dtype)
         host_pages = host_pages_in(ecfg.host_kv_cache_bytes, self.page_bytes)
         self.host_alloc = (
             PageAllocator(pool.num_devices, host_pages, ecfg.page_tokens, cfg.num_kv_heads)

@@ -71,7 +71,7 @@ class SwitchablePool(Protocol):
 
 def priority_key(seq: Sequence) -> tuple[int, int, float]:
     """Lower is more important: class, then `priority`, then arrival."""
-    return CLASS_RANK.get(seq.klass, len(CLASS_RANK)), seq.priority, seq.arrival
+    return CLASS_RANK.get(seq.slo_class, len(CLASS_RANK)), seq.priority, seq.arrival
 
 
 class Switch:

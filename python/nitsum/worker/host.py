@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nitsum.engine.engine_config import EngineConfig
 from nitsum.engine.load import install_grammars, load_config, model_eos_ids
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 from nitsum.parallel.topology import GroupShape
 from nitsum.pool.device_pool import DevicePool
 from nitsum.pool.device_proc import ModelSource
@@ -35,7 +35,7 @@ def open_pool_backend(
     """
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
-    num_pages = KVPool.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
+    num_pages = KVCache.pages_in(cfg, ecfg.kv_cache_bytes, ecfg.page_tokens, ecfg.dtype)
     source = ModelSource(model_dir=str(model_dir))
     pool = DevicePool(num_devices, source, ecfg, num_pages, levels=ecfg.tp_levels)
     try:

@@ -234,9 +234,9 @@ def generate(
     input_ids: list[int],
     sampling: SamplingParams,
     tier: str = "",
-    klass: str = "feasible",
+    slo_class: str = "feasible",
     decode_target: int | None = None,
 ) -> dict[str, Any]:
     """A `generate` as the router sends it (tests and tools; the router builds its own)."""
-    spec = RequestSpec(sampling, tier=tier, klass=klass, decode_target=decode_target)
+    spec = RequestSpec(sampling, tier=tier, slo_class=slo_class, decode_target=decode_target)
     return Generate.of(request_id, input_ids, spec).to_wire()

@@ -27,7 +27,7 @@ mod responses;
 mod responses_stream;
 mod sse;
 pub mod tls;
-mod tokens;
+mod tokenize_routes;
 mod tool_reply;
 mod utility;
 
@@ -93,9 +93,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::handle))
         .route("/v1/models", get(misc::models))
         .route("/v1/models/{id}", get(misc::model))
-        .route("/tokenize", post(tokens::tokenize))
-        .route("/detokenize", post(tokens::detokenize))
-        .route("/tokenizer_info", get(tokens::tokenizer_info))
+        .route("/tokenize", post(tokenize_routes::tokenize))
+        .route("/detokenize", post(tokenize_routes::detokenize))
+        .route("/tokenizer_info", get(tokenize_routes::tokenizer_info))
         .route("/version", get(misc::version))
         .route("/generate", post(native::handle))
         .route("/health", get(misc::health))

@@ -13,7 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use utoipa::OpenApi;
 
-use super::tokens::{DetokenizeRequest, TokenizeRequest};
+use super::tokenize_routes::{DetokenizeRequest, TokenizeRequest};
 use super::AppState;
 use crate::protocols::http_replies as replies;
 use crate::protocols::native::NativeGenerateRequest;

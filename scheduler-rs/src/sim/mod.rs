@@ -12,7 +12,7 @@ mod bind_types;
 pub mod choice;
 pub mod chooser;
 mod cluster;
-mod control;
+mod control_tick;
 mod draw;
 mod event_loop;
 mod events;

@@ -9,7 +9,7 @@
 //! One message family a file; this module re-exports them all, so `protocols::worker::X`
 //! names every wire type.
 
-mod control;
+mod commands;
 mod frame;
 mod generate;
 mod handshake;
@@ -21,7 +21,7 @@ mod tests;
 mod tokens;
 
 pub use super::worker_stats::Stats;
-pub use control::{encode_abort, encode_flush_cache, encode_reregister, encode_shutdown, Abort};
+pub use commands::{encode_abort, encode_flush_cache, encode_reregister, encode_shutdown, Abort};
 pub use frame::{Bare, PROTOCOL_VERSION};
 pub use generate::{encode_generate, Class, Contract, Generate, Output, Routing, Sampling, Stop};
 pub use handshake::{

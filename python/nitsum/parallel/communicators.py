@@ -62,7 +62,7 @@ def world_backend(device_type: str, kind: str) -> str:
     return "nccl" if device_type == "cuda" and kind == "dist" else "gloo"
 
 
-class CommPool:
+class Communicators:
     """Collectives by member tuple, created at construction on every rank."""
 
     # Communicators created in this process (process groups once `guard_group_creation`
@@ -78,7 +78,7 @@ class CommPool:
         kind: str = "dist",
         device: torch.device | str = "cpu",
     ) -> None:
-        if CommPool._frozen:
+        if Communicators._frozen:
             raise GroupCreationForbidden("communicators are only created at start-up")
         self.kind = kind
         self.groups: dict[tuple[int, ...], Collectives] = {}
@@ -97,7 +97,7 @@ class CommPool:
                 self.groups[members] = ProcessGroupCollectives(group)
         if kind == "shared":
             self._attach(shared)
-        CommPool._frozen = True
+        Communicators._frozen = True
 
     def _attach(self, shared: dict[tuple[int, ...], SharedCollectives]) -> None:
         """Every rank's handles to every rank (one collective over the world group), then
@@ -108,7 +108,7 @@ class CommPool:
         for members, comm in shared.items():
             comm.attach([everyone[m][members] for m in members])
             self.groups[members] = comm
-            CommPool.created += 1
+            Communicators.created += 1
 
     def get(self, members: tuple[int, ...]) -> Collectives | None:
         """The collectives of `members` (this rank among them); None for a single device (no

@@ -14,7 +14,7 @@ from nitsum.config import ModelConfig
 from nitsum.kv.pages import tokens_per_page
 
 
-class KVPool:
+class KVCache:
     """One device's K/V pages for every layer (storage only; see `pages.py` for allocation).
 
     NOTE: a page id names the same page in every layer and in both K and V, so one page
@@ -53,12 +53,12 @@ class KVPool:
         cfg: ModelConfig, num_pages: int, page_tokens: int, dtype: torch.dtype, scratch: bool
     ) -> int:
         """Bytes of a pool's storage: every page (and the scratch page) of every layer."""
-        return (num_pages + int(scratch)) * KVPool.page_bytes_of(cfg, page_tokens, dtype)
+        return (num_pages + int(scratch)) * KVCache.page_bytes_of(cfg, page_tokens, dtype)
 
     @staticmethod
     def pages_in(cfg: ModelConfig, nbytes: int, page_tokens: int, dtype: torch.dtype) -> int:
         """How many pages (all layers, K and V) fit in about `nbytes` bytes."""
-        return max(1, nbytes // KVPool.page_bytes_of(cfg, page_tokens, dtype))
+        return max(1, nbytes // KVCache.page_bytes_of(cfg, page_tokens, dtype))
 
     @staticmethod
     def page_bytes_of(cfg: ModelConfig, page_tokens: int, dtype: torch.dtype) -> int:

@@ -1,6 +1,6 @@
 """A device's host KV tier: where the KV of swapped-out sequences waits (FastSwitch §3).
 
-Host pages have the device pages' size and layout (`KVPool.storage`: layers × K/V × pages ×
+Host pages have the device pages' size and layout (`KVCache.storage`: layers × K/V × pages ×
 elements), so a swap is a copy of page ranges between the two tensors: host memory is pinned
 on CUDA (asynchronous DMA), a plain separate buffer on CPU devices, with the same path and
 bookkeeping. Runs of consecutive page ids move as one copy (`runs`), so a sequence whose
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nitsum.kv.pool import KVPool
+from nitsum.kv.cache import KVCache
 
 # (source page, destination page) pairs of one direction of a swap.
 PageCopies = list[tuple[int, int]]
@@ -39,15 +39,15 @@ class SwapStats:
 
 
 def host_pages_in(nbytes: int, page_bytes: int) -> int:
-    """Host pages of `page_bytes` bytes (a device page: `KVPool.bytes_per_page`) that fit in
+    """Host pages of `page_bytes` bytes (a device page: `KVCache.bytes_per_page`) that fit in
     `nbytes` (0 bytes: no host tier)."""
     return nbytes // page_bytes if nbytes > 0 else 0
 
 
-class HostKVPool:
+class HostKVTier:
     """`num_pages` host pages shaped like `pool`'s device pages."""
 
-    def __init__(self, pool: KVPool, num_pages: int) -> None:
+    def __init__(self, pool: KVCache, num_pages: int) -> None:
         pinned = pool.storage.is_cuda
         shape = (*pool.storage.shape[:2], num_pages, pool.storage.shape[3])
         # NOTE: committed now (pinned memory is; on CPU `zero_` touches every page): left to
