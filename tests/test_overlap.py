@@ -67,7 +67,8 @@ def test_an_eos_ending_a_request_early_equals_the_synchronous_engine(tiny):
     probe = engine(tiny, False)
     probe.add_request("p", prompts[1], RequestSpec(greedy(12, ignore_eos=True)))
     eos = run_to_completion(probe)[0]["p"][3]  # a token the model does produce
-    reqs = [(f"r{i}", p, greedy(12)) for i, p in enumerate(prompts)]
+    # NOTE: EOS rides in the stop ids (the router adds it); the engine adds none.
+    reqs = [(f"r{i}", p, greedy(12, stop_token_ids=(eos,))) for i, p in enumerate(prompts)]
     sync, over, _ = both(tiny, reqs, eos=(eos,))
     assert over == sync
     assert over[1]["r1"] == "stop" and len(over[0]["r1"]) <= 4
@@ -81,7 +82,7 @@ def test_a_request_ended_by_eos_keeps_its_pages_until_its_wasted_step_is_done(ti
     probe.add_request("p", prompt, RequestSpec(greedy(8, ignore_eos=True)))
     eos = run_to_completion(probe)[0]["p"][2]
     e = engine(tiny, True, eos=(eos,))
-    e.add_request("a", prompt, RequestSpec(greedy(8)))
+    e.add_request("a", prompt, RequestSpec(greedy(8, stop_token_ids=(eos,))))
     e.add_request("b", random_prompt(cfg, 5, 5), RequestSpec(greedy(8, ignore_eos=True)))
     stepper: OverlapStepper = e.driver
     for _ in range(10):

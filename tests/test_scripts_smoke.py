@@ -65,10 +65,6 @@ SMOKE: dict[str, Smoke] = {
         ((rf"^  \S.* +{NUM} ms +\({NUM} ms/layer\) +max\|Δlogits\| ", 7),),
         env=(("TRITON_INTERPRET", "1"),),
     ),
-    "bench_attention.py": Smoke(
-        "--device cpu --contexts 64 --batch 1 --dtype float32",
-        ((rf"^ +64 +\d+ +{NUM} +{NUM} .* {X} ", 1),),
-    ),
     "calibrate_planner.py": Smoke(
         "--trace {traces}/AzureLLMInferenceTrace_conv.csv --tiers {tiers} --devices 8"
         " --levels 1,2 --rate-scale 0.1",

@@ -53,7 +53,7 @@ class ProvenRouter(FakeRouter):
         self.to_worker(type="registered", worker_id=0, epoch=epoch)
 
     def generate(self, rid: str, n: int) -> None:
-        msg = {"request_id": rid, "input_ids": PROMPT, "sampling": {"max_tokens": n}, "tier": ""}
+        msg = {"request_id": rid, "input_ids": PROMPT, "stop": {"max_tokens": n}}
         self.to_worker(type="generate", **msg)
 
     def plan(self, epoch: int) -> dict[str, Any]:
