@@ -1,13 +1,13 @@
 //! `nitsum._core`: the Rust scheduler exposed to Python, typed (`python/nitsum/_core.pyi`).
 //! NOTE: the crate's Rust types stay primary; the classes here are converted at this
-//! boundary (`tiers.rs`, `planning.rs`, `planner_config.rs`, `binding.rs`). Only the simulator
+//! boundary (`tier_classes.rs`, `planning.rs`, `planner_config.rs`, `bind_classes.rs`). Only the simulator
 //! takes and returns JSON (its config is a document).
 
-mod binding;
+mod bind_classes;
 mod error;
 mod planner_config;
 mod planning;
-mod tiers;
+mod tier_classes;
 
 use pyo3::prelude::*;
 
@@ -55,17 +55,17 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(router_main, m)?)?;
     m.add_function(wrap_pyfunction!(planning::plan, m)?)?;
     m.add_function(wrap_pyfunction!(planning::default_tiers, m)?)?;
-    m.add_class::<tiers::PyTier>()?;
-    m.add_class::<tiers::PyLengthStats>()?;
-    m.add_class::<tiers::PyTierDemand>()?;
+    m.add_class::<tier_classes::PyTier>()?;
+    m.add_class::<tier_classes::PyLengthStats>()?;
+    m.add_class::<tier_classes::PyTierDemand>()?;
     m.add_class::<planning::PyProfile>()?;
     m.add_class::<planning::PyGroupPlan>()?;
     m.add_class::<planning::PyPlan>()?;
     m.add_class::<planner_config::PyPlannerConfig>()?;
-    m.add_class::<binding::PyReplicaLoad>()?;
-    m.add_class::<binding::PyBindQuery>()?;
-    m.add_class::<binding::PyBindOption>()?;
-    m.add_class::<binding::PyBindDecision>()?;
-    m.add_class::<binding::BindingModel>()?;
+    m.add_class::<bind_classes::PyReplicaLoad>()?;
+    m.add_class::<bind_classes::PyBindQuery>()?;
+    m.add_class::<bind_classes::PyBindOption>()?;
+    m.add_class::<bind_classes::PyBindDecision>()?;
+    m.add_class::<bind_classes::BindingModel>()?;
     Ok(())
 }

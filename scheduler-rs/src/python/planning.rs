@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::error::value_error;
 use super::planner_config::PyPlannerConfig;
-use super::tiers::{PyTier, PyTierDemand};
+use super::tier_classes::{PyTier, PyTierDemand};
 use crate::plan::{NamedGroupPlan, NamedPlan, Role};
 use crate::planner::PlannerConfig;
 use crate::profile::Profile;
