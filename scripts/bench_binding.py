@@ -203,11 +203,11 @@ def report(name: str, r: dict) -> None:
     )
     if r["last"] is not None:
         options = ", ".join(
-            f"{o['mode']}: TTFT {o['ttft_ms']:.0f} ms, TPOT {o['tpot_ms']:.0f} ms, P(meet) "
-            f"{o['meets']:.2f}, lost {o['lost_tokens']:.0f} tokens, value {o['value']:.2f}"
-            for o in r["last"]["options"]
+            f"{o.mode}: TTFT {o.ttft_ms:.0f} ms, TPOT {o.tpot_ms:.0f} ms, P(meet) "
+            f"{o.meets:.2f}, lost {o.lost_tokens:.0f} tokens, value {o.value:.2f}"
+            for o in r["last"].options
         )
-        print(f"[mixed]   its last decision {r['last']['mode']!r} weighed {options}")
+        print(f"[mixed]   its last decision {r['last'].mode!r} weighed {options}")
 
 
 def compare(name: str, dp: dict, r: dict, doubled: bool) -> None:

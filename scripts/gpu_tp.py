@@ -183,7 +183,7 @@ def run(cuda: bool, layers: int, work: Path) -> dict[str, Any]:
             drain(pe, got, steps=4)
             report = pe.reconfigure(layout)
             switches.append({
-                "to": len(layout[0]), "ok": report.ok, "ms": report.timings_ms["total"],
+                "to": layout[0].tp, "ok": report.ok, "ms": report.timings_ms["total"],
                 "moved": report.moved_requests, "bytes": report.bytes_moved,
             })  # fmt: skip
         drain(pe, got)
