@@ -141,7 +141,7 @@ class Generate(Message):
         parts = _values(self.sampling) | _values(self.stop) | _values(self.output)
         # NOTE: a grammar's kind and source are checked as the structured path names them
         # (InvalidRequestError on `response_format`), as the in-process API's are.
-        grammar = None if self.grammar is None else GrammarSpec.from_wire(self.grammar.to_wire())
+        grammar = None if self.grammar is None else self.grammar.checked()
         sampling = SamplingParams(**parts, resumed_tokens=self.resumed_tokens, grammar=grammar)
         c, r = self.contract, self.routing
         return RequestSpec(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from nitsum.errors import InvalidRequestError
 
@@ -53,7 +53,14 @@ class GrammarSpec:
             return None
         if not isinstance(raw, dict):
             raise InvalidRequestError(FIELD, f"grammar must be a map, got {raw!r}")
+        # NOTE: the fields hold whatever was sent until `checked` has looked at them.
         kind, schema, replay = raw.get("kind"), raw.get("schema"), raw.get("replay", 0)
+        return cls(cast(str, kind), schema, replay).checked()
+
+    def checked(self) -> GrammarSpec:
+        """This grammar, or InvalidRequestError naming `response_format` (or the kind's own
+        field) when its kind, source text or replay count is malformed."""
+        kind, schema, replay = self.kind, self.schema, self.replay
         if kind not in KINDS:
             raise InvalidRequestError(FIELD, f"grammar kind must be one of {KINDS}, got {kind!r}")
         if kind == "json_schema":
@@ -72,4 +79,4 @@ class GrammarSpec:
             raise InvalidRequestError(FIELD, "a json_object grammar takes no schema")
         if not isinstance(replay, int) or isinstance(replay, bool) or replay < 0:
             raise InvalidRequestError(FIELD, f"grammar replay must be an integer >= 0: {replay!r}")
-        return cls(kind, schema, replay)
+        return self
