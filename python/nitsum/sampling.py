@@ -25,41 +25,68 @@ MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    """How to pick tokens and when to stop. temperature 0 (or below `GREEDY_BELOW`) means
-    greedy."""
+class Sampling:
+    """How a token is drawn: the sampler's knobs and logit processors (the `generate`
+    message's `sampling` part, as the router's Rust `Sampling` is; neutral defaults cost
+    nothing).
 
-    max_tokens: int = 16
+    NOTE: a new knob is one field here, its range check in `SamplingParams.validate` (the
+    in-process API's; the router checks its own) and its processor (sampling_processors.py)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    # Logit processors (sampling_processors.py, vLLM's semantics); neutral defaults cost nothing.
+    # Logit processors (sampling_processors.py, vLLM's semantics).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     # (token id, bias added to its logit) pairs, OpenAI's `logit_bias`.
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # EOS and stop token ids are masked until this many tokens were generated.
-    min_tokens: int = 0
     min_p: float = 0.0
-    # Alternatives returned with each token's logprob (sampling_logprobs.py); None: no logprobs.
-    logprobs: int | None = None
-    # The same for each prompt token after the first (OpenAI's echo with logprobs); None: off.
-    prompt_logprobs: int | None = None
-    # Structured output: the output must match this grammar (nitsum/structured/).
-    grammar: GrammarSpec | None = None
-    # The last this-many prompt ids are output streamed before the request was resumed here
-    # (the router's); the penalties count them as output, as they were.
-    resumed_tokens: int = 0
     # vLLM's `allowed_token_ids`: only these ids may be sampled (empty: any).
     allowed_token_ids: tuple[int, ...] = ()
     # vLLM's `bad_words`, as token id sequences (the router tokenizes each word with and
     # without a leading space): a sequence's last id is banned when the output ends with
     # the ids before it.
     bad_words: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Stop:
+    """When the output ends (the `generate` message's `stop` part).
+
+    NOTE: on the wire `stop_token_ids` holds the model's EOS already (the router adds it
+    unless `ignore_eos`; the in-process `LLM` adds it too); the engine adds nothing."""
+
+    max_tokens: int = 16
+    # EOS and stop token ids are masked until this many tokens were generated.
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Output:
+    """What is returned besides the tokens (the `generate` message's `output` part)."""
+
+    # Alternatives returned with each token's logprob (sampling_logprobs.py); None: no logprobs.
+    logprobs: int | None = None
+    # The same for each prompt token after the first (OpenAI's echo with logprobs); None: off.
+    prompt_logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams(Output, Stop, Sampling):
+    """How to pick tokens and when to stop: the fields of `Sampling`, `Stop` and `Output`
+    (one declaration each) and what the engine adds. temperature 0 (or below
+    `GREEDY_BELOW`) means greedy."""
+
+    # Structured output: the output must match this grammar (nitsum/structured/).
+    grammar: GrammarSpec | None = None
+    # The last this-many prompt ids are output streamed before the request was resumed here
+    # (the router's); the penalties count them as output, as they were.
+    resumed_tokens: int = 0
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""

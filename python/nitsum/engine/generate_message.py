@@ -6,9 +6,10 @@ besides the tokens), `contract` (the tier's terms) and `routing` (where the KV c
 goes) are frozen dataclasses that the one codec (nitsum/codec.py) encodes and type-checks like
 every other message; a malformed one is a ProtocolError naming the field.
 
-NOTE: value ranges are the router's to check (api/prepare.rs, api/processors.rs), once; the
-in-process `LLM` API checks its own with `SamplingParams.validate`. A new sampling field is
-one line in `Sampling`, `Stop` or `Output` and its `SamplingParams` field.
+NOTE: value ranges are the router's to check (protocols/sampling_fields.rs, api/prepare.rs), once; the
+in-process `LLM` API checks its own with `SamplingParams.validate`. The `sampling`, `stop` and
+`output` parts are declared once, in nitsum/sampling.py, where `SamplingParams` inherits
+their fields: a new sampling field is one line there.
 
 The message lives on the engine floor (re-exported by worker/protocol.py beside the other
 messages) because a KV handoff across hosts (pool/handoff_meta.py) carries a request in it too.
@@ -21,48 +22,11 @@ from typing import Any, Literal, cast
 
 from nitsum.codec import Message, wire_field
 from nitsum.engine.request_spec import RequestSpec
-from nitsum.sampling import SamplingParams
+from nitsum.sampling import Output, Sampling, SamplingParams, Stop
 from nitsum.structured.spec import GrammarSpec
 
 # The worker's local-scheduler classes (engine/request_spec.py `CLASSES`).
 Class = Literal["feasible", "best_effort", "background"]
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a token is drawn: the sampler's knobs and logit processors."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    # [token id, bias] pairs.
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_p: float = 0.0
-    allowed_token_ids: tuple[int, ...] = ()
-    bad_words: tuple[tuple[int, ...], ...] = ()
-
-
-@dataclass(frozen=True)
-class Stop:
-    """When the output ends. NOTE: `stop_token_ids` holds the model's EOS already (the router
-    adds it unless `ignore_eos`); the worker adds nothing."""
-
-    max_tokens: int = 16
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class Output:
-    """What is returned besides the tokens (None: no logprobs)."""
-
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +53,8 @@ class Routing:
 
 
 _PARTS = (Sampling, Stop, Output)
-# NOTE: every SamplingParams field rides in one part (or beside them): none is dropped.
+# NOTE: every SamplingParams field rides in one part (or beside them): none is dropped (a
+# field added to SamplingParams itself, not to a part, fails here).
 assert {f.name for p in _PARTS for f in fields(p)} | {"resumed_tokens", "grammar"} == {
     f.name for f in fields(SamplingParams)
 }

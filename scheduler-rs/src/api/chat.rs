@@ -63,7 +63,7 @@ pub(super) async fn start(
     req: &ChatCompletionRequest,
 ) -> Result<Started, ApiError> {
     let (tier, n) = prepare::openai_common(state, headers, &req.common)?;
-    let mut sampling = SamplingInput::from_common(&req.common);
+    let mut sampling = SamplingInput::from_body(&req.common);
     sampling.logprobs = logprobs::chat_request(&req.common)?;
     let messages = req
         .messages

@@ -83,7 +83,7 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
     let (tier, n) = prepare::openai_common(&state, &headers, &req.common)?;
-    let mut sampling = SamplingInput::from_common(&req.common);
+    let mut sampling = SamplingInput::from_body(&req.common);
     // OpenAI's default for /v1/completions is 16 tokens.
     sampling.default_max_tokens = Some(16);
     sampling.logprobs = logprobs::completion_request(&req.common)?;

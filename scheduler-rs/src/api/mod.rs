@@ -18,7 +18,6 @@ mod native_input;
 mod openapi;
 pub mod output;
 pub mod prepare;
-pub mod processors;
 mod quota;
 mod reading;
 mod reasoning;

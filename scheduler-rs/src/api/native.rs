@@ -26,7 +26,6 @@ use super::logprobs;
 use super::native_input::{grammar, prompts};
 use super::output::{Piece, TextStream};
 use super::prepare::{self, SamplingInput};
-use super::processors::Processors;
 use super::sse::{self, ChunkFormat};
 use super::AppState;
 use crate::errors::ApiError;
@@ -192,24 +191,8 @@ pub async fn handle(
         } else {
             sp.max_new_tokens
         },
-        max_tokens_field: "max_new_tokens",
         default_max_tokens: Some(DEFAULT_MAX_NEW_TOKENS),
-        temperature: sp.temperature,
-        top_p: sp.top_p,
-        top_k: sp.top_k,
-        seed: sp.seed,
-        stop_token_ids: sp.stop_token_ids.clone(),
-        ignore_eos: sp.ignore_eos,
         priority: req.priority,
-        processors: Processors {
-            presence_penalty: sp.presence_penalty,
-            frequency_penalty: sp.frequency_penalty,
-            repetition_penalty: sp.repetition_penalty,
-            logit_bias: sp.logit_bias.clone(),
-            min_tokens: sp.min_new_tokens,
-            min_tokens_field: "min_new_tokens",
-            min_p: sp.min_p,
-        },
         logprobs: top,
         prompt_logprobs: if prompt_only {
             top
@@ -217,7 +200,7 @@ pub async fn handle(
             input_start.and(top)
         },
         grammar,
-        ..SamplingInput::default()
+        ..SamplingInput::from_body(sp)
     };
     let stops = sp.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     // NOTE: every prompt is checked before any is submitted: a bad one costs no work.

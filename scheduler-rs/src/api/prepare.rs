@@ -4,15 +4,16 @@
 use axum::http::HeaderMap;
 
 use super::output::OutputOptions;
-use super::processors::Processors;
 use super::AppState;
 use crate::errors::ApiError;
 use crate::ids::TierId;
 use crate::protocols::openai::CommonParams;
+use crate::protocols::sampling_fields::{GenerateBody, SamplingFields};
 use crate::protocols::worker::{Output, Sampling, Stop};
 use crate::state::{CacheHints, Submit};
 
-/// Sampling fields as the client sent them, with the name of the max-tokens field used.
+/// A generation's fields as the endpoint gathered them from the body (`from_body`) and its
+/// own fields (logprobs, grammar, vLLM's extensions), with the names of the fields used.
 #[derive(Debug, Clone, Default)]
 pub struct SamplingInput {
     pub max_tokens: Option<i64>,
@@ -20,16 +21,15 @@ pub struct SamplingInput {
     pub max_tokens_field: &'static str,
     /// Used when `max_tokens` is absent (capped by the context window).
     pub default_max_tokens: Option<u32>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<i64>,
-    pub seed: Option<u64>,
+    pub min_tokens: Option<i64>,
+    /// `min_tokens` or `min_new_tokens`, for error messages.
+    pub min_tokens_field: &'static str,
+    /// The sampler's knobs (protocols/sampling_fields.rs checks them).
+    pub knobs: SamplingFields,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     /// Within its class on the worker, lower is served first (vLLM's `priority`).
     pub priority: Option<i64>,
-    /// Penalties, logit_bias, min_tokens, min_p (api/processors.rs checks them).
-    pub processors: Processors,
     /// Alternatives per token with logprobs (already checked, 0..=20); `None`: no logprobs.
     pub logprobs: Option<u32>,
     /// The same for the prompt's tokens (completions' echo); `None`: none.
@@ -46,31 +46,20 @@ pub struct SamplingInput {
 }
 
 impl SamplingInput {
-    /// From the OpenAI fields (`max_completion_tokens` wins over `max_tokens`).
-    pub fn from_common(c: &CommonParams) -> Self {
-        let (max_tokens, field) = match (c.max_completion_tokens, c.max_tokens) {
-            (Some(m), _) => (Some(m), "max_completion_tokens"),
-            (None, m) => (m, "max_tokens"),
-        };
+    /// What every generation body says (OpenAI's or the native one, through `GenerateBody`).
+    pub fn from_body(body: &impl GenerateBody) -> Self {
+        let (max_tokens, max_tokens_field) = body.max_tokens();
+        let (min_tokens, min_tokens_field) = body.min_tokens();
         SamplingInput {
             max_tokens,
-            max_tokens_field: field,
-            default_max_tokens: None,
-            temperature: c.temperature,
-            top_p: c.top_p,
-            top_k: c.top_k,
-            seed: c.seed,
-            stop_token_ids: c.stop_token_ids.clone(),
-            ignore_eos: c.ignore_eos,
-            priority: c.priority,
-            processors: Processors::from_common(c),
-            logprobs: None,
-            prompt_logprobs: None,
-            grammar: None,
-            allowed_token_ids: Vec::new(),
-            bad_words: Vec::new(),
-            cache: CacheHints::default(),
-            output: OutputOptions::default(),
+            max_tokens_field,
+            min_tokens,
+            min_tokens_field,
+            knobs: body.sampling_fields().clone(),
+            stop_token_ids: body.stop_token_ids().to_vec(),
+            ignore_eos: body.ignore_eos(),
+            priority: body.priority(),
+            ..SamplingInput::default()
         }
     }
 }
@@ -198,20 +187,6 @@ pub fn build(
             .min(room)
             .min(cap.unwrap_or(u32::MAX)),
     };
-    let defaults = model.map(|m| m.defaults.clone()).unwrap_or_default();
-    let temperature = s.temperature.or(defaults.temperature).unwrap_or(1.0);
-    if temperature.is_nan() || temperature < 0.0 {
-        return Err(ApiError::invalid("temperature", "temperature must be >= 0"));
-    }
-    let top_p = s.top_p.or(defaults.top_p).unwrap_or(1.0);
-    if top_p.is_nan() || top_p <= 0.0 || top_p > 1.0 {
-        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
-    }
-    let top_k = match s.top_k.or(defaults.top_k).unwrap_or(-1) {
-        -1 | 0 => -1,
-        k if k > 0 => k.min(i64::from(i32::MAX)) as i32,
-        _ => return Err(ApiError::invalid("top_k", "top_k must be -1 (off) or >= 1")),
-    };
     let mut stop_token_ids = s.stop_token_ids.clone();
     if !s.ignore_eos {
         for id in model.map_or(&[][..], |m| &m.eos_token_ids) {
@@ -230,26 +205,30 @@ pub fn build(
             ))
         }
     };
-    let mut sampling = Sampling {
-        temperature: temperature as f32,
-        top_p: top_p as f32,
-        top_k,
-        seed: s.seed,
+    let defaults = model.map(|m| m.defaults.clone()).unwrap_or_default();
+    let sampling = Sampling {
         allowed_token_ids: s.allowed_token_ids.clone(),
         bad_words: s.bad_words.clone(),
-        ..Sampling::default()
+        ..s.knobs
+            .sampling(&defaults, model.map(|m| m.vocab_size() as u32))?
     };
-    let mut stop = Stop {
+    let field = s.min_tokens_field;
+    let min_tokens = match s.min_tokens {
+        None => 0,
+        Some(m) if (0..=i64::from(max_tokens)).contains(&m) => m as u32,
+        Some(m) => {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} must be in [0, {max_tokens}] (the max tokens), got {m}"),
+            ))
+        }
+    };
+    let stop = Stop {
         max_tokens,
-        min_tokens: 0,
+        min_tokens,
         stop_token_ids,
         ignore_eos: s.ignore_eos,
     };
-    s.processors.apply(
-        &mut sampling,
-        &mut stop,
-        model.map(|m| m.vocab_size() as u32),
-    )?;
     Ok(Submit {
         input_ids,
         resumed_tokens: 0,

@@ -16,6 +16,7 @@ use super::misc::{self, max_model_len, model_path};
 use super::prepare::{self, SamplingInput};
 use super::AppState;
 use crate::errors::ApiError;
+use crate::protocols::sampling_fields::SamplingFields;
 
 /// How long `/health_generate`'s one-token generation may take before it reports failure.
 const HEALTH_GENERATE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -97,7 +98,10 @@ pub async fn health_generate(
     let sampling = SamplingInput {
         max_tokens: Some(1),
         max_tokens_field: "max_new_tokens",
-        temperature: Some(0.0),
+        knobs: SamplingFields {
+            temperature: Some(0.0),
+            ..SamplingFields::default()
+        },
         ignore_eos: true,
         ..SamplingInput::default()
     };

@@ -11,6 +11,7 @@ pub mod peer;
 #[cfg(test)]
 mod peer_tests;
 pub mod responses;
+pub mod sampling_fields;
 pub mod structured;
 pub mod tool_calls;
 pub mod tool_prompt;

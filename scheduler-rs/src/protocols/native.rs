@@ -6,26 +6,21 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::openai::StringOrList;
+use super::sampling_fields::{GenerateBody, SamplingFields};
 
 /// `sampling_params` of the native `/generate`.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct NativeSampling {
     pub max_new_tokens: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<i64>,
-    pub seed: Option<u64>,
     pub stop: Option<StringOrList>,
     #[serde(default)]
     pub stop_token_ids: Vec<u32>,
     #[serde(default)]
     pub ignore_eos: bool,
-    pub frequency_penalty: Option<f64>,
-    pub presence_penalty: Option<f64>,
-    pub repetition_penalty: Option<f64>,
     pub min_new_tokens: Option<i64>,
-    pub min_p: Option<f64>,
-    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
+    /// The sampler's knobs, the same in the OpenAI API (protocols/sampling_fields.rs).
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     /// SGLang's structured output: a JSON Schema, as JSON text.
     pub json_schema: Option<String>,
     /// SGLang's parallel sampling: choices per prompt (as OpenAI's `n`).
@@ -38,6 +33,28 @@ pub struct NativeSampling {
     /// NOTE: flattened, so it must stay the last field.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
+}
+
+impl GenerateBody for NativeSampling {
+    fn sampling_fields(&self) -> &SamplingFields {
+        &self.sampling
+    }
+
+    fn max_tokens(&self) -> (Option<i64>, &'static str) {
+        (self.max_new_tokens, "max_new_tokens")
+    }
+
+    fn min_tokens(&self) -> (Option<i64>, &'static str) {
+        (self.min_new_tokens, "min_new_tokens")
+    }
+
+    fn stop_token_ids(&self) -> &[u32] {
+        &self.stop_token_ids
+    }
+
+    fn ignore_eos(&self) -> bool {
+        self.ignore_eos
+    }
 }
 
 /// `input_ids` of `/generate`: one prompt or a batch (SGLang answers a batch with a list).

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::extensions::{not_supported, refused};
+use super::sampling_fields::{GenerateBody, SamplingFields};
 
 /// A string or a list of strings (`stop`).
 #[derive(Debug, Clone, Deserialize, PartialEq, utoipa::ToSchema)]
@@ -56,10 +57,6 @@ pub struct CommonParams {
     pub model: Option<String>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub top_k: Option<i64>,
-    pub seed: Option<u64>,
     pub stop: Option<StringOrList>,
     #[serde(default)]
     pub stream: bool,
@@ -79,16 +76,11 @@ pub struct CommonParams {
     /// alternatives, 0..=20 (api/logprobs.rs reads it per endpoint).
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<i64>,
-    /// Logit processors (vLLM's semantics): penalties over generated tokens
-    /// (presence/frequency) or prompt and output (repetition).
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    /// Token id (a decimal string key, as OpenAI sends it) → bias in [-100, 100].
-    pub logit_bias: Option<std::collections::HashMap<String, f64>>,
     /// EOS and stop token ids are masked until this many tokens were generated.
     pub min_tokens: Option<i64>,
-    pub min_p: Option<f64>,
+    /// The sampler's knobs, the same in the native API (protocols/sampling_fields.rs).
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     /// Structured output and tool calling (protocols/structured.rs, protocols/tools.rs).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
@@ -122,10 +114,40 @@ impl CommonParams {
     }
 }
 
+impl GenerateBody for CommonParams {
+    fn sampling_fields(&self) -> &SamplingFields {
+        &self.sampling
+    }
+
+    /// `max_completion_tokens` wins over `max_tokens`.
+    fn max_tokens(&self) -> (Option<i64>, &'static str) {
+        match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => (Some(m), "max_completion_tokens"),
+            (None, m) => (m, "max_tokens"),
+        }
+    }
+
+    fn min_tokens(&self) -> (Option<i64>, &'static str) {
+        (self.min_tokens, "min_tokens")
+    }
+
+    fn stop_token_ids(&self) -> &[u32] {
+        &self.stop_token_ids
+    }
+
+    fn ignore_eos(&self) -> bool {
+        self.ignore_eos
+    }
+
+    fn priority(&self) -> Option<i64> {
+        self.priority
+    }
+}
+
 /// The first unimplemented or unknown field that asks for something, with why: clients send
 /// most of them with neutral defaults (`best_of: 1`, `suffix: ""`), which are accepted.
 /// NOTE: `tools`, `tool_choice` and `response_format` (protocols/tools.rs,
-/// protocols/structured.rs), the logit processors (api/processors.rs) and `logprobs` /
+/// protocols/structured.rs), the sampler's knobs (protocols/sampling_fields.rs) and `logprobs` /
 /// `top_logprobs` (api/logprobs.rs) are implemented and checked where they are used.
 pub fn unsupported(c: &CommonParams) -> Option<(String, String)> {
     let truthy = |v: &Option<Value>| match v {

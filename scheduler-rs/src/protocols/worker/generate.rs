@@ -3,8 +3,9 @@
 //! (what is returned besides the tokens), `contract` (the tier's terms: whom the worker serves
 //! first and against which targets) and `routing` (where the request's KV comes from or goes).
 //!
-//! NOTE: the router checks every value range (api/prepare.rs, api/processors.rs) before it
-//! builds one; the worker only type-checks the message (python/nitsum/engine/generate.py).
+//! NOTE: the router checks every value range (protocols/sampling_fields.rs, api/prepare.rs)
+//! before it builds one; the worker only type-checks the message
+//! (python/nitsum/engine/generate_message.py; its parts are declared in nitsum/sampling.py).
 
 use std::borrow::Cow;
 
@@ -14,7 +15,8 @@ use super::frame::encode;
 use crate::ids::WorkerId;
 use crate::protocols::structured::Grammar;
 
-/// How a token is drawn: the sampler's knobs and logit processors.
+/// How a token is drawn: the sampler's knobs and logit processors. A knob's body field and
+/// range check are in protocols/sampling_fields.rs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Sampling {
