@@ -6,10 +6,10 @@ besides the tokens), `contract` (the tier's terms) and `routing` (where the KV c
 goes) are frozen dataclasses that the one codec (nitsum/codec.py) encodes and type-checks like
 every other message; a malformed one is a ProtocolError naming the field.
 
-NOTE: value ranges are the router's to check (protocols/sampling_fields.rs, api/prepare.rs), once; the
-in-process `LLM` API checks its own with `SamplingParams.validate`. The `sampling`, `stop` and
-`output` parts are declared once, in nitsum/sampling.py, where `SamplingParams` inherits
-their fields: a new sampling field is one line there.
+NOTE: value ranges are the router's to check, once (protocols/sampling_fields.rs,
+api/prepare.rs); the in-process `LLM` API checks its own with `SamplingParams.validate`. The
+`sampling`, `stop` and `output` parts are declared once, in nitsum/sampling.py, where
+`SamplingParams` inherits their fields: a new sampling field is one line there.
 
 The message lives on the engine floor (re-exported by worker/protocol.py beside the other
 messages) because a KV handoff across hosts (pool/handoff_meta.py) carries a request in it too.
