@@ -32,7 +32,7 @@ SAMPLING = SamplingParams(
     ignore_eos=True, presence_penalty=0.25, frequency_penalty=-0.5, repetition_penalty=1.25,
     logit_bias=((7, 2.5), (9, -1.0)), min_tokens=3, min_p=0.125, logprobs=2,
     prompt_logprobs=1, grammar=GrammarSpec("json_object"), resumed_tokens=1,
-    allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)),
+    allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)), no_repeat_ngram_size=3,
 )  # fmt: skip
 SPEC = RequestSpec(
     SAMPLING, tier="gold", slo_class="background", ttft_ms=250.0, tpot_ms=30.0, weight=3.0,

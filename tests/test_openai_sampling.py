@@ -441,6 +441,39 @@ def test_logit_bias_min_tokens_and_min_p(client, http, tok) -> None:
     assert hot.choices[0].text == greedy.choices[0].text
 
 
+def test_no_repeat_ngram_size_on_both_apis_as_the_reference_bans(client, http, tok, hf) -> None:
+    """The field added to show the contract's cost (issue 41): greedy tokens against the HF
+    model with every id that would repeat a bigram of prompt and output masked."""
+    ids = tok.encode("List the numbers: one, one, one, one,")
+    want: list[int] = []
+    for _ in range(8):
+        history = ids + want
+        with torch.no_grad():
+            logits = hf(torch.tensor([history])).logits[0, -1].float()
+        for a, b in zip(history, history[1:], strict=False):
+            if a == history[-1]:
+                logits[b] = -float("inf")
+        want.append(int(logits.argmax()))
+    plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    body = {"no_repeat_ngram_size": 2, "ignore_eos": True}
+    r = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, temperature=0, extra_body=body
+    )
+    assert r.choices[0].text == tok.decode(want) != plain.choices[0].text
+    history = ids + want
+    for i in range(len(ids), len(history)):  # no output token repeats a bigram before it
+        assert (history[i - 1], history[i]) not in set(
+            zip(history[: i - 1], history[1:i], strict=True)
+        )
+    native = http.post(
+        "/generate",
+        json={"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0,
+                                                    **body}},
+    )  # fmt: skip
+    assert native.status_code == 200, native.text
+    assert native.json()["output_ids"] == want
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
@@ -457,6 +490,10 @@ def test_logit_bias_min_tokens_and_min_p(client, http, tok) -> None:
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                   "logprobs": True, "top_logprobs": 30}, "top_logprobs"),
         ("/generate", {"text": "hi", "sampling_params": {"min_p": 3}}, "min_p"),
+        ("/v1/completions", {"prompt": "hi", "no_repeat_ngram_size": -1},
+         "no_repeat_ngram_size"),
+        ("/generate", {"text": "hi", "sampling_params": {"no_repeat_ngram_size": -2}},
+         "no_repeat_ngram_size"),
         # With main's checks: unknown fields are still refused by name next to the sampling
         # fields, and a bad grammar next to logprobs and n names the grammar's field.
         ("/v1/completions", {"prompt": "hi", "logprobs": 1, "temprature": 0.5}, "temprature"),

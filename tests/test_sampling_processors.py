@@ -169,3 +169,45 @@ def test_sampled_ids_obey_allowed_token_ids_and_bad_words() -> None:
     greedy = SamplingParams(temperature=0, allowed_token_ids=(1,))
     logits = apply_processors(torch.randn(1, VOCAB), [greedy], [RowContext([0], [])])
     assert sample(logits, [greedy], [None]) == [1]
+
+
+def reference_ngram_ban(history: list[int], n: int) -> set[int]:
+    """transformers' no_repeat_ngram_size, by brute force: every id that, appended to
+    `history`, would make its last n-gram one seen before."""
+    grams = [tuple(history[i : i + n]) for i in range(len(history) - n + 1)]
+    return {t for t in range(VOCAB) if len(history) >= n - 1 and
+            tuple([*history, t][len(history) + 1 - n :]) in grams}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "prompt", "output"),
+    [
+        (2, [1, 2, 3], [1]),  # 1 was followed by 2: 2 is banned
+        (2, [1, 2], [1, 3, 1]),  # 1 was followed by 2 and 3
+        (3, [4, 5, 6, 4, 5, 7], [4, 5]),  # (4, 5) was followed by 6 and 7
+        (3, [4, 5], [6]),  # (5, 6) never seen
+        (1, [3, 8], [3]),  # every id seen is banned
+        (4, [1], []),  # shorter than n: nothing banned
+    ],
+)
+def test_no_repeat_ngram_size_bans_what_the_reference_bans(
+    n: int, prompt: list[int], output: list[int]
+) -> None:
+    p = SamplingParams(no_repeat_ngram_size=n)
+    logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(n))
+    got = apply_processors(logits, [p], [RowContext(prompt, output)])[0]
+    banned = set((got == -math.inf).nonzero().flatten().tolist())
+    assert banned == reference_ngram_ban([*prompt, *output], n)
+    assert torch.equal(got[torch.isfinite(got)], logits[0][torch.isfinite(got)])
+
+
+def test_no_repeat_ngram_size_counts_resumed_output_once() -> None:
+    """A resumed request's streamed output is the end of its prompt here (`resumed_ids`): the
+    n-grams read it once, in order, as the history the client saw."""
+    p = SamplingParams(no_repeat_ngram_size=2)
+    logits = torch.zeros(1, VOCAB)
+    resumed = RowContext([1, 2], [5], resumed_ids=[9, 5])  # history 1 2 9 5 5
+    got = apply_processors(logits, [p], [resumed])[0]
+    assert set((got == -math.inf).nonzero().flatten().tolist()) == {5}  # (5, 5) seen
+    with pytest.raises(InvalidRequestError, match="no_repeat_ngram_size"):
+        SamplingParams(no_repeat_ngram_size=-1).validate()

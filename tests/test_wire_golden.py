@@ -100,5 +100,6 @@ def test_the_generate_fixture_parses_into_the_request_it_describes():
         repetition_penalty=1.25, logit_bias=((7, 2.5),), min_tokens=3, min_p=0.125, logprobs=2,
         resumed_tokens=1, prompt_logprobs=1, allowed_token_ids=(5, 9, 27),
         bad_words=((13,), (15, 27)),
+        no_repeat_ngram_size=3,
         grammar=GrammarSpec("json_schema", '{"type":"object"}', replay=1),
     )  # fmt: skip

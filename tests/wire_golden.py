@@ -115,7 +115,7 @@ def generate() -> proto.Generate:
         sampling=g.Sampling(
             temperature=0.5, top_p=0.75, top_k=40, seed=1234, presence_penalty=0.25,
             frequency_penalty=-0.5, repetition_penalty=1.25, logit_bias=((7, 2.5),), min_p=0.125,
-            allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)),
+            allowed_token_ids=(5, 9, 27), bad_words=((13,), (15, 27)), no_repeat_ngram_size=3,
         ),
         stop=g.Stop(max_tokens=32, min_tokens=3, stop_token_ids=(2, 13), ignore_eos=False),
         output=g.Output(logprobs=2, prompt_logprobs=1),

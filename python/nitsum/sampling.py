@@ -50,6 +50,9 @@ class Sampling:
     # without a leading space): a sequence's last id is banned when the output ends with
     # the ids before it.
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # Every n-gram of this size occurs at most once in prompt and output (transformers'
+    # `no_repeat_ngram_size`): the id that would repeat one is masked. 0: off.
+    no_repeat_ngram_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,10 @@ class SamplingParams(Output, Stop, Sampling):
             raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
         if any(t < 0 for t in self.allowed_token_ids):
             raise InvalidRequestError("allowed_token_ids", "token ids must be >= 0")
+        if self.no_repeat_ngram_size < 0:
+            raise InvalidRequestError(
+                "no_repeat_ngram_size", f"must be >= 0 (0: off), got {self.no_repeat_ngram_size}"
+            )
         if any(not word or min(word) < 0 for word in self.bad_words):
             raise InvalidRequestError("bad_words", "each word must be a non-empty id sequence")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:

@@ -1,7 +1,7 @@
 """Logit processors applied before sampling, batched over the rows that ask for one:
-allowed_token_ids, logit_bias, bad_words, min_tokens, then repetition, frequency and presence
-penalties (vLLM's semantics and order). Rows with neutral parameters are not touched (no
-cost for them)."""
+allowed_token_ids, logit_bias, bad_words, no_repeat_ngram_size, min_tokens, then repetition,
+frequency and presence penalties (vLLM's semantics and order; transformers' for the n-grams).
+Rows with neutral parameters are not touched (no cost for them)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def wants_processing(p: SamplingParams) -> bool:
         or p.min_tokens
         or p.allowed_token_ids
         or p.bad_words
+        or p.no_repeat_ngram_size
     )
 
 
@@ -55,6 +56,17 @@ def banned_by_bad_words(p: SamplingParams, output: Sequence[int]) -> list[int]:
         if len(output) >= len(head) and tuple(output[len(output) - len(head) :]) == head:
             banned.append(word[-1])
     return banned
+
+
+def banned_by_ngrams(n: int, history: Sequence[int]) -> list[int]:
+    """The ids that would repeat an n-gram of `history` (prompt and output) as its next id:
+    those that followed an earlier occurrence of its last n - 1 ids (transformers' rule)."""
+    if n <= 0 or len(history) < n:
+        return []
+    ids = torch.as_tensor(list(history), dtype=torch.long)
+    grams = ids.unfold(0, n, 1)  # every n-gram, one per row
+    tail = ids[len(ids) - n + 1 :]
+    return grams[(grams[:, : n - 1] == tail).all(dim=1), n - 1].unique().tolist()
 
 
 def _id_matrix(lists: list[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -101,7 +113,11 @@ def apply_processors(
         for token, bias in p.logit_bias:
             if 0 <= token < vocab:
                 sub[r, token] += bias
-        banned = [t for t in banned_by_bad_words(p, ctx[r].penalised_output) if t < vocab]
+        banned = banned_by_bad_words(p, ctx[r].penalised_output)
+        if p.no_repeat_ngram_size:
+            history = [*ctx[r].prompt_ids, *ctx[r].penalised_output]
+            banned += banned_by_ngrams(p.no_repeat_ngram_size, history)
+        banned = [t for t in banned if 0 <= t < vocab]
         if banned:
             sub[r, banned] = float("-inf")
         if len(ctx[r].output_ids) < p.min_tokens:

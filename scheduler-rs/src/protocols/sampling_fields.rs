@@ -34,6 +34,9 @@ pub struct SamplingFields {
     pub min_p: Option<f64>,
     /// Token id (a decimal string key, as OpenAI sends it) → bias in [-100, 100].
     pub logit_bias: Option<HashMap<String, f64>>,
+    /// Every n-gram of this size occurs at most once in prompt and output (transformers'
+    /// `no_repeat_ngram_size`); 0: off.
+    pub no_repeat_ngram_size: Option<i64>,
 }
 
 impl SamplingFields {
@@ -78,6 +81,13 @@ impl SamplingFields {
             repetition_penalty,
             logit_bias: self.bias(vocab)?,
             min_p: within("min_p", self.min_p, 0.0, 1.0, 0.0)?,
+            no_repeat_ngram_size: match self.no_repeat_ngram_size {
+                None => 0,
+                Some(n) => u32::try_from(n).map_err(|_| {
+                    let why = format!("no_repeat_ngram_size must be >= 0 (0: off), got {n}");
+                    ApiError::invalid("no_repeat_ngram_size", why)
+                })?,
+            },
             ..Sampling::default()
         })
     }

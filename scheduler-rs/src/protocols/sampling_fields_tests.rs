@@ -23,6 +23,7 @@ fn fields_reach_the_sampling_and_bad_values_name_their_field() {
         repetition_penalty: Some(1.2),
         logit_bias: Some(HashMap::from([("7".into(), 100.0), ("3".into(), -5.5)])),
         min_p: Some(0.1),
+        no_repeat_ngram_size: Some(3),
     })
     .unwrap();
     assert_eq!(
@@ -39,6 +40,7 @@ fn fields_reach_the_sampling_and_bad_values_name_their_field() {
         (0.5, -1.0, 1.2, 0.1)
     );
     assert_eq!(ok.logit_bias, vec![(3, -5.5), (7, 100.0)]);
+    assert_eq!(ok.no_repeat_ngram_size, 3);
     assert_eq!(
         check(SamplingFields::default()).unwrap(),
         Sampling::default()
@@ -128,7 +130,7 @@ fn both_apis_take_every_knob_under_the_same_name() {
     let knobs = json!({
         "temperature": 0.5, "top_p": 0.9, "top_k": 4, "seed": 3, "presence_penalty": 0.1,
         "frequency_penalty": 0.2, "repetition_penalty": 1.1, "min_p": 0.05,
-        "logit_bias": {"5": -1.0},
+        "logit_bias": {"5": -1.0}, "no_repeat_ngram_size": 2,
     });
     let mut openai = knobs.clone();
     openai["prompt"] = json!("hi");
@@ -142,7 +144,7 @@ fn both_apis_take_every_knob_under_the_same_name() {
         serde_json::from_value(json!({"text": "hi", "sampling_params": native})).unwrap();
     let (a, b): (&dyn GenerateBody, &dyn GenerateBody) = (&openai.common, &native.sampling_params);
     assert_eq!(a.sampling_fields(), b.sampling_fields());
-    assert_eq!(a.sampling_fields().min_p, Some(0.05));
+    assert_eq!(a.sampling_fields().no_repeat_ngram_size, Some(2));
     assert!(openai.common.extra.is_empty() && native.sampling_params.extra.is_empty());
     assert_eq!(
         (a.max_tokens(), b.max_tokens()),

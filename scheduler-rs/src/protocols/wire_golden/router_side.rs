@@ -23,6 +23,7 @@ fn golden_sampling() -> Sampling {
         min_p: 0.125,
         allowed_token_ids: vec![5, 9, 27],
         bad_words: vec![vec![13], vec![15, 27]],
+        no_repeat_ngram_size: 3,
     }
 }
 

@@ -38,6 +38,8 @@ pub struct Sampling {
     /// vLLM's `bad_words` as token id sequences: a sequence's last id is banned when the
     /// output ends with the ids before it.
     pub bad_words: Vec<Vec<u32>>,
+    /// Every n-gram of this size occurs at most once in prompt and output (0: off).
+    pub no_repeat_ngram_size: u32,
 }
 
 impl Default for Sampling {
@@ -54,6 +56,7 @@ impl Default for Sampling {
             min_p: 0.0,
             allowed_token_ids: Vec::new(),
             bad_words: Vec::new(),
+            no_repeat_ngram_size: 0,
         }
     }
 }
