@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nitsum.bench.cli import main as bench_main
+from nitsum.bench.bench_cli import main as bench_main
 from nitsum.bench.fake_server import FakeOpenAIServer
 
 

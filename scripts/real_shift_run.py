@@ -50,7 +50,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nitsum.bench.cli import discover_model  # noqa: E402
+from nitsum.bench.bench_cli import discover_model  # noqa: E402
 from nitsum.bench.traces import load_trace_file  # noqa: E402
 from nitsum.bench.transform import slice_window  # noqa: E402
 from nitsum.ports import free_port  # noqa: E402

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nitsum.bench.cli import main
+from nitsum.bench.bench_cli import main
 from nitsum.bench.fake_server import FakeOpenAIServer
 from nitsum.bench.record import RequestRecord
 from nitsum.bench.report import inter_token_gaps, latency_summary

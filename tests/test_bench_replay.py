@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nitsum.bench.cli import main
+from nitsum.bench.bench_cli import main
 from nitsum.bench.fake_server import FakeOpenAIServer
 from nitsum.bench.planlog import load_plan_log
 from nitsum.bench.replay import (

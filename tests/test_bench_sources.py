@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nitsum.bench.cli import main as bench_main
+from nitsum.bench.bench_cli import main as bench_main
 from nitsum.bench.sources import TierSource, compose_sources, parse_tier_source
 from nitsum.bench.tiers import DEFAULT_TIERS, load_tiers_file
 from nitsum.bench.timepoint import TimePoint

@@ -5,7 +5,7 @@ import json
 import math
 
 from nitsum import _core
-from nitsum.bench.cli import main
+from nitsum.bench.bench_cli import main
 from nitsum.bench.tier_plot import TierPoint, tier_series
 from nitsum.bench.tiers import DEFAULT_TIERS
 

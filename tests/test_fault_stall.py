@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from fault_load import LoadResult, count_request, run_streams, wait_until
-from nitsum.bench.cli import discover_model
+from nitsum.bench.bench_cli import discover_model
 from serve_launch import serving
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nitsum.bench.cli import discover_model
+from nitsum.bench.bench_cli import discover_model
 from nitsum.control_profile import SHIPPED_PROFILES
 from serve_launch import serving
 

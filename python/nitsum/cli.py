@@ -11,9 +11,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("nitsum.chat", "answer one chat prompt offline (no server)"),
     "worker": ("nitsum.worker.__main__", "run one device worker (started by `serve`)"),
     "model": ("nitsum.weights.prepare", "model prepare: materialize a model into the cache"),
-    "bench": ("nitsum.bench.cli", "replay a trace against an OpenAI-compatible endpoint"),
+    "bench": ("nitsum.bench.bench_cli", "replay a trace against an OpenAI-compatible endpoint"),
     "simulate": ("nitsum.simulate", "simulate a cluster with the planner and baselines"),
-    "profile": ("nitsum.profiling.cli", "measure a performance profile on local devices"),
+    "profile": ("nitsum.profiling.profile_cli", "measure a performance profile on local devices"),
 }
 
 

@@ -130,18 +130,19 @@ pub struct RouterState {
     pub leading: tokio::sync::Notify,
 }
 
+mod control_view;
 #[cfg(test)]
 mod device_lost_tests;
 mod events;
 mod handle;
 #[cfg(test)]
 mod handoff_tests;
-mod handshake;
-#[cfg(test)]
-mod handshake_tests;
 mod held;
 #[cfg(test)]
 mod held_tests;
+mod inbound_frames;
+#[cfg(test)]
+mod inbound_frames_tests;
 mod leadership;
 #[cfg(test)]
 mod leadership_tests;
@@ -156,9 +157,6 @@ mod requests;
 mod rounds;
 #[cfg(test)]
 mod rounds_tests;
-mod sealed;
-#[cfg(test)]
-mod sealed_tests;
 #[cfg(test)]
 mod spill_prefix_tests;
 mod submit;
@@ -166,8 +164,11 @@ mod submit_error;
 #[cfg(test)]
 mod tests;
 mod views;
-mod window;
+mod worker_gate;
+#[cfg(test)]
+mod worker_gate_tests;
 mod workers;
+pub use control_view::PlanningView;
 pub use events::{EarlyEnd, Event, FinishReason, Outbound};
 pub use handle::RequestHandle;
 pub use leadership::RouterRole;
@@ -177,7 +178,6 @@ pub use rounds::RoundOutcome;
 pub use submit::{CacheHints, Fork, Submit};
 pub use submit_error::SubmitError;
 pub use views::GroupSnapshot;
-pub use window::PlanningView;
 
 impl RouterState {
     /// A new engine and the receiver of its outbound messages (for the transport).

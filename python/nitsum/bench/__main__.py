@@ -2,6 +2,6 @@
 
 import sys
 
-from nitsum.bench.cli import main
+from nitsum.bench.bench_cli import main
 
 sys.exit(main())

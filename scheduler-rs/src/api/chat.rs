@@ -17,7 +17,7 @@ use super::logprobs;
 use super::output::{self, Piece, TextStream};
 use super::prepare::{self, SamplingInput};
 use super::reading::Reading;
-use super::reasoning::{self, ReasoningPieces};
+use super::reasoning_reply::{self, ReasoningPieces};
 use super::sse::{self, ChunkFormat};
 use super::tool_reply::{self, CallFormat};
 use super::{unix_now, AppState};
@@ -78,7 +78,7 @@ pub(super) async fn start(
     }
     let parsers = state.router.cfg.parsers;
     let calls = CallFormat::for_request(tools.as_ref(), &parsers)?;
-    let (effort, reasoning) = reasoning::from_request(state, req)?;
+    let (effort, reasoning) = reasoning_reply::from_request(state, req)?;
     sampling.grammar = grammar(req, tools.as_ref())?;
     let replies = fields::apply(state, &req.common, &mut sampling).await?;
     fields::want_prompt_logprobs(&mut sampling, &replies);

@@ -13,14 +13,14 @@ mod fields_stream;
 pub mod listen;
 mod logprobs;
 mod misc;
-mod native;
+mod native_generate;
 mod native_input;
 mod openapi;
 pub mod output;
 pub mod prepare;
 mod quota;
 mod reading;
-mod reasoning;
+mod reasoning_reply;
 mod response_object;
 mod responses;
 mod responses_stream;
@@ -96,7 +96,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(tokenize_routes::detokenize))
         .route("/tokenizer_info", get(tokenize_routes::tokenizer_info))
         .route("/version", get(misc::version))
-        .route("/generate", post(native::handle))
+        .route("/generate", post(native_generate::handle))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/admin/plan", get(misc::admin_plan))

@@ -1,9 +1,9 @@
-//! How a chat reply's text is read: reasoning split off first (api/reasoning.rs), then tool
+//! How a chat reply's text is read: reasoning split off first (api/reasoning_reply.rs), then tool
 //! calls read from the rest (api/tool_reply.rs). Whole replies and streams read alike.
 
 use serde_json::{json, Value};
 
-use super::reasoning::{Reasoning, ReasoningPieces};
+use super::reasoning_reply::{Reasoning, ReasoningPieces};
 use super::tool_reply::{self, CallFormat};
 use crate::parsers::reasoning::Split;
 

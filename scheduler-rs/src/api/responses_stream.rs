@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::output::{Piece, TextStream};
 use super::reading::Reading;
-use super::reasoning::ReasoningPieces;
+use super::reasoning_reply::ReasoningPieces;
 use super::response_object::{self as obj, ResponseMeta};
 use super::sse::ChunkFormat;
 

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use super::api_key::{env_api_keys, API_KEYS_ENV};
-use super::file::{load_file, model_name_of, FileConfig};
+use super::config_file::{load_file, model_name_of, FileConfig};
 use super::router::{RouterConfig, TlsFiles};
 use crate::lease::LeaseSpec;
 use crate::tokenize::GenerationSource;

@@ -6,7 +6,7 @@
 
 mod api_key;
 mod cli;
-mod file;
+mod config_file;
 mod parsers;
 mod router;
 #[cfg(test)]
@@ -15,7 +15,7 @@ mod validate;
 
 pub use api_key::{env_api_keys, ApiKey, API_KEYS_ENV};
 pub use cli::Cli;
-pub use file::{FileConfig, StaticGroup};
+pub use config_file::{FileConfig, StaticGroup};
 pub use parsers::OutputParsers;
 pub use router::{
     default_tiers, RouterConfig, TlsFiles, DEFAULT_LEASE_TTL_MS, DEFAULT_MAX_BATCH_PROMPTS,

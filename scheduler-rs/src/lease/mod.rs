@@ -7,8 +7,8 @@
 //! leader's plans.
 
 mod etcd;
-mod file;
 mod http;
+mod lock_file;
 
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 pub use etcd::EtcdLease;
-pub use file::FileLease;
+pub use lock_file::FileLease;
 
 /// The etcd key of the lease when `--lease etcd:URL` names none.
 pub const DEFAULT_ETCD_KEY: &str = "/nitsum/leader";

@@ -6,7 +6,7 @@
 //!
 //! One mock worker's connection is `session.rs`; what it streams `output.rs`.
 
-mod output;
+mod echo_output;
 mod sealed;
 mod session;
 

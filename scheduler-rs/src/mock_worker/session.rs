@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use zeromq::{DealerSocket, SocketRecv, ZmqMessage};
 
-use super::output::{chunks, encode, plan_output, Tokens};
+use super::echo_output::{chunks, encode, plan_output, Tokens};
 use super::sealed::MockLink;
 use super::{MockOptions, MockStats};
 use crate::ids::WorkerId;

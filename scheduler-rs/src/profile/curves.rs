@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::file::{DecodePoint, PrefillPoint};
+use super::profile_file::{DecodePoint, PrefillPoint};
 
 /// Decode points of one context value, sorted by batch.
 #[derive(Debug, Clone)]

@@ -8,14 +8,14 @@
 //! than its fixed overhead).
 
 mod curves;
-mod file;
 mod load;
+mod profile_file;
 mod shape;
 mod shift;
 
 use std::collections::BTreeMap;
 
-pub use file::{DecodePoint, PrefillPoint, ProfileFile, SCHEMA};
+pub use profile_file::{DecodePoint, PrefillPoint, ProfileFile, SCHEMA};
 pub use shape::Shape;
 
 use curves::{interp, rows_ms, Curves};

@@ -212,9 +212,9 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<Value>,
     /// At most one call per reply when false (protocols/tools.rs).
     pub parallel_tool_calls: Option<Value>,
-    /// OpenAI's `low`/`medium`/`high`: a chat template variable (api/reasoning.rs).
+    /// OpenAI's `low`/`medium`/`high`: a chat template variable (api/reasoning_reply.rs).
     pub reasoning_effort: Option<Value>,
-    /// vLLM's: `false` drops the reasoning `--reasoning-parser` reads (api/reasoning.rs).
+    /// vLLM's: `false` drops the reasoning `--reasoning-parser` reads (api/reasoning_reply.rs).
     pub include_reasoning: Option<Value>,
     #[serde(flatten)]
     pub common: CommonParams,

@@ -24,7 +24,7 @@ use crate::plan::Role;
 
 use super::bind_types::{BindPolicy, BindRecord, Binding};
 use super::cluster::Cluster;
-use super::events::Kind;
+use super::event_queue::Kind;
 
 /// Most decisions a run keeps in its report (`SimResult::bind_log`).
 const LOG_LIMIT: usize = 256;

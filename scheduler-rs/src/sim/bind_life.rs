@@ -6,7 +6,7 @@ use crate::binding::BindMode;
 
 use super::bind_types::BindPolicy;
 use super::cluster::Cluster;
-use super::events::Kind;
+use super::event_queue::Kind;
 
 impl Cluster<'_> {
     fn binding(&self, id: u64) -> Option<usize> {

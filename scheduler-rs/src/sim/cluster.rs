@@ -19,7 +19,7 @@ use crate::stats::{StatsConfig, WindowStats, DEFAULT_PRIOR_LENGTHS};
 
 use super::bind_types::{BindCounts, BindRecord, Binding};
 use super::choice::{Choice, Choose};
-use super::events::{Event, Kind};
+use super::event_queue::{Event, Kind};
 use super::group::GroupSim;
 use super::policy::Policy;
 use super::policy_plans;

@@ -6,7 +6,7 @@ use crate::planner;
 use crate::planner::strategy::plan_strategy;
 
 use super::cluster::Cluster;
-use super::events::Kind;
+use super::event_queue::Kind;
 use super::forecast::{recent_of, InFlight};
 use super::lookahead::{EngineKnobs, Situation};
 use super::report;

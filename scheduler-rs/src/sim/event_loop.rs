@@ -4,7 +4,7 @@
 use crate::planner::strategy::Strategy;
 
 use super::cluster::Cluster;
-use super::events::{Event, Kind};
+use super::event_queue::{Event, Kind};
 use super::policy::Policy;
 
 impl Cluster<'_> {

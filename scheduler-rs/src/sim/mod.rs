@@ -6,6 +6,7 @@
 //! Deterministic: no randomness anywhere (ties break by order), so equal configs give equal
 //! results; `seed` is carried for trace generators upstream.
 
+mod apply_plan;
 mod bind;
 mod bind_life;
 mod bind_types;
@@ -15,7 +16,7 @@ mod cluster;
 mod control_tick;
 mod draw;
 mod event_loop;
-mod events;
+mod event_queue;
 pub mod forecast;
 mod group;
 pub mod lookahead;
@@ -26,7 +27,6 @@ mod parity_tests;
 mod policy;
 mod policy_plans;
 mod prompt_order;
-mod reconfigure;
 mod report;
 mod reqs;
 mod routing;

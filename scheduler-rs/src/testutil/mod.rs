@@ -129,5 +129,5 @@ pub fn tiny_model_dir() -> TempDir {
     dir
 }
 
-mod etcd;
-pub use etcd::Etcd;
+mod etcd_server;
+pub use etcd_server::Etcd;

@@ -19,7 +19,7 @@
 //! draw for every shadow, so they differ only by their layout).
 
 mod feed;
-mod score;
+mod standings;
 
 use std::collections::VecDeque;
 

@@ -7,7 +7,7 @@
 //! challenge issued to that connection, for the worker id its `hello` named; the served model;
 //! an id no other live connection holds), and from then on its messages act for that worker
 //! id only. With a secret, a bound connection's messages are read only from its sealed channel
-//! (keys from this handshake, worker_auth/channel.rs; state/sealed.rs).
+//! (keys from this handshake, worker_auth/channel.rs; state/inbound_frames.rs).
 
 use std::time::Instant;
 
