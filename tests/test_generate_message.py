@@ -116,3 +116,27 @@ def test_a_bad_field_is_named_alike_on_both_paths(change, field):
         handoff_sequence(meta | {"spec": meta["spec"] | change})
     assert str(by_router.value) == str(by_handoff.value)
     assert str(by_router.value).startswith(f"generate: {field} must be ")
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"top_a": 0.5}, "top_a"),
+        ({"sampling": {"no_repeat_ngram": 2}}, "sampling.no_repeat_ngram"),
+        ({"stop": {"stop_strings": ["x"]}}, "stop.stop_strings"),
+        ({"contract": {"deadline_ms": 5}}, "contract.deadline_ms"),
+        ({"routing": {"kv_source": 1}}, "routing.kv_source"),
+        ({"grammar": {"kind": "regex", "schema": "a", "replay": 0, "flags": "i"}}, "grammar.flags"),
+    ],
+)
+def test_a_field_the_worker_does_not_know_is_refused_by_name(extra, field):
+    """A router newer than this worker asking for something it lacks gets an error naming the
+    field, not a request served without it (the contract's maps are closed)."""
+    good = Generate.of("r1", [1], SPEC).to_wire()
+    changed = good | {k: (good.get(k) or {}) | v if isinstance(v, dict) else v
+                      for k, v in extra.items()}  # fmt: skip
+    with pytest.raises(ProtocolError) as e:
+        inbound.parse_generate(changed)
+    assert e.value.field == field
+    assert "not a field this worker knows" in str(e.value)
+    assert inbound.parse_generate(good).spec == SPEC  # the same message without it decodes

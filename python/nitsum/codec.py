@@ -8,6 +8,10 @@ Adding a field to a message is one line. The golden fixtures in tests/golden/wir
 result against the router's Rust types (tests/test_wire_golden.py, scheduler-rs
 `protocols/wire_golden/`).
 
+A class marked `closed` (the request contract: `generate` and its parts) refuses a key it does
+not declare, naming it: a router newer than the worker asking for a field the worker lacks
+gets an error, not a request served without it. Other messages ignore unknown keys.
+
 Supported hints: int, float, str, bool, `Literal[...]`, `X | None`, unions tried in order,
 `list[X]`, `tuple[X, ...]`, `tuple[X, Y]` (a list on the wire), `dict[str, X]` and nested
 dataclasses (a map without `v` / `type`).
@@ -66,6 +70,16 @@ def wire_field(
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
+_CLOSED_ATTR = "__wire_closed__"
+
+
+def closed(cls: type[T]) -> type[T]:
+    """Mark dataclass `cls` closed: decoding refuses a key it does not declare (and a
+    subclass, e.g. `SamplingParams` of the `sampling` part, inherits the mark)."""
+    setattr(cls, _CLOSED_ATTR, True)
+    return cls
+
+
 # -- framing --------------------------------------------------------------------------------------
 def encode(msg: dict[str, Any]) -> bytes:
     """One msgpack map per ZeroMQ frame."""
@@ -99,7 +113,8 @@ class Message:
 
     @classmethod
     def from_wire(cls: type[M], msg: dict[str, Any]) -> M:
-        """Type-check a decoded map (`decode`) of this type; unknown keys are ignored."""
+        """Type-check a decoded map (`decode`) of this type; unknown keys are ignored unless
+        the class is `closed`."""
         if msg.get("type") != cls.TYPE:
             raise ProtocolError(f"expected a {cls.TYPE!r} message, got {msg.get('type')!r}")
         try:
@@ -178,6 +193,12 @@ def _from_map(cls: Any, raw: Any, where: str) -> Any:
     """An instance of dataclass `cls` from map `raw` (at `where` in the message)."""
     if not isinstance(raw, dict):
         raise _Bad(where, f"{where or 'message'} must be a map, got {raw!r}")
+    if getattr(cls, _CLOSED_ATTR, False):
+        declared = {_key(f) for f, _ in _schema(cls)} | ({"v", "type"} if not where else set())
+        unknown = sorted(k for k in raw if k not in declared)
+        if unknown:
+            path = f"{where}.{unknown[0]}" if where else str(unknown[0])
+            raise _Bad(path, f"{path} is not a field this worker knows (unknown: {unknown})")
     kwargs = {}
     for f, hint in _schema(cls):
         key = _key(f)

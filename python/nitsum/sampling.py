@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nitsum.codec import closed
 from nitsum.errors import InvalidRequestError
 from nitsum.structured.mask import apply_grammars
 from nitsum.structured.matcher import GrammarMatcher
@@ -24,6 +25,7 @@ GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20
 
 
+@closed
 @dataclass(frozen=True)
 class Sampling:
     """How a token is drawn: the sampler's knobs and logit processors (the `generate`
@@ -55,6 +57,7 @@ class Sampling:
     no_repeat_ngram_size: int = 0
 
 
+@closed
 @dataclass(frozen=True)
 class Stop:
     """When the output ends (the `generate` message's `stop` part).
@@ -69,6 +72,7 @@ class Stop:
     ignore_eos: bool = False
 
 
+@closed
 @dataclass(frozen=True)
 class Output:
     """What is returned besides the tokens (the `generate` message's `output` part)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, cast
 
-from nitsum.codec import Message, wire_field
+from nitsum.codec import Message, closed, wire_field
 from nitsum.engine.request_spec import RequestSpec
 from nitsum.sampling import Output, Sampling, SamplingParams, Stop
 from nitsum.structured.spec import GrammarSpec
@@ -29,6 +29,7 @@ from nitsum.structured.spec import GrammarSpec
 Class = Literal["feasible", "best_effort", "background"]
 
 
+@closed
 @dataclass(frozen=True)
 class Contract:
     """The tier's terms: whom the local scheduler serves first and against which targets."""
@@ -43,6 +44,7 @@ class Contract:
     bind_tp: int | None = wire_field(omit=None, default=None)
 
 
+@closed
 @dataclass(frozen=True)
 class Routing:
     """Where the request's KV comes from (a fork's first choice) or goes (P/D)."""
@@ -68,6 +70,7 @@ def _part(cls: type[Any], params: SamplingParams) -> Any:
     return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
 
 
+@closed
 @dataclass(frozen=True)
 class Generate(Message):
     """`generate`: serve `input_ids` as the parts say."""

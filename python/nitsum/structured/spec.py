@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
+from nitsum.codec import closed
 from nitsum.errors import InvalidRequestError
 
 # `json_object`: any JSON object; `json_schema`: a JSON value valid under `schema`;
@@ -27,6 +28,7 @@ def field_of(kind: str) -> str:
     return FIELD_OF_KIND.get(kind, FIELD)
 
 
+@closed
 @dataclass(frozen=True)
 class GrammarSpec:
     """A request's grammar.
