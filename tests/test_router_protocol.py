@@ -7,6 +7,7 @@ NITSUM_ROUTER_BIN to use another build.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 import zmq
 
+from nitsum.codec import to_map
 from nitsum.ports import free_port
+from nitsum.sampling import Sampling
 from nitsum.worker.handshake import new_nonce, router_proven, worker_proof
 from nitsum.worker.stats import Stats
 from sealing import WorkerEnd
@@ -275,19 +278,8 @@ def test_openai_client_through_python_worker(router):
     assert isinstance(gen["request_id"], str) and gen["contract"]["class"] == "feasible"
     assert gen["contract"]["tier"] == "strict" and gen["routing"]["decode_target"] is None
     assert gen["resumed_tokens"] == 0  # a fresh request
-    assert set(gen["sampling"]) == {
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "logit_bias",
-        "min_p",
-        "allowed_token_ids",
-        "bad_words",
-    }
+    # Every knob the worker declares (nitsum/sampling.py `Sampling`), no other.
+    assert set(gen["sampling"]) == {f.name for f in dataclasses.fields(Sampling)}
     assert gen["output"] == {"logprobs": None, "prompt_logprobs": None}
     # Neutral unless asked: the worker skips the processors for such rows.
     neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
@@ -295,6 +287,12 @@ def test_openai_client_through_python_worker(router):
     assert gen["sampling"]["logit_bias"] == [] and gen["stop"]["min_tokens"] == 0
     assert gen["sampling"]["min_p"] == 0.0 and gen["sampling"]["top_k"] == -1
     assert gen["sampling"]["allowed_token_ids"] == [] and gen["sampling"]["bad_words"] == []
+    # Every processor the client did not ask for is at its neutral value.
+    asked = {"temperature", "top_p", "top_k", "seed"}
+    neutral_wire = to_map(Sampling())
+    assert {k: v for k, v in gen["sampling"].items() if k not in asked} == {
+        k: v for k, v in neutral_wire.items() if k not in asked
+    }
     # The router adds EOS to the stop ids, once; the worker adds none.
     assert gen["stop"]["stop_token_ids"] == [EOS] and gen["stop"]["ignore_eos"] is False
     reg = next(m for m in worker.received if m["type"] == "registered")
