@@ -77,7 +77,7 @@ SMOKE: dict[str, Smoke] = {
     # NOTE: after `cargo test --release` (scripts/test.sh) their examples are built; else
     # cargo builds them first (minutes), hence the timeout.
     "bench_planner.sh": Smoke(
-        "", ((rf"target <= {NUM} ms at p99 (CPU|wall): (met|MISSED)", 4),), timeout=900
+        "--smoke", ((rf"target <= {NUM} ms at p99 (CPU|wall): (met|MISSED)", 4),), timeout=900
     ),
     "bench_router.sh": Smoke(
         "--requests 200 --replicas 4 --window 16 --latency-requests 50 --rate 200"

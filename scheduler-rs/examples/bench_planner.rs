@@ -2,7 +2,8 @@
 //! reports 2.49 ms). Each iteration plans a fresh random demand on top of the previous plan,
 //! exactly as the control loop does every window.
 //!
-//! `cargo run --release --example bench_planner [-- PROFILE.json]`
+//! `cargo run --release --example bench_planner [-- [--smoke] [PROFILE.json]]`; `--smoke` runs
+//! 1/50 of the iterations (the test suite's smoke run: the rows, not the numbers).
 
 use std::time::Instant;
 
@@ -240,12 +241,16 @@ fn choice_timings(
 }
 
 fn main() {
-    let profile = match std::env::args().nth(1) {
-        Some(path) => Profile::load(std::path::Path::new(&path)).expect("profile"),
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let scaled = |iters: usize| if smoke { (iters / 50).max(2) } else { iters };
+    let profile = match args.iter().find(|a| !a.starts_with("--")) {
+        Some(path) => Profile::load(std::path::Path::new(path)).expect("profile"),
         None => synthetic(),
     };
     println!("profile: {} / {}", profile.device, profile.model);
     for (devices, tiers, iters, target) in [(128, 4, 5000, 0.25), (1024, 8, 1000, 5.0)] {
+        let iters = scaled(iters);
         let ((p50, p99), (c50, c99)) = bench(&profile, devices, tiers, iters);
         println!(
             "{devices:>5} devices x {tiers} tiers ({iters} plans): wall p50 {p50:.4} ms p99 \
@@ -260,6 +265,7 @@ fn main() {
     // judged at p99.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (devices, tiers, iters, target) in [(128, 4, 200, 2.0), (1024, 8, 100, 20.0)] {
+        let iters = scaled(iters);
         let (((p50, p99), (c50, c99)), (first, first_cpu), between) =
             choice_timings(&profile, devices, tiers, iters, LookaheadConfig::default());
         println!(
