@@ -183,6 +183,14 @@ def _to_wire_value(value: Any) -> Any:
 
 
 @functools.cache
+def _declared_keys(cls: type, top: bool) -> frozenset[str]:
+    """The wire keys a closed dataclass takes (`v` and `type` too at a message's top).
+    NOTE: cached per class: every `generate` decodes seven closed maps."""
+    keys = frozenset(key for _, key, _ in _wire_keys(cls))
+    return keys | {"v", "type"} if top else keys
+
+
+@functools.cache
 def _schema(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
     """(field, resolved type hint) of a dataclass, in field order."""
     hints = get_type_hints(cls)
@@ -194,7 +202,7 @@ def _from_map(cls: Any, raw: Any, where: str) -> Any:
     if not isinstance(raw, dict):
         raise _Bad(where, f"{where or 'message'} must be a map, got {raw!r}")
     if getattr(cls, _CLOSED_ATTR, False):
-        declared = {_key(f) for f, _ in _schema(cls)} | ({"v", "type"} if not where else set())
+        declared = _declared_keys(cls, top=not where)
         unknown = sorted(k for k in raw if k not in declared)
         if unknown:
             path = f"{where}.{unknown[0]}" if where else str(unknown[0])

@@ -1,7 +1,7 @@
 //! `nitsum._core`: the Rust scheduler exposed to Python, typed (`python/nitsum/_core.pyi`).
 //! NOTE: the crate's Rust types stay primary; the classes here are converted at this
-//! boundary (`tier_classes.rs`, `planning.rs`, `planner_config.rs`, `bind_classes.rs`). Only the simulator
-//! takes and returns JSON (its config is a document).
+//! boundary (`tier_classes.rs`, `planning.rs`, `planner_config.rs`, `bind_classes.rs`). Only
+//! the simulator takes and returns JSON (its config is a document).
 
 mod bind_classes;
 mod error;
